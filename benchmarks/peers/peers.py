@@ -1,0 +1,598 @@
+#!/usr/bin/env python3
+"""Per-step checkpoint overhead of peer durable-execution libraries.
+
+Same workload for every peer: a workflow of 10 trivial steps, each adding one
+small key to a state that starts at ~1 KB of JSON-able data. One new
+thread/app/workflow id per run.
+
+    per-step overhead = (time per run with the peer - time per run of 10 plain
+                         function calls doing the same dict update) / 10
+
+Configs per peer:
+  default  - the peer's own defaults (whatever journal mode / synchronous /
+             durability mode it picks; the effective pragmas are reported).
+  matched  - SQLite journal_mode=WAL + synchronous=FULL, set on the connection
+             the peer actually uses, and the peer told to persist each step
+             before the next one starts (only LangGraph needs a flag for that:
+             durability="sync").
+  nopersist - (LangGraph and Burr only, context row) the same graph with no
+             checkpointer/persister: the framework's own orchestration cost.
+
+Every (system, config) runs in its own subprocess (DBOS is a process-wide
+singleton, and this keeps imports/caches from leaking between peers).
+
+Run with the peers venv:  benchmarks/.venv-peers/bin/python benchmarks/peers/peers.py
+  --quick      ~20 s total
+  --json       machine-readable lines only
+  --verify     also count SQL statements / commits / fsyncs per step (strace)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+N_STEPS = 10
+HERE = os.path.dirname(os.path.abspath(__file__))
+BENCH_DIR = os.path.dirname(HERE)
+
+SYSTEMS = {
+    "langgraph": ["default", "matched", "nopersist"],
+    "burr": ["default", "matched", "nopersist"],
+    "dbos": ["default", "matched"],
+}
+
+
+def initial_state() -> dict:
+    # ~1 KB once JSON-encoded.
+    return {
+        "payload": "x" * 1000,
+        "meta": {"user": "u-123", "tags": ["a", "b", "c"], "n": 1},
+    }
+
+
+def key(i: int) -> str:
+    return f"k{i}"
+
+
+# --------------------------------------------------------------------------
+# plain baseline: 10 plain function calls doing the same state update
+# --------------------------------------------------------------------------
+
+def _make_plain(i):
+    k = key(i)
+
+    def f(state):
+        s = dict(state)
+        s[k] = i
+        return s
+
+    return f
+
+
+PLAIN_FNS = [_make_plain(i) for i in range(N_STEPS)]
+
+
+def plain_run(state):
+    for f in PLAIN_FNS:
+        state = f(state)
+    return state
+
+
+def measure_plain(target_s: float) -> float:
+    """Seconds per run of 10 plain calls (min over 5 batches; it is tiny)."""
+    init = initial_state()
+    n = 2000
+    best = float("inf")
+    deadline = time.perf_counter() + max(0.05, target_s)
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            plain_run(init)
+        best = min(best, (time.perf_counter() - t0) / n)
+        if time.perf_counter() > deadline:
+            break
+    return best
+
+
+# --------------------------------------------------------------------------
+# pragma helpers
+# --------------------------------------------------------------------------
+
+def set_matched_pragmas(conn: sqlite3.Connection) -> None:
+    # journal_mode=WAL is persistent in the file; synchronous is per connection.
+    mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+    assert mode.lower() == "wal", mode
+    conn.execute("PRAGMA synchronous=FULL")
+
+
+def read_pragmas(conn) -> dict:
+    sync_names = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}
+    jm = conn.execute("PRAGMA journal_mode").fetchone()[0]
+    sy = conn.execute("PRAGMA synchronous").fetchone()[0]
+    return {"journal_mode": jm, "synchronous": sync_names.get(sy, sy)}
+
+
+# --------------------------------------------------------------------------
+# peers. Each factory returns (run(run_id), verify(run_id) -> dict, info dict,
+# close()).
+# --------------------------------------------------------------------------
+
+def setup_langgraph(config: str, dbdir: str, trace_cb=None):
+    from typing import TypedDict
+    from langgraph.graph import StateGraph, START, END
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    fields = {"payload": str, "meta": dict}
+    fields.update({key(i): int for i in range(N_STEPS)})
+    S = TypedDict("S", fields, total=False)  # type: ignore[misc]
+
+    def make_node(i):
+        k = key(i)
+
+        def node(state):
+            return {k: i}  # LangGraph merges the update into the state
+
+        return node
+
+    b = StateGraph(S)
+    for i in range(N_STEPS):
+        b.add_node(f"s{i}", make_node(i))
+    b.add_edge(START, "s0")
+    for i in range(N_STEPS - 1):
+        b.add_edge(f"s{i}", f"s{i+1}")
+    b.add_edge(f"s{N_STEPS-1}", END)
+
+    info = {}
+    if config == "nopersist":
+        graph = b.compile()
+        init = initial_state()
+
+        def run(rid):
+            out = graph.invoke(init)
+            assert out[key(N_STEPS - 1)] == N_STEPS - 1
+
+        return run, (lambda rid: {"checkpointer": None}), info, (lambda: None)
+
+    path = os.path.join(dbdir, "langgraph.sqlite")
+    conn = sqlite3.connect(path, check_same_thread=False)
+    if trace_cb:
+        conn.set_trace_callback(trace_cb)
+    saver = SqliteSaver(conn)
+    saver.setup()  # SqliteSaver.setup() itself runs PRAGMA journal_mode=WAL
+    if config == "matched":
+        set_matched_pragmas(conn)
+        durability = "sync"
+    else:
+        durability = None  # library default ("async")
+    info["pragmas"] = read_pragmas(conn)
+    info["durability"] = durability or "async (default)"
+    graph = b.compile(checkpointer=saver)
+    init = initial_state()
+
+    def run(rid):
+        cfg = {"configurable": {"thread_id": rid}}
+        if durability:
+            out = graph.invoke(init, cfg, durability=durability)
+        else:
+            out = graph.invoke(init, cfg)
+        assert out[key(N_STEPS - 1)] == N_STEPS - 1
+
+    def verify(rid):
+        c2 = sqlite3.connect(path)
+        n_ck = c2.execute("SELECT count(*) FROM checkpoints WHERE thread_id=?", (rid,)).fetchone()[0]
+        n_wr = c2.execute("SELECT count(*) FROM writes WHERE thread_id=?", (rid,)).fetchone()[0]
+        sizes = [r[0] for r in c2.execute(
+            "SELECT length(checkpoint) FROM checkpoints WHERE thread_id=?", (rid,))]
+        c2.close()
+        # latest state, read back through the library
+        st = graph.get_state({"configurable": {"thread_id": rid}})
+        ok = st.values.get(key(N_STEPS - 1)) == N_STEPS - 1 and len(st.values["payload"]) == 1000
+        return {"checkpoint_rows": n_ck, "write_rows": n_wr,
+                "checkpoint_blob_bytes_max": max(sizes) if sizes else 0,
+                "state_readback_ok": ok,
+                "ok": ok and n_ck >= N_STEPS}
+
+    return run, verify, info, conn.close
+
+
+def setup_burr(config: str, dbdir: str, trace_cb=None):
+    from burr.core import ApplicationBuilder, State, action
+    from burr.core.graph import GraphBuilder
+    from burr.core.persistence import SQLitePersister
+
+    def make_action(i):
+        k = key(i)
+
+        @action(reads=[], writes=[k])
+        def step(state: State) -> State:
+            return state.update(**{k: i})
+
+        return step
+
+    gb = GraphBuilder().with_actions(**{f"s{i}": make_action(i) for i in range(N_STEPS)})
+    gb = gb.with_transitions(*[(f"s{i}", f"s{i+1}") for i in range(N_STEPS - 1)])
+    graph = gb.build()
+    init = initial_state()
+    info = {}
+    last = f"s{N_STEPS-1}"
+
+    persister = None
+    path = os.path.join(dbdir, "burr.sqlite")
+    if config != "nopersist":
+        conn = sqlite3.connect(path)
+        if trace_cb:
+            conn.set_trace_callback(trace_cb)
+        if config == "matched":
+            set_matched_pragmas(conn)
+        # Pass our own connection so the pragmas are on the connection Burr uses.
+        persister = SQLitePersister(db_path=path, table_name="burr_state", connection=conn)
+        persister.initialize()
+        info["pragmas"] = read_pragmas(conn)
+
+    def run(rid):
+        ab = (ApplicationBuilder().with_graph(graph).with_entrypoint("s0")
+              .with_state(**init).with_identifiers(app_id=rid))
+        if persister is not None:
+            ab = ab.with_state_persister(persister)
+        app = ab.build()
+        _, _, state = app.run(halt_after=[last])
+        assert state[key(N_STEPS - 1)] == N_STEPS - 1
+
+    def verify(rid):
+        if persister is None:
+            return {"persister": None}
+        c2 = sqlite3.connect(path)
+        rows = c2.execute(
+            "SELECT sequence_id, position, length(state) FROM burr_state WHERE app_id=? ORDER BY sequence_id",
+            (rid,)).fetchall()
+        c2.close()
+        loaded = persister.load("", rid)
+        ok = (len(rows) == N_STEPS and loaded is not None
+              and loaded["state"][key(N_STEPS - 1)] == N_STEPS - 1
+              and loaded["position"] == last)
+        return {"state_rows": len(rows), "positions": [r[1] for r in rows][:3] + ["..."],
+                "state_json_bytes_max": max(r[2] for r in rows) if rows else 0,
+                "state_readback_ok": ok, "ok": ok}
+
+    def close():
+        if persister is not None:
+            persister.connection.close()
+
+    return run, verify, info, close
+
+
+def setup_dbos(config: str, dbdir: str, trace_cb=None):
+    import logging
+    import sqlalchemy as sa
+    from sqlalchemy import event
+
+    path = os.path.join(dbdir, "dbos.sqlite")
+
+    # Process-wide listener: runs on every new DBAPI connection of every engine,
+    # i.e. on the connections of the engine DBOS creates for its system DB.
+    @event.listens_for(sa.engine.Engine, "connect")
+    def _on_connect(dbapi_conn, rec):
+        if not isinstance(dbapi_conn, sqlite3.Connection):
+            return
+        if config == "matched":
+            set_matched_pragmas(dbapi_conn)
+        if trace_cb:
+            dbapi_conn.set_trace_callback(trace_cb)
+
+    from dbos import DBOS, SetWorkflowID
+
+    logging.getLogger("dbos").setLevel(logging.WARNING)
+
+    def make_step(i):
+        k = key(i)
+
+        @DBOS.step(name=f"s{i}")
+        def step(state: dict) -> dict:
+            s = dict(state)
+            s[k] = i
+            return s  # DBOS records the step's return value
+
+        return step
+
+    steps = [make_step(i) for i in range(N_STEPS)]
+
+    @DBOS.workflow(name="peers_wf")
+    def wf(state: dict) -> dict:
+        for st in steps:
+            state = st(state)
+        return state
+
+    DBOS(config={
+        "name": "peers-bench",
+        "system_database_url": f"sqlite:///{path}",
+        "run_admin_server": False,
+        "log_level": "WARNING",
+    })
+    DBOS.launch()
+    from dbos import _dbos as dbos_mod
+    engine = dbos_mod._dbos_global_instance._sys_db.engine
+    with engine.connect() as c:
+        raw = c.connection.driver_connection
+        info = {"pragmas": read_pragmas(raw)}
+    init = initial_state()
+
+    def run(rid):
+        with SetWorkflowID(rid):
+            out = wf(init)
+        assert out[key(N_STEPS - 1)] == N_STEPS - 1
+
+    def verify(rid):
+        c2 = sqlite3.connect(path)
+        n_ops = c2.execute("SELECT count(*) FROM operation_outputs WHERE workflow_uuid=?", (rid,)).fetchone()[0]
+        names = [r[0] for r in c2.execute(
+            "SELECT function_name FROM operation_outputs WHERE workflow_uuid=? ORDER BY function_id", (rid,))]
+        out_max = c2.execute("SELECT max(length(output)) FROM operation_outputs WHERE workflow_uuid=?", (rid,)).fetchone()[0]
+        status = c2.execute("SELECT status FROM workflow_status WHERE workflow_uuid=?", (rid,)).fetchone()
+        c2.close()
+        steps_info = DBOS.list_workflow_steps(rid)
+        ok = n_ops == N_STEPS and status is not None and status[0] == "SUCCESS" and len(steps_info) == N_STEPS
+        return {"operation_output_rows": n_ops, "step_names": names[:3] + ["..."],
+                "output_bytes_max": out_max, "workflow_status": status[0] if status else None,
+                "ok": ok}
+
+    def close():
+        DBOS.destroy(destroy_registry=True)
+
+    return run, verify, info, close
+
+
+SETUP = {"langgraph": setup_langgraph, "burr": setup_burr, "dbos": setup_dbos}
+
+
+def peer_version(system: str) -> str:
+    from importlib.metadata import version, PackageNotFoundError
+    pkgs = {"langgraph": ["langgraph", "langgraph-checkpoint-sqlite"],
+            "burr": ["apache-burr"], "dbos": ["dbos"]}[system]
+    out = []
+    for p in pkgs:
+        try:
+            out.append(f"{p}=={version(p)}")
+        except PackageNotFoundError:
+            out.append(f"{p}==?")
+    return ", ".join(out)
+
+
+# --------------------------------------------------------------------------
+# worker
+# --------------------------------------------------------------------------
+
+MARK_START = "/__peers_bench_mark_start__"
+MARK_END = "/__peers_bench_mark_end__"
+
+
+def worker(args) -> None:
+    dbdir = tempfile.mkdtemp(prefix=f"{args.system}-{args.config}-", dir=args.tmpdir)
+    counts: dict = {}
+
+    def trace_cb(sql: str):
+        verb = sql.strip().split(None, 1)[0].upper() if sql.strip() else "?"
+        counts[verb] = counts.get(verb, 0) + 1
+
+    try:
+        run, verify, info, close = SETUP[args.system](
+            args.config, dbdir, trace_cb if args.mode == "trace" else None)
+        try:
+            # verification run
+            rid = f"verify-{uuid.uuid4()}"
+            run(rid)
+            ver = verify(rid)
+            # warm-up + calibration
+            t0 = time.perf_counter()
+            n_warm = 0
+            while n_warm < 3 or (time.perf_counter() - t0 < 0.15 and n_warm < 200):
+                run(f"warm-{uuid.uuid4()}")
+                n_warm += 1
+            per_run_est = (time.perf_counter() - t0) / n_warm
+
+            if args.mode == "trace":
+                counts.clear()
+                n = args.trace_runs
+                os.access(MARK_START, os.F_OK)
+                for _ in range(n):
+                    run(f"trace-{uuid.uuid4()}")
+                os.access(MARK_END, os.F_OK)
+                res = {"system": args.system, "config": args.config, "runs": n,
+                       "statements_per_step": {k: round(v / (n * N_STEPS), 2)
+                                               for k, v in sorted(counts.items())}}
+                print("RESULT " + json.dumps(res), flush=True)
+                return
+
+            runs = max(3, int(args.target_s / per_run_est))
+            plain = measure_plain(min(0.2, args.target_s))
+            per_run = []
+            for _ in range(args.repeats):
+                t0 = time.perf_counter()
+                for _ in range(runs):
+                    run(str(uuid.uuid4()))
+                per_run.append((time.perf_counter() - t0) / runs)
+            per_step_us = sorted((pr - plain) / N_STEPS * 1e6 for pr in per_run)
+            q = statistics.quantiles(per_step_us, n=4) if len(per_step_us) >= 2 else [per_step_us[0]] * 3
+            res = {
+                "system": args.system, "config": args.config,
+                "per_step_us_median": round(statistics.median(per_step_us), 1),
+                "per_step_us_min": round(per_step_us[0], 1),
+                "per_step_us_max": round(per_step_us[-1], 1),
+                "per_step_us_iqr": [round(q[0], 1), round(q[2], 1)],
+                "per_run_us_median": round(statistics.median(per_run) * 1e6, 1),
+                "plain_per_run_us": round(plain * 1e6, 2),
+                "repeats": args.repeats, "runs_per_repeat": runs,
+                "versions": peer_version(args.system),
+                "sqlite": sqlite3.sqlite_version,
+                **info,
+                "verify": ver,
+            }
+            print("RESULT " + json.dumps(res), flush=True)
+        finally:
+            close()
+    finally:
+        shutil.rmtree(dbdir, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------
+# parent
+# --------------------------------------------------------------------------
+
+def fstype_of(path: str) -> tuple[str, str]:
+    path = os.path.realpath(path)
+    best = ("", "?")
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            parts = line.split()
+            mnt, fst = parts[1], parts[2]
+            if (path == mnt or path.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best[0]):
+                best = (mnt, fst)
+    return best
+
+
+def pick_tmpdir(explicit: str | None) -> str:
+    if explicit:
+        os.makedirs(explicit, exist_ok=True)
+        return explicit
+    base = tempfile.gettempdir()
+    _, fst = fstype_of(base)
+    same_dev = os.stat(base).st_dev == os.stat(BENCH_DIR).st_dev
+    if fst in ("tmpfs", "ramfs") or not same_dev:
+        d = os.path.join(BENCH_DIR, ".tmp")
+        os.makedirs(d, exist_ok=True)
+        return d
+    return base
+
+
+def run_worker(system, config, args, tmpdir, mode="bench", strace_out=None):
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", system, config,
+           "--tmpdir", tmpdir, "--mode", mode,
+           "--repeats", str(args.repeats), "--target-s", str(args.target_s),
+           "--trace-runs", str(args.trace_runs)]
+    if strace_out:
+        cmd = ["strace", "-f", "-qq", "-e", "trace=fsync,fdatasync,access,faccessat,faccessat2",
+               "-o", strace_out] + cmd
+    env = dict(os.environ)
+    env.setdefault("LANGSMITH_TRACING", "false")
+    env.setdefault("DBOS__CLOUD", "false")
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    for line in p.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    return {"system": system, "config": config, "error": (p.stderr or p.stdout)[-2000:]}
+
+
+def count_fsyncs(strace_out: str) -> int | None:
+    inside = False
+    n = 0
+    seen_end = False
+    with open(strace_out) as f:
+        for line in f:
+            if MARK_START in line:
+                inside = True
+            elif MARK_END in line:
+                inside, seen_end = False, True
+            elif inside and ("fsync(" in line or "fdatasync(" in line):
+                n += 1
+    return n if seen_end else None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="~20 s: 3 repeats x ~0.15 s")
+    ap.add_argument("--json", action="store_true", help="print one JSON line per config")
+    ap.add_argument("--verify", action="store_true",
+                    help="also count SQL statements and (with strace) fsyncs per step")
+    ap.add_argument("--systems", default=",".join(SYSTEMS), help="comma list: langgraph,burr,dbos")
+    ap.add_argument("--configs", default="default,matched,nopersist")
+    ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--target-s", type=float, default=None, help="seconds per repeat")
+    ap.add_argument("--trace-runs", type=int, default=20)
+    ap.add_argument("--tmpdir", default=None)
+    # internal
+    ap.add_argument("--worker", nargs=2, metavar=("SYSTEM", "CONFIG"))
+    ap.add_argument("--mode", default="bench", choices=["bench", "trace"])
+    args = ap.parse_args()
+
+    if args.repeats is None:
+        args.repeats = 3 if args.quick else 5
+    if args.target_s is None:
+        args.target_s = 0.15 if args.quick else 0.8
+
+    if args.worker:
+        args.system, args.config = args.worker
+        worker(args)
+        return
+
+    tmpdir = pick_tmpdir(args.tmpdir)
+    mnt, fst = fstype_of(tmpdir)
+    if not args.json:
+        print(f"python {sys.version.split()[0]}, sqlite {sqlite3.sqlite_version}, "
+              f"db dir {tmpdir} ({fst} on {mnt}), {os.cpu_count()} cpus, "
+              f"{args.repeats} repeats x ~{args.target_s}s, {N_STEPS} steps/run")
+        print(f"{'system':<10} {'config':<10} {'median':>9} {'min':>9} {'max':>9} "
+              f"{'IQR':>17} {'per run':>10} {'runs':>5}  pragmas / notes")
+    wanted = set(args.configs.split(","))
+    have_strace = shutil.which("strace") is not None
+    all_ok = True
+    for system in args.systems.split(","):
+        for config in SYSTEMS[system]:
+            if config not in wanted:
+                continue
+            r = run_worker(system, config, args, tmpdir)
+            if "error" in r:
+                all_ok = False
+                print(json.dumps(r) if args.json else f"{system:<10} {config:<10} ERROR: {r['error']}")
+                continue
+            if args.verify and config != "nopersist":
+                t = run_worker(system, config, args, tmpdir, mode="trace")
+                r["statements_per_step"] = t.get("statements_per_step", t.get("error"))
+                if have_strace:
+                    so = os.path.join(tmpdir, f"strace-{system}-{config}-{os.getpid()}.txt")
+                    try:
+                        run_worker(system, config, args, tmpdir, mode="trace", strace_out=so)
+                        nf = count_fsyncs(so)
+                        r["fsyncs_per_step"] = None if nf is None else round(nf / (args.trace_runs * N_STEPS), 2)
+                    finally:
+                        if os.path.exists(so):
+                            os.remove(so)
+            if not r["verify"].get("ok", True):
+                all_ok = False
+            if args.json:
+                out = {k: r[k] for k in ("system", "config", "per_step_us_median", "per_step_us_min",
+                                         "per_step_us_max", "repeats")}
+                out.update({k: r[k] for k in r if k not in out})
+                print(json.dumps(out), flush=True)
+            else:
+                notes = []
+                if "pragmas" in r:
+                    notes.append(f"{r['pragmas']['journal_mode']}/{r['pragmas']['synchronous']}")
+                if "durability" in r:
+                    notes.append(f"durability={r['durability']}")
+                v = {k: val for k, val in r["verify"].items() if k in (
+                    "checkpoint_rows", "write_rows", "state_rows", "operation_output_rows", "ok")}
+                notes.append("verify " + ",".join(f"{k}={val}" for k, val in v.items()))
+                if "statements_per_step" in r:
+                    notes.append(f"stmts/step={r['statements_per_step']}")
+                if "fsyncs_per_step" in r:
+                    notes.append(f"fsyncs/step={r['fsyncs_per_step']}")
+                iqr = f"[{r['per_step_us_iqr'][0]:.0f}, {r['per_step_us_iqr'][1]:.0f}]"
+                print(f"{system:<10} {config:<10} {r['per_step_us_median']:>9.1f} {r['per_step_us_min']:>9.1f} "
+                      f"{r['per_step_us_max']:>9.1f} {iqr:>17} {r['per_run_us_median']:>10.0f} "
+                      f"{r['runs_per_repeat']:>5}  {'; '.join(notes)}", flush=True)
+    if not args.json:
+        print("per-step overhead in microseconds = (per-run time - plain 10 calls) / 10; "
+              "per run = median microseconds per whole run")
+    sys.exit(0 if all_ok else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,154 @@
+"""JSON encoding of states and checkpoint documents, shared by every backend.
+
+One document layout for every store keeps migration between stores a copy, and the
+``stepstone`` key (the schema version) marks a document as ours, so a foreign or
+newer file is refused instead of misread.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from ._checkpoint import SCHEMA_VERSION, Checkpoint, Failure, invalid_state
+from ._errors import CorruptCheckpoint
+
+__all__ = [
+    "checkpoint_from_doc",
+    "checkpoint_meta",
+    "decode_document",
+    "encode_document",
+    "encode_state",
+]
+
+_dumps = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode
+_loads = json.loads
+
+
+def encode_state(state: object) -> tuple[str, dict[str, Any]]:
+    """Return ``(json_text, fresh_copy)`` of ``state``, or raise ``InvalidState``.
+
+    Round-trips the state and compares: this catches what ``json.dumps`` quietly
+    changes (int keys become strings, tuples become lists) at C speed, and the decoded
+    copy is exactly what a later load returns, so the runner hands it to the next step.
+    """
+    if type(state) is not dict:
+        raise invalid_state(state)
+    try:
+        text = _dumps(state)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise invalid_state(state, str(exc)) from exc
+    copy = _loads(text)
+    if copy != state:
+        raise invalid_state(state)
+    return text, copy
+
+
+def _time(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+def checkpoint_meta(cp: Checkpoint) -> dict[str, Any]:
+    """Return the document fields of ``cp`` other than its state, in stored order."""
+    failure = cp.failure
+    return {
+        "stepstone": SCHEMA_VERSION,
+        "run_id": cp.run_id,
+        "step": cp.step,
+        "step_names": list(cp.step_names),
+        "total_steps": cp.total_steps,
+        "attempt": cp.attempt,
+        "failure": None
+        if failure is None
+        else {
+            "step_index": failure.step_index,
+            "step_name": failure.step_name,
+            "error_type": failure.error_type,
+            "message": failure.message,
+            "attempt": failure.attempt,
+            "at": failure.at.isoformat(),
+        },
+        "created_at": _time(cp.created_at),
+        "updated_at": _time(cp.updated_at),
+    }
+
+
+def encode_document(cp: Checkpoint, state_text: str, extra: dict[str, Any] | None = None) -> str:
+    """Return the stored JSON document for ``cp``: a line of metadata, then a line of state.
+
+    ``state_text`` is the already validated JSON of ``cp.state``; splicing it in avoids
+    encoding the state twice on the save path. Two lines keep the document readable with
+    ``head`` and cheap to write (``stepstone runs show`` pretty-prints it).
+    """
+    meta = checkpoint_meta(cp)
+    if extra:
+        meta.update(extra)
+    return f'{_dumps(meta)[:-1]},\n"state":{state_text}}}\n'
+
+
+def decode_document(data: bytes | str, source: str) -> dict[str, Any]:
+    """Parse a stored document, raising ``CorruptCheckpoint`` naming ``source`` if it is not ours."""
+    try:
+        doc = _loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CorruptCheckpoint(
+            f"{source}: not a stepstone checkpoint (invalid JSON: {exc}); left untouched"
+        ) from exc
+    if not isinstance(doc, dict) or "stepstone" not in doc:
+        raise CorruptCheckpoint(
+            f"{source}: not a stepstone checkpoint (no 'stepstone' schema key); left untouched"
+        )
+    schema = doc["stepstone"]
+    if schema != SCHEMA_VERSION:
+        raise CorruptCheckpoint(
+            f"{source}: checkpoint schema {schema!r} is not supported by this stepstone "
+            f"(reads schema {SCHEMA_VERSION}); upgrade stepstone to read it"
+        )
+    return doc
+
+
+def _parse_time(value: Any) -> datetime | None:
+    return None if value is None else datetime.fromisoformat(value)
+
+
+def checkpoint_from_doc(doc: dict[str, Any], version: str | None, source: str) -> Checkpoint:
+    """Build a ``Checkpoint`` from a decoded document, raising ``CorruptCheckpoint`` if malformed."""
+    try:
+        failure = doc.get("failure")
+        state = doc["state"]
+        step = doc["step"]
+        names = doc["step_names"]
+        if (
+            not isinstance(state, dict)
+            or type(step) is not int
+            or not isinstance(names, list)
+            or len(names) != step + 1
+        ):
+            raise TypeError("state, step or step_names have the wrong shape")
+        return Checkpoint(
+            run_id=doc["run_id"],
+            step=step,
+            state=state,
+            version=version,
+            step_names=tuple(names),
+            total_steps=doc.get("total_steps"),
+            attempt=doc.get("attempt", 0),
+            failure=None
+            if failure is None
+            else Failure(
+                step_index=failure["step_index"],
+                step_name=failure["step_name"],
+                error_type=failure["error_type"],
+                message=failure["message"],
+                attempt=failure["attempt"],
+                at=datetime.fromisoformat(failure["at"]),
+            ),
+            created_at=_parse_time(doc.get("created_at")),
+            updated_at=_parse_time(doc.get("updated_at")),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CorruptCheckpoint(
+            f"{source}: malformed stepstone checkpoint ({type(exc).__name__}: {exc}); "
+            "left untouched"
+        ) from exc

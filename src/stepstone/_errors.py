@@ -1,0 +1,130 @@
+"""The exceptions stepstone raises, in one small tree.
+
+Every error a caller can see is a ``StepstoneError``; the builtin base beside it
+says what kind of mistake it is, so ``except ValueError`` still works::
+
+    StepstoneError
+    ├── ConfigError (ValueError)        bad config string, unknown scheme, missing extra
+    ├── InvalidRunId (ValueError)       run_id empty, too long or with control characters
+    ├── InvalidState (TypeError)        state that does not round-trip through JSON
+    ├── WorkflowChanged                 resumed with steps whose names differ from the record
+    ├── StepFailed                      a step raised; the cause is ``__cause__``
+    └── StoreError                      anything a backend reports
+        ├── ConflictError               compare-and-swap lost: someone else advanced the run
+        ├── CheckpointTooLarge (ValueError)  over the backend's size limit; nothing was sent
+        ├── CorruptCheckpoint           stored bytes that are not a stepstone checkpoint
+        ├── StoreUnavailable            cannot reach the store (network, throttling, locks)
+        └── StorePermissionError (PermissionError)  credentials refused or missing
+
+Backends translate their driver's exceptions into this tree in one place each,
+always with ``raise ... from exc`` so the original stays on ``__cause__``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "CheckpointTooLarge",
+    "ConfigError",
+    "ConflictError",
+    "CorruptCheckpoint",
+    "InvalidRunId",
+    "InvalidState",
+    "StepFailed",
+    "StepstoneError",
+    "StoreError",
+    "StorePermissionError",
+    "StoreUnavailable",
+    "WorkflowChanged",
+]
+
+
+class StepstoneError(Exception):
+    """Base of every error stepstone raises."""
+
+
+class ConfigError(StepstoneError, ValueError):
+    """A store config string (or option) is malformed, unknown or needs a missing extra."""
+
+
+class InvalidRunId(StepstoneError, ValueError):
+    """A run_id outside what every backend accepts (1-1024 characters, no control characters)."""
+
+
+class InvalidState(StepstoneError, TypeError):
+    """A state that cannot round-trip through JSON; the message names the path of the value."""
+
+    def __init__(self, message: str, path: str) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class WorkflowChanged(StepstoneError):
+    """The completed steps recorded for a run differ from the steps passed now."""
+
+    def __init__(self, message: str, run_id: str, position: int) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+        self.position = position
+
+
+class StepFailed(StepstoneError):
+    """A step raised. The step's exception is ``__cause__``; ``state`` is the last checkpoint's."""
+
+    def __init__(
+        self,
+        run_id: str,
+        step_index: int,
+        step_name: str,
+        state: dict[str, Any],
+        attempt: int = 1,
+    ) -> None:
+        super().__init__(
+            f"run {run_id!r}: step {step_index} ({step_name!r}) failed on attempt {attempt}"
+        )
+        self.run_id = run_id
+        self.step_index = step_index
+        self.step_name = step_name
+        self.state = state
+        self.attempt = attempt
+
+
+class StoreError(StepstoneError):
+    """A store could not do what was asked."""
+
+
+class ConflictError(StoreError):
+    """Compare-and-swap lost: the stored version is not the one the save expected.
+
+    Nothing was stored. Another worker owns the run; reload before trying again.
+    """
+
+    def __init__(self, message: str, run_id: str | None = None) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+
+
+class CheckpointTooLarge(StoreError, ValueError):
+    """The encoded checkpoint is over the backend's limit; nothing was sent or stored."""
+
+    def __init__(self, message: str, size: int, limit: int) -> None:
+        super().__init__(message)
+        self.size = size
+        self.limit = limit
+
+
+class CorruptCheckpoint(StoreError):
+    """Stored bytes that are not a readable stepstone checkpoint. They are left untouched."""
+
+
+class StoreUnavailable(StoreError):
+    """The store cannot be reached or is throttling; ``status`` is the backend's code, if any."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class StorePermissionError(StoreError, PermissionError):
+    """The store refused the credentials, or none were found."""

@@ -1,0 +1,62 @@
+"""Logs and, when ``opentelemetry-api`` is installed, traces.
+
+Tracing is optional: without the package every span is a no-op context manager and
+costs one attribute lookup.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = ["logger", "span", "tracing"]
+
+logger = logging.getLogger("stepstone")
+
+try:
+    from opentelemetry import trace as _trace
+except ImportError:  # pragma: no cover - exercised in environments without otel
+    _trace = None  # type: ignore[assignment]
+
+
+class _NoSpan:
+    def set_attribute(self, key: str, value: Any) -> None:
+        """Ignore the attribute: tracing is off."""
+
+    def record_exception(self, exc: BaseException) -> None:
+        """Ignore the exception: tracing is off."""
+
+
+_NO_SPAN = _NoSpan()
+
+
+@contextlib.contextmanager
+def _otel_span(name: str, attributes: dict[str, Any]) -> Iterator[Any]:
+    tracer = _trace.get_tracer("stepstone")
+    with tracer.start_as_current_span(name, attributes=attributes) as current:
+        yield current
+
+
+_NULL = contextlib.nullcontext(_NO_SPAN)
+
+
+def tracing() -> bool:
+    """Return whether spans go anywhere: otel is installed and a real provider is set.
+
+    The API's default proxy provider records nothing, and opening its no-op spans costs
+    several microseconds a step, so the runner skips them until an SDK is configured.
+    """
+    if _trace is None:
+        return False
+    return not isinstance(
+        _trace.get_tracer_provider(), (_trace.ProxyTracerProvider, _trace.NoOpTracerProvider)
+    )
+
+
+def span(on: bool, name: str, **attributes: Any) -> contextlib.AbstractContextManager[Any]:
+    """Open a span named ``name`` when ``on`` (see ``tracing``), else a shared no-op."""
+    if not on:
+        return _NULL
+    return _otel_span(name, attributes)

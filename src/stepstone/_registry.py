@@ -1,0 +1,133 @@
+"""Choosing a backend from a config string.
+
+Lookup order: schemes registered in this process with ``register_store``, then the
+built-in table below, then the ``stepstone.stores`` entry-point group. Built-in schemes
+come before entry points and cannot be registered over, so installing a package can
+never silently redirect ``sqlite://`` or ``cosmos://`` somewhere else.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import os
+import re
+from importlib.metadata import entry_points
+
+from ._errors import ConfigError
+from ._store import Store
+
+__all__ = ["DEFAULT_STORE", "ENV_VAR", "open_store", "register_store", "schemes"]
+
+ENV_VAR = "STEPSTONE_STORE"
+#: Used when neither an argument nor ``STEPSTONE_STORE`` names a store: a SQLite file in
+#: the working directory, durable by default.
+DEFAULT_STORE = "sqlite:///stepstone.db"
+
+# scheme -> ("module:Class", extra to install or None, the URL forms shown in errors)
+_BUILTIN: dict[str, tuple[str, str | None, str]] = {
+    "memory": ("stepstone.stores.memory:MemoryStore", None, "memory:// or memory://NAME"),
+    "file": ("stepstone.stores.file:FileStore", None, "file:///abs/dir or file:rel/dir"),
+    "sqlite": (
+        "stepstone.stores.sqlite:SQLiteStore",
+        None,
+        "sqlite:///rel.db or sqlite:////abs.db",
+    ),
+    "cosmos": (
+        "stepstone.stores.cosmos:CosmosStore",
+        "cosmos",
+        "cosmos://ACCOUNT-HOST[:PORT]/DATABASE/CONTAINER",
+    ),
+}
+
+_registered: dict[str, type[Store]] = {}
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*):(.*)$", re.DOTALL)
+_ENTRY_POINT_GROUP = "stepstone.stores"
+
+
+def register_store(scheme: str, cls: type[Store]) -> None:
+    """Make ``scheme://`` open ``cls`` in this process.
+
+    Raises:
+        ConfigError: ``scheme`` is built in, or ``cls`` is not a ``Store`` subclass.
+    """
+    scheme = scheme.lower()
+    if scheme in _BUILTIN:
+        raise ConfigError(f"scheme {scheme!r} is built in and cannot be registered over")
+    if not (isinstance(cls, type) and issubclass(cls, Store)):
+        raise ConfigError(f"{cls!r} is not a stepstone.Store subclass")
+    _registered[scheme] = cls
+
+
+def _entry_point_schemes() -> dict[str, str]:
+    return {
+        ep.name.lower(): ep.value
+        for ep in entry_points(group=_ENTRY_POINT_GROUP)
+        if ep.name.lower() not in _BUILTIN
+    }
+
+
+def schemes() -> list[str]:
+    """Return every scheme ``open_store`` understands here, sorted."""
+    return sorted({*_BUILTIN, *_registered, *_entry_point_schemes()})
+
+
+def _valid_forms() -> str:
+    forms = [form for _, _, form in _BUILTIN.values()]
+    forms += [f"{s}://..." for s in sorted({*_registered, *_entry_point_schemes()})]
+    return "; ".join(forms)
+
+
+def _load_class(target: str, scheme: str, extra: str | None) -> type[Store]:
+    module_name, _, attr = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        if extra is None:
+            raise ConfigError(f"cannot import the {scheme}:// backend {target}: {exc}") from exc
+        raise ConfigError(
+            f"the {scheme}:// store needs the '{extra}' extra, which is not installed "
+            f"({exc.name or exc}): pip install 'stepstone[{extra}]'"
+        ) from exc
+    cls = getattr(module, attr, None)
+    if not (isinstance(cls, type) and issubclass(cls, Store)):
+        raise ConfigError(f"{target} (scheme {scheme!r}) is not a stepstone.Store subclass")
+    return cls
+
+
+def store_class(scheme: str) -> type[Store]:
+    """Return the backend class for ``scheme``, importing it lazily."""
+    scheme = scheme.lower()
+    if scheme in _registered:
+        return _registered[scheme]
+    if scheme in _BUILTIN:
+        target, extra, _ = _BUILTIN[scheme]
+        return _load_class(target, scheme, extra)
+    plugins = _entry_point_schemes()
+    if scheme in plugins:
+        return _load_class(plugins[scheme], scheme, None)
+    close = difflib.get_close_matches(scheme, schemes(), n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise ConfigError(f"unknown store scheme {scheme!r}.{hint} Valid forms: {_valid_forms()}")
+
+
+def open_store(config: str | None = None) -> Store:
+    """Open the store a config string names.
+
+    With no argument, reads ``STEPSTONE_STORE``; without that, opens the embedded
+    default, ``sqlite:///stepstone.db`` in the working directory.
+
+    Raises:
+        ConfigError: the string is malformed, its scheme unknown, or the backend's extra
+            is not installed. The message lists the valid forms.
+    """
+    if config is None:
+        config = os.environ.get(ENV_VAR) or DEFAULT_STORE
+    if not isinstance(config, str):
+        raise ConfigError(f"a store config must be a str, got {type(config).__name__}")
+    match = _SCHEME.match(config.strip())
+    if match is None:
+        raise ConfigError(
+            f"malformed store config {config!r}: expected SCHEME:..., one of: {_valid_forms()}"
+        )
+    return store_class(match.group(1)).from_config(config.strip())

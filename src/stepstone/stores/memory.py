@@ -1,0 +1,86 @@
+"""MemoryStore: process-local checkpoints, for tests and examples."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import ClassVar, Self
+from urllib.parse import urlsplit
+
+from .._checkpoint import Checkpoint, check_run_id, utcnow
+from .._codec import encode_state
+from .._errors import ConfigError, ConflictError
+from .._store import Store
+from ._common import new_version
+
+__all__ = ["MemoryStore"]
+
+_FORMS = "memory:// (a new empty store) or memory://NAME (shared by name in this process)"
+_named: dict[str, MemoryStore] = {}
+_named_lock = threading.Lock()
+
+
+class MemoryStore(Store):
+    """Keeps checkpoints in a dict: nothing survives the process.
+
+    The state is kept as JSON text, validated like every durable backend does, so a state
+    that works here works everywhere, and nothing a caller holds aliases what is stored.
+    """
+
+    scheme: ClassVar[str] = "memory"
+
+    def __init__(self) -> None:
+        # The saved checkpoints; ``state_json`` is the truth, ``state`` is never read back.
+        self._runs: dict[str, Checkpoint] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_config(cls, config: str) -> Self:
+        parts = urlsplit(config)
+        if parts.scheme.lower() != "memory" or parts.path not in ("", "/") or parts.query:
+            raise ConfigError(f"malformed memory store config {config!r}; forms: {_FORMS}")
+        if not parts.netloc:
+            return cls()
+        with _named_lock:
+            store = _named.get(parts.netloc)
+            if store is None or not isinstance(store, cls):
+                store = _named[parts.netloc] = cls()
+            return store
+
+    def load(self, run_id: str) -> Checkpoint | None:
+        check_run_id(run_id)
+        found = self._runs.get(run_id)
+        if found is None:
+            return None
+        # ``found.state`` may be a dict the runner has since mutated: only the text counts.
+        return replace(found, state=json.loads(found.state_json or "{}"))
+
+    def save(self, checkpoint: Checkpoint) -> Checkpoint:
+        run_id = check_run_id(checkpoint.run_id)
+        text, copy = encode_state(checkpoint.state)
+        with self._lock:
+            current = self._runs.get(run_id)
+            current_version = None if current is None else current.version
+            if current_version != checkpoint.version:
+                raise ConflictError(
+                    f"run {run_id!r}: expected version {checkpoint.version!r}, "
+                    f"stored {current_version!r}",
+                    run_id,
+                )
+            saved = checkpoint.stored(copy, text, new_version(current_version), utcnow())
+            self._runs[run_id] = saved
+        return saved
+
+    def delete(self, run_id: str) -> bool:
+        check_run_id(run_id)
+        with self._lock:
+            return self._runs.pop(run_id, None) is not None
+
+    def list_runs(self) -> Iterator[str]:
+        with self._lock:
+            return iter(list(self._runs))
+
+    def close(self) -> None:
+        """Nothing to release; the data stays until the process ends."""
