@@ -22,13 +22,14 @@ from ._errors import (
 )
 from ._registry import DEFAULT_STORE, open_store, register_store, schemes
 from ._runner import AttemptsExhausted, RetryPolicy, Step, StepContext, run
-from ._store import RunInfo, Store
+from ._store import Diagnosis, RunInfo, Store
 
 __all__ = [
     "DEFAULT_STORE",
     "SCHEMA_VERSION",
     "AttemptsExhausted",
     "Checkpoint",
+    "Diagnosis",
     "CheckpointTooLarge",
     "ConfigError",
     "ConflictError",

@@ -108,7 +108,9 @@ class Checkpoint:
     # without encoding the state a second time on every step.
     state_json: str | None = field(default=None, repr=False, compare=False)
 
-    def stored(self, state: dict[str, Any], state_json: str, version: str, now: datetime) -> Checkpoint:
+    def stored(
+        self, state: dict[str, Any], state_json: str, version: str, now: datetime
+    ) -> Checkpoint:
         """Return this checkpoint as a store saved it (a helper for backends)."""
         return Checkpoint(
             run_id=self.run_id,

@@ -88,7 +88,7 @@ def encode_document(cp: Checkpoint, state_text: str, extra: dict[str, Any] | Non
 
 
 def decode_document(data: bytes | str, source: str) -> dict[str, Any]:
-    """Parse a stored document, raising ``CorruptCheckpoint`` naming ``source`` if it is not ours."""
+    """Parse a stored document; raise ``CorruptCheckpoint`` naming ``source`` if not ours."""
     try:
         doc = _loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -113,7 +113,7 @@ def _parse_time(value: Any) -> datetime | None:
 
 
 def checkpoint_from_doc(doc: dict[str, Any], version: str | None, source: str) -> Checkpoint:
-    """Build a ``Checkpoint`` from a decoded document, raising ``CorruptCheckpoint`` if malformed."""
+    """Build a ``Checkpoint`` from a decoded document; ``CorruptCheckpoint`` if malformed."""
     try:
         failure = doc.get("failure")
         state = doc["state"]

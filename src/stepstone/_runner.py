@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
+from . import _hooks
 from ._checkpoint import Checkpoint, Failure, check_run_id, utcnow
 from ._codec import encode_state
 from ._errors import ConflictError, StepFailed, StoreError, WorkflowChanged
@@ -233,8 +234,7 @@ def _run_step(
     while True:
         attempt += 1
         with span(
-            on,
-            "stepstone.step", run_id=run_id, step=step.name, index=index, attempt=attempt
+            on, "stepstone.step", run_id=run_id, step=step.name, index=index, attempt=attempt
         ) as step_span:
             if policy is not None and attempt > policy.max_attempts:
                 exc: Exception = AttemptsExhausted(
@@ -262,6 +262,7 @@ def _run_step(
                     on,
                 )
             logger.debug("run %r: step %d (%r) attempt %d", run_id, index, step.name, attempt)
+            _hooks.fire("runner.before_step")
             try:
                 if step.takes_context:
                     ctx = StepContext(
@@ -271,7 +272,7 @@ def _run_step(
                 else:
                     update = step.fn(working)
                 if update is not None and not isinstance(update, Mapping):
-                    raise TypeError(  # noqa: TRY301 - reported like any step error
+                    raise TypeError(
                         f"step {step.name!r} returned a {type(update).__name__}; "
                         "a step returns a dict of updates or None"
                     )
@@ -294,11 +295,13 @@ def _run_step(
                         type(error).__name__,
                         delay,
                     )
+                    _hooks.fire("runner.backoff")
                     time.sleep(delay)
                     working = _pristine(cp)
                     continue
                 step_span.set_attribute("outcome", "failed")
                 _fail(store, cp, index, step.name, attempt, error, on)
+            _hooks.fire("runner.after_step")
             if update:
                 working.update(update)
             saved = _save(
@@ -317,6 +320,7 @@ def _run_step(
                 f"step {index}",
                 on,
             )
+            _hooks.fire("runner.after_save")
             step_span.set_attribute("outcome", "ok")
             # The stored copy is ours alone; hand it on rather than copying again.
             next_working = saved.state if saved.state_json is not None else _pristine(saved)

@@ -4,17 +4,27 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from collections.abc import Iterator
+import os
+import time
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from types import TracebackType
-from typing import TYPE_CHECKING, ClassVar, Self
+from typing import TYPE_CHECKING, ClassVar, NamedTuple, Self
 
 from ._checkpoint import Checkpoint
 
 if TYPE_CHECKING:
     from ._checkpoint import RunStatus
 
-__all__ = ["RunInfo", "Store"]
+__all__ = ["Diagnosis", "RunInfo", "Store"]
+
+
+class Diagnosis(NamedTuple):
+    """One check made by ``Store.doctor``."""
+
+    check: str
+    ok: bool
+    detail: str
 
 
 class RunInfo:
@@ -116,6 +126,47 @@ class Store(abc.ABC):
             cp = self.load(run_id)
             if cp is not None:
                 yield RunInfo(run_id, cp.status, cp.step, cp.total_steps, cp.updated_at)
+
+    def init(self) -> list[str]:
+        """Create what the backend needs (tables, database, container) if it may.
+
+        Returns:
+            One line per thing created or found; backends that create everything on first
+            use return a line saying so.
+
+        Raises:
+            StorePermissionError: the credentials may not create it; the message says
+                what to provision by hand.
+        """
+        return [f"{self.scheme} store: created on first use, nothing to do"]
+
+    def doctor(self) -> list[Diagnosis]:
+        """Check connectivity, permissions and schema; return one ``Diagnosis`` per check.
+
+        The default writes, reads and deletes a probe run under a reserved id. Backends
+        add their own checks (schema version, partition key) by extending the list.
+        """
+        probe = f"__stepstone_doctor__/{os.getpid()}-{time.monotonic_ns()}"
+        results: list[Diagnosis] = []
+
+        def check(name: str, action: Callable[[], object]) -> bool:
+            try:
+                action()
+            except Exception as exc:
+                results.append(Diagnosis(name, False, f"{type(exc).__name__}: {exc}"))
+                return False
+            results.append(Diagnosis(name, True, "ok"))
+            return True
+
+        if check("list runs (read access)", lambda: next(iter(self.list_runs()), None)):
+            saved: list[Checkpoint] = []
+            if check(
+                "save a probe run (write access)",
+                lambda: saved.append(self.save(Checkpoint(run_id=probe, total_steps=0))),
+            ):
+                check("load the probe run", lambda: self.load(probe))
+                check("delete the probe run", lambda: self.delete(probe))
+        return results
 
     def __enter__(self) -> Self:
         return self
