@@ -1,0 +1,23 @@
+"""Shared test setup: print skip reasons, and make CI fail on any skipped backend."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under CI every backend must run: a skip of a backend becomes a failure."""
+    if os.environ.get("CI") == "true":
+        os.environ.setdefault("STEPSTONE_REQUIRE_BACKENDS", "1")
+
+
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config
+) -> None:
+    """Repeat backend skips at the end, where nobody can miss them."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    reasons = {str(r.longrepr[2]) for r in skipped if "BACKEND UNAVAILABLE" in str(r.longrepr)}
+    for reason in sorted(reasons):
+        terminalreporter.write_line(f"!!! {reason}", red=True, bold=True)

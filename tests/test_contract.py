@@ -1,0 +1,47 @@
+"""The Store contract suite, run against every built-in backend."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+
+from stepstone.testing import StoreContract
+
+
+class TestMemoryStore(StoreContract):
+    """memory://: process-local, so the cross-process and crash tests do not apply."""
+
+    durable = False
+
+    @pytest.fixture
+    def store_config(self) -> str:
+        """A fresh in-process store."""
+        return "memory://"
+
+
+class TestFileStore(StoreContract):
+    """file://: one JSON document per run in a directory."""
+
+    save_kill_points: ClassVar[dict[str, bool]] = {
+        "file.after_temp_write": False,
+        "file.after_rename": True,
+        "file.before_dir_fsync": True,
+    }
+
+    @pytest.fixture
+    def store_config(self, tmp_path: Path) -> str:
+        """A new directory per test."""
+        return f"file://{tmp_path}/runs"
+
+
+class TestSQLiteStore(StoreContract):
+    """sqlite://: one row per run in a WAL-mode SQLite database."""
+
+    save_kill_points: ClassVar[dict[str, bool]] = {"sqlite.in_transaction": False}
+
+    @pytest.fixture
+    def store_config(self, tmp_path: Path) -> str:
+        """A new database file per test."""
+        return f"sqlite:///{tmp_path}/runs.db"
