@@ -10,8 +10,7 @@ from typing import Any, Self
 import pytest
 
 import stepstone
-from stepstone import ConfigError, Store, open_store, register_store
-from stepstone import _registry
+from stepstone import ConfigError, Store, _registry, open_store, register_store
 from stepstone.stores.memory import MemoryStore
 
 

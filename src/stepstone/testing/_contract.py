@@ -693,7 +693,7 @@ class StoreContract:
     def test_crash_inside_save_keeps_a_whole_checkpoint(
         self, store_config: str, tmp_path: Path
     ) -> None:
-        """Killed at each point inside b's save: the next load is the old or new checkpoint, whole."""
+        """Killed inside b's save: the next load is the old or the new checkpoint, whole."""
         self._need_durable()
         if not self.save_kill_points:
             pytest.skip("this backend declares no kill points inside a save")
