@@ -67,8 +67,10 @@ import subprocess
 import tarfile
 import tempfile
 import time
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator, Optional, Union
+from typing import Any
 
 # Must happen before testcontainers is imported anywhere: the reaper image
 # (testcontainers/ryuk) cannot be pulled without a registry.
@@ -110,11 +112,29 @@ class CosmosEmulator:
     port: int
     mode: str  # "container" | "process" | "external"
     kind: str  # "cosmosdb-server" | "vnext" | "external"
-    connection_verify: Union[bool, str] = True
+    connection_verify: bool | str = True
 
     def client_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for ``azure.cosmos.CosmosClient`` besides url/credential."""
-        kwargs: dict[str, Any] = {"connection_verify": self.connection_verify}
+        """Keyword arguments for ``azure.cosmos.CosmosClient`` (sync or aio) besides url/credential.
+
+        azure-cosmos turns TLS verification OFF for any host named
+        ``localhost``/``127.0.0.1`` unless an ``ssl_config`` is given
+        (``_synchronized_request.py``: ``is_ssl_enabled``), and then urllib3
+        warns ``InsecureRequestWarning`` on every request. With a CA file we
+        pass ``ssl_config`` so the emulator's self-signed cert is really
+        verified and nothing warns. A fresh ``SSLConfiguration`` per client:
+        the SDK mutates it.
+        """
+        kwargs: dict[str, Any] = {}
+        if isinstance(self.connection_verify, str):
+            from azure.cosmos import SSLConfiguration
+
+            ssl = SSLConfiguration()
+            ssl.SSLCaCerts = self.connection_verify
+            kwargs["ssl_config"] = ssl
+            kwargs["connection_verify"] = self.connection_verify
+        elif self.connection_verify is False:
+            kwargs["connection_verify"] = False
         if self.kind != "external":
             # A local emulator is a single region at a fixed address: don't let
             # the SDK follow the account's advertised locations elsewhere, and
@@ -126,7 +146,9 @@ class CosmosEmulator:
     def client(self, **overrides: Any):
         from azure.cosmos import CosmosClient
 
-        return CosmosClient(self.endpoint, credential=self.key, **{**self.client_kwargs(), **overrides})
+        return CosmosClient(
+            self.endpoint, credential=self.key, **{**self.client_kwargs(), **overrides}
+        )
 
 
 def _env_true(name: str) -> bool:
@@ -168,20 +190,27 @@ def _wait_ready(emu: CosmosEmulator, timeout: float, alive=lambda: None) -> None
     while not _port_open(emu.host, emu.port):
         alive()
         if time.monotonic() > deadline:
-            raise CosmosEmulatorError(f"Cosmos emulator port {emu.host}:{emu.port} did not open within {timeout:.0f}s")
+            raise CosmosEmulatorError(
+                f"Cosmos emulator port {emu.host}:{emu.port} did not open within {timeout:.0f}s"
+            )
         time.sleep(0.1)
-    last_error: Optional[BaseException] = None
+    last_error: BaseException | None = None
     while True:
         alive()
         try:
-            client = emu.client(retry_total=0, connection_timeout=5)
-            list(client.list_databases())
+            with warnings.catch_warnings():
+                # e.g. InsecureRequestWarning with connection_verify=False:
+                # the probe must not fail on a warnings-as-errors filter.
+                warnings.simplefilter("ignore")
+                client = emu.client(retry_total=0, connection_timeout=5)
+                list(client.list_databases())
             return
         except Exception as exc:  # the SDK raises many types while booting
             last_error = exc
         if time.monotonic() > deadline:
             raise CosmosEmulatorError(
-                f"Cosmos emulator at {emu.endpoint} did not answer list_databases within {timeout:.0f}s: {last_error!r}"
+                f"Cosmos emulator at {emu.endpoint} did not answer list_databases "
+                f"within {timeout:.0f}s: {last_error!r}"
             )
         time.sleep(0.25)
 
@@ -197,7 +226,7 @@ def _external(endpoint: str) -> CosmosEmulator:
         raise CosmosEmulatorError(f"STEPSTONE_COSMOS_ENDPOINT is not a URL: {endpoint!r}")
     port = parsed.port or (443 if parsed.scheme == "https" else 80)
     verify_env = os.environ.get("STEPSTONE_COSMOS_VERIFY", "").strip()
-    verify: Union[bool, str]
+    verify: bool | str
     if not verify_env or verify_env.lower() in ("1", "true", "yes"):
         verify = True
     elif verify_env.lower() in ("0", "false", "no"):
@@ -289,10 +318,14 @@ def _container(image: str) -> Iterator[CosmosEmulator]:
             .with_env("COSMOS_PROTOCOL", "https")
         )
         timeout = _startup_timeout(60)
-    container = container.with_kwargs(network_mode="host", labels={"org.stepstone.cosmos-emulator": "test"})
+    container = container.with_kwargs(
+        network_mode="host", labels={"org.stepstone.cosmos-emulator": "test"}
+    )
 
     if _port_open(host, port):
-        raise CosmosEmulatorError(f"port {host}:{port} is already in use; set STEPSTONE_COSMOS_PORT to a free port")
+        raise CosmosEmulatorError(
+            f"port {host}:{port} is already in use; set STEPSTONE_COSMOS_PORT to a free port"
+        )
 
     with tempfile.TemporaryDirectory(prefix="stepstone-cosmos-") as tmp:
         container.start()
@@ -303,12 +336,14 @@ def _container(image: str) -> Iterator[CosmosEmulator]:
                 if container.status not in ("created", "running"):
                     out, err = container.get_logs()
                     raise CosmosEmulatorError(
-                        f"emulator container exited ({container.status}):\n{out.decode(errors='replace')}"
-                        f"{err.decode(errors='replace')}"
+                        f"emulator container exited ({container.status}):\n"
+                        f"{out.decode(errors='replace')}{err.decode(errors='replace')}"
                     )
 
             if vnext:
-                emu = CosmosEmulator(f"http://{host}:{port}/", WELL_KNOWN_KEY, host, port, "container", "vnext", True)
+                emu = CosmosEmulator(
+                    f"http://{host}:{port}/", WELL_KNOWN_KEY, host, port, "container", "vnext", True
+                )
             else:
                 # The port must be open before the cert can be trusted: the
                 # launcher reads it first thing, so the file is there by now
@@ -325,7 +360,13 @@ def _container(image: str) -> Iterator[CosmosEmulator]:
                             raise
                         time.sleep(0.1)
                 emu = CosmosEmulator(
-                    f"https://{host}:{port}/", WELL_KNOWN_KEY, host, port, "container", "cosmosdb-server", str(cert)
+                    f"https://{host}:{port}/",
+                    WELL_KNOWN_KEY,
+                    host,
+                    port,
+                    "container",
+                    "cosmosdb-server",
+                    str(cert),
                 )
             _wait_ready(emu, timeout, alive)
             yield emu
@@ -340,14 +381,18 @@ def _container(image: str) -> Iterator[CosmosEmulator]:
 def _process() -> Iterator[CosmosEmulator]:
     node = shutil.which("node")
     if node is None:
-        raise CosmosEmulatorError("neither Docker nor `node` is available to run the Cosmos emulator")
+        raise CosmosEmulatorError(
+            "neither Docker nor `node` is available to run the Cosmos emulator"
+        )
     if not (EMULATOR_DIR / "node_modules" / "@vercel" / "cosmosdb-server").is_dir():
         raise CosmosEmulatorError(f"run `npm ci` in {EMULATOR_DIR} first (node_modules is missing)")
 
     host = "127.0.0.1"
     port = int(os.environ.get("STEPSTONE_COSMOS_PORT") or _free_port())
     if _port_open(host, port):
-        raise CosmosEmulatorError(f"port {host}:{port} is already in use; set STEPSTONE_COSMOS_PORT to a free port")
+        raise CosmosEmulatorError(
+            f"port {host}:{port} is already in use; set STEPSTONE_COSMOS_PORT to a free port"
+        )
     env = {**os.environ, "COSMOS_HOST": host, "COSMOS_PORT": str(port), "COSMOS_PROTOCOL": "https"}
     timeout = _startup_timeout(60)
 
@@ -368,10 +413,12 @@ def _process() -> Iterator[CosmosEmulator]:
 
         def alive() -> None:
             if proc.poll() is not None:
-                raise CosmosEmulatorError(f"emulator process exited with {proc.returncode}:\n{output()}")
+                raise CosmosEmulatorError(
+                    f"emulator process exited with {proc.returncode}:\n{output()}"
+                )
 
         try:
-            cert: Optional[str] = None
+            cert: str | None = None
             deadline = time.monotonic() + timeout
             while cert is None:
                 alive()
@@ -380,9 +427,20 @@ def _process() -> Iterator[CosmosEmulator]:
                         cert = line[len("TLS certificate: ") :].strip()
                 if cert is None:
                     if time.monotonic() > deadline:
-                        raise CosmosEmulatorError(f"emulator printed no certificate path within {timeout:.0f}s:\n{output()}")
+                        raise CosmosEmulatorError(
+                            "emulator printed no certificate path within "
+                            f"{timeout:.0f}s:\n{output()}"
+                        )
                     time.sleep(0.05)
-            emu = CosmosEmulator(f"https://{host}:{port}/", WELL_KNOWN_KEY, host, port, "process", "cosmosdb-server", cert)
+            emu = CosmosEmulator(
+                f"https://{host}:{port}/",
+                WELL_KNOWN_KEY,
+                host,
+                port,
+                "process",
+                "cosmosdb-server",
+                cert,
+            )
             _wait_ready(emu, max(1.0, deadline - time.monotonic()), alive)
             yield emu
         finally:
@@ -408,7 +466,9 @@ def cosmos_emulator() -> Iterator[CosmosEmulator]:
 
     mode = os.environ.get("STEPSTONE_COSMOS_MODE", "auto").strip().lower() or "auto"
     if mode not in ("auto", "container", "process"):
-        raise CosmosEmulatorError(f"STEPSTONE_COSMOS_MODE must be auto, container or process, not {mode!r}")
+        raise CosmosEmulatorError(
+            f"STEPSTONE_COSMOS_MODE must be auto, container or process, not {mode!r}"
+        )
     image = os.environ.get("STEPSTONE_COSMOS_IMAGE", "").strip() or DEFAULT_IMAGE
 
     if mode == "process":
@@ -417,9 +477,13 @@ def cosmos_emulator() -> Iterator[CosmosEmulator]:
         manager = _container(image)
     elif mode == "container" or _env_true("CI"):
         raise CosmosEmulatorError(
-            "No Docker daemon answers (checked with docker.from_env().ping()), and the Cosmos emulator "
-            "must run in a container here"
-            + (" because CI is set" if _env_true("CI") else " because STEPSTONE_COSMOS_MODE=container")
+            "No Docker daemon answers (checked with docker.from_env().ping()), and the "
+            "Cosmos emulator must run in a container here"
+            + (
+                " because CI is set"
+                if _env_true("CI")
+                else " because STEPSTONE_COSMOS_MODE=container"
+            )
             + ". Run scripts/start-dockerd.sh to install/start dockerd and build "
             f"{DEFAULT_IMAGE}, or set STEPSTONE_COSMOS_ENDPOINT to a running emulator."
         )
