@@ -335,7 +335,15 @@ def _record_failure(
     attempt: int,
     error: BaseException,
     on: bool,
+    final: bool = False,
 ) -> Checkpoint:
+    """Save the failure of step ``index`` without advancing the run.
+
+    A retried failure keeps ``attempt`` so a crash during the backoff does not reset the
+    count. A final one stores ``attempt`` 0 (the number stays in ``failure.attempt``): the
+    run is marked failed, and whoever runs it again, after fixing the cause, gets the
+    policy's full budget back. Only crashes, which record no failure, eat into a budget.
+    """
     failure = Failure(
         step_index=index,
         step_name=name,
@@ -353,7 +361,7 @@ def _record_failure(
             version=cp.version,
             step_names=cp.step_names,
             total_steps=cp.total_steps,
-            attempt=attempt,
+            attempt=0 if final else attempt,
             failure=failure,
             created_at=cp.created_at,
         ),
@@ -373,7 +381,7 @@ def _fail(
 ) -> NoReturn:
     """Save the failure on the run, then raise ``StepFailed`` from ``error``."""
     try:
-        cp = _record_failure(store, cp, index, name, attempt, error, on)
+        cp = _record_failure(store, cp, index, name, attempt, error, on, final=True)
     except ConflictError:
         raise
     except StoreError as save_error:

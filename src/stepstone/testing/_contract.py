@@ -601,7 +601,23 @@ class StoreContract:
         assert str(info.value.__cause__) == "attempt 2"
         cp = store.load("r")
         assert cp is not None and cp.failure is not None
-        assert (cp.failure.attempt, cp.attempt, cp.status) == (2, 2, "failed")
+        assert (cp.failure.attempt, cp.attempt, cp.status) == (2, 0, "failed")
+
+    def test_failed_run_gets_a_fresh_budget(self, store: Store) -> None:
+        """Running a failed run again starts the step's attempts from one."""
+        attempts: list[int] = []
+
+        def fails_twice(state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+            attempts.append(ctx.attempt)
+            if len(attempts) <= 2:
+                raise TimeoutError("down")
+            return {"ok": True}
+
+        policy = RetryPolicy(max_attempts=2, initial_delay=0, jitter=0)
+        with pytest.raises(StepFailed):
+            run("r", [Step("x", fails_twice, retry=policy)], store)
+        assert run("r", [Step("x", fails_twice, retry=policy)], store) == {"ok": True}
+        assert attempts == [1, 2, 1]
 
     def test_retry_only_listed_errors(self, store: Store) -> None:
         """An error the policy does not list fails at once, without retrying."""
