@@ -1,0 +1,25 @@
+-- Generated from stepstone.stores.sqlite (schema_ddl()); do not edit by hand.
+-- SQLiteStore runs these statements in one BEGIN IMMEDIATE transaction on open.
+CREATE TABLE IF NOT EXISTS stepstone_checkpoints (
+    run_id TEXT NOT NULL,
+    version TEXT NOT NULL,
+    status TEXT NOT NULL,
+    step INTEGER NOT NULL,
+    total_steps INTEGER,
+    created_at TEXT,
+    updated_at TEXT NOT NULL,
+    document TEXT NOT NULL,
+    PRIMARY KEY (run_id)
+);
+
+CREATE INDEX IF NOT EXISTS ix_stepstone_checkpoints_status ON stepstone_checkpoints (status, updated_at);
+
+CREATE INDEX IF NOT EXISTS ix_stepstone_checkpoints_updated_at ON stepstone_checkpoints (updated_at);
+
+CREATE TABLE IF NOT EXISTS stepstone_meta (
+    "key" TEXT NOT NULL,
+    value TEXT NOT NULL,
+    PRIMARY KEY ("key")
+);
+
+INSERT INTO stepstone_meta ("key", value) VALUES ('schema_version', '1') ON CONFLICT DO NOTHING;
