@@ -33,6 +33,16 @@ _BUILTIN: dict[str, tuple[str, str | None, str]] = {
         None,
         "sqlite:///rel.db or sqlite:////abs.db",
     ),
+    "postgresql": (
+        "stepstone.stores.sql:SQLServerStore",
+        "postgres",
+        "postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE",
+    ),
+    "mysql": (
+        "stepstone.stores.sql:SQLServerStore",
+        "mysql",
+        "mysql://USER[:PASSWORD]@HOST[:PORT]/DATABASE (MySQL or MariaDB)",
+    ),
     "cosmos": (
         "stepstone.stores.cosmos:CosmosStore",
         "cosmos",
@@ -96,8 +106,12 @@ def _load_class(target: str, scheme: str, extra: str | None) -> type[Store]:
 
 
 def store_class(scheme: str) -> type[Store]:
-    """Return the backend class for ``scheme``, importing it lazily."""
-    scheme = scheme.lower()
+    """Return the backend class for ``scheme``, importing it lazily.
+
+    A driver suffix in SQLAlchemy's style (``postgresql+psycopg``) selects the backend of
+    the part before the ``+``; the backend itself checks the driver.
+    """
+    scheme = scheme.lower().partition("+")[0]
     if scheme in _registered:
         return _registered[scheme]
     if scheme in _BUILTIN:
