@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
+
+from stepstone.testing import backend_unavailable
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -21,3 +25,15 @@ def pytest_terminal_summary(
     reasons = {str(r.longrepr[2]) for r in skipped if "BACKEND UNAVAILABLE" in str(r.longrepr)}
     for reason in sorted(reasons):
         terminalreporter.write_line(f"!!! {reason}", red=True, bold=True)
+
+
+@pytest.fixture(scope="session")
+def emulator() -> Iterator[Any]:
+    """A Cosmos emulator for the whole session: testcontainers, or a process off CI."""
+    from cosmos_emulator import CosmosEmulatorError, cosmos_emulator
+
+    try:
+        with cosmos_emulator() as emu:
+            yield emu
+    except CosmosEmulatorError as exc:
+        backend_unavailable(f"Cosmos emulator, so CosmosStore is NOT tested: {exc}")

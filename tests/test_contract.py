@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 
@@ -45,3 +46,24 @@ class TestSQLiteStore(StoreContract):
     def store_config(self, tmp_path: Path) -> str:
         """A new database file per test."""
         return f"sqlite:///{tmp_path}/runs.db"
+
+
+class TestCosmosStore(StoreContract):
+    """cosmos://: one item per run, ETag compare-and-swap, against the emulator."""
+
+    save_kill_points: ClassVar[dict[str, bool]] = {
+        "cosmos.before_request": False,
+        "cosmos.request_sent": True,
+    }
+
+    @pytest.fixture
+    def store_config(self, emulator: Any, monkeypatch: pytest.MonkeyPatch) -> str:
+        """A fresh container per test, created on first use; the key comes from the env."""
+        monkeypatch.setenv("AZURE_COSMOS_KEY", emulator.key)
+        monkeypatch.delenv("AZURE_COSMOS_CONNECTION_STRING", raising=False)
+        protocol = "&protocol=http" if emulator.endpoint.startswith("http://") else ""
+        container = f"runs-{uuid.uuid4().hex[:12]}"
+        return (
+            f"cosmos://{emulator.host}:{emulator.port}/contract/{container}"
+            f"?verify=false&create=true{protocol}"
+        )

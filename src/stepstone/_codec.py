@@ -112,8 +112,18 @@ def _parse_time(value: Any) -> datetime | None:
     return None if value is None else datetime.fromisoformat(value)
 
 
-def checkpoint_from_doc(doc: dict[str, Any], version: str | None, source: str) -> Checkpoint:
-    """Build a ``Checkpoint`` from a decoded document; ``CorruptCheckpoint`` if malformed."""
+def checkpoint_from_doc(
+    doc: dict[str, Any], version: str | None, source: str, run_id: str | None = None
+) -> Checkpoint:
+    """Build a ``Checkpoint`` from a decoded document; ``CorruptCheckpoint`` if malformed.
+
+    With ``run_id``, also refuse a document that belongs to another run: an encoding bug
+    or a hand-copied file must not hand one run's state to another.
+    """
+    if run_id is not None and doc.get("run_id") != run_id:
+        raise CorruptCheckpoint(
+            f"{source}: holds run {doc.get('run_id')!r}, not {run_id!r}; left untouched"
+        )
     try:
         failure = doc.get("failure")
         state = doc["state"]
