@@ -146,9 +146,7 @@ def _describe_exit(returncode: int) -> str:
     return f"exit status {returncode}"
 
 
-def _start_child(
-    run_id: str, store_url: str, crash: bool, out: TextIO, verbose: bool
-) -> _Child:
+def _start_child(run_id: str, store_url: str, crash: bool, out: TextIO, verbose: bool) -> _Child:
     env = dict(os.environ)
     # The store goes by environment, not argv: argv is visible to every user in `ps`.
     env[ENV_VAR] = store_url
@@ -258,18 +256,20 @@ def run_demo(
     def names(items: list[str]) -> str:
         return ", ".join(repr(n) for n in items) or "none"
 
+    completed_first = [n for n in first.ran if n != first.crashed_in]
     w("Summary\n")
     w(
-        f"   first process (pid {first.pid}):  ran {names(first.ran)}, "
-        f"killed in {first.crashed_in!r}\n"
+        f"   first process (pid {first.pid}):  completed {names(completed_first)}, "
+        f"then was killed during {first.crashed_in!r}\n"
     )
     w(
-        f"   second process (pid {second.pid}): skipped {names(second.skipped)}, "
-        f"ran {names(second.ran)}\n"
+        f"   second process (pid {second.pid}): skipped {names(second.skipped)} "
+        f"(from the checkpoint), ran {names(second.ran)}\n"
     )
     w(
-        f"   {names(second.skipped)} ran once; {first.crashed_in!r} ran again, since its first "
-        "attempt died before its checkpoint (steps are at-least-once: make them idempotent)\n"
+        f"   {first.crashed_in!r} ran twice: its first attempt died before its checkpoint "
+        "was saved.\n   Steps run at least once, so make them idempotent "
+        "(StepContext.idempotency_key helps).\n"
     )
     w("   final state:\n")
     for line in json.dumps(second.state, indent=2, ensure_ascii=False).splitlines():
