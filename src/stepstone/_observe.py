@@ -7,6 +7,7 @@ costs one attribute lookup.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -15,10 +16,19 @@ __all__ = ["logger", "span", "tracing"]
 
 logger = logging.getLogger("stepstone")
 
-try:
-    from opentelemetry import trace as _trace
-except ImportError:  # pragma: no cover - exercised in environments without otel
-    _trace = None  # type: ignore[assignment]
+# Imported on first use, not at import time: opentelemetry's import costs tens of
+# milliseconds that every command-line call would pay.
+_otel_module: dict[str, Any] = {}
+
+
+def _otel() -> Any:
+    """Return ``opentelemetry.trace``, or None when it is not installed."""
+    if "trace" not in _otel_module:
+        try:
+            _otel_module["trace"] = importlib.import_module("opentelemetry.trace")
+        except ImportError:
+            _otel_module["trace"] = None
+    return _otel_module["trace"]
 
 
 class _NoSpan:
@@ -34,7 +44,7 @@ _NO_SPAN = _NoSpan()
 
 @contextlib.contextmanager
 def _otel_span(name: str, attributes: dict[str, Any]) -> Iterator[Any]:
-    tracer = _trace.get_tracer("stepstone")
+    tracer = _otel().get_tracer("stepstone")
     with tracer.start_as_current_span(name, attributes=attributes) as current:
         yield current
 
@@ -48,10 +58,11 @@ def tracing() -> bool:
     The API's default proxy provider records nothing, and opening its no-op spans costs
     several microseconds a step, so the runner skips them until an SDK is configured.
     """
-    if _trace is None:
+    trace = _otel()
+    if trace is None:
         return False
     return not isinstance(
-        _trace.get_tracer_provider(), (_trace.ProxyTracerProvider, _trace.NoOpTracerProvider)
+        trace.get_tracer_provider(), (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
     )
 
 

@@ -12,7 +12,7 @@ import difflib
 import importlib
 import os
 import re
-from importlib.metadata import entry_points
+from typing import Any
 
 from ._errors import ConfigError
 from ._store import Store
@@ -55,6 +55,15 @@ _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*):(.*)$", re.DOTALL)
 _ENTRY_POINT_GROUP = "stepstone.stores"
 
 
+_USERINFO = re.compile(r"(//)([^/@?#]*)@")
+_QUERY_VALUE = re.compile(r"([?&][^=&#]+=)[^&#]*")
+
+
+def redact(config: str) -> str:
+    """Return ``config`` with user info and option values masked, for error messages."""
+    return _QUERY_VALUE.sub(r"\1***", _USERINFO.sub(r"\1***@", config))
+
+
 def register_store(scheme: str, cls: type[Store]) -> None:
     """Make ``scheme://`` open ``cls`` in this process.
 
@@ -67,6 +76,13 @@ def register_store(scheme: str, cls: type[Store]) -> None:
     if not (isinstance(cls, type) and issubclass(cls, Store)):
         raise ConfigError(f"{cls!r} is not a stepstone.Store subclass")
     _registered[scheme] = cls
+
+
+def entry_points(group: str) -> list[Any]:
+    """Return the installed entry points of ``group`` (imported lazily: it is slow)."""
+    from importlib.metadata import entry_points as installed  # noqa: PLC0415
+
+    return list(installed(group=group))
 
 
 def _entry_point_schemes() -> dict[str, str]:
@@ -142,6 +158,7 @@ def open_store(config: str | None = None) -> Store:
     match = _SCHEME.match(config.strip())
     if match is None:
         raise ConfigError(
-            f"malformed store config {config!r}: expected SCHEME:..., one of: {_valid_forms()}"
+            f"malformed store config {redact(config)!r}: expected SCHEME:..., "
+            f"one of: {_valid_forms()}"
         )
     return store_class(match.group(1)).from_config(config.strip())

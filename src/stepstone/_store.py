@@ -12,6 +12,8 @@ from types import TracebackType
 from typing import TYPE_CHECKING, ClassVar, NamedTuple, Self
 
 from ._checkpoint import Checkpoint
+from ._errors import CorruptCheckpoint
+from ._observe import logger
 
 if TYPE_CHECKING:
     from ._checkpoint import RunStatus
@@ -121,9 +123,17 @@ class Store(abc.ABC):
         """Release connections and handles. Closing twice is allowed."""
 
     def list_info(self) -> Iterator[RunInfo]:
-        """Yield a ``RunInfo`` per stored run. Backends with an index override this."""
+        """Yield a ``RunInfo`` per stored run. Backends with an index override this.
+
+        A run whose checkpoint is corrupt is logged and skipped: one bad document must
+        not hide every other run from an operator listing or pruning the store.
+        """
         for run_id in self.list_runs():
-            cp = self.load(run_id)
+            try:
+                cp = self.load(run_id)
+            except CorruptCheckpoint as exc:
+                logger.warning("skipping run %r in listing: %s", run_id, exc)
+                continue
             if cp is not None:
                 yield RunInfo(run_id, cp.status, cp.step, cp.total_steps, cp.updated_at)
 
