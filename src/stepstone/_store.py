@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import abc
-import asyncio
 import os
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from types import TracebackType
-from typing import TYPE_CHECKING, ClassVar, NamedTuple, Self
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Self, TypeVar
 
 from ._checkpoint import Checkpoint
 from ._errors import CorruptCheckpoint
@@ -19,6 +18,16 @@ if TYPE_CHECKING:
     from ._checkpoint import RunStatus
 
 __all__ = ["Diagnosis", "RunInfo", "Store"]
+
+T = TypeVar("T")
+
+
+async def _to_thread(fn: Callable[..., T], *args: Any) -> T:
+    # asyncio is imported here, not at the top: it costs ~40 ms that sync users and
+    # every command-line call would pay for nothing.
+    import asyncio  # noqa: PLC0415
+
+    return await asyncio.to_thread(fn, *args)
 
 
 class Diagnosis(NamedTuple):
@@ -191,16 +200,16 @@ class Store(abc.ABC):
 
     async def aload(self, run_id: str) -> Checkpoint | None:
         """Async ``load``."""
-        return await asyncio.to_thread(self.load, run_id)
+        return await _to_thread(self.load, run_id)
 
     async def asave(self, checkpoint: Checkpoint) -> Checkpoint:
         """Async ``save``."""
-        return await asyncio.to_thread(self.save, checkpoint)
+        return await _to_thread(self.save, checkpoint)
 
     async def adelete(self, run_id: str) -> bool:
         """Async ``delete``."""
-        return await asyncio.to_thread(self.delete, run_id)
+        return await _to_thread(self.delete, run_id)
 
     async def aclose(self) -> None:
         """Async ``close``."""
-        await asyncio.to_thread(self.close)
+        await _to_thread(self.close)
