@@ -60,8 +60,8 @@ import secrets
 import sys
 import time
 from collections.abc import Iterator
-from typing import ClassVar, Literal, Self
-from urllib.parse import urlsplit
+from typing import Any, ClassVar, Literal, Self
+from urllib.parse import unquote_to_bytes, urlsplit
 
 from .._checkpoint import Checkpoint, check_run_id, utcnow
 from .._codec import checkpoint_from_doc, decode_document, encode_document, encode_state
@@ -133,17 +133,8 @@ def decode_name(name: str) -> str | None:
     """
     if _ESCAPED_NAME.fullmatch(name) is None:
         return None
-    raw = bytearray()
-    i = 0
-    while i < len(name):
-        if name[i] == "%":
-            raw.append(int(name[i + 1 : i + 3], 16))
-            i += 3
-        else:
-            raw.append(ord(name[i]))
-            i += 1
     try:
-        run_id = check_run_id(raw.decode("utf-8"))
+        run_id = check_run_id(unquote_to_bytes(name).decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
         return None
     # Only the canonical spelling counts ("%61" is not "a"), so each run has one file.
@@ -158,16 +149,31 @@ def _sync(fd: int) -> None:
         os.fsync(fd)
 
 
-@contextlib.contextmanager
-def _translate(path: str) -> Iterator[None]:
-    """Turn an ``OSError`` about ``path`` into the matching ``StoreError``."""
-    try:
-        yield
-    except StepstoneError:
-        raise  # StorePermissionError is an OSError too: never wrap our own errors
-    except PermissionError as exc:
-        raise StorePermissionError(f"{path}: permission denied ({exc.strerror})") from exc
-    except OSError as exc:
+class _translate:  # lowercase: it reads like a function at each use
+    """Turn an ``OSError`` about ``directory/name`` into the matching ``StoreError``.
+
+    The one place OS errors are translated. A class, not ``@contextmanager``: it sits on
+    the save path several times, and the path string is only built when something failed.
+    """
+
+    __slots__ = ("directory", "name")
+
+    def __init__(self, directory: str, name: str = "") -> None:
+        self.directory = directory
+        self.name = name
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> None:
+        # StorePermissionError is an OSError too: never wrap our own errors.
+        if not isinstance(exc, OSError) or isinstance(exc, StepstoneError):
+            return
+        path = os.path.join(self.directory, self.name) if self.name else self.directory
+        if isinstance(exc, PermissionError):
+            raise StorePermissionError(f"{path}: permission denied ({exc.strerror})") from exc
         code = errno.errorcode.get(exc.errno or 0, str(exc.errno))
         message = f"{path}: {exc.strerror or exc} ({code})"
         if exc.errno in (errno.ENOLCK, errno.ESTALE, errno.ETIMEDOUT):
@@ -183,13 +189,16 @@ def _read_all(fd: int) -> bytes:
             size,
             MAX_DOCUMENT_BYTES,
         )
-    chunks: list[bytes] = []
-    while True:
-        # One read normally gets it all; loop for a file that grew since the fstat.
-        chunk = os.read(fd, max(size, 65536) + 1)
-        if not chunk:
-            return b"".join(chunks)
+    # Documents are never changed in place (a save renames a new file over the old), so
+    # one read of size + 1 bytes returns the whole file; the loop is for the odd file
+    # someone else appends to.
+    data = os.read(fd, size + 1)
+    if len(data) <= size:
+        return data
+    chunks = [data]
+    while chunk := os.read(fd, 65536):
         chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _make_dirs(path: str, durable: bool) -> None:
@@ -292,26 +301,27 @@ class FileStore(Store):
         return self._dir_fd
 
     def _file(self, name: str) -> str:
-        return os.path.join(self._path, name)
+        return f"{self._path}/{name}" if self._path != "/" else f"/{name}"
 
     # -- reading ------------------------------------------------------------------------
 
-    def _read(self, dir_fd: int, name: str, run_id: str) -> Checkpoint | None:
-        """Return the checkpoint in ``<name>.json``, None if absent, or raise if unreadable."""
-        path = self._file(name + ".json")
-        with _translate(path):
+    def _read(self, dir_fd: int, name: str, run_id: str) -> tuple[dict[str, Any], str] | None:
+        """Return ``(document, version)`` of ``<name>.json``, None if absent; raise if not ours."""
+        file_name = name + ".json"
+        with _translate(self._path, file_name):
             try:
-                fd = os.open(name + ".json", os.O_RDONLY | _O_CLOEXEC | _O_NOFOLLOW, dir_fd=dir_fd)
+                fd = os.open(file_name, os.O_RDONLY | _O_CLOEXEC | _O_NOFOLLOW, dir_fd=dir_fd)
             except FileNotFoundError:
                 return None
             try:
                 data = _read_all(fd)
             except CheckpointTooLarge as exc:
                 raise CorruptCheckpoint(
-                    f"{path}: not a stepstone checkpoint ({exc}); left untouched"
+                    f"{self._file(file_name)}: not a stepstone checkpoint ({exc}); left untouched"
                 ) from exc
             finally:
                 os.close(fd)
+        path = self._file(file_name)
         doc = decode_document(data, source=path)
         version = doc.get("version")
         if not isinstance(version, str):
@@ -325,19 +335,23 @@ class FileStore(Store):
                 f"{path}: holds run {doc.get('run_id')!r}, not {run_id!r} (copied or renamed "
                 "by hand?); left untouched"
             )
-        return checkpoint_from_doc(doc, version, source=path)
+        return doc, version
 
     def load(self, run_id: str) -> Checkpoint | None:
         check_run_id(run_id)
+        name = encode_name(run_id)
         # No lock: the rename that publishes a document is atomic.
-        return self._read(self._fd(), encode_name(run_id), run_id)
+        found = self._read(self._fd(), name, run_id)
+        if found is None:
+            return None
+        return checkpoint_from_doc(found[0], found[1], source=self._file(name + ".json"))
 
     # -- writing ------------------------------------------------------------------------
 
     def _lock(self, dir_fd: int, name: str) -> int:
         """Open the run's lock file and hold ``flock`` on it; return the fd."""
         lock_name = name + ".lock"
-        with _translate(self._file(lock_name)):
+        with _translate(self._path, lock_name):
             while True:
                 fd = os.open(
                     lock_name,
@@ -379,8 +393,11 @@ class FileStore(Store):
         name = encode_name(run_id)
         lock_fd = self._lock(dir_fd, name)
         try:
+            # Only the version is needed, and a document can only carry the expected one
+            # if the caller loaded it (which checked every field) or wrote it: parsing it
+            # is what proves the file is ours and whole, so a corrupt file stays put.
             current = self._read(dir_fd, name, run_id)
-            current_version = None if current is None else current.version
+            current_version = None if current is None else current[1]
             if current_version != checkpoint.version:
                 raise ConflictError(
                     f"run {run_id!r}: expected version {checkpoint.version!r}, "
@@ -398,7 +415,7 @@ class FileStore(Store):
                 raise self._too_large(run_id, len(data))
             self._publish(dir_fd, name + ".json", data)
         finally:
-            with _translate(self._file(name + ".lock")):
+            with _translate(self._path, name + ".lock"):
                 self._unlock(lock_fd)
         return saved
 
@@ -413,16 +430,18 @@ class FileStore(Store):
     def _publish(self, dir_fd: int, final: str, data: bytes) -> None:
         """Atomically replace ``final`` with ``data``, durably if so configured."""
         temp = _TEMP_PREFIX + secrets.token_hex(8)
-        with _translate(self._file(temp)):
+        with _translate(self._path, temp):
             fd = os.open(
                 temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o600, dir_fd=dir_fd
             )
         try:
-            with _translate(self._file(temp)):
+            with _translate(self._path, temp):
                 try:
-                    view = memoryview(data)
-                    while view:
-                        view = view[os.write(fd, view) :]
+                    written = os.write(fd, data)
+                    if written < len(data):  # short writes are rare: copy only then
+                        view = memoryview(data)[written:]
+                        while view:
+                            view = view[os.write(fd, view) :]
                     fire("file.after_temp_write")
                     if self._durable:
                         # Before the rename: else a power cut can leave the new name
@@ -430,7 +449,7 @@ class FileStore(Store):
                         _sync(fd)
                 finally:
                     os.close(fd)
-            with _translate(self._file(final)):
+            with _translate(self._path, final):
                 os.rename(temp, final, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         except BaseException:
             with contextlib.suppress(OSError):
@@ -449,7 +468,7 @@ class FileStore(Store):
         name = encode_name(run_id)
         lock_fd = self._lock(dir_fd, name)
         try:
-            with _translate(self._file(name + ".json")):
+            with _translate(self._path, name + ".json"):
                 try:
                     os.unlink(name + ".json", dir_fd=dir_fd)
                     existed = True
@@ -458,7 +477,7 @@ class FileStore(Store):
             # Unlinked while held, so no one can lock it after us; waiters on this inode
             # notice in ``_lock`` and retry on a fresh file.
             with (
-                _translate(self._file(name + ".lock")),
+                _translate(self._path, name + ".lock"),
                 contextlib.suppress(FileNotFoundError),
             ):
                 os.unlink(name + ".lock", dir_fd=dir_fd)
@@ -466,7 +485,7 @@ class FileStore(Store):
                 with _translate(self._path):
                     _sync(dir_fd)
         finally:
-            with _translate(self._file(name + ".lock")):
+            with _translate(self._path, name + ".lock"):
                 self._unlock(lock_fd)
         return existed
 
