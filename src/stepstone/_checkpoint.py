@@ -31,6 +31,7 @@ RunStatus = Literal["running", "failed", "done"]
 # C0 controls, DEL, C1 controls, and lone surrogates (which cannot be encoded as UTF-8,
 # so no backend could store them).
 _BAD_RUN_ID_CHAR = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def utcnow() -> datetime:
@@ -138,7 +139,11 @@ class Checkpoint:
 
 def find_non_json(value: object, path: str = "state") -> tuple[str, str] | None:
     """Return ``(path, reason)`` of the first value that would not round-trip through JSON."""
-    if value is None or isinstance(value, (str, bool, int)):
+    if isinstance(value, str):
+        if _SURROGATE.search(value):
+            return path, "the string holds a lone surrogate, which is not UTF-8"
+        return None
+    if value is None or isinstance(value, (bool, int)):
         return None
     if isinstance(value, float):
         if math.isnan(value) or math.isinf(value):
@@ -146,6 +151,8 @@ def find_non_json(value: object, path: str = "state") -> tuple[str, str] | None:
         return None
     if isinstance(value, dict):
         for key, item in value.items():
+            if isinstance(key, str) and _SURROGATE.search(key):
+                return f"{path}[{key!r}]", "the key holds a lone surrogate, which is not UTF-8"
             if not isinstance(key, str):
                 return (
                     f"{path}[{key!r}]",

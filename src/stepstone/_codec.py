@@ -42,6 +42,12 @@ def encode_state(state: object) -> tuple[str, dict[str, Any]]:
     copy = _loads(text)
     if copy != state:
         raise invalid_state(state)
+    try:
+        # Lone surrogates survive json.dumps with ensure_ascii=False but are not UTF-8:
+        # refuse them here so that no backend fails on them halfway through a write.
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise invalid_state(state, "a string holds a lone surrogate, which is not UTF-8") from exc
     return text, copy
 
 

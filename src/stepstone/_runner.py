@@ -111,6 +111,10 @@ class Step:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise TypeError(f"a step name must be a non-empty str, got {self.name!r}")
+        try:
+            self.name.encode("utf-8")
+        except UnicodeEncodeError:
+            raise TypeError(f"step name {self.name!r} holds a lone surrogate") from None
         if not callable(self.fn):
             raise TypeError(f"step {self.name!r}: fn must be callable, got {self.fn!r}")
         object.__setattr__(self, "takes_context", _takes_context(self.fn))
@@ -348,7 +352,8 @@ def _record_failure(
         step_index=index,
         step_name=name,
         error_type=type(error).__qualname__,
-        message=str(error)[:_MAX_MESSAGE],
+        # Exception text may hold anything; keep the stored record valid UTF-8.
+        message=str(error)[:_MAX_MESSAGE].encode("utf-8", "backslashreplace").decode("utf-8"),
         attempt=attempt,
         at=utcnow(),
     )

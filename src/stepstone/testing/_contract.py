@@ -85,6 +85,7 @@ BAD_STATES: tuple[tuple[str, dict[str, Any], str], ...] = (
     ("int key", {"map": {1: "one"}}, "state['map'][1]"),
     ("tuple", {"pair": (1, 2)}, "state['pair']"),
     ("object", {"obj": object()}, "state['obj']"),
+    ("surrogate", {"s": ["ok", "bad\ud800"]}, "state['s'][1]"),
 )
 
 
