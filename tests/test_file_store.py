@@ -27,6 +27,7 @@ from stepstone import (
     ConfigError,
     ConflictError,
     CorruptCheckpoint,
+    InvalidState,
     StoreError,
     StorePermissionError,
     _hooks,
@@ -347,15 +348,11 @@ def test_document_over_limit_is_refused(store: FileStore, monkeypatch: pytest.Mo
     assert store.load("run") is None
 
 
-def test_lone_surrogates_round_trip_through_utf8_file(store: FileStore) -> None:
-    """Lone surrogates, legal in JSON strings but not in UTF-8, are stored escaped and restored."""
-    state = {"bad\udc80key": ["\ud800", "ok"]}
-    store.save(Checkpoint("run", state=state))
-    raw = (Path(store.path) / "run.json").read_bytes()
-    raw.decode("utf-8")  # the file is valid UTF-8
-    loaded = store.load("run")
-    assert loaded is not None
-    assert loaded.state == state
+def test_lone_surrogates_refused_before_any_write(store: FileStore) -> None:
+    """A state with lone surrogates (not UTF-8) is refused, and no file is written."""
+    with pytest.raises(InvalidState, match="lone surrogate"):
+        store.save(Checkpoint("run", state={"bad\udc80key": ["\ud800", "ok"]}))
+    assert not (Path(store.path) / "run.json").exists()
 
 
 def test_document_format(store: FileStore) -> None:
