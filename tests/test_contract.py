@@ -67,3 +67,61 @@ class TestCosmosStore(StoreContract):
             f"cosmos://{emulator.host}:{emulator.port}/contract/{container}"
             f"?verify=false&create=true{protocol}"
         )
+
+
+class TestPostgresStore(StoreContract):
+    """postgresql://: one row per run in PostgreSQL, a fresh table per test."""
+
+    save_kill_points: ClassVar[dict[str, bool]] = {
+        "sql.before_request": False,
+        "sql.request_sent": True,
+    }
+
+    @pytest.fixture
+    def store_config(self, request: pytest.FixtureRequest) -> str:
+        """A new table per test in the loopback server's test database, dropped after."""
+        return self.fresh_table(request, "postgresql://postgres@127.0.0.1:5432/test")
+
+    @staticmethod
+    def fresh_table(request: pytest.FixtureRequest, config: str) -> str:
+        """Return ``config`` naming a new table, skip if the server is down; drop it after."""
+        import uuid
+
+        from stepstone.testing import backend_unavailable
+
+        table = f"t_{uuid.uuid4().hex}"
+        try:
+            if config.startswith("postgresql"):
+                import psycopg
+
+                conn = psycopg.connect(config, autocommit=True, connect_timeout=3)
+            else:
+                import pymysql
+
+                conn = pymysql.connect(
+                    host="127.0.0.1", user="root", database="test", connect_timeout=3
+                )
+        except Exception as exc:
+            backend_unavailable(f"{config}: {type(exc).__name__}: {exc}")
+
+        def drop() -> None:
+            with conn.cursor() as cursor:
+                cursor.execute(f"DROP TABLE IF EXISTS {table}, {table}_meta")
+            conn.close()
+
+        request.addfinalizer(drop)
+        return f"{config}?table={table}"
+
+
+class TestMySQLStore(StoreContract):
+    """mysql://: one row per run in MySQL/MariaDB, a fresh table per test."""
+
+    save_kill_points: ClassVar[dict[str, bool]] = {
+        "sql.before_request": False,
+        "sql.request_sent": True,
+    }
+
+    @pytest.fixture
+    def store_config(self, request: pytest.FixtureRequest) -> str:
+        """A new table per test in the loopback server's test database, dropped after."""
+        return TestPostgresStore.fresh_table(request, "mysql://root@127.0.0.1:3306/test")

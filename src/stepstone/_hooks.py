@@ -7,6 +7,8 @@ point); in production ``fire`` is one global lookup and a comparison. Points in 
   ``runner.after_save``, ``runner.backoff`` (a retry is waiting)
 - ``file.after_temp_write``, ``file.after_rename``, ``file.before_dir_fsync``
 - ``sqlite.in_transaction`` (statement executed, not committed)
+- ``sql.before_request``, ``sql.request_sent`` (PostgreSQL/MySQL: the single autocommit
+  statement not yet sent; executed and acknowledged, result not yet read)
 - ``cosmos.before_request`` (the save's request not yet sent), ``cosmos.request_sent``
   (the response arrived, CosmosStore has not processed it)
 """

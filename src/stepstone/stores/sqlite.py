@@ -10,9 +10,11 @@ Design, and why:
   with ``raw_connection()`` and detached from its pool: a durable save is an fsync plus a
   few microseconds of Python, and a pool checkout or ``Connection.execute`` per save would
   be most of those microseconds. The thread-local *is* the pool.
-- A save is ONE conditional upsert (``ON CONFLICT DO UPDATE ... WHERE version = :expected``)
-  inside an explicit transaction; ``rowcount`` 0 means the compare-and-swap lost. No read
-  before the write, so there is no window between check and write and no extra statement.
+- A save is ONE conditional statement inside an explicit transaction: a first save is
+  ``INSERT ... ON CONFLICT DO NOTHING``, a later one ``UPDATE ... WHERE version =
+  :expected``; ``rowcount`` 0 means the compare-and-swap lost. An update never inserts,
+  so a stale worker cannot bring back a deleted run. No read before the write, so there
+  is no window between check and write and no extra statement.
 - Connections run in sqlite3 autocommit mode (``isolation_level=None``) and the save path
   issues ``BEGIN IMMEDIATE`` itself: the write lock is taken up front, where the busy
   handler can wait for it, and the ``sqlite.in_transaction`` hook sees a statement that
@@ -46,6 +48,7 @@ from sqlalchemy import (
     delete,
     event,
     select,
+    update,
 )
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import sqlite as sqlite_dialect
@@ -148,24 +151,29 @@ def schema_ddl() -> str:
     return header + "\n\n".join(f"{s};" for s in _SCHEMA_SQL) + "\n"
 
 
-def _build_upsert() -> str:
+def _build_create() -> str:
+    # A first save inserts or, if the run exists, changes nothing: rowcount 0, a conflict.
     insert = sqlite_dialect.insert(checkpoints).values(
         {c.name: bindparam(c.name) for c in checkpoints.c}
     )
-    # ``version = NULL`` is never true, so a first save (expected None) over an existing
-    # row updates nothing: rowcount 0, a conflict, exactly like a stale version.
+    return _sql(insert.on_conflict_do_nothing(index_elements=[checkpoints.c.run_id]))
+
+
+def _build_update() -> str:
+    # A later save updates only the row still holding the expected version. It must never
+    # insert: a stale worker saving after the run was deleted would bring it back.
     return _sql(
-        insert.on_conflict_do_update(
-            index_elements=[checkpoints.c.run_id],
-            set_={c.name: insert.excluded[c.name] for c in checkpoints.c if c.name != "run_id"},
-            where=checkpoints.c.version == bindparam("expected"),
-        )
+        update(checkpoints)
+        .where(checkpoints.c.run_id == bindparam("run_id"))
+        .where(checkpoints.c.version == bindparam("expected"))
+        .values({c.name: bindparam(c.name) for c in checkpoints.c if c.name != "run_id"})
     )
 
 
 _RUN: Final[BindParameter[str]] = bindparam("run_id")
 _SCHEMA_SQL: Final = _schema_statements()
-_UPSERT: Final = _build_upsert()
+_CREATE: Final = _build_create()
+_UPDATE: Final = _build_update()
 _LOAD: Final = _sql(
     select(checkpoints.c.version, checkpoints.c.document).where(checkpoints.c.run_id == _RUN)
 )
@@ -567,7 +575,8 @@ class SQLiteStore(Store):
         with self._guard:
             conn.execute("BEGIN IMMEDIATE")
             try:
-                stored = conn.execute(_UPSERT, params).rowcount
+                statement = _CREATE if expected is None else _UPDATE
+                stored = conn.execute(statement, params).rowcount
                 if stored != 1:
                     _rollback(conn)
                     raise self._conflict(conn, run_id, expected)

@@ -217,6 +217,14 @@ class StoreContract:
         with pytest.raises(ConflictError):
             store.save(_cp("r", 1, version=old.version))
 
+    def test_stale_save_cannot_resurrect_a_deleted_run(self, store: Store) -> None:
+        """A save with a version after the run was deleted conflicts and stores nothing."""
+        held = store.save(_cp("r", 0))
+        assert store.delete("r")
+        with pytest.raises(ConflictError):
+            store.save(_cp("r", 1, version=held.version))
+        assert store.load("r") is None
+
     def test_saved_state_is_not_aliased(self, store: Store) -> None:
         """Mutating the state passed to save, or the one returned, changes nothing stored."""
         state: dict[str, Any] = {"list": [1]}
