@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+import stepstone
 from stepstone import (
     InvalidRunId,
     InvalidState,
@@ -41,7 +42,7 @@ def test_step_detects_context_parameter() -> None:
 
 def test_step_validates_its_arguments() -> None:
     """A step needs a non-empty name and a callable."""
-    with pytest.raises(TypeError, match="non-empty"):
+    with pytest.raises(stepstone.InvalidWorkflow, match="non-empty"):
         Step("", lambda s: None)
     with pytest.raises(TypeError, match="callable"):
         Step("a", 42)  # type: ignore[arg-type]
@@ -67,7 +68,7 @@ def test_retry_policy_validation_and_backoff() -> None:
     """Retry delays grow by the multiplier up to the cap, with bounded jitter."""
     with pytest.raises(ValueError, match="max_attempts"):
         RetryPolicy(max_attempts=0)
-    with pytest.raises(ValueError, match="negative"):
+    with pytest.raises(ValueError, match=">= 0"):
         RetryPolicy(initial_delay=-1)
     policy = RetryPolicy(initial_delay=1, multiplier=3, max_delay=5, jitter=0)
     assert [policy.delay(n) for n in (1, 2, 3)] == [1, 3, 5]

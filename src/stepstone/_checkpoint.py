@@ -179,7 +179,10 @@ def invalid_state(state: object, cause: str | None = None) -> InvalidState:
         return InvalidState(
             f"state must be a dict with str keys, got {type(state).__name__}", "state"
         )
-    found = find_non_json(state)
+    try:
+        found = find_non_json(state)
+    except RecursionError:
+        found = ("state", "it is nested too deeply to encode")
     if found is None:
         path, reason = "state", cause or "it does not round-trip through JSON"
     else:

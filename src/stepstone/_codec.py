@@ -39,8 +39,12 @@ def encode_state(state: object) -> tuple[str, dict[str, Any]]:
         text = _dumps(state)
     except (TypeError, ValueError, RecursionError) as exc:
         raise invalid_state(state, str(exc)) from exc
-    copy = _loads(text)
-    if copy != state:
+    try:
+        copy = _loads(text)
+        same = copy == state
+    except RecursionError as exc:
+        raise invalid_state(state, "it is nested too deeply") from exc
+    if not same:
         raise invalid_state(state)
     try:
         # Lone surrogates survive json.dumps with ensure_ascii=False but are not UTF-8:

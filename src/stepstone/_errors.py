@@ -7,6 +7,7 @@ says what kind of mistake it is, so ``except ValueError`` still works::
     ├── ConfigError (ValueError)        bad config string, unknown scheme, missing extra
     ├── InvalidRunId (ValueError)       run_id empty, too long or with control characters
     ├── InvalidState (TypeError)        state that does not round-trip through JSON
+    ├── InvalidWorkflow (TypeError, ValueError)  a malformed Step, RetryPolicy or step list
     ├── WorkflowChanged                 resumed with steps whose names differ from the record
     ├── StepFailed                      a step raised; the cause is ``__cause__``
     └── StoreError                      anything a backend reports
@@ -31,6 +32,7 @@ __all__ = [
     "CorruptCheckpoint",
     "InvalidRunId",
     "InvalidState",
+    "InvalidWorkflow",
     "StepFailed",
     "StepstoneError",
     "StoreError",
@@ -58,6 +60,10 @@ class InvalidState(StepstoneError, TypeError):
     def __init__(self, message: str, path: str) -> None:
         super().__init__(message)
         self.path = path
+
+
+class InvalidWorkflow(StepstoneError, TypeError, ValueError):
+    """A ``Step``, ``RetryPolicy`` or list of steps that cannot be run as given."""
 
 
 class WorkflowChanged(StepstoneError):

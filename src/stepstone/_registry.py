@@ -70,6 +70,8 @@ def register_store(scheme: str, cls: type[Store]) -> None:
     Raises:
         ConfigError: ``scheme`` is built in, or ``cls`` is not a ``Store`` subclass.
     """
+    if not isinstance(scheme, str) or not _SCHEME.match(f"{scheme}:"):
+        raise ConfigError(f"a scheme is a str like 'mystore', got {scheme!r}")
     scheme = scheme.lower()
     if scheme in _BUILTIN:
         raise ConfigError(f"scheme {scheme!r} is built in and cannot be registered over")

@@ -13,14 +13,14 @@ import inspect
 import json
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from . import _hooks
 from ._checkpoint import Checkpoint, Failure, check_run_id, utcnow
 from ._codec import encode_state
-from ._errors import ConflictError, StepFailed, StoreError, WorkflowChanged
+from ._errors import ConflictError, InvalidWorkflow, StepFailed, StoreError, WorkflowChanged
 from ._observe import logger, span, tracing
 from ._store import Store
 
@@ -59,10 +59,15 @@ class RetryPolicy:
     retry_on: tuple[type[BaseException], ...] | Callable[[BaseException], bool] = (Exception,)
 
     def __post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
-        if min(self.initial_delay, self.max_delay, self.multiplier, self.jitter) < 0:
-            raise ValueError("delays, multiplier and jitter must not be negative")
+        if not isinstance(self.max_attempts, int) or self.max_attempts < 1:
+            raise InvalidWorkflow(f"max_attempts must be an int >= 1, got {self.max_attempts!r}")
+        numbers = (self.initial_delay, self.max_delay, self.multiplier, self.jitter)
+        if not all(isinstance(n, (int, float)) and n >= 0 for n in numbers):
+            raise InvalidWorkflow(
+                "initial_delay, max_delay, multiplier and jitter must be numbers >= 0"
+            )
+        if not (isinstance(self.retry_on, tuple) or callable(self.retry_on)):
+            raise InvalidWorkflow("retry_on must be a tuple of exception types or a predicate")
 
     def should_retry(self, exc: BaseException) -> bool:
         """Return whether ``exc`` is one this policy retries."""
@@ -110,13 +115,13 @@ class Step:
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
-            raise TypeError(f"a step name must be a non-empty str, got {self.name!r}")
+            raise InvalidWorkflow(f"a step name must be a non-empty str, got {self.name!r}")
         try:
             self.name.encode("utf-8")
         except UnicodeEncodeError:
-            raise TypeError(f"step name {self.name!r} holds a lone surrogate") from None
+            raise InvalidWorkflow(f"step name {self.name!r} holds a lone surrogate") from None
         if not callable(self.fn):
-            raise TypeError(f"step {self.name!r}: fn must be callable, got {self.fn!r}")
+            raise InvalidWorkflow(f"step {self.name!r}: fn must be callable, got {self.fn!r}")
         object.__setattr__(self, "takes_context", _takes_context(self.fn))
 
 
@@ -178,10 +183,12 @@ def run(run_id: str, steps: Sequence[Step], store: Store) -> State:
         StoreError: the store failed; the run stops at its last checkpoint.
     """
     check_run_id(run_id)
+    if isinstance(steps, (str, bytes)) or not isinstance(steps, Iterable):
+        raise InvalidWorkflow(f"steps must be a list of Step objects, got {type(steps).__name__}")
     steps = list(steps)
     for item in steps:
         if not isinstance(item, Step):
-            raise TypeError(f"steps must be Step objects, got {type(item).__name__}")
+            raise InvalidWorkflow(f"steps must be Step objects, got {type(item).__name__}")
     names = tuple(step.name for step in steps)
     total = len(steps)
 

@@ -1,0 +1,482 @@
+"""The chaos harness at CI size, the bad-input fuzzers, and the README's results table.
+
+The harness itself lives in ``stepstone.testing._chaos`` (``scripts/chaos`` runs it at any
+size). Here: each durable backend gets generated workflows killed by SIGKILL at every
+kill point and resumed, concurrent workers killed mid-race, and bystander runs checked;
+then hypothesis throws bad run_ids, states and config strings at every backend.
+Sizes: ``STEPSTONE_CHAOS_DEATHS`` (deaths per backend, default 150) and
+``STEPSTONE_CHAOS_EXAMPLES`` (hypothesis examples per fuzzer, default 60).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import re
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from stepstone import (
+    Checkpoint,
+    CheckpointTooLarge,
+    InvalidRunId,
+    InvalidState,
+    Step,
+    StepFailed,
+    StepstoneError,
+    check_run_id,
+    open_store,
+    register_store,
+    run,
+)
+from stepstone.testing import _chaos as chaos
+from stepstone.testing import backend_unavailable
+
+pytestmark = [
+    pytest.mark.crash,
+    pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning"),
+]
+
+REPO = Path(__file__).resolve().parents[2]
+DEATHS = int(os.environ.get("STEPSTONE_CHAOS_DEATHS", "150"))
+EXAMPLES = int(os.environ.get("STEPSTONE_CHAOS_EXAMPLES", "60"))
+BACKENDS = ["file", "sqlite", "cosmos"]
+
+
+def _cosmos_config(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    try:
+        import azure.cosmos  # noqa: F401
+    except ImportError:
+        backend_unavailable("azure-cosmos is not installed, so the Cosmos chaos run is NOT run")
+    try:
+        import stepstone.stores.cosmos  # noqa: F401
+    except ImportError as exc:
+        backend_unavailable(f"stepstone.stores.cosmos cannot be imported ({exc})")
+    emu = request.getfixturevalue("emulator")  # skips loudly (fails under CI) if none
+    monkeypatch.setenv("AZURE_COSMOS_KEY", emu.key)
+    monkeypatch.delenv("AZURE_COSMOS_CONNECTION_STRING", raising=False)
+    protocol = "&protocol=http" if emu.endpoint.startswith("http://") else ""
+    container = f"chaos-{uuid.uuid4().hex[:10]}"
+    return f"cosmos://{emu.host}:{emu.port}/chaos/{container}?verify=false{protocol}&create=true"
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[str, str]:
+    """(backend name, config string of a fresh store)."""
+    name = request.param
+    if name == "file":
+        return name, f"file://{tmp_path}/runs"
+    if name == "sqlite":
+        return name, f"sqlite:///{tmp_path}/runs.db"
+    return name, _cosmos_config(request, monkeypatch)
+
+
+def _options(backend: tuple[str, str], tmp_path: Path, **kw: Any) -> chaos.Options:
+    name, config = backend
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    return chaos.Options(name, config, str(work), **kw)
+
+
+# -- the chaos run ------------------------------------------------------------------------
+
+
+def test_chaos_deaths_resume_exactly(backend: tuple[str, str], tmp_path: Path) -> None:
+    """Generated workflows, killed at every point again and again, finish exactly."""
+    opts = _options(backend, tmp_path)
+    deaths = DEATHS if backend[0] != "cosmos" else max(30, DEATHS // 3)
+    stats = chaos.run_shard(opts, iter(range(10**9)), deaths_target=deaths)
+    assert not stats.violations, "\n".join(stats.violations)
+    assert sum(stats.deaths.values()) >= deaths
+    assert stats.scenarios["single"] and stats.scenarios["concurrent"]
+    points = [*chaos.RUNNER_POINTS, *chaos.STORE_POINTS[backend[0]]]
+    missed = [p for p in points if not stats.deaths[p]]
+    assert not missed, f"kill points never reached: {missed} ({dict(stats.deaths)})"
+
+
+def test_big_states_near_the_limit(backend: tuple[str, str], tmp_path: Path) -> None:
+    """A few cases with states near the backend's limit (``scripts/chaos --big`` for more)."""
+    if backend[0] != "cosmos":
+        pytest.skip("file/sqlite limits are 64 MiB+: scripts/chaos --big, not CI")
+    opts = _options(backend, tmp_path, big=True, max_deaths=3)
+    stats = chaos.run_shard(opts, [0, 1, 2, 3])
+    assert not stats.violations, "\n".join(stats.violations)
+
+
+@pytest.mark.parametrize("case", [0, 1, 3])
+def test_spawned_interpreters_agree(case: int, tmp_path: Path) -> None:
+    """The same case in fresh ``python -m`` children dies at the same points as forked."""
+    forked = chaos.run_shard(_options(("file", f"file://{tmp_path}/a"), tmp_path), [case])
+    (tmp_path / "s").mkdir()
+    spawned = chaos.run_shard(
+        chaos.Options("file", f"file://{tmp_path}/b", str(tmp_path / "s"), spawn=True), [case]
+    )
+    assert not forked.violations and not spawned.violations, forked.violations + spawned.violations
+    assert forked.deaths == spawned.deaths
+    assert forked.processes == spawned.processes
+
+
+def test_case_is_reproducible(tmp_path: Path) -> None:
+    """A case replays the same deaths at the same points: the repro line means something."""
+    runs = []
+    for n in range(2):
+        work = tmp_path / str(n)
+        work.mkdir()
+        opts = chaos.Options("sqlite", f"sqlite:///{work}/r.db", str(work))
+        runs.append(chaos.run_shard(opts, [7, 12, 13]))
+    assert runs[0].deaths == runs[1].deaths and runs[0].processes == runs[1].processes
+    assert sum(runs[0].deaths.values()) > 0
+
+
+def test_harness_catches_a_store_that_loses_saves(tmp_path: Path) -> None:
+    """The checks are not vacuous: a store that acknowledges saves it drops is caught."""
+    from stepstone.stores.file import FileStore
+
+    class Lossy(FileStore):
+        scheme = "chaoslossy"
+        count = 0
+
+        @classmethod
+        def from_config(cls, config: str) -> Lossy:
+            return cls(config.split("://", 1)[1])
+
+        def save(self, checkpoint: Checkpoint) -> Checkpoint:
+            Lossy.count += 1
+            if checkpoint.step >= 1 and Lossy.count % 3 == 0 and checkpoint.version is not None:
+                # Pretend: return what a save returns, store nothing.
+                return checkpoint.stored(
+                    dict(checkpoint.state),
+                    "{}",
+                    checkpoint.version,
+                    checkpoint.updated_at or __import__("stepstone")._checkpoint.utcnow(),
+                )
+            return super().save(checkpoint)
+
+    register_store("chaoslossy", Lossy)
+    chaos.STORE_POINTS["chaoslossy"] = chaos.STORE_POINTS["file"]
+    chaos.BIG_BUDGET.setdefault("chaoslossy", 1)
+    try:
+        opts = chaos.Options("chaoslossy", f"chaoslossy://{tmp_path}/runs", str(tmp_path))
+        stats = chaos.run_shard(opts, range(12))
+    finally:
+        del chaos.STORE_POINTS["chaoslossy"]
+    assert stats.violations, "a store that drops saves went unnoticed"
+    assert all("scripts/chaos --backend chaoslossy --seed 1 --case" in v for v in stats.violations)
+
+
+# -- the fuzzers ----------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _opened(backend: tuple[str, str]) -> Iterator[Any]:
+    with open_store(backend[1]) as store:
+        yield store
+
+
+def _snap_all(store: Any, ids: list[str]) -> list[tuple[Any, ...]]:
+    return [chaos.snapshot(store, run_id) for run_id in ids]
+
+
+class _Odd:
+    def __repr__(self) -> str:
+        return "<odd>"
+
+
+json_leaf = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=50)
+)
+json_value = st.recursive(
+    json_leaf,
+    lambda inner: (
+        st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=10), inner, max_size=5)
+    ),
+    max_leaves=30,
+)
+non_json = st.sampled_from(
+    [
+        {1, 2},
+        frozenset(),
+        b"bytes",
+        bytearray(b"x"),
+        float("nan"),
+        float("inf"),
+        -float("inf"),
+        (1, 2),
+        (),
+        _Odd(),
+        object(),
+        1 + 2j,
+        range(3),
+        "\ud800",
+        "\udfff-lone-surrogate",
+    ]
+)
+huge_int = st.integers(4400, 4500).map(lambda n: 10**n)  # over int->str's 4300 digits
+any_value = st.recursive(
+    json_leaf | non_json | huge_int,
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(
+            st.text(max_size=5) | st.integers() | st.none() | st.booleans(), inner, max_size=4
+        )
+        | st.tuples(inner, inner)
+    ),
+    max_leaves=12,
+)
+states = st.dictionaries(st.text(max_size=10), any_value, max_size=6) | any_value
+
+run_ids = (
+    st.text(max_size=40)
+    | st.text(
+        alphabet=st.characters(codec=None, categories=["Cc", "Cs", "Zs", "Lo", "So"]), max_size=12
+    )
+    | st.integers(1000, 1100).map(lambda n: "x" * n)
+    | st.integers(1020, 1030).map(lambda n: "é" * n)
+    | st.sampled_from(["..", ".", "/", "a/../b", "~x", "%2e%2e", "x.lock", ".tmp-x", "\x00"])
+    | st.none()
+    | st.integers()
+    | st.binary(max_size=5)
+)
+
+FUZZ_SETTINGS = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.too_slow,
+        HealthCheck.filter_too_much,
+    ],
+    database=None,
+)
+
+
+def _fuzz_store(backend: tuple[str, str]) -> tuple[Any, list[str], list[tuple[Any, ...]]]:
+    store = open_store(backend[1])
+    ids = list(chaos.seed_bystanders(store, 99))
+    return store, ids, _snap_all(store, ids)
+
+
+def test_fuzz_run_ids(backend: tuple[str, str]) -> None:
+    """Any run_id: a documented error or a working run; other runs untouched."""
+    store, ids, before = _fuzz_store(backend)
+
+    @FUZZ_SETTINGS
+    @given(run_id=run_ids)
+    def check(run_id: Any) -> None:
+        assume(run_id not in ids)
+        valid = isinstance(run_id, str)
+        try:
+            check_run_id(run_id)
+        except InvalidRunId:
+            valid = False
+        for action in (
+            lambda: store.load(run_id),
+            lambda: store.save(Checkpoint(run_id=run_id, state={"k": 1}, total_steps=1)),
+            lambda: run(run_id, [Step("a", lambda s: {"a": 1})], store),
+            lambda: store.delete(run_id),
+        ):
+            try:
+                action()
+            except StepstoneError as exc:
+                assert not valid, f"valid run_id {run_id!r} refused: {exc!r}"
+                assert isinstance(exc, InvalidRunId), f"{run_id!r}: {exc!r}"
+        if valid:
+            assert store.load(run_id) is None
+        assert _snap_all(store, ids) == before, f"bystanders changed by run_id {run_id!r}"
+
+    try:
+        check()
+    finally:
+        store.close()
+
+
+def test_fuzz_states(backend: tuple[str, str]) -> None:
+    """Any state: saved exactly or InvalidState (nothing stored); other runs untouched."""
+    store, ids, before = _fuzz_store(backend)
+    counter = iter(range(10**9))
+
+    @FUZZ_SETTINGS
+    @given(state=states, via_runner=st.booleans())
+    def check(state: Any, via_runner: bool) -> None:
+        run_id = f"fuzz-state-{next(counter)}"
+        try:
+            if via_runner:
+                result = run(run_id, [Step("a", lambda s: state)], store)
+                want = {} if state is None else state  # None: a step with no updates
+                assert isinstance(want, dict)
+                stored = store.load(run_id)
+                assert stored is not None and stored.state == result == want
+            else:
+                saved = store.save(Checkpoint(run_id=run_id, state=state))
+                stored = store.load(run_id)
+                assert stored is not None and stored.state == saved.state == state
+        except (InvalidState, CheckpointTooLarge):
+            cp = store.load(run_id)
+            assert cp is None or not cp.step_names, f"a refused state left a checkpoint: {cp}"
+        except StepFailed as exc:  # the step returned a non-dict: the runner refuses it
+            assert via_runner and not isinstance(state, dict), exc
+        assert _snap_all(store, ids) == before, "bystanders changed"
+
+    try:
+        check()
+    finally:
+        store.close()
+
+
+def _mutate(text: str, ops: list[tuple[int, int, str]]) -> str:
+    for kind, where, char in ops:
+        pos = where % (len(text) + 1)
+        if kind == 0:
+            text = text[:pos] + char + text[pos:]
+        elif kind == 1:
+            text = text[:pos] + text[pos + 1 :]
+        else:
+            text = text[:pos] + char + text[pos + 1 :]
+    return text
+
+
+def test_fuzz_config_strings(
+    backend: tuple[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Any config string opens a store or raises a StepstoneError; nothing stored changes."""
+    if backend[0] == "cosmos":
+        pytest.skip("config fuzzing of cosmos:// is offline (below): no emulator needed")
+    monkeypatch.chdir(tmp_path)  # relative paths land here
+    store, ids, before = _fuzz_store(backend)
+    store.close()
+    valid = [
+        backend[1],
+        f"file://{tmp_path}/fz",
+        f"file:{tmp_path}/fz2?durability=none",
+        f"sqlite:///{tmp_path}/fz.db?synchronous=normal&busy_timeout=10",
+        f"sqlite:////{tmp_path}/fz.db",
+        "memory://name",
+        "cosmos://127.0.0.1:1/db/c?verify=false",
+        f"file://{tmp_path}/runs.db",  # the sqlite bystander file as a directory
+        f"sqlite:///{tmp_path}/runs",  # the file bystander directory as a database
+        f"sqlite:///{tmp_path}/runs.db?synchronous=extra",
+    ]
+    noise = st.text(alphabet=st.characters(codec=None), max_size=4)
+
+    @FUZZ_SETTINGS
+    @given(
+        config=st.text(max_size=60)
+        | st.tuples(
+            st.sampled_from(valid),
+            st.lists(st.tuples(st.integers(0, 2), st.integers(0, 200), noise), max_size=4),
+        ).map(lambda t: _mutate(t[0], t[1]))
+        | st.tuples(st.sampled_from(valid), st.sampled_from(["?", "&", "#"]), noise).map(
+            lambda t: t[0] + t[1] + t[2]
+        )
+    )
+    def check(config: str) -> None:
+        # Never let a mutation reach outside the test's directory: absolute paths must
+        # stay under it, relative ones land in it (the working directory).
+        rest = config.split(":", 1)[1] if ":" in config else ""
+        assume(".." not in config and "%" not in config and "~" not in config)
+        assume(not rest.startswith("/") or str(tmp_path).lstrip("/") in rest)
+        assume("cosmos" not in config.lower() or "127.0.0.1:1/" in config)
+        try:
+            opened = open_store(config)
+        except StepstoneError:
+            return
+        try:
+            with contextlib.suppress(StepstoneError):
+                if opened.scheme != "cosmos":
+                    opened.load("probe")
+        finally:
+            opened.close()
+        with open_store(backend[1]) as again:
+            assert _snap_all(again, ids) == before, f"config {config!r} changed stored runs"
+
+    check()
+
+
+COSMOS_CONFIGS = st.text(max_size=40).map(lambda t: "cosmos://" + t) | st.tuples(
+    st.sampled_from(
+        [
+            "cosmos://127.0.0.1:1/db/c?verify=false",
+            "cosmos://127.0.0.1:1/db/c?verify=false&create=true&protocol=http",
+            "cosmos://acct.documents.azure.com/db/c",
+        ]
+    ),
+    st.lists(st.tuples(st.integers(0, 2), st.integers(0, 80), st.text(max_size=3)), max_size=4),
+).map(lambda t: _mutate(t[0], t[1]))
+
+
+@FUZZ_SETTINGS
+@given(config=COSMOS_CONFIGS)
+def test_fuzz_cosmos_config_strings_offline(config: str) -> None:
+    """cosmos:// config strings: a store (not yet connected) or a StepstoneError."""
+    pytest.importorskip("azure.cosmos")
+    assume("127.0.0.1:1" in config or "documents.azure.com" in config or "://" not in config[9:])
+    os.environ.setdefault("AZURE_COSMOS_KEY", "c3RlcHN0b25lLWNoYW9zLWZha2Uta2V5LTEyMzQ1Njc4OTA=")
+    try:
+        opened = open_store(config)
+    except StepstoneError:
+        return
+    opened.close()
+
+
+# -- the README's table ---------------------------------------------------------------------
+
+
+def test_results_table_has_the_harness_format() -> None:
+    """RESULTS.md is what ``render_table`` writes: same title, rows and totals."""
+    results = REPO / "tests" / "chaos" / "RESULTS.md"
+    if not results.exists():
+        pytest.skip("tests/chaos/RESULTS.md not written yet: run scripts/chaos")
+    text = results.read_text(encoding="utf-8")
+    assert text.startswith(chaos.TABLE_TITLE + "\n")
+    assert re.search(r"^Command: `scripts/chaos.*`$", text, re.M)
+    header = next(line for line in text.splitlines() if line.startswith("| |"))
+    backends = [c.strip() for c in header.strip("|").split("|")][1:-1]
+    assert backends and set(backends) <= set(chaos.BACKENDS)
+    rows = {
+        line.split("|")[1].strip(): [int(v) for v in line.strip("|").split("|")[1:]]
+        for line in text.splitlines()
+        if line.startswith("| ") and not line.startswith("| |")
+    }
+    assert rows["**violations**"][-1] == 0, "the committed results show violations"
+    deaths = rows["**deaths (SIGKILL)**"]
+    per_point = [v for k, v in rows.items() if k.startswith("deaths at")]
+    assert [sum(col) for col in zip(*per_point, strict=True)] == deaths
+    # Same shape as a fresh rendering of the same numbers.
+    stats = []
+    for i, name in enumerate(backends):
+        s = chaos.Stats(name)
+        s.deaths.update(
+            {k[len("deaths at `") : -1]: v[i] for k, v in rows.items() if k.startswith("deaths at")}
+        )
+        stats.append(s)
+    fresh = chaos.render_table(stats, "x", 1.0)
+    fresh_labels = [
+        line.split("|")[1].strip() for line in fresh.splitlines() if line.startswith("| ")
+    ]
+    labels = [line.split("|")[1].strip() for line in text.splitlines() if line.startswith("| ")]
+    assert labels == fresh_labels
+    assert math.isfinite(float(re.search(r"\(([\d.]+) deaths/s\)", text).group(1)))
+
+
+def test_readme_chaos_table_matches_results() -> None:
+    """The table pasted into README.md between the chaos markers is RESULTS.md verbatim."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    begin, end = "<!-- chaos:begin -->", "<!-- chaos:end -->"
+    if begin not in readme or end not in readme:
+        pytest.skip("README.md has no <!-- chaos:begin --> / <!-- chaos:end --> markers yet")
+    block = readme.split(begin, 1)[1].split(end, 1)[0].strip()
+    results = (REPO / "tests" / "chaos" / "RESULTS.md").read_text(encoding="utf-8").strip()
+    assert block == results, "README's chaos table differs from tests/chaos/RESULTS.md"
