@@ -14,7 +14,7 @@ import os
 import re
 from typing import Any
 
-from ._errors import ConfigError
+from ._errors import ConfigError, StepstoneError
 from ._store import Store
 
 __all__ = ["DEFAULT_STORE", "ENV_VAR", "open_store", "register_store", "schemes"]
@@ -163,4 +163,14 @@ def open_store(config: str | None = None) -> Store:
             f"malformed store config {redact(config)!r}: expected SCHEME:..., "
             f"one of: {_valid_forms()}"
         )
-    return store_class(match.group(1)).from_config(config.strip())
+    cls = store_class(match.group(1))
+    try:
+        return cls.from_config(config.strip())
+    except StepstoneError:
+        raise
+    except ValueError as exc:
+        # urllib's own complaints (an unclosed IPv6 bracket, a bad port) mean a malformed
+        # string too; the caller gets the same error type as for any other bad config.
+        raise ConfigError(
+            f"malformed store config {redact(config)!r} ({exc}); valid forms: {_valid_forms()}"
+        ) from exc
