@@ -240,24 +240,6 @@ def _short(exc: BaseException, secret: str | None) -> str:
     return _scrub(message, secret)
 
 
-def _ascii_json_size(text: str) -> int:
-    """Bytes of ``text`` (compact JSON, ensure_ascii=False) once re-encoded as the SDK does.
-
-    The SDK sends bodies with ``json.dumps(ensure_ascii=True)``: every non-ASCII character
-    becomes ``\\uXXXX`` (6 bytes), one outside the BMP a surrogate pair (12 bytes).
-    """
-    if text.isascii():
-        return len(text)
-    extra = 0
-    for char in text:
-        code = ord(char)
-        if code >= 0x10000:
-            extra += 11
-        elif code >= 0x80:
-            extra += 5
-    return len(text) + extra
-
-
 class _Wire(HttpTransport[Any, Any]):
     """The HTTP transport under the SDK: counts requests and fires the crash-test hook.
 
@@ -787,6 +769,14 @@ class CosmosStore(Store):
         etag = doc.get("_etag")
         if not isinstance(etag, str):
             raise CorruptCheckpoint(f"{source}: the service returned no _etag")
+        text = doc.get("state")
+        if isinstance(text, str):  # see _item: the state is stored as JSON text
+            try:
+                doc["state"] = json.loads(text)
+            except ValueError as exc:
+                raise CorruptCheckpoint(
+                    f"{source}: the state is not valid JSON text ({exc}); left untouched"
+                ) from exc
         return checkpoint_from_doc(doc, etag, source)
 
     def _item(self, cp: Checkpoint, doc_id: str, state_text: str) -> tuple[dict[str, Any], int]:
@@ -794,11 +784,14 @@ class CosmosStore(Store):
         meta: dict[str, Any] = {"id": doc_id, **checkpoint_meta(cp)}
         if self._ttl is not None:
             meta["ttl"] = self._ttl
-        # json.dumps(item, separators=(",", ":")) is the SDK's body; building it from the
-        # metadata and the already-encoded state avoids encoding the state a second time.
-        head = json.dumps(meta, separators=(",", ":"))
-        size = len(head) - 1 + len(',"state":') + _ascii_json_size(state_text) + 1
-        return {**meta, "state": cp.state}, size
+        # The state goes in as its JSON *text*, not as a nested object. Cosmos DB keeps
+        # numbers as IEEE doubles: an int above 2**53 would lose digits, 1.0 would come
+        # back as 1 and -0.0 as 0. As a string the state round-trips exactly, as on every
+        # other backend; it is never queried, so nothing is lost by not nesting it.
+        item = {**meta, "state": state_text}
+        # The SDK sends json.dumps(item, separators=(",", ":")): measure exactly that.
+        size = len(json.dumps(item, separators=(",", ":")))
+        return item, size
 
     def save(self, checkpoint: Checkpoint) -> Checkpoint:
         run_id = check_run_id(checkpoint.run_id)

@@ -172,6 +172,22 @@ class StoreContract:
         assert loaded.status == "failed"
         assert loaded.created_at is not None and loaded.updated_at is not None
 
+    def test_numbers_round_trip_exactly(self, store: Store) -> None:
+        """Big ints, floats that look like ints and negative zero come back exactly."""
+        state = {
+            "big": 2**60 + 1,
+            "neg_big": -(2**63),
+            "float": 1.0,
+            "neg_zero": -0.0,
+            "tiny": 5e-324,
+            "huge": 1.7976931348623157e308,
+            "list": [1, 1.0, 2**53 + 1],
+        }
+        store.save(_cp("r", 0, state))
+        loaded = store.load("r")
+        assert loaded is not None
+        assert json.dumps(loaded.state, sort_keys=True) == json.dumps(state, sort_keys=True)
+
     def test_status_done_from_checkpoint_alone(self, store: Store) -> None:
         """A checkpoint whose last step is the workflow's last reports done."""
         store.save(_cp("r", 2, total_steps=3))
