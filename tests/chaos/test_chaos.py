@@ -4,8 +4,12 @@ The harness itself lives in ``stepstone.testing._chaos`` (``scripts/chaos`` runs
 size). Here: each durable backend gets generated workflows killed by SIGKILL at every
 kill point and resumed, concurrent workers killed mid-race, and bystander runs checked;
 then hypothesis throws bad run_ids, states and config strings at every backend.
-Sizes: ``STEPSTONE_CHAOS_DEATHS`` (deaths per backend, default 150) and
-``STEPSTONE_CHAOS_EXAMPLES`` (hypothesis examples per fuzzer, default 60).
+Backends: file, sqlite, cosmos (the session's emulator), postgresql and mysql (loopback
+servers, a fresh table per test, dropped after); a backend whose server is missing calls
+``backend_unavailable`` (a skip locally, a failure under CI).
+Sizes: ``STEPSTONE_CHAOS_DEATHS`` (deaths per backend, default 150; the slower backends
+get a fraction, see ``DEATHS_SHARE``) and ``STEPSTONE_CHAOS_EXAMPLES`` (hypothesis
+examples per fuzzer, default 60).
 """
 
 from __future__ import annotations
@@ -47,7 +51,13 @@ pytestmark = [
 REPO = Path(__file__).resolve().parents[2]
 DEATHS = int(os.environ.get("STEPSTONE_CHAOS_DEATHS", "150"))
 EXAMPLES = int(os.environ.get("STEPSTONE_CHAOS_EXAMPLES", "60"))
-BACKENDS = ["file", "sqlite", "cosmos"]
+BACKENDS = list(chaos.BACKENDS)
+#: Fraction of DEATHS per backend, so that tests/chaos stays within its CI budget
+#: (~4 minutes on 2 cores): Cosmos costs ~1 s per death (the SDK and the emulator), the
+#: SQL servers ~0.15 s, file and sqlite less.
+DEATHS_SHARE = {"file": 1.0, "sqlite": 1.0, "cosmos": 0.25, "postgresql": 0.5, "mysql": 0.5}
+#: Hypothesis examples per fuzzer, as a fraction of EXAMPLES (Cosmos: ~50 ms per request).
+EXAMPLES_SHARE = {"cosmos": 0.5}
 
 
 def _cosmos_config(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
@@ -67,6 +77,17 @@ def _cosmos_config(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPat
     return f"cosmos://{emu.host}:{emu.port}/chaos/{container}?verify=false{protocol}&create=true"
 
 
+def _sql_config(request: pytest.FixtureRequest, name: str) -> str:
+    """A fresh table on the loopback server, dropped after the test; unavailable: skip."""
+    try:
+        chaos.check_sql_server(name)
+    except Exception as exc:
+        backend_unavailable(f"{chaos.sql_server(name)}: {type(exc).__name__}: {exc}")
+    table = chaos.new_table_name()
+    request.addfinalizer(lambda: chaos.drop_sql_tables(name, [table]))
+    return chaos.sql_config(name, table)
+
+
 @pytest.fixture(params=BACKENDS)
 def backend(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -77,6 +98,8 @@ def backend(
         return name, f"file://{tmp_path}/runs"
     if name == "sqlite":
         return name, f"sqlite:///{tmp_path}/runs.db"
+    if name in chaos.SQL_SERVERS:
+        return name, _sql_config(request, name)
     return name, _cosmos_config(request, monkeypatch)
 
 
@@ -93,7 +116,7 @@ def _options(backend: tuple[str, str], tmp_path: Path, **kw: Any) -> chaos.Optio
 def test_chaos_deaths_resume_exactly(backend: tuple[str, str], tmp_path: Path) -> None:
     """Generated workflows, killed at every point again and again, finish exactly."""
     opts = _options(backend, tmp_path)
-    deaths = DEATHS if backend[0] != "cosmos" else max(30, DEATHS // 3)
+    deaths = max(30, int(DEATHS * DEATHS_SHARE.get(backend[0], 1.0)))
     stats = chaos.run_shard(opts, iter(range(10**9)), deaths_target=deaths)
     assert not stats.violations, "\n".join(stats.violations)
     assert sum(stats.deaths.values()) >= deaths
@@ -106,7 +129,7 @@ def test_chaos_deaths_resume_exactly(backend: tuple[str, str], tmp_path: Path) -
 def test_big_states_near_the_limit(backend: tuple[str, str], tmp_path: Path) -> None:
     """A few cases with states near the backend's limit (``scripts/chaos --big`` for more)."""
     if backend[0] != "cosmos":
-        pytest.skip("file/sqlite limits are 64 MiB+: scripts/chaos --big, not CI")
+        pytest.skip("limits of 12 MiB+ (mysql) to 64 MiB+: scripts/chaos --big, not CI")
     opts = _options(backend, tmp_path, big=True, max_deaths=3)
     stats = chaos.run_shard(opts, [0, 1, 2, 3])
     assert not stats.violations, "\n".join(stats.violations)
@@ -263,6 +286,11 @@ FUZZ_SETTINGS = settings(
 )
 
 
+def _fuzz_settings(backend: tuple[str, str]) -> settings:
+    examples = max(10, int(EXAMPLES * EXAMPLES_SHARE.get(backend[0], 1.0)))
+    return settings(FUZZ_SETTINGS, max_examples=examples)
+
+
 def _fuzz_store(backend: tuple[str, str]) -> tuple[Any, list[str], list[tuple[Any, ...]]]:
     store = open_store(backend[1])
     ids = list(chaos.seed_bystanders(store, 99))
@@ -273,7 +301,7 @@ def test_fuzz_run_ids(backend: tuple[str, str]) -> None:
     """Any run_id: a documented error or a working run; other runs untouched."""
     store, ids, before = _fuzz_store(backend)
 
-    @FUZZ_SETTINGS
+    @_fuzz_settings(backend)
     @given(run_id=run_ids)
     def check(run_id: Any) -> None:
         assume(run_id not in ids)
@@ -308,7 +336,7 @@ def test_fuzz_states(backend: tuple[str, str]) -> None:
     store, ids, before = _fuzz_store(backend)
     counter = iter(range(10**9))
 
-    @FUZZ_SETTINGS
+    @_fuzz_settings(backend)
     @given(state=states, via_runner=st.booleans())
     def check(state: Any, via_runner: bool) -> None:
         run_id = f"fuzz-state-{next(counter)}"
@@ -354,6 +382,10 @@ def test_fuzz_config_strings(
     """Any config string opens a store or raises a StepstoneError; nothing stored changes."""
     if backend[0] == "cosmos":
         pytest.skip("config fuzzing of cosmos:// is offline (below): no emulator needed")
+    if backend[0] in chaos.SQL_SERVERS:
+        # A mutated URL could name another table (created at open) or database on the
+        # live server: postgresql:// and mysql:// are fuzzed offline, below.
+        pytest.skip("config fuzzing of SQL URLs is offline (below): a closed port")
     monkeypatch.chdir(tmp_path)  # relative paths land here
     store, ids, before = _fuzz_store(backend)
     store.close()
@@ -431,6 +463,37 @@ def test_fuzz_cosmos_config_strings_offline(config: str) -> None:
     opened.close()
 
 
+SQL_CONFIGS = st.tuples(
+    st.sampled_from(
+        [
+            "postgresql://postgres@127.0.0.1:1/test?table=t_fuzz&connect_timeout=1",
+            "mysql://root@127.0.0.1:1/test?table=t_fuzz&connect_timeout=1",
+            "postgresql+psycopg://u:p@127.0.0.1:1/db?connect_timeout=1",
+            "mysql+pymysql://u@127.0.0.1:1/db?connect_timeout=1",
+        ]
+    ),
+    st.lists(st.tuples(st.integers(0, 2), st.integers(0, 80), st.text(max_size=3)), max_size=4),
+).map(lambda t: _mutate(t[0], t[1]))
+
+
+@FUZZ_SETTINGS
+@given(config=SQL_CONFIGS)
+def test_fuzz_sql_config_strings_offline(config: str) -> None:
+    """postgresql:// and mysql:// config strings: a store or a StepstoneError, no hang."""
+    # Only strings that still point at the closed port 1 of loopback (no server there).
+    assume(re.search(r"@127\.0\.0\.1:1/[^@]*$", config) is not None)
+    assume("connect_timeout=1" in config)
+    try:
+        opened = open_store(config)
+    except StepstoneError:
+        return
+    try:
+        with contextlib.suppress(StepstoneError):
+            opened.load("probe")
+    finally:
+        opened.close()
+
+
 # -- the README's table ---------------------------------------------------------------------
 
 
@@ -472,11 +535,37 @@ def test_results_table_has_the_harness_format() -> None:
 
 
 def test_readme_chaos_table_matches_results() -> None:
-    """The table pasted into README.md between the chaos markers is RESULTS.md verbatim."""
+    """The table in README.md between the chaos markers is RESULTS.md verbatim.
+
+    Exact text equality of the block and the file, both whitespace-trimmed at the ends.
+    To fix a mismatch: ``scripts/chaos --update-readme`` (rewrites only that block).
+    """
     readme = (REPO / "README.md").read_text(encoding="utf-8")
-    begin, end = "<!-- chaos:begin -->", "<!-- chaos:end -->"
-    if begin not in readme or end not in readme:
+    block = chaos.readme_block(readme)  # ValueError: markers duplicated or out of order
+    if block is None:
         pytest.skip("README.md has no <!-- chaos:begin --> / <!-- chaos:end --> markers yet")
-    block = readme.split(begin, 1)[1].split(end, 1)[0].strip()
     results = (REPO / "tests" / "chaos" / "RESULTS.md").read_text(encoding="utf-8").strip()
-    assert block == results, "README's chaos table differs from tests/chaos/RESULTS.md"
+    assert block == results, (
+        "README's chaos table differs from tests/chaos/RESULTS.md: run "
+        "scripts/chaos --update-readme"
+    )
+
+
+def test_update_readme_rewrites_only_the_block(tmp_path: Path) -> None:
+    """``scripts/chaos --update-readme`` replaces the text between the markers, nothing else."""
+    readme = tmp_path / "README.md"
+    results = tmp_path / "RESULTS.md"
+    results.write_text("\n### Chaos run\n\n| a | b |\n\n", encoding="utf-8")
+    before = "# x\n\ntext\n<!-- chaos:begin -->\nold\n  table\n<!-- chaos:end -->\nafter\n"
+    readme.write_text(before, encoding="utf-8")
+    assert chaos.update_readme(readme, results)
+    text = readme.read_text(encoding="utf-8")
+    assert text.startswith("# x\n\ntext\n<!-- chaos:begin -->\n")
+    assert text.endswith("\n<!-- chaos:end -->\nafter\n")
+    assert chaos.readme_block(text) == results.read_text(encoding="utf-8").strip()
+    assert not chaos.update_readme(readme, results)  # idempotent
+    readme.write_text(before + "<!-- chaos:begin -->\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="exactly one"):
+        chaos.readme_block(readme.read_text(encoding="utf-8"))
+    with pytest.raises(ValueError, match="before"):
+        chaos.readme_block("<!-- chaos:end -->\n<!-- chaos:begin -->")

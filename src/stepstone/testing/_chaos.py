@@ -4,6 +4,10 @@ Everything is derived from ``(seed, case)``, so any failing case reruns exactly 
 
     scripts/chaos --backend file --seed 1234 --case 17
 
+Backends: ``file``, ``sqlite``, ``cosmos`` (a local emulator, started by ``scripts/chaos``
+itself unless ``--cosmos-config`` names one), ``postgresql`` and ``mysql`` (loopback
+servers; every shard gets its own table, ``?table=chaos_...``, dropped at the end).
+
 A *case* is either
 
 - **single**: one generated workflow (1-12 steps, states from a few bytes to the size
@@ -53,6 +57,7 @@ import subprocess
 import sys
 import time
 import traceback
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -77,7 +82,7 @@ __all__ = [
     "run_shard",
 ]
 
-BACKENDS = ("file", "sqlite", "cosmos")
+BACKENDS = ("file", "sqlite", "cosmos", "postgresql", "mysql")
 
 #: Hook points inside a save, per backend, mapped to whether the checkpoint being saved is
 #: visible after a death there (None: either is correct, e.g. a request on the wire).
@@ -89,6 +94,10 @@ STORE_POINTS: dict[str, dict[str, bool | None]] = {
     },
     "sqlite": {"sqlite.in_transaction": False},
     "cosmos": {"cosmos.before_request": False, "cosmos.request_sent": True},
+    # One autocommit statement per save: not sent yet (old stays), or executed and
+    # acknowledged with the result not read yet (new visible).
+    "postgresql": {"sql.before_request": False, "sql.request_sent": True},
+    "mysql": {"sql.before_request": False, "sql.request_sent": True},
 }
 
 #: Kill points of the runner. ``step.inside`` is the step itself (after its side effect);
@@ -108,6 +117,8 @@ BIG_BUDGET = {
     "file": 60 * 1024 * 1024,  # limit 64 MiB per document
     "sqlite": 64 * 1024 * 1024,  # limit ~1 GB (SQLITE_MAX_LENGTH): 64 MiB is as far as is sane
     "cosmos": 1_900_000,  # limit 2 MB per item, metadata included
+    "postgresql": 64 * 1024 * 1024,  # limit 1 GiB per value: 64 MiB is as far as is sane
+    "mysql": 12 * 1024 * 1024,  # limit: the server's max_allowed_packet (16 MiB by default)
 }
 SLOTS = 3  # state keys the big payloads rotate through, so the state stays within budget
 CONCURRENT_EVERY = 5  # case % 5 == 4 is a concurrency case
@@ -192,6 +203,9 @@ def step_output(wf: Workflow, index: int, state: dict[str, Any]) -> dict[str, An
     acc = state.get("acc", 7)
     if not isinstance(acc, int):
         acc = -999_999  # a state the step never produced: the result will not match
+    # Mostly above 2**53 on purpose: Cosmos DB keeps JSON numbers as doubles, and a store
+    # that let it round them would change the state across a resume (found here; fixed
+    # in 39a5ecd, test_regressions.py: test_cosmos_rounds_integers_beyond_2_53_silently).
     acc = (acc * 1_000_003 + (index + 1) * 7919 + len(state)) % (2**61 - 1)
     return {
         "acc": acc,
@@ -1059,7 +1073,37 @@ def run_shard(
 TABLE_TITLE = "### Chaos run"
 
 
-def render_table(stats: list[Stats], command: str, seconds: float) -> str:
+def machine_line(workdir: str | None = None) -> str:
+    """``Machine: N cores, OS, Python; where the stores' files were; date -u``."""
+    import platform  # noqa: PLC0415
+
+    where = ""
+    if workdir is not None:
+        where = f"; files on {_filesystem(workdir)}"
+    date = time.strftime("%a %b %d %H:%M:%S UTC %Y", time.gmtime())
+    return (
+        f"Machine: {os.cpu_count()} cores, {platform.system()} {platform.machine()}, "
+        f"Python {platform.python_version()}{where}; `date -u`: {date}."
+    )
+
+
+def _filesystem(path: str) -> str:
+    """Return ``DEVICE (FSTYPE)`` of the mount holding ``path``, from /proc/mounts."""
+    path = os.path.realpath(path)
+    best = ("", "?", "?")
+    with contextlib.suppress(OSError), open("/proc/mounts", encoding="utf-8") as fh:
+        for line in fh:
+            device, mount, fstype = line.split()[:3]
+            inside = path == mount or path.startswith(mount.rstrip("/") + "/")
+            if inside and len(mount) >= len(best[0]):
+                best = (mount, device, fstype)
+    kind = "tmpfs, in memory" if best[2] == "tmpfs" else "the real disk, not tmpfs"
+    return f"{best[1]} ({best[2]}: {kind})"
+
+
+def render_table(
+    stats: list[Stats], command: str, seconds: float, machine: str | None = None
+) -> str:
     """Return the markdown results table (what RESULTS.md and the README hold)."""
     backends = [s.backend for s in stats]
     head = "| | " + " | ".join(backends) + " | total |"
@@ -1073,7 +1117,7 @@ def render_table(stats: list[Stats], command: str, seconds: float) -> str:
     rows.append(row("scenarios: concurrent workers", [s.scenarios["concurrent"] for s in stats]))
     rows.append(row("processes started", [s.processes for s in stats]))
     points = list(RUNNER_POINTS) + [p for b in BACKENDS for p in STORE_POINTS[b]]
-    for point in points:
+    for point in dict.fromkeys(points):
         values = [s.deaths[point] for s in stats]
         if any(values):
             rows.append(row(f"deaths at `{point}`", values))
@@ -1083,22 +1127,149 @@ def render_table(stats: list[Stats], command: str, seconds: float) -> str:
     deaths = sum(sum(s.deaths.values()) for s in stats)
     rate = deaths / seconds if seconds > 0 else 0.0
     rows += ["", f"{deaths} process deaths in {seconds:.0f} s wall clock ({rate:.0f} deaths/s)."]
+    per = ", ".join(
+        f"{s.backend} {sum(s.deaths.values()) / s.seconds:.1f}" for s in stats if s.seconds > 0
+    )
+    if per:
+        rows += ["", f"Deaths/s per backend (each backend's own driver time): {per}."]
+    if machine:
+        rows += ["", machine]
     return "\n".join(rows) + "\n"
 
 
+# -- servers: SQL tables, the Cosmos emulator, the README block -------------------------------
+
+#: Where the SQL backends' servers are (loopback, as in tests/test_contract.py); override
+#: with STEPSTONE_CHAOS_POSTGRESQL / STEPSTONE_CHAOS_MYSQL (a URL without ``?table=``).
+SQL_SERVERS: dict[str, str] = {
+    "postgresql": "postgresql://postgres@127.0.0.1:5432/test",
+    "mysql": "mysql://root@127.0.0.1:3306/test",
+}
+
+
+def sql_server(backend: str) -> str:
+    """Return the server URL of a SQL backend (env override, else the loopback default)."""
+    return os.environ.get(f"STEPSTONE_CHAOS_{backend.upper()}") or SQL_SERVERS[backend]
+
+
+def new_table_name(tag: str = "") -> str:
+    """A fresh table name the SQL store accepts (``[a-z_][a-z0-9_]{0,47}``)."""
+    import uuid  # noqa: PLC0415
+
+    return f"chaos_{uuid.uuid4().hex[:16]}{tag}"[:40]
+
+
+def sql_config(backend: str, table: str) -> str:
+    return f"{sql_server(backend)}?table={table}"
+
+
+@contextlib.contextmanager
+def _sql_admin(backend: str) -> Iterator[Any]:
+    """A plain DBAPI connection (autocommit) to ``backend``'s server, for DDL."""
+    from urllib.parse import unquote, urlsplit  # noqa: PLC0415
+
+    url = sql_server(backend)
+    if backend == "postgresql":
+        import psycopg  # noqa: PLC0415
+
+        conn: Any = psycopg.connect(url, autocommit=True, connect_timeout=3)
+    else:
+        import pymysql  # noqa: PLC0415
+
+        parts = urlsplit(url)
+        conn = pymysql.connect(
+            host=parts.hostname or "127.0.0.1",
+            port=parts.port or 3306,
+            user=unquote(parts.username or "root"),
+            password=unquote(parts.password or os.environ.get("STEPSTONE_SQL_PASSWORD", "")),
+            database=parts.path.lstrip("/"),
+            connect_timeout=3,
+            autocommit=True,
+        )
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+def check_sql_server(backend: str) -> None:
+    """Raise (any exception, with the driver's reason) if the server cannot be reached."""
+    with _sql_admin(backend) as conn, conn.cursor() as cursor:
+        cursor.execute("SELECT 1")
+
+
+def drop_sql_tables(backend: str, tables: list[str]) -> None:
+    """Drop the checkpoint and meta tables a chaos run created."""
+    if not tables:
+        return
+    with _sql_admin(backend) as conn, conn.cursor() as cursor:
+        for table in tables:
+            cursor.execute(f"DROP TABLE IF EXISTS {table}, {table}_meta")
+
+
+def load_cosmos_emulator_module() -> Any:
+    """Import ``tests/cosmos_emulator.py`` by path (it is a test helper, not a package)."""
+    import importlib.util  # noqa: PLC0415
+
+    path = Path(__file__).resolve().parents[3] / "tests" / "cosmos_emulator.py"
+    if not path.exists():
+        raise SystemExit(f"{path} is missing: give --cosmos-config for an emulator or account")
+    spec = importlib.util.spec_from_file_location("cosmos_emulator", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("cosmos_emulator", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def cosmos_config(host: str, port: int, container: str, http: bool = False) -> str:
+    """The config string of a chaos container on an emulator (key in AZURE_COSMOS_KEY)."""
+    protocol = "&protocol=http" if http else ""
+    return f"cosmos://{host}:{port}/chaos/{container}?verify=false{protocol}&create=true"
+
+
+README_BEGIN = "<!-- chaos:begin -->"
+README_END = "<!-- chaos:end -->"
+
+
+def readme_block(readme: str) -> str | None:
+    """Return the text between the chaos markers, stripped; None if there are no markers.
+
+    Raises ValueError if the markers are not exactly one begin followed by one end.
+    """
+    begins, ends = readme.count(README_BEGIN), readme.count(README_END)
+    if begins == ends == 0:
+        return None
+    if begins != 1 or ends != 1:
+        raise ValueError(
+            f"README.md needs exactly one {README_BEGIN} and one {README_END} "
+            f"(found {begins} and {ends})"
+        )
+    _head, rest = readme.split(README_BEGIN, 1)
+    if README_END not in rest:
+        raise ValueError(f"{README_END} comes before {README_BEGIN} in README.md")
+    return rest.split(README_END, 1)[0].strip()
+
+
+def update_readme(readme_path: Path, results_path: Path) -> bool:
+    """Rewrite the text between the chaos markers with RESULTS.md; True if it changed."""
+    readme = readme_path.read_text(encoding="utf-8")
+    results = results_path.read_text(encoding="utf-8").strip()
+    if readme_block(readme) is None:
+        raise SystemExit(
+            f"{readme_path} has no {README_BEGIN} / {README_END} markers: add them (each on "
+            "its own line) where the table goes, then run scripts/chaos --update-readme"
+        )
+    head, rest = readme.split(README_BEGIN, 1)
+    tail = rest.split(README_END, 1)[1]
+    new = f"{head}{README_BEGIN}\n{results}\n{README_END}{tail}"
+    if new == readme:
+        return False
+    readme_path.write_text(new, encoding="utf-8")
+    return True
+
+
 # -- command line ----------------------------------------------------------------------------
-
-
-def _default_config(backend: str, workdir: str, shard: int, cosmos: str | None) -> str:
-    if backend == "file":
-        return f"file://{workdir}/{backend}-{shard}/runs"
-    if backend == "sqlite":
-        return f"sqlite:///{workdir}/{backend}-{shard}/runs.db"
-    if backend == "cosmos":
-        if not cosmos:
-            raise SystemExit("cosmos needs --cosmos-config (and AZURE_COSMOS_KEY in the env)")
-        return cosmos
-    raise SystemExit(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
 
 
 def _start_shard(opts: Options, cases: tuple[int, int, int], deaths: int | None) -> Any:
@@ -1115,19 +1286,103 @@ def _start_shard(opts: Options, cases: tuple[int, int, int], deaths: int | None)
     )
 
 
+class _Servers:
+    """Config strings per (backend, shard), and what to clean up after the run."""
+
+    def __init__(self, workdir: str, cosmos: str | None, stack: contextlib.ExitStack) -> None:
+        self.workdir = workdir
+        self.cosmos = cosmos
+        self.stack = stack
+        self.emulator: Any = None
+        self.tables: dict[str, list[str]] = {}
+
+    def prepare(self, backend: str) -> None:
+        """Check the backend's server is there (start the Cosmos emulator if needed)."""
+        if backend in SQL_SERVERS:
+            try:
+                check_sql_server(backend)
+            except Exception as exc:
+                raise SystemExit(
+                    f"{backend}: server {sql_server(backend)} unreachable: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from None
+            self.tables.setdefault(backend, [])
+            self.stack.callback(self._drop, backend)
+        elif backend == "cosmos" and not self.cosmos and self.emulator is None:
+            module = load_cosmos_emulator_module()
+            print("cosmos: starting the emulator (tests/cosmos_emulator.py)...", flush=True)
+            try:
+                self.emulator = self.stack.enter_context(module.cosmos_emulator())
+            except module.CosmosEmulatorError as exc:
+                raise SystemExit(f"cosmos: no emulator: {exc}") from None
+            os.environ["AZURE_COSMOS_KEY"] = self.emulator.key
+            os.environ.pop("AZURE_COSMOS_CONNECTION_STRING", None)
+            print(f"cosmos: emulator at {self.emulator.endpoint}", flush=True)
+
+    def _drop(self, backend: str) -> None:
+        try:
+            drop_sql_tables(backend, self.tables.get(backend, []))
+        except Exception as exc:  # reported, never hides the run's own result
+            print(f"{backend}: dropping tables {self.tables[backend]} failed: {exc}")
+
+    def config(self, backend: str, shard: int) -> str:
+        if backend == "file":
+            return f"file://{self.workdir}/{backend}-{shard}/runs"
+        if backend == "sqlite":
+            return f"sqlite:///{self.workdir}/{backend}-{shard}/runs.db"
+        if backend == "cosmos":
+            if self.cosmos:
+                return self.cosmos
+            emu = self.emulator
+            http = emu.endpoint.startswith("http://")
+            return cosmos_config(emu.host, emu.port, f"chaos-{uuid4_hex()}-{shard}", http)
+        if backend in SQL_SERVERS:
+            table = new_table_name(f"_{shard}")
+            self.tables[backend].append(table)
+            return sql_config(backend, table)
+        raise SystemExit(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
+
+
+def uuid4_hex() -> str:
+    import uuid  # noqa: PLC0415
+
+    return uuid.uuid4().hex[:10]
+
+
+def _deaths_of(values: list[str]) -> dict[str, int]:
+    out = {}
+    for value in values:
+        backend, _, n = value.partition("=")
+        if backend not in BACKENDS or not n.isdigit():
+            raise SystemExit(f"--deaths-of wants BACKEND=N with BACKEND in {BACKENDS}: {value!r}")
+        out[backend] = int(n)
+    return out
+
+
 def cli(argv: list[str]) -> int:
     """``scripts/chaos``: run the harness and print (and save) the results table."""
     import argparse  # noqa: PLC0415
     import tempfile  # noqa: PLC0415
 
+    repo = Path(__file__).resolve().parents[3]
     parser = argparse.ArgumentParser(prog="scripts/chaos", description=__doc__.split("\n")[0])
     parser.add_argument(
-        "--backend", action="append", choices=BACKENDS, help="repeatable; default file, sqlite"
+        "--backend",
+        action="append",
+        choices=(*BACKENDS, "all"),
+        help="repeatable; 'all' is every backend; default file, sqlite",
     )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--case", type=int, help="rerun exactly this case, verbosely")
     parser.add_argument(
         "--deaths", type=int, default=400, help="process deaths to inject per backend (default 400)"
+    )
+    parser.add_argument(
+        "--deaths-of",
+        action="append",
+        default=[],
+        metavar="BACKEND=N",
+        help="deaths for one backend, overriding --deaths (repeatable)",
     )
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2, help="parallel drivers")
     parser.add_argument("--big", action="store_true", help="states near each backend's limit")
@@ -1135,48 +1390,88 @@ def cli(argv: list[str]) -> int:
     parser.add_argument("--max-deaths", type=int, default=8, help="deaths per case at most")
     parser.add_argument("--workdir", help="where stores and effects go (default: a temp dir)")
     parser.add_argument("--tmpfs", action="store_true", help="temp dir in /dev/shm (fast fsync)")
-    parser.add_argument("--cosmos-config", default=os.environ.get("STEPSTONE_CHAOS_COSMOS"))
+    parser.add_argument(
+        "--cosmos-config",
+        default=os.environ.get("STEPSTONE_CHAOS_COSMOS"),
+        help="a cosmos:// config (key in AZURE_COSMOS_KEY); default: start the local "
+        "emulator with tests/cosmos_emulator.py (Docker, or node off CI)",
+    )
     parser.add_argument(
         "--results",
-        default=str(Path(__file__).resolve().parents[3] / "tests" / "chaos" / "RESULTS.md"),
+        default=str(repo / "tests" / "chaos" / "RESULTS.md"),
         help="markdown file the table is written to (with --case: not written)",
     )
     parser.add_argument("--no-write", action="store_true", help="print the table only")
+    parser.add_argument(
+        "--update-readme",
+        action="store_true",
+        help="only copy RESULTS.md into README.md between <!-- chaos:begin --> and "
+        "<!-- chaos:end --> (nothing else in README.md changes), then exit",
+    )
     args = parser.parse_args(argv)
-    backends = args.backend or ["file", "sqlite"]
+    if args.update_readme:
+        readme = repo / "README.md"
+        changed = update_readme(readme, Path(args.results))
+        print(f"{readme}: chaos block {'updated' if changed else 'already up to date'}")
+        return 0
+    chosen = args.backend or ["file", "sqlite"]
+    backends = list(BACKENDS) if "all" in chosen else list(dict.fromkeys(chosen))
+    deaths_of = _deaths_of(args.deaths_of)
     keep = args.workdir is not None
     base = tempfile.gettempdir() if not args.tmpfs else "/dev/shm"
     workdir = args.workdir or tempfile.mkdtemp(prefix="stepstone-chaos-", dir=base)
-    if args.case is not None:
-        total = 0
+    with contextlib.ExitStack() as stack:
+        servers = _Servers(workdir, args.cosmos_config, stack)
         for backend in backends:
-            opts = Options(
-                backend,
-                _default_config(backend, workdir, 0, args.cosmos_config),
-                os.path.join(workdir, f"{backend}-0"),
-                seed=args.seed,
-                big=args.big,
-                spawn=args.spawn,
-                max_deaths=args.max_deaths,
-                verbose=True,
-            )
-            os.makedirs(opts.workdir, exist_ok=True)
-            print(f"{backend}: case {args.case} (seed {args.seed}), store {opts.config}")
-            stats = run_shard(opts, [args.case], log=print)
-            total += len(stats.violations)
-            died = sum(stats.deaths.values())
-            print(f"{backend}: {died} deaths, {len(stats.violations)} violations")
-        print(f"files kept in {workdir}")
-        return 1 if total else 0
+            servers.prepare(backend)
+        if args.case is not None:
+            return _cli_case(args, backends, servers, workdir)
+        return _cli_run(args, argv, backends, deaths_of, servers, workdir, keep)
+    return 1  # unreachable
+
+
+def _cli_case(args: Any, backends: list[str], servers: _Servers, workdir: str) -> int:
+    total = 0
+    for backend in backends:
+        opts = Options(
+            backend,
+            servers.config(backend, 0),
+            os.path.join(workdir, f"{backend}-0"),
+            seed=args.seed,
+            big=args.big,
+            spawn=args.spawn,
+            max_deaths=args.max_deaths,
+            verbose=True,
+        )
+        os.makedirs(opts.workdir, exist_ok=True)
+        print(f"{backend}: case {args.case} (seed {args.seed}), store {opts.config}")
+        stats = run_shard(opts, [args.case], log=print)
+        total += len(stats.violations)
+        died = sum(stats.deaths.values())
+        print(f"{backend}: {died} deaths, {len(stats.violations)} violations")
+    print(f"files kept in {workdir}")
+    return 1 if total else 0
+
+
+def _cli_run(
+    args: Any,
+    argv: list[str],
+    backends: list[str],
+    deaths_of: dict[str, int],
+    servers: _Servers,
+    workdir: str,
+    keep: bool,
+) -> int:
     began = time.monotonic()
     per_backend = max(1, args.jobs // len(backends))
     procs = []
     for backend in backends:
-        shards = 1 if backend == "cosmos" else per_backend
+        shards = 1 if backend == "cosmos" and servers.cosmos else per_backend
+        deaths = deaths_of.get(backend, args.deaths)
         for shard in range(shards):
             opts = Options(
                 backend,
-                _default_config(backend, workdir, shard, args.cosmos_config),
+                servers.config(backend, shard),
                 # Each shard its own directory: effects files are named by case number.
                 os.path.join(workdir, f"{backend}-{shard}"),
                 seed=args.seed,
@@ -1185,7 +1480,7 @@ def cli(argv: list[str]) -> int:
                 max_deaths=args.max_deaths,
                 shard=shard,
             )
-            target = -(-args.deaths // shards)
+            target = -(-deaths // shards)
             procs.append((backend, _start_shard(opts, (shard, 10**9, shards), target)))
     totals = {b: Stats(b) for b in backends}
     failed = False
@@ -1198,7 +1493,9 @@ def cli(argv: list[str]) -> int:
         totals[backend].add(Stats.from_json(json.loads(out.decode().strip().splitlines()[-1])))
     seconds = time.monotonic() - began
     command = "scripts/chaos " + " ".join(argv) if argv else "scripts/chaos"
-    table = render_table([totals[b] for b in backends], command.strip(), seconds)
+    table = render_table(
+        [totals[b] for b in backends], command.strip(), seconds, machine_line(workdir)
+    )
     print(table)
     for stats in totals.values():
         for line in stats.violations:
@@ -1219,6 +1516,8 @@ def main(argv: list[str]) -> int:
     if not argv or argv[0] not in ("child", "shard"):
         return cli(argv)
     kind, payload_json = argv[0], argv[1]
+    # The local emulator's self-signed certificate (verify=false): one warning per request.
+    warnings.filterwarnings("ignore", message="Unverified HTTPS request")
     spec = json.loads(payload_json)
     if kind == "child":
         try:
