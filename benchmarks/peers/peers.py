@@ -447,29 +447,19 @@ def worker(args) -> None:
 
             runs = max(10, int(args.target_s / per_run_est))
             plain = measure_plain(min(0.2, args.target_s))
-            per_run = []
-            for _ in range(args.repeats):
+            ready = {"system": args.system, "config": args.config,
+                     "runs_per_repeat": runs, "plain_per_run_s": plain,
+                     "versions": peer_version(args.system), "sqlite": sqlite3.sqlite_version,
+                     **info, "verify": ver}
+            print("READY " + json.dumps(ready), flush=True)
+            # Serve repeats on demand so the parent can interleave all configs.
+            for line in sys.stdin:
+                if line.strip() != "run":
+                    break
                 t0 = time.perf_counter()
                 for _ in range(runs):
                     run(str(uuid.uuid4()))
-                per_run.append((time.perf_counter() - t0) / runs)
-            per_step_us = sorted((pr - plain) / N_STEPS * 1e6 for pr in per_run)
-            q = statistics.quantiles(per_step_us, n=4) if len(per_step_us) >= 2 else [per_step_us[0]] * 3
-            res = {
-                "system": args.system, "config": args.config,
-                "per_step_us_median": round(statistics.median(per_step_us), 1),
-                "per_step_us_min": round(per_step_us[0], 1),
-                "per_step_us_max": round(per_step_us[-1], 1),
-                "per_step_us_iqr": [round(q[0], 1), round(q[2], 1)],
-                "per_run_us_median": round(statistics.median(per_run) * 1e6, 1),
-                "plain_per_run_us": round(plain * 1e6, 2),
-                "repeats": args.repeats, "runs_per_repeat": runs,
-                "versions": peer_version(args.system),
-                "sqlite": sqlite3.sqlite_version,
-                **info,
-                "verify": ver,
-            }
-            print("RESULT " + json.dumps(res), flush=True)
+                print(f"REP {(time.perf_counter() - t0) / runs!r}", flush=True)
         finally:
             close()
     finally:
@@ -514,14 +504,71 @@ def run_worker(system, config, args, tmpdir, mode="bench", strace_out=None):
     if strace_out:
         cmd = ["strace", "-f", "-qq", "-e", "trace=fsync,fdatasync,access,faccessat,faccessat2",
                "-o", strace_out] + cmd
-    env = dict(os.environ)
-    env.setdefault("LANGSMITH_TRACING", "false")
-    env.setdefault("DBOS__CLOUD", "false")
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    p = subprocess.run(cmd, capture_output=True, text=True, env=worker_env(), timeout=600)
     for line in p.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[7:])
     return {"system": system, "config": config, "error": (p.stderr or p.stdout)[-2000:]}
+
+
+class Worker:
+    """A long-lived bench worker: set up once, then one repeat per `run` command."""
+
+    def __init__(self, system, config, args, tmpdir):
+        self.system, self.config = system, config
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", system, config,
+               "--tmpdir", tmpdir, "--mode", "bench", "--target-s", str(args.target_s)]
+        self.stderr = tempfile.TemporaryFile(mode="w+")
+        self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=self.stderr, text=True, env=worker_env())
+        self.ready = self._expect("READY ")
+        self.per_run: list[float] = []
+
+    def _expect(self, prefix):
+        while True:
+            line = self.p.stdout.readline()
+            if not line:
+                self.stderr.seek(0)
+                raise RuntimeError(self.stderr.read()[-2000:] or "worker exited")
+            if line.startswith(prefix):
+                return json.loads(line[len(prefix):])
+
+    def repeat(self):
+        self.p.stdin.write("run\n")
+        self.p.stdin.flush()
+        self.per_run.append(float(self._expect("REP ")))
+
+    def close(self):
+        try:
+            self.p.stdin.write("quit\n")
+            self.p.stdin.close()
+            self.p.wait(timeout=60)
+        except Exception:
+            self.p.kill()
+            self.p.wait()
+
+    def result(self) -> dict:
+        r = dict(self.ready)
+        plain = r.pop("plain_per_run_s")
+        per_step_us = sorted((pr - plain) / N_STEPS * 1e6 for pr in self.per_run)
+        q = statistics.quantiles(per_step_us, n=4, method="inclusive") if len(per_step_us) >= 2 else [per_step_us[0]] * 3
+        return {
+            "system": self.system, "config": self.config,
+            "per_step_us_median": round(statistics.median(per_step_us), 1),
+            "per_step_us_min": round(per_step_us[0], 1),
+            "per_step_us_max": round(per_step_us[-1], 1),
+            "repeats": len(per_step_us),
+            "per_step_us_iqr": [round(q[0], 1), round(q[2], 1)],
+            "per_run_us_median": round(statistics.median(self.per_run) * 1e6, 1),
+            "plain_per_run_us": round(plain * 1e6, 2),
+            **r,
+        }
+
+
+def worker_env():
+    env = dict(os.environ)
+    env.setdefault("LANGSMITH_TRACING", "false")
+    return env
 
 
 def count_fsyncs(strace_out: str) -> int | None:
@@ -575,56 +622,85 @@ def main() -> None:
         print(f"{'system':<10} {'config':<10} {'median':>9} {'min':>9} {'max':>9} "
               f"{'IQR':>17} {'per run':>10} {'runs':>5}  pragmas / notes")
     wanted = set(args.configs.split(","))
-    have_strace = shutil.which("strace") is not None
+    pairs = [(sy, c) for sy in args.systems.split(",") for c in SYSTEMS[sy] if c in wanted]
+    load_start = os.getloadavg()
+
+    # 1. start every worker (one at a time: setup + verify + warm-up + calibration)
+    workers, results = [], {}
+    for system, config in pairs:
+        try:
+            workers.append(Worker(system, config, args, tmpdir))
+        except Exception as e:  # report and go on with the others
+            results[(system, config)] = {"system": system, "config": config, "error": str(e)}
+    # 2. repeats interleaved round-robin, so a burst of outside load is spread
+    #    over all configs instead of landing on one
+    try:
+        for _ in range(args.repeats):
+            for w in workers:
+                w.repeat()
+    finally:
+        for w in workers:
+            w.close()
+    for w in workers:
+        results[(w.system, w.config)] = w.result()
+    load_end = os.getloadavg()
+
+    # 3. optional: statements and fsyncs per step (separate short processes)
+    if args.verify:
+        have_strace = shutil.which("strace") is not None
+        for (system, config), r in results.items():
+            if config == "nopersist" or "error" in r:
+                continue
+            t = run_worker(system, config, args, tmpdir, mode="trace")
+            r["statements_per_step"] = t.get("statements_per_step", t.get("error"))
+            if have_strace:
+                so = os.path.join(tmpdir, f"strace-{system}-{config}-{os.getpid()}.txt")
+                try:
+                    run_worker(system, config, args, tmpdir, mode="trace", strace_out=so)
+                    nf = count_fsyncs(so)
+                    r["fsyncs_per_step"] = None if nf is None else round(nf / (args.trace_runs * N_STEPS), 2)
+                finally:
+                    if os.path.exists(so):
+                        os.remove(so)
+
     all_ok = True
-    for system in args.systems.split(","):
-        for config in SYSTEMS[system]:
-            if config not in wanted:
-                continue
-            r = run_worker(system, config, args, tmpdir)
-            if "error" in r:
-                all_ok = False
-                print(json.dumps(r) if args.json else f"{system:<10} {config:<10} ERROR: {r['error']}")
-                continue
-            if args.verify and config != "nopersist":
-                t = run_worker(system, config, args, tmpdir, mode="trace")
-                r["statements_per_step"] = t.get("statements_per_step", t.get("error"))
-                if have_strace:
-                    so = os.path.join(tmpdir, f"strace-{system}-{config}-{os.getpid()}.txt")
-                    try:
-                        run_worker(system, config, args, tmpdir, mode="trace", strace_out=so)
-                        nf = count_fsyncs(so)
-                        r["fsyncs_per_step"] = None if nf is None else round(nf / (args.trace_runs * N_STEPS), 2)
-                    finally:
-                        if os.path.exists(so):
-                            os.remove(so)
-            if not r["verify"].get("ok", True):
-                all_ok = False
-            if args.json:
-                out = {k: r[k] for k in ("system", "config", "per_step_us_median", "per_step_us_min",
-                                         "per_step_us_max", "repeats")}
-                out.update({k: r[k] for k in r if k not in out})
-                print(json.dumps(out), flush=True)
-            else:
-                notes = []
-                if "pragmas" in r:
-                    notes.append(f"{r['pragmas']['journal_mode']}/{r['pragmas']['synchronous']}")
-                if "durability" in r:
-                    notes.append(f"durability={r['durability']}")
-                v = {k: val for k, val in r["verify"].items() if k in (
-                    "checkpoint_rows", "write_rows", "state_rows", "operation_output_rows", "ok")}
-                notes.append("verify " + ",".join(f"{k}={val}" for k, val in v.items()))
-                if "statements_per_step" in r:
-                    notes.append(f"stmts/step={r['statements_per_step']}")
-                if "fsyncs_per_step" in r:
-                    notes.append(f"fsyncs/step={r['fsyncs_per_step']}")
-                iqr = f"[{r['per_step_us_iqr'][0]:.0f}, {r['per_step_us_iqr'][1]:.0f}]"
-                print(f"{system:<10} {config:<10} {r['per_step_us_median']:>9.1f} {r['per_step_us_min']:>9.1f} "
-                      f"{r['per_step_us_max']:>9.1f} {iqr:>17} {r['per_run_us_median']:>10.0f} "
-                      f"{r['runs_per_repeat']:>5}  {'; '.join(notes)}", flush=True)
+    for key_ in pairs:
+        r = results[key_]
+        system, config = key_
+        if "error" in r:
+            all_ok = False
+            print(json.dumps(r) if args.json else f"{system:<10} {config:<10} ERROR: {r['error']}")
+            continue
+        if not r["verify"].get("ok", True):
+            all_ok = False
+        r["loadavg_1m"] = [round(load_start[0], 2), round(load_end[0], 2)]
+        if args.json:
+            print(json.dumps(r), flush=True)
+            continue
+        notes = []
+        if "pragmas" in r:
+            notes.append(f"{r['pragmas']['journal_mode']}/{r['pragmas']['synchronous']}")
+        if "durability" in r:
+            notes.append(f"durability={r['durability']}")
+        v = {k: val for k, val in r["verify"].items() if k in (
+            "checkpoint_rows", "write_rows", "state_rows", "operation_output_rows", "ok")}
+        if v:
+            notes.append("verify " + ",".join(f"{k}={val}" for k, val in v.items()))
+        if "statements_per_step" in r:
+            notes.append(f"stmts/step={r['statements_per_step']}")
+        if "fsyncs_per_step" in r:
+            notes.append(f"fsyncs/step={r['fsyncs_per_step']}")
+        iqr = f"[{r['per_step_us_iqr'][0]:.0f}, {r['per_step_us_iqr'][1]:.0f}]"
+        print(f"{system:<10} {config:<10} {r['per_step_us_median']:>9.1f} {r['per_step_us_min']:>9.1f} "
+              f"{r['per_step_us_max']:>9.1f} {iqr:>17} {r['per_run_us_median']:>10.0f} "
+              f"{r['runs_per_repeat']:>5}  {'; '.join(notes)}", flush=True)
     if not args.json:
         print("per-step overhead in microseconds = (per-run time - plain 10 calls) / 10; "
-              "per run = median microseconds per whole run")
+              "per run = median microseconds per whole run; repeats interleaved round-robin")
+        busy = max(load_start[0], load_end[0])
+        print(f"1-min load average at start/end: {load_start[0]:.2f}/{load_end[0]:.2f}"
+              + (f"  WARNING: other load on this {os.cpu_count()}-cpu machine; numbers are inflated, "
+                 "trust min more than median" if busy > 0.75 * (os.cpu_count() or 1) else ""))
     sys.exit(0 if all_ok else 1)
 
 
