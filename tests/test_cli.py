@@ -1,47 +1,186 @@
-"""The ``stepstone`` command, run as a real process against real sqlite: and file: stores."""
+"""The ``stepstone`` command, run as a real process against real stores.
+
+Every command runs through ``python -m stepstone`` against sqlite:, file:, the Cosmos DB
+emulator, PostgreSQL and MySQL. Remote stores get a fresh container or table per test;
+without a server those tests are skipped loudly (and fail under CI).
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, urlsplit
 
 import pytest
 
 from stepstone import Checkpoint, Step, StepFailed, open_store, run
 from stepstone._migrate import differences, migrate
 from stepstone.cli import parse_age, redact
+from stepstone.testing import backend_unavailable
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [
+    pytest.mark.timeout(60),
+    # verify=false against the emulator's self-signed certificate, in this process.
+    pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning"),
+]
 
-KINDS = ["sqlite", "file"]
+LOCAL_KINDS = ["sqlite", "file"]
+SQL_KINDS = ["postgresql", "mysql"]
+KINDS = [*LOCAL_KINDS, "cosmos", *SQL_KINDS]
+SQL_SERVERS = {
+    "postgresql": "postgresql://postgres@127.0.0.1:5432/test",
+    "mysql": "mysql://root@127.0.0.1:3306/test",
+}
+COSMOS_DATABASE = "clitest"
+KEY_ENV = "AZURE_COSMOS_KEY"
+QUIET_TLS = "ignore:Unverified HTTPS request"  # urllib3.exceptions.InsecureRequestWarning
 
 
 def store_url(kind: str, base: Path, name: str = "store") -> str:
-    """Return a config string of ``kind`` for a store under ``base``."""
+    """Return a config string of a local ``kind`` (sqlite, file) for a store under ``base``."""
     if kind == "sqlite":
         return f"sqlite:///{base}/{name}.db"  # base is absolute: sqlite:////abs/x.db
+    assert kind == "file", kind
     return f"file:{base}/{name}"
 
 
+class Cosmos:
+    """The session's emulator, an SDK client on it, and the containers tests made."""
+
+    def __init__(self, emulator: Any) -> None:
+        self.emulator = emulator
+        self.key: str = emulator.key
+        self.client = emulator.client()
+        self.created: list[tuple[str, str | None]] = []  # (database, container or None)
+
+    def config(self, container: str, database: str = COSMOS_DATABASE, create: bool = True) -> str:
+        """Return a config string for ``database/container``; remember it for cleanup."""
+        self.created.append((database, None if database != COSMOS_DATABASE else container))
+        emu = self.emulator
+        protocol = "&protocol=http" if emu.endpoint.startswith("http://") else ""
+        options = f"verify=false{protocol}{'&create=true' if create else ''}"
+        return f"cosmos://{emu.host}:{emu.port}/{database}/{container}?{options}"
+
+    def item(self, container: str, run_id: str) -> dict[str, Any]:
+        """Return the raw item of ``run_id``, read through the azure-cosmos SDK."""
+        from stepstone.stores.cosmos import item_id
+
+        proxy = self.client.get_database_client(COSMOS_DATABASE).get_container_client(container)
+        doc_id = item_id(run_id)
+        return dict(proxy.read_item(doc_id, partition_key=doc_id))
+
+    def cleanup(self) -> None:
+        """Delete what the tests created (the emulator may be a shared, external one)."""
+        from azure.cosmos.exceptions import CosmosHttpResponseError
+
+        for database, container in self.created:
+            db = self.client.get_database_client(database)
+            try:
+                if container is None:
+                    self.client.delete_database(database)
+                else:
+                    db.delete_container(container)
+            except CosmosHttpResponseError as exc:
+                if exc.status_code != 404:
+                    raise
+
+
+@pytest.fixture(scope="session")
+def cosmos(emulator: Any) -> Iterator[Cosmos]:
+    """The Cosmos emulator of the session, with a client to read raw items and clean up."""
+    try:
+        import azure.cosmos  # noqa: F401
+    except ImportError as exc:
+        backend_unavailable(f"azure-cosmos, so the CLI is NOT tested on Cosmos: {exc}")
+    handle = Cosmos(emulator)
+    yield handle
+    handle.cleanup()
+
+
+@pytest.fixture
+def cosmos_env(cosmos: Cosmos, monkeypatch: pytest.MonkeyPatch) -> Cosmos:
+    """The emulator, with its key in AZURE_COSMOS_KEY for this process and the CLI's."""
+    monkeypatch.setenv(KEY_ENV, cosmos.key)
+    monkeypatch.delenv("AZURE_COSMOS_CONNECTION_STRING", raising=False)
+    # verify=false makes urllib3 warn on every request, on the CLI's stderr; see
+    # test_cosmos_verify_false_keeps_stderr_clean. Silenced here so the other tests can
+    # check stderr line by line.
+    monkeypatch.setenv("PYTHONWARNINGS", QUIET_TLS)
+    return cosmos
+
+
+def sql_table(request: pytest.FixtureRequest, kind: str) -> str:
+    """Return a config string naming a new table on the ``kind`` server; drop it after."""
+    server = SQL_SERVERS[kind]
+    table = f"t_cli_{uuid.uuid4().hex[:16]}"
+    try:
+        if kind == "postgresql":
+            import psycopg
+
+            conn: Any = psycopg.connect(server, autocommit=True, connect_timeout=3)
+        else:
+            import pymysql
+
+            conn = pymysql.connect(
+                host="127.0.0.1", user="root", database="test", connect_timeout=3
+            )
+    except Exception as exc:
+        backend_unavailable(f"{server}: {type(exc).__name__}: {exc}")
+
+    def drop() -> None:
+        with conn.cursor() as cursor:
+            cursor.execute(f"DROP TABLE IF EXISTS {table}, {table}_meta")
+        conn.close()
+
+    request.addfinalizer(drop)
+    return f"{server}?table={table}"
+
+
+NewStore = Callable[..., str]
+
+
+@pytest.fixture
+def new_store(request: pytest.FixtureRequest, tmp_path: Path) -> NewStore:
+    """A factory: ``new_store(kind, name)`` returns the config string of a fresh store."""
+
+    def make(kind: str, name: str = "store") -> str:
+        if kind in LOCAL_KINDS:
+            return store_url(kind, tmp_path, name)
+        if kind == "cosmos":
+            handle: Cosmos = request.getfixturevalue("cosmos_env")
+            return handle.config(f"{name}-{uuid.uuid4().hex[:12]}")
+        return sql_table(request, kind)
+
+    return make
+
+
 @pytest.fixture(params=KINDS)
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+def url(request: pytest.FixtureRequest, new_store: NewStore) -> str:
     """A fresh store of each durable kind."""
-    return store_url(request.param, tmp_path)
+    return new_store(request.param)
+
+
+def _secrets_to_hide(env: dict[str, str]) -> list[str]:
+    """Return the credentials in ``env``, in the spellings they could be printed in."""
+    key = env.get(KEY_ENV, "")
+    return [s for s in {key, quote(key, safe=""), key[:24]} if len(s) >= 16]
 
 
 def cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> Any:
     """Run ``python -m stepstone ARGS`` and return the completed process (text output)."""
     full_env = {k: v for k, v in os.environ.items() if k != "STEPSTONE_STORE"}
     full_env.update(env or {})
-    return subprocess.run(
+    proc = subprocess.run(
         [sys.executable, "-m", "stepstone", *args],
         capture_output=True,
         text=True,
@@ -50,6 +189,10 @@ def cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) 
         timeout=30,
         check=False,
     )
+    # No command may ever print a credential it was given, whatever it did.
+    for secret in _secrets_to_hide(full_env):
+        assert secret not in proc.stdout + proc.stderr, f"credential printed by {args}"
+    return proc
 
 
 def steps(n: int = 2) -> list[Step]:
@@ -244,7 +387,8 @@ def test_show_missing_run(url: str) -> None:
     proc = cli("runs", "show", "nope", "--store", url)
     assert proc.returncode == 1
     assert_one_error_line(proc.stderr)
-    assert f"no run 'nope' in {url}" in proc.stderr
+    assert "no run 'nope' in " in proc.stderr
+    assert url.rpartition("@")[2] in proc.stderr  # the store; user info is printed as ***
 
 
 # --- runs delete -------------------------------------------------------------------------
@@ -299,6 +443,7 @@ def test_prune_durations_and_status(url: str) -> None:
     assert ids(url) == ["done1"]
 
 
+@pytest.mark.parametrize("url", [k for k in KINDS if k != "cosmos"], indirect=True)
 def test_prune_ttl_needs_native_ttl(url: str) -> None:
     """--ttl on a store without expire() is a one-line usage error and deletes nothing."""
     make_done(url, "keep")
@@ -311,13 +456,27 @@ def test_prune_ttl_needs_native_ttl(url: str) -> None:
 
 # --- migrate -----------------------------------------------------------------------------
 
-DIRECTIONS = [("sqlite", "file"), ("file", "sqlite")]
+DIRECTIONS = [
+    ("sqlite", "file"),
+    ("file", "sqlite"),
+    ("sqlite", "cosmos"),
+    ("cosmos", "sqlite"),
+    ("sqlite", "postgresql"),
+    ("postgresql", "sqlite"),
+]
+# Killing a migration midway matters for the destination: one of each kind.
+CRASH_DIRECTIONS = [
+    ("sqlite", "file"),
+    ("file", "sqlite"),
+    ("sqlite", "cosmos"),
+    ("sqlite", "postgresql"),
+]
 
 
 @pytest.mark.parametrize(("src_kind", "dst_kind"), DIRECTIONS)
-def test_migrate_copies_then_skips(tmp_path: Path, src_kind: str, dst_kind: str) -> None:
+def test_migrate_copies_then_skips(new_store: NewStore, src_kind: str, dst_kind: str) -> None:
     """migrate copies every run with its content, and a second run skips them all."""
-    src, dst = store_url(src_kind, tmp_path, "src"), store_url(dst_kind, tmp_path, "dst")
+    src, dst = new_store(src_kind, "src"), new_store(dst_kind, "dst")
     make_done(src, "d1", "d2")
     make_failed(src, "f1")
     make_running(src, "r1")
@@ -336,9 +495,9 @@ def test_migrate_copies_then_skips(tmp_path: Path, src_kind: str, dst_kind: str)
 
 
 @pytest.mark.parametrize(("src_kind", "dst_kind"), DIRECTIONS)
-def test_migrate_conflict_then_force(tmp_path: Path, src_kind: str, dst_kind: str) -> None:
+def test_migrate_conflict_then_force(new_store: NewStore, src_kind: str, dst_kind: str) -> None:
     """A differing destination run is a conflict (exit 1, untouched) until --force."""
-    src, dst = store_url(src_kind, tmp_path, "src"), store_url(dst_kind, tmp_path, "dst")
+    src, dst = new_store(src_kind, "src"), new_store(dst_kind, "dst")
     make_done(src, "same", "differs")
     make_done(dst, "same")
     with open_store(dst) as store:
@@ -386,10 +545,10 @@ sys.exit(main(sys.argv[3:]))
 
 
 @pytest.mark.crash
-@pytest.mark.parametrize(("src_kind", "dst_kind"), DIRECTIONS)
-def test_migrate_interrupted_then_rerun(tmp_path: Path, src_kind: str, dst_kind: str) -> None:
+@pytest.mark.parametrize(("src_kind", "dst_kind"), CRASH_DIRECTIONS)
+def test_migrate_interrupted_then_rerun(new_store: NewStore, src_kind: str, dst_kind: str) -> None:
     """A migration killed with SIGKILL midway completes when run again, skipping what landed."""
-    src, dst = store_url(src_kind, tmp_path, "src"), store_url(dst_kind, tmp_path, "dst")
+    src, dst = new_store(src_kind, "src"), new_store(dst_kind, "dst")
     make_done(src, *(f"run-{i:02d}" for i in range(20)))
     killed = subprocess.run(
         [
@@ -477,7 +636,7 @@ def unwritable(tmp_path: Path) -> Iterator[Path]:
     directory.chmod(0o700)
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", LOCAL_KINDS)
 def test_doctor_fails_on_unwritable_directory(unwritable: Path, kind: str) -> None:
     """doctor reports FAIL and exits 1 when the store's directory cannot be written."""
     url = f"sqlite:///{unwritable}/x.db" if kind == "sqlite" else f"file:{unwritable}/runs"
@@ -485,6 +644,190 @@ def test_doctor_fails_on_unwritable_directory(unwritable: Path, kind: str) -> No
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert any(line.startswith("FAIL ") for line in proc.stdout.splitlines()), proc.stdout
     assert "Traceback" not in proc.stdout + proc.stderr
+
+
+# --- Cosmos DB specifics -----------------------------------------------------------------
+
+
+def container_of(config: str) -> str:
+    """Return the container name of a cosmos:// config string."""
+    return urlsplit(config).path.rsplit("/", 1)[1]
+
+
+def closed_port() -> int:
+    """Return a port on 127.0.0.1 that nothing listens on."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_cosmos_prune_ttl_sets_the_item_ttl(cosmos_env: Cosmos, new_store: NewStore) -> None:
+    """prune --ttl writes Cosmos' native ttl on exactly the matching items and deletes none."""
+    url = new_store("cosmos")
+    container = container_of(url)
+    make_done(url, "done1", "done2")
+    make_failed(url, "failed1")
+
+    dry = cli("runs", "prune", "--older-than", "0s", "--ttl", "--dry-run", "--store", url)
+    assert dry.returncode == 0, dry.stderr
+    assert "dry run: would expire 3 runs" in dry.stdout
+    assert all("ttl" not in cosmos_env.item(container, r) for r in ("done1", "done2", "failed1"))
+
+    proc = cli("runs", "prune", "--older-than", "0s", "--ttl", "--status", "done", "--store", url)
+    assert proc.returncode == 0, proc.stderr
+    assert "set a 1s TTL on 2 done runs" in proc.stdout
+    assert [cosmos_env.item(container, r).get("ttl") for r in ("done1", "done2", "failed1")] == [
+        1,
+        1,
+        None,
+    ]
+
+    args = ["--older-than", "0s", "--ttl", "2h", "--status", "failed", "--store", url]
+    hours = cli("runs", "prune", *args)
+    assert hours.returncode == 0, hours.stderr
+    assert "set a 7200s TTL on 1 failed run" in hours.stdout
+    item = cosmos_env.item(container, "failed1")
+    assert item["ttl"] == 7200
+    assert item["run_id"] == "failed1" and item["failure"] is not None  # the rest is kept
+    assert shown(url, "failed1")["state"] == {"order": 7}
+
+
+def test_cosmos_init_creates_database_and_container(cosmos_env: Cosmos) -> None:
+    """init creates the missing database and container that a store without create=true needs."""
+    url = cosmos_env.config("runs", database=f"clitest-init-{uuid.uuid4().hex[:8]}", create=False)
+    before = cli("runs", "list", "--store", url)
+    assert before.returncode == 1
+    assert_one_error_line(before.stderr)
+    assert "does not exist" in before.stderr and "stepstone init" in before.stderr
+
+    proc = cli("init", "--store", url)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 2, proc.stdout
+    assert lines[0].startswith("database 'clitest-init-") and lines[0].endswith(": created")
+    assert lines[1].startswith("container 'runs': created (partition key /id")
+
+    again = cli("init", "--store", url)
+    assert again.returncode == 0, again.stderr
+    assert [line.rsplit(": ", 1)[1] for line in again.stdout.splitlines()] == [
+        "already exists",
+        "already exists",
+    ]
+    database = urlsplit(url).path.split("/")[1]
+    props = cosmos_env.client.get_database_client(database).get_container_client("runs").read()
+    assert props["partitionKey"]["paths"] == ["/id"]
+    assert props.get("defaultTtl") == -1
+    make_done(url, "after-init")
+    assert [r["run_id"] for r in listed(url)] == ["after-init"]
+
+
+def test_cosmos_doctor_checks_the_partition_key(cosmos_env: Cosmos, new_store: NewStore) -> None:
+    """doctor reports the /id partition key and TTL ok, and fails a container keyed otherwise."""
+    url = new_store("cosmos")
+    proc = cli("doctor", "--store", url)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "ok    partition key is /id" in lines
+    assert "ok    TTL enabled (defaultTtl set): defaultTtl=-1" in lines
+
+    from azure.cosmos import PartitionKey
+
+    name = f"wrongkey-{uuid.uuid4().hex[:12]}"
+    wrong = cosmos_env.config(name, create=False)
+    cosmos_env.client.create_database_if_not_exists(COSMOS_DATABASE).create_container(
+        name, partition_key=PartitionKey(path="/pk")
+    )
+    bad = cli("doctor", "--store", wrong)
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    failed = [line for line in bad.stdout.splitlines() if line.startswith("FAIL")]
+    assert len(failed) == 1, bad.stdout
+    assert "partitioned by ['/pk']" in failed[0]
+    assert "Traceback" not in bad.stdout + bad.stderr
+
+
+def test_cosmos_unreachable_endpoint(monkeypatch: pytest.MonkeyPatch) -> None:
+    """doctor on a closed port is one FAIL line and exit 1; runs list one error line, exit 1."""
+    monkeypatch.setenv(KEY_ENV, "bm90LWEtcmVhbC1rZXktYnV0LWxvbmctZW5vdWdoLXRvLWdyZXA=")
+    monkeypatch.delenv("AZURE_COSMOS_CONNECTION_STRING", raising=False)
+    url = f"cosmos://127.0.0.1:{closed_port()}/{COSMOS_DATABASE}/runs?verify=false"
+    start = time.monotonic()
+    proc = cli("doctor", "--store", url)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert proc.stderr == ""
+    failed = [line for line in proc.stdout.splitlines() if line.startswith("FAIL")]
+    assert len(failed) == 1, proc.stdout
+    assert "cannot connect" in failed[0]
+    assert proc.stdout.splitlines()[-1] == "0 checks passed, 1 failed"
+
+    listing = cli("runs", "list", "--store", url)
+    assert listing.returncode == 1
+    assert_one_error_line(listing.stderr)
+    assert "cannot connect" in listing.stderr
+    assert time.monotonic() - start < 20  # a refused connection is not retried for long
+
+
+@pytest.mark.xfail(
+    reason="src bug: with verify=false every Cosmos request prints urllib3's multi-line "
+    "InsecureRequestWarning on the CLI's stderr (6 for one `runs show`)",
+    strict=True,
+)
+def test_cosmos_verify_false_keeps_stderr_clean(cosmos_env: Cosmos, new_store: NewStore) -> None:
+    """With verify=false (the emulator setting) a successful command writes nothing to stderr."""
+    url = new_store("cosmos")
+    make_done(url, "a")
+    proc = cli("runs", "show", "a", "--store", url, env={"PYTHONWARNINGS": ""})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    missing = cli("runs", "show", "nope", "--store", url, env={"PYTHONWARNINGS": ""})
+    assert missing.returncode == 1
+    assert_one_error_line(missing.stderr)
+
+
+@pytest.mark.xfail(
+    reason="src bug: cli._secrets_in treats a bare user name as a secret and _Redactor "
+    "replaces it everywhere, so 'postgres' becomes '***' in the scheme, run ids and states",
+    strict=True,
+)
+def test_user_name_in_config_does_not_corrupt_output(new_store: NewStore) -> None:
+    """A user name in a SQL config string is hidden in the URL only, not in ids or states."""
+    url = new_store("postgresql")  # postgresql://postgres@...
+    with open_store(url) as store:
+        store.save(Checkpoint(run_id="postgres-1", state={"db": "postgres"}, total_steps=1))
+    assert [r["run_id"] for r in listed(url)] == ["postgres-1"]
+    data = shown(url, "postgres-1")
+    assert (data["run_id"], data["state"]) == ("postgres-1", {"db": "postgres"})
+    missing = cli("runs", "show", "nope", "--store", url)
+    assert "in postgresql://***@127.0.0.1:5432/test?table=" in missing.stderr
+
+
+def test_cosmos_key_never_printed(cosmos_env: Cosmos, new_store: NewStore) -> None:
+    """The account key shows up in no output, with --verbose tracebacks or pasted in the URL."""
+    url = new_store("cosmos")
+    key = cosmos_env.key
+    make_failed(url, "f1")
+    pasted = f"{url}&key={quote(key, safe='')}"
+    unreachable = f"cosmos://127.0.0.1:{closed_port()}/{COSMOS_DATABASE}/x?verify=false"
+    missing = cosmos_env.config(f"missing-{uuid.uuid4().hex[:8]}", create=False)
+    outputs = []
+    for args in (
+        ["--verbose", "runs", "show", "f1", "--json"],
+        ["--verbose", "runs", "show", "nope"],
+        ["--verbose", "doctor"],
+        ["--verbose", "runs", "list", "--store", pasted],
+        ["--verbose", "doctor", "--store", unreachable],
+        ["--verbose", "runs", "list", "--store", missing],
+    ):
+        full = [*args, "--store", url] if "--store" not in args else args
+        proc = cli(*full)
+        outputs.append((proc.returncode, proc.stdout + proc.stderr))
+    text = "\n".join(output for _, output in outputs)
+    assert key not in text and quote(key, safe="") not in text
+    assert key[:16] not in text and quote(key, safe="")[:16] not in text
+    assert [code for code, _ in outputs] == [0, 1, 0, 2, 1, 1]  # each path really ran
+    assert "option 'key' would put a secret" in outputs[3][1]
+    assert all("Traceback" in outputs[i][1] for i in (1, 3, 5))  # --verbose tracebacks
+    assert "FAIL  open the container" in outputs[4][1]
 
 
 # --- demo --------------------------------------------------------------------------------
