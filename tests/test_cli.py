@@ -767,11 +767,6 @@ def test_cosmos_unreachable_endpoint(monkeypatch: pytest.MonkeyPatch) -> None:
     assert time.monotonic() - start < 20  # a refused connection is not retried for long
 
 
-@pytest.mark.xfail(
-    reason="src bug: with verify=false every Cosmos request prints urllib3's multi-line "
-    "InsecureRequestWarning on the CLI's stderr (6 for one `runs show`)",
-    strict=True,
-)
 def test_cosmos_verify_false_keeps_stderr_clean(cosmos_env: Cosmos, new_store: NewStore) -> None:
     """With verify=false (the emulator setting) a successful command writes nothing to stderr."""
     url = new_store("cosmos")
@@ -784,13 +779,8 @@ def test_cosmos_verify_false_keeps_stderr_clean(cosmos_env: Cosmos, new_store: N
     assert_one_error_line(missing.stderr)
 
 
-@pytest.mark.xfail(
-    reason="src bug: cli._secrets_in treats a bare user name as a secret and _Redactor "
-    "replaces it everywhere, so 'postgres' becomes '***' in the scheme, run ids and states",
-    strict=True,
-)
 def test_user_name_in_config_does_not_corrupt_output(new_store: NewStore) -> None:
-    """A user name in a SQL config string is hidden in the URL only, not in ids or states."""
+    """A user name in a SQL config string is no secret: ids, states and the URL stay intact."""
     url = new_store("postgresql")  # postgresql://postgres@...
     with open_store(url) as store:
         store.save(Checkpoint(run_id="postgres-1", state={"db": "postgres"}, total_steps=1))
@@ -798,7 +788,7 @@ def test_user_name_in_config_does_not_corrupt_output(new_store: NewStore) -> Non
     data = shown(url, "postgres-1")
     assert (data["run_id"], data["state"]) == ("postgres-1", {"db": "postgres"})
     missing = cli("runs", "show", "nope", "--store", url)
-    assert "in postgresql://***@127.0.0.1:5432/test?table=" in missing.stderr
+    assert "in postgresql://postgres@127.0.0.1:5432/test?table=" in missing.stderr
 
 
 def test_cosmos_key_never_printed(cosmos_env: Cosmos, new_store: NewStore) -> None:

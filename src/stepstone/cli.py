@@ -69,16 +69,26 @@ class OperationalError(Exception):
 # --- secrets ---------------------------------------------------------------------------
 
 
+# Secrets shorter than this are masked only where they sit in a URL, never by a blind
+# replace over all output: replacing a 3-letter password everywhere would mangle run ids
+# and states that happen to contain it.
+_MIN_GLOBAL_SECRET = 8
+_URL_PASSWORD = re.compile(r"(://[^/@:\s]*:)[^/@\s]*@")
+_URL_OPTION = re.compile(r"([?&])([^=&#\s]+)=([^&#\s]*)")
+
+
 def _secrets_in(config: str) -> list[str]:
-    """Return the substrings of a store config string that must never be printed."""
+    """Return the secrets of a store config string: its password and secret-named options.
+
+    A user name is not a secret (``postgres``, ``root``), so it is left alone.
+    """
     found: list[str] = []
     try:
         parts = urlsplit(config)
     except ValueError:
         return found
-    netloc = parts.netloc
-    if "@" in netloc:
-        found.append(netloc.rpartition("@")[0])  # user:password, or a bare token
+    if parts.password:
+        found.append(parts.password)
     for name, value in parse_qsl(parts.query, keep_blank_values=True):
         if value and _SECRET_NAME.search(name):
             found.append(value)
@@ -87,31 +97,40 @@ def _secrets_in(config: str) -> list[str]:
     return sorted({s for s in found if s}, key=len, reverse=True)
 
 
+def _mask_urls(text: str) -> str:
+    """Mask passwords and secret-named options wherever a URL appears in ``text``."""
+    text = _URL_PASSWORD.sub(r"\1***@", text)
+    return _URL_OPTION.sub(
+        lambda m: f"{m[1]}{m[2]}=***" if _SECRET_NAME.search(m[2]) else m[0], text
+    )
+
+
 class _Redactor:
-    """Replaces every secret of the store config strings in use by ``***``."""
+    """Masks the secrets of the store config strings in use, in everything printed."""
 
     def __init__(self) -> None:
         self._secrets: list[str] = []
 
     def add(self, config: str | None) -> None:
         if config:
-            self._secrets = sorted({*self._secrets, *_secrets_in(config)}, key=len, reverse=True)
+            long_enough = [s for s in _secrets_in(config) if len(s) >= _MIN_GLOBAL_SECRET]
+            self._secrets = sorted({*self._secrets, *long_enough}, key=len, reverse=True)
 
     def __call__(self, text: str) -> str:
         for secret in self._secrets:
             text = text.replace(secret, "***")
-        return text
+        return _mask_urls(text)
 
 
 _redact = _Redactor()
 
 
 def redact(config: str) -> str:
-    """Return ``config`` with its user info and secret-looking query values as ``***``."""
+    """Return ``config`` with its password and secret-looking query values as ``***``."""
     text = config
     for secret in _secrets_in(config):
         text = text.replace(secret, "***")
-    return text
+    return _mask_urls(text)
 
 
 class _RedactingFormatter(logging.Formatter):
@@ -827,6 +846,16 @@ def _setup_logging(verbose: bool) -> None:
         logger.setLevel(logging.WARNING)
     logger.handlers[:] = [handler]
     logger.propagate = False
+    # Drivers' own warnings (urllib3's InsecureRequestWarning for an emulator with
+    # verify=false, azure-identity's long credential-chain report) would break the
+    # one-line error promise; they go through the same redacting handler, and only
+    # with --verbose.
+    logging.captureWarnings(True)
+    for name in ("py.warnings", "azure", "urllib3"):
+        noisy = logging.getLogger(name)
+        noisy.handlers[:] = [handler]
+        noisy.propagate = False
+        noisy.setLevel(logging.DEBUG if verbose else logging.CRITICAL)
 
 
 def _verbose_requested(argv: Sequence[str]) -> bool:
