@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import sys
 import tempfile
@@ -25,15 +26,20 @@ TMP = HERE / ".tmp"
 
 
 def parse_args(description: str, extra: Sequence[str] = ()) -> argparse.Namespace:
-    """Parse the options every script takes: --quick, --json, --repeats, --cosmos."""
+    """Parse the options every script takes: --quick, --json, --repeats, --no-sql, --cosmos."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--quick", action="store_true", help="fewer, shorter repeats")
     parser.add_argument("--json", action="store_true", help="print one JSON object only")
     parser.add_argument("--repeats", type=int, default=None, help="repeats per figure")
+    parser.add_argument(
+        "--no-sql", action="store_true", help="skip the PostgreSQL and MySQL/MariaDB stores"
+    )
     if "cosmos" in extra:
         parser.add_argument(
             "--cosmos", action="store_true", help="also measure Cosmos DB (emulator)"
         )
+    if "no-cosmos" in extra:
+        parser.add_argument("--no-cosmos", action="store_true", help="skip Cosmos DB")
     return parser.parse_args()
 
 
@@ -146,3 +152,183 @@ def _restore_env(name: str, value: str | None) -> None:
         os.environ.pop(name, None)
     else:
         os.environ[name] = value
+
+
+# --- PostgreSQL and MySQL/MariaDB (SQLServerStore) ----------------------------------------
+
+#: kind -> (environment variable overriding the server URL, default URL). The URL names
+#: a database and no table; each benchmark adds ``?table=`` with a fresh table it drops.
+SQL_SERVERS: dict[str, tuple[str, str]] = {
+    "postgresql": ("STEPSTONE_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test"),
+    "mysql": ("STEPSTONE_BENCH_MYSQL", "mysql://root@127.0.0.1:3306/test"),
+}
+SQL_KINDS = tuple(SQL_SERVERS)
+#: Every table the benchmarks create starts with this (find leftovers of a killed run).
+SQL_TABLE_PREFIX = "stepstone_bench_"
+# table name -> server URL it was created on, for the floor (see install_sql_floor).
+_SQL_BASES: dict[str, str] = {}
+
+
+def sql_base(kind: str) -> str:
+    """The server URL (no table) for ``kind``: the environment's, else the loopback one."""
+    env, default = SQL_SERVERS[kind]
+    return os.environ.get(env) or default
+
+
+def sql_connect(kind: str, base: str, timeout: int = 3) -> Any:
+    """A raw DBAPI connection (psycopg / PyMySQL) to ``base``, in autocommit mode.
+
+    Same settings as SQLServerStore's own connections where they matter for cost:
+    autocommit (each statement its own transaction) and, on PostgreSQL, no server-side
+    prepare (one round trip per statement).
+    """
+    from urllib.parse import unquote, urlsplit
+
+    parts = urlsplit(base)
+    password = (
+        unquote(parts.password) if parts.password else os.environ.get("STEPSTONE_SQL_PASSWORD")
+    )
+    if kind == "postgresql":
+        import psycopg
+
+        kwargs: dict[str, Any] = {"autocommit": True, "connect_timeout": timeout}
+        if password and not parts.password:
+            kwargs["password"] = password
+        conninfo = parts._replace(scheme="postgresql", query="").geturl()
+        conn = psycopg.connect(conninfo, **kwargs)
+        conn.prepare_threshold = None
+        return conn
+    import pymysql
+
+    return pymysql.connect(
+        host=parts.hostname or "localhost",
+        port=parts.port or 3306,
+        user=unquote(parts.username or ""),
+        password=password or "",
+        database=parts.path.lstrip("/"),
+        autocommit=True,
+        charset="utf8mb4",
+        collation="utf8mb4_bin",
+        connect_timeout=timeout,
+        client_flag=0,
+    )
+
+
+def _where(base: str) -> str:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(base)
+    return f"{parts.hostname}:{parts.port or ''}{parts.path}"
+
+
+@contextlib.contextmanager
+def sql_config(kind: str, purpose: str) -> Iterator[tuple[str | None, str]]:
+    """Yield (store config naming a fresh table, description), or (None, why not).
+
+    The tables (``<table>``, ``<table>_meta``, the floor's ``<table>_floor``) are dropped
+    afterwards whatever happens. The server is ``STEPSTONE_BENCH_POSTGRES`` /
+    ``STEPSTONE_BENCH_MYSQL`` if set, else the loopback one (see ``SQL_SERVERS``).
+    """
+    base = sql_base(kind)
+    table = f"{SQL_TABLE_PREFIX}{purpose}_{os.getpid()}_{secrets.token_hex(3)}"
+    try:
+        conn = sql_connect(kind, base)
+    except ImportError as exc:
+        extra = "postgres" if kind == "postgresql" else "mysql"
+        yield None, f"driver not installed ({exc}); pip install 'stepstone[{extra}]'"
+        return
+    except Exception as exc:
+        detail = " ".join(str(exc).split())
+        yield None, f"no server at {_where(base)} ({type(exc).__name__}: {detail})"
+        return
+    _SQL_BASES[table] = base
+    try:
+        with conn.cursor() as cursor:
+            cursor.execute("SELECT version()")
+            version = str(cursor.fetchone()[0]).split(" on ")[0].split(",")[0]
+        sep = "&" if "?" in base else "?"
+        yield f"{base}{sep}table={table}", f"{version} at {_where(base)}"
+    finally:
+        _SQL_BASES.pop(table, None)
+        with contextlib.suppress(Exception), conn.cursor() as cursor:
+            cursor.execute(f"DROP TABLE IF EXISTS {table}, {table}_meta, {table}_floor")
+        with contextlib.suppress(Exception):
+            conn.close()
+
+
+class SQLFloor:
+    """Raw driver, autocommit: one upsert of the same JSON text, a new version each time.
+
+    PostgreSQL: ``INSERT ... ON CONFLICT (id) DO UPDATE``; MySQL/MariaDB: ``INSERT ...
+    ON DUPLICATE KEY UPDATE``, into ``<store table>_floor`` (TEXT / LONGTEXT utf8mb4_bin,
+    as the store's document column) in the same database, over a separate connection
+    with the store's connection settings. One statement, one round trip, one commit.
+    """
+
+    def __init__(self, kind: str, base: str, table: str, text: str) -> None:
+        self.kind = kind
+        self.table = f"{table}_floor"
+        self._text = text
+        self._version = 0
+        self._conn = sql_connect(kind, base)
+        self._cursor = self._conn.cursor()
+        if kind == "postgresql":
+            self.label = "psycopg INSERT ... ON CONFLICT DO UPDATE, autocommit"
+            self._cursor.execute(
+                f"CREATE TABLE IF NOT EXISTS {self.table} "
+                "(id TEXT PRIMARY KEY, version INTEGER NOT NULL, doc TEXT NOT NULL)"
+            )
+            self._sql = (
+                f"INSERT INTO {self.table} (id, version, doc) VALUES ('r', %s, %s) "
+                "ON CONFLICT (id) DO UPDATE SET version = excluded.version, doc = excluded.doc"
+            )
+        else:
+            self.label = "pymysql INSERT ... ON DUPLICATE KEY UPDATE, autocommit"
+            self._cursor.execute(
+                f"CREATE TABLE IF NOT EXISTS {self.table} (id VARCHAR(16) PRIMARY KEY, "
+                "version INTEGER NOT NULL, doc LONGTEXT NOT NULL) ENGINE=InnoDB "
+                "CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
+            )
+            self._sql = (
+                f"INSERT INTO {self.table} (id, version, doc) VALUES ('r', %s, %s) "
+                "ON DUPLICATE KEY UPDATE version = VALUES(version), doc = VALUES(doc)"
+            )
+        self.op()
+
+    def op(self) -> None:
+        """Upsert the text under one key with a new version number (autocommit)."""
+        self._version += 1
+        self._cursor.execute(self._sql, (self._version, self._text))
+
+    def close(self) -> None:
+        """Drop the floor's table and close its connection."""
+        with contextlib.suppress(Exception):
+            self._cursor.execute(f"DROP TABLE IF EXISTS {self.table}")
+        with contextlib.suppress(Exception):
+            self._conn.close()
+
+
+def install_sql_floor() -> None:
+    """Give ``stepstone._bench.bench_store`` a floor for postgresql:// and mysql:// stores.
+
+    ``stepstone bench`` has none for them; the benchmark scripts add ``SQLFloor`` by
+    wrapping ``stepstone._bench.floor_for`` (looked up at call time by ``bench_store``),
+    so the floor is measured interleaved and the ratios per round, as for sqlite.
+    Only stores opened on a table made by ``sql_config`` get one.
+    """
+    from stepstone import _bench
+    from stepstone._codec import encode_state
+
+    original = _bench.floor_for
+    if getattr(original, "_sql_floor", False):
+        return
+
+    def floor_for(store: Any, state: Any) -> Any:
+        base = _SQL_BASES.get(str(getattr(store, "table", "")))
+        if getattr(store, "kind", None) in SQL_KINDS and base is not None:
+            text, _ = encode_state(dict(state))
+            return SQLFloor(store.kind, base, store.table, text)
+        return original(store, state)
+
+    floor_for._sql_floor = True  # type: ignore[attr-defined]
+    _bench.floor_for = floor_for  # type: ignore[assignment]

@@ -4,16 +4,31 @@ Per-step overhead = (time of a 10-step ``run`` with a ~1 KB state - time of the 
 plain function calls) / 10. Every backend at its default durability and at its
 documented weaker setting (file ``?durability=none``, sqlite ``?synchronous=normal``);
 the floor of each (see ``stepstone._bench``) is measured interleaved with it, and the
-ratios are taken per repeat. Cosmos with ``--cosmos`` when an emulator can be started.
+ratios are taken per repeat. PostgreSQL and MySQL/MariaDB (a fresh table on the loopback
+servers, dropped afterwards; ``--no-sql`` skips them) at the server's durability, against
+a raw-driver floor: one autocommit upsert of the same JSON text. Cosmos with ``--cosmos``
+when an emulator can be started.
 
-    .venv/bin/python benchmarks/bench_overhead.py [--quick] [--json] [--cosmos]
+    .venv/bin/python benchmarks/bench_overhead.py [--quick] [--json] [--cosmos] [--no-sql]
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from _common import cosmos_config, emit, fig, parse_args, progress, scratch, settings, table
+from _common import (
+    SQL_KINDS,
+    cosmos_config,
+    emit,
+    fig,
+    install_sql_floor,
+    parse_args,
+    progress,
+    scratch,
+    settings,
+    sql_config,
+    table,
+)
 
 from stepstone import open_store
 from stepstone._bench import bench_store, machine_info
@@ -49,12 +64,26 @@ def main() -> None:
             row = {"backend": backend, "durability": durability}
             row.update(measure(config, repeats, target_s))
             results.append(row)
-    skipped = None
+    skipped: list[str] = []
+    if args.no_sql:
+        skipped.append("postgresql, mysql skipped: --no-sql")
+    else:
+        install_sql_floor()
+        for kind in SQL_KINDS:
+            with sql_config(kind, "overhead") as (config, why):
+                if config is None:
+                    skipped.append(f"{kind} skipped: {why}")
+                    progress(args, skipped[-1])
+                    continue
+                progress(args, f"overhead: {kind} ({why}) ...")
+                row = {"backend": kind, "durability": "server (default)", "via": why}
+                row.update(measure(config, repeats, target_s))
+                results.append(row)
     if getattr(args, "cosmos", False):
         with cosmos_config() as (config, why):
             if config is None:
-                skipped = f"cosmos skipped: {why}"
-                progress(args, skipped)
+                skipped.append(f"cosmos skipped: {why}")
+                progress(args, skipped[-1])
             else:
                 progress(args, f"overhead: cosmos via {why} ...")
                 row = {"backend": "cosmos", "durability": "service (default)", "via": why}
@@ -96,9 +125,11 @@ def main() -> None:
             "",
             "floor: file = write+fsync+rename+fsync(dir) of the same bytes in the same directory "
             "(no fsyncs for durability=none); sqlite = raw sqlite3 upsert+commit, WAL, same "
-            "synchronous level, separate db file beside the store's.",
+            "synchronous level, separate db file beside the store's; postgresql/mysql = one "
+            "autocommit upsert of the same JSON text through psycopg/pymysql, own table, "
+            "separate connection.",
+            *skipped,
         ]
-        + ([skipped] if skipped else [])
     )
     emit(
         args,

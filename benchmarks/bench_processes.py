@@ -4,19 +4,34 @@ Each process opens the store itself and drives its own runs (10 steps, ~1 KB sta
 new run_id each) for a fixed window; all processes start each window together (a
 barrier). Throughput = sum over processes of steps completed / that process's elapsed
 time. Runs are deleted between windows, outside them. File and sqlite at default and
-weaker durability; memory cannot be shared between processes.
+weaker durability; PostgreSQL and MySQL/MariaDB at the server's (a fresh table on the
+loopback servers, shared by the processes and dropped afterwards; ``--no-sql`` skips
+them; the servers' own processes share the same CPUs); memory cannot be shared between
+processes.
 
-    .venv/bin/python benchmarks/bench_processes.py [--quick] [--json] [--procs 1,2,4,8]
+    .venv/bin/python benchmarks/bench_processes.py [--quick] [--json] [--no-sql]
+        [--procs 1,2,4,8]
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import sys
 import time
 from typing import Any
 
-from _common import emit, fig, parse_args, progress, scratch, settings, table
+from _common import (
+    SQL_KINDS,
+    emit,
+    fig,
+    parse_args,
+    progress,
+    scratch,
+    settings,
+    sql_config,
+    table,
+)
 
 from stepstone import open_store, run
 from stepstone._bench import BENCH_PREFIX, STEPS, Stats, machine_info, make_steps, state_of_size
@@ -102,7 +117,8 @@ def main() -> None:
     repeats, window_s = settings(args, full=(3, 1.0), quick=(2, 0.5))
     counts = [int(x) for x in procs_arg.split(",")] if procs_arg else [1, 2, 4, 8]
     results: list[dict[str, Any]] = []
-    with scratch("processes") as base:
+    skipped: list[str] = []
+    with scratch("processes") as base, contextlib.ExitStack() as servers:
         machine = machine_info(str(base))
         configs = [
             ("file", "full (default)", f"file://{base}/file-full"),
@@ -110,6 +126,16 @@ def main() -> None:
             ("sqlite", "full (default)", f"sqlite:///{base}/full.db"),
             ("sqlite", "normal", f"sqlite:///{base}/normal.db?synchronous=normal"),
         ]
+        if args.no_sql:
+            skipped.append("postgresql, mysql skipped: --no-sql")
+        else:
+            for kind in SQL_KINDS:
+                config, why = servers.enter_context(sql_config(kind, "processes"))
+                if config is None:
+                    skipped.append(f"{kind} skipped: {why}")
+                    progress(args, skipped[-1])
+                else:
+                    configs.append((kind, "server (default)", config))
         for backend, durability, config in configs:
             open_store(config).close()  # create it once, outside the timed windows
             for n in counts:
@@ -146,6 +172,7 @@ def main() -> None:
             f"{window_s} s, steps/s, median [min-max]; {machine['nproc']} CPUs",
             "",
             table(["backend", "durability", "procs", "steps/s", "vs 1 proc", "per process"], rows),
+            *skipped,
         ]
     )
     emit(
@@ -156,6 +183,7 @@ def main() -> None:
             "repeats": repeats,
             "window_s": window_s,
             "results": results,
+            "skipped": skipped,
         },
         text,
     )

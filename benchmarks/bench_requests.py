@@ -1,13 +1,18 @@
-"""Figure 6: HTTP requests per save and per load against Cosmos DB (emulator).
+"""Figure 6: requests per save and per load: Cosmos DB (emulator), PostgreSQL, MySQL.
 
-Counts with the store's own counter ``requests_sent`` when the CosmosStore has one,
-else by wrapping azure-core's HTTP transports (every request the SDK sends, retries
-included). Skipped, with the reason, when no emulator can be started (Docker or node
-needed; see tests/cosmos_emulator.py) or the cosmos store is not there.
-``STEPSTONE_BENCH_COSMOS`` (a full config string, key in ``AZURE_COSMOS_KEY``) points it
-at an already running emulator or account instead.
+Cosmos DB: HTTP requests, counted with the store's own counter ``requests_sent`` when
+the CosmosStore has one, else by wrapping azure-core's HTTP transports (every request
+the SDK sends, retries included). Skipped, with the reason, when no emulator can be
+started (Docker or node needed; see tests/cosmos_emulator.py) or the cosmos store is
+not there. ``STEPSTONE_BENCH_COSMOS`` (a full config string, key in
+``AZURE_COSMOS_KEY``) points it at an already running emulator or account instead.
 
-    .venv/bin/python benchmarks/bench_requests.py [--json]
+PostgreSQL and MySQL/MariaDB: SQL statements (one round trip each), counted by
+``SQLServerStore.requests_sent``, on a fresh table on the loopback servers
+(``STEPSTONE_BENCH_POSTGRES`` / ``STEPSTONE_BENCH_MYSQL`` override the URL), dropped
+afterwards; skipped, with the reason, when a server cannot be reached.
+
+    .venv/bin/python benchmarks/bench_requests.py [--quick] [--json] [--no-cosmos] [--no-sql]
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from _common import cosmos_config, emit, parse_args, progress, table
+from _common import SQL_KINDS, cosmos_config, emit, parse_args, progress, sql_config, table
 
 from stepstone import Checkpoint, Store, open_store, run
 from stepstone._bench import BENCH_PREFIX, STEPS, machine_info, make_steps, state_of_size
@@ -144,40 +149,78 @@ def measure(config: str, times: int) -> list[dict[str, Any]]:
 
 
 def main() -> None:
-    args = parse_args(__doc__ or "")
+    args = parse_args(__doc__ or "", extra=("no-cosmos",))
     times = 5 if args.quick else 20
     machine = machine_info()
-    with cosmos_config() as (config, why):
-        if config is None:
-            message = f"Figure 6 skipped: {why}"
-            progress(args, message)
-            emit(args, {"figure": "requests", "machine": machine, "skipped": message}, message)
-            return
-        progress(args, f"requests: cosmos via {why} ...")
-        rows = measure(config, times)
-    text = "\n".join(
-        [
-            f"Figure 6: requests per operation, Cosmos DB via {why}",
-            "",
+    rows: list[dict[str, Any]] = []
+    via: dict[str, str] = {}
+    skipped: list[str] = []
+
+    def measured(backend: str, config: str, why: str) -> None:
+        progress(args, f"requests: {backend} via {why} ...")
+        via[backend] = why
+        rows.extend({"backend": backend} | r for r in measure(config, times))
+
+    if args.no_cosmos:
+        skipped.append("cosmos skipped: --no-cosmos")
+    else:
+        with cosmos_config() as (config, why):
+            if config is None:
+                skipped.append(f"cosmos skipped: {why}")
+                progress(args, skipped[-1])
+            else:
+                measured("cosmos", config, why)
+    if args.no_sql:
+        skipped.append("postgresql, mysql skipped: --no-sql")
+    else:
+        for kind in SQL_KINDS:
+            with sql_config(kind, "requests") as (config, why):
+                if config is None:
+                    skipped.append(f"{kind} skipped: {why}")
+                    progress(args, skipped[-1])
+                else:
+                    measured(kind, config, why)
+    backends = list(via)
+    operations = list(dict.fromkeys(r["operation"] for r in rows))
+    by = {(r["backend"], r["operation"]): r for r in rows}
+    lines = [
+        "Figure 6: requests per operation (Cosmos DB: HTTP requests; PostgreSQL, MySQL: "
+        "SQL statements, one round trip each), requests per call (ms per call)",
+        "",
+    ]
+    if backends:
+        lines.append(
             table(
-                ["operation", "requests", "ms", "calls", "counted by"],
+                ["operation", *backends],
                 [
-                    [
-                        r["operation"],
-                        f"{r['requests']:.2f}",
-                        f"{r['ms']:.2f}",
-                        str(r["n"]),
-                        r["counted_by"],
+                    [op]
+                    + [
+                        f"{by[b, op]['requests']:.2f} ({by[b, op]['ms']:.2f} ms)"
+                        if (b, op) in by
+                        else "-"
+                        for b in backends
                     ]
-                    for r in rows
+                    for op in operations
                 ],
-            ),
+            )
+        )
+        lines.append("")
+        lines += [
+            f"{b}: {via[b]}, counted by {by[b, operations[0]]['counted_by']}" for b in backends
         ]
-    )
+    else:
+        lines.append("Figure 6 skipped: no backend available")
+    lines += skipped
     emit(
         args,
-        {"figure": "requests", "machine": machine, "via": why, "results": rows, "skipped": None},
-        text,
+        {
+            "figure": "requests",
+            "machine": machine,
+            "via": via,
+            "results": rows,
+            "skipped": skipped,
+        },
+        "\n".join(lines),
     )
 
 

@@ -5,22 +5,50 @@ store's own ``save`` at its weaker setting (file ``durability=none``, sqlite
 ``synchronous=normal``: same documents, no fsync per save), the page cache is flushed
 (``os.sync``), then durable saves and loads are measured at the default durability,
 interleaved with the floor in the same directory. The populate time is reported too.
+
+For PostgreSQL and MySQL/MariaDB (a fresh table on the loopback servers, dropped
+afterwards; ``--no-sql`` skips them) the rows are bulk-inserted through the driver
+(``executemany`` of the store's own INSERT with the parameters its ``save`` builds, in
+transactions of 5,000 rows), then the tables are analyzed (and PostgreSQL checkpointed),
+and durable saves and loads are measured against the raw-driver upsert floor.
 ``--quick`` stops at 10,000 runs.
 
-    .venv/bin/python benchmarks/bench_scale.py [--quick] [--json] [--levels 1,1000,100000]
+    .venv/bin/python benchmarks/bench_scale.py [--quick] [--json] [--no-sql]
+        [--levels 1,1000,100000]
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
+from collections.abc import Callable
+from datetime import UTC
 from typing import Any
 
-from _common import emit, fig, parse_args, progress, scratch, settings, table
+from _common import (
+    SQL_KINDS,
+    emit,
+    fig,
+    install_sql_floor,
+    parse_args,
+    progress,
+    scratch,
+    settings,
+    sql_config,
+    sql_connect,
+    table,
+)
 
 from stepstone import Checkpoint, open_store
 from stepstone._bench import BENCH_PREFIX, STEPS, bench_store, machine_info, state_of_size
+from stepstone._checkpoint import utcnow
+from stepstone._codec import encode_document, encode_state
+from stepstone.stores._common import new_version
+
+#: Rows per transaction when bulk-loading a SQL server table.
+SQL_BATCH = 5_000
 
 
 def populate(config: str, start: int, stop: int, state: dict[str, Any]) -> float:
@@ -44,6 +72,128 @@ def populate(config: str, start: int, stop: int, state: dict[str, Any]) -> float
         store.close()
 
 
+def populate_sql(kind: str, config: str, start: int, stop: int, state: dict[str, Any]) -> float:
+    """Bulk-insert runs start..stop-1 into the store's table through the raw driver.
+
+    The rows are exactly what ``SQLServerStore.save`` writes for a first save (its own
+    compiled INSERT, the same parameters), ``SQL_BATCH`` rows per transaction: one
+    commit per batch, not per run. Returns the seconds it took.
+    """
+    store = open_store(config)  # creates the tables; lends its INSERT statement
+    conn = sql_connect(kind, config)
+    names = tuple(f"s{i}" for i in range(STEPS))
+    try:
+        insert = store._sql.insert  # type: ignore[attr-defined]
+        hash_key = store._key  # type: ignore[attr-defined]
+        t0 = time.perf_counter()
+        text, copy = encode_state(state)
+        cursor = conn.cursor()
+        for lo in range(start, stop, SQL_BATCH):
+            batch = []
+            for i in range(lo, min(stop, lo + SQL_BATCH)):
+                run_id = f"{BENCH_PREFIX}scale/{i:07d}"
+                cp = Checkpoint(
+                    run_id=run_id,
+                    step=STEPS - 1,
+                    state=state,
+                    step_names=names,
+                    total_steps=STEPS,
+                )
+                saved = cp.stored(copy, text, new_version(None), utcnow())
+                when = saved.updated_at
+                assert when is not None
+                if kind == "mysql":  # DATETIME has no zone: UTC wall time, as the store
+                    when = when.astimezone(UTC).replace(tzinfo=None)
+                batch.append(
+                    {
+                        "run_key": hash_key(run_id),
+                        "run_id": run_id,
+                        "version": saved.version,
+                        "status": saved.status,
+                        "step": saved.step,
+                        "total_steps": saved.total_steps,
+                        "created_at": when,
+                        "updated_at": when,
+                        "document": encode_document(saved, text),
+                    }
+                )
+            if kind == "postgresql":
+                with conn.transaction():
+                    cursor.executemany(insert, batch)
+            else:
+                conn.begin()
+                cursor.executemany(insert, batch)
+                conn.commit()
+        took = time.perf_counter() - t0
+        # What a long-lived table would have: statistics, and (PostgreSQL) the bulk load's
+        # dirty pages written out now rather than by a checkpoint during the measurement.
+        table_name = store.table  # type: ignore[attr-defined]
+        with contextlib.suppress(Exception):
+            cursor.execute(f"ANALYZE {'' if kind == 'postgresql' else 'TABLE '}{table_name}")
+            if kind == "mysql":
+                cursor.fetchall()
+        if kind == "postgresql":
+            with contextlib.suppress(Exception):
+                cursor.execute("CHECKPOINT")
+        return took
+    finally:
+        conn.close()
+        store.close()
+
+
+def measure_levels(
+    args: Any,
+    backend: str,
+    fill: Callable[[int, int], float],
+    durable: str,
+    levels: list[int],
+    repeats: int,
+    target_s: float,
+) -> list[dict[str, Any]]:
+    """Fill the store level by level; measure durable save and load at each."""
+    results: list[dict[str, Any]] = []
+    stored = 0
+    for level in levels:
+        progress(args, f"scale: {backend}: populating to {level:,} runs ...")
+        took = fill(stored, level)
+        added = level - stored
+        stored = level
+        t0 = time.perf_counter()
+        os.sync()
+        synced = time.perf_counter() - t0
+        progress(args, f"scale: {backend}: measuring durable save at {level:,} runs ...")
+        store = open_store(durable)
+        try:
+            measured = bench_store(
+                store,
+                state=state_of_size(1024),
+                repeats=repeats,
+                target_s=target_s,
+                what=("save", "load"),
+            ).to_json()
+        finally:
+            store.close()
+        row = {
+            "backend": backend,
+            "stored_runs": level,
+            "populated": added,
+            "populate_s": round(took, 3),
+            "populate_us_per_run": round(took / added * 1e6, 1) if added else None,
+            "sync_s": round(synced, 3),
+        }
+        row.update(measured)
+        results.append(row)
+    # versus the smallest store, from the medians and from the floor-normalised ratio
+    first = results[0]
+    for r in results:
+        r["save_vs_first"] = round(r["save_us"]["median"] / first["save_us"]["median"], 3)
+        if r.get("save_over_floor") and first.get("save_over_floor"):
+            r["save_over_floor_vs_first"] = round(
+                r["save_over_floor"]["median"] / first["save_over_floor"]["median"], 3
+            )
+    return results
+
+
 def main() -> None:
     levels_arg = None
     if "--levels" in sys.argv:
@@ -58,6 +208,7 @@ def main() -> None:
         levels = [1, 1_000, 10_000] if args.quick else [1, 1_000, 100_000]
     state = {"payload": state_of_size(1024)} | {f"k{i}": i for i in range(STEPS)}
     results: list[dict[str, Any]] = []
+    skipped: list[str] = []
     with scratch("scale") as base:
         machine = machine_info(str(base))
         backends = [
@@ -69,46 +220,35 @@ def main() -> None:
             ),
         ]
         for backend, fast, durable in backends:
-            stored = 0
-            for level in levels:
-                progress(args, f"scale: {backend}: populating to {level:,} runs ...")
-                took = populate(fast, stored, level, state)
-                added = level - stored
-                stored = level
-                t0 = time.perf_counter()
-                os.sync()
-                synced = time.perf_counter() - t0
-                progress(args, f"scale: {backend}: measuring durable save at {level:,} runs ...")
-                store = open_store(durable)
-                try:
-                    measured = bench_store(
-                        store,
-                        state=state_of_size(1024),
-                        repeats=repeats,
-                        target_s=target_s,
-                        what=("save", "load"),
-                    ).to_json()
-                finally:
-                    store.close()
-                row = {
-                    "backend": backend,
-                    "stored_runs": level,
-                    "populated": added,
-                    "populate_s": round(took, 3),
-                    "populate_us_per_run": round(took / added * 1e6, 1) if added else None,
-                    "sync_s": round(synced, 3),
-                }
-                row.update(measured)
-                results.append(row)
-            # versus the smallest store, from the medians and from the floor-normalised ratio
-            first = next(r for r in results if r["backend"] == backend)
-            for r in results:
-                if r["backend"] != backend:
-                    continue
-                r["save_vs_first"] = round(r["save_us"]["median"] / first["save_us"]["median"], 3)
-                if r.get("save_over_floor") and first.get("save_over_floor"):
-                    r["save_over_floor_vs_first"] = round(
-                        r["save_over_floor"]["median"] / first["save_over_floor"]["median"], 3
+            results += measure_levels(
+                args,
+                backend,
+                lambda a, b, fast=fast: populate(fast, a, b, state),
+                durable,
+                levels,
+                repeats,
+                target_s,
+            )
+        if args.no_sql:
+            skipped.append("postgresql, mysql skipped: --no-sql")
+        else:
+            install_sql_floor()
+            for kind in SQL_KINDS:
+                with sql_config(kind, "scale") as (config, why):
+                    if config is None:
+                        skipped.append(f"{kind} skipped: {why}")
+                        progress(args, skipped[-1])
+                        continue
+                    results += measure_levels(
+                        args,
+                        kind,
+                        lambda a, b, kind=kind, config=config: populate_sql(
+                            kind, config, a, b, state
+                        ),
+                        config,
+                        levels,
+                        repeats,
+                        target_s,
                     )
     rows = [
         [
@@ -143,11 +283,22 @@ def main() -> None:
                 ],
                 rows,
             ),
+            "",
+            "populate: file/sqlite through the store's save at weak durability; "
+            f"postgresql/mysql bulk executemany through the driver, {SQL_BATCH:,} rows per "
+            "commit.",
+            *skipped,
         ]
     )
     emit(
         args,
-        {"figure": "scale", "machine": machine, "repeats": repeats, "results": results},
+        {
+            "figure": "scale",
+            "machine": machine,
+            "repeats": repeats,
+            "results": results,
+            "skipped": skipped,
+        },
         text,
     )
 

@@ -4,18 +4,32 @@ Two shapes of state: ``text`` (one long string, as the peers comparison uses: th
 view) and ``records`` (many small records with numbers: the JSON-encoding view). Each
 backend at its default durability, interleaved with its floor storing the same bytes.
 ``encode`` is ``stepstone._codec.encode_state`` alone (dump, reload and compare), the
-CPU part every backend pays before any I/O.
+CPU part every backend pays before any I/O. PostgreSQL and MySQL/MariaDB (a fresh table on
+the loopback servers, dropped afterwards; ``--no-sql`` skips them) against the raw-driver
+upsert floor.
 
-    .venv/bin/python benchmarks/bench_state_size.py [--quick] [--json]
+    .venv/bin/python benchmarks/bench_state_size.py [--quick] [--json] [--no-sql]
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import time
 from typing import Any
 
-from _common import emit, fig, parse_args, progress, scratch, settings, table
+from _common import (
+    SQL_KINDS,
+    emit,
+    fig,
+    install_sql_floor,
+    parse_args,
+    progress,
+    scratch,
+    settings,
+    sql_config,
+    table,
+)
 
 from stepstone import open_store
 from stepstone._bench import Stats, bench_store, machine_info, state_of_size
@@ -44,13 +58,25 @@ def main() -> None:
     args = parse_args(__doc__ or "")
     repeats, target_s = settings(args, full=(5, 0.2), quick=(3, 0.1))
     results: list[dict[str, Any]] = []
-    with scratch("state-size") as base:
+    skipped: list[str] = []
+    with scratch("state-size") as base, contextlib.ExitStack() as servers:
         machine = machine_info(str(base))
         backends = [
             ("memory", "memory://"),
             ("file", f"file://{base}/file"),
             ("sqlite", f"sqlite:///{base}/runs.db"),
         ]
+        if args.no_sql:
+            skipped.append("postgresql, mysql skipped: --no-sql")
+        else:
+            install_sql_floor()
+            for kind in SQL_KINDS:
+                config, why = servers.enter_context(sql_config(kind, "state_size"))
+                if config is None:
+                    skipped.append(f"{kind} skipped: {why}")
+                    progress(args, skipped[-1])
+                else:
+                    backends.append((kind, config))
         for shape in ("text", "records"):
             for label, size in SIZES:
                 state = state_of_size(size, shape)
@@ -100,11 +126,18 @@ def main() -> None:
                 ["shape", "size", "backend", "save", "floor", "save/floor", "encode", "load"],
                 rows,
             ),
+            *skipped,
         ]
     )
     emit(
         args,
-        {"figure": "state_size", "machine": machine, "repeats": repeats, "results": results},
+        {
+            "figure": "state_size",
+            "machine": machine,
+            "repeats": repeats,
+            "results": results,
+            "skipped": skipped,
+        },
         text,
     )
 

@@ -7,7 +7,7 @@ by benchmarks/setup_plot.sh, or the peers venv), never stepstone's own venv:
 
 Left: per-step overhead per stepstone backend and per peer (median, bars from min to
 max over repeats; log scale). Right: durable save cost against runs already stored,
-with the floor measured beside it.
+with the floor measured beside it (file, sqlite, postgresql, mysql: whichever ran).
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ def overhead_bars(results: dict[str, Any]) -> list[tuple[str, float, float, floa
             label = f"stepstone {r['backend']} ({r['durability'].split(' ')[0]})"
             if r["backend"] == "cosmos":
                 label += " [emulator]"
+            elif r["backend"] in ("postgresql", "mysql"):
+                label += " [loopback]"
             bars.append((label, o["median"], o["min"], o["max"], "stepstone"))
     for p in results.get("peers", {}).get("results", []):
         if "per_step_us_median" not in p:
@@ -83,7 +85,12 @@ def main() -> None:
         left.text(0.5, 0.5, "no overhead results", ha="center")
 
     scale = results.get("figures", {}).get("scale", {}).get("results", [])
-    for backend, color in (("file", "#2ca02c"), ("sqlite", "#d62728")):
+    for backend, color in (
+        ("file", "#2ca02c"),
+        ("sqlite", "#d62728"),
+        ("postgresql", "#9467bd"),
+        ("mysql", "#8c564b"),
+    ):
         rows = [r for r in scale if r["backend"] == backend and r.get("save_us")]
         if not rows:
             continue
