@@ -17,6 +17,7 @@ __all__ = [
     "Failure",
     "RunStatus",
     "check_run_id",
+    "run_status",
     "utcnow",
 ]
 
@@ -130,11 +131,14 @@ class Checkpoint:
     @property
     def status(self) -> RunStatus:
         """``done`` when every recorded step completed, ``failed`` after a saved failure."""
-        if self.total_steps is not None and self.step + 1 >= self.total_steps:
-            return "done"
-        if self.failure is not None:
-            return "failed"
-        return "running"
+        return run_status(self.step, self.total_steps, self.failure is not None)
+
+
+def run_status(step: int, total_steps: int | None, failed: bool) -> RunStatus:
+    """Return a run's status from its stored fields (for backends that list without loading)."""
+    if total_steps is not None and step + 1 >= total_steps:
+        return "done"
+    return "failed" if failed else "running"
 
 
 def find_non_json(value: object, path: str = "state") -> tuple[str, str] | None:

@@ -15,6 +15,7 @@ from ._checkpoint import SCHEMA_VERSION, Checkpoint, Failure, invalid_state
 from ._errors import CorruptCheckpoint
 
 __all__ = [
+    "check_document",
     "checkpoint_from_doc",
     "checkpoint_meta",
     "decode_document",
@@ -105,6 +106,15 @@ def decode_document(data: bytes | str, source: str) -> dict[str, Any]:
         raise CorruptCheckpoint(
             f"{source}: not a stepstone checkpoint (invalid JSON: {exc}); left untouched"
         ) from exc
+    return check_document(doc, source)
+
+
+def check_document(doc: object, source: str) -> dict[str, Any]:
+    """Return ``doc`` if it is a stepstone document of our schema, else ``CorruptCheckpoint``.
+
+    For backends whose driver hands back parsed JSON (Cosmos DB) as well as for
+    ``decode_document``.
+    """
     if not isinstance(doc, dict) or "stepstone" not in doc:
         raise CorruptCheckpoint(
             f"{source}: not a stepstone checkpoint (no 'stepstone' schema key); left untouched"

@@ -76,8 +76,8 @@ from azure.cosmos.documents import ConnectionPolicy, RetryOptions  # type: ignor
 from azure.cosmos.exceptions import CosmosClientTimeoutError, CosmosHttpResponseError
 
 from .. import _hooks
-from .._checkpoint import SCHEMA_VERSION, Checkpoint, check_run_id, utcnow
-from .._codec import checkpoint_from_doc, checkpoint_meta, encode_state
+from .._checkpoint import SCHEMA_VERSION, Checkpoint, check_run_id, run_status, utcnow
+from .._codec import check_document, checkpoint_from_doc, checkpoint_meta, encode_state
 from .._errors import (
     CheckpointTooLarge,
     ConfigError,
@@ -94,7 +94,6 @@ if TYPE_CHECKING:
     from azure.core.credentials import TokenCredential
     from azure.cosmos import ContainerProxy, DatabaseProxy
 
-    from .._checkpoint import RunStatus
 
 __all__ = ["CONTAINER_DEFINITION", "MAX_ITEM_BYTES", "CosmosStore", "item_id"]
 
@@ -753,15 +752,7 @@ class CosmosStore(Store):
 
     def _checkpoint(self, doc: dict[str, Any], run_id: str) -> Checkpoint:
         source = f"cosmos item {doc.get('id')!r} in {self.database_name}/{self.container_name}"
-        if "stepstone" not in doc:
-            raise CorruptCheckpoint(
-                f"{source}: not a stepstone checkpoint (no 'stepstone' schema key); left untouched"
-            )
-        if doc["stepstone"] != SCHEMA_VERSION:
-            raise CorruptCheckpoint(
-                f"{source}: checkpoint schema {doc['stepstone']!r} is not supported by this "
-                f"stepstone (reads schema {SCHEMA_VERSION}); upgrade stepstone to read it"
-            )
+        check_document(doc, source)
         if doc.get("run_id") != run_id:
             raise CorruptCheckpoint(
                 f"{source}: holds run {doc.get('run_id')!r}, not {run_id!r}; left untouched"
@@ -874,17 +865,11 @@ class CosmosStore(Store):
             if not isinstance(run_id, str) or type(step) is not int:
                 continue
             total = row.get("total_steps")
-            # Mirrors Checkpoint.status.
-            status: RunStatus = "running"
-            if total is not None and step + 1 >= total:
-                status = "done"
-            elif row.get("failure") is not None:
-                status = "failed"
             updated = row.get("updated_at")
             infos.append(
                 RunInfo(
                     run_id,
-                    status,
+                    run_status(step, total, row.get("failure") is not None),
                     step,
                     total,
                     None if updated is None else _parse_time(updated),
