@@ -68,7 +68,7 @@ def test_retry_policy_validation_and_backoff() -> None:
     """Retry delays grow by the multiplier up to the cap, with bounded jitter."""
     with pytest.raises(ValueError, match="max_attempts"):
         RetryPolicy(max_attempts=0)
-    with pytest.raises(ValueError, match=">= 0"):
+    with pytest.raises(ValueError, match="between 0.0 and"):
         RetryPolicy(initial_delay=-1)
     policy = RetryPolicy(initial_delay=1, multiplier=3, max_delay=5, jitter=0)
     assert [policy.delay(n) for n in (1, 2, 3)] == [1, 3, 5]

@@ -4,30 +4,40 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from ._errors import InvalidRunId, InvalidState
 
 __all__ = [
+    "ACTIVE_STATUSES",
     "MAX_RUN_ID_LENGTH",
+    "READABLE_SCHEMAS",
     "SCHEMA_VERSION",
+    "STATUSES",
     "Checkpoint",
     "Failure",
     "RunStatus",
+    "Signal",
     "check_run_id",
     "run_status",
     "utcnow",
 ]
 
 #: Bumped whenever the stored layout changes; every stored checkpoint carries it so a
-#: later release can migrate old documents instead of misreading them.
-SCHEMA_VERSION = 1
+#: later release can migrate old documents instead of misreading them. Schema 2 added
+#: the runtime fields (input, workflow, ownership, suspension); a schema 1 document is
+#: a schema 2 document with every one of them at its default, so both are read.
+SCHEMA_VERSION = 2
+READABLE_SCHEMAS = frozenset({1, 2})
 
 MAX_RUN_ID_LENGTH = 1024
 
-RunStatus = Literal["running", "failed", "done"]
+RunStatus = Literal["queued", "running", "waiting", "failed", "done", "cancelled"]
+STATUSES: tuple[RunStatus, ...] = ("queued", "running", "waiting", "failed", "done", "cancelled")
+#: Statuses a worker may have to act on; the others are at rest until someone acts.
+ACTIVE_STATUSES: tuple[RunStatus, ...] = ("queued", "running", "waiting")
 
 # C0 controls, DEL, C1 controls, and lone surrogates (which cannot be encoded as UTF-8,
 # so no backend could store them).
@@ -75,6 +85,16 @@ class Failure:
 
 
 @dataclass(frozen=True, slots=True)
+class Signal:
+    """A signal a run received: kept in its checkpoint until a ``WaitFor`` consumes it."""
+
+    name: str
+    id: str
+    payload: Any
+    at: datetime
+
+
+@dataclass(frozen=True, slots=True)
 class Checkpoint:
     """The saved progress of one run.
 
@@ -93,6 +113,25 @@ class Checkpoint:
         failure: The last failure of the next step, cleared once it succeeds.
         created_at: When the run was first saved.
         updated_at: When this checkpoint was saved.
+        input: The initial state the run was started with, recorded at its first save.
+        workflow: Name of the ``Workflow`` the run was started from, if any.
+        workflow_version: That workflow's version, if it has one.
+        queued: Started by ``start`` and not yet claimed by a worker.
+        cancelled: Cancelled; the run is at rest and runs nothing more.
+        cancel_requested: ``cancel`` asked the owner to stop at its next step boundary.
+        owner: Who holds the lease (a worker or a direct ``run`` call), None when free.
+        epoch: Fencing epoch: bumped by every claim, so a stale owner's write is refused.
+        lease: Seconds the owner promised to renew within; expiry is judged by a
+            claimant's monotonic clock seeing no new version for that long.
+        renewed_at: The owner's wall-clock time of its last renewal (display only).
+        waiting_for: What a waiting run waits for (``signal approval``, ``timer``,
+            ``children 3 of 10``); None when not waiting.
+        wake_at: When a waiting run is due (timer, timeout, child poll); None if only a
+            signal can wake it.
+        signals: Every signal received, in arrival order.
+        consumed: How many signals of each name ``WaitFor`` steps have consumed.
+        parent: The run_id of the parent run, for a ``Map`` child.
+        children: The child run_ids of the ``Map`` step the run is at, while it runs.
     """
 
     run_id: str
@@ -109,20 +148,31 @@ class Checkpoint:
     # Lets the runner rebuild the pristine state after a step mutated its working copy
     # without encoding the state a second time on every step.
     state_json: str | None = field(default=None, repr=False, compare=False)
+    input: dict[str, Any] | None = None
+    workflow: str | None = None
+    workflow_version: str | None = None
+    queued: bool = False
+    cancelled: bool = False
+    cancel_requested: bool = False
+    owner: str | None = None
+    epoch: int = 0
+    lease: float | None = None
+    renewed_at: datetime | None = None
+    waiting_for: str | None = None
+    wake_at: datetime | None = None
+    signals: tuple[Signal, ...] = ()
+    consumed: dict[str, int] = field(default_factory=dict)
+    parent: str | None = None
+    children: tuple[str, ...] = ()
 
     def stored(
         self, state: dict[str, Any], state_json: str, version: str, now: datetime
     ) -> Checkpoint:
         """Return this checkpoint as a store saved it (a helper for backends)."""
-        return Checkpoint(
-            run_id=self.run_id,
-            step=self.step,
+        return replace(
+            self,
             state=state,
             version=version,
-            step_names=self.step_names,
-            total_steps=self.total_steps,
-            attempt=self.attempt,
-            failure=self.failure,
             created_at=self.created_at or now,
             updated_at=now,
             state_json=state_json,
@@ -130,14 +180,63 @@ class Checkpoint:
 
     @property
     def status(self) -> RunStatus:
-        """``done`` when every recorded step completed, ``failed`` after a saved failure."""
-        return run_status(self.step, self.total_steps, self.failure is not None)
+        """The run's status, from the checkpoint alone (see ``run_status``)."""
+        return run_status(
+            self.step,
+            self.total_steps,
+            self.failure is not None,
+            queued=self.queued,
+            waiting=self.waiting_for is not None,
+            cancelled=self.cancelled,
+        )
+
+    @property
+    def due_at(self) -> datetime | None:
+        """When a worker should next look at this run; None when nothing is due.
+
+        Queued runs are due from their creation, waiting runs at ``wake_at``, running
+        runs at their owner's promised lease end (a hint for ordering and display: a
+        takeover is decided by observation, never by comparing this with a clock).
+        Stores index it with the status so that finding work never scans finished runs.
+        """
+        status = self.status
+        if status == "queued":
+            return self.created_at or self.updated_at or _EPOCH
+        if status == "waiting":
+            return self.wake_at
+        if status == "running":
+            if self.renewed_at is not None and self.lease is not None:
+                return self.renewed_at + timedelta(seconds=self.lease)
+            return self.updated_at or _EPOCH
+        return None
 
 
-def run_status(step: int, total_steps: int | None, failed: bool) -> RunStatus:
-    """Return a run's status from its stored fields (for backends that list without loading)."""
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def run_status(
+    step: int,
+    total_steps: int | None,
+    failed: bool,
+    *,
+    queued: bool = False,
+    waiting: bool = False,
+    cancelled: bool = False,
+) -> RunStatus:
+    """Return a run's status from its stored fields (for backends that list without loading).
+
+    In order: ``cancelled``; ``done`` when every recorded step completed; ``queued``
+    until a worker claims it; ``waiting`` while suspended; ``failed`` after a saved
+    failure; else ``running``.
+    """
+    if cancelled:
+        return "cancelled"
     if total_steps is not None and step + 1 >= total_steps:
         return "done"
+    if queued:
+        return "queued"
+    if waiting:
+        return "waiting"
     return "failed" if failed else "running"
 
 

@@ -11,7 +11,14 @@ import json
 from datetime import datetime
 from typing import Any
 
-from ._checkpoint import SCHEMA_VERSION, Checkpoint, Failure, invalid_state
+from ._checkpoint import (
+    READABLE_SCHEMAS,
+    SCHEMA_VERSION,
+    Checkpoint,
+    Failure,
+    Signal,
+    invalid_state,
+)
 from ._errors import CorruptCheckpoint
 
 __all__ = [
@@ -82,7 +89,48 @@ def checkpoint_meta(cp: Checkpoint) -> dict[str, Any]:
         },
         "created_at": _time(cp.created_at),
         "updated_at": _time(cp.updated_at),
-    }
+    } | _runtime_meta(cp)
+
+
+def _runtime_meta(cp: Checkpoint) -> dict[str, Any]:
+    """Return the schema-2 fields that differ from their defaults (most runs use none)."""
+    meta: dict[str, Any] = {}
+    if cp.input is not None:
+        meta["input"] = cp.input
+    if cp.workflow is not None:
+        meta["workflow"] = cp.workflow
+    if cp.workflow_version is not None:
+        meta["workflow_version"] = cp.workflow_version
+    if cp.queued:
+        meta["queued"] = True
+    if cp.cancelled:
+        meta["cancelled"] = True
+    if cp.cancel_requested:
+        meta["cancel_requested"] = True
+    if cp.owner is not None:
+        meta["owner"] = cp.owner
+    if cp.epoch:
+        meta["epoch"] = cp.epoch
+    if cp.lease is not None:
+        meta["lease"] = cp.lease
+    if cp.renewed_at is not None:
+        meta["renewed_at"] = cp.renewed_at.isoformat()
+    if cp.waiting_for is not None:
+        meta["waiting_for"] = cp.waiting_for
+    if cp.wake_at is not None:
+        meta["wake_at"] = cp.wake_at.isoformat()
+    if cp.signals:
+        meta["signals"] = [
+            {"name": s.name, "id": s.id, "payload": s.payload, "at": s.at.isoformat()}
+            for s in cp.signals
+        ]
+    if cp.consumed:
+        meta["consumed"] = dict(cp.consumed)
+    if cp.parent is not None:
+        meta["parent"] = cp.parent
+    if cp.children:
+        meta["children"] = list(cp.children)
+    return meta
 
 
 def encode_document(cp: Checkpoint, state_text: str, extra: dict[str, Any] | None = None) -> str:
@@ -120,7 +168,7 @@ def check_document(doc: object, source: str) -> dict[str, Any]:
             f"{source}: not a stepstone checkpoint (no 'stepstone' schema key); left untouched"
         )
     schema = doc["stepstone"]
-    if schema != SCHEMA_VERSION:
+    if type(schema) is not int or schema not in READABLE_SCHEMAS:
         raise CorruptCheckpoint(
             f"{source}: checkpoint schema {schema!r} is not supported by this stepstone "
             f"(reads schema {SCHEMA_VERSION}); upgrade stepstone to read it"
@@ -130,6 +178,80 @@ def check_document(doc: object, source: str) -> dict[str, Any]:
 
 def _parse_time(value: Any) -> datetime | None:
     return None if value is None else datetime.fromisoformat(value)
+
+
+_FLAGS = ("queued", "cancelled", "cancel_requested")
+
+
+def _runtime_fields(doc: dict[str, Any]) -> dict[str, Any]:
+    """Return the schema-2 fields of ``doc`` as ``Checkpoint`` arguments, type-checked."""
+    fields: dict[str, Any] = {}
+    value = doc.get("input")
+    if value is not None:
+        if not isinstance(value, dict):
+            raise TypeError("input is not an object")
+        fields["input"] = value
+    for name in ("workflow", "workflow_version", "owner", "waiting_for", "parent"):
+        value = doc.get(name)
+        if value is not None:
+            if not isinstance(value, str):
+                raise TypeError(f"{name} is not a string")
+            fields[name] = value
+    for name in _FLAGS:
+        value = doc.get(name, False)
+        if type(value) is not bool:
+            raise TypeError(f"{name} is not a boolean")
+        if value:
+            fields[name] = True
+    epoch = doc.get("epoch", 0)
+    if type(epoch) is not int or epoch < 0:
+        raise TypeError("epoch is not a non-negative integer")
+    fields["epoch"] = epoch
+    lease = doc.get("lease")
+    if lease is not None:
+        if type(lease) not in (int, float) or lease <= 0:
+            raise TypeError("lease is not a positive number")
+        fields["lease"] = float(lease)
+    for name in ("renewed_at", "wake_at"):
+        value = doc.get(name)
+        if value is not None:
+            fields[name] = _aware(datetime.fromisoformat(value))
+    signals = doc.get("signals")
+    if signals:
+        fields["signals"] = tuple(
+            Signal(
+                name=_str(item["name"]),
+                id=_str(item["id"]),
+                payload=item["payload"],
+                at=_aware(datetime.fromisoformat(item["at"])),
+            )
+            for item in signals
+        )
+    children = doc.get("children")
+    if children:
+        if not isinstance(children, list):
+            raise TypeError("children is not a list")
+        fields["children"] = tuple(_str(child) for child in children)
+    consumed = doc.get("consumed")
+    if consumed:
+        if not isinstance(consumed, dict) or not all(
+            type(n) is int and n >= 0 for n in consumed.values()
+        ):
+            raise TypeError("consumed is not an object of counts")
+        fields["consumed"] = dict(consumed)
+    return fields
+
+
+def _str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{value!r} is not a string")
+    return value
+
+
+def _aware(value: datetime) -> datetime:
+    if value.tzinfo is None:
+        raise ValueError(f"timestamp {value.isoformat()} has no time zone")
+    return value
 
 
 def checkpoint_from_doc(
@@ -176,6 +298,7 @@ def checkpoint_from_doc(
             ),
             created_at=_parse_time(doc.get("created_at")),
             updated_at=_parse_time(doc.get("updated_at")),
+            **_runtime_fields(doc),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise CorruptCheckpoint(

@@ -8,10 +8,17 @@ says what kind of mistake it is, so ``except ValueError`` still works::
     ├── InvalidRunId (ValueError)       run_id empty, too long or with control characters
     ├── InvalidState (TypeError)        state that does not round-trip through JSON
     ├── InvalidWorkflow (TypeError, ValueError)  a malformed Step, RetryPolicy or step list
+    ├── InputMismatch (ValueError)      resumed or started again with a different input
     ├── WorkflowChanged                 resumed with steps whose names differ from the record
     ├── StepFailed                      a step raised; the cause is ``__cause__``
+    ├── Suspended                       the run waits (signal, timer, children); not an error
+    ├── RunCancelled                    the run was cancelled; it runs nothing more
+    ├── RunNotFound (LookupError)       no run has this run_id
+    ├── RunNotActive (ValueError)       the run is done or cancelled: it cannot take that
     └── StoreError                      anything a backend reports
         ├── ConflictError               compare-and-swap lost: someone else advanced the run
+        │   ├── LeaseLost               another worker took the run over; stop, write nothing
+        │   └── RunOwned                another owner holds a live lease on the run
         ├── CheckpointTooLarge (ValueError)  over the backend's size limit; nothing was sent
         ├── CorruptCheckpoint           stored bytes that are not a stepstone checkpoint
         ├── StoreUnavailable            cannot reach the store (network, throttling, locks)
@@ -23,6 +30,7 @@ always with ``raise ... from exc`` so the original stays on ``__cause__``.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 __all__ = [
@@ -30,14 +38,21 @@ __all__ = [
     "ConfigError",
     "ConflictError",
     "CorruptCheckpoint",
+    "InputMismatch",
     "InvalidRunId",
     "InvalidState",
     "InvalidWorkflow",
+    "LeaseLost",
+    "RunCancelled",
+    "RunNotActive",
+    "RunNotFound",
+    "RunOwned",
     "StepFailed",
     "StepstoneError",
     "StoreError",
     "StorePermissionError",
     "StoreUnavailable",
+    "Suspended",
     "WorkflowChanged",
 ]
 
@@ -96,6 +111,55 @@ class StepFailed(StepstoneError):
         self.attempt = attempt
 
 
+class InputMismatch(StepstoneError, ValueError):
+    """A run was resumed or started again with an input other than the one it recorded."""
+
+    def __init__(self, message: str, run_id: str, path: str) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+        self.path = path
+
+
+class Suspended(StepstoneError):
+    """The run waits for a signal, a timer or child runs; it is saved as ``waiting``.
+
+    Not a failure: call ``run``/``arun`` again later, or let a worker resume it when
+    what it waits for has happened. ``wake_at`` is None when only a signal can wake it.
+    """
+
+    def __init__(self, run_id: str, waiting_for: str, wake_at: datetime | None) -> None:
+        when = "" if wake_at is None else f" (due {wake_at.isoformat()})"
+        super().__init__(f"run {run_id!r} is waiting for {waiting_for}{when}")
+        self.run_id = run_id
+        self.waiting_for = waiting_for
+        self.wake_at = wake_at
+
+
+class RunCancelled(StepstoneError):
+    """The run was cancelled (``stepstone.cancel``); it ran no step after that."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"run {run_id!r} was cancelled")
+        self.run_id = run_id
+
+
+class RunNotFound(StepstoneError, LookupError):
+    """No run is stored under this run_id."""
+
+    def __init__(self, message: str, run_id: str) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+
+
+class RunNotActive(StepstoneError, ValueError):
+    """The run is finished (``done`` or ``cancelled``) and cannot take what was asked."""
+
+    def __init__(self, message: str, run_id: str, status: str) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+        self.status = status
+
+
 class StoreError(StepstoneError):
     """A store could not do what was asked."""
 
@@ -109,6 +173,22 @@ class ConflictError(StoreError):
     def __init__(self, message: str, run_id: str | None = None) -> None:
         super().__init__(message)
         self.run_id = run_id
+
+
+class LeaseLost(ConflictError):
+    """Another owner took the run over (its lease had expired); the old owner stops.
+
+    Raised to the old owner on its next save or renewal: nothing it tried to write was
+    stored, and it must run no further step of that run.
+    """
+
+
+class RunOwned(ConflictError):
+    """Another owner holds a live lease on the run: a second execution was refused."""
+
+    def __init__(self, message: str, run_id: str, owner: str) -> None:
+        super().__init__(message, run_id)
+        self.owner = owner
 
 
 class CheckpointTooLarge(StoreError, ValueError):

@@ -1,410 +1,534 @@
-"""The durable runner: one ``run`` call both starts and resumes a run.
+"""The durable runner: ``run`` and ``arun``, one call that both starts and resumes a run.
 
 Execution is at-least-once. The checkpoint is written after a step returns, so a crash
 between a step finishing and its checkpoint landing re-runs that step on resume: steps
 must be idempotent (``StepContext.idempotency_key`` helps). Writing the checkpoint
 before the step instead would make a crash silently skip work.
+
+The rules live once in ``_core.execute`` (a sans-I/O generator); this module holds its
+two drivers, each a small loop that performs the effects the core yields: ``run`` with
+plain calls and a process-wide renewal thread, ``arun`` with awaits and a timer per
+step. A run is owned while it executes: both take the run's lease first
+(``_lease``), renew it while a long step runs and give it back at the end.
 """
 
 from __future__ import annotations
 
-import hashlib
-import inspect
-import json
-import random
+import heapq
+import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
 
-from . import _hooks
-from ._checkpoint import Checkpoint, Failure, check_run_id, utcnow
+from . import _lease
+from ._checkpoint import Checkpoint, check_run_id
 from ._codec import encode_state
-from ._errors import ConflictError, InvalidWorkflow, StepFailed, StoreError, WorkflowChanged
-from ._observe import logger, span, tracing
+from ._core import Call, Effect, Load, Pause, Plan, Save, execute
+from ._errors import ConflictError, InvalidWorkflow, LeaseLost, StoreError
+from ._observe import logger, tracing
+from ._steps import (
+    AttemptsExhausted,
+    RetryPolicy,
+    Step,
+    StepContext,
+    Workflow,
+    check_steps,
+    idempotency_key,
+)
 from ._store import Store
 
-__all__ = ["AttemptsExhausted", "RetryPolicy", "Step", "StepContext", "run"]
+if TYPE_CHECKING:
+    import asyncio
+
+__all__ = [
+    "AttemptsExhausted",
+    "RetryPolicy",
+    "Step",
+    "StepContext",
+    "arun",
+    "idempotency_key",
+    "make_plan",
+    "run",
+]
 
 State = dict[str, Any]
-_MAX_MESSAGE = 2000
+Steps = Sequence[Any] | Workflow
 
 
-class AttemptsExhausted(Exception):
-    """The step's retry policy allows no more attempts (earlier ones died with the process)."""
+def make_plan(
+    run_id: str,
+    steps: Steps,
+    store: Store,
+    *,
+    input: State | None,
+    lease: float | timedelta | None,
+    owner: str | None = None,
+    preclaimed: Checkpoint | None = None,
+    asynchronous: bool,
+) -> Plan:
+    """Check the arguments of ``run``/``arun`` up front and return the core's ``Plan``."""
+    check_run_id(run_id)
+    if not isinstance(store, Store):
+        raise InvalidWorkflow(f"store must be a stepstone Store, got {type(store).__name__}")
+    workflow = (steps.name, steps.version) if isinstance(steps, Workflow) else None
+    items = check_steps(steps)
+    if not asynchronous:
+        for item in items:
+            if isinstance(item, Step) and item.is_async:
+                raise InvalidWorkflow(
+                    f"step {item.name!r} is async (async def); run it with "
+                    "`await stepstone.arun(...)`, not stepstone.run"
+                )
+    if input is not None:
+        # Validated (and copied) here: a bad input is refused before anything is stored.
+        input = encode_state(input)[1]
+    seconds = _lease.DEFAULT_LEASE if lease is None else _lease.check_lease(lease)
+    return Plan(
+        run_id,
+        items,
+        input=input,
+        workflow=workflow,
+        owner=owner or _lease.new_owner(),
+        lease=seconds,
+        on=tracing(),
+        preclaimed=preclaimed,
+    )
 
 
-@dataclass(frozen=True, slots=True)
-class RetryPolicy:
-    """How often and when a failing step is tried again.
-
-    The attempt count is saved before each attempt, so a process that dies mid-step does
-    not get a fresh budget on resume: a step that crashes its process every time stops
-    after ``max_attempts`` instead of looping forever.
-
-    Attributes:
-        max_attempts: Attempts in all, the first included (1 means no retry).
-        initial_delay: Seconds before the second attempt.
-        multiplier: Factor applied to the delay after each attempt.
-        max_delay: Upper bound on one delay, in seconds.
-        jitter: Fraction of the delay added or removed at random (0.1 is +-10%).
-        retry_on: Exception types to retry, or a predicate taking the exception.
-    """
-
-    max_attempts: int = 3
-    initial_delay: float = 1.0
-    multiplier: float = 2.0
-    max_delay: float = 60.0
-    jitter: float = 0.1
-    retry_on: tuple[type[BaseException], ...] | Callable[[BaseException], bool] = (Exception,)
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.max_attempts, int) or self.max_attempts < 1:
-            raise InvalidWorkflow(f"max_attempts must be an int >= 1, got {self.max_attempts!r}")
-        numbers = (self.initial_delay, self.max_delay, self.multiplier, self.jitter)
-        if not all(isinstance(n, (int, float)) and n >= 0 for n in numbers):
-            raise InvalidWorkflow(
-                "initial_delay, max_delay, multiplier and jitter must be numbers >= 0"
-            )
-        if not (isinstance(self.retry_on, tuple) or callable(self.retry_on)):
-            raise InvalidWorkflow("retry_on must be a tuple of exception types or a predicate")
-
-    def should_retry(self, exc: BaseException) -> bool:
-        """Return whether ``exc`` is one this policy retries."""
-        if isinstance(self.retry_on, tuple):
-            return isinstance(exc, self.retry_on)
-        return bool(self.retry_on(exc))
-
-    def delay(self, attempt: int) -> float:
-        """Return the seconds to wait after failed attempt number ``attempt``."""
-        base = min(self.initial_delay * self.multiplier ** (attempt - 1), self.max_delay)
-        return max(0.0, base * (1 + random.uniform(-self.jitter, self.jitter)))
+# --- the sync driver ------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class StepContext:
-    """What a step may learn about its own execution (passed as a second argument).
-
-    ``idempotency_key`` is the same for every attempt and resume of this step of this
-    run, and differs for every other step and run: pass it to a payment or model API so
-    a repeated call is a no-op. A run deleted and started again under the same run_id
-    gets the same keys.
-    """
-
-    run_id: str
-    step_index: int
-    step_name: str
-    attempt: int
-    idempotency_key: str
-
-
-def idempotency_key(run_id: str, step_index: int, step_name: str) -> str:
-    """Return the deterministic idempotency key of one step of one run."""
-    raw = f"stepstone\x00{run_id}\x00{step_index}\x00{step_name}".encode()
-    return hashlib.sha256(raw).hexdigest()[:32]
-
-
-@dataclass(frozen=True, slots=True)
-class Step:
-    """A named step: ``fn(state)`` or ``fn(state, ctx)`` returns updates (a dict) or None."""
-
-    name: str
-    fn: Callable[..., Mapping[str, Any] | None]
-    retry: RetryPolicy | None = None
-    takes_context: bool = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name:
-            raise InvalidWorkflow(f"a step name must be a non-empty str, got {self.name!r}")
-        try:
-            self.name.encode("utf-8")
-        except UnicodeEncodeError:
-            raise InvalidWorkflow(f"step name {self.name!r} holds a lone surrogate") from None
-        if not callable(self.fn):
-            raise InvalidWorkflow(f"step {self.name!r}: fn must be callable, got {self.fn!r}")
-        object.__setattr__(self, "takes_context", _takes_context(self.fn))
-
-
-def _takes_context(fn: Callable[..., Any]) -> bool:
-    try:
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):
-        return False
-    positional = [
-        p
-        for p in params
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
-    ]
-    varargs = any(p.kind is p.VAR_POSITIONAL for p in params)
-    return len(positional) >= 2 or (len(positional) == 1 and varargs)
-
-
-def _check_names(run_id: str, names: tuple[str, ...], done: tuple[str, ...]) -> None:
-    """Refuse to resume when the completed steps are not the first steps passed now."""
-    if names[: len(done)] == done:
-        return
-    for position, recorded in enumerate(done):
-        now = names[position] if position < len(names) else None
-        if now != recorded:
-            shown = "no step" if now is None else f"step {now!r}"
-            raise WorkflowChanged(
-                f"run {run_id!r}: workflow changed at position {position}: the checkpoint "
-                f"completed step {recorded!r} there, the steps passed now have {shown}. "
-                "Only appending steps at the end is allowed; use a new run_id for a "
-                "different workflow",
-                run_id,
-                position,
-            )
-
-
-def _pristine(cp: Checkpoint) -> State:
-    """Return a fresh copy of the checkpoint's state that no step has touched."""
-    if cp.state_json is not None:
-        loaded: State = json.loads(cp.state_json)
-        return loaded
-    return encode_state(cp.state)[1]
-
-
-def run(run_id: str, steps: Sequence[Step], store: Store) -> State:
+def run(
+    run_id: str,
+    steps: Steps,
+    store: Store,
+    *,
+    input: State | None = None,
+    lease: float | timedelta | None = None,
+) -> State:
     """Run ``steps`` durably under ``run_id``, resuming from its last checkpoint.
 
-    Loads the checkpoint, skips the completed steps, runs the rest in order and saves a
-    checkpoint after each step returns, before the next starts. A finished run returns
-    its final state and runs nothing.
+    Takes the run's lease, loads the checkpoint, skips the completed steps, runs the
+    rest in order and saves a checkpoint after each step returns, before the next
+    starts. A finished run returns its final state and runs nothing.
+
+    Args:
+        run_id: 1-1024 characters, no control characters.
+        steps: A list of ``Step`` (and ``WaitFor``/``Sleep``/``Map``), or a ``Workflow``.
+        store: Where checkpoints live.
+        input: The initial state of a fresh run (a JSON dict), recorded with its first
+            save. Resuming with None uses the recorded input; another input is refused.
+        lease: Seconds (or a ``timedelta``) this call promises to renew its ownership
+            within; another process may take the run over after that long without a
+            renewal. Default 30.
 
     Returns:
         The final state, a dict the caller owns.
 
     Raises:
         StepFailed: a step raised (retries exhausted); the failure is saved on the run.
+        Suspended: the run waits for a signal, a timer or child runs; it is saved as
+            waiting. Call again (or let a worker) once that has happened.
+        RunCancelled: the run was cancelled.
         WorkflowChanged: the completed steps' names differ from the first steps passed.
-        ConflictError: another worker saved the run meanwhile; it owns the run now.
+        InputMismatch: ``input`` differs from the one the run was started with.
+        RunOwned: another process holds a live lease on the run.
+        LeaseLost: another worker took the run over (this call's lease had expired).
+        ConflictError: another writer advanced the run meanwhile.
         InvalidState: a step produced a state that is not JSON; nothing was saved.
         StoreError: the store failed; the run stops at its last checkpoint.
     """
-    check_run_id(run_id)
-    if isinstance(steps, (str, bytes)) or not isinstance(steps, Iterable):
-        raise InvalidWorkflow(f"steps must be a list of Step objects, got {type(steps).__name__}")
-    steps = list(steps)
-    for item in steps:
-        if not isinstance(item, Step):
-            raise InvalidWorkflow(f"steps must be Step objects, got {type(item).__name__}")
-    names = tuple(step.name for step in steps)
-    total = len(steps)
-
-    on = tracing()
-    with span(on, "stepstone.run", run_id=run_id, steps=total) as run_span:
-        cp = store.load(run_id)
-        if cp is None:
-            cp = Checkpoint(run_id=run_id, total_steps=total)
-            logger.info("run %r: starting, %d steps", run_id, total)
-        else:
-            _check_names(run_id, names, cp.step_names)
-            if cp.step + 1 >= total:
-                logger.info("run %r: already done, nothing to run", run_id)
-                run_span.set_attribute("outcome", "already_done")
-                return cp.state
-            logger.info(
-                "run %r: resuming at step %d (%r), skipping %d completed",
-                run_id,
-                cp.step + 1,
-                names[cp.step + 1],
-                cp.step + 1,
-            )
-        working = _pristine(cp)
-        for index in range(cp.step + 1, total):
-            cp, working = _run_step(run_id, steps, index, names, cp, working, store, on)
-        logger.info("run %r: done after %d steps", run_id, total)
-        run_span.set_attribute("outcome", "done")
-        return working
+    plan = make_plan(run_id, steps, store, input=input, lease=lease, asynchronous=False)
+    return drive(plan, store)
 
 
-def _save(store: Store, checkpoint: Checkpoint, what: str, on: bool) -> Checkpoint:
-    with span(on, "stepstone.save", run_id=checkpoint.run_id, step=checkpoint.step, what=what):
-        saved = store.save(checkpoint)
-    logger.debug("run %r: saved %s, version %s", saved.run_id, what, saved.version)
-    return saved
-
-
-def _run_step(
-    run_id: str,
-    steps: list[Step],
-    index: int,
-    names: tuple[str, ...],
-    cp: Checkpoint,
-    working: State,
-    store: Store,
-    on: bool,
-) -> tuple[Checkpoint, State]:
-    """Run one step (with its retries) and save its checkpoint; return both."""
-    step = steps[index]
-    policy = step.retry
-    durable_attempts = policy is not None and policy.max_attempts > 1
-    total = len(steps)
-    attempt = cp.attempt  # attempts already begun on this step, by earlier processes too
-    while True:
-        attempt += 1
-        with span(
-            on, "stepstone.step", run_id=run_id, step=step.name, index=index, attempt=attempt
-        ) as step_span:
-            if policy is not None and attempt > policy.max_attempts:
-                exc: Exception = AttemptsExhausted(
-                    f"step {step.name!r} already began {attempt - 1} of "
-                    f"{policy.max_attempts} allowed attempts in earlier processes"
-                )
-                step_span.set_attribute("outcome", "exhausted")
-                _fail(store, cp, index, step.name, attempt - 1, exc, on)
-            if durable_attempts:
-                # Count the attempt before making it: a crash inside must not reset it.
-                cp = _save(
-                    store,
-                    Checkpoint(
-                        run_id=run_id,
-                        step=cp.step,
-                        state=_pristine(cp),
-                        version=cp.version,
-                        step_names=cp.step_names,
-                        total_steps=total,
-                        attempt=attempt,
-                        failure=cp.failure,
-                        created_at=cp.created_at,
-                    ),
-                    f"attempt {attempt} of step {index}",
-                    on,
-                )
-            logger.debug("run %r: step %d (%r) attempt %d", run_id, index, step.name, attempt)
-            _hooks.fire("runner.before_step")
-            try:
-                if step.takes_context:
-                    ctx = StepContext(
-                        run_id, index, step.name, attempt, idempotency_key(run_id, index, step.name)
-                    )
-                    update = step.fn(working, ctx)
-                else:
-                    update = step.fn(working)
-                if update is not None and not isinstance(update, Mapping):
-                    raise TypeError(
-                        f"step {step.name!r} returned a {type(update).__name__}; "
-                        "a step returns a dict of updates or None"
-                    )
-            except Exception as error:
-                step_span.record_exception(error)
-                if (
-                    policy is not None
-                    and attempt < policy.max_attempts
-                    and policy.should_retry(error)
-                ):
-                    step_span.set_attribute("outcome", "retry")
-                    cp = _record_failure(store, cp, index, step.name, attempt, error, on)
-                    delay = policy.delay(attempt)
-                    logger.warning(
-                        "run %r: step %d (%r) attempt %d failed (%s), retrying in %.2fs",
-                        run_id,
-                        index,
-                        step.name,
-                        attempt,
-                        type(error).__name__,
-                        delay,
-                    )
-                    _hooks.fire("runner.backoff")
-                    time.sleep(delay)
-                    working = _pristine(cp)
-                    continue
-                step_span.set_attribute("outcome", "failed")
-                _fail(store, cp, index, step.name, attempt, error, on)
-            _hooks.fire("runner.after_step")
-            if update:
-                working.update(update)
-            saved = _save(
-                store,
-                Checkpoint(
-                    run_id=run_id,
-                    step=index,
-                    state=working,
-                    version=cp.version,
-                    step_names=names[: index + 1],
-                    total_steps=total,
-                    attempt=0,
-                    failure=None,
-                    created_at=cp.created_at,
-                ),
-                f"step {index}",
-                on,
-            )
-            _hooks.fire("runner.after_save")
-            step_span.set_attribute("outcome", "ok")
-            # The stored copy is ours alone; hand it on rather than copying again.
-            next_working = saved.state if saved.state_json is not None else _pristine(saved)
-            return saved, next_working
-
-
-def _record_failure(
-    store: Store,
-    cp: Checkpoint,
-    index: int,
-    name: str,
-    attempt: int,
-    error: BaseException,
-    on: bool,
-    final: bool = False,
-) -> Checkpoint:
-    """Save the failure of step ``index`` without advancing the run.
-
-    A retried failure keeps ``attempt`` so a crash during the backoff does not reset the
-    count. A final one stores ``attempt`` 0 (the number stays in ``failure.attempt``): the
-    run is marked failed, and whoever runs it again, after fixing the cause, gets the
-    policy's full budget back. Only crashes, which record no failure, eat into a budget.
-    """
-    failure = Failure(
-        step_index=index,
-        step_name=name,
-        error_type=type(error).__qualname__,
-        # Exception text may hold anything; keep the stored record valid UTF-8.
-        message=str(error)[:_MAX_MESSAGE].encode("utf-8", "backslashreplace").decode("utf-8"),
-        attempt=attempt,
-        at=utcnow(),
-    )
-    return _save(
-        store,
-        Checkpoint(
-            run_id=cp.run_id,
-            step=cp.step,
-            state=_pristine(cp),
-            version=cp.version,
-            step_names=cp.step_names,
-            total_steps=cp.total_steps,
-            attempt=0 if final else attempt,
-            failure=failure,
-            created_at=cp.created_at,
-        ),
-        f"failure of step {index}",
-        on,
-    )
-
-
-def _fail(
-    store: Store,
-    cp: Checkpoint,
-    index: int,
-    name: str,
-    attempt: int,
-    error: Exception,
-    on: bool,
-) -> NoReturn:
-    """Save the failure on the run, then raise ``StepFailed`` from ``error``."""
+def drive(plan: Plan, store: Store) -> State:
+    """Perform the core's effects with plain calls until the run ends."""
+    gen = execute(plan)
+    send: Any = None
+    error: BaseException | None = None
     try:
-        cp = _record_failure(store, cp, index, name, attempt, error, on, final=True)
-    except ConflictError:
+        while True:
+            try:
+                effect = gen.send(send) if error is None else gen.throw(error)
+            except StopIteration as stop:
+                result: State = stop.value
+                return result
+            send = error = None
+            try:
+                send = _perform(effect, plan, store)
+            except Exception as exc:
+                error = exc
+    except BaseException:
+        _release(plan, store)
         raise
-    except StoreError as save_error:
-        # The run fails either way; the step's error is the one the caller needs.
-        logger.error("run %r: could not save the failure record: %s", cp.run_id, save_error)
-    logger.error(
-        "run %r: step %d (%r) failed on attempt %d: %s",
-        cp.run_id,
-        index,
-        name,
-        attempt,
-        type(error).__name__,
-    )
-    raise StepFailed(cp.run_id, index, name, _pristine(cp), attempt) from error
+    finally:
+        _renewer.finish(plan)
+        gen.close()
+
+
+def _perform(effect: Effect, plan: Plan, store: Store) -> Any:
+    kind = type(effect)
+    if kind is Save:
+        assert isinstance(effect, Save)
+        saved = store.save(effect.cp)
+        if effect.owned:
+            plan.current = saved if saved.owner == plan.owner else None
+            plan.written_at = time.monotonic()
+        return saved
+    if kind is Load:
+        assert isinstance(effect, Load)
+        return store.load(effect.run_id)
+    if kind is Call:
+        assert isinstance(effect, Call)
+        step = effect.step
+        ticket = _renewer.enter(plan, store)
+        try:
+            if effect.ctx is not None:
+                update = step.fn(effect.state, effect.ctx)
+            else:
+                update = step.fn(effect.state)
+        finally:
+            lost = _renewer.leave(ticket)
+        if lost is not None:
+            raise lost
+        return update
+    assert isinstance(effect, Pause)
+    pause_ticket = _renewer.enter(plan, store) if effect.base is not None else None
+    try:
+        time.sleep(effect.seconds)
+    finally:
+        lost = _renewer.leave(pause_ticket) if pause_ticket is not None else None
+    if lost is not None:
+        raise lost
+    return None
+
+
+def _release(plan: Plan, store: Store) -> None:
+    """Give the lease back after an interruption, so the run can be resumed at once."""
+    current = plan.current
+    if current is None or current.owner != plan.owner:
+        return
+    plan.current = None
+    try:
+        store.save(_lease.released(current))
+    except (StoreError, ConflictError) as exc:
+        # It expires by itself; a takeover then waits one lease.
+        logger.warning("run %r: could not give the lease back: %s", plan.run_id, exc)
+
+
+def renew_once(plan: Plan, store: Store) -> BaseException | None:
+    """Renew the lease on ``plan.current``; return the ``LeaseLost`` if it is gone."""
+    cp = plan.current
+    if cp is None:
+        return None
+    intended = _lease.renewal(cp)
+    for _ in range(10):
+        try:
+            plan.current = store.save(intended)
+            plan.written_at = time.monotonic()
+            logger.debug("run %r: lease renewed", plan.run_id)
+            return None
+        except LeaseLost as exc:
+            return exc
+        except ConflictError:
+            try:
+                stored = store.load(plan.run_id)
+                intended = _lease.rebase(cp, _lease.renewal(cp), stored)
+            except ConflictError as exc:
+                return exc
+            if stored is not None:
+                cp = stored
+        except StoreError as exc:
+            # Unreachable for now: the lease is still ours until it expires; try again.
+            logger.warning("run %r: lease renewal failed: %s", plan.run_id, exc)
+            return None
+    return None
+
+
+class _Ticket:
+    __slots__ = ("active", "dead", "due", "lock", "lost", "plan", "store")
+
+    def __init__(self, plan: Plan, store: Store, due: float) -> None:
+        self.plan = plan
+        self.store = store
+        self.due = due
+        self.active = False
+        self.dead = False
+        self.lost: BaseException | None = None
+        self.lock = threading.Lock()
+
+    def __lt__(self, other: _Ticket) -> bool:
+        return self.due < other.due
+
+
+class _SyncRenewer:
+    """One thread renews the leases of every run executing in the process.
+
+    Each run has one ticket in a heap, checked every third of its lease; a step that
+    returns within a third of the lease after the run's last write costs no renewal,
+    and entering or leaving a step is one uncontended lock. Renewal holds the ticket's
+    lock, so ``leave`` returns only after an in-flight renewal landed and
+    ``Plan.current`` is the newest record.
+    """
+
+    def __init__(self) -> None:
+        self._heap: list[_Ticket] = []
+        self._cond = threading.Condition(threading.Lock())
+        self._thread: threading.Thread | None = None
+
+    def enter(self, plan: Plan, store: Store) -> _Ticket:
+        ticket: _Ticket | None = plan.renewal
+        if ticket is None:
+            ticket = _Ticket(plan, store, plan.written_at + plan.lease / 3)
+            plan.renewal = ticket
+            with self._cond:
+                heapq.heappush(self._heap, ticket)
+                if self._heap[0] is ticket:
+                    self._cond.notify()
+                if self._thread is None or not self._thread.is_alive():
+                    self._thread = threading.Thread(
+                        target=self._loop, name="stepstone-lease-renewer", daemon=True
+                    )
+                    self._thread.start()
+        with ticket.lock:
+            ticket.active = True
+        return ticket
+
+    @staticmethod
+    def leave(ticket: _Ticket) -> BaseException | None:
+        with ticket.lock:
+            ticket.active = False
+        return ticket.lost
+
+    @staticmethod
+    def finish(plan: Plan) -> None:
+        ticket = plan.renewal
+        if ticket is not None:
+            with ticket.lock:
+                ticket.dead = True
+                ticket.active = False
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._heap or self._heap[0].due > time.monotonic():
+                    timeout = self._heap[0].due - time.monotonic() if self._heap else None
+                    self._cond.wait(timeout)
+                ticket = heapq.heappop(self._heap)
+            plan = ticket.plan
+            with ticket.lock:
+                if ticket.dead:
+                    continue
+                third = plan.lease / 3
+                if ticket.active and time.monotonic() >= plan.written_at + third:
+                    lost = renew_once(plan, ticket.store)
+                    if lost is not None:
+                        ticket.lost = lost
+                        logger.error("run %r: %s", plan.run_id, lost)
+                ticket.due = max(plan.written_at + third, time.monotonic() + third / 4)
+            with self._cond:
+                heapq.heappush(self._heap, ticket)
+
+
+_renewer = _SyncRenewer()
+
+
+# --- the async driver -----------------------------------------------------------------
+
+
+async def arun(
+    run_id: str,
+    steps: Steps,
+    store: Store,
+    *,
+    input: State | None = None,
+    lease: float | timedelta | None = None,
+) -> State:
+    """Await the run: the contract of ``run``, for async steps and async stores.
+
+    ``async def`` steps are awaited in the caller's task; plain steps run in a worker
+    thread so that a blocking call cannot stall the event loop. Cancelling the task
+    that awaits ``arun`` cancels the step in flight: nothing is saved for it, a save
+    already in flight lands whole (old or new checkpoint, never torn), the lease is
+    given back and ``CancelledError`` propagates; a later ``run``/``arun`` resumes
+    from the last checkpoint.
+
+    Raises:
+        The errors of ``run``, and ``asyncio.CancelledError`` when cancelled.
+    """
+    plan = make_plan(run_id, steps, store, input=input, lease=lease, asynchronous=True)
+    return await adrive(plan, store)
+
+
+async def adrive(plan: Plan, store: Store) -> State:
+    """Perform the core's effects with awaits until the run ends."""
+    import asyncio  # noqa: PLC0415 - sync users and the CLI never pay for importing it
+
+    gen = execute(plan)
+    send: Any = None
+    error: BaseException | None = None
+    try:
+        while True:
+            try:
+                effect = gen.send(send) if error is None else gen.throw(error)
+            except StopIteration as stop:
+                result: State = stop.value
+                return result
+            send = error = None
+            try:
+                send = await _aperform(effect, plan, store, asyncio)
+            except Exception as exc:
+                error = exc
+    except BaseException:
+        await _landed(asyncio, _arelease(plan, store))
+        raise
+    finally:
+        gen.close()
+
+
+async def _landed(asyncio: Any, coro: Any) -> Any:
+    """Await ``coro`` to its end even if we are cancelled meanwhile, then re-raise that.
+
+    A save is one request: once sent it lands or not, whatever happens to our task. We
+    wait for its answer so that what the run holds (``Plan.current``) is what is stored.
+    """
+    task = asyncio.ensure_future(coro)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            cancelled = True
+        except Exception:
+            pass
+    if cancelled:
+        task.exception()  # retrieved: no "exception never retrieved" warning
+        raise asyncio.CancelledError
+    return task.result()
+
+
+async def _aperform(effect: Effect, plan: Plan, store: Store, asyncio: Any) -> Any:
+    kind = type(effect)
+    if kind is Save:
+        assert isinstance(effect, Save)
+        owned = effect.owned
+
+        async def save() -> Checkpoint:
+            saved = await store.asave(effect.cp)
+            if owned:
+                plan.current = saved if saved.owner == plan.owner else None
+                plan.written_at = time.monotonic()
+            return saved
+
+        return await _landed(asyncio, save())
+    if kind is Load:
+        assert isinstance(effect, Load)
+        return await store.aload(effect.run_id)
+    if kind is Call:
+        assert isinstance(effect, Call)
+        step = effect.step
+        renewal = _AsyncRenewal(plan, store, asyncio)
+        try:
+            args = (effect.state,) if effect.ctx is None else (effect.state, effect.ctx)
+            if step.is_async:
+                update = await step.fn(*args)
+            else:
+                update = await asyncio.to_thread(step.fn, *args)
+        finally:
+            lost = await renewal.stop()
+        if lost is not None:
+            raise lost
+        return update
+    assert isinstance(effect, Pause)
+    pausing = _AsyncRenewal(plan, store, asyncio) if effect.base is not None else None
+    try:
+        await asyncio.sleep(effect.seconds)
+    finally:
+        lost = await pausing.stop() if pausing is not None else None
+    if lost is not None:
+        raise lost
+    return None
+
+
+async def _arelease(plan: Plan, store: Store) -> None:
+    current = plan.current
+    if current is None or current.owner != plan.owner:
+        return
+    plan.current = None
+    try:
+        await store.asave(_lease.released(current))
+    except (StoreError, ConflictError) as exc:
+        logger.warning("run %r: could not give the lease back: %s", plan.run_id, exc)
+
+
+async def arenew_once(plan: Plan, store: Store) -> BaseException | None:
+    """Async ``renew_once``."""
+    cp = plan.current
+    if cp is None:
+        return None
+    intended = _lease.renewal(cp)
+    for _ in range(10):
+        try:
+            plan.current = await store.asave(intended)
+            plan.written_at = time.monotonic()
+            return None
+        except LeaseLost as exc:
+            return exc
+        except ConflictError:
+            try:
+                stored = await store.aload(plan.run_id)
+                intended = _lease.rebase(cp, _lease.renewal(cp), stored)
+            except ConflictError as exc:
+                return exc
+            if stored is not None:
+                cp = stored
+        except StoreError as exc:
+            logger.warning("run %r: lease renewal failed: %s", plan.run_id, exc)
+            return None
+    return None
+
+
+class _AsyncRenewal:
+    """Renews a step's lease every third of it, from a timer; nothing if the step is short."""
+
+    __slots__ = ("asyncio", "handle", "lost", "plan", "store", "task")
+
+    def __init__(self, plan: Plan, store: Store, asyncio: Any) -> None:
+        self.plan = plan
+        self.store = store
+        self.asyncio = asyncio
+        self.lost: BaseException | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.handle: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(
+            plan.lease / 3, self._tick
+        )
+
+    def _tick(self) -> None:
+        self.handle = None
+        self.task = self.asyncio.get_running_loop().create_task(self._renew())
+
+    async def _renew(self) -> None:
+        lost = await arenew_once(self.plan, self.store)
+        if lost is not None:
+            self.lost = lost
+            logger.error("run %r: %s", self.plan.run_id, lost)
+            return
+        self.handle = self.asyncio.get_running_loop().call_later(self.plan.lease / 3, self._tick)
+
+    async def stop(self) -> BaseException | None:
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
+        task = self.task
+        if task is not None and not task.done():
+            # Let an in-flight renewal land: the run's next save builds on it.
+            await _landed(self.asyncio, _wait(task))
+        if self.handle is not None:
+            self.handle.cancel()
+        return self.lost
+
+
+async def _wait(task: Any) -> None:
+    await task

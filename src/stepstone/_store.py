@@ -5,12 +5,12 @@ from __future__ import annotations
 import abc
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from datetime import datetime
-from types import TracebackType
+from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Self, TypeVar
 
-from ._checkpoint import Checkpoint
+from ._checkpoint import ACTIVE_STATUSES, Checkpoint
 from ._errors import CorruptCheckpoint
 from ._observe import logger
 
@@ -39,9 +39,24 @@ class Diagnosis(NamedTuple):
 
 
 class RunInfo:
-    """What ``Store.list_info`` reports for one run: enough to list and prune without state."""
+    """What ``Store.list_info`` reports for one run: enough to list, prune and claim.
 
-    __slots__ = ("run_id", "status", "step", "total_steps", "updated_at")
+    ``version`` lets a caller act on what it read by compare-and-swap (prune deletes
+    with it, a worker claims with it); ``owner`` and ``due_at`` come from the same
+    record (``Checkpoint.owner``, ``Checkpoint.due_at``). Backends that cannot report
+    them leave them None; ``Store.list_info``'s default fills every field.
+    """
+
+    __slots__ = (
+        "due_at",
+        "owner",
+        "run_id",
+        "status",
+        "step",
+        "total_steps",
+        "updated_at",
+        "version",
+    )
 
     def __init__(
         self,
@@ -50,17 +65,38 @@ class RunInfo:
         step: int,
         total_steps: int | None,
         updated_at: datetime | None,
+        *,
+        version: str | None = None,
+        owner: str | None = None,
+        due_at: datetime | None = None,
     ) -> None:
         self.run_id = run_id
         self.status: RunStatus = status
         self.step = step
         self.total_steps = total_steps
         self.updated_at = updated_at
+        self.version = version
+        self.owner = owner
+        self.due_at = due_at
+
+    @classmethod
+    def of(cls, cp: Checkpoint) -> RunInfo:
+        """Return the ``RunInfo`` of a loaded checkpoint."""
+        return cls(
+            cp.run_id,
+            cp.status,
+            cp.step,
+            cp.total_steps,
+            cp.updated_at,
+            version=cp.version,
+            owner=cp.owner,
+            due_at=cp.due_at,
+        )
 
     def __repr__(self) -> str:
         return (
             f"RunInfo(run_id={self.run_id!r}, status={self.status!r}, step={self.step}, "
-            f"updated_at={self.updated_at!r})"
+            f"updated_at={self.updated_at!r}, owner={self.owner!r}, due_at={self.due_at!r})"
         )
 
 
@@ -78,6 +114,24 @@ class Store(abc.ABC):
 
     #: The config-string scheme that selects this backend, e.g. ``"sqlite"``.
     scheme: ClassVar[str] = ""
+
+    # What the backend can do, declared once, read by the contract suite, the chaos
+    # harness and the CLI (instead of probing with getattr).
+
+    #: Named durability settings, the default first (``("full", "none")`` for files);
+    #: empty when the store has a single, fixed durability (the server's, say).
+    durability_levels: ClassVar[tuple[str, ...]] = ()
+    #: Hook points inside a save (``stepstone._hooks``) mapped to whether the new
+    #: checkpoint is visible after the process is killed there.
+    kill_points: ClassVar[Mapping[str, bool]] = MappingProxyType({})
+    #: The checkpoints outlive the process (False only for ``memory://``).
+    durable: ClassVar[bool] = True
+    #: The backend can expire runs by itself (``expire``, Cosmos TTL).
+    supports_ttl: ClassVar[bool] = False
+    #: The store counts the requests it sends in ``requests_sent``.
+    counts_requests: ClassVar[bool] = False
+    #: ``aload``/``asave``/... use a native async driver rather than a thread.
+    native_async: ClassVar[bool] = False
 
     @classmethod
     @abc.abstractmethod
@@ -116,11 +170,18 @@ class Store(abc.ABC):
         """
 
     @abc.abstractmethod
-    def delete(self, run_id: str) -> bool:
+    def delete(self, run_id: str, *, expected_version: str | None = None) -> bool:
         """Delete the run's checkpoint; return whether there was one.
+
+        With ``expected_version``, the delete is compare-and-swap like a save: it happens
+        only if the stored version is still that one. Prune and anything else that
+        deletes on the strength of what it read passes the version it read.
 
         Raises:
             InvalidRunId: ``run_id`` is not a valid run id.
+            ConflictError: ``expected_version`` was given and the stored version differs
+                (the run advanced meanwhile); nothing was deleted. A run that no longer
+                exists returns False instead.
         """
 
     @abc.abstractmethod
@@ -144,7 +205,29 @@ class Store(abc.ABC):
                 logger.warning("skipping run %r in listing: %s", run_id, exc)
                 continue
             if cp is not None:
-                yield RunInfo(run_id, cp.status, cp.step, cp.total_steps, cp.updated_at)
+                yield RunInfo.of(cp)
+
+    def claimable(self, now: datetime, limit: int = 100) -> list[RunInfo]:
+        """Return the runs a worker may have to act on, from an index where there is one.
+
+        That is every run in status ``running`` (a worker watches them for an expired
+        lease) and the runs in status ``queued`` or ``waiting`` whose ``due_at`` is at or
+        before ``now``, ordered by ``due_at``; at most ``limit`` of each kind. Finished,
+        failed and cancelled runs are never read: the cost of a claim must not grow with
+        them. The default scans ``list_info``; every built-in backend overrides it with an
+        indexed query on (status, due_at).
+
+        The result is a hint: a worker acts on it only by compare-and-swap on the version.
+        """
+        running: list[RunInfo] = []
+        due: list[RunInfo] = []
+        for info in self.list_info():
+            if info.status == "running":
+                running.append(info)
+            elif info.status in ACTIVE_STATUSES and info.due_at is not None and info.due_at <= now:
+                due.append(info)
+        due.sort(key=lambda info: info.due_at or now)
+        return running[:limit] + due[:limit]
 
     def init(self) -> list[str]:
         """Create what the backend needs (tables, database, container) if it may.
@@ -198,18 +281,51 @@ class Store(abc.ABC):
     ) -> None:
         self.close()
 
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    # The async defaults run the sync method in a worker thread: correct for any
+    # backend (a third-party store written sync-only works under ``arun``), and the
+    # event loop never waits on the store's I/O or locks.
+
     async def aload(self, run_id: str) -> Checkpoint | None:
-        """Async ``load``."""
+        """Async ``load``; same contract, same errors."""
         return await _to_thread(self.load, run_id)
 
     async def asave(self, checkpoint: Checkpoint) -> Checkpoint:
-        """Async ``save``."""
+        """Async ``save``; same contract, same errors."""
         return await _to_thread(self.save, checkpoint)
 
-    async def adelete(self, run_id: str) -> bool:
-        """Async ``delete``."""
-        return await _to_thread(self.delete, run_id)
+    async def adelete(self, run_id: str, *, expected_version: str | None = None) -> bool:
+        """Async ``delete``; same contract, same errors."""
+        return await _to_thread(_delete, self, run_id, expected_version)
+
+    async def alist_runs(self) -> AsyncIterator[str]:
+        """Async ``list_runs``: an async iterator of run_ids."""
+        for run_id in await _to_thread(lambda: list(self.list_runs())):
+            yield run_id
+
+    async def alist_info(self) -> AsyncIterator[RunInfo]:
+        """Async ``list_info``: an async iterator of ``RunInfo``."""
+        for info in await _to_thread(lambda: list(self.list_info())):
+            yield info
+
+    async def aclaimable(self, now: datetime, limit: int = 100) -> list[RunInfo]:
+        """Async ``claimable``."""
+        return await _to_thread(self.claimable, now, limit)
 
     async def aclose(self) -> None:
         """Async ``close``."""
         await _to_thread(self.close)
+
+
+def _delete(store: Store, run_id: str, expected_version: str | None) -> bool:
+    return store.delete(run_id, expected_version=expected_version)

@@ -30,6 +30,7 @@ class MemoryStore(Store):
     """
 
     scheme: ClassVar[str] = "memory"
+    durable: ClassVar[bool] = False
 
     def __init__(self) -> None:
         # The saved checkpoints; ``state_json`` is the truth, ``state`` is never read back.
@@ -73,10 +74,20 @@ class MemoryStore(Store):
             self._runs[run_id] = saved
         return saved
 
-    def delete(self, run_id: str) -> bool:
+    def delete(self, run_id: str, *, expected_version: str | None = None) -> bool:
         check_run_id(run_id)
         with self._lock:
-            return self._runs.pop(run_id, None) is not None
+            current = self._runs.get(run_id)
+            if current is None:
+                return False
+            if expected_version is not None and current.version != expected_version:
+                raise ConflictError(
+                    f"run {run_id!r}: not deleted: expected version {expected_version!r}, "
+                    f"stored {current.version!r}",
+                    run_id,
+                )
+            del self._runs[run_id]
+            return True
 
     def list_runs(self) -> Iterator[str]:
         with self._lock:

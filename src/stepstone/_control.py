@@ -1,0 +1,279 @@
+"""Acting on runs from outside: ``start``, ``cancel`` and ``signal`` (and their async twins).
+
+None of these owns the run. Each is a compare-and-swap loop on the run's record, written
+once as a generator of ``Load``/``Save`` effects (as the runner's core is) and driven
+by ``_sync`` or ``_async``. A write by one of them that races the run's owner makes the
+owner's next save conflict; the owner re-bases on it (``_lease.rebase``): ``signal``
+and ``cancel`` only ever touch the fields an owner merges (``signals``,
+``cancel_requested``), or act alone on runs nobody owns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Generator
+from dataclasses import replace
+from typing import Any
+
+from ._checkpoint import Checkpoint, Signal, check_run_id, utcnow
+from ._codec import encode_state
+from ._core import Effect, Load, Save, check_input
+from ._errors import (
+    ConflictError,
+    InputMismatch,
+    InvalidWorkflow,
+    RunNotActive,
+    RunNotFound,
+    WorkflowChanged,
+)
+from ._observe import logger
+from ._steps import Workflow
+from ._store import RunInfo, Store
+from ._suspend import _queued
+
+__all__ = ["acancel", "asignal", "astart", "cancel", "signal", "start"]
+
+# Each retry means another writer changed the record between our load and our save.
+_MAX_TRIES = 100
+_MAX_SIGNAL_ID = 200
+
+Op = Generator[Effect, Any, Any]
+
+
+def _sync(gen: Op, store: Store) -> Any:
+    send: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            effect = gen.send(send) if error is None else gen.throw(error)
+        except StopIteration as stop:
+            return stop.value
+        send = error = None
+        try:
+            if isinstance(effect, Save):
+                send = store.save(effect.cp)
+            else:
+                assert isinstance(effect, Load)
+                send = store.load(effect.run_id)
+        except Exception as exc:
+            error = exc
+
+
+async def _async(gen: Op, store: Store) -> Any:
+    send: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            effect = gen.send(send) if error is None else gen.throw(error)
+        except StopIteration as stop:
+            return stop.value
+        send = error = None
+        try:
+            if isinstance(effect, Save):
+                send = await store.asave(effect.cp)
+            else:
+                assert isinstance(effect, Load)
+                send = await store.aload(effect.run_id)
+        except Exception as exc:
+            error = exc
+
+
+def _too_busy(run_id: str) -> ConflictError:
+    return ConflictError(f"run {run_id!r}: {_MAX_TRIES} other writers got in first", run_id)
+
+
+# --- start ----------------------------------------------------------------------------
+
+
+def _start(workflow: Workflow, run_id: str, input: dict[str, Any] | None) -> Op:
+    if not isinstance(workflow, Workflow):
+        raise InvalidWorkflow(f"start needs a Workflow, got {type(workflow).__name__}")
+    check_run_id(run_id)
+    given = None if input is None else encode_state(input)[1]
+    for _ in range(_MAX_TRIES):
+        cp = yield Load(run_id)
+        if cp is None:
+            fresh = replace(_queued(workflow, run_id, given or {}), input=given)
+            try:
+                saved: Checkpoint = yield Save(fresh, "start")
+            except ConflictError:
+                continue
+            logger.info("run %r: queued (workflow %r)", run_id, workflow.name)
+            return RunInfo.of(saved)
+        if (cp.workflow, cp.workflow_version) != workflow.key:
+            raise WorkflowChanged(
+                f"run {run_id!r} exists with workflow {cp.workflow!r} version "
+                f"{cp.workflow_version!r}; starting it as {workflow.name!r} version "
+                f"{workflow.version!r} was refused (use another run_id)",
+                run_id,
+                -1,
+            )
+        try:
+            check_input(run_id, replace(cp, input=cp.input or {}), given or {})
+        except InputMismatch as exc:
+            raise InputMismatch(
+                str(exc).replace("nothing was run", "the run was left as it is"),
+                run_id,
+                exc.path,
+            ) from None
+        return RunInfo.of(cp)
+    raise _too_busy(run_id)
+
+
+def start(
+    store: Store, workflow: Workflow, run_id: str, input: dict[str, Any] | None = None
+) -> RunInfo:
+    """Record a new run of ``workflow`` as ``queued``, for a worker to run.
+
+    Starting the same run_id again with the same workflow (name and version) and input
+    is a no-op that returns the run's status now.
+
+    Raises:
+        WorkflowChanged: the run exists and was started from another workflow or version.
+        InputMismatch: the run exists with another input.
+        InvalidState: ``input`` is not a JSON dict.
+    """
+    result: RunInfo = _sync(_start(workflow, run_id, input), store)
+    return result
+
+
+async def astart(
+    store: Store, workflow: Workflow, run_id: str, input: dict[str, Any] | None = None
+) -> RunInfo:
+    """Async ``start``."""
+    result: RunInfo = await _async(_start(workflow, run_id, input), store)
+    return result
+
+
+# --- cancel ---------------------------------------------------------------------------
+
+
+def _cancel(run_id: str) -> Op:
+    check_run_id(run_id)
+    for _ in range(_MAX_TRIES):
+        cp = yield Load(run_id)
+        if cp is None:
+            raise RunNotFound(f"run {run_id!r} does not exist; nothing to cancel", run_id)
+        status = cp.status
+        if status in ("done", "cancelled"):
+            raise RunNotActive(
+                f"run {run_id!r} is {status}; only queued, running, waiting or failed runs "
+                "can be cancelled",
+                run_id,
+                status,
+            )
+        if cp.owner is None:
+            # Nobody runs it: cancelled at once, and never claimed.
+            new = replace(cp, cancelled=True, queued=False, waiting_for=None, wake_at=None)
+        elif cp.cancel_requested:
+            new = cp
+        else:
+            # Its owner stops at the next step boundary, after saving a step in flight.
+            new = replace(cp, cancel_requested=True)
+        try:
+            saved: Checkpoint = new if new is cp else (yield Save(new, "cancel"))
+        except ConflictError:
+            continue
+        for child in saved.children:
+            with contextlib.suppress(RunNotActive, RunNotFound):
+                yield from _cancel(child)
+        logger.info("run %r: %s", run_id, "cancelled" if saved.cancelled else "cancel requested")
+        return RunInfo.of(saved)
+    raise _too_busy(run_id)
+
+
+def cancel(store: Store, run_id: str) -> RunInfo:
+    """Cancel the run: it stops at its next step boundary, whoever owns it.
+
+    A run nobody is executing (queued, waiting, failed, or whose owner gave it back) is
+    cancelled at once. A running one gets a cancel request: its owner saves the step in
+    flight when it completes, then marks the run ``cancelled`` and runs nothing more.
+    Children of a ``Map`` step in progress are cancelled too.
+
+    Returns:
+        The run's ``RunInfo`` after the request (``cancelled``, or still ``running``
+        until its owner reaches the boundary).
+
+    Raises:
+        RunNotFound: no such run.
+        RunNotActive: the run is done or already cancelled.
+    """
+    result: RunInfo = _sync(_cancel(run_id), store)
+    return result
+
+
+async def acancel(store: Store, run_id: str) -> RunInfo:
+    """Async ``cancel``."""
+    result: RunInfo = await _async(_cancel(run_id), store)
+    return result
+
+
+# --- signal ---------------------------------------------------------------------------
+
+
+def _signal(run_id: str, name: str, payload: Any, signal_id: str | None) -> Op:
+    check_run_id(run_id)
+    if not isinstance(name, str) or not name or len(name) > 200:
+        raise InvalidWorkflow(f"a signal name must be a str of 1-200 characters, got {name!r}")
+    if signal_id is None:
+        signal_id = uuid.uuid4().hex
+    elif not isinstance(signal_id, str) or not 1 <= len(signal_id) <= _MAX_SIGNAL_ID:
+        raise InvalidWorkflow(
+            f"signal_id must be a str of 1-{_MAX_SIGNAL_ID} characters, got {signal_id!r}"
+        )
+    payload = encode_state({"payload": payload})[1]["payload"]
+    for _ in range(_MAX_TRIES):
+        cp = yield Load(run_id)
+        if cp is None:
+            raise RunNotFound(f"run {run_id!r} does not exist; the signal was not kept", run_id)
+        status = cp.status
+        if status in ("done", "cancelled"):
+            raise RunNotActive(
+                f"run {run_id!r} is {status}: it takes no more signals (signals are kept "
+                "for queued, running, waiting and failed runs)",
+                run_id,
+                status,
+            )
+        if any(s.id == signal_id for s in cp.signals):
+            logger.info("run %r: signal id %r already received; nothing to do", run_id, signal_id)
+            return False
+        new = replace(cp, signals=(*cp.signals, Signal(name, signal_id, payload, utcnow())))
+        if status == "waiting" and cp.owner is None and cp.waiting_for == f"signal {name}":
+            new = replace(new, wake_at=utcnow())  # due now: a worker resumes it
+        try:
+            yield Save(new, f"signal {name}")
+        except ConflictError:
+            continue
+        logger.info("run %r: signal %r received (id %r)", run_id, name, signal_id)
+        return True
+    raise _too_busy(run_id)
+
+
+def signal(
+    store: Store, run_id: str, name: str, payload: Any = None, *, signal_id: str | None = None
+) -> bool:
+    """Deliver the signal ``name`` with a JSON ``payload`` to a run.
+
+    The signal is stored in the run's record by compare-and-swap, so it is applied
+    exactly once: kept until a ``WaitFor`` on ``name`` consumes it (also if it arrives
+    before the run reaches that step). A repeated ``signal_id`` is a no-op.
+
+    Returns:
+        True if the signal was recorded, False if its id had been received before.
+
+    Raises:
+        RunNotFound: no such run.
+        RunNotActive: the run is done or cancelled.
+        InvalidState: ``payload`` is not JSON.
+    """
+    result: bool = _sync(_signal(run_id, name, payload, signal_id), store)
+    return result
+
+
+async def asignal(
+    store: Store, run_id: str, name: str, payload: Any = None, *, signal_id: str | None = None
+) -> bool:
+    """Async ``signal``."""
+    result: bool = await _async(_signal(run_id, name, payload, signal_id), store)
+    return result

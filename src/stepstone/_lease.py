@@ -1,0 +1,146 @@
+"""Ownership of a run: who may write it, and how a lease is taken, kept and given back.
+
+A run being executed has an owner, a lease length and a fencing epoch, all stored in the
+same compare-and-swap record as its checkpoint. There is no second record and no other
+coordinator: the store's compare-and-swap on the version is the only primitive.
+
+- **Claim.** A run is claimed by a compare-and-swap save that sets ``owner``, bumps
+  ``epoch`` and records ``lease`` (seconds). Two claimants racing on one version: one
+  wins, the other gets ``ConflictError``.
+- **Renewal.** While a step runs longer than a third of the lease, the owner re-saves
+  the record (a new version, ``renewed_at`` set). Any write changes the version.
+- **Expiry** is judged by the claimant's own monotonic clock: a run whose version has
+  not changed for a whole lease (the lease its owner recorded) while the claimant was
+  watching is expired. No two hosts' wall clocks are ever compared, so clock skew can
+  delay nothing and expire nothing early. ``renewed_at`` is shown to people only.
+- **Fencing.** Every write by an owner is a compare-and-swap on the version it last
+  wrote; after a takeover that version is gone, so a frozen owner that wakes up cannot
+  write. When its save conflicts it reloads: a new epoch or owner means ``LeaseLost``.
+- **Writes by others.** ``signal`` and ``cancel`` may change a run someone owns; they
+  touch only ``signals`` and ``cancel_requested``. An owner whose save conflicted on
+  such a write rebases its save on the stored record (``rebase``) and tries again; any
+  other change (state, step, failure) is a real conflict.
+- **Release.** The owner's last write (done, failed, waiting, cancelled, or stopping)
+  clears ``owner``, so another worker can take the run at once.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from dataclasses import replace
+from datetime import timedelta
+
+from ._checkpoint import Checkpoint, utcnow
+from ._errors import ConflictError, InvalidWorkflow, LeaseLost
+
+__all__ = [
+    "DEFAULT_LEASE",
+    "check_lease",
+    "claimed",
+    "new_owner",
+    "rebase",
+    "released",
+    "renewal",
+]
+
+#: Seconds. Long enough that a renewal every ten seconds is cheap traffic; short enough
+#: that a crashed worker's runs move to another worker within half a minute.
+DEFAULT_LEASE = 30.0
+#: Bounds on a lease, so that a typo cannot strand a run for a year or renew in a loop.
+MIN_LEASE = 0.05
+MAX_LEASE = 24 * 3600.0
+
+
+def check_lease(lease: object) -> float:
+    """Return ``lease`` (a number of seconds or a ``timedelta``) as seconds, or raise."""
+    if isinstance(lease, timedelta):
+        seconds = lease.total_seconds()
+    elif isinstance(lease, (int, float)) and not isinstance(lease, bool):
+        seconds = float(lease)
+    else:
+        raise InvalidWorkflow(
+            f"lease must be a number of seconds or a timedelta, got {type(lease).__name__}"
+        )
+    if not MIN_LEASE <= seconds <= MAX_LEASE:
+        raise InvalidWorkflow(
+            f"lease must be between {MIN_LEASE} and {MAX_LEASE:.0f} seconds, got {seconds!r}"
+        )
+    return seconds
+
+
+def new_owner(kind: str = "run") -> str:
+    """Return a fresh owner name: readable for operators, unique across hosts and restarts."""
+    host = socket.gethostname()[:64] or "host"
+    return f"{kind}:{host}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def claimed(cp: Checkpoint, owner: str, lease: float) -> Checkpoint:
+    """Return ``cp`` as a claim by ``owner``: saved by compare-and-swap on ``cp.version``."""
+    return replace(
+        cp,
+        owner=owner,
+        epoch=cp.epoch + 1,
+        lease=lease,
+        renewed_at=utcnow(),
+        queued=False,
+    )
+
+
+def renewal(cp: Checkpoint) -> Checkpoint:
+    """Return the record that renews ``cp``'s lease (same content, a new save)."""
+    return replace(cp, renewed_at=utcnow())
+
+
+def released(cp: Checkpoint) -> Checkpoint:
+    """Return ``cp`` with its lease given back (the epoch stays, for fencing)."""
+    return replace(cp, owner=None, lease=None, renewed_at=None)
+
+
+def _same_progress(a: Checkpoint, b: Checkpoint) -> bool:
+    return (
+        a.step == b.step
+        and a.step_names == b.step_names
+        and a.attempt == b.attempt
+        and a.failure == b.failure
+        and a.consumed == b.consumed
+        and a.waiting_for == b.waiting_for
+        and a.cancelled == b.cancelled
+        # The text, when both sides have it: a loaded state may already be a step's
+        # working copy, mutated in place.
+        and (a.state_json is None or b.state_json is None or a.state_json == b.state_json)
+    )
+
+
+def rebase(base: Checkpoint, intended: Checkpoint, stored: Checkpoint | None) -> Checkpoint:
+    """Return ``intended`` re-based on ``stored``, after a save built on ``base`` conflicted.
+
+    Raises:
+        LeaseLost: the run has another owner or epoch now (a takeover), or was deleted.
+        ConflictError: someone advanced the run (state, step, failure) without taking it
+            over; nothing may be merged.
+    """
+    run_id = base.run_id
+    if stored is None:
+        raise LeaseLost(f"run {run_id!r} was deleted while owned by {base.owner!r}", run_id)
+    if stored.owner != base.owner or stored.epoch != base.epoch:
+        raise LeaseLost(
+            f"run {run_id!r}: lease lost: the run is now held by {stored.owner!r} at epoch "
+            f"{stored.epoch} (this owner was {base.owner!r} at epoch {base.epoch}); "
+            "nothing was written",
+            run_id,
+        )
+    if not _same_progress(base, stored):
+        raise ConflictError(
+            f"run {run_id!r}: expected version {base.version!r}, stored {stored.version!r}: "
+            "another writer advanced the run",
+            run_id,
+        )
+    return replace(
+        intended,
+        version=stored.version,
+        signals=stored.signals,
+        cancel_requested=stored.cancel_requested or intended.cancel_requested,
+        created_at=stored.created_at,
+    )

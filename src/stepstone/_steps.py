@@ -1,0 +1,256 @@
+"""What a run is made of: ``Step``, ``RetryPolicy``, ``StepContext`` and ``Workflow``."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import math
+import random
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._errors import InvalidWorkflow
+
+__all__ = [
+    "AttemptsExhausted",
+    "RetryPolicy",
+    "Step",
+    "StepContext",
+    "Workflow",
+    "check_steps",
+    "idempotency_key",
+    "safe_text",
+]
+
+#: The longest single delay a RetryPolicy may ask for: a day. Longer waits are a
+#: ``Sleep`` step's job (durable, costing no process), not a blocked worker's.
+MAX_RETRY_DELAY = 86_400.0
+MAX_MULTIPLIER = 1_000.0
+MAX_ATTEMPTS = 1_000_000
+
+
+class AttemptsExhausted(Exception):
+    """The step's retry policy allows no more attempts (earlier ones died with the process)."""
+
+
+def safe_text(error: BaseException, limit: int = 2000) -> str:
+    """Return ``str(error)`` for a stored record: bounded, valid UTF-8, never raising.
+
+    An exception's ``__str__`` is user code and may itself raise; the run must still end
+    in ``StepFailed`` with its failure saved.
+    """
+    try:
+        text = str(error)
+    except Exception as exc:
+        try:
+            text = f"<{type(error).__qualname__}.__str__ raised {type(exc).__qualname__}>"
+        except Exception:
+            text = "<unprintable exception>"
+    if not isinstance(text, str):
+        text = "<__str__ returned a non-str>"
+    return text[:limit].encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _finite_number(name: str, value: object, low: float, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidWorkflow(f"RetryPolicy.{name} must be a number, got {type(value).__name__}")
+    number = float(value)
+    if not (math.isfinite(number) and low <= number <= high):
+        raise InvalidWorkflow(f"RetryPolicy.{name} must be between {low} and {high}, got {value!r}")
+    return number
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How often and when a failing step is tried again.
+
+    The attempt count is saved before each attempt, so a process that dies mid-step does
+    not get a fresh budget on resume: a step that crashes its process every time stops
+    after ``max_attempts`` instead of looping forever.
+
+    Attributes:
+        max_attempts: Attempts in all, the first included (1 means no retry), up to 10**6.
+        initial_delay: Seconds before the second attempt (0 to 86,400).
+        multiplier: Factor applied to the delay after each attempt (0 to 1,000).
+        max_delay: Upper bound on one delay, in seconds (0 to 86,400).
+        jitter: Fraction of the delay added or removed at random (0 to 1; 0.1 is +-10%).
+        retry_on: Exception types to retry, or a predicate taking the exception.
+    """
+
+    max_attempts: int = 3
+    initial_delay: float = 1.0
+    multiplier: float = 2.0
+    max_delay: float = 60.0
+    jitter: float = 0.1
+    retry_on: tuple[type[BaseException], ...] | Callable[[BaseException], bool] = (Exception,)
+
+    def __post_init__(self) -> None:
+        if (
+            isinstance(self.max_attempts, bool)
+            or not isinstance(self.max_attempts, int)
+            or not 1 <= self.max_attempts <= MAX_ATTEMPTS
+        ):
+            raise InvalidWorkflow(
+                f"max_attempts must be an int from 1 to {MAX_ATTEMPTS}, got {self.max_attempts!r}"
+            )
+        _finite_number("initial_delay", self.initial_delay, 0.0, MAX_RETRY_DELAY)
+        _finite_number("max_delay", self.max_delay, 0.0, MAX_RETRY_DELAY)
+        _finite_number("multiplier", self.multiplier, 0.0, MAX_MULTIPLIER)
+        _finite_number("jitter", self.jitter, 0.0, 1.0)
+        if isinstance(self.retry_on, tuple):
+            if not all(isinstance(t, type) and issubclass(t, BaseException) for t in self.retry_on):
+                raise InvalidWorkflow("retry_on must hold exception types only")
+        elif not callable(self.retry_on):
+            raise InvalidWorkflow("retry_on must be a tuple of exception types or a predicate")
+
+    def should_retry(self, exc: BaseException) -> bool:
+        """Return whether ``exc`` is one this policy retries."""
+        if isinstance(self.retry_on, tuple):
+            return isinstance(exc, self.retry_on)
+        return bool(self.retry_on(exc))
+
+    def delay(self, attempt: int) -> float:
+        """Return the seconds to wait after failed attempt number ``attempt``."""
+        base = self.initial_delay
+        if base > 0 and self.multiplier > 1 and attempt > 1:
+            # Compare exponents, not powers: multiplier ** attempt overflows a float
+            # long before max_delay stops mattering.
+            room = math.log(self.max_delay / base) if self.max_delay > base else 0.0
+            if (attempt - 1) * math.log(self.multiplier) >= room:
+                base = self.max_delay
+            else:
+                base = base * self.multiplier ** (attempt - 1)
+        elif attempt > 1:
+            base = base * self.multiplier ** (attempt - 1)
+        base = min(base, self.max_delay)
+        return max(0.0, base * (1 + random.uniform(-self.jitter, self.jitter)))
+
+
+@dataclass(frozen=True, slots=True)
+class StepContext:
+    """What a step may learn about its own execution (passed as a second argument).
+
+    ``idempotency_key`` is the same for every attempt and resume of this step of this
+    run, and differs for every other step and run: pass it to a payment or model API so
+    a repeated call is a no-op. A run deleted and started again under the same run_id
+    gets the same keys.
+    """
+
+    run_id: str
+    step_index: int
+    step_name: str
+    attempt: int
+    idempotency_key: str
+
+
+def idempotency_key(run_id: str, step_index: int, step_name: str) -> str:
+    """Return the deterministic idempotency key of one step of one run."""
+    raw = f"stepstone\x00{run_id}\x00{step_index}\x00{step_name}".encode()
+    return hashlib.sha256(raw).hexdigest()[:32]
+
+
+def _check_name(name: object) -> str:
+    if not isinstance(name, str) or not name:
+        raise InvalidWorkflow(f"a step name must be a non-empty str, got {name!r}")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidWorkflow(f"step name {name!r} holds a lone surrogate") from None
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """A named step: ``fn(state)`` or ``fn(state, ctx)`` returns updates (a dict) or None.
+
+    ``fn`` may be ``async def``: such a step runs only under ``arun``. Under ``arun`` a
+    plain function runs in a worker thread, so a blocking call cannot stall the loop.
+    """
+
+    name: str
+    fn: Callable[..., Any]
+    retry: RetryPolicy | None = None
+    takes_context: bool = field(init=False, repr=False, compare=False)
+    is_async: bool = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        _check_name(self.name)
+        if not callable(self.fn):
+            raise InvalidWorkflow(f"step {self.name!r}: fn must be callable, got {self.fn!r}")
+        if self.retry is not None and not isinstance(self.retry, RetryPolicy):
+            raise InvalidWorkflow(f"step {self.name!r}: retry must be a RetryPolicy or None")
+        object.__setattr__(self, "takes_context", _takes_context(self.fn))
+        object.__setattr__(self, "is_async", _is_async(self.fn))
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    if inspect.iscoroutinefunction(fn):
+        return True
+    call = getattr(type(fn), "__call__", None)  # noqa: B004 - an object with async __call__
+    return call is not None and not inspect.isfunction(fn) and inspect.iscoroutinefunction(call)
+
+
+def _takes_context(fn: Callable[..., Any]) -> bool:
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    positional = [
+        p
+        for p in params
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+    ]
+    varargs = any(p.kind is p.VAR_POSITIONAL for p in params)
+    return len(positional) >= 2 or (len(positional) == 1 and varargs)
+
+
+class Workflow:
+    """A named, optionally versioned list of steps: what workers serve and ``start`` queues.
+
+    A run started from a workflow records its name and version; a worker runs it only
+    with a workflow of that very name and version, never with other steps.
+    """
+
+    __slots__ = ("name", "steps", "version")
+
+    def __init__(self, name: str, steps: Sequence[Any], *, version: str | None = None) -> None:
+        if not isinstance(name, str) or not name or len(name) > 200:
+            raise InvalidWorkflow(
+                f"a workflow name must be a str of 1-200 characters, got {name!r}"
+            )
+        _check_name(name)
+        if version is not None and (not isinstance(version, str) or not version):
+            raise InvalidWorkflow(f"workflow {name!r}: version must be a non-empty str or None")
+        self.name = name
+        self.version = version
+        self.steps: tuple[Any, ...] = tuple(check_steps(steps))
+
+    @property
+    def key(self) -> tuple[str, str | None]:
+        """``(name, version)``: what identifies the workflow to workers."""
+        return (self.name, self.version)
+
+    def __repr__(self) -> str:
+        shown = "" if self.version is None else f", version={self.version!r}"
+        return f"Workflow({self.name!r}, {len(self.steps)} steps{shown})"
+
+
+def check_steps(steps: object) -> list[Any]:
+    """Return ``steps`` as a list of steps, or raise ``InvalidWorkflow`` saying why not."""
+    from ._suspend import SuspendingStep  # noqa: PLC0415 - the two modules refer to each other
+
+    if isinstance(steps, Workflow):
+        return list(steps.steps)
+    if isinstance(steps, (str, bytes, Mapping)) or not isinstance(steps, Iterable):
+        raise InvalidWorkflow(f"steps must be a list of Step objects, got {type(steps).__name__}")
+    items = list(steps)
+    for item in items:
+        if not isinstance(item, (Step, SuspendingStep)):
+            raise InvalidWorkflow(
+                f"steps must be Step objects (or WaitFor, Sleep, Map), got {type(item).__name__}"
+            )
+    return items

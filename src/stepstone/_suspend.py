@@ -1,0 +1,390 @@
+"""Steps that suspend a run: ``WaitFor`` (a signal), ``Sleep`` (a durable timer), ``Map``.
+
+A suspending step either completes (its result merged into the state under its name,
+saved like any step) or saves the run as ``waiting`` with what it waits for and until
+when (``waiting_for``, ``wake_at``), gives the lease back and raises ``Suspended``. A
+waiting run costs no process: a worker finds it again through the store's (status,
+due_at) index when its timer is due, a signal arrives (``signal`` sets ``wake_at`` to
+now) or a child finishes (the child's last save does the same to its parent).
+
+Everything a suspending step needs is in the checkpoint: the signals received (each
+consumed once, in arrival order, counted in ``consumed``), the timer's due time
+(``wake_at``, fixed when the wait began, so a restart never moves it) and the child
+run_ids. Evaluating a step twice after a crash therefore gives the same answer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Generator
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from ._checkpoint import MAX_RUN_ID_LENGTH, Checkpoint, Signal, utcnow
+from ._codec import encode_state
+from ._errors import ConflictError, InvalidState, InvalidWorkflow, StoreError
+from ._observe import logger
+from ._steps import RetryPolicy, Workflow, _check_name
+
+if TYPE_CHECKING:
+    from ._core import Effect, Plan
+
+__all__ = [
+    "ChildFailed",
+    "Complete",
+    "Map",
+    "Sleep",
+    "SuspendingStep",
+    "Wait",
+    "WaitFor",
+    "WaitTimeout",
+    "child_run_id",
+    "pending_signals",
+]
+
+_MISSING: Any = object()
+#: How often a parent waiting on children looks at them even if no child told it
+#: (a child's nudge can be lost to a crash; this bounds the delay, never strands it).
+CHILD_POLL = 10.0
+
+
+class WaitTimeout(TimeoutError):
+    """A ``WaitFor`` reached its timeout without a signal and has no default."""
+
+
+class ChildFailed(Exception):
+    """A ``Map`` child run failed or was cancelled; ``run_id`` names it."""
+
+    def __init__(self, message: str, run_id: str) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+
+
+class Complete:
+    """The step is done: merge ``update``; apply ``changes`` to the checkpoint."""
+
+    __slots__ = ("changes", "update")
+
+    def __init__(self, update: dict[str, Any], changes: dict[str, Any] | None = None) -> None:
+        self.update = update
+        self.changes = changes or {}
+
+
+class Wait:
+    """The run must wait for ``waiting_for`` until ``wake_at`` (None: only a signal)."""
+
+    __slots__ = ("changes", "poll_only", "waiting_for", "wake_at")
+
+    def __init__(
+        self,
+        waiting_for: str,
+        wake_at: datetime | None,
+        changes: dict[str, Any] | None = None,
+        poll_only: bool = False,
+    ) -> None:
+        self.waiting_for = waiting_for
+        self.wake_at = wake_at
+        self.changes = changes or {}
+        self.poll_only = poll_only
+
+
+Outcome = Complete | Wait
+
+
+class SuspendingStep:
+    """Base of the steps that may suspend a run. Not for subclassing by users."""
+
+    __slots__ = ("name", "retry")
+
+    name: str
+    retry: RetryPolicy | None
+
+    def ready(self, cp: Checkpoint) -> bool:
+        """Return whether a run waiting at this step has what it waits for."""
+        raise NotImplementedError
+
+    def evaluate(
+        self, plan: Plan, cp: Checkpoint, index: int, state: dict[str, Any], first: bool
+    ) -> Generator[Effect, Any, Outcome]:
+        """Decide: complete now, or wait. ``first`` is True on a fresh attempt."""
+        raise NotImplementedError
+
+
+def _due(wake_at: datetime | None) -> bool:
+    return wake_at is not None and utcnow() >= wake_at
+
+
+def pending_signals(cp: Checkpoint, name: str) -> list[Signal]:
+    """Return the signals named ``name`` received and not yet consumed, oldest first."""
+    received = [s for s in cp.signals if s.name == name]
+    return received[cp.consumed.get(name, 0) :]
+
+
+def _seconds(value: object, what: str) -> float:
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise InvalidWorkflow(f"{what} must be seconds (a number) or a timedelta")
+    if not 0 <= seconds <= 366 * 86_400 * 100:  # NaN fails this too
+        raise InvalidWorkflow(f"{what} must be between 0 and 100 years, got {value!r}")
+    return seconds
+
+
+class WaitFor(SuspendingStep):
+    """Wait for the signal ``signal``; merge its payload into the state under ``name``.
+
+    Signals of one name queue in arrival order, each consumed by the first ``WaitFor``
+    that takes it. With ``timeout`` (seconds or ``timedelta``), ``default`` is merged when
+    it passes; without a default the step fails (``WaitTimeout``, a saved failure to
+    which ``retry`` applies).
+    """
+
+    __slots__ = ("default", "signal", "timeout")
+
+    def __init__(
+        self,
+        name: str,
+        signal: str,
+        *,
+        timeout: float | timedelta | None = None,
+        default: Any = _MISSING,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        self.name = _check_name(name)
+        if not isinstance(signal, str) or not signal or len(signal) > 200:
+            raise InvalidWorkflow(f"WaitFor {name!r}: signal must be a name of 1-200 characters")
+        self.signal = signal
+        self.timeout = None if timeout is None else _seconds(timeout, f"WaitFor {name!r} timeout")
+        if default is not _MISSING:
+            try:
+                encode_state({"default": default})
+            except InvalidState as exc:
+                raise InvalidWorkflow(f"WaitFor {name!r}: default is not JSON: {exc}") from None
+        self.default = default
+        self.retry = retry
+
+    def __repr__(self) -> str:
+        return f"WaitFor({self.name!r}, {self.signal!r}, timeout={self.timeout!r})"
+
+    def ready(self, cp: Checkpoint) -> bool:
+        return bool(pending_signals(cp, self.signal)) or _due(cp.wake_at)
+
+    def evaluate(
+        self, plan: Plan, cp: Checkpoint, index: int, state: dict[str, Any], first: bool
+    ) -> Generator[Effect, Any, Outcome]:
+        pending = pending_signals(cp, self.signal)
+        if pending:
+            consumed = dict(cp.consumed)
+            consumed[self.signal] = consumed.get(self.signal, 0) + 1
+            logger.info("run %r: signal %r (id %r) consumed", cp.run_id, self.signal, pending[0].id)
+            return Complete({self.name: pending[0].payload}, {"consumed": consumed})
+        if first:
+            deadline = None if self.timeout is None else utcnow() + timedelta(seconds=self.timeout)
+        else:
+            deadline = cp.wake_at
+        if _due(deadline):
+            if self.default is not _MISSING:
+                return Complete({self.name: self.default})
+            raise WaitTimeout(f"no signal {self.signal!r} within {self.timeout:g}s")
+        return Wait(f"signal {self.signal}", deadline)
+        yield  # pragma: no cover - makes this a generator
+
+
+class Sleep(SuspendingStep):
+    """Wait until a time; merge that time (ISO 8601, UTC) into the state under ``name``.
+
+    Exactly one of ``duration`` (seconds or ``timedelta``, counted from when the run
+    first reaches the step) and ``until`` (a timezone-aware ``datetime``). The due time is
+    recorded in the checkpoint when the wait begins, so restarts never move it.
+    """
+
+    __slots__ = ("duration", "until")
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        duration: float | timedelta | None = None,
+        until: datetime | None = None,
+    ) -> None:
+        self.name = _check_name(name)
+        if (duration is None) == (until is None):
+            raise InvalidWorkflow(f"Sleep {name!r}: give exactly one of duration and until")
+        if until is not None:
+            if not isinstance(until, datetime):
+                raise InvalidWorkflow(f"Sleep {name!r}: until must be a datetime")
+            if until.tzinfo is None or until.utcoffset() is None:
+                raise InvalidWorkflow(
+                    f"Sleep {name!r}: until={until.isoformat()} is naive; give a timezone-"
+                    "aware datetime (e.g. datetime(..., tzinfo=UTC))"
+                )
+            until = until.astimezone(UTC)
+        self.until = until
+        self.duration = None if duration is None else _seconds(duration, f"Sleep {name!r} duration")
+        self.retry = None
+
+    def __repr__(self) -> str:
+        return f"Sleep({self.name!r}, duration={self.duration!r}, until={self.until!r})"
+
+    def ready(self, cp: Checkpoint) -> bool:
+        return _due(cp.wake_at)
+
+    def evaluate(
+        self, plan: Plan, cp: Checkpoint, index: int, state: dict[str, Any], first: bool
+    ) -> Generator[Effect, Any, Outcome]:
+        wake = cp.wake_at if (not first and cp.wake_at is not None) else self._wake_time()
+        if utcnow() >= wake:
+            return Complete({self.name: wake.astimezone(UTC).isoformat()})
+        return Wait("timer", wake)
+        yield  # pragma: no cover - makes this a generator
+
+    def _wake_time(self) -> datetime:
+        if self.until is not None:
+            return self.until
+        assert self.duration is not None
+        return utcnow() + timedelta(seconds=self.duration)
+
+
+def child_run_id(parent: str, name: str, index: int) -> str:
+    """Return the run_id of child ``index`` of ``Map`` step ``name`` of run ``parent``.
+
+    ``PARENT/NAME/INDEX``; where that would pass the 1,024-character limit, the hashed
+    form ``map~<sha256 of PARENT NUL NAME, 64 hex>/INDEX``, just as deterministic.
+    """
+    plain = f"{parent}/{name}/{index}"
+    if len(plain) <= MAX_RUN_ID_LENGTH:
+        return plain
+    digest = hashlib.sha256(f"{parent}\x00{name}".encode()).hexdigest()
+    return f"map~{digest}/{index}"
+
+
+class Map(SuspendingStep):
+    """Fan out: one child run of ``workflow`` per item of ``items(state)``; merge results.
+
+    Children are ordinary queued runs (``PARENT/NAME/INDEX``, see ``child_run_id``), run
+    by workers. The parent waits until all are done, then merges the list of their final
+    states, in item order, under ``name``. A failed child fails the step (``ChildFailed``
+    naming it); a retry (``retry``, or running the parent again) re-queues only the
+    failed children.
+    """
+
+    __slots__ = ("items", "workflow")
+
+    def __init__(
+        self,
+        name: str,
+        workflow: Workflow,
+        items: Callable[[dict[str, Any]], list[Any]],
+        *,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        self.name = _check_name(name)
+        if not isinstance(workflow, Workflow):
+            raise InvalidWorkflow(f"Map {name!r}: workflow must be a Workflow")
+        if not callable(items):
+            raise InvalidWorkflow(f"Map {name!r}: items must be a function of the state")
+        self.workflow = workflow
+        self.items = items
+        self.retry = retry
+
+    def __repr__(self) -> str:
+        return f"Map({self.name!r}, {self.workflow!r})"
+
+    def ready(self, cp: Checkpoint) -> bool:
+        return _due(cp.wake_at)
+
+    def _inputs(self, state: dict[str, Any]) -> list[dict[str, Any]]:
+        items = self.items(state)
+        if not isinstance(items, list):
+            raise InvalidWorkflow(f"Map {self.name!r}: items() must return a list")
+        for position, item in enumerate(items):
+            if not isinstance(item, dict):
+                raise InvalidWorkflow(
+                    f"Map {self.name!r}: item {position} is a {type(item).__name__}; each "
+                    "item is a child run's input, a JSON dict"
+                )
+        return [encode_state(item)[1] for item in items]
+
+    def evaluate(
+        self, plan: Plan, cp: Checkpoint, index: int, state: dict[str, Any], first: bool
+    ) -> Generator[Effect, Any, Outcome]:
+        from ._core import Load, Save  # noqa: PLC0415
+
+        inputs = self._inputs(state)
+        ids = [child_run_id(cp.run_id, self.name, i) for i in range(len(inputs))]
+        children: list[Checkpoint] = []
+        for child_id, item in zip(ids, inputs, strict=True):
+            child = yield Load(child_id)
+            if child is None:
+                fresh = _queued(self.workflow, child_id, item, parent=cp.run_id)
+                try:
+                    child = yield Save(fresh, f"start child {child_id}", owned=False)
+                except ConflictError:
+                    child = yield Load(child_id)
+                    if child is None:
+                        raise
+            children.append(child)
+        if first:
+            # A fresh attempt re-queues the children that failed before: only those run again.
+            for position, child in enumerate(children):
+                if child.status == "failed" and child.owner is None:
+                    requeued = replace(child, queued=True, attempt=0)
+                    children[position] = yield Save(requeued, "requeue child", owned=False)
+        done = [child for child in children if child.status == "done"]
+        if len(done) == len(children):
+            from ._core import pristine  # noqa: PLC0415
+
+            return Complete({self.name: [pristine(child) for child in children]})
+        for child in children:
+            if child.status in ("failed", "cancelled"):
+                reason = (
+                    "was cancelled"
+                    if child.status == "cancelled"
+                    else f"failed at step {child.failure.step_name!r}: {child.failure.message}"
+                    if child.failure is not None
+                    else "failed"
+                )
+                raise ChildFailed(f"child run {child.run_id!r} {reason}", child.run_id)
+        return Wait(
+            f"children {len(done)} of {len(children)}",
+            utcnow() + timedelta(seconds=CHILD_POLL),
+            {"children": tuple(ids)},
+            poll_only=True,
+        )
+
+
+def _queued(
+    workflow: Workflow, run_id: str, input: dict[str, Any], parent: str | None = None
+) -> Checkpoint:
+    return Checkpoint(
+        run_id=run_id,
+        state=encode_state(input)[1],
+        total_steps=len(workflow.steps),
+        input=input,
+        workflow=workflow.name,
+        workflow_version=workflow.version,
+        queued=True,
+        parent=parent,
+    )
+
+
+def nudge(parent: str) -> Generator[Effect, Any, None]:
+    """Tell a parent waiting on its children to look now (best effort; it also polls)."""
+    from ._core import Load, Save  # noqa: PLC0415
+
+    for _ in range(5):
+        try:
+            cp = yield Load(parent)
+            if cp is None or cp.status != "waiting" or cp.owner is not None:
+                return
+            if cp.wake_at is not None and cp.wake_at <= utcnow():
+                return
+            yield Save(replace(cp, wake_at=utcnow()), f"wake parent {parent}", owned=False)
+        except ConflictError:
+            continue
+        except StoreError as exc:
+            logger.warning("could not wake parent run %r: %s (it polls)", parent, exc)
+        return
