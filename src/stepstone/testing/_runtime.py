@@ -8,6 +8,7 @@ nothing, signals are applied exactly once. Each test runs in both forms (``ops``
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import Counter
@@ -90,7 +91,7 @@ class _Serving:
                     self.worker = Worker(store, self.workflows, **self.options)
                     self.ready.set()
                     self.worker.serve()
-        except BaseException as exc:  # noqa: BLE001 - reported by __exit__
+        except BaseException as exc:
             self.error = exc
             self.ready.set()
 
@@ -198,7 +199,7 @@ class RuntimeContract(ContractBase):
                     from .._runner import run  # noqa: PLC0415
 
                     run("held", [Step("hold", hold)], other, lease=0.3)
-                except BaseException as exc:  # noqa: BLE001
+                except BaseException as exc:
                     errors.append(exc)
 
         thread = threading.Thread(target=holder, name="lease holder")
@@ -246,7 +247,6 @@ class RuntimeContract(ContractBase):
 
     def test_fenced_owner_writes_nothing(self, ops: Ops, store_config: str) -> None:
         """An owner whose run was taken over mid-step gets LeaseLost and saves nothing."""
-        store = ops.store
 
         def taken_over(state: State) -> State:
             # While this step runs, another worker takes the run over (as after a freeze).
@@ -450,7 +450,7 @@ class RuntimeContract(ContractBase):
                     barrier.wait(WAIT_TIMEOUT)
                     signal(mine, "many", "s", i, signal_id=f"id{i}")
                     signal(mine, "many", "s", i, signal_id=f"id{i}")  # and a duplicate
-            except BaseException as exc:  # noqa: BLE001
+            except BaseException as exc:
                 errors.append(exc)
 
         threads = [
@@ -515,7 +515,7 @@ class RuntimeContract(ContractBase):
     def test_naive_until_is_refused(self) -> None:
         """Sleep(until=naive datetime) is refused at construction, naming the fix."""
         with pytest.raises(ValueError, match="timezone"):
-            Sleep("x", until=datetime(2030, 1, 1))  # noqa: DTZ001 - the point of the test
+            Sleep("x", until=datetime(2030, 1, 1))
 
     # -- children ------------------------------------------------------------------------
 
@@ -560,10 +560,8 @@ class RuntimeContract(ContractBase):
         runs: Counter[str] = Counter()
         for i in range(4):
             runs[f"pf/sums/{i}"] += 1
-            try:
+            with contextlib.suppress(StepFailed):
                 ops.run(f"pf/sums/{i}", child)
-            except StepFailed:
-                pass
         with pytest.raises(StepFailed) as info:
             ops.run("pf", parent)
         assert "pf/sums/2" in str(info.value.__cause__)
