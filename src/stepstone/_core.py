@@ -382,6 +382,14 @@ def _watch_lease(plan: Plan, cp: Checkpoint) -> Generator[Effect, Any, Checkpoin
     """
     run_id = plan.run_id
     lease = cp.lease or _lease.DEFAULT_LEASE
+    if _lease.dead_here(cp.owner):
+        logger.warning(
+            "run %r: its owner %r was a process on this machine that no longer exists; "
+            "taking the run over",
+            run_id,
+            cp.owner,
+        )
+        return _lease.released(cp)
     logger.info(
         "run %r: held by %r; waiting up to %.1fs for its lease to expire unrenewed",
         run_id,

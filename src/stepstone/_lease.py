@@ -26,6 +26,8 @@ coordinator: the store's compare-and-swap on the version is the only primitive.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 import socket
 import uuid
@@ -39,6 +41,7 @@ __all__ = [
     "DEFAULT_LEASE",
     "check_lease",
     "claimed",
+    "dead_here",
     "new_owner",
     "rebase",
     "released",
@@ -70,10 +73,59 @@ def check_lease(lease: object) -> float:
     return seconds
 
 
+@functools.cache
+def _machine() -> str:
+    """Return an id of this kernel boot and PID namespace: where a PID means one process.
+
+    Two owners with the same id see the same process table, so a PID that does not
+    exist there is a process that is gone. Empty when the kernel does not tell.
+    """
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            boot = f.read().strip()
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return ""
+    return hashlib.sha256(f"{boot}:{namespace}".encode()).hexdigest()[:12]
+
+
 def new_owner(kind: str = "run") -> str:
-    """Return a fresh owner name: readable for operators, unique across hosts and restarts."""
-    host = socket.gethostname()[:64] or "host"
-    return f"{kind}:{host}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    """Return a fresh owner name: readable for operators, unique across hosts and restarts.
+
+    ``KIND:HOST:PID:MACHINE:RANDOM``; MACHINE lets ``dead_here`` recognise an owner
+    that ran on this very boot and PID namespace.
+    """
+    host = (socket.gethostname()[:64] or "host").replace(":", "_")
+    return f"{kind}:{host}:{os.getpid()}:{_machine() or '-'}:{uuid.uuid4().hex[:8]}"
+
+
+def dead_here(owner: str | None) -> bool:
+    """Return whether ``owner`` was a process on this machine that no longer exists.
+
+    Only a certainty counts: the owner's MACHINE id must be ours (same boot, same PID
+    namespace) and its PID must be absent. A reused PID or another machine reads as
+    alive, and the caller then waits for the lease as usual. Used by ``run``/``arun``
+    called directly, so a script killed and started again resumes at once; workers rely
+    on the lease alone.
+    """
+    if owner is None:
+        return False
+    parts = owner.split(":")
+    if len(parts) < 5 or not parts[-3].isdigit():
+        return False
+    machine = _machine()
+    if not machine or parts[-2] != machine:
+        return False
+    pid = int(parts[-3])
+    if pid == os.getpid() or pid <= 1:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def claimed(cp: Checkpoint, owner: str, lease: float) -> Checkpoint:
