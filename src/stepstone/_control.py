@@ -13,10 +13,9 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import Generator
-from dataclasses import replace
 from typing import Any
 
-from ._checkpoint import Checkpoint, Signal, check_run_id, utcnow
+from ._checkpoint import Checkpoint, Signal, check_run_id, evolve, utcnow
 from ._codec import encode_state
 from ._core import Effect, Load, Save, check_input
 from ._errors import (
@@ -94,7 +93,7 @@ def _start(workflow: Workflow, run_id: str, input: dict[str, Any] | None) -> Op:
     for _ in range(_MAX_TRIES):
         cp = yield Load(run_id)
         if cp is None:
-            fresh = replace(_queued(workflow, run_id, given or {}), input=given)
+            fresh = evolve(_queued(workflow, run_id, given or {}), input=given)
             try:
                 saved: Checkpoint = yield Save(fresh, "start")
             except ConflictError:
@@ -110,7 +109,7 @@ def _start(workflow: Workflow, run_id: str, input: dict[str, Any] | None) -> Op:
                 -1,
             )
         try:
-            check_input(run_id, replace(cp, input=cp.input or {}), given or {})
+            check_input(run_id, evolve(cp, input=cp.input or {}), given or {})
         except InputMismatch as exc:
             raise InputMismatch(
                 str(exc).replace("nothing was run", "the run was left as it is"),
@@ -165,12 +164,12 @@ def _cancel(run_id: str) -> Op:
             )
         if cp.owner is None:
             # Nobody runs it: cancelled at once, and never claimed.
-            new = replace(cp, cancelled=True, queued=False, waiting_for=None, wake_at=None)
+            new = evolve(cp, cancelled=True, queued=False, waiting_for=None, wake_at=None)
         elif cp.cancel_requested:
             new = cp
         else:
             # Its owner stops at the next step boundary, after saving a step in flight.
-            new = replace(cp, cancel_requested=True)
+            new = evolve(cp, cancel_requested=True)
         try:
             saved: Checkpoint = new if new is cp else (yield Save(new, "cancel"))
         except ConflictError:
@@ -238,9 +237,9 @@ def _signal(run_id: str, name: str, payload: Any, signal_id: str | None) -> Op:
         if any(s.id == signal_id for s in cp.signals):
             logger.info("run %r: signal id %r already received; nothing to do", run_id, signal_id)
             return False
-        new = replace(cp, signals=(*cp.signals, Signal(name, signal_id, payload, utcnow())))
+        new = evolve(cp, signals=(*cp.signals, Signal(name, signal_id, payload, utcnow())))
         if status == "waiting" and cp.owner is None and cp.waiting_for == f"signal {name}":
-            new = replace(new, wake_at=utcnow())  # due now: a worker resumes it
+            new = evolve(new, wake_at=utcnow())  # due now: a worker resumes it
         try:
             yield Save(new, f"signal {name}")
         except ConflictError:

@@ -19,11 +19,10 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Generator, Mapping
-from dataclasses import replace
 from typing import Any
 
 from . import _hooks, _lease
-from ._checkpoint import Checkpoint, Failure, utcnow
+from ._checkpoint import Checkpoint, Failure, evolve, utcnow
 from ._codec import encode_state
 from ._errors import (
     ConflictError,
@@ -467,7 +466,7 @@ def write(
 
 
 def _finish_cancelled(plan: Plan, cp: Checkpoint) -> Generator[Effect, Any, None]:
-    final = _lease.released(replace(cp, cancelled=True, waiting_for=None, wake_at=None))
+    final = _lease.released(evolve(cp, cancelled=True, waiting_for=None, wake_at=None))
     yield from write(plan, cp, final, "cancellation")
     if cp.parent is not None:
         yield from _nudge(cp.parent)
@@ -479,7 +478,7 @@ def _completed(
     plan: Plan, cp: Checkpoint, index: int, working: State, **changes: Any
 ) -> Checkpoint:
     """Return the record of step ``index`` completed with ``working`` as the state."""
-    done = replace(
+    done = evolve(
         cp,
         step=index,
         state=working,
@@ -528,7 +527,7 @@ def _run_step(
             if durable_attempts:
                 # Count the attempt before making it: a crash inside must not reset it.
                 cp = yield from write(
-                    plan, cp, replace(cp, attempt=attempt), f"attempt {attempt} of step {index}"
+                    plan, cp, evolve(cp, attempt=attempt), f"attempt {attempt} of step {index}"
                 )
                 if cp.cancel_requested:
                     yield from _finish_cancelled(plan, cp)
@@ -622,7 +621,7 @@ def _record_failure(
     fixing the cause, gets the policy's full budget back. Only crashes, which record no
     failure, eat into a budget.
     """
-    failed = replace(
+    failed = evolve(
         cp,
         state=pristine(cp),
         attempt=0 if final else attempt,
@@ -630,7 +629,7 @@ def _record_failure(
         waiting_for=None,
     )
     if final:
-        failed = _lease.released(replace(failed, wake_at=None))
+        failed = _lease.released(evolve(failed, wake_at=None))
     saved: Checkpoint = yield from write(plan, cp, failed, f"failure of step {index}")
     return saved
 
@@ -708,7 +707,7 @@ def _run_suspending(
                     and policy.should_retry(error)
                 ):
                     cp = yield from _record_failure(plan, cp, index, step.name, attempt, error)
-                    cp = yield from write(plan, cp, replace(cp, wake_at=None, children=()), "retry")
+                    cp = yield from write(plan, cp, evolve(cp, wake_at=None, children=()), "retry")
                     yield Pause(policy.delay(attempt), cp)
                     cp = _latest(plan, cp)
                     resumed = False
@@ -727,7 +726,7 @@ def _run_suspending(
                 return saved, pristine(saved)
             assert isinstance(outcome, Wait)
             waiting = _lease.released(
-                replace(
+                evolve(
                     cp,
                     attempt=attempt,
                     waiting_for=outcome.waiting_for,

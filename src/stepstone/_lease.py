@@ -31,10 +31,9 @@ import hashlib
 import os
 import socket
 import uuid
-from dataclasses import replace
 from datetime import timedelta
 
-from ._checkpoint import Checkpoint, utcnow
+from ._checkpoint import Checkpoint, evolve, utcnow
 from ._errors import ConflictError, InvalidWorkflow, LeaseLost
 
 __all__ = [
@@ -130,7 +129,7 @@ def dead_here(owner: str | None) -> bool:
 
 def claimed(cp: Checkpoint, owner: str, lease: float) -> Checkpoint:
     """Return ``cp`` as a claim by ``owner``: saved by compare-and-swap on ``cp.version``."""
-    return replace(
+    return evolve(
         cp,
         owner=owner,
         epoch=cp.epoch + 1,
@@ -142,12 +141,12 @@ def claimed(cp: Checkpoint, owner: str, lease: float) -> Checkpoint:
 
 def renewal(cp: Checkpoint) -> Checkpoint:
     """Return the record that renews ``cp``'s lease (same content, a new save)."""
-    return replace(cp, renewed_at=utcnow())
+    return evolve(cp, renewed_at=utcnow())
 
 
 def released(cp: Checkpoint) -> Checkpoint:
     """Return ``cp`` with its lease given back (the epoch stays, for fencing)."""
-    return replace(cp, owner=None, lease=None, renewed_at=None)
+    return evolve(cp, owner=None, lease=None, renewed_at=None)
 
 
 def _same_progress(a: Checkpoint, b: Checkpoint) -> bool:
@@ -189,7 +188,7 @@ def rebase(base: Checkpoint, intended: Checkpoint, stored: Checkpoint | None) ->
             "another writer advanced the run",
             run_id,
         )
-    return replace(
+    return evolve(
         intended,
         version=stored.version,
         signals=stored.signals,

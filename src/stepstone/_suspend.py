@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Generator
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from ._checkpoint import MAX_RUN_ID_LENGTH, Checkpoint, Signal, utcnow
+from ._checkpoint import MAX_RUN_ID_LENGTH, Checkpoint, Signal, evolve, utcnow
 from ._codec import encode_state
 from ._errors import ConflictError, InvalidState, InvalidWorkflow, StoreError
 from ._observe import logger
@@ -331,7 +330,7 @@ class Map(SuspendingStep):
             # A fresh attempt re-queues the children that failed before: only those run again.
             for position, child in enumerate(children):
                 if child.status == "failed" and child.owner is None:
-                    requeued = replace(child, queued=True, attempt=0)
+                    requeued = evolve(child, queued=True, attempt=0)
                     children[position] = yield Save(requeued, "requeue child", owned=False)
         done = [child for child in children if child.status == "done"]
         if len(done) == len(children):
@@ -382,7 +381,7 @@ def nudge(parent: str) -> Generator[Effect, Any, None]:
                 return
             if cp.wake_at is not None and cp.wake_at <= utcnow():
                 return
-            yield Save(replace(cp, wake_at=utcnow()), f"wake parent {parent}", owned=False)
+            yield Save(evolve(cp, wake_at=utcnow()), f"wake parent {parent}", owned=False)
         except ConflictError:
             continue
         except StoreError as exc:

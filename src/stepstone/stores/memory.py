@@ -6,13 +6,14 @@ import json
 import threading
 from collections.abc import Iterator
 from dataclasses import replace
+from datetime import datetime
 from typing import ClassVar, Self
 from urllib.parse import urlsplit
 
 from .._checkpoint import Checkpoint, check_run_id, utcnow
 from .._codec import encode_state
 from .._errors import ConfigError, ConflictError
-from .._store import Store
+from .._store import RunInfo, Store
 from ._common import new_version
 
 __all__ = ["MemoryStore"]
@@ -31,6 +32,7 @@ class MemoryStore(Store):
 
     scheme: ClassVar[str] = "memory"
     durable: ClassVar[bool] = False
+    native_async: ClassVar[bool] = True
 
     def __init__(self) -> None:
         # The saved checkpoints; ``state_json`` is the truth, ``state`` is never read back.
@@ -95,3 +97,21 @@ class MemoryStore(Store):
 
     def close(self) -> None:
         """Nothing to release; the data stays until the process ends."""
+
+    # Native async: a dict and a lock held for microseconds never block the loop, so
+    # there is no thread to hop to.
+
+    async def aload(self, run_id: str) -> Checkpoint | None:
+        return self.load(run_id)
+
+    async def asave(self, checkpoint: Checkpoint) -> Checkpoint:
+        return self.save(checkpoint)
+
+    async def adelete(self, run_id: str, *, expected_version: str | None = None) -> bool:
+        return self.delete(run_id, expected_version=expected_version)
+
+    async def aclaimable(self, now: datetime, limit: int = 100) -> list[RunInfo]:
+        return self.claimable(now, limit)
+
+    async def aclose(self) -> None:
+        self.close()
