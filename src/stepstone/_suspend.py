@@ -250,12 +250,14 @@ class Sleep(SuspendingStep):
 def child_run_id(parent: str, name: str, index: int) -> str:
     """Return the run_id of child ``index`` of ``Map`` step ``name`` of run ``parent``.
 
-    ``PARENT/NAME/INDEX``; where that would pass the 1,024-character limit, the hashed
-    form ``map~<sha256 of PARENT NUL NAME, 64 hex>/INDEX``, just as deterministic.
+    ``PARENT/NAME/INDEX``; where ``PARENT/NAME/`` and a ten-digit index could pass the
+    1,024-character limit, every child of that step gets the hashed form
+    ``map~<sha256 of PARENT NUL NAME, 64 hex>/INDEX`` instead: just as deterministic,
+    and one form for all the children of a step.
     """
-    plain = f"{parent}/{name}/{index}"
-    if len(plain) <= MAX_RUN_ID_LENGTH:
-        return plain
+    prefix = f"{parent}/{name}/"
+    if len(prefix) + 10 <= MAX_RUN_ID_LENGTH:
+        return f"{prefix}{index}"
     digest = hashlib.sha256(f"{parent}\x00{name}".encode()).hexdigest()
     return f"map~{digest}/{index}"
 

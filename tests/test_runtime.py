@@ -1,0 +1,232 @@
+"""The runtime's own rules, beside the contract suite: leases, codec paths, workers' inputs."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import stepstone
+from stepstone import (
+    InvalidState,
+    InvalidWorkflow,
+    Map,
+    RetryPolicy,
+    Sleep,
+    Step,
+    WaitFor,
+    Worker,
+    Workflow,
+    _codec,
+    _lease,
+    open_store,
+    run,
+)
+from stepstone._checkpoint import Checkpoint, evolve
+from stepstone._suspend import child_run_id
+from stepstone.testing._contract import BAD_STATES
+
+SRC = str(Path(stepstone.__file__).resolve().parents[1])
+
+
+def test_evolve_is_replace() -> None:
+    """``evolve`` copies every field and applies the changes, like dataclasses.replace."""
+    from dataclasses import fields, replace
+
+    cp = Checkpoint("r", step=2, state={"a": 1}, owner="o", epoch=3, consumed={"s": 1})
+    changed = evolve(cp, step=3, owner=None)
+    assert changed == replace(cp, step=3, owner=None)
+    assert all(
+        getattr(changed, f.name) == getattr(cp, f.name)
+        for f in fields(cp)
+        if f.name not in ("step", "owner")
+    )
+    with pytest.raises(TypeError):
+        evolve(cp, no_such_field=1)
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["orjson", "stdlib"])
+@pytest.mark.parametrize(("label", "state", "path"), BAD_STATES, ids=[b[0] for b in BAD_STATES])
+def test_both_json_paths_refuse_alike(
+    monkeypatch: pytest.MonkeyPatch, fast: bool, label: str, state: dict[str, Any], path: str
+) -> None:
+    """With or without orjson, a non-JSON state is refused with the same path."""
+    if fast and _codec._orjson is None:
+        pytest.skip("orjson is not installed")
+    if not fast:
+        monkeypatch.setattr(_codec, "_orjson", None)
+    with pytest.raises(InvalidState) as info:
+        _codec.encode_state(state)
+    assert info.value.path == path
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        {"big": 2**70, "neg": -(2**80)},
+        {"f": [1.0, -0.0, 1e16, 5e-324, 1.7976931348623157e308]},
+        {"deep": json.loads("[" * 300 + "]" * 300)},
+        {"u": "日本 \u2028 \x00 emoji \U0001f680"},
+    ],
+    ids=["bigint", "floats", "deep", "unicode"],
+)
+def test_both_json_paths_accept_alike(
+    monkeypatch: pytest.MonkeyPatch, state: dict[str, Any]
+) -> None:
+    """Values orjson does not take (huge ints, deep nesting) still pass, by the fallback."""
+    text, copy = _codec.encode_state(state)
+    monkeypatch.setattr(_codec, "_orjson", None)
+    slow_text, slow_copy = _codec.encode_state(state)
+    assert copy == slow_copy == state
+    assert json.loads(text) == json.loads(slow_text)
+    assert repr(copy) == repr(state)  # -0.0 keeps its sign, ints stay ints
+
+
+def test_lease_bounds_are_checked() -> None:
+    """A lease is seconds or a timedelta within bounds; anything else is a clear error."""
+    assert _lease.check_lease(timedelta(seconds=5)) == 5.0
+    for bad in (0, -1, float("nan"), 10**9, "30", True):
+        with pytest.raises(InvalidWorkflow, match="lease"):
+            _lease.check_lease(bad)
+
+
+def test_owner_names_identify_this_machine() -> None:
+    """An owner of this machine whose PID is gone is dead; one of another machine is not."""
+    mine = _lease.new_owner()
+    assert not _lease.dead_here(mine)  # this very process
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    parts = mine.split(":")
+    parts[-3] = gone.stdout.strip()
+    assert _lease.dead_here(":".join(parts))
+    parts[-2] = "000000000000"  # another boot or PID namespace: cannot tell, so alive
+    assert not _lease.dead_here(":".join(parts))
+    assert not _lease.dead_here("garbage") and not _lease.dead_here(None)
+
+
+@pytest.mark.crash
+def test_direct_run_resumes_at_once_after_its_process_was_killed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run SIGKILLed mid-step with an hour's lease resumes at once: its owner is gone."""
+    config = f"sqlite:///{tmp_path}/runs.db"
+    child = textwrap.dedent(
+        f"""
+        import os, signal
+        from stepstone import Step, open_store, run
+        def die(state):
+            os.kill(os.getpid(), signal.SIGKILL)
+        with open_store({config!r}) as store:
+            run("killed", [Step("a", lambda s: {{"a": 1}}), Step("b", die)], store, lease=3600)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", child],
+        env={**os.environ, "PYTHONPATH": SRC},
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == -signal.SIGKILL
+    with open_store(config) as store:
+        held = store.load("killed")
+        assert held is not None and held.owner is not None and held.lease == 3600
+        with caplog.at_level(logging.WARNING, logger="stepstone"):
+            state = run(
+                "killed", [Step("a", lambda s: {"a": 1}), Step("b", lambda s: {"b": 2})], store
+            )
+    assert state == {"a": 1, "b": 2}
+    assert "no longer exists" in caplog.text
+
+
+def test_child_run_ids_are_deterministic_and_bounded() -> None:
+    """Map child ids are PARENT/NAME/INDEX, hashed (and still unique) past the id limit."""
+    assert child_run_id("p", "m", 3) == "p/m/3"
+    assert child_run_id("x" * 1011, "m", 10**9).endswith("/m/1000000000")
+    long = "x" * 1012
+    hashed = child_run_id(long, "m", 7)
+    assert hashed.startswith("map~") and hashed.endswith("/7") and len(hashed) <= 1024
+    assert hashed == child_run_id(long, "m", 7) != child_run_id(long, "n", 7)
+
+
+def test_suspending_steps_refuse_bad_arguments() -> None:
+    """Sleep needs exactly one of duration and until, aware; WaitFor a name and JSON default."""
+    with pytest.raises(InvalidWorkflow, match="exactly one"):
+        Sleep("s")
+    with pytest.raises(InvalidWorkflow, match="exactly one"):
+        Sleep("s", duration=1, until=datetime.now(UTC))
+    with pytest.raises(InvalidWorkflow, match="between"):
+        Sleep("s", duration=-1)
+    with pytest.raises(InvalidWorkflow, match="signal"):
+        WaitFor("w", "")
+    with pytest.raises(InvalidWorkflow, match="JSON"):
+        WaitFor("w", "s", default={1, 2})
+    with pytest.raises(InvalidWorkflow, match="Workflow"):
+        Map("m", [Step("a", lambda s: None)], lambda s: [])  # type: ignore[arg-type]
+
+
+def test_retry_policy_refuses_overflowing_values() -> None:
+    """Huge delays or multipliers are refused at construction; big attempts never overflow."""
+    for kwargs in (
+        {"initial_delay": 1e300},
+        {"multiplier": 1e9},
+        {"max_delay": float("inf")},
+        {"jitter": 2},
+    ):
+        with pytest.raises(InvalidWorkflow):
+            RetryPolicy(**kwargs)  # type: ignore[arg-type]
+    policy = RetryPolicy(
+        max_attempts=10**6, initial_delay=1, multiplier=1000, max_delay=60, jitter=0
+    )
+    assert policy.delay(10**6 - 1) == 60
+
+
+def test_str_that_raises_still_fails_the_step(tmp_path: Path) -> None:
+    """An exception whose __str__ raises ends in StepFailed with a saved failure."""
+
+    class Nasty(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no text for you")
+
+    def boom(state: dict[str, Any]) -> None:
+        raise Nasty
+
+    with open_store(f"sqlite:///{tmp_path}/r.db") as store:
+        with pytest.raises(stepstone.StepFailed):
+            run("nasty", [Step("boom", boom)], store)
+        failed = store.load("nasty")
+    assert failed is not None and failed.failure is not None
+    assert failed.failure.error_type.endswith("Nasty") and "raised" in failed.failure.message
+
+
+def test_worker_refuses_bad_arguments(tmp_path: Path) -> None:
+    """Worker validates its workflows, concurrency and lease up front."""
+    flow = Workflow("w", [Step("a", lambda s: None)])
+    with open_store("memory://") as store:
+        with pytest.raises(InvalidWorkflow):
+            Worker(store, [])
+        with pytest.raises(InvalidWorkflow):
+            Worker(store, [flow], concurrency=0)
+        with pytest.raises(InvalidWorkflow, match="lease"):
+            Worker(store, [flow], lease=-1)
+        with pytest.raises(InvalidWorkflow, match="different workflows"):
+            Worker(store, [flow, Workflow("w", [Step("b", lambda s: None)])])
+
+        async def step(state: dict[str, Any]) -> None:
+            return None
+
+        worker = Worker(store, [Workflow("a", [Step("x", step)])])
+        with pytest.raises(InvalidWorkflow, match="aserve"):
+            worker.serve()
