@@ -46,6 +46,9 @@ State = dict[str, Any]
 # How often a save may be re-based on concurrent signals or cancel requests before the
 # run gives up with ConflictError: each retry means another writer changed the record.
 _MAX_REBASES = 50
+# How often a suspending step looks again because something arrived while it saved
+# itself as waiting, before it leaves the rest to a worker.
+_MAX_LOOKS = 5
 
 
 class Interrupted(Exception):
@@ -682,7 +685,9 @@ def _run_suspending(
     policy = step.retry
     attempt = cp.attempt
     resumed = cp.waiting_for is not None or cp.wake_at is not None
+    looks = 0
     while True:
+        looks += 1
         first = not resumed
         if first:
             attempt += 1
@@ -737,7 +742,9 @@ def _run_suspending(
             saved = yield from write(plan, cp, waiting, f"wait at step {index}")
             # A cancel or a signal may have arrived while we looked (our save was re-based
             # on it): take the run back and act on it now rather than sleep on it.
-            if saved.cancel_requested or (step.ready(saved) and not outcome.poll_only):
+            if saved.cancel_requested or (
+                step.ready(saved) and not outcome.poll_only and looks < _MAX_LOOKS
+            ):
                 cp = yield from write(
                     plan, saved, _lease.claimed(saved, plan.owner, plan.lease), "claim"
                 )

@@ -84,15 +84,21 @@ def _index(
 
 
 class _Watch:
-    """Which runs to claim now, from what the claim index shows over time (no I/O)."""
+    """Which runs to claim now, from what the claim index shows over time (no I/O).
+
+    For each run another owner holds it remembers the version seen, when (monotonic)
+    that version was first seen, and the owner's lease once a load told it. A run is
+    loaded only to learn its lease (once) and when that lease may have passed, not on
+    every poll: watching a thousand busy runs costs no reads.
+    """
 
     def __init__(self) -> None:
-        # run_id -> (version seen, monotonic time first seen at that version)
-        self.seen: dict[str, tuple[str | None, float]] = {}
+        # run_id -> [version seen, monotonic time first seen at that version, lease]
+        self.seen: dict[str, list[Any]] = {}
         self.unserved: set[tuple[str | None, str | None]] = set()
 
     def pick(self, infos: list[RunInfo], busy: set[str], now: float) -> list[RunInfo]:
-        """Return the runs worth loading to claim, oldest need first."""
+        """Return the runs worth loading to claim, in the index's order."""
         picked: list[RunInfo] = []
         present = set()
         for info in infos:
@@ -103,10 +109,15 @@ class _Watch:
                 picked.append(info)
                 continue
             seen = self.seen.get(info.run_id)
-            if seen is None or seen[0] != info.version:
-                self.seen[info.run_id] = (info.version, now)
+            if seen is None:
+                self.seen[info.run_id] = [info.version, now, None]
+                picked.append(info)  # loaded once, to learn the owner's lease
                 continue
-            picked.append(info)  # owned, unchanged since seen[1]: loaded to check its lease
+            if seen[0] != info.version:
+                seen[0], seen[1] = info.version, now
+                continue
+            if seen[2] is None or now - seen[1] >= seen[2]:
+                picked.append(info)
         for run_id in list(self.seen):
             if run_id not in present:
                 del self.seen[run_id]
@@ -114,11 +125,13 @@ class _Watch:
 
     def expired(self, cp: Checkpoint, now: float) -> bool:
         """Return whether ``cp``'s owner let its whole lease pass unrenewed, by our clock."""
+        lease = cp.lease or _lease.DEFAULT_LEASE
         seen = self.seen.get(cp.run_id)
         if seen is None or seen[0] != cp.version:
-            self.seen[cp.run_id] = (cp.version, now)
+            self.seen[cp.run_id] = [cp.version, now, lease]
             return False
-        return now - seen[1] >= (cp.lease or _lease.DEFAULT_LEASE)
+        seen[2] = lease
+        return bool(now - seen[1] >= lease)
 
 
 class Worker:

@@ -350,6 +350,22 @@ class RuntimeContract(ContractBase):
             assert final is not None and final.state == {"n": n, "a": n, "b": n}
         assert set(counts.values()) == {1} and len(counts) == 60
 
+    def test_worker_takes_over_an_expired_lease(self, ops: Ops, store_config: str) -> None:
+        """A worker takes over a run whose owner died holding it, once its lease passed."""
+        flow = Workflow("orphaned", [Step("a", lambda s: {"a": 1}), Step("b", lambda s: {"b": 2})])
+        dead = Checkpoint(
+            run_id="dead-owner", total_steps=2, workflow="orphaned", state={}, input=None
+        )
+        ghost = ops.store.save(claimed(dead, "worker:elsewhere:1:-:dead", 0.5))
+        with _Serving(store_config, [flow], ops.mode, lease=5, poll=0.05):
+            until(
+                "the worker to take the orphaned run over",
+                lambda: ops.store.load("dead-owner").status == "done",  # type: ignore[union-attr]
+            )
+        final = ops.load("dead-owner")
+        assert final is not None and final.state == {"a": 1, "b": 2}
+        assert final.epoch == ghost.epoch + 1 and final.owner is None
+
     def test_worker_leaves_unserved_workflows(self, ops: Ops, store_config: str) -> None:
         """A run of a workflow (or version) the worker does not serve is never run by it."""
         ran: list[str] = []
