@@ -23,9 +23,8 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import _lease
 from ._checkpoint import Checkpoint, utcnow
@@ -44,6 +43,9 @@ from ._runner import adrive, drive, make_plan
 from ._steps import Workflow
 from ._store import RunInfo, Store
 from ._suspend import Map
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
 
 __all__ = ["DEFAULT_CONCURRENCY", "DEFAULT_GRACE", "DEFAULT_POLL", "Worker"]
 
@@ -311,6 +313,9 @@ class Worker:
                         f"workflow {workflow.name!r} has the async step {step.name!r}: "
                         "serve it with `await worker.aserve()`, not worker.serve()"
                     )
+        # Imported here: a process that only starts runs or calls the CLI never pays for it.
+        from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
+
         logger.info("%r: serving %d workflows", self, len(self.workflows))
         pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="stepstone-worker")
         futures: set[Future[None]] = set()

@@ -453,6 +453,34 @@ class RuntimeContract(ContractBase):
         self.signal(ops, "dup", "s", 2, signal_id="y")
         assert ops.run("dup", flow) == {"one": 1, "two": 2}
 
+    def test_signal_refused_for_unknown_done_or_cancelled_runs(self, ops: Ops) -> None:
+        """A signal to an unknown, done or cancelled run is a clear error, whatever its id."""
+        with pytest.raises(RunNotFound):
+            self.signal(ops, "nobody", "s", 1, signal_id="i")
+        ops.run("finished", [Step("a", lambda s: None)])
+        with pytest.raises(RunNotActive, match="done"):
+            self.signal(ops, "finished", "s", 1, signal_id="i")
+        with pytest.raises(Suspended):
+            ops.run("to-cancel", [WaitFor("w", "s")])
+        self.cancel(ops, "to-cancel")
+        with pytest.raises(RunNotActive, match="cancelled"):
+            self.signal(ops, "to-cancel", "s", 1)
+
+    def test_failed_run_keeps_signals_for_its_retry(self, ops: Ops) -> None:
+        """A failed run accepts signals; they are used when it is run again."""
+        broken = {"on": True}
+
+        def flaky(state: State) -> None:
+            if broken["on"]:
+                raise RuntimeError("down")
+
+        steps = [Step("a", flaky), WaitFor("got", "s")]
+        with pytest.raises(StepFailed):
+            ops.run("retry-later", steps)
+        assert self.signal(ops, "retry-later", "s", {"v": 1}) is True
+        broken["on"] = False
+        assert ops.run("retry-later", steps) == {"got": {"v": 1}}
+
     def test_concurrent_signals_each_applied_once(self, ops: Ops, store_config: str) -> None:
         """Twenty signals sent at once from threads are all kept, each exactly once."""
         flow = Workflow("w", [WaitFor(f"got{i}", "s") for i in range(20)])
