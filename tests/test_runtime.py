@@ -74,7 +74,7 @@ def test_both_json_paths_refuse_alike(
     [
         {"big": 2**70, "neg": -(2**80)},
         {"f": [1.0, -0.0, 1e16, 5e-324, 1.7976931348623157e308]},
-        {"deep": json.loads("[" * 300 + "]" * 300)},
+        {"deep": json.loads("[" * 199 + "]" * 199)},
         {"u": "日本 \u2028 \x00 emoji \U0001f680"},
     ],
     ids=["bigint", "floats", "deep", "unicode"],
@@ -230,3 +230,17 @@ def test_worker_refuses_bad_arguments(tmp_path: Path) -> None:
         worker = Worker(store, [Workflow("a", [Step("x", step)])])
         with pytest.raises(InvalidWorkflow, match="aserve"):
             worker.serve()
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["orjson", "stdlib"])
+def test_too_deep_state_is_refused(monkeypatch: pytest.MonkeyPatch, fast: bool) -> None:
+    """A state nested past MAX_DEPTH is refused, so every saved state loads anywhere."""
+    if not fast:
+        monkeypatch.setattr(_codec, "_orjson", None)
+    fits = json.loads("[" * (_codec.MAX_DEPTH - 1) + "]" * (_codec.MAX_DEPTH - 1))
+    _codec.encode_state({"x": fits})
+    for depth in (_codec.MAX_DEPTH, 600, 900):
+        with pytest.raises(InvalidState, match="deep"):
+            _codec.encode_state({"x": json.loads("[" * depth + "]" * depth)})
+    wide = {"items": [{"k": [i]} for i in range(500)]}  # many containers, shallow
+    assert _codec.encode_state(wide)[1] == wide

@@ -19,7 +19,7 @@ from ._checkpoint import (
     Signal,
     invalid_state,
 )
-from ._errors import CorruptCheckpoint
+from ._errors import CorruptCheckpoint, InvalidState
 
 __all__ = [
     "check_document",
@@ -60,7 +60,9 @@ def encode_state(state: object) -> tuple[str, dict[str, Any]]:
             raw = _orjson.dumps(state)
             fast: dict[str, Any] = _orjson.loads(raw)
             if fast == state:
-                return raw.decode("utf-8"), fast
+                text = raw.decode("utf-8")
+                _check_depth(state, text, fast)
+                return text, fast
         except (TypeError, ValueError, RecursionError):
             pass
     try:
@@ -80,7 +82,36 @@ def encode_state(state: object) -> tuple[str, dict[str, Any]]:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise invalid_state(state, "a string holds a lone surrogate, which is not UTF-8") from exc
+    _check_depth(state, text, copy)
     return text, copy
+
+
+#: Deepest nesting a state may have (the state itself is level 1). A state that only
+#: just fits the encoder's recursion limit could not be loaded again from a deeper call
+#: stack (a worker thread, a CLI command, a step that loads it): the limit keeps every
+#: saved state loadable anywhere.
+MAX_DEPTH = 200
+
+
+def _check_depth(state: object, text: str, copy: dict[str, Any]) -> None:
+    # Counting brackets is C speed and decides almost every state: nesting is at most
+    # the number of containers. Only a state with that many is walked.
+    if text.count("[") + text.count("{") <= MAX_DEPTH:
+        return
+    stack: list[tuple[Any, int]] = [(copy, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise InvalidState(
+                f"state: nested more than {MAX_DEPTH} levels deep; a state that deep could "
+                "not be loaded from every call stack. Flatten it (keep deep data as a JSON "
+                "string, say)",
+                "state",
+            )
+        if isinstance(value, dict):
+            stack.extend((item, depth + 1) for item in value.values())
+        elif isinstance(value, list):
+            stack.extend((item, depth + 1) for item in value)
 
 
 def _time(value: datetime | None) -> str | None:
