@@ -244,3 +244,13 @@ def test_too_deep_state_is_refused(monkeypatch: pytest.MonkeyPatch, fast: bool) 
             _codec.encode_state({"x": json.loads("[" * depth + "]" * depth)})
     wide = {"items": [{"k": [i]} for i in range(500)]}  # many containers, shallow
     assert _codec.encode_state(wide)[1] == wide
+
+
+def test_empty_workflow_finishes_without_an_owner() -> None:
+    """A run of no steps is done at once and holds no lease afterwards."""
+    with open_store("memory://") as store:
+        assert run("empty", [], store, input={"a": 1}) == {"a": 1}
+        cp = store.load("empty")
+        assert cp is not None and cp.status == "done" and cp.owner is None
+        info = stepstone.start(store, Workflow("nothing", []), "queued-empty")
+        assert info.status == "done"  # nothing to queue: it is finished on arrival

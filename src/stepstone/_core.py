@@ -271,6 +271,10 @@ def execute(plan: Plan) -> Run:
     with span(plan.on, "stepstone.run", run_id=run_id, steps=plan.total) as run_span:
         cp = yield from _acquire(plan)
         if cp.step + 1 >= plan.total:
+            if cp.owner == plan.owner:
+                # Claimed with nothing left to run (no steps at all): give it back.
+                done = evolve(cp, total_steps=plan.total, queued=False)
+                cp = yield from write(plan, cp, _lease.released(done), "finish")
             logger.info("run %r: already done, nothing to run", run_id)
             run_span.set_attribute("outcome", "already_done")
             return pristine(cp)
