@@ -14,7 +14,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -33,6 +33,7 @@ from stepstone import (
     _hooks,
     open_store,
 )
+from stepstone._checkpoint import utcnow
 from stepstone.stores import file as file_module
 from stepstone.stores.file import FileStore, decode_name, encode_name
 
@@ -52,7 +53,17 @@ def _no_hook() -> Iterator[None]:
 
 
 def _files(directory: Path) -> set[str]:
-    return {entry.name for entry in directory.iterdir()}
+    """Every entry but the index directory, which the index tests look at themselves."""
+    return {entry.name for entry in directory.iterdir()} - {".active"}
+
+
+def _markers(store: FileStore) -> set[str]:
+    return {entry.name for entry in (Path(store.path) / ".active").iterdir()}
+
+
+def _done(run_id: str, **fields: object) -> Checkpoint:
+    """A checkpoint whose run is finished: it has no index marker."""
+    return Checkpoint(run_id, step=0, step_names=("only",), total_steps=1, **fields)  # type: ignore[arg-type]
 
 
 def _data_files(directory: Path) -> set[str]:
@@ -194,11 +205,17 @@ def test_created_directories_and_files_are_private(tmp_path: Path) -> None:
             modes = {
                 name: stat.S_IMODE((directory / name).stat().st_mode) for name in _files(directory)
             }
+            index = directory / ".active"
+            index_modes = {
+                stat.S_IMODE(index.stat().st_mode),
+                stat.S_IMODE((index / "run").stat().st_mode),
+            }
     finally:
         os.umask(old_umask)
     assert stat.S_IMODE((tmp_path / "parent").stat().st_mode) == 0o700
     assert stat.S_IMODE(directory.stat().st_mode) == 0o700
-    assert modes == {"run.json": 0o600, "run.lock": 0o600}
+    assert modes == {"run.json": 0o600}
+    assert index_modes == {0o700, 0o600}
 
 
 def test_existing_directory_mode_is_left_alone(tmp_path: Path) -> None:
@@ -216,7 +233,7 @@ def test_unwritable_directory_raises_store_permission_error(tmp_path: Path) -> N
     with FileStore(tmp_path / "store") as store:
         os.chmod(store.path, 0o500)
         try:
-            with pytest.raises(StorePermissionError, match="run.lock"):
+            with pytest.raises(StorePermissionError, match="run"):
                 store.save(Checkpoint("run", state=STATE))
         finally:
             os.chmod(store.path, 0o700)
@@ -247,10 +264,10 @@ def test_disk_full_is_translated_and_leaves_no_temp(
 
     monkeypatch.setattr(os, "write", full_disk)
     with pytest.raises(StoreError, match=r"\.tmp-.*ENOSPC") as caught:
-        store.save(Checkpoint("run", state=STATE))
+        store.save(_done("run", state=STATE))
     assert isinstance(caught.value.__cause__, OSError)
     monkeypatch.undo()
-    assert _files(Path(store.path)) <= {"run.lock"}
+    assert _files(Path(store.path)) == set()
 
 
 # -- corrupt and foreign files -------------------------------------------------------------
@@ -290,9 +307,13 @@ def test_truncated_file_is_corrupt(store: FileStore) -> None:
     saved = store.save(Checkpoint("run", state={"big": "x" * 1000}))
     path = Path(store.path) / "run.json"
     truncated = path.read_bytes()[:-200]
+    path.unlink()
     path.write_bytes(truncated)
-    with pytest.raises(CorruptCheckpoint, match="run.json"):
-        store.load("run")
+    with FileStore(store.path) as other:
+        with pytest.raises(CorruptCheckpoint, match="run.json"):
+            other.load("run")
+        with pytest.raises(CorruptCheckpoint, match="run.json"):
+            other.save(Checkpoint("run", state=STATE, version=saved.version))
     with pytest.raises(CorruptCheckpoint, match="run.json"):
         store.save(Checkpoint("run", state=STATE, version=saved.version))
     assert path.read_bytes() == truncated
@@ -361,7 +382,7 @@ def test_document_format(store: FileStore) -> None:
     raw = (Path(store.path) / "run.json").read_text("utf-8")
     assert raw.count("\n") == 2  # a metadata line, then the state line
     doc = json.loads(raw)
-    assert doc["stepstone"] == 1
+    assert doc["stepstone"] == 2
     assert doc["run_id"] == "run"
     assert doc["version"] == saved.version
     assert doc["state"] == STATE
@@ -384,7 +405,7 @@ def test_failure_before_rename_removes_temp_and_keeps_old(store: FileStore, poin
     with pytest.raises(RuntimeError, match="injected"):
         store.save(Checkpoint("run", state={"v": 2}, version=first.version))
     _hooks.install(None)
-    assert _files(Path(store.path)) == {"run.json", "run.lock"}
+    assert _files(Path(store.path)) == {"run.json"}
     assert (Path(store.path) / "run.json").read_bytes() == before
     again = store.save(Checkpoint("run", state={"v": 3}, version=first.version))
     assert again.state == {"v": 3}
@@ -402,7 +423,7 @@ def test_failure_after_rename_has_published(store: FileStore) -> None:
     with pytest.raises(RuntimeError):
         store.save(Checkpoint("run", state={"v": 2}, version=first.version))
     _hooks.install(None)
-    assert _files(Path(store.path)) == {"run.json", "run.lock"}
+    assert _files(Path(store.path)) == {"run.json"}
     loaded = store.load("run")
     assert loaded is not None
     assert loaded.state == {"v": 2}
@@ -434,11 +455,11 @@ def test_stale_temp_files_are_removed_on_open(tmp_path: Path) -> None:
 # -- durability and config -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("durability", "expected"), [("full", 2), ("none", 0)])
+@pytest.mark.parametrize(("durability", "per_save", "per_delete"), [("full", 2, 1), ("none", 1, 0)])
 def test_durability_controls_fsync(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, durability: str, expected: int
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, durability: str, per_save: int, per_delete: int
 ) -> None:
-    """durability=full fsyncs the file and the directory on each save; none never fsyncs."""
+    """full fsyncs the file and the directory on each save; none fsyncs the file alone."""
     with open_store(f"file://{tmp_path}/store?durability={durability}") as store:
         calls: list[int] = []
         real_fsync = os.fsync
@@ -448,12 +469,12 @@ def test_durability_controls_fsync(
             real_fsync(fd)
 
         monkeypatch.setattr(os, "fsync", counting_fsync)
-        first = store.save(Checkpoint("run", state=STATE))
-        assert len(calls) == expected
-        store.save(Checkpoint("run", state=STATE, version=first.version))
-        assert len(calls) == 2 * expected
+        first = store.save(_done("run", state=STATE))
+        assert len(calls) == per_save
+        store.save(_done("run", state=STATE, version=first.version))
+        assert len(calls) == 2 * per_save
         store.delete("run")
-        assert len(calls) == (2 * expected + 1 if expected else 0)
+        assert len(calls) == 2 * per_save + per_delete
 
 
 def test_default_durability_is_full(tmp_path: Path) -> None:
@@ -608,45 +629,596 @@ def test_processes_racing_cas_one_winner_per_round(tmp_path: Path) -> None:
     assert final.version.startswith(f"{rounds}.")
 
 
-def test_waiter_on_a_deleted_lock_file_retries_on_the_new_one(store: FileStore) -> None:
-    """A save that waited on a lock file that delete unlinked must lock the new file instead."""
+def test_waiter_on_a_replaced_document_starts_over(store: FileStore) -> None:
+    """A save that waited on a document another save replaced re-reads the new one: CAS holds."""
     import fcntl
 
+    first = store.save(Checkpoint("run", state={"v": 1}))
     directory = Path(store.path)
-    lock_path = directory / "run.lock"
-    old = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-    fcntl.flock(old, fcntl.LOCK_EX)  # plays a delete() in progress
+    held = os.open(directory / "run.json", os.O_RDONLY)
+    fcntl.flock(held, fcntl.LOCK_EX)  # plays another process's save in progress
     done = threading.Event()
     outcome: list[object] = []
 
     def save() -> None:
         try:
-            outcome.append(store.save(Checkpoint("run", state=STATE)))
-        except BaseException as exc:  # pragma: no cover - reported below
+            outcome.append(store.save(Checkpoint("run", state={"v": 2}, version=first.version)))
+        except BaseException as exc:  # reported below
             outcome.append(exc)
         done.set()
 
     thread = threading.Thread(target=save)
     thread.start()
-    time.sleep(0.2)
-    assert not done.is_set()  # blocked on the old lock
-    os.unlink(lock_path)  # delete() unlinks the lock file while holding it...
-    new = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-    fcntl.flock(new, fcntl.LOCK_EX)  # ...and another saver takes the new one
-    os.close(old)  # the delete finishes
-    time.sleep(0.3)
-    assert not done.is_set(), "save went ahead holding a lock on a deleted file"
-    assert not (directory / "run.json").exists()
-    os.close(new)
-    thread.join(10)
-    assert done.is_set()
-    assert isinstance(outcome[0], Checkpoint)
+    try:
+        # The other process's save lands: a new document (new inode) under the run's name.
+        doc = json.loads((directory / "run.json").read_bytes())
+        doc["version"] = "2.000000000000"
+        (directory / "other.tmp").write_text(json.dumps(doc))
+        os.rename(directory / "other.tmp", directory / "run.json")
+    finally:
+        os.close(held)
+    thread.join(30)
+    assert done.is_set(), "the save hung on a replaced document's lock"
+    assert isinstance(outcome[0], ConflictError), outcome
+    loaded = store.load("run")
+    assert loaded is not None
+    assert loaded.version == "2.000000000000"
 
 
-def test_delete_removes_data_and_lock_files(store: FileStore) -> None:
-    """Delete unlinks both the document and the run's lock file, and reports whether it existed."""
+def test_delete_removes_document_and_marker(store: FileStore) -> None:
+    """Delete unlinks the document and the run's index marker, and reports whether it existed."""
     store.save(Checkpoint("run", state=STATE))
+    assert _markers(store) == {"run"}
     assert store.delete("run") is True
     assert _files(Path(store.path)) == set()
+    assert _markers(store) == set()
     assert store.delete("run") is False
     assert _files(Path(store.path)) == set()
+
+
+# -- trusting the directory ------------------------------------------------------------
+
+OTHER_UID = 54321  # a user that is neither us nor root
+
+
+def _chown_other(path: Path, *, link: bool = False) -> None:
+    """Give ``path`` to another user; only root may, so skip where we are not root."""
+    if os.geteuid() != 0:
+        pytest.skip("only root can give a file to another user")
+    if link:
+        os.lchown(path, OTHER_UID, -1)
+    else:
+        os.chown(path, OTHER_UID, -1)
+
+
+def test_world_writable_directory_is_refused(tmp_path: Path) -> None:
+    """A store directory anyone can write is refused, naming the mode and the opt-out."""
+    directory = tmp_path / "open"
+    directory.mkdir()
+    os.chmod(directory, 0o777)
+    with pytest.raises(StorePermissionError, match=r"writable by every user.*0777.*trust=any"):
+        FileStore(directory)
+    with pytest.raises(StorePermissionError, match="trust=any"):
+        open_store(f"file://{directory}")
+    with open_store(f"file://{directory}?trust=any") as store:
+        store.save(Checkpoint("run", state=STATE))
+        assert "trust='any'" in repr(store)
+    FileStore(directory, trust="any").close()
+
+
+def test_sticky_store_directory_is_still_refused(tmp_path: Path) -> None:
+    """The sticky bit does not save a world-writable store directory: anyone can add files."""
+    directory = tmp_path / "sticky"
+    directory.mkdir()
+    os.chmod(directory, 0o1777)
+    with pytest.raises(StorePermissionError, match="writable by every user"):
+        FileStore(directory)
+
+
+def test_world_writable_ancestor_needs_the_sticky_bit(tmp_path: Path) -> None:
+    """A world-writable parent is refused unless sticky (as /tmp is), where ours stays ours."""
+    parent = tmp_path / "parent"
+    parent.mkdir()
+    (parent / "store").mkdir(mode=0o700)
+    os.chmod(parent, 0o777)
+    with pytest.raises(StorePermissionError, match=r"parent, on the way to it.*writable"):
+        FileStore(parent / "store")
+    os.chmod(parent, 0o1777)
+    FileStore(parent / "store").close()
+
+
+def test_directory_owned_by_another_user_is_refused(tmp_path: Path) -> None:
+    """A store directory owned by another user (not root) is refused, naming the uid."""
+    directory = tmp_path / "theirs"
+    directory.mkdir(mode=0o700)
+    _chown_other(directory)
+    with pytest.raises(StorePermissionError, match=rf"owned by uid {OTHER_UID}.*trust=any"):
+        FileStore(directory)
+    FileStore(directory, trust="any").close()
+
+
+def test_ancestor_owned_by_another_user_is_refused(tmp_path: Path) -> None:
+    """A directory on the way owned by another user could swap ours: refused."""
+    parent = tmp_path / "theirs"
+    parent.mkdir(mode=0o755)
+    (parent / "store").mkdir(mode=0o700)
+    _chown_other(parent)
+    with pytest.raises(StorePermissionError, match=r"theirs, on the way to it, owned by uid"):
+        FileStore(parent / "store")
+
+
+def test_symlink_owned_by_another_user_is_refused(tmp_path: Path) -> None:
+    """A store reached through another user's symlink is refused; our own symlink is fine."""
+    target = tmp_path / "real"
+    target.mkdir(mode=0o700)
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    ours.symlink_to(target)
+    FileStore(ours).close()
+    theirs.symlink_to(target)
+    _chown_other(theirs, link=True)
+    with pytest.raises(StorePermissionError, match=rf"symlink owned by uid {OTHER_UID}"):
+        FileStore(theirs)
+    with pytest.raises(StorePermissionError, match="symlink owned"):
+        FileStore(theirs / "sub")  # a symlink in the middle of the path counts too
+
+
+def _bounded(what: str, fn: Callable[[], object], seconds: float = 10) -> object:
+    """Return ``fn()`` (or raise what it raised); fail naming ``what`` if it hangs.
+
+    A daemon thread, not SIGALRM: pytest-timeout owns the alarm, and a thread stuck
+    forever on a FIFO must not keep the test process alive.
+    """
+    outcome: list[object] = []
+    failure: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            outcome.append(fn())
+        except BaseException as exc:  # handed to the caller below
+            failure.append(exc)
+
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        pytest.fail(f"{what} hung for {seconds} s")
+    if failure:
+        raise failure[0]
+    return outcome[0]
+
+
+def test_fifo_at_a_run_path_never_blocks(
+    store: FileStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A FIFO planted at a run's path is that run's CorruptCheckpoint; nothing waits on it."""
+    store.save(Checkpoint("good", state=STATE))
+    fifo = Path(store.path) / "run.json"
+    os.mkfifo(fifo, 0o600)
+    with pytest.raises(CorruptCheckpoint, match="regular"):
+        _bounded("load of a FIFO", lambda: store.load("run"))
+    with pytest.raises(CorruptCheckpoint, match="regular"):
+        _bounded("save over a FIFO", lambda: store.save(Checkpoint("run", state=STATE)))
+    with pytest.raises(CorruptCheckpoint):
+        _bounded(
+            "save with a version over a FIFO",
+            lambda: store.save(Checkpoint("run", state=STATE, version="1.abc")),
+        )
+    assert _bounded("list_runs beside a FIFO", lambda: list(store.list_runs())) == ["good"]
+    infos = _bounded("list_info beside a FIFO", lambda: list(store.list_info()))
+    assert [info.run_id for info in infos] == ["good"]  # type: ignore[attr-defined]
+    assert "not a regular file" in caplog.text
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)  # left as it was
+    assert _bounded("delete of a FIFO", lambda: store.delete("run")) is True
+    assert not fifo.exists()
+
+
+def test_symlink_at_a_run_path_is_not_followed(store: FileStore, tmp_path: Path) -> None:
+    """A symlink named like a run is refused on load and save, skipped by listing."""
+    elsewhere = tmp_path / "forged.json"
+    store.save(Checkpoint("real", state=STATE))
+    elsewhere.write_bytes((Path(store.path) / "real.json").read_bytes())
+    link = Path(store.path) / "run.json"
+    link.symlink_to(elsewhere)
+    with pytest.raises(CorruptCheckpoint, match="symlink"):
+        store.load("run")
+    with pytest.raises(CorruptCheckpoint, match="symlink"):
+        store.save(Checkpoint("run", state=STATE))
+    assert list(store.list_runs()) == ["real"]
+    assert store.delete("run") is True  # removes the link, never its target
+    assert elsewhere.exists()
+
+
+def test_directory_named_like_a_run_is_skipped(store: FileStore) -> None:
+    """A directory named like a run (plain or hashed) never aborts listing or claimable."""
+    store.save(Checkpoint("real", state=STATE))
+    (Path(store.path) / "run.json").mkdir()
+    (Path(store.path) / f"~{'0' * 64}.json").mkdir()
+    assert list(store.list_runs()) == ["real"]
+    assert [info.run_id for info in store.list_info()] == ["real"]
+    assert [info.run_id for info in store.claimable(utcnow())] == ["real"]
+    with pytest.raises(CorruptCheckpoint, match="directory"):
+        store.load("run")
+    with pytest.raises(CorruptCheckpoint, match="directory"):
+        store.save(Checkpoint("run", state=STATE))
+    with pytest.raises(CorruptCheckpoint, match="directory"):
+        store.delete("run")
+    assert (Path(store.path) / "run.json").is_dir()
+
+
+# -- compare-and-swap delete -------------------------------------------------------------
+
+
+def test_delete_with_expected_version(store: FileStore) -> None:
+    """A stale expected version deletes nothing; the current one deletes; a missing run is False."""
+    first = store.save(Checkpoint("run", state=STATE))
+    second = store.save(Checkpoint("run", state=STATE, version=first.version))
+    with pytest.raises(ConflictError, match="nothing was deleted"):
+        store.delete("run", expected_version=first.version)
+    assert store.load("run") is not None
+    assert store.delete("run", expected_version=second.version) is True
+    assert store.load("run") is None
+    assert store.delete("run", expected_version=second.version) is False
+
+
+def test_delete_sees_a_save_by_another_store(store: FileStore) -> None:
+    """A version this store read is stale once another process saved: delete refuses."""
+    first = store.save(Checkpoint("run", state=STATE))
+    with FileStore(store.path) as other:
+        other.save(Checkpoint("run", state={"n": 2}, version=first.version))
+    with pytest.raises(ConflictError):
+        store.delete("run", expected_version=first.version)
+
+
+# -- the open-document cache keeps compare-and-swap exact ----------------------------------
+
+
+def test_stale_cached_version_conflicts_after_another_save(store: FileStore) -> None:
+    """A store that saved a run last still loses the CAS when another process saved since."""
+    first = store.save(Checkpoint("run", state={"n": 1}))
+    with FileStore(store.path) as other:
+        loaded = other.load("run")
+        assert loaded is not None
+        other.save(Checkpoint("run", state={"n": 2}, version=loaded.version))
+    with pytest.raises(ConflictError, match="expected version"):
+        store.save(Checkpoint("run", state={"n": 3}, version=first.version))
+
+
+def test_stale_cached_version_conflicts_after_delete_and_recreate(store: FileStore) -> None:
+    """A run deleted and started again elsewhere is a new run: the old version never matches."""
+    first = store.save(Checkpoint("run", state={"n": 1}))
+    with FileStore(store.path) as other:
+        other.delete("run")
+        other.save(Checkpoint("run", state={"n": 9}))
+    with pytest.raises(ConflictError):
+        store.save(Checkpoint("run", state={"n": 2}, version=first.version))
+    with pytest.raises(ConflictError):
+        store.save(Checkpoint("run", state={"n": 2}))  # and it exists, so None loses too
+    loaded = store.load("run")
+    assert loaded is not None
+    assert loaded.state == {"n": 9}
+
+
+def test_create_race_has_one_winner(tmp_path: Path) -> None:
+    """Two stores creating the same run: the second gets ConflictError, not an overwrite."""
+    with FileStore(tmp_path / "s") as one, FileStore(tmp_path / "s") as two:
+        one.save(Checkpoint("run", state={"by": 1}))
+        with pytest.raises(ConflictError):
+            two.save(Checkpoint("run", state={"by": 2}))
+        loaded = two.load("run")
+    assert loaded is not None
+    assert loaded.state == {"by": 1}
+
+
+def test_steady_save_makes_at_most_eight_system_calls(
+    store: FileStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Saving a run this store saved last: flock, fstat, open, write, fsync x2, rename, close."""
+    import fcntl
+
+    cp = store.save(Checkpoint("run", state=STATE))
+    calls: list[str] = []
+    for module, names in (
+        (
+            os,
+            (
+                "open",
+                "close",
+                "read",
+                "write",
+                "fsync",
+                "rename",
+                "link",
+                "unlink",
+                "fstat",
+                "stat",
+                "lstat",
+                "mkdir",
+                "scandir",
+                "urandom",
+            ),
+        ),
+        (fcntl, ("flock", "fcntl")),
+    ):
+        for fn_name in names:
+            real = getattr(module, fn_name)
+
+            def counted(
+                *args: object, _real: object = real, _name: str = fn_name, **kwargs: object
+            ) -> object:
+                calls.append(_name)
+                return _real(*args, **kwargs)  # type: ignore[operator]
+
+            monkeypatch.setattr(module, fn_name, counted)
+    for _ in range(5):
+        calls.clear()
+        cp = store.save(cp)
+        assert len(calls) <= 8, calls
+    assert sorted(calls) == sorted(
+        ["flock", "fstat", "open", "write", "fsync", "rename", "fsync", "close"]
+    )
+    with FileStore(store.path) as fresh:  # a resumed run: loaded, then saved
+        calls.clear()
+        loaded = fresh.load("run")
+        assert loaded is not None
+        assert len(calls) <= 4, calls  # open, fstat, read (and a close of what it replaces)
+        calls.clear()
+        fresh.save(loaded)
+        assert len(calls) <= 8, calls
+
+
+def test_forked_child_does_not_hold_the_parent_s_documents(store: FileStore) -> None:
+    """A forked child closes the documents it inherited, so it never keeps a run locked."""
+    store.save(Checkpoint("run", state=STATE))
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.write(write_end, str(len(store._known)).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    try:
+        assert os.read(read_end, 16) == b"0"
+    finally:
+        os.close(read_end)
+        os.waitpid(pid, 0)
+
+
+# -- the index of active runs ----------------------------------------------------------
+
+
+def test_markers_follow_status(store: FileStore) -> None:
+    """A run gets a marker when it becomes active and loses it when it comes to rest."""
+    running = store.save(Checkpoint("run", state=STATE, total_steps=2))
+    assert _markers(store) == {"run"}
+    step = store.save(
+        Checkpoint("run", step=0, step_names=("a",), total_steps=2, version=running.version)
+    )
+    assert _markers(store) == {"run"}
+    store.save(
+        Checkpoint("run", step=1, step_names=("a", "b"), total_steps=2, version=step.version)
+    )
+    assert _markers(store) == set()
+    store.save(_done("finished"))
+    assert _markers(store) == set()
+
+
+def test_marker_is_written_before_the_save(store: FileStore) -> None:
+    """Killed after writing the temp file, the new active run already has its marker."""
+
+    def boom(name: str) -> None:
+        if name == "file.after_temp_write":
+            raise RuntimeError("injected")
+
+    _hooks.install(boom)
+    with pytest.raises(RuntimeError):
+        store.save(Checkpoint("run", state=STATE))
+    _hooks.install(None)
+    assert _markers(store) == {"run"}
+    assert store.load("run") is None
+    assert store.claimable(utcnow()) == []
+    assert _markers(store) == {"run"}  # young: its save may still be under way
+    old = time.time() - 7200
+    os.utime(Path(store.path) / ".active" / "run", (old, old))
+    assert store.claimable(utcnow()) == []
+    assert _markers(store) == set()  # a crash's leftover: removed
+
+
+def test_claimable_reads_only_active_runs(
+    store: FileStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """claimable reports running runs and due queued/waiting ones, and never opens finished runs."""
+    now = utcnow()
+    from datetime import timedelta
+
+    store.save(
+        Checkpoint("running", state=STATE, total_steps=3, owner="w1", lease=30.0, renewed_at=now)
+    )
+    store.save(Checkpoint("queued", state=STATE, total_steps=3, queued=True))
+    store.save(
+        Checkpoint(
+            "later",
+            state=STATE,
+            total_steps=3,
+            waiting_for="timer",
+            wake_at=now + timedelta(hours=1),
+        )
+    )
+    store.save(
+        Checkpoint(
+            "due",
+            state=STATE,
+            total_steps=3,
+            waiting_for="timer",
+            wake_at=now - timedelta(seconds=1),
+        )
+    )
+    for n in range(20):
+        store.save(_done(f"finished-{n}"))
+    opened: list[str] = []
+    real_load = FileStore._load
+
+    def spying(self: FileStore, name: str, run_id: str | None, keep: bool) -> object:
+        opened.append(name)
+        return real_load(self, name, run_id, keep)
+
+    monkeypatch.setattr(FileStore, "_load", spying)
+    found = store.claimable(utcnow() + timedelta(seconds=1))
+    assert [(info.run_id, info.status) for info in found] == [
+        ("running", "running"),
+        ("queued", "queued"),
+        ("due", "waiting"),
+    ] or [(info.run_id, info.status) for info in found] == [
+        ("running", "running"),
+        ("due", "waiting"),
+        ("queued", "queued"),
+    ]
+    assert not [name for name in opened if name.startswith("finished")]
+    running = found[0]
+    assert running.owner == "w1"
+    assert running.version is not None
+    assert running.due_at == now + timedelta(seconds=30)
+    assert len(store.claimable(utcnow() + timedelta(seconds=1), limit=1)) == 2
+
+
+def test_stale_marker_of_a_finished_run_is_cleaned(store: FileStore) -> None:
+    """A marker left by a crash after a run finished is removed by the next claimable."""
+    store.save(_done("run"))
+    (Path(store.path) / ".active" / "run").write_text("running")
+    assert store.claimable(utcnow()) == []
+    assert _markers(store) == set()
+
+
+def test_list_info_fills_version_owner_and_due_at(store: FileStore) -> None:
+    """list_info reports each run's version, owner and due time."""
+    saved = store.save(
+        Checkpoint("run", state=STATE, total_steps=2, owner="me", lease=10.0, renewed_at=utcnow())
+    )
+    [info] = list(store.list_info())
+    assert (info.version, info.owner, info.due_at) == (saved.version, "me", saved.due_at)
+
+
+def test_capabilities_are_declared() -> None:
+    """The class declares its durability levels, kill points and sync-only I/O."""
+    assert FileStore.durability_levels == ("full", "none")
+    assert dict(FileStore.kill_points) == {
+        "file.after_temp_write": False,
+        "file.after_rename": True,
+        "file.before_dir_fsync": True,
+    }
+    assert FileStore.native_async is False
+
+
+def test_close_under_concurrent_saves(tmp_path: Path) -> None:
+    """close() while eight threads save: each call finishes or says the store is closed."""
+    store = FileStore(tmp_path / "store")
+    started = threading.Barrier(9)
+    unexpected: list[BaseException] = []
+    saved = [0] * 8
+
+    def worker(index: int) -> None:
+        cp: Checkpoint | None = None
+        started.wait(timeout=30)
+        while True:
+            try:
+                cp = store.save(
+                    Checkpoint(
+                        f"run-{index}",
+                        state={"i": saved[index]},
+                        version=None if cp is None else cp.version,
+                    )
+                )
+                saved[index] += 1
+            except StoreError as exc:
+                if "closed" not in str(exc):
+                    unexpected.append(exc)
+                return
+            except BaseException as exc:  # reported below
+                unexpected.append(exc)
+                return
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    started.wait(timeout=30)
+    deadline = time.monotonic() + 60
+    while min(saved) < 3:
+        assert time.monotonic() < deadline, f"saving threads stalled before close(): {saved}"
+        time.sleep(0.001)
+    store.close()
+    for index, thread in enumerate(threads):
+        thread.join(30)
+        assert not thread.is_alive(), f"saving thread {index} hung after close()"
+    assert unexpected == []
+    with FileStore(tmp_path / "store") as reopened:
+        for index in range(8):
+            loaded = reopened.load(f"run-{index}")
+            assert loaded is not None
+            assert loaded.state["i"] in (saved[index] - 1, saved[index])
+    assert {p.name for p in tmp_path.iterdir()} == {"store"}  # nothing written elsewhere
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda doc: doc.update(updated_at="yesterday"),
+        lambda doc: doc.update(wake_at="2026-01-01T00:00:00"),  # no time zone
+        lambda doc: doc.update(step="one"),
+    ],
+    ids=["bad-timestamp", "naive-wake-at", "bad-step"],
+)
+def test_hand_edited_document_hides_no_other_run(store: FileStore, edit: object) -> None:
+    """A hand-edited, unreadable document is its run's CorruptCheckpoint, never the others'."""
+    store.save(Checkpoint("good", state=STATE))
+    store.save(Checkpoint("bad", state=STATE))
+    path = Path(store.path) / "bad.json"
+    doc = json.loads(path.read_bytes())
+    edit(doc)  # type: ignore[operator]
+    path.unlink()
+    path.write_text(json.dumps(doc))
+    with FileStore(store.path) as fresh:
+        with pytest.raises(CorruptCheckpoint, match="bad.json"):
+            fresh.load("bad")
+        assert [info.run_id for info in fresh.list_info()] == ["good"]
+        assert [info.run_id for info in fresh.claimable(utcnow())] == ["good"]
+
+
+def test_non_utf8_document_is_corrupt(store: FileStore) -> None:
+    """Bytes that are not UTF-8 in a run's file are that run's CorruptCheckpoint."""
+    store.save(Checkpoint("good", state=STATE))
+    (Path(store.path) / "bad.json").write_bytes(b'{"stepstone":2,"run_id":"bad\xff"}')
+    with pytest.raises(CorruptCheckpoint, match="bad.json"):
+        store.load("bad")
+    assert [info.run_id for info in store.list_info()] == ["good"]
+
+
+def test_directory_of_an_older_release_is_read_and_cleaned(tmp_path: Path) -> None:
+    """A store written by the release with lock files loads, saves, and delete drops the lock."""
+    directory = tmp_path / "old"
+    directory.mkdir(mode=0o700)
+    document = (
+        '{"stepstone":1,"run_id":"run","step":0,"step_names":["a"],"total_steps":3,'
+        '"attempt":0,"failure":null,"created_at":"2026-11-30T10:04:42+00:00",'
+        '"updated_at":"2026-11-30T10:04:42+00:00","version":"1.a27e8be498e3",\n'
+        '"state":{"n":1}}\n'
+    )
+    (directory / "run.json").write_text(document)
+    (directory / "run.lock").write_bytes(b"")
+    with FileStore(directory) as store:
+        loaded = store.load("run")
+        assert loaded is not None
+        assert loaded.version == "1.a27e8be498e3"
+        saved = store.save(
+            Checkpoint(
+                "run",
+                step=1,
+                step_names=("a", "b"),
+                state={"n": 2},
+                total_steps=3,
+                version=loaded.version,
+            )
+        )
+        assert saved.version is not None
+        assert saved.version.startswith("2.")
+        assert store.delete("run", expected_version=saved.version) is True
+    assert _files(directory) == set()

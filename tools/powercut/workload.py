@@ -1,0 +1,141 @@
+"""The two sides of a power-cut trial: a process that saves, and one that checks afterwards.
+
+``python tools/powercut/workload.py save CONFIG SEED`` opens the store from its config
+string and saves forever (until killed) to a handful of runs: steps of running runs,
+runs finishing, finished runs deleted by compare-and-swap and started again. After each
+call returns it prints one line, ``save RUN COUNTER`` or ``delete RUN COUNTER``, where
+COUNTER numbers that run's events (it is also in the saved state), flushed at once;
+before each call it prints the same line after ``begin``, so the parent knows which
+call may have been in flight when the power went.
+
+``python tools/powercut/workload.py check CONFIG FRESH`` opens the store from its config string
+in a fresh process, as a restarted worker would, and prints one JSON object: for each
+run, the counter of what it loads (or null if absent), or the error if it cannot be
+loaded; whether each run could be resumed (a save on top of what was loaded, or a fresh
+start, with counter FRESH, if nothing was); and which active runs the index (``claimable``) misses.
+
+With ``POWERCUT_NO_FSYNC=1`` the saving side never fsyncs at all (what
+``durability=none`` did before it fsynced the data), to show the trial catches it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+from datetime import timedelta
+
+from stepstone import Checkpoint, open_store
+from stepstone._checkpoint import utcnow
+from stepstone._errors import StepstoneError
+
+RUNS = ("run-0", "run-1", "Run/ü-2", "long-" + "x" * 300)
+STEPS = 1000
+
+
+def save(config: str, seed: int) -> None:
+    """Save to RUNS until killed; print each event once its call returned."""
+    if os.environ.get("POWERCUT_NO_FSYNC") == "1":
+        from stepstone.stores import file as file_module  # noqa: PLC0415
+
+        def no_sync(fd: int) -> None:
+            return None
+
+        file_module._sync = no_sync
+    rng = random.Random(seed)
+    store = open_store(config)
+    counters = dict.fromkeys(RUNS, 0)
+    current: dict[str, Checkpoint | None] = {}
+    for run_id in RUNS:
+        current[run_id] = store.load(run_id)
+        loaded = current[run_id]
+        if loaded is not None:
+            counters[run_id] = int(loaded.state["c"])
+    out = sys.stdout
+    while True:
+        run_id = rng.choice(RUNS)
+        cp = current[run_id]
+        counters[run_id] += 1
+        c = counters[run_id]
+        if cp is not None and cp.status == "done" and rng.random() < 0.5:
+            out.write(f"begin delete {run_id} {c}\n")
+            out.flush()
+            store.delete(run_id, expected_version=cp.version)
+            current[run_id] = None
+            out.write(f"delete {run_id} {c}\n")
+        else:
+            step = -1 if cp is None or cp.status == "done" else cp.step + 1
+            finish = step >= 0 and rng.random() < 0.15
+            total = step + 1 if finish else STEPS
+            state = {"c": c, "pad": "p" * rng.randrange(0, 9000)}
+            names = tuple(f"s{n}" for n in range(step + 1))
+            version = None if cp is None else cp.version
+            out.write(f"begin save {run_id} {c}\n")
+            out.flush()
+            current[run_id] = store.save(
+                Checkpoint(
+                    run_id,
+                    step=step,
+                    state=state,
+                    version=version,
+                    step_names=names,
+                    total_steps=total,
+                )
+            )
+            out.write(f"save {run_id} {c}\n")
+        out.flush()
+
+
+def check(config: str, fresh: int) -> None:
+    """Load, resume and look up every run in a fresh process; print the findings."""
+    report: dict[str, object] = {"runs": {}, "resumed": {}, "unindexed": [], "errors": []}
+    runs: dict[str, object] = {}
+    resumed: dict[str, object] = {}
+    with open_store(config) as store:
+        active = []
+        for run_id in RUNS:
+            try:
+                cp = store.load(run_id)
+            except StepstoneError as exc:
+                runs[run_id] = {"error": f"{type(exc).__name__}: {exc}"}
+                continue
+            runs[run_id] = None if cp is None else cp.state["c"]
+            if cp is not None and cp.status in ("queued", "running", "waiting"):
+                active.append(run_id)
+            try:
+                # Resume: the next save must go on top of what was loaded (or start afresh).
+                base = cp or Checkpoint(run_id, total_steps=STEPS)
+                # The same counter (or a fresh one above all used), so the next trial's
+                # counters stay unique.
+                counter = fresh if cp is None else cp.state["c"]
+                store.save(
+                    Checkpoint(
+                        run_id,
+                        step=base.step,
+                        state={"c": counter},
+                        version=None if cp is None else cp.version,
+                        step_names=base.step_names,
+                        total_steps=STEPS,
+                    )
+                )
+                resumed[run_id] = True
+            except StepstoneError as exc:
+                resumed[run_id] = f"{type(exc).__name__}: {exc}"
+        try:
+            claimable = {info.run_id for info in store.claimable(utcnow() + timedelta(days=1))}
+            report["unindexed"] = [run_id for run_id in active if run_id not in claimable]
+            listed = set(store.list_runs())
+            report["listed"] = sorted(listed)
+        except StepstoneError as exc:
+            report["errors"] = [f"{type(exc).__name__}: {exc}"]
+    report["runs"] = runs
+    report["resumed"] = resumed
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "save":
+        save(sys.argv[2], int(sys.argv[3]))
+    else:
+        check(sys.argv[2], int(sys.argv[3]))
