@@ -1,14 +1,19 @@
-"""The ``stepstone`` command, run as a real process against real stores.
+"""The ``stepstone`` command against real stores.
 
-Every command runs through ``python -m stepstone`` against sqlite:, file:, the Cosmos DB
-emulator, PostgreSQL and MySQL. Remote stores get a fresh container or table per test;
-without a server those tests are skipped loudly (and fail under CI).
+Most commands run in this process through ``stepstone.cli.main(argv)`` (so coverage sees
+them), against sqlite:, file:, the Cosmos DB emulator, PostgreSQL and MySQL; a few run
+as real processes (``python -m stepstone``) to pin exit codes, tracebacks, signals and
+secrets end to end. Remote stores get a fresh container or table per test; without a
+server those tests are skipped loudly (and fail under CI).
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -16,16 +21,17 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import quote, urlsplit
 
 import pytest
 
 from stepstone import Checkpoint, Step, StepFailed, open_store, run
 from stepstone._migrate import differences, migrate
-from stepstone.cli import parse_age, redact
+from stepstone.cli import main, parse_age, redact
 from stepstone.testing import backend_unavailable
 
 pytestmark = [
@@ -176,8 +182,42 @@ def _secrets_to_hide(env: dict[str, str]) -> list[str]:
     return [s for s in {key, quote(key, safe=""), key[:24]} if len(s) >= 16]
 
 
-def cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> Any:
-    """Run ``python -m stepstone ARGS`` and return the completed process (text output)."""
+@dataclass
+class Result:
+    """What a command did: its exit status and its output."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> Result:
+    """Run ``stepstone ARGS`` in this process through ``main(argv)``; return its result."""
+    full_env = {k: v for k, v in os.environ.items() if k != "STEPSTONE_STORE"}
+    full_env.update(env or {})
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        os.environ.clear()
+        os.environ.update(full_env)
+        if cwd is not None:
+            os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(list(args))
+    finally:
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+    result = Result(code, out.getvalue(), err.getvalue())
+    for secret in _secrets_to_hide(full_env):
+        assert secret not in result.stdout + result.stderr, f"credential printed by {args}"
+    return result
+
+
+def cli_process(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m stepstone ARGS`` as a real process and return it (text output)."""
     full_env = {k: v for k, v in os.environ.items() if k != "STEPSTONE_STORE"}
     full_env.update(env or {})
     proc = subprocess.run(
@@ -285,7 +325,7 @@ def test_list_table_is_newest_first(url: str) -> None:
     proc = cli("runs", "list", "--store", url)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[0].split() == ["RUN_ID", "STATUS", "STEPS", "UPDATED", "AGE"]
+    assert lines[0].split() == ["RUN_ID", "STATUS", "STEPS", "OWNER", "DUE", "UPDATED", "AGE"]
     assert [line.split()[0] for line in lines[1:]] == ["third", "second", "first"]
     assert all(line.split()[1:3] == ["done", "2/2"] for line in lines[1:])
     # Aligned: every column starts at the same offset on every line.
@@ -771,10 +811,10 @@ def test_cosmos_verify_false_keeps_stderr_clean(cosmos_env: Cosmos, new_store: N
     """With verify=false (the emulator setting) a successful command writes nothing to stderr."""
     url = new_store("cosmos")
     make_done(url, "a")
-    proc = cli("runs", "show", "a", "--store", url, env={"PYTHONWARNINGS": ""})
+    proc = cli_process("runs", "show", "a", "--store", url, env={"PYTHONWARNINGS": ""})
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""
-    missing = cli("runs", "show", "nope", "--store", url, env={"PYTHONWARNINGS": ""})
+    missing = cli_process("runs", "show", "nope", "--store", url, env={"PYTHONWARNINGS": ""})
     assert missing.returncode == 1
     assert_one_error_line(missing.stderr)
 
@@ -809,7 +849,7 @@ def test_cosmos_key_never_printed(cosmos_env: Cosmos, new_store: NewStore) -> No
         ["--verbose", "runs", "list", "--store", missing],
     ):
         full = [*args, "--store", url] if "--store" not in args else args
-        proc = cli(*full)
+        proc = cli_process(*full)
         outputs.append((proc.returncode, proc.stdout + proc.stderr))
     text = "\n".join(output for _, output in outputs)
     assert key not in text and quote(key, safe="") not in text
@@ -826,7 +866,7 @@ def test_cosmos_key_never_printed(cosmos_env: Cosmos, new_store: NewStore) -> No
 @pytest.mark.crash
 def test_demo_default_store_twice(tmp_path: Path) -> None:
     """demo crashes a child, resumes skipping the done step, and can run twice in one store."""
-    first = cli("demo", cwd=tmp_path)
+    first = cli_process("demo", cwd=tmp_path)
     assert first.returncode == 0, first.stdout + first.stderr
     out = first.stdout
     assert "killed by SIGKILL" in out
@@ -835,7 +875,7 @@ def test_demo_default_store_twice(tmp_path: Path) -> None:
     assert '"receipt": "sent"' in out
     assert (tmp_path / "stepstone.db").exists()
 
-    second = cli("demo", cwd=tmp_path)
+    second = cli_process("demo", cwd=tmp_path)
     assert second.returncode == 0, second.stdout + second.stderr
     with open_store(f"sqlite:///{tmp_path}/stepstone.db") as store:
         runs = list(store.list_info())
@@ -860,12 +900,12 @@ def test_demo_file_store(tmp_path: Path) -> None:
 
 def test_bad_store_is_one_line_exit_2(tmp_path: Path) -> None:
     """An unknown scheme is one error line and exit 2; --verbose adds the traceback."""
-    proc = cli("--store", "bogus://x", "runs", "list", cwd=tmp_path)
+    proc = cli_process("--store", "bogus://x", "runs", "list", cwd=tmp_path)
     assert proc.returncode == 2
     assert_one_error_line(proc.stderr)
     assert "unknown store scheme 'bogus'" in proc.stderr
 
-    verbose = cli("--verbose", "--store", "bogus://x", "runs", "list", cwd=tmp_path)
+    verbose = cli_process("--verbose", "--store", "bogus://x", "runs", "list", cwd=tmp_path)
     assert verbose.returncode == 2
     assert "Traceback" in verbose.stderr
     assert "ConfigError" in verbose.stderr
@@ -887,7 +927,7 @@ def test_usage_errors_are_one_line_exit_2() -> None:
 
 def test_store_failure_is_exit_1(tmp_path: Path) -> None:
     """A store that cannot be opened is an operational error: one line, exit 1."""
-    proc = cli("runs", "list", "--store", f"sqlite:///{tmp_path}/missing-dir/x.db")
+    proc = cli_process("runs", "list", "--store", f"sqlite:///{tmp_path}/missing-dir/x.db")
     assert proc.returncode == 1
     assert_one_error_line(proc.stderr)
 
@@ -896,7 +936,7 @@ def test_secrets_never_printed() -> None:
     """Passwords and key-like query values in a config string never reach the output."""
     config = "memory://alice:hunter2@x/?key=s3cr3tk3y"
     for extra in ([], ["--verbose"]):
-        proc = cli(*extra, "runs", "list", "--store", config)
+        proc = cli_process(*extra, "runs", "list", "--store", config)
         assert proc.returncode == 2
         output = proc.stdout + proc.stderr
         assert "hunter2" not in output
@@ -908,7 +948,7 @@ def test_secrets_never_printed() -> None:
 
 def test_version() -> None:
     """--version prints the package version."""
-    proc = cli("--version")
+    proc = cli_process("--version")
     assert (proc.returncode, proc.stdout.strip()) == (0, "stepstone 0.1.0")
 
 
@@ -921,3 +961,645 @@ def test_parse_age() -> None:
     for bad in ("", "30", "d", "1x"):
         with pytest.raises(ValueError, match="invalid age"):
             parse_age(bad, now)
+
+
+# --- escaping stored text ----------------------------------------------------------------
+
+HOSTILE_TEXT = "red \x1b[31mALERT\x1b[0m \x9b2J bidi \u202egnp.exe\x07 bell"
+
+
+def make_hostile(url: str, run_id: str = "evil") -> None:
+    """Save a failed run whose failure, step names and state hold terminal escapes."""
+    from stepstone import Failure
+
+    failure = Failure(
+        1,
+        f"charge{HOSTILE_TEXT}",
+        f"Err{HOSTILE_TEXT}",
+        HOSTILE_TEXT,
+        1,
+        datetime.now().astimezone(),
+    )
+    with open_store(url) as store:
+        store.save(
+            Checkpoint(
+                run_id=run_id,
+                step=0,
+                state={"note": HOSTILE_TEXT, HOSTILE_TEXT: 1},
+                step_names=(f"fetch{HOSTILE_TEXT}",),
+                total_steps=2,
+                failure=failure,
+                owner=f"worker{HOSTILE_TEXT}",
+            )
+        )
+
+
+@pytest.mark.parametrize("kind", LOCAL_KINDS)
+def test_show_and_list_escape_control_characters(tmp_path: Path, kind: str) -> None:
+    """runs show/list print stored escape sequences as \\x1b text, never raw; JSON keeps them."""
+    url = store_url(kind, tmp_path)
+    make_hostile(url)
+    for args in (("runs", "show", "evil"), ("runs", "list"), ("runs", "list", "--json")):
+        proc = cli(*args, "--store", url)
+        assert proc.returncode == 0, proc.stderr
+        for raw in ("\x1b", "\x9b", "\u202e", "\x07"):
+            assert raw not in proc.stdout, (args, raw)
+    text = cli("runs", "show", "evil", "--store", url).stdout
+    assert "\\x1b[31mALERT" in text and "\\x9b2J" in text and "\\u202e" in text
+    data = shown(url, "evil")
+    assert data["failure"]["message"] == HOSTILE_TEXT  # JSON escapes, and loses nothing
+    assert data["state"]["note"] == HOSTILE_TEXT
+    assert listed(url)[0]["owner"] == f"worker{HOSTILE_TEXT}"
+
+
+# --- --json everywhere -------------------------------------------------------------------
+
+
+def test_every_printing_command_offers_json(tmp_path: Path) -> None:
+    """Each command that prints gives one JSON document with --json, before or after it."""
+    url, other = store_url("sqlite", tmp_path), store_url("file", tmp_path)
+    make_done(url, "a", "b")
+    commands = [
+        ["runs", "list"],
+        ["runs", "show", "a"],
+        ["runs", "prune", "--older-than", "30d", "--dry-run"],
+        ["runs", "prune", "--older-than", "0s", "--status", "failed"],
+        ["runs", "delete", "b"],
+        ["runs", "delete", "b", "--missing-ok"],
+        ["init"],
+        ["doctor"],
+    ]
+    for args in commands:
+        for where in ("after", "before"):
+            full = (
+                [*args, "--store", url, "--json"]
+                if where == "after"
+                else ["--json", "--store", url, *args]
+            )
+            if where == "before" and args[:2] == ["runs", "delete"]:
+                continue  # deleting twice is covered by --missing-ok
+            proc = cli(*full)
+            assert proc.returncode == 0, (full, proc.stderr)
+            json.loads(proc.stdout)
+    migrated = cli("migrate", "--from", url, "--to", other, "--json")
+    assert migrated.returncode == 0, migrated.stderr
+    report = json.loads(migrated.stdout)
+    assert (report["copied"], report["complete"]) == (1, True)
+    doctor = json.loads(cli("doctor", "--store", url, "--json").stdout)
+    assert doctor["ok"] is True and all(c["ok"] for c in doctor["checks"])
+
+
+# --- bad values are usage errors ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["runs", "list", "--older-than", "99999999999999999d"],
+        ["runs", "list", "--newer-than", "999999999w"],
+        ["runs", "prune", "--older-than", "1d", "--ttl", "99999999999w"],
+        ["runs", "list", "--limit", "-3"],
+        ["runs", "list", "--store", "postgresql://u@127.0.0.1:99999/db"],
+        ["runs", "list", "--store", "cosmos://127.0.0.1:-1/db/c"],
+        ["runs", "signal", "r", "approve", "--data", "{not json"],
+        ["runs", "signal", "r", "approve", "--data", "[" * 100000],
+        ["worker", "--workflows", "m:W", "--lease", "-1"],
+        ["worker", "--workflows", "m:W", "--lease", "1e400"],
+        ["worker", "--workflows", "m:W", "--lease", "99999999"],
+        ["worker", "--workflows", "m:W", "--grace", "nan"],
+        ["worker", "--workflows", "m:W", "--concurrency", "0"],
+        ["worker", "--workflows", "m:W", "--concurrency", "99999999999999999999"],
+        ["worker", "--workflows", "no_such_module_here:W"],
+        ["worker", "--workflows", "nocolon"],
+        ["runs", "show", "bad\x1bid"],
+    ],
+)
+def test_bad_values_are_one_line_usage_errors(tmp_path: Path, args: list[str]) -> None:
+    """Huge durations, bad ports, negative numbers and bad JSON exit 2 with one line."""
+    full = args if "--store" in args else [*args, "--store", store_url("sqlite", tmp_path)]
+    proc = cli(*full)
+    assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
+    assert_one_error_line(proc.stderr)
+    assert "\x1b" not in proc.stderr
+
+
+# --- prune is compare-and-swap -----------------------------------------------------------
+
+
+def test_prune_keeps_a_run_that_advanced_after_it_was_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """prune deletes with the version it read: a run a worker saved meanwhile is kept."""
+    from stepstone.stores.memory import MemoryStore
+
+    url = f"memory://prune-{uuid.uuid4().hex}"
+    held = open_store(url)  # keeps the named memory store alive across CLI opens
+    held.save(Checkpoint(run_id="old", state={"n": 1}, total_steps=3, step=0, step_names=("a",)))
+    held.save(Checkpoint(run_id="gone", state={}, total_steps=1))
+    original = MemoryStore.delete
+
+    def delete(self: Any, run_id: str, *, expected_version: str | None = None) -> bool:
+        if run_id == "old":  # a worker advances the run between prune's read and delete
+            cp = self.load(run_id)
+            self.save(Checkpoint(**{**_fields(cp), "state": {"n": 2}}))
+        return original(self, run_id, expected_version=expected_version)
+
+    monkeypatch.setattr(MemoryStore, "delete", delete)
+    proc = cli("runs", "prune", "--older-than", "0s", "--store", url, "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["run_ids"] == ["gone"]
+    assert report["kept_because_changed"] == ["old"]
+    kept = held.load("old")
+    assert kept is not None and kept.state == {"n": 2}
+    held.close()
+
+
+def _fields(cp: Any) -> dict[str, Any]:
+    """Return a checkpoint's constructor fields (its version included)."""
+    import dataclasses
+
+    return {f.name: getattr(cp, f.name) for f in dataclasses.fields(cp) if f.init}
+
+
+# --- runtime commands: cancel, signal, worker --------------------------------------------
+
+
+class FakeRuntime:
+    """Stands in for stepstone.cancel/signal/Worker and records how the CLI called them."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+
+    def cancel(self, store: Any, run_id: str) -> Any:
+        self.calls.append(("cancel", store.scheme, run_id))
+        return type("Info", (), {"status": "cancelled"})()
+
+    def signal(self, store: Any, run_id: str, name: str, payload: Any, *, signal_id: Any) -> None:
+        self.calls.append(("signal", run_id, name, payload, signal_id))
+
+
+def test_cancel_and_signal_call_the_runtime_api(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """runs cancel/signal call stepstone.cancel/signal with the store, id, name, payload, id."""
+    import stepstone
+
+    fake = FakeRuntime()
+    monkeypatch.setattr(stepstone, "cancel", fake.cancel, raising=False)
+    monkeypatch.setattr(stepstone, "signal", fake.signal, raising=False)
+    url = store_url("sqlite", tmp_path)
+    cancel = cli("runs", "cancel", "r1", "--store", url)
+    assert cancel.returncode == 0, cancel.stderr
+    assert cancel.stdout.strip() == "cancelled run 'r1'"
+    sent = cli(
+        "runs",
+        "signal",
+        "r1",
+        "approval",
+        "--data",
+        '{"ok": true}',
+        "--id",
+        "s-1",
+        "--store",
+        url,
+        "--json",
+    )
+    assert sent.returncode == 0, sent.stderr
+    assert json.loads(sent.stdout)["signal"] == "approval"
+    default = cli("runs", "signal", "r1", "ping", "--store", url)
+    assert default.returncode == 0, default.stderr
+    assert fake.calls == [
+        ("cancel", "sqlite", "r1"),
+        ("signal", "r1", "approval", {"ok": True}, "s-1"),
+        ("signal", "r1", "ping", None, None),
+    ]
+
+
+class FakeWorker:
+    """Stands in for stepstone.Worker: records its arguments; serve() returns at once."""
+
+    made: ClassVar[list[tuple[Any, ...]]] = []
+
+    def __init__(self, store: Any, workflows: list[Any], **options: Any) -> None:
+        FakeWorker.made.append((store.scheme, workflows, options))
+
+    def serve(self) -> None:
+        """Return at once, as after a stop()."""
+
+    def stop(self) -> None:
+        """Nothing to stop."""
+
+
+class FakeWorkflow:
+    """Stands in for stepstone.Workflow."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+def test_worker_command_is_a_thin_wrapper(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """worker loads MODULE:ATTR (list or dict), opens the store and calls Worker(...).serve()."""
+    import stepstone
+
+    monkeypatch.setattr(stepstone, "Worker", FakeWorker, raising=False)
+    monkeypatch.setattr(stepstone, "Workflow", FakeWorkflow, raising=False)
+    module = f"flows_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{module}.py").write_text(
+        "import stepstone\n"
+        "LIST = [stepstone.Workflow('a'), stepstone.Workflow('b')]\n"
+        "DICT = {'a': LIST[0]}\n"
+        "NOT = 'a string'\n"
+        "WRONG = [object()]\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    url = store_url("sqlite", tmp_path)
+    FakeWorker.made.clear()
+    proc = cli(
+        "worker",
+        "--store",
+        url,
+        "--workflows",
+        f"{module}:LIST",
+        "--concurrency",
+        "4",
+        "--lease",
+        "30",
+        "--grace",
+        "5m",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "serving a, b" in proc.stdout and "stopped" in proc.stdout
+    scheme, workflows, options = FakeWorker.made[0]
+    assert (scheme, [w.name for w in workflows]) == ("sqlite", ["a", "b"])
+    assert options == {"concurrency": 4, "lease": 30.0, "grace": 300.0}
+    defaults = cli("worker", "--store", url, "--workflows", f"{module}:DICT", cwd=tmp_path)
+    assert defaults.returncode == 0, defaults.stderr
+    assert FakeWorker.made[1][2] == {}  # the Worker's own defaults
+    for attr, message in (
+        ("NOT", "expected a non-empty list"),
+        ("WRONG", "not a stepstone.Workflow"),
+        ("MISSING", "has no 'MISSING'"),
+    ):
+        bad = cli("worker", "--store", url, "--workflows", f"{module}:{attr}", cwd=tmp_path)
+        assert bad.returncode == 2, bad.stderr
+        assert message in bad.stderr
+
+
+_FAKE_WORKER_PROCESS = """
+import sys, threading
+import stepstone
+
+class Workflow:
+    name = "w"
+
+class Worker:
+    def __init__(self, store, workflows, **options):
+        self.stopped = threading.Event()
+    def serve(self):
+        print("IN SERVE", flush=True)
+        self.stopped.wait(60)
+        if sys.argv[1] == "stubborn":  # a step in flight that does not finish
+            threading.Event().wait(60)
+    def stop(self):
+        self.stopped.set()
+
+stepstone.Worker = Worker
+stepstone.Workflow = Workflow
+WORKFLOWS = [Workflow()]
+sys.modules["fakeflows"] = sys.modules[__name__]
+from stepstone.cli import main
+sys.exit(main(["worker", "--store", sys.argv[2], "--workflows", "fakeflows:WORKFLOWS"]))
+"""
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize(("mode", "signals", "code"), [("graceful", 1, 0), ("stubborn", 2, 143)])
+def test_worker_signals(tmp_path: Path, mode: str, signals: int, code: int) -> None:
+    """SIGTERM calls worker.stop() and the command exits 0; a second signal exits at once."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _FAKE_WORKER_PROCESS, mode, store_url("sqlite", tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        # Wait for serve() to run: the handlers are installed by then. A hang here is
+        # bounded by this module's 60 s pytest timeout.
+        lines: list[str] = []
+        while not lines or "IN SERVE" not in lines[-1]:
+            lines.append(proc.stdout.readline())
+            assert lines[-1], f"the worker exited before serving: {lines}"
+        assert proc.stderr is not None
+        proc.send_signal(signal.SIGTERM)
+        first = proc.stderr.readline()  # the handler's line: the first signal was handled
+        if signals > 1:
+            proc.send_signal(signal.SIGTERM)
+        returncode = proc.wait(timeout=30)
+    finally:
+        proc.kill()
+        stdout, stderr = proc.communicate(timeout=30)
+    assert returncode == code, first + stderr
+    assert "SIGTERM: stopping" in first
+    if signals > 1:
+        assert "second signal: exiting at once" in stderr
+
+
+needs_runtime = pytest.mark.skipif(
+    not all(hasattr(__import__("stepstone"), n) for n in ("Workflow", "start", "cancel", "signal")),
+    reason="RUNTIME API MISSING: stepstone.Workflow/start/cancel/signal not there yet",
+)
+
+
+@needs_runtime
+def test_cancel_and_signal_against_the_real_runtime(tmp_path: Path) -> None:
+    """On a queued run, signal is accepted and cancel leaves it cancelled; then signal fails."""
+    import stepstone
+
+    url = store_url("sqlite", tmp_path)
+    flow = stepstone.Workflow("flow", steps(2))
+    with open_store(url) as store:
+        stepstone.start(store, flow, "q1")
+    sent = cli("runs", "signal", "q1", "approval", "--data", "1", "--id", "x", "--store", url)
+    assert sent.returncode == 0, sent.stderr
+    again = cli("runs", "signal", "q1", "approval", "--data", "1", "--id", "x", "--store", url)
+    assert again.returncode == 0, again.stderr  # a repeated id is a no-op
+    listed_queued = listed(url, "--status", "queued")
+    assert [r["run_id"] for r in listed_queued] == ["q1"]
+    cancel = cli("runs", "cancel", "q1", "--store", url)
+    assert cancel.returncode == 0, cancel.stderr
+    assert shown(url, "q1")["status"] == "cancelled"
+    late = cli("runs", "signal", "q1", "approval", "--store", url)
+    assert late.returncode == 1
+    assert_one_error_line(late.stderr)
+    finished = cli("runs", "cancel", "q1", "--store", url)
+    assert finished.returncode == 1
+
+
+# --- lease and waiting in list and show --------------------------------------------------
+
+
+def test_show_and_list_report_lease_and_waiting(tmp_path: Path) -> None:
+    """show says whether a lease is live or expired and what a waiting run waits for."""
+    from datetime import UTC, timedelta
+
+    url = store_url("sqlite", tmp_path)
+    now = datetime.now(UTC)
+    with open_store(url) as store:
+        store.save(
+            Checkpoint(
+                run_id="live",
+                step=0,
+                step_names=("a",),
+                total_steps=3,
+                owner="host-1:42",
+                lease=60.0,
+                renewed_at=now,
+                epoch=1,
+            )
+        )
+        store.save(
+            Checkpoint(
+                run_id="dead",
+                step=0,
+                step_names=("a",),
+                total_steps=3,
+                owner="host-2:7",
+                lease=30.0,
+                renewed_at=now - timedelta(hours=1),
+            )
+        )
+        store.save(
+            Checkpoint(
+                run_id="wait",
+                step=0,
+                step_names=("a",),
+                total_steps=3,
+                waiting_for="signal approval",
+                wake_at=now + timedelta(hours=2),
+            )
+        )
+    live = cli("runs", "show", "live", "--store", url).stdout
+    assert "live: held by host-1:42" in live
+    dead = cli("runs", "show", "dead", "--store", url).stdout
+    assert "EXPIRED" in dead and "host-2:7" in dead
+    wait = cli("runs", "show", "wait", "--store", url).stdout
+    assert "status:      waiting" in wait
+    assert "waiting for: signal approval, until" in wait
+    assert shown(url, "live")["lease_live"] is True
+    assert shown(url, "dead")["lease_live"] is False
+    rows = {
+        line.split()[0]: line
+        for line in cli("runs", "list", "--store", url).stdout.splitlines()[1:]
+    }
+    assert "host-1:42" in rows["live"] and "lease " in rows["live"]
+    assert "lease expired" in rows["dead"]
+    assert "in 1h" in rows["wait"] or "in 2h" in rows["wait"]
+    assert [(r["run_id"], r["waiting_for"]) for r in listed(url, "--status", "waiting")] == [
+        ("wait", "signal approval")
+    ]
+    assert "signal approval" in rows["wait"]
+
+
+# --- migrate keeps the runtime fields ----------------------------------------------------
+
+
+def test_migrate_copies_runtime_fields_but_not_the_lease() -> None:
+    """migrate copies input, workflow, signals and suspension, keeps created_at, drops the owner."""
+    from datetime import UTC, timedelta
+
+    from stepstone._checkpoint import Signal
+
+    src, dst = open_store("memory://"), open_store("memory://")
+    created = datetime(2020, 1, 1, tzinfo=UTC)
+    src.save(
+        Checkpoint(
+            run_id="r",
+            step=0,
+            state={"a": 1},
+            step_names=("a",),
+            total_steps=3,
+            input={"doc": 1},
+            workflow="flow",
+            workflow_version="2",
+            waiting_for="signal ok",
+            wake_at=created + timedelta(days=1),
+            owner="w1",
+            lease=30.0,
+            renewed_at=created,
+            signals=(Signal("ok", "s1", {"x": 1}, created),),
+            created_at=created,
+        )
+    )
+    report = migrate(src, dst)
+    assert (report.copied, report.complete) == (1, True)
+    a, b = src.load("r"), dst.load("r")
+    assert a is not None and b is not None
+    assert differences(a, b) == []
+    assert (b.workflow, b.input, b.waiting_for, b.signals[0].payload) == (
+        "flow",
+        {"doc": 1},
+        "signal ok",
+        {"x": 1},
+    )
+    assert b.owner is None and b.lease is None
+    assert b.created_at == created
+    assert migrate(src, dst).skipped == 1
+
+
+# --- secrets: hostile passwords through the CLI ------------------------------------------
+
+HOSTILE = ["p@ss/w:rd%x", "s3cr:et%41%zz-long", "pässwörd€:long", "hunter2@evil.example"]
+
+
+@pytest.mark.parametrize("password", HOSTILE)
+def test_hostile_password_never_printed_by_doctor_or_logs(password: str) -> None:
+    """doctor, runs list and --verbose logs never print a password with @ / : % or unicode."""
+    port = closed_port()
+    forms = {password, quote(password, safe=""), password.replace("%", "%25")}
+    for secret in (password, quote(password, safe="")):
+        for config in (
+            f"postgresql://postgres:{secret}@127.0.0.1:{port}/test?connect_timeout=2",
+            f"mysql://root:{secret}@127.0.0.1:{port}/test?connect_timeout=2",
+            f"memory://alice:{secret}@x/",
+        ):
+            for args in (
+                ["doctor"],
+                ["--verbose", "doctor"],
+                ["--verbose", "runs", "list"],
+                ["doctor", "--json"],
+            ):
+                proc = cli(*args, "--store", config)
+                assert proc.returncode in (0, 1, 2), (config, args, proc.stderr)
+                text = proc.stdout + proc.stderr
+                for leaked in forms:
+                    assert leaked not in text, (config, args, text)
+
+
+def test_hostile_password_never_printed_by_a_real_process() -> None:
+    """As a real process (tracebacks, logging, warnings): the password never shows."""
+    password = "p@ss/w:rd%-unique-42"
+    for config in (
+        f"postgresql://postgres:{quote(password, safe='')}@127.0.0.1:{closed_port()}/test",
+        f"postgresql://postgres:{password}@127.0.0.1:{closed_port()}/test",
+    ):
+        proc = cli_process("--verbose", "doctor", "--store", config)
+        assert proc.returncode in (1, 2), proc.stderr
+        text = proc.stdout + proc.stderr
+        assert password not in text and quote(password, safe="") not in text
+        assert "***" in text
+
+
+# --- first contact: the demo's closing hint ----------------------------------------------
+
+
+def test_demo_hint_names_a_command_that_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without stepstone on PATH, the hint names the venv's script (relative when below)."""
+    from stepstone.cli import _demo_bench
+
+    venv = tmp_path / ".venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "python").write_text("")
+    script = venv / "stepstone"
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(venv / "python"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert _demo_bench.command_name() == ".venv/bin/stepstone"
+    monkeypatch.setenv("PATH", str(venv))
+    assert _demo_bench.command_name() == "stepstone"
+
+
+@pytest.mark.crash
+def test_demo_json_reports_the_resumed_run(tmp_path: Path) -> None:
+    """demo --json prints one JSON object: the run, what the killed process did, the resume."""
+    proc = cli("demo", "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["status"] == "done"
+    assert report["first"]["killed_during"] == "reserve_stock"
+    assert report["second"]["skipped"] == ["fetch_order"]
+    assert report["state"]["receipt"] == "sent"
+    command = report["inspect"].split()[0]
+    assert shutil.which(command) is not None or Path(command).exists()
+
+
+@needs_runtime
+def test_demo_approval_waits_then_sends(tmp_path: Path) -> None:
+    """demo --approval suspends the run for a signal, approves it and finishes it."""
+    url = store_url("sqlite", tmp_path)
+    proc = cli("demo", "--approval", "--store", url)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "waiting for: signal approval" in proc.stdout
+    assert "runs signal approval-" in proc.stdout
+    done = [r for r in listed(url) if r["run_id"].startswith("approval-")]
+    assert [r["status"] for r in done] == ["done"]
+    assert shown(url, done[0]["run_id"])["state"]["sent"] is True
+
+
+@needs_runtime
+@pytest.mark.crash
+def test_worker_command_finishes_an_approved_run_and_stops_on_sigterm(tmp_path: Path) -> None:
+    """A real `stepstone worker` resumes a signalled run, then exits 0 on SIGTERM."""
+    url = store_url("sqlite", tmp_path)
+    manual = cli("demo", "--approval", "--manual", "--json", "--store", url)
+    assert manual.returncode == 0, manual.stderr
+    run_id = json.loads(manual.stdout)["run_id"]
+    assert shown(url, run_id)["status"] == "waiting"
+    sent = cli("runs", "signal", run_id, "approval", "--data", '{"ok": true}', "--store", url)
+    assert sent.returncode == 0, sent.stderr
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "stepstone",
+            "worker",
+            "--store",
+            url,
+            "--lease",
+            "2",
+            "--workflows",
+            "stepstone._demo:WORKFLOWS",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while shown(url, run_id)["status"] != "done":
+            assert worker.poll() is None, "the worker exited early"
+            assert time.monotonic() < deadline, "the worker did not finish the run in 30 s"
+            time.sleep(0.1)
+        worker.send_signal(signal.SIGTERM)
+        returncode = worker.wait(timeout=30)
+    finally:
+        worker.kill()
+        stdout, stderr = worker.communicate(timeout=30)
+    assert returncode == 0, stderr
+    assert "stopped" in stdout
+    assert shown(url, run_id)["state"]["sent"] is True
+
+
+def test_bench_options_reach_the_benchmark() -> None:
+    """bench passes its own options (--help here) through to the benchmark's parser."""
+    proc = cli("bench", "--help")
+    assert proc.returncode == 0, proc.stderr
+    assert "stepstone bench" in proc.stdout and "--quick" in proc.stdout
+
+
+def test_certificate_errors_say_what_to_do() -> None:
+    """A store error about an unverified certificate gains the verify=false hint."""
+    from stepstone import StoreUnavailable
+    from stepstone.cli import _classify
+
+    code, message = _classify(
+        StoreUnavailable("cannot connect: [SSL: CERTIFICATE_VERIFY_FAILED] self-signed certificate")
+    )
+    assert code == 1
+    assert "verify=false" in message and "REQUESTS_CA_BUNDLE" in message

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from importlib.metadata import EntryPoint
 from pathlib import Path
 from typing import Any, Self
+from urllib.parse import quote, unquote
 
 import pytest
 
 import stepstone
 from stepstone import ConfigError, Store, _registry, open_store, register_store
+from stepstone._redact import redact, redact_url, secrets_of
 from stepstone.stores.memory import MemoryStore
 
 
@@ -168,3 +171,153 @@ def test_store_abc_enforces_methods() -> None:
 
     with pytest.raises(TypeError, match="abstract"):
         Incomplete()  # type: ignore[abstract]
+
+
+# --- secrets: one redaction routine ----------------------------------------------------
+
+# Passwords a careless operator pastes into a URL as they are, or percent-encoded.
+HOSTILE_PASSWORDS = [
+    "p@ss/w:rd%",
+    "hunter2@evil.example",
+    "a/b/c@d:e",
+    "s3cr:et%41%zz",
+    "pässwörd€:x",
+    "%40%2F%3A%25",
+    "tr@il@",
+]
+
+
+def _spellings(password: str) -> list[str]:
+    """Every form in which ``password`` could leak: raw, encoded, decoded."""
+    forms = {password, quote(password, safe=""), unquote(password)}
+    return [f for f in forms if len(f) >= 4]
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _hostile_configs(password: str, port: int) -> list[str]:
+    """Config strings of every scheme that carry ``password`` raw and percent-encoded."""
+    configs = []
+    for secret in (password, quote(password, safe="")):
+        configs += [
+            f"postgresql://postgres:{secret}@127.0.0.1:{port}/test?connect_timeout=2",
+            f"mysql://root:{secret}@127.0.0.1:{port}/test?connect_timeout=2",
+            f"memory://alice:{secret}@x/",
+            f"file://alice:{secret}@host/tmp/x",
+            f"sqlite://alice:{secret}@host/x.db",
+            f"cosmos://alice:{secret}@127.0.0.1:{port}/db/c",
+            f"bogus://alice:{secret}@h/x",
+            f"postgresql://postgres:{secret}@127.0.0.1:99999/test",
+        ]
+    return configs
+
+
+@pytest.mark.parametrize("password", HOSTILE_PASSWORDS)
+def test_hostile_password_never_in_open_store_errors(
+    password: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A password with raw @ / : % or non-ASCII never appears in any open_store error."""
+    monkeypatch.delenv("AZURE_COSMOS_KEY", raising=False)
+    monkeypatch.delenv("AZURE_COSMOS_CONNECTION_STRING", raising=False)
+    port = _closed_port()
+    for config in _hostile_configs(password, port):
+        try:
+            store = open_store(config)
+        except stepstone.StepstoneError as exc:
+            text = f"{exc} {exc!r}"
+        else:
+            text = f"{store!r} {getattr(store, 'where', '')}"
+            store.close()
+        for leaked in _spellings(password):
+            assert leaked not in text, (config, text)
+
+
+@pytest.mark.parametrize("password", ["p@ss/w", "x/y@z"])
+def test_raw_at_or_slash_in_password_is_refused_with_advice(password: str) -> None:
+    """A raw @ or / in a password is a ConfigError that says how to encode it."""
+    with pytest.raises(ConfigError, match="percent-encode it") as caught:
+        open_store(f"postgresql://u:{password}@127.0.0.1/db")
+    assert password not in str(caught.value)
+    assert "postgresql://u:***@127.0.0.1/db" in str(caught.value)
+
+
+def test_hostile_password_never_in_repr_of_an_open_store() -> None:
+    """An open SQL store's repr and 'where' hide a password with : % and non-ASCII."""
+    password = "s3cr:et%41%zz-pässwörd"
+    try:
+        import psycopg
+
+        psycopg.connect("postgresql://postgres@127.0.0.1:5432/test", connect_timeout=3).close()
+    except Exception as exc:
+        from stepstone.testing import backend_unavailable
+
+        backend_unavailable(f"PostgreSQL on 127.0.0.1:5432: {exc}")
+    encoded = quote(password, safe="")
+    with open_store(f"postgresql://postgres:{encoded}@127.0.0.1:5432/test") as store:
+        text = f"{store!r} {getattr(store, 'where', '')} {store.doctor()!r}"
+    for leaked in _spellings(password):
+        assert leaked not in text
+
+
+@pytest.mark.parametrize("port", ["99999", "0", "65536", "abc", "-1", "1e3"])
+def test_bad_port_is_a_config_error(port: str) -> None:
+    """A port outside 1-65535 is a ConfigError naming the port, for every scheme."""
+    for config in (
+        f"postgresql://u@h:{port}/db",
+        f"mysql://u@h:{port}/db",
+        f"cosmos://h:{port}/db/c",
+    ):
+        with pytest.raises(ConfigError, match="is not a port"):
+            open_store(config)
+
+
+def test_redact_url_masks_password_and_secret_options_only() -> None:
+    """redact_url masks the password and secret-named options, nothing else."""
+    cases = {
+        "postgresql://u:p@ss/w:rd%@host:5432/db?table=t": "postgresql://u:***@host:5432/db?table=t",
+        "postgresql://u:p%40ss@h/db": "postgresql://u:***@h/db",
+        "mysql://root@h/db": "mysql://root@h/db",
+        "cosmos://h/db/c?token=abc&x=1&auth=key": "cosmos://h/db/c?token=***&x=1&auth=key",
+        "cosmos://h/db/c?AccountKey=abc&sig=x%3D&client_secret=s": (
+            "cosmos://h/db/c?AccountKey=***&sig=***&client_secret=***"
+        ),
+        "sqlite:///x.db?busy_timeout=5": "sqlite:///x.db?busy_timeout=5",
+        "file:///home/a@b/dir": "file:///home/a@b/dir",
+        "memory://alice:hunter2@x/?key=s3cr3tk3y": "memory://alice:***@x/?key=***",
+    }
+    for config, expected in cases.items():
+        assert redact_url(config) == expected, config
+
+
+def test_redaction_keeps_help_text_intact() -> None:
+    """Error help text (USER[:PASSWORD]@HOST forms, option lists) is never garbled."""
+    forms = _registry._valid_forms()
+    assert redact(forms) == forms
+    help_text = (
+        "forms: postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE or "
+        "sqlite:///rel.db[?synchronous=full|normal&busy_timeout=ms]; pass table= and "
+        "connect_timeout= as arguments; a key= option is refused"
+    )
+    assert redact(help_text, ["hunter2-long"]) == help_text
+    with pytest.raises(ConfigError) as caught:
+        open_store("bogus://alice:hunter2-long@h/x")
+    assert forms in str(caught.value)
+    assert "hunter2-long" not in str(caught.value)
+
+
+def test_redact_free_text_masks_known_secrets_and_urls() -> None:
+    """redact() masks every URL's password, connection-string keys and known secrets."""
+    text = (
+        "failed: postgresql://u:p@ss/w@h/db refused; AccountKey=abc123==; "
+        "the password was longsecret99 (really)"
+    )
+    masked = redact(text, secrets_of("postgresql://u:longsecret99@h/db"))
+    assert masked == (
+        "failed: postgresql://u:***@h/db refused; AccountKey=***; the password was *** (really)"
+    )
+    # A short secret is masked where it sits, never blindly across the text.
+    assert redact("run ab done", secrets_of("postgresql://u:ab@h/db")) == "run ab done"

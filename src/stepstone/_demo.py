@@ -24,7 +24,7 @@ from typing import Any, TextIO
 from ._registry import ENV_VAR, open_store
 from ._runner import Step, StepContext, run
 
-__all__ = ["STEP_NAMES", "new_run_id", "run_demo"]
+__all__ = ["STEP_NAMES", "approval_workflows", "new_run_id", "run_approval_demo", "run_demo"]
 
 CRASH_ENV = "STEPSTONE_DEMO_CRASH"
 #: The workflow's steps; the second one crashes its process on the first attempt.
@@ -86,6 +86,10 @@ def _steps(run_id: str, emit: Emit) -> list[Step]:
     ]
 
 
+#: Seconds: the lease the demo's processes take on the run.
+DEMO_LEASE = 2.0
+
+
 def _child(run_id: str) -> int:
     """Run the demo workflow once; the store comes from ``STEPSTONE_STORE``."""
     try:
@@ -104,7 +108,9 @@ def _child(run_id: str) -> int:
                     completed.append(fields["step"])
                 _emit(event, **fields)
 
-            state = run(run_id, _steps(run_id, emit), store)
+            # A short lease: the resumed process waits for the killed one's lease to
+            # expire before it takes the run over, and the demo should not idle 30 s.
+            state = run(run_id, _steps(run_id, emit), store, lease=DEMO_LEASE)
             if completed:
                 _emit("saved", step=completed[-1])
             _emit("finished", state=state)
@@ -213,8 +219,22 @@ def run_demo(
     store_option: str = "",
     run_id: str | None = None,
     verbose: bool = False,
+    command: str = "stepstone",
+    report: dict[str, Any] | None = None,
 ) -> int:
     """Run the crash-and-resume demo against ``store_url``; return the exit status.
+
+    Args:
+        store_url: The store, shared by the two child processes.
+        out: Where the narrative goes.
+        shown_store: ``store_url`` as it may be printed (secrets masked).
+        store_option: The ``--store ...`` text for the closing hint, if one was given.
+        run_id: The run id to use; a new one by default.
+        verbose: Let the children log at DEBUG.
+        command: How this machine runs the ``stepstone`` command (``.venv/bin/stepstone``
+            when it is not on PATH), for the closing hint.
+        report: Filled with what happened (run id, pids, steps ran and skipped, final
+            state), for ``stepstone demo --json``.
 
     Raises:
         RuntimeError: a child process failed in a way the demo did not plan; the message
@@ -246,7 +266,10 @@ def run_demo(
             f"done ({saved})\n\n"
         )
 
-    w("2) Run the same run id again in a fresh process.\n")
+    w(
+        "2) Run the same run id again in a fresh process. It takes the run over once the "
+        f"dead\n   process's lease ({DEMO_LEASE:g} s) has gone unrenewed.\n"
+    )
     second = _start_child(run_id, store_url, False, out, verbose)
     if second.returncode != 0 or second.state is None:
         detail = second.error or _describe_exit(second.returncode)
@@ -274,9 +297,118 @@ def run_demo(
     w("   final state:\n")
     for line in json.dumps(second.state, indent=2, ensure_ascii=False).splitlines():
         w(f"     {line}\n")
-    w(f"\nInspect the run:  stepstone runs show {run_id}{store_option}\n")
+    w(f"\nInspect the run:  {command} runs show {run_id}{store_option}\n")
     out.flush()
+    if report is not None:
+        report.update(
+            run_id=run_id,
+            store=shown,
+            status="done",
+            first={
+                "pid": first.pid,
+                "completed": completed_first,
+                "killed_during": first.crashed_in,
+            },
+            second={"pid": second.pid, "skipped": list(second.skipped), "ran": list(second.ran)},
+            state=second.state,
+            inspect=f"{command} runs show {run_id}{store_option}",
+        )
     return 0
+
+
+# --- stepstone demo --approval: a run that waits for a person --------------------------
+
+APPROVAL_SIGNAL = "approval"
+
+
+def _draft(state: dict[str, Any]) -> dict[str, Any]:
+    return {"draft": "Dear Ana, your refund of 42.50 EUR is on its way."}
+
+
+def _send(state: dict[str, Any]) -> dict[str, Any]:
+    approval = state.get("approval") or {}
+    if not (isinstance(approval, dict) and approval.get("ok")):
+        return {"sent": False, "reason": "not approved"}
+    return {"sent": True}
+
+
+def approval_workflows() -> list[Any]:
+    """Return the approval demo's workflow, for ``stepstone worker --workflows
+    stepstone._demo:approval_workflows`` (a worker calls nothing: see ``WORKFLOWS``)."""
+    import stepstone  # noqa: PLC0415  (the runtime API, imported when used)
+
+    steps = [
+        Step("draft_reply", _draft),
+        stepstone.WaitFor("approval", APPROVAL_SIGNAL),
+        Step("send_reply", _send),
+    ]
+    return [stepstone.Workflow("approval-demo", steps)]
+
+
+def run_approval_demo(
+    store_url: str,
+    out: TextIO,
+    *,
+    shown_store: str | None = None,
+    store_option: str = "",
+    command: str = "stepstone",
+    manual: bool = False,
+    report: dict[str, Any] | None = None,
+) -> int:
+    """Draft a reply, wait for a person's approval (a signal), then send it.
+
+    The run suspends with status ``waiting``; nothing runs while it waits. Without
+    ``manual`` the demo then sends the approval itself, as ``stepstone runs signal``
+    would, and resumes the run; with ``manual`` it stops there and prints the commands.
+    """
+    import stepstone  # noqa: PLC0415
+
+    (workflow,) = approval_workflows()
+    run_id = "approval-" + new_run_id().removeprefix("demo-")
+    w = out.write
+    signal_command = (
+        f"{command} runs signal {run_id} {APPROVAL_SIGNAL} --data '{{\"ok\": true}}'{store_option}"
+    )
+    w("stepstone demo --approval: a run that waits for a person\n\n")
+    w(f"store:    {shown_store or store_url}\nrun id:   {run_id}\n")
+    w("workflow: draft_reply -> WaitFor('approval') -> send_reply\n\n")
+    with open_store(store_url) as store:
+        w("1) Run it: the draft is saved, then the run suspends.\n")
+        try:
+            run(run_id, workflow, store)
+        except stepstone.Suspended as exc:
+            w(f"   => status waiting, waiting for: {exc.waiting_for}\n")
+        else:
+            raise RuntimeError("demo: the run was meant to wait for its approval")
+        if manual:
+            w(f"\nApprove it:   {signal_command}\n")
+            w(
+                f"Then resume:  {command} worker --workflows "
+                f"stepstone._demo:WORKFLOWS{store_option}   (Ctrl-C when it is done)\n"
+                f"Or look:      {command} runs show {run_id}{store_option}\n"
+            )
+            if report is not None:
+                report.update(run_id=run_id, status="waiting", signal=signal_command)
+            return 0
+        w(
+            "\n2) A person approves it; the demo does what this command does:\n"
+            f"   {signal_command}\n"
+        )
+        stepstone.signal(store, run_id, APPROVAL_SIGNAL, {"ok": True}, signal_id="demo")
+        w("3) Run it again: the approval is merged, the reply sent.\n")
+        state = run(run_id, workflow, store)
+    w(f"   => done; sent: {state.get('sent')}\n")
+    w(f"\nInspect the run:  {command} runs show {run_id}{store_option}\n")
+    if report is not None:
+        report.update(run_id=run_id, status="done", state=state, signal=signal_command)
+    return 0
+
+
+def __getattr__(name: str) -> Any:
+    # ``WORKFLOWS`` is built on first use: the runtime API is imported lazily.
+    if name == "WORKFLOWS":
+        return approval_workflows()
+    raise AttributeError(name)
 
 
 if __name__ == "__main__":

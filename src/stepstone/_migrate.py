@@ -11,15 +11,22 @@ The copy is idempotent and safe to re-run after an interruption. For each source
 
 What is copied is a snapshot of each source run at the moment it is read: migrate while
 no worker runs, or re-run afterwards (runs advanced meanwhile then show as conflicts).
-``created_at`` is kept; ``updated_at`` in the destination is the time of the copy, since
-every store stamps it on save.
+Everything a resumed run depends on is copied (state, progress, failure, input,
+workflow, cancellation, suspension, signals, parent); the lease is not: a copied run
+has no owner, so the destination's workers can claim it at once.
+
+Timestamps: every write goes through ``_write``, which calls ``Store.save`` today.
+``save`` stamps ``updated_at`` with the time of the copy, so ``prune --older-than``
+would spare migrated runs; once the Store contract has an import path that keeps the
+source's ``created_at`` and ``updated_at`` (compare-and-swap like ``save``), ``_write``
+calls it instead. ``created_at`` is kept already.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -124,21 +131,54 @@ def differences(a: Checkpoint, b: Checkpoint) -> list[str]:
         diff.append("failure")
     if _canonical(a.state) != _canonical(b.state):
         diff.append("state")
+    for name in _RUNTIME_FIELDS:
+        if getattr(a, name) != getattr(b, name):
+            diff.append(name)
+    if _canonical({"v": a.input}) != _canonical({"v": b.input}):
+        diff.append("input")
+    if [(s.name, s.id, _canonical({"v": s.payload})) for s in a.signals] != [
+        (s.name, s.id, _canonical({"v": s.payload})) for s in b.signals
+    ]:
+        diff.append("signals")
     return diff
 
 
+# Compared as they are; ``input`` and ``signals`` are compared as JSON (above), and the
+# lease (owner, epoch, lease, renewed_at) is not content: it is not copied.
+_RUNTIME_FIELDS = (
+    "workflow",
+    "workflow_version",
+    "queued",
+    "cancelled",
+    "cancel_requested",
+    "waiting_for",
+    "wake_at",
+    "consumed",
+    "parent",
+)
+
+
 def _copy(cp: Checkpoint, version: str | None) -> Checkpoint:
-    return Checkpoint(
-        run_id=cp.run_id,
-        step=cp.step,
-        state=cp.state,
+    """Return the checkpoint to write: the source's, with the destination's version and
+    without the source's lease."""
+    return replace(
+        cp,
         version=version,
         step_names=tuple(cp.step_names),
-        total_steps=cp.total_steps,
-        attempt=cp.attempt,
-        failure=cp.failure,
-        created_at=cp.created_at,
+        state_json=None,
+        owner=None,
+        lease=None,
+        renewed_at=None,
     )
+
+
+def _write(dst: Store, cp: Checkpoint) -> None:
+    """Write one copied run (see the module docstring about timestamps).
+
+    Raises:
+        ConflictError: the destination run changed or was created meanwhile.
+    """
+    dst.save(cp)
 
 
 def _migrate_one(
@@ -171,7 +211,7 @@ def _migrate_one(
     if dry_run:
         return "copied", "", overwrite
     try:
-        dst.save(_copy(cp, None if existing is None else existing.version))
+        _write(dst, _copy(cp, None if existing is None else existing.version))
     except ConflictError:
         what = "changed" if overwrite else "was created"
         return "conflict", f"it {what} in the destination during the migration", False

@@ -15,6 +15,8 @@ import re
 from typing import Any
 
 from ._errors import ConfigError, StepstoneError
+from ._redact import check_unambiguous, redact_url, secrets_of, split_userinfo
+from ._redact import redact as redact_text
 from ._store import Store
 
 __all__ = ["DEFAULT_STORE", "ENV_VAR", "open_store", "register_store", "schemes"]
@@ -34,12 +36,12 @@ _BUILTIN: dict[str, tuple[str, str | None, str]] = {
         "sqlite:///rel.db or sqlite:////abs.db",
     ),
     "postgresql": (
-        "stepstone.stores.sql:SQLServerStore",
+        "stepstone.stores.postgres:PostgresStore",
         "postgres",
         "postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE",
     ),
     "mysql": (
-        "stepstone.stores.sql:SQLServerStore",
+        "stepstone.stores.mysql:MySQLStore",
         "mysql",
         "mysql://USER[:PASSWORD]@HOST[:PORT]/DATABASE (MySQL or MariaDB)",
     ),
@@ -55,13 +57,53 @@ _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*):(.*)$", re.DOTALL)
 _ENTRY_POINT_GROUP = "stepstone.stores"
 
 
-_USERINFO = re.compile(r"(//)([^/@?#]*)@")
-_QUERY_VALUE = re.compile(r"([?&][^=&#]+=)[^&#]*")
-
-
 def redact(config: str) -> str:
-    """Return ``config`` with user info and option values masked, for error messages."""
-    return _QUERY_VALUE.sub(r"\1***", _USERINFO.sub(r"\1***@", config))
+    """Return ``config`` with its password and secret-named option values masked.
+
+    Kept under this name for callers of the registry; the routine is ``_redact``'s.
+    """
+    return redact_url(config)
+
+
+def _scrubbed(exc: StepstoneError, config: str) -> StepstoneError:
+    """Mask the secrets of ``config`` in ``exc``'s message, in place; return ``exc``.
+
+    A backend's own message may quote the string it was given; this is the one place
+    every backend's errors pass through on their way out of ``open_store``.
+    """
+    secrets = secrets_of(config)
+    args = tuple(redact_text(a, secrets) if isinstance(a, str) else a for a in exc.args)
+    if args != exc.args:
+        exc.args = args
+    return exc
+
+
+_MAX_PORT = 65535
+
+
+def _check_port(config: str) -> None:
+    """Refuse a port that no server can listen on, whatever the backend.
+
+    Raises:
+        ConfigError: the URL's port is not a whole number from 1 to 65535.
+    """
+    parts = split_userinfo(config)
+    if parts is not None:
+        authority = parts[2][1:]  # after the '@'
+    elif "://" in config:
+        authority = config.partition("://")[2]
+    else:
+        return
+    hostport = re.split(r"[/?#]", authority, maxsplit=1)[0]
+    if hostport.startswith("["):
+        port = hostport.partition("]")[2].removeprefix(":") if "]:" in hostport else ""
+    else:
+        port = hostport.rpartition(":")[2] if ":" in hostport else ""
+    if port and not (port.isascii() and port.isdigit() and 1 <= int(port) <= _MAX_PORT):
+        raise ConfigError(
+            f"port {port[:20]!r} in store config {redact(config)!r} is not a port: use a "
+            f"whole number from 1 to {_MAX_PORT}, or leave it out for the default"
+        )
 
 
 def register_store(scheme: str, cls: type[Store]) -> None:
@@ -163,14 +205,20 @@ def open_store(config: str | None = None) -> Store:
             f"malformed store config {redact(config)!r}: expected SCHEME:..., "
             f"one of: {_valid_forms()}"
         )
+    # Every URL parser cuts such a string in the wrong place, and a backend would then
+    # quote half of the password as a host or a database name.
+    check_unambiguous(config)
+    _check_port(config.strip())
     cls = store_class(match.group(1))
     try:
         return cls.from_config(config.strip())
-    except StepstoneError:
+    except StepstoneError as exc:
+        _scrubbed(exc, config)
         raise
     except ValueError as exc:
         # urllib's own complaints (an unclosed IPv6 bracket, a bad port) mean a malformed
         # string too; the caller gets the same error type as for any other bad config.
         raise ConfigError(
-            f"malformed store config {redact(config)!r} ({exc}); valid forms: {_valid_forms()}"
-        ) from exc
+            f"malformed store config {redact(config)!r} "
+            f"({redact_text(str(exc), secrets_of(config))}); valid forms: {_valid_forms()}"
+        ) from None

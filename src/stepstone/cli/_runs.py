@@ -1,0 +1,547 @@
+"""``stepstone runs ...``: list, show, delete, prune, cancel and signal runs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from .._checkpoint import STATUSES, Checkpoint
+from .._errors import ConflictError, CorruptCheckpoint
+from .._redact import redact_url
+from .._store import RunInfo
+from ._common import (
+    EXIT_OK,
+    OperationalError,
+    UsageError,
+    age_arg,
+    info_matches,
+    infos,
+    newest_first,
+    opened,
+    positive_int,
+    store_config,
+    ttl_arg,
+)
+from ._output import age, emit_json, iso, out, safe, safe_lines, span, table, when
+
+__all__ = ["add_parsers"]
+
+
+def add_parsers(commands: Any, store: argparse.ArgumentParser, parser_class: type) -> None:
+    """Add ``runs`` and its actions to the ``commands`` subparsers."""
+    runs = commands.add_parser("runs", help="list, show, cancel, signal, delete and prune runs")
+    actions = runs.add_subparsers(dest="runs_command", metavar="ACTION", parser_class=parser_class)
+    actions.required = True
+
+    ls = actions.add_parser(
+        "list",
+        parents=[store],
+        help="list runs, newest first",
+        description=(
+            "List runs, most recently updated first, with the owner of a running run and "
+            "when it is next due (a running run's lease end, a waiting run's wake-up)."
+        ),
+    )
+    ls.add_argument("--status", choices=STATUSES, help="only runs with this status")
+    ls.add_argument(
+        "--older-than",
+        type=age_arg,
+        metavar="AGE",
+        help="only runs last updated before AGE ago (30d, 12h, 15m, 45s) or an ISO timestamp",
+    )
+    ls.add_argument(
+        "--newer-than",
+        type=age_arg,
+        metavar="AGE",
+        help="only runs last updated after AGE ago, or after an ISO timestamp",
+    )
+    ls.add_argument("--limit", type=positive_int, metavar="N", help="show at most N runs")
+    ls.set_defaults(handler=_list)
+
+    show = actions.add_parser(
+        "show", parents=[store], help="show one run: status, lease, what it waits for, state"
+    )
+    show.add_argument("run_id", metavar="RUN_ID")
+    show.set_defaults(handler=_show)
+
+    delete = actions.add_parser("delete", parents=[store], help="delete one run")
+    delete.add_argument("run_id", metavar="RUN_ID")
+    delete.add_argument(
+        "--missing-ok", action="store_true", help="exit 0 when there is no such run"
+    )
+    delete.set_defaults(handler=_delete)
+
+    prune = actions.add_parser(
+        "prune",
+        parents=[store],
+        help="delete runs not updated for a while",
+        description=(
+            "Delete runs whose last update is older than --older-than. Runs without an "
+            "update time are never pruned. Each run is re-read just before it is deleted "
+            "and deleted by compare-and-swap on the version read, so one that advanced "
+            "meanwhile is kept."
+        ),
+    )
+    prune.add_argument(
+        "--older-than",
+        type=age_arg,
+        metavar="AGE",
+        required=True,
+        help="prune runs last updated before AGE ago (30d, 12h, 15m, 45s) or an ISO timestamp",
+    )
+    prune.add_argument("--status", choices=STATUSES, help="only prune runs with this status")
+    prune.add_argument("--dry-run", action="store_true", help="list what would go, delete nothing")
+    prune.add_argument(
+        "--ttl",
+        type=ttl_arg,
+        nargs="?",
+        const=1,
+        default=None,
+        metavar="DURATION",
+        help=(
+            "instead of deleting, set the store's native per-run TTL (default 1s) so the "
+            "store expires them itself; only for stores with native TTL (cosmos)"
+        ),
+    )
+    prune.set_defaults(handler=_prune)
+
+    cancel = actions.add_parser(
+        "cancel",
+        parents=[store],
+        help="cancel a run: it stops at its next step boundary",
+        description=(
+            "Cancel a run, whoever owns it: a queued or waiting run at once, a running one "
+            "at its next step boundary (a step in flight that completes is saved first). "
+            "Cancelling a finished run is an error."
+        ),
+    )
+    cancel.add_argument("run_id", metavar="RUN_ID")
+    cancel.set_defaults(handler=_cancel)
+
+    signal = actions.add_parser(
+        "signal",
+        parents=[store],
+        help="send a signal to a run (e.g. an approval a WaitFor step waits for)",
+        description=(
+            "Send the signal NAME with a JSON payload to a run. A run accepts signals while "
+            "queued, running, waiting or failed; a repeated --id is a no-op."
+        ),
+    )
+    signal.add_argument("run_id", metavar="RUN_ID")
+    signal.add_argument("name", metavar="NAME")
+    signal.add_argument(
+        "--data", metavar="JSON", default="null", help="the payload, as JSON (default: null)"
+    )
+    signal.add_argument(
+        "--id", dest="signal_id", metavar="ID", help="an id that makes re-sending a no-op"
+    )
+    signal.set_defaults(handler=_signal)
+
+
+# --- list ----------------------------------------------------------------------------
+
+
+def _info_json(i: RunInfo) -> dict[str, Any]:
+    return {
+        "run_id": i.run_id,
+        "status": i.status,
+        "step": i.step,
+        "completed_steps": i.step + 1,
+        "total_steps": i.total_steps,
+        "updated_at": iso(i.updated_at),
+        "owner": i.owner,
+        "due_at": iso(i.due_at),
+        "version": i.version,
+    }
+
+
+def _due_text(info: RunInfo, now: datetime) -> str:
+    """Return the DUE column: ``lease 25s``, ``in 3h``, ``now`` or ``-``."""
+    due = info.due_at
+    if due is None or info.status not in ("running", "waiting", "queued"):
+        return "-"
+    if due.tzinfo is None:
+        due = due.replace(tzinfo=UTC)
+    left = (due - now).total_seconds()
+    if info.status == "running":
+        if info.owner is None:
+            return "now"  # released or never leased: the next worker claims it
+        return f"lease {span(left)}" if left > 0 else f"lease expired {span(-left)} ago"
+    return f"in {span(left)}" if left > 0 else "now"
+
+
+def _progress(step: int, total: int | None) -> str:
+    return f"{step + 1}/{'?' if total is None else total}"
+
+
+#: At most this many waiting runs are loaded to say what they wait for (``RunInfo`` does
+#: not carry it); past that the column shows ``?`` and ``runs show`` tells.
+_MAX_WAIT_LOADS = 200
+
+
+def _waits(store: Any, found: list[RunInfo]) -> dict[str, str | None]:
+    """Return ``waiting_for`` of the waiting runs among ``found`` (the first 200)."""
+    waits: dict[str, str | None] = {}
+    for info in [i for i in found if i.status == "waiting"][:_MAX_WAIT_LOADS]:
+        try:
+            cp = store.load(info.run_id)
+        except CorruptCheckpoint:
+            continue
+        waits[info.run_id] = None if cp is None else cp.waiting_for
+    return waits
+
+
+def _list(args: argparse.Namespace) -> int:
+    config = store_config(args)
+    with opened(config) as store:
+        found = [
+            i
+            for i in infos(store)
+            if info_matches(i, args.status, args.older_than, args.newer_than)
+        ]
+        found = newest_first(found)
+        if args.limit is not None:
+            found = found[: args.limit]
+        waits = _waits(store, found)
+    if args.json:
+        emit_json(
+            [
+                {
+                    **_info_json(i),
+                    **({"waiting_for": waits.get(i.run_id)} if i.status == "waiting" else {}),
+                }
+                for i in found
+            ]
+        )
+        return EXIT_OK
+    if not found:
+        filtered = args.status or args.older_than or args.newer_than
+        out("no matching runs" if filtered else "no runs")
+        return EXIT_OK
+    now = datetime.now(UTC)
+    rows = [
+        [
+            safe(i.run_id),
+            i.status,
+            _progress(i.step, i.total_steps),
+            safe(i.owner) if i.owner else "-",
+            _due_text(i, now),
+            when(i.updated_at),
+            age(i.updated_at, now),
+        ]
+        for i in found
+    ]
+    headers = ["RUN_ID", "STATUS", "STEPS", "OWNER", "DUE", "UPDATED", "AGE"]
+    if waits or any(i.status == "waiting" for i in found):
+        headers.append("WAITING_FOR")
+        for row, info in zip(rows, found, strict=True):
+            if info.status != "waiting":
+                row.append("-")
+            else:
+                row.append(safe(waits.get(info.run_id) or "?"))
+    for line in table(headers, rows):
+        out(line)
+    return EXIT_OK
+
+
+# --- show ----------------------------------------------------------------------------
+
+
+def _lease(cp: Checkpoint, now: datetime) -> tuple[str, bool | None]:
+    """Return a sentence about the run's lease, and whether it looks live (None: no
+    lease). Judged by this machine's clock against the owner's last renewal: a hint, as
+    workers decide takeovers by seeing no renewal for a whole lease, not by clocks."""
+    if cp.owner is None:
+        return "none (no process owns the run)", None
+    if cp.lease is None or cp.renewed_at is None:
+        return f"held by {safe(cp.owner)} (no lease length recorded)", None
+    renewed = cp.renewed_at if cp.renewed_at.tzinfo else cp.renewed_at.replace(tzinfo=UTC)
+    left = (renewed - now).total_seconds() + cp.lease
+    ago = span((now - renewed).total_seconds())
+    if left > 0:
+        return (
+            f"live: held by {safe(cp.owner)}, renewed {ago} ago, expires in {span(left)} "
+            f"unless renewed (lease {cp.lease:g}s)",
+            True,
+        )
+    return (
+        f"EXPIRED {span(-left)} ago: {safe(cp.owner)} last renewed it {ago} ago (lease "
+        f"{cp.lease:g}s); the next worker that looks will take the run over",
+        False,
+    )
+
+
+def _checkpoint_json(cp: Checkpoint, now: datetime) -> dict[str, Any]:
+    failure = cp.failure
+    lease_text, live = _lease(cp, now)
+    return {
+        "run_id": cp.run_id,
+        "status": cp.status,
+        "step": cp.step,
+        "completed_steps": cp.step + 1,
+        "total_steps": cp.total_steps,
+        "step_names": list(cp.step_names),
+        "attempt": cp.attempt,
+        "failure": None
+        if failure is None
+        else {
+            "step_index": failure.step_index,
+            "step_name": failure.step_name,
+            "error_type": failure.error_type,
+            "message": failure.message,
+            "attempt": failure.attempt,
+            "at": iso(failure.at),
+        },
+        "created_at": iso(cp.created_at),
+        "updated_at": iso(cp.updated_at),
+        "version": cp.version,
+        "workflow": cp.workflow,
+        "workflow_version": cp.workflow_version,
+        "owner": cp.owner,
+        "epoch": cp.epoch,
+        "lease": cp.lease,
+        "renewed_at": iso(cp.renewed_at),
+        "lease_live": live,
+        "lease_text": lease_text,
+        "cancel_requested": cp.cancel_requested,
+        "waiting_for": cp.waiting_for,
+        "wake_at": iso(cp.wake_at),
+        "due_at": iso(cp.due_at),
+        "parent": cp.parent,
+        "signals": [
+            {"name": s.name, "id": s.id, "payload": s.payload, "at": iso(s.at)} for s in cp.signals
+        ],
+        "input": cp.input,
+        "state": cp.state,
+    }
+
+
+def _show(args: argparse.Namespace) -> int:
+    config = store_config(args)
+    with opened(config) as store:
+        cp = store.load(args.run_id)
+    if cp is None:
+        raise _missing(args.run_id, config)
+    now = datetime.now(UTC)
+    if args.json:
+        data = _checkpoint_json(cp, now)
+        try:
+            emit_json(data)
+        except RecursionError:
+            # Too deep for json's recursion: the stored text, as the store holds it.
+            emit_json({**data, "state": None, "state_json": cp.state_json, "input": None})
+        return EXIT_OK
+    total = "?" if cp.total_steps is None else str(cp.total_steps)
+    names = ", ".join(safe(n) for n in cp.step_names) if cp.step_names else "none yet"
+    status = cp.status + (" (cancel requested)" if cp.cancel_requested else "")
+    fields = [
+        ("run id", safe(cp.run_id)),
+        ("status", status),
+        ("progress", f"{cp.step + 1} of {total} steps completed (last completed index {cp.step})"),
+        ("completed", names),
+        ("attempt", f"{cp.attempt} attempt(s) begun on the next step"),
+    ]
+    if cp.workflow is not None:
+        version = f" version {safe(cp.workflow_version)}" if cp.workflow_version else ""
+        fields.append(("workflow", f"{safe(cp.workflow)}{version}"))
+    if cp.parent is not None:
+        fields.append(("parent", safe(cp.parent)))
+    fields.append(("lease", _lease(cp, now)[0]))
+    if cp.waiting_for is not None:
+        wake = "" if cp.wake_at is None else f", until {when(cp.wake_at)}"
+        fields.append(("waiting for", f"{safe(cp.waiting_for)}{wake}"))
+    if cp.signals:
+        pending = ", ".join(safe(s.name) for s in cp.signals[-5:])
+        fields.append(("signals", f"{len(cp.signals)} received (latest: {pending})"))
+    fields += [
+        ("created", when(cp.created_at)),
+        ("updated", when(cp.updated_at)),
+        ("version", safe(cp.version) if cp.version else "-"),
+    ]
+    width = max(len(label) for label, _ in fields) + 2
+    for label, value in fields:
+        out(f"{label + ':':<{width}}{value}")
+    failure = cp.failure
+    if failure is None:
+        out(f"{'failure:':<{width}}none")
+    else:
+        out("failure:")
+        out(f"  step:     {failure.step_index} ({safe(failure.step_name)})")
+        out(f"  error:    {safe(failure.error_type)}")
+        out(f"  attempt:  {failure.attempt}")
+        out(f"  at:       {when(failure.at)}")
+        lines = safe_lines(failure.message)
+        out(f"  message:  {lines[0]}")
+        for line in lines[1:]:
+            out(f"            {line}")
+    out("state:")
+    try:
+        text = json.dumps(cp.state, ensure_ascii=False, indent=2)
+    except RecursionError:
+        text = cp.state_json or "(nested too deeply to print)"
+    # json escapes C0 controls; safe() the rest (C1, bidi), line by line.
+    for line in text.split("\n"):
+        out(safe(line))
+    return EXIT_OK
+
+
+def _missing(run_id: str, config: str) -> OperationalError:
+    return OperationalError(f"no run {run_id!r} in {redact_url(config)}")
+
+
+# --- delete, prune -------------------------------------------------------------------
+
+
+def _delete(args: argparse.Namespace) -> int:
+    config = store_config(args)
+    with opened(config) as store:
+        deleted = store.delete(args.run_id)
+    if deleted:
+        if args.json:
+            emit_json({"run_id": args.run_id, "deleted": True})
+        else:
+            out(f"deleted run {safe(repr(args.run_id))}")
+        return EXIT_OK
+    if args.missing_ok:
+        if args.json:
+            emit_json({"run_id": args.run_id, "deleted": False})
+        else:
+            out(f"no run {safe(repr(args.run_id))}; nothing to delete")
+        return EXIT_OK
+    raise _missing(args.run_id, config)
+
+
+def _prune(args: argparse.Namespace) -> int:
+    config = store_config(args)
+    cutoff: datetime = args.older_than
+    verb = "expire" if args.ttl is not None else "delete"
+    affected: list[str] = []
+    kept: list[str] = []
+    with opened(config) as store:
+        expire = getattr(store, "expire", None)
+        if args.ttl is not None and not callable(expire):
+            raise UsageError(
+                f"the {store.scheme or type(store).__name__} store has no native TTL; "
+                "prune without --ttl to delete the runs"
+            )
+        candidates = newest_first(
+            [i for i in infos(store) if info_matches(i, args.status, cutoff, None)]
+        )
+        for info in candidates:
+            if args.dry_run:
+                if not args.json:
+                    out(
+                        f"would {verb} {safe(repr(info.run_id))} ({info.status}, "
+                        f"updated {when(info.updated_at)})"
+                    )
+                affected.append(info.run_id)
+                continue
+            # Re-read, and delete by compare-and-swap on what was read: a run a worker
+            # advanced since it was listed is not old any more, and is kept.
+            cp = store.load(info.run_id)
+            if cp is None:
+                continue
+            if not info_matches(RunInfo.of(cp), args.status, cutoff, None):
+                kept.append(info.run_id)
+                continue
+            if expire is not None and args.ttl is not None:
+                if expire(info.run_id, args.ttl) is not False:
+                    affected.append(info.run_id)
+                continue
+            try:
+                if store.delete(info.run_id, expected_version=cp.version):
+                    affected.append(info.run_id)
+            except ConflictError:
+                kept.append(info.run_id)
+    count = len(affected)
+    which = f"{args.status + ' ' if args.status else ''}{'run' if count == 1 else 'runs'}"
+    if args.json:
+        emit_json(
+            {
+                "action": verb,
+                "dry_run": args.dry_run,
+                "ttl_seconds": args.ttl,
+                "cutoff": iso(cutoff),
+                "count": count,
+                "run_ids": affected,
+                "kept_because_changed": kept,
+            }
+        )
+        return EXIT_OK
+    done = {"delete": "deleted", "expire": f"set a {args.ttl}s TTL on"}[verb]
+    if args.dry_run:
+        out(f"dry run: would {verb} {count} {which} updated before {when(cutoff)}")
+    else:
+        out(f"{done} {count} {which} updated before {when(cutoff)}")
+        if kept:
+            out(f"kept {len(kept)} that changed while pruning")
+    return EXIT_OK
+
+
+# --- cancel, signal (the runtime API) ------------------------------------------------
+
+
+def _runtime(name: str) -> Any:
+    """Return ``stepstone.NAME`` of the runtime API, or explain that it is missing."""
+    import stepstone  # noqa: PLC0415  (the package imports this module's parent)
+
+    found = getattr(stepstone, name, None)
+    if found is None:
+        raise OperationalError(
+            f"this installation of stepstone has no stepstone.{name} (the runtime API); "
+            "upgrade stepstone"
+        )
+    return found
+
+
+def _status_of(result: Any) -> str | None:
+    status = getattr(result, "status", None)
+    return status if isinstance(status, str) else None
+
+
+def _cancel(args: argparse.Namespace) -> int:
+    cancel = _runtime("cancel")
+    config = store_config(args)
+    with opened(config) as store:
+        result = cancel(store, args.run_id)
+    status = _status_of(result)
+    if args.json:
+        emit_json({"run_id": args.run_id, "cancel_requested": True, "status": status})
+    elif status == "cancelled":
+        out(f"cancelled run {safe(repr(args.run_id))}")
+    else:
+        tail = f" (status now {status})" if status else ""
+        out(
+            f"cancel requested for run {safe(repr(args.run_id))}: it stops at its next step "
+            f"boundary{tail}"
+        )
+    return EXIT_OK
+
+
+def _signal(args: argparse.Namespace) -> int:
+    try:
+        payload = json.loads(args.data)
+    except (ValueError, RecursionError) as exc:
+        raise UsageError(
+            f"--data is not JSON ({exc}): e.g. --data '{{\"approved\": true}}'"
+        ) from None
+    signal = _runtime("signal")
+    config = store_config(args)
+    with opened(config) as store:
+        result = signal(store, args.run_id, args.name, payload, signal_id=args.signal_id)
+    status = _status_of(result)
+    if args.json:
+        emit_json(
+            {
+                "run_id": args.run_id,
+                "signal": args.name,
+                "id": args.signal_id,
+                "status": status,
+            }
+        )
+    else:
+        tail = f" (status {status})" if status else ""
+        out(f"sent signal {safe(repr(args.name))} to run {safe(repr(args.run_id))}{tail}")
+    return EXIT_OK

@@ -1,0 +1,188 @@
+"""``stepstone init``, ``doctor`` and ``migrate``: the store as a whole."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import traceback
+from typing import Any, TextIO
+
+from .._errors import ConfigError, StoreError, StorePermissionError
+from .._migrate import migrate
+from .._redact import redact_url
+from .._store import Diagnosis
+from ._common import EXIT_ERROR, EXIT_OK, OperationalError, UsageError, opened, store_config
+from ._output import REDACT, emit_json, out, safe
+
+__all__ = ["add_parsers"]
+
+
+def add_parsers(
+    commands: Any, store: argparse.ArgumentParser, verbose: argparse.ArgumentParser
+) -> None:
+    """Add ``init``, ``doctor`` and ``migrate`` to the ``commands`` subparsers."""
+    mig = commands.add_parser(
+        "migrate",
+        parents=[verbose],
+        help="copy every run from one store to another",
+        description=(
+            "Copy every run from --from to --to. Runs missing in the destination are "
+            "created, identical ones skipped, differing ones reported as conflicts (or "
+            "overwritten with --force). Safe to re-run after an interruption. Exit status "
+            "1 when conflicts or failures remain, so scripts notice an incomplete copy."
+        ),
+    )
+    mig.add_argument("--from", dest="src", metavar="URL", required=True, help="source store")
+    mig.add_argument("--to", dest="dst", metavar="URL", required=True, help="destination store")
+    mig.add_argument("--force", action="store_true", help="overwrite destination runs that differ")
+    mig.add_argument(
+        "--dry-run", action="store_true", help="report what would happen; write nothing"
+    )
+    mig.add_argument(
+        "--progress",
+        action="store_true",
+        help="show progress on stderr even when it is not a terminal",
+    )
+    mig.set_defaults(handler=_migrate)
+
+    init = commands.add_parser(
+        "init", parents=[store], help="create what the store needs (tables, container)"
+    )
+    init.set_defaults(handler=_init)
+
+    doctor = commands.add_parser(
+        "doctor", parents=[store], help="check connectivity, permissions and schema"
+    )
+    doctor.set_defaults(handler=_doctor)
+
+
+class _ProgressBar:
+    """A progress bar on stderr: redrawn in place on a terminal, a line a second otherwise."""
+
+    def __init__(self, stream: TextIO, enabled: bool) -> None:
+        self.stream = stream
+        self.enabled = enabled
+        self.tty = stream.isatty()
+        self.interval = 0.1 if self.tty else 1.0
+        self.last = 0.0
+        self.drawn = False
+        self.counts: dict[str, int] = {"copied": 0, "skipped": 0, "conflict": 0, "failed": 0}
+
+    def __call__(self, done: int, total: int, run_id: str, outcome: str) -> None:
+        self.counts[outcome] = self.counts.get(outcome, 0) + 1
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if done != total and now - self.last < self.interval:
+            return
+        self.last = now
+        width = 30
+        filled = width * done // total if total else width
+        c = self.counts
+        text = (
+            f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total} "
+            f"copied {c['copied']} skipped {c['skipped']} conflicts {c['conflict']} "
+            f"failed {c['failed']}"
+        )
+        self.stream.write(f"\r{text}" if self.tty else f"{text}\n")
+        self.stream.flush()
+        self.drawn = True
+
+    def close(self) -> None:
+        if self.enabled and self.drawn and self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    REDACT.add(args.src)
+    REDACT.add(args.dst)
+    if args.src.strip() == args.dst.strip():
+        raise UsageError("--from and --to name the same store")
+    bar = _ProgressBar(sys.stderr, args.progress or sys.stderr.isatty())
+    with opened(args.src) as src, opened(args.dst) as dst:
+        try:
+            report = migrate(src, dst, force=args.force, dry_run=args.dry_run, progress=bar)
+        finally:
+            bar.close()
+    code = EXIT_OK if report.complete else EXIT_ERROR
+    if args.json:
+        emit_json(
+            {
+                "from": redact_url(args.src),
+                "to": redact_url(args.dst),
+                "dry_run": report.dry_run,
+                "total": report.total,
+                "copied": report.copied,
+                "overwritten": report.overwritten,
+                "skipped": report.skipped,
+                "conflicts": report.conflicts,
+                "failed": report.failed,
+                "complete": report.complete,
+                "problems": [
+                    {"run_id": r, "outcome": o, "detail": d} for r, o, d in report.problems
+                ],
+            }
+        )
+        return code
+    shown = 20
+    for run_id, outcome, detail in report.problems[:shown]:
+        out(f"{outcome}: run {safe(repr(run_id))}: {safe(detail)}")
+    if len(report.problems) > shown:
+        out(f"... and {len(report.problems) - shown} more")
+    out(
+        f"{report.summary()} ({report.total} runs from {redact_url(args.src)} "
+        f"to {redact_url(args.dst)})"
+    )
+    return code
+
+
+def _init(args: argparse.Namespace) -> int:
+    config = store_config(args)
+    with opened(config) as store:
+        try:
+            lines = store.init()
+        except StorePermissionError as exc:
+            if not args.json:
+                out("Not allowed to create what the store needs. Provision it by hand:")
+                for line in str(exc).splitlines():
+                    out(f"  {line}")
+                out("then check with: stepstone doctor")
+            raise OperationalError(f"init: permission denied: {exc}") from exc
+    if args.json:
+        emit_json({"store": redact_url(config), "done": list(lines)})
+        return EXIT_OK
+    for line in lines:
+        out(line)
+    return EXIT_OK
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    config = store_config(args)
+    try:
+        with opened(config) as store:
+            results = store.doctor()
+    except ConfigError:
+        raise
+    except (StoreError, OSError) as exc:
+        if args.verbose:
+            print(REDACT("".join(traceback.format_exception(exc))), file=sys.stderr, end="")
+        results = [Diagnosis("open the store", False, f"{type(exc).__name__}: {exc}")]
+    failed = [d for d in results if not d.ok]
+    code = EXIT_ERROR if failed else EXIT_OK
+    if args.json:
+        emit_json(
+            {
+                "store": redact_url(config),
+                "ok": not failed,
+                "checks": [{"check": d.check, "ok": d.ok, "detail": d.detail} for d in results],
+            }
+        )
+        return code
+    out(f"store: {redact_url(config)}")
+    for d in results:
+        detail = "" if d.ok and d.detail == "ok" else f": {safe(' '.join(d.detail.split()))}"
+        out(f"{'ok' if d.ok else 'FAIL':<6}{d.check}{detail}")
+    out(f"{len(results) - len(failed)} checks passed, {len(failed)} failed")
+    return code
