@@ -126,11 +126,19 @@ def test_names_are_injective(first: str, second: str) -> None:
 
 def test_nothing_escapes_the_directory(tmp_path: Path) -> None:
     """Run ids full of slashes and dots create files only inside the store's directory."""
+    (tmp_path / "inner").mkdir(mode=0o700)
     with FileStore(tmp_path / "inner" / "store") as store:
         for run_id in ("../escape", "../../escape", "/etc/passwd", "..", ".", "a/../../b"):
             store.save(Checkpoint(run_id, state=STATE))
     assert _files(tmp_path) == {"inner"}
     assert _files(tmp_path / "inner") == {"store"}
+
+
+def test_a_typo_in_the_path_is_refused_not_created(tmp_path: Path) -> None:
+    """Only the store directory itself is created: a missing parent is an error naming it."""
+    with pytest.raises(StoreError, match="parent directory .*nosuch.* does not exist"):
+        FileStore(tmp_path / "nosuch" / "deeper" / "runs")
+    assert not (tmp_path / "nosuch").exists()
 
 
 def test_case_differing_ids_get_distinct_lowercase_names(store: FileStore) -> None:
@@ -196,7 +204,8 @@ def test_list_runs_ignores_temp_lock_and_foreign_names(store: FileStore) -> None
 
 
 def test_created_directories_and_files_are_private(tmp_path: Path) -> None:
-    """Missing directories are created 0700 and every file 0600, even under umask 0."""
+    """The missing store directory is created 0700 and every file 0600, even under umask 0."""
+    (tmp_path / "parent").mkdir(mode=0o700)
     old_umask = os.umask(0)
     try:
         with FileStore(tmp_path / "parent" / "store") as store:
@@ -490,6 +499,7 @@ def test_config_forms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert isinstance(absolute, FileStore)
     assert absolute.path == str(tmp_path / "abs")
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "rel").mkdir(mode=0o700)
     relative = open_store("file:rel/dir")
     assert isinstance(relative, FileStore)
     assert relative.path == str(tmp_path / "rel" / "dir")

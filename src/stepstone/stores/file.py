@@ -89,6 +89,7 @@ from .._errors import (
     StoreUnavailable,
 )
 from .._hooks import fire
+from .._redact import redact_url
 from .._store import RunInfo, Store
 from ._common import parse_options
 
@@ -241,20 +242,21 @@ def _read_all(fd: int, size: int) -> bytes:
 
 
 def _make_dirs(path: str, durable: bool) -> None:
-    """Create ``path`` and missing parents with mode 0700, persisting the new entries."""
+    """Create the store directory ``path`` (mode 0700), persisting its new entry.
+
+    Only the last component is created, as SQLite creates only the database file: a
+    typo in the path then fails with the missing parent named, instead of creating a
+    tree of directories nobody reads.
+    """
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
         return
     except FileNotFoundError:
-        parent = os.path.dirname(path)
-        if parent == path:
-            raise
-        _make_dirs(parent, durable)
-        try:
-            os.mkdir(path, 0o700)
-        except FileExistsError:
-            return
+        raise StoreError(
+            f"{path}: the parent directory {os.path.dirname(path)} does not exist; "
+            "create it or fix the path (only the store directory itself is created)"
+        ) from None
     if durable:
         # A new directory's entry lives in its parent: without this a power cut can lose
         # the directory with every checkpoint saved in it.
@@ -476,18 +478,19 @@ class FileStore(Store):
     @classmethod
     def from_config(cls, config: str) -> Self:
         parts = urlsplit(config)
+        shown = redact_url(config)
         if parts.scheme.lower() != "file":
-            raise ConfigError(f"not a file store config: {config!r}; forms: {_FORMS}")
+            raise ConfigError(f"not a file store config: {shown!r}; forms: {_FORMS}")
         if parts.netloc:
             raise ConfigError(
-                f"file store config {config!r} names a host ({parts.netloc!r}); only local "
-                f"directories are supported. Forms: {_FORMS}"
+                f"file store config {shown!r} names a host ({redact_url(parts.netloc)!r}); "
+                f"only local directories are supported. Forms: {_FORMS}"
             )
         if parts.fragment or config.endswith("#"):
-            raise ConfigError(f"file store config {config!r} has a '#' fragment; forms: {_FORMS}")
+            raise ConfigError(f"file store config {shown!r} has a '#' fragment; forms: {_FORMS}")
         path = parts.path
         if not path:
-            raise ConfigError(f"file store config {config!r} names no directory; forms: {_FORMS}")
+            raise ConfigError(f"file store config {shown!r} names no directory; forms: {_FORMS}")
         if path.startswith("//"):
             path = "/" + path.lstrip("/")  # file:////abs, by analogy with sqlite:////abs
         options = parse_options(
