@@ -1,7 +1,9 @@
 """Helpers shared by the benchmark scripts in this folder (not part of stepstone).
 
-The measuring itself (floors, interleaved repeats, statistics) lives in
-``stepstone._bench`` so that ``stepstone bench`` and these scripts measure the same way.
+The measuring itself (the file and sqlite floors, interleaved repeats, statistics) lives
+in ``stepstone._bench`` so that ``stepstone bench`` and these scripts measure the same way.
+What only the scripts need stays here: the structured ``records`` workload, the SQL
+servers and their raw-driver floor (given to ``bench_store`` as ``floor=floor_for``).
 """
 
 from __future__ import annotations
@@ -165,7 +167,7 @@ SQL_SERVERS: dict[str, tuple[str, str]] = {
 SQL_KINDS = tuple(SQL_SERVERS)
 #: Every table the benchmarks create starts with this (find leftovers of a killed run).
 SQL_TABLE_PREFIX = "stepstone_bench_"
-# table name -> server URL it was created on, for the floor (see install_sql_floor).
+# table name -> server URL it was created on, for the floor (see floor_for).
 _SQL_BASES: dict[str, str] = {}
 
 
@@ -308,27 +310,55 @@ class SQLFloor:
             self._conn.close()
 
 
-def install_sql_floor() -> None:
-    """Give ``stepstone._bench.bench_store`` a floor for postgresql:// and mysql:// stores.
+def floor_for(store: Any, state: Any) -> Any:
+    """The floor of ``store`` for ``bench_store(..., floor=floor_for)``: SQL ones included.
 
-    ``stepstone bench`` has none for them; the benchmark scripts add ``SQLFloor`` by
-    wrapping ``stepstone._bench.floor_for`` (looked up at call time by ``bench_store``),
-    so the floor is measured interleaved and the ratios per round, as for sqlite.
-    Only stores opened on a table made by ``sql_config`` get one.
+    ``stepstone bench`` has no floor for postgresql:// and mysql:// stores; here a store
+    opened on a table made by ``sql_config`` gets ``SQLFloor`` (measured interleaved, the
+    ratios per round, as for sqlite), and every other store the built-in floor.
     """
     from stepstone import _bench
     from stepstone._codec import encode_state
 
-    original = _bench.floor_for
-    if getattr(original, "_sql_floor", False):
-        return
+    base = _SQL_BASES.get(str(getattr(store, "table", "")))
+    kind = str(store.scheme)  # the instance's: one SQL class may serve both schemes
+    if kind in SQL_KINDS and base is not None:
+        text, _ = encode_state(dict(state))
+        return SQLFloor(kind, base, store.table, text)
+    return _bench.floor_for(store, state)
 
-    def floor_for(store: Any, state: Any) -> Any:
-        base = _SQL_BASES.get(str(getattr(store, "table", "")))
-        if getattr(store, "kind", None) in SQL_KINDS and base is not None:
-            text, _ = encode_state(dict(state))
-            return SQLFloor(store.kind, base, store.table, text)
-        return original(store, state)
 
-    floor_for._sql_floor = True  # type: ignore[attr-defined]
-    _bench.floor_for = floor_for  # type: ignore[assignment]
+def state_of_size(nbytes: int, shape: str = "text") -> dict[str, Any]:
+    """Return a JSON state of about ``nbytes`` encoded bytes, of one of two shapes.
+
+    ``text`` is ``stepstone._bench.state_of_size`` (one long string: the I/O view, the
+    state every peer gets). ``records`` is a list of small records with ints, floats,
+    strings and booleans: JSON encoding and decoding cost grow with its size the way a
+    real structured state's do (several times the cost of the same bytes of text).
+    """
+    from stepstone import _bench
+
+    if shape == "text":
+        return _bench.state_of_size(nbytes)
+    if shape != "records":
+        raise ValueError(f"shape must be 'text' or 'records', got {shape!r}")
+    items: list[dict[str, Any]] = []
+    state: dict[str, Any] = {"meta": {"user": "u-123", "tags": ["a", "b", "c"], "n": 1}}
+    state["items"] = items
+    size = _json_len(state)
+    i = 0
+    while True:
+        item = {"id": i, "name": f"item-{i:06d}", "price": i * 1.25, "ok": i % 3 == 0}
+        item_size = _json_len(item) + 1
+        if size + item_size > nbytes:
+            break
+        items.append(item)
+        size += item_size
+        i += 1
+    state["payload"] = ""
+    state["payload"] = "x" * max(0, nbytes - _json_len(state))
+    return state
+
+
+def _json_len(value: object) -> int:
+    return len(json.dumps(value, separators=(",", ":")))

@@ -21,7 +21,7 @@ from _common import (
     cosmos_config,
     emit,
     fig,
-    install_sql_floor,
+    floor_for,
     parse_args,
     progress,
     scratch,
@@ -48,7 +48,7 @@ def configs(base: str) -> list[tuple[str, str, str]]:
 def measure(config: str, repeats: int, target_s: float) -> dict[str, Any]:
     store = open_store(config)
     try:
-        return bench_store(store, repeats=repeats, target_s=target_s).to_json()
+        return bench_store(store, repeats=repeats, target_s=target_s, floor=floor_for).to_json()
     finally:
         store.close()
 
@@ -68,7 +68,6 @@ def main() -> None:
     if args.no_sql:
         skipped.append("postgresql, mysql skipped: --no-sql")
     else:
-        install_sql_floor()
         for kind in SQL_KINDS:
             with sql_config(kind, "overhead") as (config, why):
                 if config is None:

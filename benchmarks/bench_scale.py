@@ -31,7 +31,7 @@ from _common import (
     SQL_KINDS,
     emit,
     fig,
-    install_sql_floor,
+    floor_for,
     parse_args,
     progress,
     scratch,
@@ -170,6 +170,7 @@ def measure_levels(
                 repeats=repeats,
                 target_s=target_s,
                 what=("save", "load"),
+                floor=floor_for,
             ).to_json()
         finally:
             store.close()
@@ -232,7 +233,6 @@ def main() -> None:
         if args.no_sql:
             skipped.append("postgresql, mysql skipped: --no-sql")
         else:
-            install_sql_floor()
             for kind in SQL_KINDS:
                 with sql_config(kind, "scale") as (config, why):
                     if config is None:

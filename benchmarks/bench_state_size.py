@@ -22,17 +22,18 @@ from _common import (
     SQL_KINDS,
     emit,
     fig,
-    install_sql_floor,
+    floor_for,
     parse_args,
     progress,
     scratch,
     settings,
     sql_config,
+    state_of_size,
     table,
 )
 
 from stepstone import open_store
-from stepstone._bench import Stats, bench_store, machine_info, state_of_size
+from stepstone._bench import Stats, bench_store, machine_info
 from stepstone._codec import encode_state
 
 SIZES = [("1 KB", 1024), ("100 KB", 100 * 1024), ("1 MB", 1024 * 1024)]
@@ -69,7 +70,6 @@ def main() -> None:
         if args.no_sql:
             skipped.append("postgresql, mysql skipped: --no-sql")
         else:
-            install_sql_floor()
             for kind in SQL_KINDS:
                 config, why = servers.enter_context(sql_config(kind, "state_size"))
                 if config is None:
@@ -93,6 +93,7 @@ def main() -> None:
                             repeats=repeats,
                             target_s=target_s,
                             what=("save", "load"),
+                            floor=floor_for,
                         ).to_json()
                     finally:
                         store.close()

@@ -21,8 +21,10 @@ Runs created here use run_ids under ``__stepstone_bench__/`` and are deleted bef
 command returns (floor files too), even when it fails. Wall-clock numbers on a shared
 machine are noisy: read the spread, and compare ratios rather than absolute times.
 
-The building blocks (``Floor``, ``measure_*``, ``state_of_size``) are reused by the
-scripts in ``benchmarks/`` of the source tree; they are internal, not public API.
+This module holds what ``stepstone bench --store URL`` needs and nothing more. The
+scripts in the repository's ``benchmarks/`` build on ``bench_store`` (their extra floors,
+e.g. for PostgreSQL, go in through its ``floor=`` argument; they never patch this module)
+and keep their own workloads; none of this is public API.
 """
 
 from __future__ import annotations
@@ -53,14 +55,15 @@ __all__ = [
     "STEPS",
     "FileFloor",
     "Floor",
+    "FloorFactory",
     "SQLiteFloor",
     "Stats",
+    "StoreBench",
     "bench_store",
     "floor_for",
     "machine_info",
     "main",
     "make_steps",
-    "measure_rounds",
     "state_of_size",
 ]
 
@@ -102,34 +105,16 @@ class Stats:
 # --- workload -----------------------------------------------------------------------------
 
 
-def state_of_size(nbytes: int, shape: str = "text") -> dict[str, Any]:
-    """Return a JSON state of about ``nbytes`` encoded bytes.
+def state_of_size(nbytes: int) -> dict[str, Any]:
+    """Return a JSON state of about ``nbytes`` encoded bytes: one long string and metadata.
 
-    ``shape="text"`` (the default) is one long string plus a little metadata, the state
-    ``benchmarks/peers/peers.py`` gives every peer library, so figures compare across
-    libraries. ``shape="records"`` is a list of small records with ints, floats, strings
-    and booleans: JSON encoding and decoding cost grow with its size the way a real
-    structured state's do (several times the cost of the same bytes of text).
+    The same state ``benchmarks/peers/peers.py`` gives every peer library, so figures
+    compare across libraries.
     """
-    state: dict[str, Any] = {"meta": {"user": "u-123", "tags": ["a", "b", "c"], "n": 1}}
-    if shape == "text":
-        state = {"payload": "", **state}
-    elif shape == "records":
-        items: list[dict[str, Any]] = []
-        state["items"] = items
-        size = _json_len(state)
-        i = 0
-        while True:
-            item = {"id": i, "name": f"item-{i:06d}", "price": i * 1.25, "ok": i % 3 == 0}
-            item_size = _json_len(item) + 1
-            if size + item_size > nbytes:
-                break
-            items.append(item)
-            size += item_size
-            i += 1
-        state["payload"] = ""
-    else:
-        raise ValueError(f"shape must be 'text' or 'records', got {shape!r}")
+    state: dict[str, Any] = {
+        "payload": "",
+        "meta": {"user": "u-123", "tags": ["a", "b", "c"], "n": 1},
+    }
     state["payload"] = "x" * max(0, nbytes - _json_len(state))
     return state
 
@@ -261,6 +246,16 @@ class SQLiteFloor:
                 os.unlink(self.path + suffix)
 
 
+#: Makes the floor for a store and a state, or None when there is no floor to compare to.
+FloorFactory = Callable[[Store, Mapping[str, Any]], "Floor | None"]
+
+
+def _level(store: Store, attribute: str) -> str:
+    """The durability the store was opened with: its option, else its declared default."""
+    levels = type(store).durability_levels
+    return str(getattr(store, attribute, None) or (levels[0] if levels else "full"))
+
+
 def floor_for(store: Store, state: Mapping[str, Any]) -> Floor | None:
     """Return the floor matching ``store``'s backend and durability, or None if it has none.
 
@@ -272,13 +267,13 @@ def floor_for(store: Store, state: Mapping[str, Any]) -> Floor | None:
         directory = getattr(store, "path", None)
         if not isinstance(directory, str):
             return None
-        durable = getattr(store, "durability", "full") != "none"
+        durable = _level(store, "durability") != "none"
         return FileFloor(directory, text.encode("utf-8"), durable)
     if scheme == "sqlite":
         path = getattr(store, "path", None)
         if not isinstance(path, str):
             return None
-        synchronous = str(getattr(store, "synchronous", "full"))
+        synchronous = _level(store, "synchronous")
         floor_path = f"{path}.stepstone-bench-floor-{os.getpid()}-{secrets.token_hex(4)}.db"
         return SQLiteFloor(floor_path, text, synchronous)
     return None
@@ -411,10 +406,12 @@ def bench_store(
     repeats: int = 7,
     target_s: float = 0.3,
     what: Sequence[str] = ("overhead", "save", "load"),
-    floor: bool = True,
+    floor: bool | FloorFactory = True,
 ) -> StoreBench:
     """Measure ``store``: per-step overhead, save, load and the floor, interleaved.
 
+    ``floor`` True uses ``floor_for``; a callable makes the floor instead (the benchmark
+    scripts pass one that knows more backends); False measures no floor.
     Every run created is deleted before returning, whatever happens.
     """
     payload = dict(state) if state is not None else state_of_size(1024)
@@ -422,7 +419,8 @@ def bench_store(
     ids = _RunIds()
     save_id = f"{ids.prefix}save"
     created = 0
-    the_floor = floor_for(store, payload) if floor else None
+    make_floor: FloorFactory | None = floor_for if floor is True else (floor or None)
+    the_floor = make_floor(store, payload) if make_floor is not None else None
     try:
         steps = make_steps(payload)
         plain = _plain(steps)

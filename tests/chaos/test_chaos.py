@@ -1,21 +1,22 @@
 """The chaos harness at CI size, the bad-input fuzzers, and the README's results table.
 
-The harness itself lives in ``stepstone.testing._chaos`` (``scripts/chaos`` runs it at any
-size). Here: each durable backend gets generated workflows killed by SIGKILL at every
-kill point and resumed, concurrent workers killed mid-race, and bystander runs checked;
-then hypothesis throws bad run_ids, states and config strings at every backend.
+The harness itself lives in ``tools/chaos`` (repository tooling, not in the wheel;
+``conftest.py`` puts ``tools`` on the path; ``scripts/chaos`` runs it at any size). Here:
+each durable backend gets generated workflows killed by SIGKILL at every kill point and
+resumed, in both modes (children driven by ``run`` and by ``arun``), concurrent workers
+killed mid-race, and bystander runs checked; then hypothesis throws bad run_ids, states
+and config strings at every backend.
 Backends: file, sqlite, cosmos (the session's emulator), postgresql and mysql (loopback
 servers, a fresh table per test, dropped after); a backend whose server is missing calls
 ``backend_unavailable`` (a skip locally, a failure under CI).
-Sizes: ``STEPSTONE_CHAOS_DEATHS`` (deaths per backend, default 150; the slower backends
-get a fraction, see ``DEATHS_SHARE``) and ``STEPSTONE_CHAOS_EXAMPLES`` (hypothesis
-examples per fuzzer, default 60).
+Sizes: ``STEPSTONE_CHAOS_DEATHS`` (deaths per backend, default 100, split between the
+two modes; the slower backends get a fraction, see ``DEATHS_SHARE``) and
+``STEPSTONE_CHAOS_EXAMPLES`` (hypothesis examples per fuzzer, default 60).
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import re
 import uuid
@@ -27,6 +28,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+import chaos
 from stepstone import (
     Checkpoint,
     CheckpointTooLarge,
@@ -40,7 +42,6 @@ from stepstone import (
     register_store,
     run,
 )
-from stepstone.testing import _chaos as chaos
 from stepstone.testing import backend_unavailable
 
 pytestmark = [
@@ -49,13 +50,21 @@ pytestmark = [
 ]
 
 REPO = Path(__file__).resolve().parents[2]
-DEATHS = int(os.environ.get("STEPSTONE_CHAOS_DEATHS", "150"))
+DEATHS = int(os.environ.get("STEPSTONE_CHAOS_DEATHS", "100"))
 EXAMPLES = int(os.environ.get("STEPSTONE_CHAOS_EXAMPLES", "60"))
 BACKENDS = list(chaos.BACKENDS)
-#: Fraction of DEATHS per backend, so that tests/chaos stays within its CI budget
-#: (~4 minutes on 2 cores): Cosmos costs ~1 s per death (the SDK and the emulator), the
-#: SQL servers ~0.15 s, file and sqlite less.
+#: Fraction of DEATHS per backend (both modes together), so that tests/chaos stays within
+#: its CI budget (~2 minutes on 2 cores): Cosmos costs ~0.5-1 s per death (the SDK and the
+#: emulator), the others ~0.05-0.2 s; every death also costs the next process one lease
+#: (``chaos.LEASE``, 50 ms) of watching before it takes the run over.
 DEATHS_SHARE = {"file": 1.0, "sqlite": 1.0, "cosmos": 0.25, "postgresql": 0.5, "mysql": 0.5}
+#: Fewest deaths per backend and mode: enough for seed 1 to reach every kill point and a
+#: concurrent case (every fifth case is one).
+MIN_DEATHS = 20
+#: The children's lease where a test compares two runs death for death: long enough that
+#: no step on a loaded machine outlasts a third of it, which would add a renewal save
+#: (and a store kill point firing) to one run and not the other.
+STEADY_LEASE = 0.3
 #: Hypothesis examples per fuzzer, as a fraction of EXAMPLES (Cosmos: ~50 ms per request).
 EXAMPLES_SHARE = {"cosmos": 0.5}
 
@@ -103,6 +112,17 @@ def backend(
     return name, _cosmos_config(request, monkeypatch)
 
 
+@pytest.fixture(params=chaos.MODES)
+def mode(request: pytest.FixtureRequest) -> str:
+    """How each child drives its run: ``run`` (sync) or ``arun`` (async)."""
+    if request.param == "async":
+        import stepstone
+
+        if not hasattr(stepstone, "arun"):
+            pytest.skip("stepstone.arun does not exist yet: the async mode cannot run")
+    return str(request.param)
+
+
 def _options(backend: tuple[str, str], tmp_path: Path, **kw: Any) -> chaos.Options:
     name, config = backend
     work = tmp_path / "work"
@@ -113,15 +133,21 @@ def _options(backend: tuple[str, str], tmp_path: Path, **kw: Any) -> chaos.Optio
 # -- the chaos run ------------------------------------------------------------------------
 
 
-def test_chaos_deaths_resume_exactly(backend: tuple[str, str], tmp_path: Path) -> None:
+def test_chaos_deaths_resume_exactly(backend: tuple[str, str], mode: str, tmp_path: Path) -> None:
     """Generated workflows, killed at every point again and again, finish exactly."""
-    opts = _options(backend, tmp_path)
-    deaths = max(30, int(DEATHS * DEATHS_SHARE.get(backend[0], 1.0)))
+    opts = _options(backend, tmp_path, mode=mode)
+    share = DEATHS_SHARE.get(backend[0], 1.0) / len(chaos.MODES)
+    deaths = max(MIN_DEATHS, int(DEATHS * share))
     stats = chaos.run_shard(opts, iter(range(10**9)), deaths_target=deaths)
+    print(  # the CI log's figures (pytest -rP shows them)
+        f"chaos {backend[0]} {mode}: {sum(stats.deaths.values())} deaths, "
+        f"{stats.processes} processes, {dict(stats.scenarios)}, {stats.conflicts} conflicts, "
+        f"{len(stats.violations)} violations, {stats.seconds:.1f} s"
+    )
     assert not stats.violations, "\n".join(stats.violations)
     assert sum(stats.deaths.values()) >= deaths
     assert stats.scenarios["single"] and stats.scenarios["concurrent"]
-    points = [*chaos.RUNNER_POINTS, *chaos.STORE_POINTS[backend[0]]]
+    points = [*chaos.RUNNER_POINTS, *chaos.kill_points(backend[0])]
     missed = [p for p in points if not stats.deaths[p]]
     assert not missed, f"kill points never reached: {missed} ({dict(stats.deaths)})"
 
@@ -136,31 +162,116 @@ def test_big_states_near_the_limit(backend: tuple[str, str], tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize("case", [0, 1, 3])
-def test_spawned_interpreters_agree(case: int, tmp_path: Path) -> None:
-    """The same case in fresh ``python -m`` children dies at the same points as forked."""
-    forked = chaos.run_shard(_options(("file", f"file://{tmp_path}/a"), tmp_path), [case])
+def test_spawned_interpreters_agree(case: int, mode: str, tmp_path: Path) -> None:
+    """The same case in fresh ``python -m chaos`` children dies at the same points as forked."""
+    forked = chaos.run_shard(
+        _options(("file", f"file://{tmp_path}/a"), tmp_path, mode=mode, lease=STEADY_LEASE),
+        [case],
+    )
     (tmp_path / "s").mkdir()
     spawned = chaos.run_shard(
-        chaos.Options("file", f"file://{tmp_path}/b", str(tmp_path / "s"), spawn=True), [case]
+        chaos.Options(
+            "file",
+            f"file://{tmp_path}/b",
+            str(tmp_path / "s"),
+            spawn=True,
+            mode=mode,
+            lease=STEADY_LEASE,
+        ),
+        [case],
     )
     assert not forked.violations and not spawned.violations, forked.violations + spawned.violations
     assert forked.deaths == spawned.deaths
     assert forked.processes == spawned.processes
 
 
-def test_case_is_reproducible(tmp_path: Path) -> None:
+def test_case_is_reproducible(mode: str, tmp_path: Path) -> None:
     """A case replays the same deaths at the same points: the repro line means something."""
     runs = []
     for n in range(2):
         work = tmp_path / str(n)
         work.mkdir()
-        opts = chaos.Options("sqlite", f"sqlite:///{work}/r.db", str(work))
+        opts = chaos.Options(
+            "sqlite", f"sqlite:///{work}/r.db", str(work), mode=mode, lease=STEADY_LEASE
+        )
         runs.append(chaos.run_shard(opts, [7, 12, 13]))
     assert runs[0].deaths == runs[1].deaths and runs[0].processes == runs[1].processes
     assert sum(runs[0].deaths.values()) > 0
 
 
-def test_harness_catches_a_store_that_loses_saves(tmp_path: Path) -> None:
+def test_modes_plan_the_same_deaths(tmp_path: Path) -> None:
+    """A case dies at the same points under ``run`` and ``arun``: the modes are comparable."""
+    import stepstone
+
+    if not hasattr(stepstone, "arun"):
+        pytest.skip("stepstone.arun does not exist yet: the async mode cannot run")
+    runs = {}
+    for mode in chaos.MODES:
+        work = tmp_path / mode
+        work.mkdir()
+        opts = chaos.Options(
+            "file", f"file://{work}/runs", str(work), mode=mode, lease=STEADY_LEASE
+        )
+        runs[mode] = chaos.run_shard(opts, [0, 1, 2, 3])
+    assert not runs["sync"].violations and not runs["async"].violations
+    assert runs["sync"].deaths == runs["async"].deaths
+    assert runs["sync"].processes == runs["async"].processes
+
+
+def test_harness_is_repository_tooling() -> None:
+    """The chaos harness is not in the wheel: nothing under src/ is it or imports it."""
+    import importlib.util
+
+    assert importlib.util.find_spec("stepstone.testing._chaos") is None
+    assert Path(chaos.__file__).resolve().parent == REPO / "tools" / "chaos"
+    offenders = [
+        str(path.relative_to(REPO))
+        for path in (REPO / "src").rglob("*.py")
+        if re.search(r"^\s*(from|import) (chaos|tools)\b", path.read_text(encoding="utf-8"), re.M)
+    ]
+    assert not offenders, f"src/ imports the chaos harness: {offenders}"
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_kill_points_come_from_the_store_class(name: str) -> None:
+    """The harness kills at the save points each backend class declares, no list of its own."""
+    from stepstone import StepstoneError
+    from stepstone._registry import store_class
+
+    try:
+        cls = store_class(name)
+    except StepstoneError as exc:  # an extra that is not installed
+        backend_unavailable(f"{name}: {exc}")
+    assert cls.durable
+    assert chaos.kill_points(name) == cls.kill_points
+    assert cls.kill_points, f"{cls.__name__} declares no kill points inside a save"
+
+
+def test_a_hung_child_is_killed_and_reported() -> None:
+    """A child that never exits is SIGKILLed after the timeout and reported as hung."""
+    import time
+
+    from chaos import child, harness
+
+    def hang() -> tuple[int, dict[str, Any]]:
+        time.sleep(600)
+        return 0, {}
+
+    pid, fd = harness._fork(hang)
+    ex = harness._collect(pid, fd, timeout=0.5)
+    assert ex.status == child.ERROR_EXIT and "hung" in ex.result["error"], ex
+    with pytest.raises(ChildProcessError):  # reaped: nothing left running
+        os.waitpid(pid, os.WNOHANG)
+
+
+def test_repro_line_names_the_mode() -> None:
+    """A violation's repro line reruns the case in the mode it failed in."""
+    res = chaos.CaseResult("file", 3, 17, "single", mode="async")
+    assert res.repro() == "scripts/chaos --backend file --seed 3 --case 17 --mode async"
+    assert chaos.CaseResult("file", 3, 17, "single").repro().endswith("--case 17")
+
+
+def test_harness_catches_a_store_that_loses_saves(mode: str, tmp_path: Path) -> None:
     """The checks are not vacuous: a store that acknowledges saves it drops is caught."""
     from stepstone.stores.file import FileStore
 
@@ -184,14 +295,15 @@ def test_harness_catches_a_store_that_loses_saves(tmp_path: Path) -> None:
                 )
             return super().save(checkpoint)
 
+        async def asave(self, checkpoint: Checkpoint) -> Checkpoint:
+            # Under arun too, whatever FileStore's own async path does.
+            return self.save(checkpoint)
+
     register_store("chaoslossy", Lossy)
-    chaos.STORE_POINTS["chaoslossy"] = chaos.STORE_POINTS["file"]
-    chaos.BIG_BUDGET.setdefault("chaoslossy", 1)
-    try:
-        opts = chaos.Options("chaoslossy", f"chaoslossy://{tmp_path}/runs", str(tmp_path))
-        stats = chaos.run_shard(opts, range(12))
-    finally:
-        del chaos.STORE_POINTS["chaoslossy"]
+    # Its kill points are the file store's, inherited with the class attribute.
+    assert chaos.kill_points("chaoslossy") == chaos.kill_points("file")
+    opts = chaos.Options("chaoslossy", f"chaoslossy://{tmp_path}/runs", str(tmp_path), mode=mode)
+    stats = chaos.run_shard(opts, range(12))
     assert stats.violations, "a store that drops saves went unnoticed"
     assert all("scripts/chaos --backend chaoslossy --seed 1 --case" in v for v in stats.violations)
 
@@ -498,40 +610,44 @@ def test_fuzz_sql_config_strings_offline(config: str) -> None:
 
 
 def test_results_table_has_the_harness_format() -> None:
-    """RESULTS.md is what ``render_table`` writes: same title, rows and totals."""
+    """RESULTS.md is what ``render_table`` writes: read back and rendered again, it is equal."""
     results = REPO / "tests" / "chaos" / "RESULTS.md"
     if not results.exists():
         pytest.skip("tests/chaos/RESULTS.md not written yet: run scripts/chaos")
     text = results.read_text(encoding="utf-8")
-    assert text.startswith(chaos.TABLE_TITLE + "\n")
     assert re.search(r"^Command: `scripts/chaos.*`$", text, re.M)
-    header = next(line for line in text.splitlines() if line.startswith("| |"))
-    backends = [c.strip() for c in header.strip("|").split("|")][1:-1]
-    assert backends and set(backends) <= set(chaos.BACKENDS)
-    rows = {
-        line.split("|")[1].strip(): [int(v) for v in line.strip("|").split("|")[1:]]
-        for line in text.splitlines()
-        if line.startswith("| ") and not line.startswith("| |")
-    }
-    assert rows["**violations**"][-1] == 0, "the committed results show violations"
-    deaths = rows["**deaths (SIGKILL)**"]
-    per_point = [v for k, v in rows.items() if k.startswith("deaths at")]
-    assert [sum(col) for col in zip(*per_point, strict=True)] == deaths
-    # Same shape as a fresh rendering of the same numbers.
+    stats, command, seconds = chaos.parse_table(text)  # ValueError: not the format
+    assert stats, "the table has no backend rows"
+    assert {s.backend for s in stats} <= set(chaos.BACKENDS)
+    assert {s.mode for s in stats} <= set(chaos.MODES)
+    assert not any(s.violations for s in stats), "the committed results show violations"
+    machine = text.rstrip("\n").rsplit("\n", 1)[-1]
+    assert machine.startswith("Machine: ")
+    assert chaos.render_table(stats, command, seconds, machine) == text
+
+
+def test_table_has_a_row_per_backend_and_mode() -> None:
+    """The table shows each backend in each mode, and every figure survives a round trip."""
+    from collections import Counter
+
     stats = []
-    for i, name in enumerate(backends):
-        s = chaos.Stats(name)
-        s.deaths.update(
-            {k[len("deaths at `") : -1]: v[i] for k, v in rows.items() if k.startswith("deaths at")}
-        )
+    for n, (backend, mode) in enumerate([("file", "sync"), ("file", "async"), ("mysql", "sync")]):
+        s = chaos.Stats(backend, Counter(single=n + 1, concurrent=n), 10 + n, mode=mode)
+        s.deaths.update({"runner.before_step": n + 2, "step.inside": 1})
+        s.conflicts, s.seconds = 3 * n, 4.0 + n
         stats.append(s)
-    fresh = chaos.render_table(stats, "x", 1.0)
-    fresh_labels = [
-        line.split("|")[1].strip() for line in fresh.splitlines() if line.startswith("| ")
+    stats[2].deaths["sql.request_sent"] = 5
+    stats[1].violations.append("VIOLATION x")
+    text = chaos.render_table(stats, "scripts/chaos --mode both", 9.0, "Machine: x")
+    assert "| file | async | 2 | 1 | 11 | 4 | 3 | 1 | 5 | 0.8 |" in text
+    assert "| kill point | file sync | file async | mysql sync | total |" in text
+    assert "| `sql.request_sent` | 0 | 0 | 5 | 5 |" in text
+    back, command, seconds = chaos.parse_table(text)
+    assert (command, seconds) == ("scripts/chaos --mode both", 9.0)
+    assert [(b.backend, b.mode, b.deaths, b.processes) for b in back] == [
+        (s.backend, s.mode, s.deaths, s.processes) for s in stats
     ]
-    labels = [line.split("|")[1].strip() for line in text.splitlines() if line.startswith("| ")]
-    assert labels == fresh_labels
-    assert math.isfinite(float(re.search(r"\(([\d.]+) deaths/s\)", text).group(1)))
+    assert chaos.render_table(back, command, seconds, "Machine: x") == text
 
 
 def test_readme_chaos_table_matches_results() -> None:
