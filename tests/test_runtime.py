@@ -60,7 +60,7 @@ def test_both_json_paths_refuse_alike(
     monkeypatch: pytest.MonkeyPatch, fast: bool, label: str, state: dict[str, Any], path: str
 ) -> None:
     """With or without orjson, a non-JSON state is refused with the same path."""
-    if fast and _codec._orjson is None:
+    if fast and _codec._load_orjson() is None:
         pytest.skip("orjson is not installed")
     if not fast:
         monkeypatch.setattr(_codec, "_orjson", None)

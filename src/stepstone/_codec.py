@@ -33,10 +33,20 @@ __all__ = [
 _dumps = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode
 _loads = json.loads
 
-try:  # the optional extra stepstone[fast]
-    import orjson as _orjson  # type: ignore[import-not-found,unused-ignore]
-except ImportError:  # pragma: no cover - exercised where orjson is absent
-    _orjson = None
+_UNSET: Any = object()
+#: orjson (the optional extra ``stepstone[fast]``), None without it; imported on the
+#: first save, not with ``import stepstone`` (it imports uuid and platform itself).
+_orjson: Any = _UNSET
+
+
+def _load_orjson() -> Any:
+    global _orjson  # noqa: PLW0603 - a lazily imported module, set once
+    try:
+        import orjson  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415
+    except ImportError:  # pragma: no cover - exercised where orjson is absent
+        orjson = None  # type: ignore[assignment,unused-ignore]
+    _orjson = orjson
+    return orjson
 
 
 def encode_state(state: object) -> tuple[str, dict[str, Any]]:
@@ -55,10 +65,11 @@ def encode_state(state: object) -> tuple[str, dict[str, Any]]:
     """
     if type(state) is not dict:
         raise invalid_state(state)
-    if _orjson is not None:
+    module = _load_orjson() if _orjson is _UNSET else _orjson
+    if module is not None:
         try:
-            raw = _orjson.dumps(state)
-            fast: dict[str, Any] = _orjson.loads(raw)
+            raw = module.dumps(state)
+            fast: dict[str, Any] = module.loads(raw)
             if fast == state:
                 text = raw.decode("utf-8")
                 _check_depth(state, text, fast)

@@ -11,7 +11,7 @@ and ``cancel`` only ever touch the fields an owner merges (``signals``,
 from __future__ import annotations
 
 import contextlib
-import uuid
+import os
 from collections.abc import Generator
 from typing import Any
 
@@ -216,7 +216,7 @@ def _signal(run_id: str, name: str, payload: Any, signal_id: str | None) -> Op:
     if not isinstance(name, str) or not name or len(name) > 200:
         raise InvalidWorkflow(f"a signal name must be a str of 1-200 characters, got {name!r}")
     if signal_id is None:
-        signal_id = uuid.uuid4().hex
+        signal_id = os.urandom(16).hex()
     elif not isinstance(signal_id, str) or not 1 <= len(signal_id) <= _MAX_SIGNAL_ID:
         raise InvalidWorkflow(
             f"signal_id must be a str of 1-{_MAX_SIGNAL_ID} characters, got {signal_id!r}"

@@ -27,10 +27,7 @@ coordinator: the store's compare-and-swap on the version is the only primitive.
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
-import socket
-import uuid
 from datetime import timedelta
 
 from ._checkpoint import Checkpoint, evolve, utcnow
@@ -85,6 +82,8 @@ def _machine() -> str:
         namespace = os.stat("/proc/self/ns/pid").st_ino
     except OSError:
         return ""
+    import hashlib  # noqa: PLC0415 - once per process; keeps `import stepstone` light
+
     return hashlib.sha256(f"{boot}:{namespace}".encode()).hexdigest()[:12]
 
 
@@ -94,8 +93,8 @@ def new_owner(kind: str = "run") -> str:
     ``KIND:HOST:PID:MACHINE:RANDOM``; MACHINE lets ``dead_here`` recognise an owner
     that ran on this very boot and PID namespace.
     """
-    host = (socket.gethostname()[:64] or "host").replace(":", "_")
-    return f"{kind}:{host}:{os.getpid()}:{_machine() or '-'}:{uuid.uuid4().hex[:8]}"
+    host = (os.uname().nodename[:64] or "host").replace(":", "_")
+    return f"{kind}:{host}:{os.getpid()}:{_machine() or '-'}:{os.urandom(4).hex()}"
 
 
 def dead_here(owner: str | None) -> bool:

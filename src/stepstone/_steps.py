@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import hashlib
 import inspect
 import math
 import random
@@ -147,6 +146,8 @@ class StepContext:
 
 def idempotency_key(run_id: str, step_index: int, step_name: str) -> str:
     """Return the deterministic idempotency key of one step of one run."""
+    import hashlib  # noqa: PLC0415 - not needed by `import stepstone` itself
+
     raw = f"stepstone\x00{run_id}\x00{step_index}\x00{step_name}".encode()
     return hashlib.sha256(raw).hexdigest()[:32]
 

@@ -15,7 +15,6 @@ run_ids. Evaluating a step twice after a crash therefore gives the same answer.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Generator
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -258,6 +257,8 @@ def child_run_id(parent: str, name: str, index: int) -> str:
     prefix = f"{parent}/{name}/"
     if len(prefix) + 10 <= MAX_RUN_ID_LENGTH:
         return f"{prefix}{index}"
+    import hashlib  # noqa: PLC0415
+
     digest = hashlib.sha256(f"{parent}\x00{name}".encode()).hexdigest()
     return f"map~{digest}/{index}"
 

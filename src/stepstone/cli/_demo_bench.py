@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .._demo import run_approval_demo, run_demo
 from .._redact import redact_url
 from .._registry import DEFAULT_STORE
 from ._common import EXIT_OK, OperationalError, UsageError, opened, store_config
@@ -86,6 +85,8 @@ def _demo(args: argparse.Namespace) -> int:
     if args.manual and not args.approval:
         raise UsageError("--manual goes with --approval")
     if args.approval:
+        from .._demo import run_approval_demo  # noqa: PLC0415 - only for `demo`
+
         code = run_approval_demo(
             config,
             io.StringIO() if args.json else sys.stdout,
@@ -99,6 +100,8 @@ def _demo(args: argparse.Namespace) -> int:
             emit_json(report)
         return code
     try:
+        from .._demo import run_demo  # noqa: PLC0415 - only for `demo`
+
         code = run_demo(
             config,
             io.StringIO() if args.json else sys.stdout,

@@ -9,7 +9,6 @@ import traceback
 from typing import Any, TextIO
 
 from .._errors import ConfigError, StoreError, StorePermissionError
-from .._migrate import migrate
 from .._redact import redact_url
 from .._store import Diagnosis
 from ._common import EXIT_ERROR, EXIT_OK, OperationalError, UsageError, opened, store_config
@@ -96,6 +95,8 @@ class _ProgressBar:
 
 
 def _migrate(args: argparse.Namespace) -> int:
+    from .._migrate import migrate  # noqa: PLC0415 - only for `migrate`
+
     REDACT.add(args.src)
     REDACT.add(args.dst)
     if args.src.strip() == args.dst.strip():
