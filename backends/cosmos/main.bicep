@@ -92,7 +92,7 @@ resource container 'Microsoft.DocumentDB/databaseAccounts/sqlDatabases/container
         kind: 'Hash'
         version: 2
       }
-      // States are never queried: index only what `stepstone runs` / prune filter on.
+      // States are never queried: index only what `stepstone runs`, prune and claims filter on.
       indexingPolicy: {
         indexingMode: 'consistent'
         automatic: true
@@ -118,6 +118,15 @@ resource container 'Microsoft.DocumentDB/databaseAccounts/sqlDatabases/container
           {
             path: '/updated_at/?'
           }
+          {
+            path: '/status/?'
+          }
+          {
+            path: '/due_at/?'
+          }
+          {
+            path: '/owner/?'
+          }
         ]
         excludedPaths: [
           {
@@ -126,6 +135,19 @@ resource container 'Microsoft.DocumentDB/databaseAccounts/sqlDatabases/container
           {
             path: '/*'
           }
+        ]
+        // Finding work (claimable): an equality on status, due_at ranged and ordered.
+        compositeIndexes: [
+          [
+            {
+              path: '/status'
+              order: 'ascending'
+            }
+            {
+              path: '/due_at'
+              order: 'ascending'
+            }
+          ]
         ]
       }
       // TTL on, nothing expires unless an item carries `ttl` (expire() or ttl=).
