@@ -7,6 +7,7 @@ import os
 import sqlite3
 import stat
 import threading
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from stepstone import (
     _hooks,
     open_store,
 )
+from stepstone.stores._sql import TABLE_SCHEMA
 from stepstone.stores.sqlite import SQLiteStore, schema_ddl
 
 REPO = Path(__file__).resolve().parent.parent
@@ -464,3 +466,373 @@ def test_close_closes_every_threads_connection(tmp_path: Path) -> None:
     finally:
         release.set()
         thread.join()
+
+
+# --- schema 2: migration, claimable, capabilities ---------------------------------------
+
+# The DDL stepstone 0.1 (table schema 1) created, verbatim.
+V1_DDL = """
+CREATE TABLE IF NOT EXISTS stepstone_checkpoints (
+    run_id TEXT NOT NULL,
+    version TEXT NOT NULL,
+    status TEXT NOT NULL,
+    step INTEGER NOT NULL,
+    total_steps INTEGER,
+    created_at TEXT,
+    updated_at TEXT NOT NULL,
+    document TEXT NOT NULL,
+    PRIMARY KEY (run_id)
+);
+CREATE INDEX IF NOT EXISTS ix_stepstone_checkpoints_status
+    ON stepstone_checkpoints (status, updated_at);
+CREATE INDEX IF NOT EXISTS ix_stepstone_checkpoints_updated_at
+    ON stepstone_checkpoints (updated_at);
+CREATE TABLE IF NOT EXISTS stepstone_meta (
+    "key" TEXT NOT NULL,
+    value TEXT NOT NULL,
+    PRIMARY KEY ("key")
+);
+INSERT INTO stepstone_meta ("key", value) VALUES ('schema_version', '1') ON CONFLICT DO NOTHING;
+"""
+
+V1_DOC = (
+    '{"stepstone":1,"run_id":"old","step":0,"step_names":["a"],"total_steps":3,'
+    '"attempt":0,"failure":null,"created_at":"2025-01-01T00:00:00+00:00",'
+    '"updated_at":"2025-01-01T00:00:00+00:00","state":{"n":1}}'
+)
+
+
+def _v1_database(path: Path) -> None:
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.executescript(V1_DDL)
+        conn.execute(
+            "INSERT INTO stepstone_checkpoints VALUES ('old', '1.abc', 'running', 0, 3, "
+            "'2025-01-01T00:00:00+00:00', '2025-01-01T00:00:00+00:00', ?)",
+            (V1_DOC,),
+        )
+    conn.close()
+
+
+def _open_only(path: str, barrier: Any) -> str:
+    barrier.wait()
+    try:
+        SQLiteStore(path).close()
+    except Exception as exc:  # reported to the parent, which fails the test
+        return f"{type(exc).__name__}: {exc}"
+    return "ok"
+
+
+def test_a_schema_1_database_is_migrated_on_open(tmp_path: Path) -> None:
+    """A v1 file gains due_at, owner and the (status, due_at) index; its runs stay readable."""
+    path = tmp_path / "v1.db"
+    _v1_database(path)
+    with SQLiteStore(path) as s:
+        loaded = s.load("old")
+        assert loaded is not None and loaded.state == {"n": 1} and loaded.version == "1.abc"
+        [info] = list(s.list_info())
+        assert (info.run_id, info.version, info.due_at, info.owner) == ("old", "1.abc", None, None)
+        s.save(Checkpoint("new", state={}, queued=True))
+    conn = sqlite3.connect(path)
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(stepstone_checkpoints)")}
+    indexes = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
+    version = conn.execute("SELECT value FROM stepstone_meta").fetchall()
+    conn.close()
+    assert {"due_at", "owner"} <= columns
+    assert "ix_stepstone_checkpoints_due" in indexes
+    assert version == [(str(TABLE_SCHEMA),)]
+
+
+def test_concurrent_openers_migrate_a_schema_1_database_once(tmp_path: Path) -> None:
+    """Four processes opening one v1 file together all succeed; the columns are added once."""
+    path = tmp_path / "v1.db"
+    _v1_database(path)
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Manager() as manager:
+        barrier = manager.Barrier(4)
+        with ctx.Pool(4) as pool:
+            results = pool.starmap(_open_only, [(str(path), barrier)] * 4)
+    assert results == ["ok"] * 4
+    with SQLiteStore(path) as s:
+        assert s.load("old") is not None
+
+
+def test_list_info_reports_version_owner_and_due_at(store: SQLiteStore) -> None:
+    """list_info fills version, owner and due_at from the columns, as the checkpoint has them."""
+    wake = datetime(2030, 1, 1, tzinfo=UTC)
+    saved = store.save(
+        Checkpoint("w", state={}, owner="worker-1", waiting_for="timer", wake_at=wake)
+    )
+    [info] = list(store.list_info())
+    assert (info.status, info.version, info.owner, info.due_at) == (
+        "waiting",
+        saved.version,
+        "worker-1",
+        wake,
+    )
+
+
+def test_claimable_returns_running_and_due_runs_only(store: SQLiteStore) -> None:
+    """claimable: every running run, queued/waiting runs due by now in due order, no others."""
+    now = datetime(2030, 1, 1, tzinfo=UTC)
+    store.save(Checkpoint("running", state={}))
+    store.save(Checkpoint("done", step=0, step_names=("a",), total_steps=1, state={}))
+    store.save(Checkpoint("late", state={}, waiting_for="timer", wake_at=now + timedelta(1)))
+    store.save(Checkpoint("w2", state={}, waiting_for="timer", wake_at=now - timedelta(1)))
+    store.save(Checkpoint("w1", state={}, waiting_for="timer", wake_at=now - timedelta(2)))
+    store.save(Checkpoint("signal", state={}, waiting_for="signal go"))
+    store.save(Checkpoint("q", state={}, queued=True))  # due since its creation, today
+    assert [info.run_id for info in store.claimable(now)] == ["running", "q", "w1", "w2"]
+    assert [i.run_id for i in store.claimable(now, limit=1)] == ["running", "q"]
+
+
+def test_claimable_uses_the_status_due_index(store: SQLiteStore) -> None:
+    """Each claimable query is an index search on (status, due_at), never a table scan."""
+    for sql, _ in store._sql.claims:
+        plan = " ".join(
+            str(row[-1])
+            for row in store._conn().execute(
+                f"EXPLAIN QUERY PLAN {sql}", {"now": "2030", "limit": 10}
+            )
+        )
+        assert "USING INDEX ix_stepstone_checkpoints_due" in plan, plan
+        assert "SCAN stepstone_checkpoints" not in plan.replace("USING INDEX", ""), plan
+
+
+def test_delete_with_expected_version_is_compare_and_swap(store: SQLiteStore) -> None:
+    """A stale expected version raises ConflictError and keeps the run; a missing run is False."""
+    first = store.save(Checkpoint("r", state={}))
+    second = store.save(Checkpoint("r", state={"n": 2}, version=first.version))
+    with pytest.raises(ConflictError):
+        store.delete("r", expected_version=first.version)
+    assert store.load("r") == second
+    assert store.delete("r", expected_version=second.version) is True
+    assert store.delete("r", expected_version=second.version) is False
+    assert store.delete("r") is False
+
+
+def test_capabilities_are_declared() -> None:
+    """SQLiteStore declares its durability levels, kill point and thread-based async."""
+    assert SQLiteStore.durability_levels == ("full", "normal", "extra")
+    assert dict(SQLiteStore.kill_points) == {"sqlite.in_transaction": False}
+    assert (SQLiteStore.counts_requests, SQLiteStore.native_async) == (False, False)
+
+
+# --- hardening --------------------------------------------------------------------------
+
+
+def test_another_applications_database_is_refused_untouched(tmp_path: Path) -> None:
+    """A file with tables but no stepstone_meta is refused naming it; mode and tables stay."""
+    path = tmp_path / "app.db"
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+    conn.close()
+    before = path.read_bytes()
+    with pytest.raises(StoreError, match=f"{path}.*another application"):
+        SQLiteStore(path)
+    assert path.read_bytes() == before
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA journal_mode").fetchone() == ("delete",)
+    assert [r[0] for r in conn.execute("SELECT name FROM sqlite_master")] == ["users"]
+    conn.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["app.db"]
+
+
+def test_a_dangling_symlink_is_refused_and_nothing_created(tmp_path: Path) -> None:
+    """A symlink at the database path (dangling or not) is refused; its target is not created."""
+    target = tmp_path / "elsewhere.db"
+    link = tmp_path / "link.db"
+    link.symlink_to(target)
+    with pytest.raises(StoreError, match="symbolic link"):
+        SQLiteStore(link)
+    assert not target.exists()
+    SQLiteStore(target).close()
+    with pytest.raises(StoreError, match="symbolic link"):
+        SQLiteStore(link)
+
+
+def test_a_row_holding_another_runs_document_is_that_runs_corruption(store: SQLiteStore) -> None:
+    """A row whose document names another run is CorruptCheckpoint on load, not that run."""
+    store.save(Checkpoint("a", state={"who": "a"}))
+    store.save(Checkpoint("b", state={"who": "b"}))
+    conn = sqlite3.connect(store.path)
+    with conn:
+        conn.execute(
+            "UPDATE stepstone_checkpoints SET document = "
+            "(SELECT document FROM stepstone_checkpoints WHERE run_id = 'b') WHERE run_id = 'a'"
+        )
+    conn.close()
+    with pytest.raises(CorruptCheckpoint, match="'a'"):
+        store.load("a")
+    loaded = store.load("b")
+    assert loaded is not None and loaded.state == {"who": "b"}
+
+
+def test_hand_edited_rows_are_skipped_in_listings_and_corrupt_on_load(
+    store: SQLiteStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bad timestamp or non-UTF-8 text hides only its own run from list_info and claimable."""
+    for name in ("good", "badtime", "badtext"):
+        store.save(Checkpoint(name, state={}))
+    conn = sqlite3.connect(store.path)
+    with conn:
+        conn.execute(
+            "UPDATE stepstone_checkpoints SET updated_at = 'yesterday' WHERE run_id = 'badtime'"
+        )
+        conn.execute(
+            "UPDATE stepstone_checkpoints SET document = CAST(X'FFFE7B' AS TEXT), "
+            "owner = CAST(X'FF' AS TEXT) WHERE run_id = 'badtext'"
+        )
+    conn.close()
+    assert [i.run_id for i in store.list_info()] == ["good"]
+    assert sorted(store.list_runs()) == ["badtext", "badtime", "good"]  # ids are fine
+    now = datetime(2100, 1, 1, tzinfo=UTC)
+    assert [i.run_id for i in store.claimable(now)] == ["good"]
+    with pytest.raises(CorruptCheckpoint, match="'badtext'"):
+        store.load("badtext")
+    assert store.load("good") is not None
+    assert "skipping" in caplog.text
+
+
+_CLOSE_RACE = r"""
+import sys, threading
+from stepstone import Checkpoint, StoreError
+from stepstone.stores.sqlite import SQLiteStore
+
+store = SQLiteStore(sys.argv[1])
+started = threading.Barrier(9, timeout=30)
+errors = []
+
+def work(n):
+    started.wait()
+    version = None
+    try:
+        while True:
+            version = store.save(Checkpoint(f"r{n}", state={"n": n}, version=version)).version
+            store.load(f"r{n}")
+    except StoreError as exc:
+        if "closed" not in str(exc):
+            errors.append(repr(exc))
+    except BaseException as exc:
+        errors.append(repr(exc))
+
+threads = [threading.Thread(target=work, args=(n,)) for n in range(8)]
+for t in threads:
+    t.start()
+started.wait()
+store.close()
+for t in threads:
+    t.join(60)
+    assert not t.is_alive(), "a saving thread hung after close()"
+assert not errors, errors
+print("ok")
+"""
+
+
+@pytest.mark.crash
+def test_close_while_eight_threads_save_never_crashes(tmp_path: Path) -> None:
+    """close() under 8 saving threads: each call finishes or raises 'closed'; no SIGSEGV."""
+    import subprocess
+    import sys
+
+    for attempt in range(5):
+        result = subprocess.run(
+            [sys.executable, "-c", _CLOSE_RACE, str(tmp_path / f"race{attempt}.db")],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert result.returncode == 0, (attempt, result.returncode, result.stderr[-2000:])
+        assert result.stdout.strip() == "ok"
+
+
+_ACLOSE_RACE = r"""
+import asyncio, sys
+from stepstone import Checkpoint, StoreError
+from stepstone.stores.sqlite import SQLiteStore
+
+async def main():
+    store = SQLiteStore(sys.argv[1])
+    errors = []
+    ready = asyncio.Event()
+    count = 0
+
+    async def work(n):
+        nonlocal count
+        version = None
+        try:
+            while True:
+                saved = await store.asave(Checkpoint(f"r{n}", state={"n": n}, version=version))
+                version = saved.version
+                count += 1
+                if count >= 16:
+                    ready.set()
+        except StoreError as exc:
+            if "closed" not in str(exc):
+                errors.append(repr(exc))
+
+    tasks = [asyncio.create_task(work(n)) for n in range(8)]
+    await asyncio.wait_for(ready.wait(), 60)
+    await store.aclose()
+    await asyncio.wait_for(asyncio.gather(*tasks), 60)
+    assert not errors, errors
+    print("ok")
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.crash
+def test_aclose_while_eight_tasks_save_never_crashes(tmp_path: Path) -> None:
+    """aclose() under 8 saving tasks: each call finishes or raises 'closed'; no SIGSEGV."""
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-c", _ACLOSE_RACE, str(tmp_path / "arace.db")],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, (result.returncode, result.stderr[-2000:])
+    assert result.stdout.strip() == "ok"
+
+
+def test_importing_the_module_does_not_import_sqlalchemy() -> None:
+    """Importing the SQL store modules and using a SQLite store never imports SQLAlchemy."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, tempfile, stepstone.stores.sqlite, stepstone.stores.postgres, "
+        "stepstone.stores.mysql\n"
+        "store = stepstone.stores.sqlite.SQLiteStore(tempfile.mkdtemp() + '/x.db')\n"
+        "store.save(stepstone.Checkpoint('r')); store.close()\n"
+        "print('sqlalchemy' in sys.modules)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=60
+    )
+    assert result.stdout.strip() == "False", result.stderr
+
+
+def test_the_checked_in_sql_equals_what_sqlalchemy_compiles() -> None:
+    """stores/_sql_text.py holds exactly the statements SQLAlchemy compiles from the tables."""
+    from stepstone.stores import _sql, _sql_text
+
+    checked_in = _sql_text.STATEMENTS
+    assert _sql.generate() == checked_in, (
+        "regenerate: python -c 'from stepstone.stores._sql import write_generated; "
+        "write_generated()' && ruff format src/stepstone/stores/_sql_text.py"
+    )
+
+
+def test_a_fifo_at_the_path_is_refused_without_blocking(tmp_path: Path) -> None:
+    """A FIFO (or anything not a regular file) at the database path is refused at once."""
+    fifo = tmp_path / "planted.db"
+    os.mkfifo(fifo)
+    with pytest.raises(StoreError, match="not a regular file"):
+        SQLiteStore(fifo)

@@ -1,5 +1,6 @@
--- Generated from stepstone.stores.sql (schema_ddl('mysql')); do not edit by hand.
--- When the table is missing, SQLServerStore runs these statements one by one (MySQL commits each DDL statement by itself).
+-- Generated from stepstone.stores.mysql (schema_ddl()); do not edit by hand.
+-- When the table is missing, MySQLStore runs these statements one by one
+-- (MySQL commits each DDL statement by itself).
 CREATE TABLE IF NOT EXISTS stepstone_checkpoints (
     run_key BINARY(32) NOT NULL,
     run_id VARCHAR(1024) NOT NULL,
@@ -9,8 +10,11 @@ CREATE TABLE IF NOT EXISTS stepstone_checkpoints (
     total_steps INTEGER,
     created_at DATETIME(6),
     updated_at DATETIME(6) NOT NULL,
+    due_at DATETIME(6),
+    owner VARCHAR(1024),
     document LONGTEXT NOT NULL,
     PRIMARY KEY (run_key),
+    INDEX ix_stepstone_checkpoints_due (status, due_at),
     INDEX ix_stepstone_checkpoints_status (status, updated_at),
     INDEX ix_stepstone_checkpoints_updated_at (updated_at)
 )ENGINE=InnoDB CHARSET=utf8mb4 COLLATE utf8mb4_bin;
@@ -21,4 +25,4 @@ CREATE TABLE IF NOT EXISTS stepstone_checkpoints_meta (
     PRIMARY KEY (`key`)
 )ENGINE=InnoDB CHARSET=utf8mb4 COLLATE utf8mb4_bin;
 
-INSERT INTO stepstone_checkpoints_meta (`key`, value) VALUES ('schema_version', '1') ON DUPLICATE KEY UPDATE `key` = stepstone_checkpoints_meta.`key`;
+INSERT INTO stepstone_checkpoints_meta (`key`, value) VALUES ('schema_version', '2') ON DUPLICATE KEY UPDATE `key` = stepstone_checkpoints_meta.`key`;

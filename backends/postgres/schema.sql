@@ -1,5 +1,6 @@
--- Generated from stepstone.stores.sql (schema_ddl('postgresql')); do not edit by hand.
--- When the table is missing, SQLServerStore runs these statements in one transaction, holding an advisory lock on the table name.
+-- Generated from stepstone.stores.postgres (schema_ddl()); do not edit by hand.
+-- When the table is missing, PostgresStore runs these statements in one transaction,
+-- holding an advisory lock on the table name.
 CREATE TABLE IF NOT EXISTS stepstone_checkpoints (
     run_key BYTEA NOT NULL,
     run_id TEXT NOT NULL,
@@ -9,9 +10,13 @@ CREATE TABLE IF NOT EXISTS stepstone_checkpoints (
     total_steps INTEGER,
     created_at TIMESTAMP WITH TIME ZONE,
     updated_at TIMESTAMP WITH TIME ZONE NOT NULL,
+    due_at TIMESTAMP WITH TIME ZONE,
+    owner TEXT,
     document TEXT NOT NULL,
     PRIMARY KEY (run_key)
 );
+
+CREATE INDEX IF NOT EXISTS ix_stepstone_checkpoints_due ON stepstone_checkpoints (status, due_at);
 
 CREATE INDEX IF NOT EXISTS ix_stepstone_checkpoints_status ON stepstone_checkpoints (status, updated_at);
 
@@ -23,4 +28,4 @@ CREATE TABLE IF NOT EXISTS stepstone_checkpoints_meta (
     PRIMARY KEY (key)
 );
 
-INSERT INTO stepstone_checkpoints_meta (key, value) VALUES ('schema_version', '1') ON CONFLICT DO NOTHING;
+INSERT INTO stepstone_checkpoints_meta (key, value) VALUES ('schema_version', '2') ON CONFLICT DO NOTHING;

@@ -8,9 +8,13 @@ CREATE TABLE IF NOT EXISTS stepstone_checkpoints (
     total_steps INTEGER,
     created_at TEXT,
     updated_at TEXT NOT NULL,
+    due_at TEXT,
+    owner TEXT,
     document TEXT NOT NULL,
     PRIMARY KEY (run_id)
 );
+
+CREATE INDEX IF NOT EXISTS ix_stepstone_checkpoints_due ON stepstone_checkpoints (status, due_at);
 
 CREATE INDEX IF NOT EXISTS ix_stepstone_checkpoints_status ON stepstone_checkpoints (status, updated_at);
 
@@ -22,4 +26,4 @@ CREATE TABLE IF NOT EXISTS stepstone_meta (
     PRIMARY KEY ("key")
 );
 
-INSERT INTO stepstone_meta ("key", value) VALUES ('schema_version', '1') ON CONFLICT DO NOTHING;
+INSERT INTO stepstone_meta ("key", value) VALUES ('schema_version', '2') ON CONFLICT DO NOTHING;

@@ -1,26 +1,29 @@
 """SQLiteStore: checkpoints in one SQLite file, durable by default.
 
-Design, and why:
+The logic is the SQL base's (``stepstone.stores._sql``); this module supplies SQLite's
+hooks. Design, and why:
 
-- SQLAlchemy Core *describes* the schema and *builds* the statements (Table objects, the
-  dialect's ``INSERT ... ON CONFLICT``), so the DDL in ``backends/sqlite/schema.sql`` and
-  the SQL we run come from one definition. Everything is compiled to SQL text once, when
-  the module is imported; no SQLAlchemy execution machinery runs per call.
-- Statements run on raw ``sqlite3`` connections, one per thread, taken from the engine
-  with ``raw_connection()`` and detached from its pool: a durable save is an fsync plus a
-  few microseconds of Python, and a pool checkout or ``Connection.execute`` per save would
-  be most of those microseconds. The thread-local *is* the pool.
+- Statements run on raw ``sqlite3`` connections, one per thread, opened directly: a
+  durable save is an fsync plus a few microseconds of Python, and a pool checkout per
+  save would be most of those microseconds. SQLAlchemy only describes the schema and
+  compiles the statements, once, when the first store opens.
 - A save is ONE conditional statement inside an explicit transaction: a first save is
   ``INSERT ... ON CONFLICT DO NOTHING``, a later one ``UPDATE ... WHERE version =
   :expected``; ``rowcount`` 0 means the compare-and-swap lost. An update never inserts,
-  so a stale worker cannot bring back a deleted run. No read before the write, so there
-  is no window between check and write and no extra statement.
+  so a stale worker cannot bring back a deleted run. No read before the write.
 - Connections run in sqlite3 autocommit mode (``isolation_level=None``) and the save path
   issues ``BEGIN IMMEDIATE`` itself: the write lock is taken up front, where the busy
   handler can wait for it, and the ``sqlite.in_transaction`` hook sees a statement that
   executed but has not committed.
 - WAL journal: readers never block the writer and a commit is one append + fsync.
-- Driver errors are translated in one place, ``_Guard``.
+- Async: the base's default, a worker thread per call (``asyncio.to_thread``), each
+  thread with its own connection. The event loop never waits on an fsync or the write
+  lock; sqlite3 releases the GIL while it does either. aiosqlite is the same design (a
+  thread per connection) with a second queue in front, so it would add a hop and a
+  dependency and remove nothing. A cancelled ``asave`` lets its thread finish: the
+  transaction commits whole or rolls back, never torn.
+- Foreign files are never modified: a file that has tables but no ``stepstone_meta``
+  is refused before its journal mode is touched; a symlink at the path is refused.
 """
 
 from __future__ import annotations
@@ -28,52 +31,24 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
-import threading
-import weakref
-from collections.abc import Iterator
-from datetime import datetime
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal, Self, cast
+import stat
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from types import MappingProxyType
+from typing import Any, ClassVar, Final, Literal, Self, cast
 from urllib.parse import unquote, urlsplit
 
-from sqlalchemy import (
-    Column,
-    Index,
-    Integer,
-    MetaData,
-    Table,
-    Text,
-    bindparam,
-    create_engine,
-    delete,
-    event,
-    select,
-    update,
-)
-from sqlalchemy import exc as sa_exc
-from sqlalchemy.dialects import sqlite as sqlite_dialect
-from sqlalchemy.engine import URL
-from sqlalchemy.pool import NullPool
-from sqlalchemy.schema import CreateIndex, CreateTable
-from sqlalchemy.sql.elements import BindParameter
-
 from .. import _hooks
-from .._checkpoint import SCHEMA_VERSION, Checkpoint, check_run_id, utcnow
-from .._codec import checkpoint_from_doc, decode_document, encode_document, encode_state
 from .._errors import (
     CheckpointTooLarge,
     ConfigError,
-    ConflictError,
     CorruptCheckpoint,
     StoreError,
     StorePermissionError,
     StoreUnavailable,
 )
-from .._store import RunInfo, Store
-from ._common import new_version, parse_options
-
-if TYPE_CHECKING:
-    from .._checkpoint import RunStatus
+from ._common import parse_options
+from ._sql import TABLE_SCHEMA, ErrorRule, Held, SQLStore, SQLText, Statements, statements_of
 
 __all__ = ["SQLiteStore", "schema_ddl"]
 
@@ -85,61 +60,79 @@ _FORMS: Final = (
 )
 _SYNCHRONOUS: Final = ("full", "normal", "extra")
 DEFAULT_BUSY_TIMEOUT_MS: Final = 30_000
+TABLE: Final = "stepstone_checkpoints"
+META: Final = "stepstone_meta"
 
 # --- schema -----------------------------------------------------------------------------
 
-metadata = MetaData()
 
-checkpoints = Table(
-    "stepstone_checkpoints",
-    metadata,
-    # A rowid table, not WITHOUT ROWID: documents are often larger than the ~1/20 of a page
-    # where SQLite recommends WITHOUT ROWID.
-    Column("run_id", Text, primary_key=True),
-    Column("version", Text, nullable=False),
-    Column("status", Text, nullable=False),
-    Column("step", Integer, nullable=False),
-    Column("total_steps", Integer),
-    Column("created_at", Text),
-    Column("updated_at", Text, nullable=False),
-    # Last, so listing (which reads the columns before it) never touches overflow pages.
-    Column("document", Text, nullable=False),
-)
-# Listing and pruning by age, and finding failed or running runs, read only these.
-Index("ix_stepstone_checkpoints_updated_at", checkpoints.c.updated_at)
-Index("ix_stepstone_checkpoints_status", checkpoints.c.status, checkpoints.c.updated_at)
-
-meta = Table(
-    "stepstone_meta",
-    metadata,
-    Column("key", Text, primary_key=True),
-    Column("value", Text, nullable=False),
-)
-
-_DIALECT: Final = sqlite_dialect.dialect(paramstyle="named")
+def _statements() -> SQLText:
+    return statements_of("sqlite")
 
 
-def _sql(statement: Any, literal: bool = False) -> str:
-    kwargs = {"literal_binds": True} if literal else {}
-    text = str(statement.compile(dialect=_DIALECT, compile_kwargs=kwargs))
-    return "\n".join(line.rstrip().replace("\t", "    ") for line in text.strip().splitlines())
+class _SQLiteStatements(Statements):
+    def __init__(self) -> None:
+        from sqlalchemy import Column, Index, Integer, MetaData, Table, Text, bindparam  # noqa: PLC0415
+        from sqlalchemy.dialects import sqlite as sqlite_dialect  # noqa: PLC0415
+        from sqlalchemy.schema import CreateIndex, CreateTable  # noqa: PLC0415
 
-
-def _schema_statements() -> list[str]:
-    statements: list[str] = []
-    for table in metadata.sorted_tables:
-        statements.append(_sql(CreateTable(table, if_not_exists=True)))
-        for index in sorted(table.indexes, key=lambda ix: str(ix.name)):
-            statements.append(_sql(CreateIndex(index, if_not_exists=True)))
-    statements.append(
-        _sql(
-            sqlite_dialect.insert(meta)
-            .values(key="schema_version", value=str(SCHEMA_VERSION))
-            .on_conflict_do_nothing(),
-            literal=True,
+        metadata = MetaData()
+        checkpoints = Table(
+            TABLE,
+            metadata,
+            # A rowid table, not WITHOUT ROWID: documents are often larger than the ~1/20
+            # of a page where SQLite recommends WITHOUT ROWID.
+            Column("run_id", Text, primary_key=True),
+            Column("version", Text, nullable=False),
+            Column("status", Text, nullable=False),
+            Column("step", Integer, nullable=False),
+            Column("total_steps", Integer),
+            Column("created_at", Text),
+            Column("updated_at", Text, nullable=False),
+            Column("due_at", Text),
+            Column("owner", Text),
+            # Last, so listing (which reads the columns before it) never touches
+            # overflow pages.
+            Column("document", Text, nullable=False),
         )
-    )
-    return statements
+        # Listing and pruning by age, and finding failed runs, read only these;
+        # claimable reads (status, due_at).
+        Index(f"ix_{TABLE}_updated_at", checkpoints.c.updated_at)
+        Index(f"ix_{TABLE}_status", checkpoints.c.status, checkpoints.c.updated_at)
+        due = Index(f"ix_{TABLE}_due", checkpoints.c.status, checkpoints.c.due_at)
+        meta = Table(
+            META,
+            metadata,
+            Column("key", Text, primary_key=True),
+            Column("value", Text, nullable=False),
+        )
+        # A first save inserts or, if the run exists, changes nothing: rowcount 0.
+        insert = (
+            sqlite_dialect.insert(checkpoints)
+            .values({c.name: bindparam(c.name) for c in checkpoints.c})
+            .on_conflict_do_nothing(index_elements=[checkpoints.c.run_id])
+        )
+        seed = (
+            sqlite_dialect.insert(meta)
+            .values(key="schema_version", value=str(TABLE_SCHEMA))
+            .on_conflict_do_nothing()
+        )
+        super().__init__(
+            sqlite_dialect.dialect(paramstyle="named"), checkpoints, meta, "run_id", insert, seed
+        )
+        self.create: list[str] = []
+        for table in metadata.sorted_tables:
+            self.create.append(self.ddl(CreateTable(table, if_not_exists=True)))
+            for index in sorted(table.indexes, key=lambda ix: str(ix.name)):
+                self.create.append(self.ddl(CreateIndex(index, if_not_exists=True)))
+        self.create.append(self.seed)
+        # Schema 1 -> 2: the two columns and the index; run in one BEGIN IMMEDIATE.
+        self.migrate_v1 = [
+            f"ALTER TABLE {TABLE} ADD COLUMN due_at TEXT",
+            f"ALTER TABLE {TABLE} ADD COLUMN owner TEXT",
+            self.ddl(CreateIndex(due, if_not_exists=True)),
+            self.bump,
+        ]
 
 
 def schema_ddl() -> str:
@@ -148,160 +141,54 @@ def schema_ddl() -> str:
         "-- Generated from stepstone.stores.sqlite (schema_ddl()); do not edit by hand.\n"
         "-- SQLiteStore runs these statements in one BEGIN IMMEDIATE transaction on open.\n"
     )
-    return header + "\n\n".join(f"{s};" for s in _SCHEMA_SQL) + "\n"
+    return header + "\n\n".join(f"{s};" for s in _statements().create) + "\n"
 
-
-def _build_create() -> str:
-    # A first save inserts or, if the run exists, changes nothing: rowcount 0, a conflict.
-    insert = sqlite_dialect.insert(checkpoints).values(
-        {c.name: bindparam(c.name) for c in checkpoints.c}
-    )
-    return _sql(insert.on_conflict_do_nothing(index_elements=[checkpoints.c.run_id]))
-
-
-def _build_update() -> str:
-    # A later save updates only the row still holding the expected version. It must never
-    # insert: a stale worker saving after the run was deleted would bring it back.
-    return _sql(
-        update(checkpoints)
-        .where(checkpoints.c.run_id == bindparam("run_id"))
-        .where(checkpoints.c.version == bindparam("expected"))
-        .values({c.name: bindparam(c.name) for c in checkpoints.c if c.name != "run_id"})
-    )
-
-
-_RUN: Final[BindParameter[str]] = bindparam("run_id")
-_SCHEMA_SQL: Final = _schema_statements()
-_CREATE: Final = _build_create()
-_UPDATE: Final = _build_update()
-_LOAD: Final = _sql(
-    select(checkpoints.c.version, checkpoints.c.document).where(checkpoints.c.run_id == _RUN)
-)
-_VERSION: Final = _sql(select(checkpoints.c.version).where(checkpoints.c.run_id == _RUN))
-_DELETE: Final = _sql(delete(checkpoints).where(checkpoints.c.run_id == _RUN))
-_LIST: Final = _sql(select(checkpoints.c.run_id))
-_INFO: Final = _sql(
-    select(
-        checkpoints.c.run_id,
-        checkpoints.c.status,
-        checkpoints.c.step,
-        checkpoints.c.total_steps,
-        checkpoints.c.updated_at,
-    )
-)
-_SCHEMA_VERSION: Final = _sql(
-    select(meta.c.value).where(meta.c.key == bindparam("key", "schema_version")), literal=True
-)
 
 # --- errors -----------------------------------------------------------------------------
 
 # Primary result codes (extended codes carry them in the low byte).
 _SQLITE_PERM, _SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_READONLY = 3, 5, 6, 8
-_SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_CANTOPEN, _SQLITE_TOOBIG = 11, 13, 14, 18
+_SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_CANTOPEN = 11, 13, 14
 _SQLITE_AUTH, _SQLITE_NOTADB = 23, 26
 
-
-class _Guard:
-    """Translates sqlite3 (and SQLAlchemy-wrapped) errors into stepstone's, in one place.
-
-    A class rather than ``@contextmanager``: it sits on the save path, and entering a
-    reusable object costs a fraction of creating a generator per call.
-    """
-
-    __slots__ = ("path",)
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if exc is None:
-            return
-        original = exc.orig if isinstance(exc, sa_exc.DBAPIError) else exc
-        if isinstance(original, sqlite3.Error):
-            raise self.translate(original) from original
-        if isinstance(exc, sa_exc.SQLAlchemyError):
-            raise StoreError(f"{self.path}: {exc}") from exc
-
-    def translate(self, exc: sqlite3.Error) -> StoreError:
-        """Return the stepstone error for a sqlite3 error on this store's file."""
-        path = self.path
-        code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF
-        text = str(exc)
-        lowered = text.lower()
-        if code in (_SQLITE_BUSY, _SQLITE_LOCKED) or "locked" in lowered or "busy" in lowered:
-            return StoreUnavailable(
-                f"{path}: database is locked by another connection and stayed locked for the "
-                f"whole busy_timeout ({text}); raise busy_timeout or shorten other writers"
-            )
-        if code in (_SQLITE_NOTADB, _SQLITE_CORRUPT) or "not a database" in lowered:
-            return CorruptCheckpoint(
-                f"{path}: not a SQLite database or corrupted ({text}); left untouched"
-            )
-        if code in (_SQLITE_PERM, _SQLITE_READONLY, _SQLITE_AUTH) or "readonly" in lowered:
-            return StorePermissionError(f"{path}: permission denied ({text})")
-        if code == _SQLITE_CANTOPEN or "unable to open" in lowered:
-            parent = os.path.dirname(path) or "."
-            if not os.path.isdir(parent):
-                return StoreError(f"{path}: cannot open: directory {parent} does not exist")
-            if not os.access(parent, os.W_OK | os.X_OK) or (
-                os.path.exists(path) and not os.access(path, os.R_OK | os.W_OK)
-            ):
-                return StorePermissionError(
-                    f"{path}: cannot open: no read/write permission on the file or its "
-                    f"directory ({text})"
-                )
-            return StoreError(f"{path}: cannot open the database file ({text})")
-        if code == _SQLITE_FULL:
-            return StoreError(f"{path}: disk or database full ({text})")
-        if code == _SQLITE_TOOBIG:
-            return CheckpointTooLarge(f"{path}: checkpoint too large ({text})", -1, -1)
-        if isinstance(exc, sqlite3.ProgrammingError) and "closed" in lowered:
-            return StoreError(f"{path}: the store is closed")
-        return StoreError(f"{path}: {type(exc).__name__}: {text}")
-
-
-# --- fork safety ------------------------------------------------------------------------
-
-# Connections a forked child inherited. SQLite forbids using them in the child, and closing
-# them would drop the child's own POSIX locks on the file (closing any descriptor of a file
-# releases all of the process's fcntl locks on it), so they are kept open and unused.
-_inherited: list[object] = []
-_open_stores: weakref.WeakSet[SQLiteStore] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for store in list(_open_stores):
-        store._forget_connections()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-class _Held:
-    """Owns one thread's connection; weakly tracked so ``close`` can reach every thread's.
-
-    When a thread ends, its thread-local values are dropped, this object with them, and
-    the connection is closed by sqlite3's finalizer: threads that come and go leak nothing.
-    """
-
-    __slots__ = ("__weakref__", "conn")
-
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        self.conn = conn
+#: sqlite3 errors -> stepstone errors; the first matching rule wins.
+ERRORS: Final = (
+    ErrorRule(
+        StoreUnavailable,
+        "{where}: database is locked by another connection and stayed locked for the "
+        "whole busy_timeout ({text}); raise busy_timeout or shorten other writers",
+        codes=frozenset({_SQLITE_BUSY, _SQLITE_LOCKED}),
+        text=("database is locked", "database table is locked"),
+    ),
+    ErrorRule(
+        CorruptCheckpoint,
+        "{where}: not a SQLite database or corrupted ({text}); left untouched",
+        codes=frozenset({_SQLITE_NOTADB, _SQLITE_CORRUPT}),
+        text=("not a database", "malformed"),
+    ),
+    ErrorRule(
+        StorePermissionError,
+        "{where}: permission denied ({text})",
+        codes=frozenset({_SQLITE_PERM, _SQLITE_READONLY, _SQLITE_AUTH}),
+        text=("readonly",),
+    ),
+    ErrorRule(
+        StoreError,
+        "{where}: cannot open the database file ({text})",
+        codes=frozenset({_SQLITE_CANTOPEN}),
+        text=("unable to open",),
+    ),
+    ErrorRule(
+        StoreError, "{where}: disk or database full ({text})", codes=frozenset({_SQLITE_FULL})
+    ),
+    ErrorRule(StoreError, "{where}: the store is closed", text=("closed database",)),
+)
 
 
 # --- the store --------------------------------------------------------------------------
 
 
-class SQLiteStore(Store):
+class SQLiteStore(SQLStore):
     """Keeps checkpoints in a SQLite file (WAL journal), one row per run.
 
     Durability, chosen with ``synchronous`` (config ``?synchronous=``):
@@ -320,17 +207,31 @@ class SQLiteStore(Store):
     (then ``StoreUnavailable``), and readers never wait for writers. Not for network file
     systems (NFS, SMB): WAL needs shared memory between processes on one host.
 
+    ``close`` while other threads are saving is safe: their calls finish (or, if they
+    start after it, raise ``StoreError`` saying the store is closed).
+
     Open the store after ``fork``, not before: SQLite forbids carrying a connection across
     ``fork``. A store inherited through ``fork`` opens fresh connections in the child.
 
     Args:
         path: The database file; relative paths are resolved against the working
-            directory now. Created with mode 0600 if missing.
+            directory now. Created with mode 0600 if missing. A symlink is refused.
         synchronous: ``"full"``, ``"normal"`` or ``"extra"``, as above.
         busy_timeout_ms: How long a write waits for another writer's lock.
+
+    Raises:
+        ConfigError: bad arguments.
+        StoreError: the file belongs to another application (it has tables but no
+            ``stepstone_meta``), or the path is a symlink; nothing was changed.
+        CorruptCheckpoint: the file is not a SQLite database; it is left untouched.
     """
 
     scheme: ClassVar[str] = "sqlite"
+    durability_levels: ClassVar[tuple[str, ...]] = _SYNCHRONOUS
+    kill_points: ClassVar[Mapping[str, bool]] = MappingProxyType({"sqlite.in_transaction": False})
+    counts_requests: ClassVar[bool] = False
+    native_async: ClassVar[bool] = False
+    _ERRORS: ClassVar[tuple[ErrorRule, ...]] = ERRORS
 
     def __init__(
         self,
@@ -354,36 +255,34 @@ class SQLiteStore(Store):
                 f"busy_timeout_ms must be a non-negative int, got {busy_timeout_ms!r}"
             )
         self.path: Final = os.path.abspath(raw)
+        self.where = self.path
+        self.table = TABLE
         self.synchronous: Final[Synchronous] = synchronous
         self.busy_timeout_ms: Final = busy_timeout_ms
-        self._guard = _Guard(self.path)
-        self._lock = threading.Lock()
-        self._local = threading.local()
-        self._held: weakref.WeakSet[_Held] = weakref.WeakSet()
-        self._closed = False
+        self._driver_error = sqlite3.Error
         self._max_length = 1_000_000_000  # SQLITE_MAX_LENGTH; replaced by the real limit
-
+        self._setup()
+        self._sql = _statements()
         self._create_file()
-        # NullPool: connections are detached and cached per thread, so the engine never
-        # keeps one; it only creates them and runs the "connect" listener on each.
-        self._engine = create_engine(
-            URL.create("sqlite", database=self.path),
-            poolclass=NullPool,
-            connect_args={"check_same_thread": False, "timeout": busy_timeout_ms / 1000},
-        )
-        event.listen(self._engine, "connect", self._on_connect)
         try:
-            conn = self._connect()
-            with self._guard:
-                self._max_length = conn.getlimit(sqlite3.SQLITE_LIMIT_LENGTH)
-                self._ensure_schema(conn)
+            held = self._first_connection()
+            try:
+                self._max_length = held.conn.getlimit(sqlite3.SQLITE_LIMIT_LENGTH)
+                self._ensure_schema(held)
+            except sqlite3.Error as exc:
+                raise self._translate(exc) from exc
         except BaseException:
             self.close()
             raise
-        _open_stores.add(self)
+        self._register()
 
     @classmethod
     def from_config(cls, config: str) -> Self:
+        """Open ``sqlite:///path.db?synchronous=...&busy_timeout=...``.
+
+        Raises:
+            ConfigError: the string is malformed; the message lists the forms.
+        """
         parts = urlsplit(config)
         if parts.scheme.lower() != "sqlite":
             raise ConfigError(f"not a sqlite store config: {config!r}; forms: {_FORMS}")
@@ -419,15 +318,33 @@ class SQLiteStore(Store):
     def __repr__(self) -> str:
         return f"SQLiteStore({self.path!r}, synchronous={self.synchronous!r})"
 
-    # --- connections --------------------------------------------------------------------
+    # --- files and connections ----------------------------------------------------------
 
     def _create_file(self) -> None:
+        # A symlink at the path (dangling or not) is refused: following it would create
+        # or write a database wherever its owner pointed it.
+        try:
+            info = os.lstat(self.path)
+        except FileNotFoundError:
+            info = None
+        except OSError as exc:
+            raise StoreError(f"{self.path}: cannot inspect the path: {exc}") from exc
+        if info is not None:
+            if stat.S_ISLNK(info.st_mode):
+                raise StoreError(
+                    f"{self.path}: is a symbolic link (to {os.readlink(self.path)!r}); "
+                    "refusing to follow it. Give the real path of the database"
+                )
+            if not stat.S_ISREG(info.st_mode):
+                raise StoreError(f"{self.path}: not a regular file; refusing to open it")
+            return
         # Create the file ourselves with 0600 before SQLite does (it would use 0644): SQLite
         # gives the -wal and -shm files the database file's permissions, so they follow.
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
         try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            fd = os.open(self.path, flags, 0o600)
         except FileExistsError:
-            return
+            return self._create_file()  # created meanwhile: inspect what is there now
         except FileNotFoundError as exc:
             raise StoreError(
                 f"{self.path}: cannot create the database: directory "
@@ -444,12 +361,18 @@ class SQLiteStore(Store):
             # The new directory entry must survive a power cut too, not just what is in it.
             _fsync_dir(os.path.dirname(self.path))
 
-    def _on_connect(self, dbapi_connection: Any, connection_record: Any) -> None:
-        conn = cast(sqlite3.Connection, dbapi_connection)
-        # Autocommit at the driver: we issue BEGIN IMMEDIATE ourselves where we write.
-        conn.isolation_level = None
+    def _raw_connection(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            self.path,
+            timeout=self.busy_timeout_ms / 1000,
+            isolation_level=None,  # autocommit: we issue BEGIN IMMEDIATE where we write
+            check_same_thread=False,  # close() may run on another thread, under our lock
+        )
         # busy_timeout first, so switching to WAL waits for a concurrent opener.
         conn.execute(f"PRAGMA busy_timeout = {self.busy_timeout_ms:d}")
+        return conn
+
+    def _set_pragmas(self, conn: sqlite3.Connection) -> None:
         mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()
         if mode is None or str(mode[0]).lower() != "wal":
             raise StoreError(
@@ -458,97 +381,106 @@ class SQLiteStore(Store):
             )
         conn.execute(f"PRAGMA synchronous = {self.synchronous.upper()}")
 
-    def _connect(self) -> sqlite3.Connection:
-        """Open this thread's connection (the slow path of every method)."""
+    def _first_connection(self) -> Held:
+        """Refuse another application's file, then open the opening thread's connection."""
+        self._check_foreign()
+        try:
+            conn, _ = self._open_connection()
+        except sqlite3.Error as exc:
+            raise self._translate(exc) from exc
+        held = Held(self, conn, conn)
         with self._lock:
-            if self._closed:
-                raise StoreError(f"{self.path}: the store is closed")
-            with self._guard:
-                fairy = self._engine.raw_connection()
-                conn = cast(sqlite3.Connection, fairy.driver_connection)
-                # Take it out of the pool's hands: closing or collecting the proxy must not
-                # close the connection this thread keeps.
-                fairy.detach()
-            held = _Held(conn)
             self._held.add(held)
-            local = self._local
-            local.held = held
-            local.conn = conn
-        return conn
+            self._local.held = held
+        return held
+
+    def _check_foreign(self) -> None:
+        """Raise ``StoreError`` if the file has tables but no stepstone meta table.
+
+        Read on a connection of its own, closed before any other opens: a connection
+        that has read the schema and then switches the journal mode can get SQLITE_BUSY
+        at once, without the busy handler, when another process switches it at the same
+        time.
+        """
+        try:
+            conn = self._raw_connection()
+            try:
+                rows = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+                names = {row[0] for row in rows.fetchall()}
+            finally:
+                conn.close()
+        except sqlite3.Error as exc:
+            raise self._translate(exc) from exc
+        if names and META not in names:
+            shown = ", ".join(sorted(names)[:5])
+            raise StoreError(
+                f"{self.path}: belongs to another application (tables {shown}; no "
+                f"{META}); refusing to modify it. Give stepstone its own file"
+            )
+
+    def _open_connection(self) -> tuple[Any, Any]:
+        conn = self._raw_connection()
+        try:
+            self._set_pragmas(conn)
+        except BaseException:
+            conn.close()
+            raise
+        return conn, conn
 
     def _conn(self) -> sqlite3.Connection:
-        try:
-            return cast(sqlite3.Connection, self._local.conn)
-        except AttributeError:
-            return self._connect()
+        """This thread's connection (for tests and tools)."""
+        return cast(sqlite3.Connection, self._thread_held().conn)
 
-    def _forget_connections(self) -> None:
-        """In a forked child: keep the inherited connections alive but never use them."""
-        _inherited.extend(self._held)
-        self._held = weakref.WeakSet()
-        self._local = threading.local()
-        self._lock = threading.Lock()
+    def _detach(self, held: Held) -> None:
+        # SQLite forbids using an inherited connection, and closing it would drop the
+        # child's own POSIX locks on the file: keep it open and unused.
+        pass
 
-    def _ensure_schema(self, conn: sqlite3.Connection) -> None:
-        found = self._schema_version(conn)
-        if found is None:
-            # Concurrent openers of a new file serialize on the write lock; IF NOT EXISTS
-            # and ON CONFLICT DO NOTHING make the loser's statements no-ops.
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                for statement in _SCHEMA_SQL:
-                    conn.execute(statement)
-                found = self._schema_version(conn)
-                conn.commit()
-            except BaseException:
-                _rollback(conn)
-                raise
-        try:
-            number = int(found or "")
-        except ValueError:
-            raise CorruptCheckpoint(
-                f"{self.path}: stepstone_meta has schema_version {found!r}, not a number; "
-                "left untouched"
-            ) from None
-        if number > SCHEMA_VERSION:
-            raise StoreError(
-                f"{self.path}: database schema version {number} is newer than this stepstone "
-                f"supports ({SCHEMA_VERSION}); upgrade stepstone to open it"
-            )
-        if number < SCHEMA_VERSION:
-            raise StoreError(
-                f"{self.path}: database schema version {number} is older than this stepstone "
-                f"({SCHEMA_VERSION}) and no migration is known for it"
-            )
+    def _error_code(self, exc: BaseException) -> int | str | None:
+        return (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF
 
-    @staticmethod
-    def _schema_version(conn: sqlite3.Connection) -> str | None:
+    def _decoding_error(self, exc: BaseException) -> bool:
+        return "could not decode to utf-8" in str(exc).lower()
+
+    # --- statements ---------------------------------------------------------------------
+
+    def _run(self, held: Held, sql: str, params: Any) -> tuple[int, list[Any]]:
+        cursor = held.conn.execute(sql, params or ())
+        return cursor.rowcount, cursor.fetchall()
+
+    def _run_save(self, held: Held, sql: str, params: Any) -> int:
+        conn: sqlite3.Connection = held.conn
+        conn.execute("BEGIN IMMEDIATE")
         try:
-            row = conn.execute(_SCHEMA_VERSION).fetchone()
-        except sqlite3.OperationalError as exc:
-            if "no such table" in str(exc):
-                return None
+            stored = conn.execute(sql, params).rowcount
+            if stored != 1:
+                conn.rollback()
+                return stored
+            _hooks.fire("sqlite.in_transaction")
+            conn.commit()
+        except BaseException:
+            _rollback(conn)
             raise
-        return None if row is None else str(row[0])
+        return stored
 
-    # --- the Store contract -------------------------------------------------------------
-
-    def load(self, run_id: str) -> Checkpoint | None:
-        check_run_id(run_id)
-        with self._guard:
-            rows = self._conn().execute(_LOAD, {"run_id": run_id}).fetchall()
-        if not rows:
+    def _db_time(self, value: datetime | None) -> Any:
+        if value is None:
             return None
-        version, document = rows[0]
-        source = f"{self.path} run {run_id!r}"
-        return checkpoint_from_doc(decode_document(document, source), version, source)
+        # Text that sorts as time: always UTC ("+00:00"). Without microseconds isoformat
+        # leaves them out, and "+" sorts before ".", so the order still holds.
+        if value.tzinfo is not UTC:
+            value = value.astimezone(UTC)
+        return value.isoformat()
 
-    def save(self, checkpoint: Checkpoint) -> Checkpoint:
-        run_id = check_run_id(checkpoint.run_id)
-        text, copy = encode_state(checkpoint.state)
-        expected = checkpoint.version
-        saved = checkpoint.stored(copy, text, new_version(expected), utcnow())
-        document = encode_document(saved, text)
+    def _py_time(self, value: Any) -> datetime | None:
+        if value is None:
+            return None
+        parsed = datetime.fromisoformat(value)
+        if parsed.tzinfo is None:
+            raise ValueError(f"timestamp {value!r} has no time zone")
+        return parsed
+
+    def _check_size(self, run_id: str, document: str) -> None:
         # Characters are at most 4 bytes of UTF-8: only measure bytes near the limit.
         if len(document) * 4 > self._max_length:
             size = len(document.encode("utf-8", "surrogatepass"))
@@ -559,91 +491,42 @@ class SQLiteStore(Store):
                     size,
                     self._max_length,
                 )
-        created = saved.created_at
-        params = {
-            "run_id": run_id,
-            "version": saved.version,
-            "status": saved.status,
-            "step": saved.step,
-            "total_steps": saved.total_steps,
-            "created_at": None if created is None else created.isoformat(),
-            "updated_at": cast(datetime, saved.updated_at).isoformat(),
-            "document": document,
-            "expected": expected,
-        }
-        conn = self._conn()
-        with self._guard:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                statement = _CREATE if expected is None else _UPDATE
-                stored = conn.execute(statement, params).rowcount
-                if stored != 1:
-                    _rollback(conn)
-                    raise self._conflict(conn, run_id, expected)
-                _hooks.fire("sqlite.in_transaction")
-                conn.commit()
-            except BaseException:
-                _rollback(conn)
-                raise
-        return saved
 
-    def _conflict(
-        self, conn: sqlite3.Connection, run_id: str, expected: str | None
-    ) -> ConflictError:
-        # Only on the (rare) losing path: read what is there, for the message.
+    # --- schema -------------------------------------------------------------------------
+
+    def _schema_version(self, held: Held) -> str | None:
         try:
-            row = conn.execute(_VERSION, {"run_id": run_id}).fetchone()
-            stored = repr(row[0]) if row is not None else "nothing"
-        except sqlite3.Error:
-            stored = "another version"
-        return ConflictError(
-            f"run {run_id!r}: expected version {expected!r}, stored {stored}", run_id
-        )
+            row = held.conn.execute(self._sql.schema_version).fetchone()
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):
+                return None
+            raise
+        return None if row is None else str(row[0])
 
-    def delete(self, run_id: str) -> bool:
-        check_run_id(run_id)
-        with self._guard:
-            # Autocommit: a single DELETE is its own atomic, durable transaction.
-            return self._conn().execute(_DELETE, {"run_id": run_id}).rowcount > 0
+    def _create_schema(self, held: Held) -> None:
+        # Concurrent openers of a new file serialize on the write lock; IF NOT EXISTS and
+        # ON CONFLICT DO NOTHING make the loser's statements no-ops.
+        self._in_transaction(held, self._sql.create, None)
 
-    def list_runs(self) -> Iterator[str]:
-        with self._guard:
-            rows = self._conn().execute(_LIST).fetchall()
-        # Fetched eagerly: an open cursor would pin a read snapshot (blocking WAL
-        # checkpoints) for as long as the caller takes to iterate.
-        return iter([row[0] for row in rows])
+    def _migrate(self, held: Held, found: int) -> None:
+        # Under the write lock, re-read the version: a concurrent opener may have
+        # migrated already, and ALTER TABLE ADD COLUMN must run exactly once.
+        self._in_transaction(held, self._sql.migrate_v1, "1")
 
-    def list_info(self) -> Iterator[RunInfo]:
-        with self._guard:
-            rows = self._conn().execute(_INFO).fetchall()
-        return iter(
-            [
-                RunInfo(
-                    run_id,
-                    cast("RunStatus", status),
-                    step,
-                    total_steps,
-                    datetime.fromisoformat(updated_at) if updated_at else None,
-                )
-                for run_id, status, step, total_steps, updated_at in rows
-            ]
-        )
+    def _in_transaction(self, held: Held, statements: list[str], only_at: str | None) -> None:
+        conn: sqlite3.Connection = held.conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if only_at is None or self._schema_version(held) == only_at:
+                for statement in statements:
+                    conn.execute(statement)
+            conn.commit()
+        except BaseException:
+            _rollback(conn)
+            raise
 
-    def close(self) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            held, self._held = list(self._held), weakref.WeakSet()
-            self._local = threading.local()
-        for item in held:
-            # Best effort: the file is consistent whether or not a close fails.
-            with contextlib.suppress(sqlite3.Error):
-                item.conn.close()
-        engine = getattr(self, "_engine", None)
-        if engine is not None:
-            engine.dispose()
-        _open_stores.discard(self)
+    def _close_connection(self, held: Held) -> None:
+        held.conn.close()
 
 
 def _rollback(conn: sqlite3.Connection) -> None:

@@ -1,0 +1,438 @@
+"""MySQLStore: checkpoints in a MySQL or MariaDB table, through PyMySQL and aiomysql.
+
+The logic is the SQL base's (``stepstone.stores._sql``); this module supplies MySQL's
+hooks. Design, and why:
+
+- Autocommit connections; every store operation is ONE statement, so ONE round trip:
+  a first save is ``INSERT ... ON DUPLICATE KEY UPDATE run_key = run_key`` (a no-op
+  assignment: an existing row reports 0 rows affected -> ``ConflictError``), later
+  saves ``UPDATE ... WHERE run_key = :key AND version = :expected``. InnoDB re-checks the
+  ``WHERE`` under the row lock, so exactly one of several racing saves wins. Connections
+  never use ``CLIENT.FOUND_ROWS``: row counts must mean rows *changed*.
+- Async: aiomysql. It is PyMySQL's protocol code driven by asyncio (it imports PyMySQL
+  and raises PyMySQL's own exception classes with the same error numbers), so the error
+  table below serves both paths unchanged; it is maintained under aio-libs, in
+  production use for years, and tested against MariaDB as well as MySQL. asyncmy is
+  faster but a Cython rewrite with its own error classes (a second table) and a thinner
+  MariaDB record.
+- Timeouts (URL options, seconds): ``connect_timeout`` (default 10) bounds connecting
+  *and the handshake*: PyMySQL reads the server's greeting under ``read_timeout``, so a
+  server that accepts and never answers cannot hang the open. ``read_timeout`` and
+  ``write_timeout`` (default 30) bound every read and write on the socket; async calls
+  are bounded by ``read_timeout`` as a whole. After a timeout the call raises
+  ``StoreUnavailable`` and the connection is dropped. A save that timed out may or may
+  not have committed: the next save's compare-and-swap tells.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, ClassVar, Final, Self, cast
+
+from .._errors import CheckpointTooLarge, StoreError, StorePermissionError, StoreUnavailable
+from ._sql import (
+    DEFAULT_TABLE,
+    PASSWORD_ENV,
+    TABLE_SCHEMA,
+    ErrorRule,
+    Held,
+    ServerStore,
+    SQLText,
+    Statements,
+    detach_socket,
+    server_tables,
+    statements_of,
+)
+
+__all__ = ["DEFAULT_TABLE", "ERRORS", "MySQLStore", "schema_ddl"]
+
+DEFAULT_CONNECT_TIMEOUT: Final = 10.0
+DEFAULT_READ_TIMEOUT: Final = 30.0
+DEFAULT_WRITE_TIMEOUT: Final = 30.0
+_FORMS: Final = (
+    "mysql://USER[:PASSWORD]@HOST[:PORT]/DATABASE (also mysql+pymysql://; MySQL or "
+    "MariaDB); options: ?table=NAME&connect_timeout=S&read_timeout=S&write_timeout=S; "
+    f"give the password in {PASSWORD_ENV} rather than in the URL"
+)
+_OPTIONS: Final = ("table", "connect_timeout", "read_timeout", "write_timeout")
+# Room for everything in an INSERT besides the escaped document (a 1024-character
+# run_id escaped, the key, the other columns and the SQL text).
+_STATEMENT_OVERHEAD: Final = 16 * 1024
+_NO_SUCH_TABLE: Final = 1146
+
+# --- schema -----------------------------------------------------------------------------
+
+
+class _MyStatements(Statements):
+    def __init__(self, table: str) -> None:
+        import re  # noqa: PLC0415
+
+        from sqlalchemy import bindparam  # noqa: PLC0415
+        from sqlalchemy.dialects import mysql  # noqa: PLC0415
+        from sqlalchemy.dialects.mysql import pymysql as pymysql_dialect  # noqa: PLC0415
+        from sqlalchemy.schema import CreateIndex, CreateTable  # noqa: PLC0415
+
+        checkpoints, meta, due = server_tables(table)
+        c = checkpoints.c
+        # A no-op assignment: an existing row is left alone and reports 0 rows affected
+        # (without CLIENT.FOUND_ROWS), a new row 1.
+        insert = (
+            mysql.insert(checkpoints)
+            .values({col.name: bindparam(col.name) for col in c})
+            .on_duplicate_key_update(run_key=c.run_key)
+        )
+        seed = (
+            mysql.insert(meta)
+            .values(key="schema_version", value=str(TABLE_SCHEMA))
+            .on_duplicate_key_update(key=meta.c.key)
+        )
+        super().__init__(
+            pymysql_dialect.dialect(paramstyle="pyformat"),
+            checkpoints,
+            meta,
+            "run_key",
+            insert,
+            seed,
+        )
+
+        def inline(index: Any) -> str:
+            created = self.ddl(CreateIndex(index))
+            match = re.fullmatch(r"CREATE INDEX (\S+) ON \S+ (\(.*\))", created)
+            if match is None:  # pragma: no cover - a SQLAlchemy rendering change
+                raise AssertionError(f"unexpected index DDL: {created}")
+            return f"INDEX {match.group(1)} {match.group(2)}"
+
+        self.create: list[str] = []
+        for item in (checkpoints, meta):
+            create = self.ddl(CreateTable(item, if_not_exists=True))
+            indexes = sorted(item.indexes, key=lambda ix: str(ix.name))
+            if indexes:
+                # MySQL has no CREATE INDEX IF NOT EXISTS (MariaDB does): declare the
+                # indexes inside CREATE TABLE IF NOT EXISTS, one statement.
+                head, _, tail = create.rpartition("\n)")
+                lines = "".join(f",\n    {inline(ix)}" for ix in indexes)
+                create = head + lines + "\n)" + tail
+            self.create.append(create)
+        self.create.append(self.seed)
+        # Schema 1 -> 2, each statement committing by itself (MySQL DDL does); run under
+        # GET_LOCK, and each one tolerates having been done already (1060, 1061).
+        self.migrate_v1 = [
+            f"ALTER TABLE {table} ADD COLUMN due_at DATETIME(6) NULL AFTER updated_at",
+            f"ALTER TABLE {table} ADD COLUMN owner VARCHAR(1024) NULL AFTER due_at",
+            f"ALTER TABLE {table} ADD {inline(due)}",
+            self.bump,
+        ]
+
+
+def _statements(table: str) -> SQLText:
+    return statements_of("mysql", table)
+
+
+def schema_ddl(table: str = DEFAULT_TABLE) -> str:
+    """Return the SQL the store runs to create its schema (``backends/mysql/schema.sql``).
+
+    Args:
+        table: The checkpoint table's name; the meta table is ``<table>_meta``.
+    """
+    header = (
+        "-- Generated from stepstone.stores.mysql (schema_ddl()); do not edit by hand.\n"
+        "-- When the table is missing, MySQLStore runs these statements one by one\n"
+        "-- (MySQL commits each DDL statement by itself).\n"
+    )
+    return header + "\n\n".join(f"{s};" for s in _statements(table).create) + "\n"
+
+
+# --- errors -----------------------------------------------------------------------------
+
+#: PyMySQL / aiomysql errors (the same classes) -> stepstone errors, first match wins.
+ERRORS: Final = (
+    ErrorRule(
+        StoreError,
+        "{where}: table {table} is missing ({text}); run `stepstone init` or "
+        "backends/mysql/schema.sql",
+        codes=frozenset({_NO_SUCH_TABLE}),
+    ),
+    ErrorRule(
+        StorePermissionError,
+        "{where}: permission denied ({text})",
+        codes=frozenset({1044, 1045, 1142, 1143, 1227, 1370, 1698}),
+    ),
+    ErrorRule(
+        StoreUnavailable,
+        "{where}: the statement was rolled back; nothing was stored ({text})",
+        codes=frozenset({1205, 1213}),  # lock wait timeout, deadlock
+    ),
+    ErrorRule(
+        StoreUnavailable,
+        "{where}: cannot reach the server, it did not answer in time, or the connection "
+        "broke ({text})",
+        codes=frozenset(
+            {
+                1040,  # too many connections
+                1053,  # server shutdown in progress
+                1927,  # connection was killed (MariaDB)
+                2002,  # can't connect through socket
+                2003,  # can't connect to server (refused, timed out)
+                2005,  # unknown host
+                2006,  # server has gone away
+                2013,  # lost connection during query (also: read/write timeout)
+                2055,  # lost connection (system error)
+                3024,  # max_execution_time exceeded
+            }
+        ),
+        classes=("TimeoutError",),
+    ),
+    ErrorRule(StoreError, "{where}: the database does not exist ({text})", codes=frozenset({1049})),
+    ErrorRule(
+        StoreError,
+        "{where}: statement over max_allowed_packet ({text})",
+        codes=frozenset({1153, 1301}),
+    ),
+    ErrorRule(StoreUnavailable, "{where}: connection closed ({text})", classes=("InterfaceError",)),
+)
+
+
+# --- the store --------------------------------------------------------------------------
+
+
+class MySQLStore(ServerStore):
+    """Keeps checkpoints in a MySQL or MariaDB (InnoDB) table, one row per run.
+
+    Durability is the server's: a save returns after the server committed the single
+    statement; with ``innodb_flush_log_at_trx_commit=1`` (the default) its redo log was
+    flushed to disk. ``doctor()`` reports the setting.
+
+    Concurrency: any number of threads, tasks, processes and hosts may share the table.
+    Each thread has its own connection; async calls use connections of their event loop,
+    one task at a time. Racing saves on one run serialize on the row lock; one wins.
+
+    Passwords: ``password`` argument, else the URL's, else ``STEPSTONE_SQL_PASSWORD``.
+    The password is never part of ``repr``, ``where`` or any error message.
+
+    Args:
+        url: ``mysql[+pymysql]://USER[:PASSWORD]@HOST[:PORT]/DATABASE``, no options.
+        table: Checkpoint table name (lower case letters, digits, ``_``; up to 48).
+        connect_timeout: Seconds to wait for a connection and the server's greeting.
+        read_timeout: Seconds to wait for any read from the server.
+        write_timeout: Seconds to wait for any write to the server.
+        password: Overrides the URL's and the environment's password.
+
+    Raises:
+        ConfigError: a malformed URL or option, or PyMySQL is not installed.
+        StoreUnavailable: the server cannot be reached or did not answer in time.
+        StorePermissionError: the credentials are refused or may not create the tables.
+    """
+
+    scheme: ClassVar[str] = "mysql"
+    kind: ClassVar[str] = "mysql"  # type: ignore[misc]
+    durability_levels: ClassVar[tuple[str, ...]] = ()
+    kill_points: ClassVar[Mapping[str, bool]] = MappingProxyType(
+        {"sql.before_request": False, "sql.request_sent": True}
+    )
+    counts_requests: ClassVar[bool] = True
+    native_async: ClassVar[bool] = True
+    _ERRORS: ClassVar[tuple[ErrorRule, ...]] = ERRORS
+    _DRIVER: ClassVar[str] = "pymysql"
+    _EXTRA: ClassVar[str] = "mysql"
+    _PORT: ClassVar[int] = 3306
+    _FORMS: ClassVar[str] = _FORMS
+
+    connect_timeout: float
+    read_timeout: float
+    write_timeout: float
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        table: str = DEFAULT_TABLE,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        read_timeout: float = DEFAULT_READ_TIMEOUT,
+        write_timeout: float = DEFAULT_WRITE_TIMEOUT,
+        password: str | None = None,
+    ) -> None:
+        parsed = self._init_server(
+            url,
+            table,
+            password,
+            {
+                "connect_timeout": connect_timeout,
+                "read_timeout": read_timeout,
+                "write_timeout": write_timeout,
+            },
+        )
+        self._sql = _statements(self.table)
+        self._connect_args: dict[str, Any] = {
+            "host": parsed.host,
+            "port": parsed.port,
+            "user": parsed.user,
+            "password": self._password or "",
+            "database": parsed.database,
+            "connect_timeout": self.connect_timeout,
+            "read_timeout": self.read_timeout,
+            "write_timeout": self.write_timeout,
+            "autocommit": True,
+            "charset": "utf8mb4",
+            "collation": "utf8mb4_bin",
+            # Not CLIENT.FOUND_ROWS: affected-row counts must mean rows *changed*.
+            "client_flag": 0,
+            # Let the server's max_allowed_packet be the only limit.
+            "max_allowed_packet": 1 << 30,
+        }
+        self._max_bytes = 1 << 30
+        try:
+            self._open()
+        except BaseException:
+            self.close()
+            raise
+        self._register()
+
+    @classmethod
+    def from_config(cls, config: str) -> Self:
+        """Open ``mysql://...?table=&connect_timeout=&read_timeout=&write_timeout=``.
+
+        Raises:
+            ConfigError: the string is malformed; the message lists the forms.
+        """
+        bare, kwargs = cls._config_options(config, _OPTIONS)
+        return cls(bare, **kwargs)
+
+    # --- connections --------------------------------------------------------------------
+
+    def _open_connection(self) -> tuple[Any, Any]:
+        conn = self._driver.connect(**self._connect_args)
+        if conn.client_flag & self._driver.constants.CLIENT.FOUND_ROWS:  # pragma: no cover
+            conn.close()
+            raise StoreError(f"{self.where}: the connection uses CLIENT.FOUND_ROWS")
+        return conn, conn.cursor()
+
+    async def _aopen_connection(self) -> tuple[Any, Any]:
+        import asyncio  # noqa: PLC0415
+
+        aiomysql = _aiomysql(self)
+        args = self._connect_args
+        conn = await asyncio.wait_for(
+            aiomysql.connect(
+                host=args["host"],
+                port=args["port"],
+                user=args["user"],
+                password=args["password"],
+                db=args["database"],
+                connect_timeout=self.connect_timeout,
+                autocommit=True,
+                charset="utf8mb4",
+                client_flag=0,
+            ),
+            self.connect_timeout,
+        )
+        # aiomysql (0.3) escapes bytes with a PyMySQL helper that PyMySQL 1.2 removed;
+        # escape them as PyMySQL itself now does, as a hex literal.
+        escape = conn.escape
+        conn.escape = lambda value: (
+            f"X'{value.hex()}'" if isinstance(value, bytes) else escape(value)
+        )
+        # aiomysql takes no collation argument: set the one the sync path uses.
+        cursor = await conn.cursor()
+        await cursor.execute("SET NAMES utf8mb4 COLLATE utf8mb4_bin")
+        return conn, cursor
+
+    async def _arun(self, held: Held, sql: str, params: Any) -> tuple[int, list[Any]]:
+        import asyncio  # noqa: PLC0415
+
+        # aiomysql has no socket timeouts: bound the whole call instead. A timeout
+        # cancels the call, and the base drops the connection.
+        try:
+            return await asyncio.wait_for(super()._arun(held, sql, params), self.read_timeout)
+        except TimeoutError:
+            raise self._driver.err.OperationalError(
+                2013, f"Lost connection to server (no answer within {self.read_timeout} s)"
+            ) from None
+
+    def _adrop(self, held: Held) -> None:
+        held.conn.close()
+
+    def _is_broken(self, held: Held) -> bool:
+        # PyMySQL says ``open``, aiomysql ``closed``.
+        return bool(held.conn.closed) if held.is_async else not held.conn.open
+
+    def _error_code(self, exc: BaseException) -> int | str | None:
+        args = getattr(exc, "args", ())
+        return args[0] if args and isinstance(args[0], int) else None
+
+    def _detach(self, held: Held) -> None:
+        sock = getattr(held.conn, "_sock", None)
+        if sock is not None:
+            detach_socket(sock.fileno())
+        else:  # aiomysql: the transport's socket
+            transport = getattr(held.conn, "_writer", None)
+            info = transport.get_extra_info("socket") if transport is not None else None
+            if info is not None:
+                detach_socket(info.fileno())
+
+    def _check_size(self, run_id: str, document: str) -> None:
+        limit = self._max_bytes
+        # Characters are at most 4 bytes of UTF-8, 8 once escaped: only measure near it.
+        if len(document) * 8 <= limit:
+            return
+        escaped = cast(str, self._driver.converters.escape_string(document))
+        size = len(escaped.encode("utf-8", "surrogatepass"))
+        if size > limit:
+            raise CheckpointTooLarge(
+                f"run {run_id!r}: encoded checkpoint is {size} bytes on the wire, over the "
+                f"server's max_allowed_packet less room for the statement ({limit} bytes) "
+                f"at {self.where}; nothing was stored",
+                size,
+                limit,
+            )
+
+    # --- schema -------------------------------------------------------------------------
+
+    def _after_open(self, held: Held) -> None:
+        _, rows = self._run(held, "SELECT @@max_allowed_packet", None)
+        self._max_bytes = max(0, int(rows[0][0]) - _STATEMENT_OVERHEAD)
+
+    def _schema_version(self, held: Held) -> str | None:
+        try:
+            _, rows = self._run(held, self._sql.schema_version, None)
+        except self._driver_error as exc:
+            if self._error_code(exc) == _NO_SUCH_TABLE:
+                return None
+            raise
+        return None if not rows else str(rows[0][0])
+
+    def _create_schema(self, held: Held) -> None:
+        # Each DDL statement commits by itself; CREATE TABLE IF NOT EXISTS waits on the
+        # metadata lock of a concurrent creator, then does nothing.
+        for statement in self._sql.create:
+            self._run(held, statement, None)
+
+    def _migrate(self, held: Held, found: int) -> None:
+        # Concurrent openers serialize on a named lock and re-read the version under it;
+        # a statement a crashed migrator already ran fails with 1060/1061 and is skipped.
+        name = f"stepstone:{self.table}"
+        _, rows = self._run(held, "SELECT GET_LOCK(%(n)s, %(t)s)", {"n": name, "t": 60})
+        if not rows or rows[0][0] != 1:
+            raise StoreUnavailable(f"{self.where}: another process holds the migration lock")
+        try:
+            if self._schema_version(held) != "1":
+                return
+            for statement in self._sql.migrate_v1:
+                try:
+                    self._run(held, statement, None)
+                except self._driver_error as exc:
+                    if self._error_code(exc) not in (1060, 1061):  # duplicate column/key
+                        raise
+        finally:
+            self._run(held, "SELECT RELEASE_LOCK(%(n)s)", {"n": name})
+
+    def _durability(self, held: Held) -> tuple[bool, str]:
+        _, rows = self._run(held, "SELECT @@innodb_flush_log_at_trx_commit", None)
+        flush = int(rows[0][0])
+        return flush == 1, f"innodb_flush_log_at_trx_commit={flush}"
+
+
+def _aiomysql(store: MySQLStore) -> Any:
+    from ._sql import import_driver  # noqa: PLC0415
+
+    return import_driver("aiomysql", store.kind, store._EXTRA)

@@ -1,0 +1,422 @@
+"""PostgresStore: checkpoints in a PostgreSQL table, through psycopg 3 (sync and async).
+
+The logic is the SQL base's (``stepstone.stores._sql``); this module supplies
+PostgreSQL's hooks: connection set-up, the error table, the advisory-locked schema
+creation and migration. Design, and why:
+
+- Autocommit connections; every store operation is ONE statement, so ONE round trip,
+  its own atomic, durable transaction: a first save is ``INSERT ... ON CONFLICT
+  (run_key) DO NOTHING`` (0 rows: the run exists -> ``ConflictError``), later saves
+  ``UPDATE ... WHERE run_key = :key AND version = :expected`` (0 rows: the version moved
+  on or the run was deleted). PostgreSQL re-checks the ``WHERE`` against the latest
+  committed row after waiting for a concurrent writer's row lock (EvalPlanQual), so
+  exactly one of several racing saves wins.
+- psycopg's automatic server-side prepare is off (``prepare_threshold`` None): preparing
+  costs a separate round trip per statement and connection, and unnamed statements keep
+  every call at exactly one round trip (and work behind PgBouncer).
+- Async: ``psycopg.AsyncConnection``, the same statements, parameters and error table;
+  only the awaits differ (``_sql.SQLStore.asave`` against ``save``).
+- Timeouts (URL options, seconds): ``connect_timeout`` (default 10) bounds connecting;
+  ``statement_timeout`` (default 30) is set on the session so the server cancels a
+  statement stuck on a lock; ``read_timeout`` (default 30) bounds how long the client
+  waits for any answer, so a server that stops answering (hung, partitioned, stopped)
+  raises ``StoreUnavailable`` instead of blocking forever; TCP keepalives and
+  ``tcp_user_timeout`` let the kernel notice a dead peer too. A save that timed out may
+  or may not have committed: the next save's compare-and-swap tells.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import math
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, ClassVar, Final, Self
+
+from .._errors import CheckpointTooLarge, StoreError, StorePermissionError, StoreUnavailable
+from ._sql import (
+    DEFAULT_TABLE,
+    PASSWORD_ENV,
+    TABLE_SCHEMA,
+    ErrorRule,
+    Held,
+    ServerStore,
+    SQLText,
+    Statements,
+    detach_socket,
+    server_tables,
+    statements_of,
+)
+
+__all__ = ["DEFAULT_TABLE", "ERRORS", "PostgresStore", "schema_ddl"]
+
+DEFAULT_CONNECT_TIMEOUT: Final = 10.0
+DEFAULT_READ_TIMEOUT: Final = 30.0
+DEFAULT_STATEMENT_TIMEOUT: Final = 30.0
+_FORMS: Final = (
+    "postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE (also postgresql+psycopg://); "
+    "options: ?table=NAME&connect_timeout=S&read_timeout=S&statement_timeout=S; give the "
+    f"password in {PASSWORD_ENV} (or PGPASSWORD) rather than in the URL"
+)
+_OPTIONS: Final = ("table", "connect_timeout", "read_timeout", "statement_timeout")
+# A 1 GiB text value is PostgreSQL's hard limit (MaxAllocSize - 1).
+_MAX_BYTES: Final = (1 << 30) - 1
+
+# --- schema -----------------------------------------------------------------------------
+
+
+class _PgStatements(Statements):
+    def __init__(self, table: str) -> None:
+        from sqlalchemy import bindparam  # noqa: PLC0415
+        from sqlalchemy.dialects import postgresql  # noqa: PLC0415
+        from sqlalchemy.dialects.postgresql import psycopg as psycopg_dialect  # noqa: PLC0415
+        from sqlalchemy.schema import CreateIndex, CreateTable  # noqa: PLC0415
+
+        checkpoints, meta, due = server_tables(table)
+        c = checkpoints.c
+        insert = (
+            postgresql.insert(checkpoints)
+            .values({col.name: bindparam(col.name) for col in c})
+            .on_conflict_do_nothing(index_elements=[c.run_key])
+        )
+        seed = (
+            postgresql.insert(meta)
+            .values(key="schema_version", value=str(TABLE_SCHEMA))
+            .on_conflict_do_nothing()
+        )
+        dialect = psycopg_dialect.dialect(paramstyle="pyformat")  # type: ignore[no-untyped-call]
+        super().__init__(dialect, checkpoints, meta, "run_key", insert, seed)
+        self.create: list[str] = []
+        for item in (checkpoints, meta):
+            self.create.append(self.ddl(CreateTable(item, if_not_exists=True)))
+            for index in sorted(item.indexes, key=lambda ix: str(ix.name)):
+                self.create.append(self.ddl(CreateIndex(index, if_not_exists=True)))
+        self.create.append(self.seed)
+        self.migrate_v1 = [
+            f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS due_at TIMESTAMP WITH TIME ZONE",
+            f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS owner TEXT",
+            self.ddl(CreateIndex(due, if_not_exists=True)),
+            self.bump,
+        ]
+
+
+def _statements(table: str) -> SQLText:
+    return statements_of("postgresql", table)
+
+
+def schema_ddl(table: str = DEFAULT_TABLE) -> str:
+    """Return the SQL the store runs to create its schema (``backends/postgres/schema.sql``).
+
+    Args:
+        table: The checkpoint table's name; the meta table is ``<table>_meta``.
+    """
+    header = (
+        "-- Generated from stepstone.stores.postgres (schema_ddl()); do not edit by hand.\n"
+        "-- When the table is missing, PostgresStore runs these statements in one "
+        "transaction,\n-- holding an advisory lock on the table name.\n"
+    )
+    return header + "\n\n".join(f"{s};" for s in _statements(table).create) + "\n"
+
+
+# --- errors -----------------------------------------------------------------------------
+
+#: psycopg errors -> stepstone errors, first match wins. SQLSTATEs:
+#: https://www.postgresql.org/docs/current/errcodes-appendix.html. libpq reports
+#: connection failures without a SQLSTATE; those are recognised by class and text.
+ERRORS: Final = (
+    ErrorRule(
+        StoreUnavailable,
+        "{where}: the server did not answer within read_timeout ({text}); the connection "
+        "was dropped",
+        classes=("ReadTimeout",),
+    ),
+    ErrorRule(
+        StoreError,
+        "{where}: table {table} is missing ({text}); run `stepstone init` or "
+        "backends/postgres/schema.sql",
+        codes=frozenset({"42P01"}),
+    ),
+    ErrorRule(
+        StorePermissionError,
+        "{where}: permission denied ({text})",
+        codes=frozenset({"42501"}),
+        prefixes=("28",),
+    ),
+    ErrorRule(
+        StoreUnavailable,
+        "{where}: statement timed out or was cancelled ({text})",
+        codes=frozenset({"57014"}),
+    ),
+    ErrorRule(
+        StoreError, "{where}: the database does not exist ({text})", codes=frozenset({"3D000"})
+    ),
+    ErrorRule(
+        StoreUnavailable,
+        "{where}: server unavailable or busy ({text})",
+        prefixes=("08", "53", "57P", "40", "58"),
+    ),
+    ErrorRule(
+        StorePermissionError,
+        "{where}: authentication refused ({text})",
+        text=(
+            "password authentication failed",
+            "no password supplied",
+            "does not exist",  # the role; a missing database matched above
+            "is not permitted to log in",
+            "pg_hba.conf",
+            "permission denied",
+            "authentication failed",
+        ),
+    ),
+    ErrorRule(
+        StoreUnavailable,
+        "{where}: cannot reach the server ({text})",
+        classes=("OperationalError", "ConnectionTimeout"),
+    ),
+    ErrorRule(
+        StoreUnavailable,
+        "{where}: connection closed ({text})",
+        classes=("InterfaceError",),
+        text=("connection is closed", "the connection is lost"),
+    ),
+)
+
+
+@functools.cache
+def _connection_classes() -> tuple[type[Any], type[Any], type[Any]]:
+    """psycopg connection classes whose waits time out after the store's read_timeout."""
+    import psycopg  # noqa: PLC0415
+    from psycopg import errors  # noqa: PLC0415
+
+    class ReadTimeout(psycopg.OperationalError):
+        """The server sent no answer within read_timeout."""
+
+    wait_timeout: type[BaseException] = errors._WaitTimeout
+
+    class Connection(psycopg.Connection[Any]):
+        # psycopg waits for the server without a deadline; this one has one. After a
+        # timeout the protocol state is unknown, so the connection is closed.
+        read_timeout: float | None = None
+
+        def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
+            try:
+                return super().wait(gen, interval=interval, timeout=timeout or self.read_timeout)
+            except wait_timeout:
+                with contextlib.suppress(Exception):
+                    self.pgconn.finish()
+                raise ReadTimeout(f"no answer within {self.read_timeout} s") from None
+
+    class AsyncConnection(psycopg.AsyncConnection[Any]):
+        read_timeout: float | None = None
+
+        async def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
+            try:
+                return await super().wait(
+                    gen, interval=interval, timeout=timeout or self.read_timeout
+                )
+            except wait_timeout:
+                with contextlib.suppress(Exception):
+                    self.pgconn.finish()
+                raise ReadTimeout(f"no answer within {self.read_timeout} s") from None
+
+    return Connection, AsyncConnection, ReadTimeout
+
+
+# --- the store --------------------------------------------------------------------------
+
+
+class PostgresStore(ServerStore):
+    """Keeps checkpoints in a PostgreSQL table, one row per run.
+
+    Durability is the server's: a save returns after the server committed the single
+    statement, which with default settings means its WAL was flushed to disk
+    (``synchronous_commit=on``). ``doctor()`` reports the setting.
+
+    Concurrency: any number of threads, tasks, processes and hosts may share the table.
+    Each thread has its own connection; async calls use connections of their event loop,
+    one task at a time. Racing saves on one run serialize on the row lock; one wins.
+
+    Passwords: ``password`` argument, else the URL's, else ``STEPSTONE_SQL_PASSWORD``,
+    else libpq's own sources (``PGPASSWORD``, ``~/.pgpass``). The password is never part
+    of ``repr``, ``where`` or any error message.
+
+    Args:
+        url: ``postgresql[+psycopg]://USER[:PASSWORD]@HOST[:PORT]/DATABASE``, no options.
+        table: Checkpoint table name (lower case letters, digits, ``_``; up to 48).
+        connect_timeout: Seconds to wait for a connection (rounded up, minimum 2).
+        read_timeout: Seconds to wait for any answer from the server.
+        statement_timeout: Seconds the server lets one statement run.
+        password: Overrides the URL's and the environment's password.
+
+    Raises:
+        ConfigError: a malformed URL or option, or psycopg is not installed.
+        StoreUnavailable: the server cannot be reached or did not answer in time.
+        StorePermissionError: the credentials are refused or may not create the tables.
+    """
+
+    scheme: ClassVar[str] = "postgresql"
+    kind: ClassVar[str] = "postgresql"  # type: ignore[misc]
+    durability_levels: ClassVar[tuple[str, ...]] = ()
+    kill_points: ClassVar[Mapping[str, bool]] = MappingProxyType(
+        {"sql.before_request": False, "sql.request_sent": True}
+    )
+    counts_requests: ClassVar[bool] = True
+    native_async: ClassVar[bool] = True
+    _ERRORS: ClassVar[tuple[ErrorRule, ...]] = ERRORS
+    _DRIVER: ClassVar[str] = "psycopg"
+    _EXTRA: ClassVar[str] = "postgres"
+    _PORT: ClassVar[int] = 5432
+    _FORMS: ClassVar[str] = _FORMS
+
+    connect_timeout: float
+    read_timeout: float
+    statement_timeout: float
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        table: str = DEFAULT_TABLE,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        read_timeout: float = DEFAULT_READ_TIMEOUT,
+        statement_timeout: float = DEFAULT_STATEMENT_TIMEOUT,
+        password: str | None = None,
+    ) -> None:
+        parsed = self._init_server(
+            url,
+            table,
+            password,
+            {
+                "connect_timeout": connect_timeout,
+                "read_timeout": read_timeout,
+                "statement_timeout": statement_timeout,
+            },
+        )
+        self._sql = _statements(self.table)
+        args: dict[str, Any] = {
+            "host": parsed.host,
+            "port": parsed.port,
+            "user": parsed.user,
+            "dbname": parsed.database,
+            "connect_timeout": max(2, math.ceil(self.connect_timeout)),
+            "application_name": "stepstone",
+            "autocommit": True,
+            "options": f"-c statement_timeout={int(self.statement_timeout * 1000)}",
+            "keepalives": 1,
+            "keepalives_idle": 10,
+            "keepalives_interval": 5,
+            "keepalives_count": 3,
+            "tcp_user_timeout": int(self.read_timeout * 1000),
+        }
+        if self._password is not None:
+            args["password"] = self._password
+        self._connect_args = {k: v for k, v in args.items() if v is not None}
+        # One round trip per statement, always: no separate Parse round trip to prepare
+        # a statement (and nothing PgBouncer in transaction mode breaks).
+        self._connect_args["prepare_threshold"] = None
+        self._max_bytes = _MAX_BYTES
+        try:
+            self._open()
+        except BaseException:
+            self.close()
+            raise
+        self._register()
+
+    @classmethod
+    def from_config(cls, config: str) -> Self:
+        """Open ``postgresql://...?table=&connect_timeout=&read_timeout=&statement_timeout=``.
+
+        Raises:
+            ConfigError: the string is malformed; the message lists the forms.
+        """
+        bare, kwargs = cls._config_options(config, _OPTIONS)
+        return cls(bare, **kwargs)
+
+    # --- connections --------------------------------------------------------------------
+
+    def _open_connection(self) -> tuple[Any, Any]:
+        connection, _, _ = _connection_classes()
+        conn = connection.connect(**self._connect_args)
+        conn.read_timeout = self.read_timeout
+        return conn, conn.cursor()
+
+    async def _aopen_connection(self) -> tuple[Any, Any]:
+        _, connection, _ = _connection_classes()
+        conn = await connection.connect(**self._connect_args)
+        conn.read_timeout = self.read_timeout
+        return conn, conn.cursor()
+
+    def _adrop(self, held: Held) -> None:
+        # pgconn.finish closes the socket without awaiting: fine from a cancelled task.
+        held.conn.pgconn.finish()
+
+    def _is_broken(self, held: Held) -> bool:
+        return bool(held.conn.closed or held.conn.broken)
+
+    def _error_code(self, exc: BaseException) -> int | str | None:
+        state = getattr(exc, "sqlstate", None) or ""
+        if not state:
+            # libpq's connection failures carry no SQLSTATE; a missing database is
+            # told from a missing role by its text.
+            text = str(exc).lower()
+            if "database" in text and "does not exist" in text:
+                return "3D000"
+        return state
+
+    def _detach(self, held: Held) -> None:
+        # The socket is shared with the parent: closing it normally would send the
+        # server a "terminate" message that ends the *parent's* session.
+        detach_socket(held.conn.fileno())
+
+    def _check_size(self, run_id: str, document: str) -> None:
+        # Characters are at most 4 bytes of UTF-8: only measure bytes near the limit.
+        if len(document) * 4 <= self._max_bytes:
+            return
+        size = len(document.encode("utf-8", "surrogatepass"))
+        if size > self._max_bytes:
+            raise CheckpointTooLarge(
+                f"run {run_id!r}: encoded checkpoint is {size} bytes, over PostgreSQL's "
+                f"1 GiB value limit ({self._max_bytes} bytes) at {self.where}; nothing "
+                "was stored",
+                size,
+                self._max_bytes,
+            )
+
+    # --- schema -------------------------------------------------------------------------
+
+    def _schema_version(self, held: Held) -> str | None:
+        try:
+            _, rows = self._run(held, self._sql.schema_version, None)
+        except self._driver_error as exc:
+            if getattr(exc, "sqlstate", None) == "42P01":
+                return None
+            raise
+        return None if not rows else str(rows[0][0])
+
+    def _locked(self, held: Held, statements: list[str], only_at: str | None) -> None:
+        # CREATE ... IF NOT EXISTS is not safe against a concurrent creator (unique
+        # violation in pg_type): serialize creators and migrators on an advisory lock,
+        # inside one transaction, so DDL and the version row commit together.
+        digest = hashlib.sha256(f"stepstone:{self.table}".encode()).digest()
+        lock_key = int.from_bytes(digest[:8], "big", signed=True)
+        with held.conn.transaction():
+            self._run(held, "SELECT pg_advisory_xact_lock(%(k)s)", {"k": lock_key})
+            if only_at is None or self._schema_version(held) == only_at:
+                for statement in statements:
+                    self._run(held, statement, None)
+
+    def _create_schema(self, held: Held) -> None:
+        self._locked(held, self._sql.create, None)
+
+    def _migrate(self, held: Held, found: int) -> None:
+        self._locked(held, self._sql.migrate_v1, "1")
+
+    def _durability(self, held: Held) -> tuple[bool, str]:
+        _, rows = self._run(
+            held, "SELECT current_setting('synchronous_commit'), current_setting('fsync')", None
+        )
+        sync, fsync = rows[0]
+        durable = sync in ("on", "remote_write", "remote_apply") and fsync == "on"
+        return durable, f"synchronous_commit={sync}, fsync={fsync}"
