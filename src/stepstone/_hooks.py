@@ -1,16 +1,12 @@
 """Named points inside the runner and the backends where test code may act.
 
 Only tests install a hook (the crash and chaos suites kill the process at a chosen
-point); in production ``fire`` is one global lookup and a comparison. Points in use:
-
-- ``runner.before_step``, ``runner.after_step`` (step returned, checkpoint not saved),
-  ``runner.after_save``, ``runner.backoff`` (a retry is waiting)
-- ``file.after_temp_write``, ``file.after_rename``, ``file.before_dir_fsync``
-- ``sqlite.in_transaction`` (statement executed, not committed)
-- ``sql.before_request``, ``sql.request_sent`` (PostgreSQL/MySQL: the single autocommit
-  statement not yet sent; executed and acknowledged, result not yet read)
-- ``cosmos.before_request`` (the save's request not yet sent), ``cosmos.request_sent``
-  (the response arrived, CosmosStore has not processed it)
+point); in production ``fire`` is one global lookup and a comparison. The runner's
+points are ``runner.before_step``, ``runner.after_step`` (the step returned, its
+checkpoint not saved), ``runner.after_save`` and ``runner.backoff`` (a retry is
+waiting). Each backend's points inside a save are declared once, on the backend
+class, as ``Store.kill_points`` (point -> whether the new checkpoint survives a kill
+there); the contract suite and the chaos harness read them from there.
 """
 
 from __future__ import annotations
