@@ -68,7 +68,7 @@ import tarfile
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -143,7 +143,7 @@ class CosmosEmulator:
             kwargs["connection_timeout"] = 10
         return kwargs
 
-    def client(self, **overrides: Any):
+    def client(self, **overrides: Any) -> Any:
         from azure.cosmos import CosmosClient
 
         return CosmosClient(
@@ -159,7 +159,8 @@ def _env_true(name: str) -> bool:
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def _port_open(host: str, port: int) -> bool:
@@ -181,7 +182,9 @@ def _startup_timeout(default: float) -> float:
     return float(os.environ.get("STEPSTONE_COSMOS_STARTUP_TIMEOUT", default))
 
 
-def _wait_ready(emu: CosmosEmulator, timeout: float, alive=lambda: None) -> None:
+def _wait_ready(
+    emu: CosmosEmulator, timeout: float, alive: Callable[[], object] = lambda: None
+) -> None:
     """Wait until the port answers and the SDK can list databases.
 
     ``alive()`` raises if the emulator process/container died meanwhile.
@@ -249,7 +252,7 @@ def _external(endpoint: str) -> CosmosEmulator:
 # --------------------------------------------------------------------------
 def _docker_available() -> bool:
     try:
-        import docker  # installed with testcontainers
+        import docker  # type: ignore[import-untyped]  # installed with testcontainers
     except ImportError:
         return False
     try:
@@ -276,7 +279,7 @@ def _image_present(image: str) -> bool:
         client.close()
 
 
-def _copy_file_out(container, path: str, dest: Path) -> None:
+def _copy_file_out(container: Any, path: str, dest: Path) -> None:
     stream, _ = container.get_wrapped_container().get_archive(path)
     data = io.BytesIO(b"".join(stream))
     with tarfile.open(fileobj=data) as tar:
@@ -302,7 +305,7 @@ def _container(image: str) -> Iterator[CosmosEmulator]:
     if vnext:
         port = int(os.environ.get("STEPSTONE_COSMOS_PORT", "8081"))
         container = (
-            DockerContainer(image, command=["--protocol", "http", "--port", str(port)])
+            DockerContainer(image, command=["--protocol", "http", "--port", str(port)])  # type: ignore[arg-type]
             .with_env("PROTOCOL", "http")
             .with_env("PORT", str(port))
             .with_env("ENABLE_EXPLORER", "false")

@@ -52,7 +52,7 @@ def test_run_refuses_non_steps_and_bad_ids() -> None:
     """run checks its run_id and steps before touching the store."""
     store = open_store("memory://")
     with pytest.raises(TypeError, match="Step objects"):
-        run("r", [lambda s: None], store)  # type: ignore[list-item]
+        run("r", [lambda s: None], store)
     with pytest.raises(InvalidRunId):
         run("", [], store)
 

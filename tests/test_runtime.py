@@ -186,7 +186,7 @@ def test_retry_policy_refuses_overflowing_values() -> None:
         {"jitter": 2},
     ):
         with pytest.raises(InvalidWorkflow):
-            RetryPolicy(**kwargs)  # type: ignore[arg-type]
+            RetryPolicy(**kwargs)
     policy = RetryPolicy(
         max_attempts=10**6, initial_delay=1, multiplier=1000, max_delay=60, jitter=0
     )

@@ -91,8 +91,9 @@ def config(kind: str, table: str) -> str:
 
 
 @pytest.fixture
-def store(config: str) -> Iterator[ServerStore]:
+def store(config: str) -> Iterator[Any]:
     with open_store(config) as s:
+        assert isinstance(s, ServerStore)
         yield s
 
 
@@ -120,8 +121,9 @@ def _cp(run_id: str, version: str | None = None, **state: Any) -> Checkpoint:
 )
 def test_url_forms_open_the_right_server(config: str, kind: str, table: str) -> None:
     """Plain and +driver URLs of both servers open a store of that kind with the options."""
-    with open_store(f"{config}?table={table}&connect_timeout=2.5") as s:
-        assert isinstance(s, ServerStore)
+    with open_store(f"{config}?table={table}&connect_timeout=2.5") as opened:
+        assert isinstance(opened, ServerStore)
+        s: Any = opened
         assert (s.kind, s.table, s.connect_timeout, s.scheme) == (kind, table, 2.5, kind)
 
 
@@ -236,7 +238,7 @@ def test_unknown_database_is_a_store_error(kind: str) -> None:
 # --- round trips --------------------------------------------------------------------------
 
 
-def _server_round_trips(store: ServerStore, action: Any) -> int:
+def _server_round_trips(store: Any, action: Any) -> int:
     """Round trips ``action`` made on this thread's connection, measured by the server/libpq."""
     held = store._local.held
     if store.kind == "postgresql":
@@ -262,7 +264,7 @@ def _server_round_trips(store: ServerStore, action: Any) -> int:
     return questions() - before - 1  # the second SHOW counts itself
 
 
-def test_one_round_trip_per_save_and_load(store: ServerStore) -> None:
+def test_one_round_trip_per_save_and_load(store: Any) -> None:
     """A first save, later saves, loads and a delete each take exactly one round trip."""
     store.load("warm-up")  # opens this thread's connection
     saved: list[Checkpoint] = []
@@ -282,7 +284,7 @@ def test_one_round_trip_per_save_and_load(store: ServerStore) -> None:
     assert _server_round_trips(store, lambda: store.delete("r")) == 1
 
 
-def test_mysql_connections_do_not_use_found_rows(store: ServerStore) -> None:
+def test_mysql_connections_do_not_use_found_rows(store: Any) -> None:
     """PyMySQL connections are opened without CLIENT.FOUND_ROWS, so 0 rows means unchanged."""
     if store.kind != "mysql":
         pytest.skip("MySQL only")
@@ -295,7 +297,7 @@ def test_mysql_connections_do_not_use_found_rows(store: ServerStore) -> None:
 # --- compare-and-swap ---------------------------------------------------------------------
 
 
-def test_compare_and_swap_on_the_server(store: ServerStore, admin: Any, table: str) -> None:
+def test_compare_and_swap_on_the_server(store: Any, admin: Any, table: str) -> None:
     """Stale, made-up and first saves over a row conflict and leave the stored row as it was."""
     first = store.save(_cp("r", n=1))
     second = store.save(_cp("r", first.version, n=2))
@@ -309,7 +311,7 @@ def test_compare_and_swap_on_the_server(store: ServerStore, admin: Any, table: s
     assert loaded is not None and loaded.state == {"n": 2}
 
 
-def test_a_deleted_run_is_not_resurrected_by_a_stale_save(store: ServerStore) -> None:
+def test_a_deleted_run_is_not_resurrected_by_a_stale_save(store: Any) -> None:
     """Saving with a version after the run was deleted conflicts and stores nothing."""
     saved = store.save(_cp("r", n=1))
     assert store.delete("r")
@@ -336,7 +338,7 @@ def _race(config: str, rounds: int, barrier: Any) -> list[str]:
     return outcomes
 
 
-def test_two_processes_racing_on_one_run(store: ServerStore, config: str) -> None:
+def test_two_processes_racing_on_one_run(store: Any, config: str) -> None:
     """Two processes saving on the same version each round: exactly one wins, no errors."""
     store.save(_cp("r"))
     rounds = 40
@@ -352,7 +354,7 @@ def test_two_processes_racing_on_one_run(store: ServerStore, config: str) -> Non
 # --- keys ---------------------------------------------------------------------------------
 
 
-def test_case_and_unicode_variants_are_distinct_runs(store: ServerStore) -> None:
+def test_case_and_unicode_variants_are_distinct_runs(store: Any) -> None:
     """Ids equal under case folding, Unicode normalization or PAD SPACE stay separate runs."""
     ids = [
         "a",
@@ -382,7 +384,7 @@ def test_case_and_unicode_variants_are_distinct_runs(store: ServerStore) -> None
 # --- schema -------------------------------------------------------------------------------
 
 
-def test_schema_is_created_on_first_use(store: ServerStore, admin: Any, table: str) -> None:
+def test_schema_is_created_on_first_use(store: Any, admin: Any, table: str) -> None:
     """Opening a store on a new table creates both tables, the indexes and the version row."""
     assert _query(admin, f"SELECT value FROM {table}_meta") == [(str(TABLE_SCHEMA),)]
     if store.kind == "postgresql":
@@ -398,7 +400,7 @@ def test_schema_is_created_on_first_use(store: ServerStore, admin: Any, table: s
     assert {f"ix_{table}_updated_at", f"ix_{table}_status"} <= names
 
 
-def test_mysql_table_is_utf8mb4_binary(store: ServerStore, admin: Any, table: str) -> None:
+def test_mysql_table_is_utf8mb4_binary(store: Any, admin: Any, table: str) -> None:
     """On MySQL the checkpoint table is InnoDB, utf8mb4 with the binary collation."""
     if store.kind != "mysql":
         pytest.skip("MySQL only")
@@ -426,12 +428,13 @@ def test_schema_ddl_run_by_hand_gives_a_usable_store(kind: str, admin: Any, tabl
         _query(admin, "\n".join(lines))
     base = PG if kind == "postgresql" else MY
     with open_store(f"{base}?table={table}") as s:
+        assert isinstance(s, ServerStore)
         assert s.requests_sent == 1 + (kind == "mysql")  # version check (+ packet size)
         s.save(_cp("r", a=1))
         assert s.load("r") is not None
 
 
-def test_newer_schema_version_is_refused(store: ServerStore, admin: Any, table: str) -> None:
+def test_newer_schema_version_is_refused(store: Any, admin: Any, table: str) -> None:
     """A table written by a newer stepstone is refused with advice to upgrade, unchanged."""
     config = f"{PG if store.kind == 'postgresql' else MY}?table={table}"
     _query(admin, f"UPDATE {table}_meta SET value = %s", (str(TABLE_SCHEMA + 1),))
@@ -440,7 +443,7 @@ def test_newer_schema_version_is_refused(store: ServerStore, admin: Any, table: 
     assert _query(admin, f"SELECT value FROM {table}_meta") == [(str(TABLE_SCHEMA + 1),)]
 
 
-def test_init_is_idempotent_and_reports_the_tables(store: ServerStore) -> None:
+def test_init_is_idempotent_and_reports_the_tables(store: Any) -> None:
     """init() on existing tables succeeds again and names both tables and the version."""
     for _ in range(2):
         [line] = store.init()
@@ -506,7 +509,7 @@ def test_no_create_privilege_says_what_to_provision(restricted: str, table: str)
 # --- rows ---------------------------------------------------------------------------------
 
 
-def test_columns_mirror_the_document(store: ServerStore) -> None:
+def test_columns_mirror_the_document(store: Any) -> None:
     """list_info reports status, step, total steps and updated_at exactly as saved."""
     saved = store.save(
         Checkpoint("r", step=1, step_names=("a", "b"), total_steps=2, state={"x": 1})
@@ -516,7 +519,7 @@ def test_columns_mirror_the_document(store: ServerStore) -> None:
     assert info.updated_at == saved.updated_at
 
 
-def test_list_info_reads_columns_not_documents(store: ServerStore, admin: Any, table: str) -> None:
+def test_list_info_reads_columns_not_documents(store: Any, admin: Any, table: str) -> None:
     """list_info works when a document is unreadable; load raises CorruptCheckpoint."""
     store.save(Checkpoint("r", step=0, step_names=("a",), total_steps=3, state={}))
     _query(admin, f"UPDATE {table} SET document = 'garbage'")
@@ -526,7 +529,7 @@ def test_list_info_reads_columns_not_documents(store: ServerStore, admin: Any, t
         store.load("r")
 
 
-def test_oversized_checkpoint_is_refused_before_sending(store: ServerStore) -> None:
+def test_oversized_checkpoint_is_refused_before_sending(store: Any) -> None:
     """A document over MySQL's max_allowed_packet raises CheckpointTooLarge and sends nothing."""
     if store.kind != "mysql":
         pytest.skip("the PostgreSQL limit is 1 GiB; too slow to test here")
@@ -540,7 +543,7 @@ def test_oversized_checkpoint_is_refused_before_sending(store: ServerStore) -> N
     assert store.load("big") is None
 
 
-def test_lone_surrogate_in_state_is_invalid_state(store: ServerStore) -> None:
+def test_lone_surrogate_in_state_is_invalid_state(store: Any) -> None:
     """A string that cannot be UTF-8 raises InvalidState and stores nothing."""
     with pytest.raises(InvalidState):
         store.save(_cp("r", text="\ud800"))
@@ -550,7 +553,7 @@ def test_lone_surrogate_in_state_is_invalid_state(store: ServerStore) -> None:
 # --- connections --------------------------------------------------------------------------
 
 
-def test_a_killed_session_is_unavailable_then_reconnects(store: ServerStore, admin: Any) -> None:
+def test_a_killed_session_is_unavailable_then_reconnects(store: Any, admin: Any) -> None:
     """When the server ends the session, the call raises StoreUnavailable and the next works."""
     saved = store.save(_cp("r", n=1))
     conn = store._local.held.conn
@@ -565,7 +568,7 @@ def test_a_killed_session_is_unavailable_then_reconnects(store: ServerStore, adm
     assert store._local.held.conn is not conn
 
 
-def test_each_thread_has_its_own_connection_and_close_ends_all(store: ServerStore) -> None:
+def test_each_thread_has_its_own_connection_and_close_ends_all(store: Any) -> None:
     """Threads get separate connections; close() closes every one and later calls fail."""
     store.load("x")
     conns = [store._local.held.conn]
@@ -586,7 +589,7 @@ def test_each_thread_has_its_own_connection_and_close_ends_all(store: ServerStor
         store.load("x")
 
 
-def _child_uses_inherited_store(store: ServerStore) -> None:
+def _child_uses_inherited_store(store: Any) -> None:
     import gc
 
     from stepstone.stores import _sql as sql
@@ -601,7 +604,7 @@ def _child_uses_inherited_store(store: ServerStore) -> None:
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
-def test_forked_child_does_not_disturb_the_parents_connection(store: ServerStore) -> None:
+def test_forked_child_does_not_disturb_the_parents_connection(store: Any) -> None:
     """A forked child saves through the inherited store; the parent's session survives."""
     store.save(_cp("r", by="parent"))
     conn = store._local.held.conn
@@ -615,7 +618,7 @@ def test_forked_child_does_not_disturb_the_parents_connection(store: ServerStore
     assert store._local.held.conn is conn  # the same session, still working
 
 
-def test_doctor_reports_schema_and_durability(store: ServerStore) -> None:
+def test_doctor_reports_schema_and_durability(store: Any) -> None:
     """doctor() passes the probe checks and reports the schema version and commit flushing."""
     results = {d.check: d for d in store.doctor()}
     assert all(d.ok for d in results.values()), results
@@ -728,7 +731,7 @@ def test_concurrent_openers_migrate_a_schema_1_table_once(
         assert sorted(s.list_runs()) == ["old"] + [f"run-{i}" for i in range(4)]
 
 
-def test_list_info_and_claimable_read_version_owner_and_due_at(store: ServerStore) -> None:
+def test_list_info_and_claimable_read_version_owner_and_due_at(store: Any) -> None:
     """list_info fills version/owner/due_at; claimable returns running then due runs only."""
     now = datetime(2030, 1, 1, tzinfo=UTC)
     store.save(Checkpoint("running", state={}, owner="w-1"))
@@ -747,7 +750,7 @@ def test_list_info_and_claimable_read_version_owner_and_due_at(store: ServerStor
     assert [i.run_id for i in store.claimable(now, limit=1)] == ["running", "q"]
 
 
-def test_claimable_is_an_index_search(store: ServerStore) -> None:
+def test_claimable_is_an_index_search(store: Any) -> None:
     """The claimable queries use the (status, due_at) index, not a scan of the table."""
     for n in range(50):
         store.save(Checkpoint(f"done-{n}", step=0, step_names=("a",), total_steps=1, state={}))
@@ -762,7 +765,7 @@ def test_claimable_is_an_index_search(store: ServerStore) -> None:
             assert row[6] == f"ix_{store.table}_due" or f"ix_{store.table}_due" in str(row), row
 
 
-def test_delete_with_expected_version_is_compare_and_swap(store: ServerStore) -> None:
+def test_delete_with_expected_version_is_compare_and_swap(store: Any) -> None:
     """A stale expected version raises ConflictError and keeps the row; gone is False."""
     first = store.save(_cp("r", n=1))
     second = store.save(_cp("r", first.version, n=2))
@@ -786,7 +789,7 @@ def test_capabilities_are_declared(kind: str) -> None:
 # --- async -------------------------------------------------------------------------------
 
 
-def test_async_one_request_per_save_and_load(store: ServerStore) -> None:
+def test_async_one_request_per_save_and_load(store: Any) -> None:
     """asave, aload and adelete each send exactly one statement on a native connection."""
 
     async def main() -> None:
@@ -809,7 +812,7 @@ def test_async_one_request_per_save_and_load(store: ServerStore) -> None:
 
 
 def test_a_cancelled_asave_lands_whole_or_not_and_drops_its_connection(
-    store: ServerStore,
+    store: Any,
 ) -> None:
     """Cancelling asave mid-flight stores the old or the new row, and never reuses that socket."""
 
@@ -888,7 +891,8 @@ def test_a_server_that_accepts_and_never_answers_is_unavailable(kind: str, confi
     try:
         with pytest.raises(StoreUnavailable):
             open_store(f"{kind}://root@127.0.0.1:{port}/test?connect_timeout=1&read_timeout=1")
-        with open_store(f"{config}&connect_timeout=1&read_timeout=1") as s:
+        with open_store(f"{config}&connect_timeout=1&read_timeout=1") as opened:
+            s: Any = opened
             s._connect_args["port"] = port  # new connections now go to the silent server
 
             async def main() -> None:
@@ -923,7 +927,7 @@ def test_a_server_that_stops_answering_mid_session_is_unavailable(kind: str, tab
 
 
 def test_a_row_holding_another_runs_document_is_that_runs_corruption(
-    store: ServerStore, admin: Any, table: str
+    store: Any, admin: Any, table: str
 ) -> None:
     """A row whose document names another run is CorruptCheckpoint on load, not returned."""
     store.save(_cp("a", who="a"))
@@ -938,9 +942,7 @@ def test_a_row_holding_another_runs_document_is_that_runs_corruption(
     assert loaded is not None and loaded.state == {"who": "b"}
 
 
-def test_a_hand_edited_bad_timestamp_hides_only_its_run(
-    store: ServerStore, admin: Any, table: str
-) -> None:
+def test_a_hand_edited_bad_timestamp_hides_only_its_run(store: Any, admin: Any, table: str) -> None:
     """MySQL's zero date in one row: list_info and claimable skip it and list the others."""
     if store.kind != "mysql":
         pytest.skip("PostgreSQL's timestamptz cannot hold an invalid time")
@@ -1027,7 +1029,7 @@ def test_close_while_threads_and_tasks_save_never_crashes(config: str) -> None:
 
 
 def test_the_loop_keeps_running_while_an_asave_waits_on_the_server(
-    store: ServerStore, admin: Any, table: str
+    store: Any, admin: Any, table: str
 ) -> None:
     """While asave waits on a row lock another session holds, other tasks keep running."""
     saved = store.save(_cp("r", n=0))
@@ -1089,7 +1091,7 @@ def test_the_deprecated_sql_module_opens_the_new_classes(kind: str, config: str)
     assert sql.schema_ddl(kind) == module.schema_ddl()  # type: ignore[arg-type]
 
 
-def _child_uses_inherited_store_async(store: ServerStore) -> None:
+def _child_uses_inherited_store_async(store: Any) -> None:
     async def main() -> None:
         saved = await store.aload("r")
         assert saved is not None
@@ -1100,7 +1102,7 @@ def _child_uses_inherited_store_async(store: ServerStore) -> None:
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
-def test_forked_child_leaves_the_parents_async_connections_alone(store: ServerStore) -> None:
+def test_forked_child_leaves_the_parents_async_connections_alone(store: Any) -> None:
     """A child forked while the parent's loop holds async connections never touches them."""
     loop = asyncio.new_event_loop()
     try:
@@ -1120,5 +1122,5 @@ def test_forked_child_leaves_the_parents_async_connections_alone(store: ServerSt
         loop.close()
 
 
-async def _pool_of(store: ServerStore) -> Any:
+async def _pool_of(store: Any) -> Any:
     return store._apool()

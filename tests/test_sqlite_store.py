@@ -242,13 +242,14 @@ def test_several_processes_can_create_a_new_file_at_once(tmp_path: Path) -> None
 def _row(path: str, run_id: str) -> tuple[Any, ...] | None:
     conn = sqlite3.connect(path)
     try:
-        return conn.execute(
+        row: tuple[Any, ...] | None = conn.execute(
             "SELECT version, step, updated_at, document FROM stepstone_checkpoints "
             "WHERE run_id = ?",
             (run_id,),
         ).fetchone()
     finally:
         conn.close()
+    return row
 
 
 def test_lost_compare_and_swap_stores_nothing_and_skips_the_commit(store: SQLiteStore) -> None:
