@@ -252,7 +252,7 @@ def _external(endpoint: str) -> CosmosEmulator:
 # --------------------------------------------------------------------------
 def _docker_available() -> bool:
     try:
-        import docker  # type: ignore[import-untyped]  # installed with testcontainers
+        import docker  # installed with testcontainers
     except ImportError:
         return False
     try:
