@@ -32,6 +32,7 @@ from ._errors import (
     RunCancelled,
     RunOwned,
     StepFailed,
+    StepstoneError,
     StoreError,
     Suspended,
     WorkflowChanged,
@@ -51,7 +52,7 @@ _MAX_REBASES = 50
 _MAX_LOOKS = 5
 
 
-class Interrupted(Exception):
+class Interrupted(StepstoneError):
     """The run was given back at a step boundary because its worker is stopping."""
 
     def __init__(self, run_id: str) -> None:

@@ -187,10 +187,21 @@ def rebase(base: Checkpoint, intended: Checkpoint, stored: Checkpoint | None) ->
             "another writer advanced the run",
             run_id,
         )
+    wake_at = intended.wake_at
+    if (
+        intended.waiting_for is not None
+        and stored.wake_at is not None
+        and stored.wake_at != base.wake_at
+        and (wake_at is None or stored.wake_at < wake_at)
+    ):
+        # Someone made the run due sooner while we were saving it as waiting (a child
+        # finished, a signal came): keep the earlier time, or the wake-up is lost.
+        wake_at = stored.wake_at
     return evolve(
         intended,
         version=stored.version,
         signals=stored.signals,
         cancel_requested=stored.cancel_requested or intended.cancel_requested,
         created_at=stored.created_at,
+        wake_at=wake_at,
     )

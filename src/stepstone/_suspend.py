@@ -380,7 +380,9 @@ def nudge(parent: str) -> Generator[Effect, Any, None]:
     for _ in range(5):
         try:
             cp = yield Load(parent)
-            if cp is None or cp.status != "waiting" or cp.owner is not None:
+            # A parent that is waiting on children, or is being run right now (its Map
+            # may be about to save itself waiting): either way, due now.
+            if cp is None or cp.status not in ("waiting", "running"):
                 return
             if cp.wake_at is not None and cp.wake_at <= utcnow():
                 return

@@ -362,7 +362,10 @@ class Worker:
             if len(plans) >= free or self._stopping.is_set():
                 break
             try:
-                cp = self._claimable(self.store.load(info.run_id), time.monotonic())
+                # The time *before* the read: the version it returns was current at some
+                # moment after this, so a lease counted from here is never too short.
+                began = time.monotonic()
+                cp = self._claimable(self.store.load(info.run_id), began)
                 if cp is None:
                     continue
                 plan = self._plan_for(cp, asynchronous=False)
@@ -448,7 +451,8 @@ class Worker:
             if len(plans) >= free or self._stopping.is_set():
                 break
             try:
-                cp = self._claimable(await self.store.aload(info.run_id), time.monotonic())
+                began = time.monotonic()
+                cp = self._claimable(await self.store.aload(info.run_id), began)
                 if cp is None:
                     continue
                 plan = self._plan_for(cp, asynchronous=True)

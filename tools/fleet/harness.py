@@ -1,0 +1,490 @@
+"""The fleet: worker processes draining started runs while the harness kills and freezes them.
+
+``run_fleet(config, options)``:
+
+1. starts ``options.workers`` worker processes (``python -m fleet worker``: each opens
+   the store from the config string and calls ``Worker(...).serve()``), then records
+   ``options.runs`` runs with ``stepstone.start`` (five kinds, see ``workload``);
+2. while they drain, injects faults: SIGKILL of a worker (a replacement is started at
+   once), SIGSTOP for longer than the lease, then SIGCONT (a frozen owner waking after
+   a takeover), or SIGTERM (a graceful stop: the worker hands its runs over at a step
+   boundary and exits 0; a replacement starts at once). Half the faults aim at the owner
+   of a run that suspends (signal, timer, children) or of a child run (SIGKILL around
+   signal delivery, timer wake-up and child completion), the rest at a random worker.
+   The k-th of n faults fires once ``options.last_fault_at * (k+1)/n`` of the runs are
+   done, so the last one lands near the end of the work and the drain after it means
+   something;
+3. sends each ``WaitFor`` run its signals at random times (before it waits, while it
+   waits, while it runs), some ids sent twice with another payload;
+4. after the last fault (and the last signal) measures how long the fleet takes to
+   finish every run, stops the workers with SIGTERM, and checks the invariants
+   (``invariants.check``) on the stored runs, the side-effect logs and the fault log.
+
+Every death and freeze is recorded with its monotonic times (the same clock the steps
+write into their side-effect lines: ``CLOCK_MONOTONIC`` is one clock for the host).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from stepstone import open_store, start
+from stepstone import signal as send_signal
+from stepstone._errors import RunNotActive, StepstoneError
+from stepstone._store import Store
+
+from .backends import REPO
+from .invariants import Fault, Report, check
+from .workload import KIDS, SIGNAL, WORKFLOWS, kind_of, waits_of
+
+__all__ = ["Options", "Result", "run_fleet"]
+
+
+@dataclasses.dataclass
+class Options:
+    """What one fleet campaign on one backend does."""
+
+    runs: int = 100
+    workers: int = 4
+    concurrency: int = 4
+    #: Seconds of each worker's lease (renewed every third of it).
+    lease: float = 1.5
+    poll: float = 0.05
+    kills: int = 10
+    freezes: int = 3
+    #: Graceful stops (SIGTERM: the worker hands its runs over at a step boundary).
+    stops: int = 2
+    seed: int = 1
+    #: Seconds a step sleeps after its side effect: picked in [step_min, step_max].
+    step_min: float = 0.03
+    step_max: float = 0.15
+    #: Signals are sent at random times in [0, signal_window] seconds after the start.
+    signal_window: float = 6.0
+    #: Chance that a signal id is sent a second time (another payload, same id).
+    repeat_rate: float = 0.3
+    #: Chance that a WaitFor run gets one signal more than it consumes.
+    extra_rate: float = 0.3
+    #: A frozen worker stays stopped for [freeze_min, freeze_max] x lease.
+    freeze_min: float = 1.5
+    freeze_max: float = 2.5
+    #: Fraction of the runs done when the last fault fires.
+    last_fault_at: float = 0.85
+    #: Least seconds between two faults.
+    fault_gap: float = 0.3
+    #: Fraction of faults aimed at the owner of a run at a suspending point.
+    targeted: float = 0.5
+    #: Give up (every unfinished run is then reported stranded) after this many seconds.
+    timeout: float = 240.0
+    #: One write lock for the whole store (always so for ``sqlite:``): a worker frozen
+    #: while holding it stalls every worker's saves, so a freeze hits every worker.
+    shared_lock: bool = False
+    workdir: str = "/tmp/fleet"
+
+
+@dataclasses.dataclass
+class Result:
+    """What a campaign did and found: the figures of FLEET.md, and the violations."""
+
+    backend: str
+    options: Options
+    report: Report
+    seconds: float
+    faults: list[Fault]
+    skipped_faults: int
+    signals_sent: int
+    signals_repeated: int
+    workers_started: int
+
+    @property
+    def ok(self) -> bool:
+        """Whether no invariant was violated."""
+        return not self.report.violations
+
+    def summary(self) -> dict[str, Any]:
+        """The figures, as one flat dict (a row of the FLEET.md table)."""
+        kills = sum(f.kind == "kill" for f in self.faults)
+        stops = sum(f.kind == "stop" for f in self.faults)
+        return {
+            "backend": self.backend,
+            "runs": self.options.runs,
+            "child runs": self.report.children,
+            "workers": self.options.workers,
+            "processes": self.workers_started,
+            "kills": kills,
+            "freezes": len(self.faults) - kills - stops,
+            "stops": stops,
+            "aimed": sum(f.target is not None for f in self.faults),
+            "takeovers": self.report.takeovers,
+            "signals": self.signals_sent,
+            "repeated ids": self.signals_repeated,
+            "steps run": self.report.executions,
+            "repeated steps": self.report.repeats,
+            "max repeats": self.report.max_repeats,
+            "repeats via lock": self.report.lock_repeats,
+            "lost leases": self.report.unprovoked,
+            "hand-over tracebacks": self.report.known_bug,
+            "fenced steps": self.report.fenced,
+            "drain s": round(self.report.drain, 1),
+            "bound s": round(self.report.bound, 1),
+            "violations": len(self.report.violations),
+            "seconds": round(self.seconds, 1),
+        }
+
+
+class _Fleet:
+    """The worker processes: start, kill, freeze, thaw, stop; with the fault log."""
+
+    def __init__(self, config: str, opts: Options, logdir: Path) -> None:
+        self.config = config
+        self.opts = opts
+        self.logdir = logdir
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.frozen: dict[int, tuple[Fault, threading.Timer]] = {}  # pid -> (fault, thaw)
+        self.lock = threading.Lock()
+        self.outs: dict[int, Path] = {}
+        self.stopping: dict[int, tuple[Fault, subprocess.Popen[bytes]]] = {}
+        self.started = 0
+        self.unexpected: list[str] = []
+        env = dict(os.environ)
+        tools = str(REPO / "tools")
+        src = str(REPO / "src")
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (src, tools, env.get("PYTHONPATH", "")) if p)
+        self.env = env
+
+    def spawn(self) -> int:
+        spec = {
+            "config": self.config,
+            "logdir": str(self.logdir),
+            "lease": self.opts.lease,
+            "poll": self.opts.poll,
+            "concurrency": self.opts.concurrency,
+            "step_min": self.opts.step_min,
+            "step_max": self.opts.step_max,
+        }
+        number = self.started
+        self.started += 1
+        with (
+            open(self.logdir / f"worker-{number}.out", "wb") as out,
+            open(self.logdir / f"worker-{number}.err", "wb") as err,
+        ):
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "fleet", "worker", json.dumps(spec)],
+                stdout=out,
+                stderr=err,
+                env=self.env,
+                cwd=str(REPO),
+            )
+        self.procs[proc.pid] = proc
+        self.outs[proc.pid] = self.logdir / f"worker-{number}.out"
+        return proc.pid
+
+    def ready(self, pid: int) -> bool:
+        """Whether the worker said hello (its SIGTERM handler is installed by then)."""
+        path = self.outs.get(pid)
+        return path is not None and path.exists() and path.stat().st_size > 0
+
+    def live(self) -> list[int]:
+        with self.lock:
+            return [pid for pid in self.procs if pid not in self.frozen]
+
+    def kill(self, pid: int, target: str | None) -> Fault:
+        now = time.monotonic_ns()
+        os.kill(pid, signal.SIGKILL)
+        self.procs.pop(pid).wait(timeout=30)
+        self.spawn()
+        return Fault("kill", pid, now, now, target)
+
+    def terminate(self, pid: int, target: str | None) -> Fault:
+        """SIGTERM: the worker hands its runs over and exits 0; a replacement starts now."""
+        now = time.monotonic_ns()
+        proc = self.procs.pop(pid)
+        proc.send_signal(signal.SIGTERM)
+        fault = Fault("stop", pid, now, now, target)
+        self.stopping[pid] = (fault, proc)
+        self.spawn()
+        return fault
+
+    def freeze(self, pid: int, target: str | None, rng: random.Random) -> Fault:
+        """SIGSTOP ``pid``; a timer thread SIGCONTs it after 1.5-2.5 leases.
+
+        The thaw runs on its own thread so that nothing the harness waits for can delay
+        it: a worker frozen inside an SQLite write transaction holds the write lock,
+        and the harness's own next write would wait for it.
+        """
+        now = time.monotonic_ns()
+        os.kill(pid, signal.SIGSTOP)
+        fault = Fault("freeze", pid, now, now, target)
+        span = rng.uniform(self.opts.freeze_min, self.opts.freeze_max) * self.opts.lease
+        timer = threading.Timer(span, self._thaw, (pid,))
+        timer.daemon = True
+        self.frozen[pid] = (fault, timer)
+        timer.start()
+        return fault
+
+    def _thaw(self, pid: int) -> None:
+        with self.lock:
+            entry = self.frozen.pop(pid, None)
+            if entry is not None:
+                os.kill(pid, signal.SIGCONT)
+                entry[0].end = time.monotonic_ns()
+
+    def thaw_all(self) -> None:
+        for pid, (_fault, timer) in list(self.frozen.items()):
+            timer.cancel()
+            self._thaw(pid)
+
+    def reap(self) -> None:
+        """Notice workers that exited by themselves (a bug): record and replace them."""
+        for pid, (fault, proc) in list(self.stopping.items()):
+            code = proc.poll()
+            if code is None and time.monotonic_ns() - fault.start > 20e9:
+                self.unexpected.append(f"worker pid {pid} did not stop within 20 s of SIGTERM")
+                proc.kill()
+                code = proc.wait(timeout=30)
+            if code is not None:
+                fault.end = time.monotonic_ns()
+                del self.stopping[pid]
+                if code != 0:
+                    self.unexpected.append(f"worker pid {pid} exited {code} on SIGTERM")
+        for pid, proc in list(self.procs.items()):
+            code = proc.poll()
+            if code is not None:
+                self.unexpected.append(f"worker pid {pid} exited by itself with status {code}")
+                del self.procs[pid]
+                self.frozen.pop(pid, None)
+                self.spawn()
+
+    def stop(self) -> None:
+        self.thaw_all()
+        while self.stopping:
+            self.reap()
+            time.sleep(0.05)
+        # A worker still starting (importing, opening the store) has no SIGTERM handler
+        # yet, and would die of it: let it come up first.
+        up_by = time.monotonic() + 60
+        for pid, proc in self.procs.items():
+            while not self.ready(pid) and proc.poll() is None and time.monotonic() < up_by:
+                time.sleep(0.05)
+            proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        for pid, proc in self.procs.items():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.unexpected.append(f"worker pid {pid} did not stop within 20 s of SIGTERM")
+                proc.kill()
+                proc.wait(timeout=30)
+            else:
+                if proc.returncode != 0:
+                    self.unexpected.append(
+                        f"worker pid {pid} exited with status {proc.returncode} on SIGTERM"
+                    )
+        self.procs.clear()
+
+
+def _owner_pid(owner: str | None) -> int | None:
+    """Return the pid in an owner name (``KIND:HOST:PID:...``, see ``_lease.new_owner``)."""
+    parts = (owner or "").split(":")
+    return int(parts[2]) if len(parts) > 2 and parts[2].isdigit() else None
+
+
+def _signal_plan(
+    rng: random.Random, kinds: dict[str, str], opts: Options
+) -> list[tuple[float, str, str, dict[str, Any]]]:
+    """(seconds after start, run_id, signal id, payload), sorted by time."""
+    events: list[tuple[float, str, str, dict[str, Any]]] = []
+    for run_id, kind in kinds.items():
+        count = waits_of(kind)
+        if count == 0:
+            continue
+        if rng.random() < opts.extra_rate:
+            count += 1
+        for j in range(count):
+            sid = f"{run_id}#sig{j}"
+            at = rng.uniform(0, opts.signal_window)
+            events.append((at, run_id, sid, {"id": sid, "rep": 0}))
+            if rng.random() < opts.repeat_rate:
+                again = rng.uniform(at, opts.signal_window)
+                events.append((again, run_id, sid, {"id": sid, "rep": 1}))
+    events.sort(key=lambda e: e[0])
+    return events
+
+
+def _deliver(store: Store, run_id: str, sid: str, payload: Any) -> str:
+    """Send one signal; return 'new', 'repeat', 'inactive' (run over) or 'error'."""
+    for attempt in range(10):
+        try:
+            return "new" if send_signal(store, run_id, SIGNAL, payload, signal_id=sid) else "repeat"
+        except RunNotActive:
+            return "inactive"
+        except StepstoneError:
+            # Unknown whether it landed: the same id again is safe (a repeat is a no-op).
+            time.sleep(0.05 * (attempt + 1))
+    return "error"
+
+
+def _statuses(store: Store) -> Counter[str]:
+    return Counter(info.status for info in store.list_info())
+
+
+def run_fleet(config: str, opts: Options, backend: str = "?") -> Result:
+    """Run one campaign on the store ``config``; return its figures and violations."""
+    rng = random.Random(opts.seed)
+    logdir = Path(opts.workdir) / "logs"
+    logdir.mkdir(parents=True, exist_ok=True)
+    began = time.monotonic()
+    store = open_store(config)
+    fleet = _Fleet(config, opts, logdir)
+    faults: list[Fault] = []
+    try:
+        for _ in range(opts.workers):
+            fleet.spawn()
+        kinds = {f"fleet-{opts.seed}-{i:04d}": kind_of(i) for i in range(opts.runs)}
+        inputs = {run_id: {"seed": f"{opts.seed}-{n}", "n": n} for n, run_id in enumerate(kinds)}
+        for run_id, kind in kinds.items():
+            start(store, WORKFLOWS[kind], run_id, inputs[run_id])
+        children = KIDS * sum(kind in ("map", "mixed") for kind in kinds.values())
+        total = opts.runs + children
+        t_start = time.monotonic()
+
+        plan = _signal_plan(rng, kinds, opts)
+        delivered: dict[str, list[tuple[str, str]]] = {run_id: [] for run_id in kinds}
+        sent = repeated = 0
+        order = ["freeze"] * opts.freezes + ["kill"] * opts.kills + ["stop"] * opts.stops
+        rng.shuffle(order)
+        last_fault = 0.0
+        last_event_ns = time.monotonic_ns()
+        next_poll = 0.0
+        done_top = 0
+        all_done = False
+        deadline = began + opts.timeout
+        # The fault phase: until every fault fired and every signal was sent.
+        while (order or plan or fleet.frozen) and time.monotonic() < deadline:
+            now = time.monotonic()
+            while plan and now - t_start >= plan[0][0]:
+                _at, run_id, sid, payload = plan.pop(0)
+                outcome = _deliver(store, run_id, sid, payload)
+                sent += 1
+                repeated += payload["rep"] == 1
+                delivered[run_id].append((sid, outcome))
+                if outcome == "new":  # a signal a run may have waited for
+                    last_event_ns = max(last_event_ns, time.monotonic_ns())
+            fleet.reap()
+            if now >= next_poll:
+                next_poll = now + 0.5
+                try:
+                    infos = list(store.list_info())  # progress: how many runs are done
+                except StepstoneError:
+                    continue  # a flaky read: look again at the next poll
+                done_top = sum(i.status == "done" and i.run_id in kinds for i in infos)
+                all_done = sum(i.status == "done" for i in infos) == total
+            if all_done and not plan:
+                break
+            fired = len(faults)
+            n = opts.kills + opts.freezes + opts.stops
+            if (
+                order
+                and done_top >= opts.last_fault_at * opts.runs * (fired + 1) / n
+                and now - last_fault >= opts.fault_gap
+            ):
+                kind = order[0]
+                live = fleet.live()
+                if kind == "stop":
+                    # Only a worker that is up: a SIGTERM while it still imports is death.
+                    live = [pid for pid in live if fleet.ready(pid)]
+                if kind == "freeze" and len(live) <= 2:
+                    pass  # keep two workers running: wait for a thaw
+                elif live:
+                    target_run, pid = _pick(rng, opts, store, live, kinds)
+                    order.pop(0)
+                    if kind == "kill":
+                        fault = fleet.kill(pid, target_run)
+                    elif kind == "stop":
+                        fault = fleet.terminate(pid, target_run)
+                    else:
+                        fault = fleet.freeze(pid, target_run, rng)
+                    faults.append(fault)
+                    last_fault = time.monotonic()
+            time.sleep(0.02)
+        fleet.thaw_all()
+        skipped = len(order)
+        # From the blow itself (the SIGKILL, or the SIGSTOP: its takeover is the point).
+        last_event_ns = max([last_event_ns, *(f.start for f in faults)])
+        # The drain: every run done, counted from the last fault or signal.
+        done_ns = None
+        while time.monotonic() < deadline:
+            fleet.reap()
+            try:
+                counts = _statuses(store)
+            except StepstoneError:
+                time.sleep(0.2)
+                continue
+            if counts.get("done", 0) == total:
+                done_ns = time.monotonic_ns()
+                break
+            if counts.get("failed", 0) or counts.get("cancelled", 0):
+                break  # nothing fails or is cancelled in the fleet: reported below
+            time.sleep(0.2)
+        fleet.stop()
+        # Kept beside the logs, for whoever investigates a violation.
+        (logdir / "faults.json").write_text(
+            json.dumps([dataclasses.asdict(f) for f in faults], indent=1)
+        )
+        report = check(
+            store,
+            kinds,
+            inputs,
+            delivered,
+            faults,
+            logdir,
+            opts.lease,
+            opts.poll,
+            last_event_ns,
+            done_ns,
+            fleet.unexpected,
+            opts.workers,
+            opts.shared_lock or config.startswith("sqlite:"),
+        )
+    finally:
+        fleet.stop()
+        store.close()
+    return Result(
+        backend=backend,
+        options=opts,
+        report=report,
+        seconds=time.monotonic() - began,
+        faults=faults,
+        skipped_faults=skipped,
+        signals_sent=sent,
+        signals_repeated=repeated,
+        workers_started=fleet.started,
+    )
+
+
+def _pick(
+    rng: random.Random, opts: Options, store: Store, live: list[int], kinds: dict[str, str]
+) -> tuple[str | None, int]:
+    """Return (the run aimed at or None, the pid to hit)."""
+    if rng.random() < opts.targeted:
+        infos = list(store.list_info())  # fresh: who owns what right now
+        aimed = [
+            (info.run_id, pid)
+            for info in infos
+            if info.owner
+            and (pid := _owner_pid(info.owner)) in live
+            and (info.run_id not in kinds or kinds[info.run_id] != "plain")
+        ]
+        if aimed:
+            return rng.choice(aimed)
+    return None, rng.choice(live)
