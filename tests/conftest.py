@@ -8,7 +8,11 @@ from typing import Any
 
 import pytest
 
-from stepstone.testing import backend_unavailable
+# The contract suite lives in the package: have pytest rewrite its asserts so that a
+# failure shows the values compared, as it does for test files.
+pytest.register_assert_rewrite("stepstone.testing")
+
+from stepstone.testing import backend_unavailable  # noqa: E402
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -1,35 +1,34 @@
-"""The Store contract suite, run against every built-in backend."""
+"""The Store contract suite, run against every built-in backend, in both forms.
+
+Each subclass only says how to get a fresh, empty store; what the backend can do
+(durability, kill points, request counting) comes from the store class itself.
+"""
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 
-from stepstone.testing import StoreContract
+from stepstone import Store
+from stepstone.testing import StoreContract, backend_unavailable
 
 
 class TestMemoryStore(StoreContract):
     """memory://: process-local, so the cross-process and crash tests do not apply."""
 
-    durable = False
-
     @pytest.fixture
     def store_config(self) -> str:
-        """A fresh in-process store."""
-        return "memory://"
+        """A fresh in-process store, named so that opening the config again shares it."""
+        return f"memory://contract-{uuid.uuid4().hex}"
 
 
 class TestFileStore(StoreContract):
     """file://: one JSON document per run in a directory."""
-
-    save_kill_points: ClassVar[dict[str, bool]] = {
-        "file.after_temp_write": False,
-        "file.after_rename": True,
-        "file.before_dir_fsync": True,
-    }
 
     @pytest.fixture
     def store_config(self, tmp_path: Path) -> str:
@@ -40,8 +39,6 @@ class TestFileStore(StoreContract):
 class TestSQLiteStore(StoreContract):
     """sqlite://: one row per run in a WAL-mode SQLite database."""
 
-    save_kill_points: ClassVar[dict[str, bool]] = {"sqlite.in_transaction": False}
-
     @pytest.fixture
     def store_config(self, tmp_path: Path) -> str:
         """A new database file per test."""
@@ -50,11 +47,6 @@ class TestSQLiteStore(StoreContract):
 
 class TestCosmosStore(StoreContract):
     """cosmos://: one item per run, ETag compare-and-swap, against the emulator."""
-
-    save_kill_points: ClassVar[dict[str, bool]] = {
-        "cosmos.before_request": False,
-        "cosmos.request_sent": True,
-    }
 
     @pytest.fixture
     def store_config(self, emulator: Any, monkeypatch: pytest.MonkeyPatch) -> str:
@@ -69,59 +61,89 @@ class TestCosmosStore(StoreContract):
         )
 
 
+def fresh_table(request: pytest.FixtureRequest, config: str) -> str:
+    """Return ``config`` naming a new table, skip if the server is down; drop it after."""
+    table = f"t_{uuid.uuid4().hex}"
+    try:
+        if config.startswith("postgresql"):
+            import psycopg
+
+            conn: Any = psycopg.connect(config, autocommit=True, connect_timeout=3)
+        else:
+            import pymysql
+
+            conn = pymysql.connect(
+                host="127.0.0.1", user="root", database="test", connect_timeout=3
+            )
+    except Exception as exc:
+        backend_unavailable(f"{config}: {type(exc).__name__}: {exc}")
+
+    def drop() -> None:
+        with conn.cursor() as cursor:
+            cursor.execute(f"DROP TABLE IF EXISTS {table}, {table}_meta")
+        conn.close()
+
+    request.addfinalizer(drop)
+    return f"{config}?table={table}"
+
+
 class TestPostgresStore(StoreContract):
     """postgresql://: one row per run in PostgreSQL, a fresh table per test."""
-
-    save_kill_points: ClassVar[dict[str, bool]] = {
-        "sql.before_request": False,
-        "sql.request_sent": True,
-    }
 
     @pytest.fixture
     def store_config(self, request: pytest.FixtureRequest) -> str:
         """A new table per test in the loopback server's test database, dropped after."""
-        return self.fresh_table(request, "postgresql://postgres@127.0.0.1:5432/test")
+        return fresh_table(request, "postgresql://postgres@127.0.0.1:5432/test")
 
-    @staticmethod
-    def fresh_table(request: pytest.FixtureRequest, config: str) -> str:
-        """Return ``config`` naming a new table, skip if the server is down; drop it after."""
-        import uuid
-
-        from stepstone.testing import backend_unavailable
-
-        table = f"t_{uuid.uuid4().hex}"
-        try:
-            if config.startswith("postgresql"):
-                import psycopg
-
-                conn = psycopg.connect(config, autocommit=True, connect_timeout=3)
-            else:
-                import pymysql
-
-                conn = pymysql.connect(
-                    host="127.0.0.1", user="root", database="test", connect_timeout=3
-                )
-        except Exception as exc:
-            backend_unavailable(f"{config}: {type(exc).__name__}: {exc}")
-
-        def drop() -> None:
-            with conn.cursor() as cursor:
-                cursor.execute(f"DROP TABLE IF EXISTS {table}, {table}_meta")
-            conn.close()
-
-        request.addfinalizer(drop)
-        return f"{config}?table={table}"
+    def hold_saves(
+        self, store: Store, store_config: str
+    ) -> AbstractContextManager[Callable[[], None]]:
+        """EXCLUSIVE mode blocks every write to the table and lets plain reads through."""
+        take = "BEGIN; LOCK TABLE {table} IN EXCLUSIVE MODE"
+        return _table_lock(store_config, take, "COMMIT")
 
 
 class TestMySQLStore(StoreContract):
     """mysql://: one row per run in MySQL/MariaDB, a fresh table per test."""
 
-    save_kill_points: ClassVar[dict[str, bool]] = {
-        "sql.before_request": False,
-        "sql.request_sent": True,
-    }
-
     @pytest.fixture
     def store_config(self, request: pytest.FixtureRequest) -> str:
         """A new table per test in the loopback server's test database, dropped after."""
-        return TestPostgresStore.fresh_table(request, "mysql://root@127.0.0.1:3306/test")
+        return fresh_table(request, "mysql://root@127.0.0.1:3306/test")
+
+    def hold_saves(
+        self, store: Store, store_config: str
+    ) -> AbstractContextManager[Callable[[], None]]:
+        """A READ table lock from another session makes writes wait and lets reads through."""
+        return _table_lock(store_config, "LOCK TABLES {table} READ", "UNLOCK TABLES")
+
+
+@contextmanager
+def _table_lock(store_config: str, take: str, give: str) -> Iterator[Callable[[], None]]:
+    """Hold a lock on the store's table from another session: loads pass, saves wait."""
+    table = store_config.rsplit("table=", 1)[1]
+    if store_config.startswith("postgresql"):
+        import psycopg
+
+        conn: Any = psycopg.connect(store_config.split("?", maxsplit=1)[0], autocommit=True)
+    else:
+        import pymysql
+
+        conn = pymysql.connect(host="127.0.0.1", user="root", database="test", autocommit=True)
+    released = False
+
+    def release() -> None:
+        nonlocal released
+        if not released:
+            released = True
+            with conn.cursor() as cursor:
+                cursor.execute(give)
+
+    try:
+        with conn.cursor() as cursor:
+            for statement in take.format(table=table).split(";"):
+                cursor.execute(statement)
+        yield release
+    finally:
+        release()
+        conn.close()

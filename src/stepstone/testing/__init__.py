@@ -9,12 +9,21 @@ A backend passes when its subclass of ``StoreContract`` passes::
         def store_config(self, tmp_path):
             return f"mystore://{tmp_path}"  # a fresh, empty store per test
 
-The suite covers the store methods, the runner on top of the store, concurrent threads
-and processes, and real crashes: child processes that die by ``os._exit`` or SIGKILL
-at chosen points, then a fresh process that reopens the store from the config string.
-Requires pytest.
+Every test runs in both forms, ``[sync]`` (``store.load``, ``stepstone.run``) and
+``[async]`` (``await store.aload``, ``await stepstone.arun``), from one source; the
+async-only tests add many runs in one loop, cancellation and a blocked-loop check. What
+the suite expects of a backend comes from its class attributes (``durable``,
+``kill_points``, ``counts_requests``, ``native_async``; see ``stepstone.Store``).
+
+The suite covers the store methods, the runner on top of the store, concurrent threads,
+tasks and processes, and real crashes: child processes that die by ``os._exit`` or
+SIGKILL at chosen points, then a fresh process that reopens the store from the config
+string. Tests that kill processes carry ``@pytest.mark.crash``: register the marker
+(``markers = ["crash: kills real processes"]``) if you run pytest with
+``--strict-markers``, and deselect them with ``-m "not crash"``. Requires pytest.
 """
 
 from ._contract import StoreContract, backend_unavailable
+from ._ops import Ops
 
-__all__ = ["StoreContract", "backend_unavailable"]
+__all__ = ["Ops", "StoreContract", "backend_unavailable"]

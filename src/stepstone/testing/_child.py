@@ -11,12 +11,16 @@ Run as ``python -m stepstone.testing._child SPEC_JSON``. SPEC keys:
   ``"runner.after_step"`` or ``"file.after_temp_write"``.
 - ``fail`` (optional): ``{NAME: n}`` makes the step raise on its first ``n`` attempts.
 - ``retry`` (optional): ``{NAME: max_attempts}`` gives the step a retry policy (no delay).
+- ``mode`` (optional): ``"sync"`` (default) runs plain steps with ``run``; ``"async"``
+  runs ``async def`` steps with ``arun`` on one event loop, so the kill lands inside
+  ``arun`` (in the loop thread, or in the thread where the store's async save runs).
 
 On success the final state is printed as JSON; a ``StepFailed`` exits with status 1.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -26,7 +30,8 @@ from typing import Any
 from .. import _hooks
 from .._errors import StepFailed
 from .._registry import open_store
-from .._runner import RetryPolicy, Step, StepContext, run
+from .._runner import RetryPolicy, Step, StepContext
+from .._store import Store
 
 EXIT_CODE = 3
 
@@ -80,20 +85,39 @@ def main(argv: list[str]) -> int:
                 raise RuntimeError(f"{name} fails on attempt {ctx.attempt}")
             return {name: index + 1, "last": name}
 
+        async def afn(state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+            await asyncio.sleep(0)
+            return fn(state, ctx)
+
         policy = None
         if name in retry:
             policy = RetryPolicy(max_attempts=retry[name], initial_delay=0.0, jitter=0.0)
-        return Step(name, fn, retry=policy)
+        return Step(name, afn if spec.get("mode") == "async" else fn, retry=policy)
 
     steps = [make(i, name) for i, name in enumerate(spec["steps"])]
-    with open_store(spec["config"]) as store:
-        try:
-            final = run(spec["run_id"], steps, store)
-        except StepFailed as exc:
-            print(json.dumps({"failed": exc.step_name, "attempt": exc.attempt}))
-            return 1
+    store = open_store(spec["config"])
+    try:
+        final = _run(spec.get("mode", "sync"), spec["run_id"], steps, store)
+    except StepFailed as exc:
+        print(json.dumps({"failed": exc.step_name, "attempt": exc.attempt}))
+        return 1
     print(json.dumps(final, sort_keys=True))
     return 0
+
+
+def _run(mode: str, run_id: str, steps: list[Step], store: Store) -> dict[str, Any]:
+    if mode == "sync":
+        from .._runner import run  # noqa: PLC0415
+
+        with store:
+            return run(run_id, steps, store)
+    from .._runner import arun  # noqa: PLC0415
+
+    async def main() -> dict[str, Any]:
+        async with store:
+            return await arun(run_id, steps, store)
+
+    return asyncio.run(main())
 
 
 if __name__ == "__main__":
