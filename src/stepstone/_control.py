@@ -17,7 +17,7 @@ from typing import Any
 
 from ._checkpoint import Checkpoint, Signal, check_run_id, evolve, utcnow
 from ._codec import encode_state
-from ._core import Effect, Load, Save, check_input
+from ._core import Effect, Load, Save, astep_through, check_input, step_through
 from ._errors import (
     ConflictError,
     InputMismatch,
@@ -41,41 +41,23 @@ Op = Generator[Effect, Any, Any]
 
 
 def _sync(gen: Op, store: Store) -> Any:
-    send: Any = None
-    error: BaseException | None = None
-    while True:
-        try:
-            effect = gen.send(send) if error is None else gen.throw(error)
-        except StopIteration as stop:
-            return stop.value
-        send = error = None
-        try:
-            if isinstance(effect, Save):
-                send = store.save(effect.cp)
-            else:
-                assert isinstance(effect, Load)
-                send = store.load(effect.run_id)
-        except Exception as exc:
-            error = exc
+    def perform(effect: Effect) -> Any:
+        if isinstance(effect, Save):
+            return store.save(effect.cp)
+        assert isinstance(effect, Load)
+        return store.load(effect.run_id)
+
+    return step_through(gen, perform)
 
 
 async def _async(gen: Op, store: Store) -> Any:
-    send: Any = None
-    error: BaseException | None = None
-    while True:
-        try:
-            effect = gen.send(send) if error is None else gen.throw(error)
-        except StopIteration as stop:
-            return stop.value
-        send = error = None
-        try:
-            if isinstance(effect, Save):
-                send = await store.asave(effect.cp)
-            else:
-                assert isinstance(effect, Load)
-                send = await store.aload(effect.run_id)
-        except Exception as exc:
-            error = exc
+    async def perform(effect: Effect) -> Any:
+        if isinstance(effect, Save):
+            return await store.asave(effect.cp)
+        assert isinstance(effect, Load)
+        return await store.aload(effect.run_id)
+
+    return await astep_through(gen, perform)
 
 
 def _too_busy(run_id: str) -> ConflictError:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Generator, Mapping
+from collections.abc import Awaitable, Callable, Generator, Mapping
 from typing import Any
 
 from . import _hooks, _lease
@@ -40,7 +40,19 @@ from ._errors import (
 from ._observe import logger, span
 from ._steps import AttemptsExhausted, Step, StepContext, idempotency_key, safe_text
 
-__all__ = ["Call", "Effect", "Interrupted", "Load", "Pause", "Plan", "Save", "execute"]
+__all__ = [
+    "Call",
+    "Effect",
+    "Interrupted",
+    "Load",
+    "Pause",
+    "Plan",
+    "Save",
+    "astep_through",
+    "execute",
+    "renew",
+    "step_through",
+]
 
 State = dict[str, Any]
 
@@ -171,6 +183,82 @@ class Plan:
 
 
 Run = Generator[Effect, Any, State]
+
+
+def step_through(gen: Generator[Effect, Any, Any], perform: Callable[[Effect], Any]) -> Any:
+    """Drive ``gen`` to its end, performing each effect it yields with ``perform``.
+
+    The result of an effect is sent back in; an error it raises is thrown back in, so
+    the core decides what an error means. Returns what ``gen`` returns.
+    """
+    send: Any = None
+    error: BaseException | None = None
+    try:
+        while True:
+            try:
+                effect = gen.send(send) if error is None else gen.throw(error)
+            except StopIteration as stop:
+                return stop.value
+            send = error = None
+            try:
+                send = perform(effect)
+            except Exception as exc:
+                error = exc
+    finally:
+        gen.close()
+
+
+async def astep_through(
+    gen: Generator[Effect, Any, Any], perform: Callable[[Effect], Awaitable[Any]]
+) -> Any:
+    """``step_through`` for an async ``perform``; the same loop, each effect awaited."""
+    send: Any = None
+    error: BaseException | None = None
+    try:
+        while True:
+            try:
+                effect = gen.send(send) if error is None else gen.throw(error)
+            except StopIteration as stop:
+                return stop.value
+            send = error = None
+            try:
+                send = await perform(effect)
+            except Exception as exc:
+                error = exc
+    finally:
+        gen.close()
+
+
+def renew(plan: Plan) -> Generator[Effect, Any, BaseException | None]:
+    """Renew the lease on ``plan.current``; return the ``LeaseLost`` if it is gone.
+
+    A renewal that conflicts with a signal or a cancel request is re-based like any
+    save. A store that cannot be reached is logged and left for the next renewal: the
+    lease is still ours until it expires.
+    """
+    cp = plan.current
+    if cp is None:
+        return None
+    intended = _lease.renewal(cp)
+    for _ in range(_MAX_REBASES):
+        try:
+            yield Save(intended, "lease renewal")
+            logger.debug("run %r: lease renewed", plan.run_id)
+            return None
+        except LeaseLost as exc:
+            return exc
+        except ConflictError:
+            try:
+                stored = yield Load(plan.run_id)
+                intended = _lease.rebase(cp, _lease.renewal(cp), stored)
+            except ConflictError as exc:
+                return exc
+            if stored is not None:
+                cp = stored
+        except StoreError as exc:
+            logger.warning("run %r: lease renewal failed: %s", plan.run_id, exc)
+            return None
+    return None
 
 
 def pristine(cp: Checkpoint) -> State:

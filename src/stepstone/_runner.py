@@ -24,8 +24,19 @@ from typing import TYPE_CHECKING, Any
 from . import _lease
 from ._checkpoint import Checkpoint, check_run_id
 from ._codec import encode_state
-from ._core import Call, Effect, Load, Pause, Plan, Save, execute
-from ._errors import ConflictError, InvalidWorkflow, LeaseLost, StoreError
+from ._core import (
+    Call,
+    Effect,
+    Load,
+    Pause,
+    Plan,
+    Save,
+    astep_through,
+    execute,
+    renew,
+    step_through,
+)
+from ._errors import ConflictError, InvalidWorkflow, StoreError
 from ._observe import logger, tracing
 from ._steps import (
     AttemptsExhausted,
@@ -145,27 +156,14 @@ def run(
 
 def drive(plan: Plan, store: Store) -> State:
     """Perform the core's effects with plain calls until the run ends."""
-    gen = execute(plan)
-    send: Any = None
-    error: BaseException | None = None
     try:
-        while True:
-            try:
-                effect = gen.send(send) if error is None else gen.throw(error)
-            except StopIteration as stop:
-                result: State = stop.value
-                return result
-            send = error = None
-            try:
-                send = _perform(effect, plan, store)
-            except Exception as exc:
-                error = exc
+        result: State = step_through(execute(plan), lambda effect: _perform(effect, plan, store))
+        return result
     except BaseException:
         _release(plan, store)
         raise
     finally:
         _renewer.finish(plan)
-        gen.close()
 
 
 def _perform(effect: Effect, plan: Plan, store: Store) -> Any:
@@ -220,31 +218,8 @@ def _release(plan: Plan, store: Store) -> None:
 
 def renew_once(plan: Plan, store: Store) -> BaseException | None:
     """Renew the lease on ``plan.current``; return the ``LeaseLost`` if it is gone."""
-    cp = plan.current
-    if cp is None:
-        return None
-    intended = _lease.renewal(cp)
-    for _ in range(10):
-        try:
-            plan.current = store.save(intended)
-            plan.written_at = time.monotonic()
-            logger.debug("run %r: lease renewed", plan.run_id)
-            return None
-        except LeaseLost as exc:
-            return exc
-        except ConflictError:
-            try:
-                stored = store.load(plan.run_id)
-                intended = _lease.rebase(cp, _lease.renewal(cp), stored)
-            except ConflictError as exc:
-                return exc
-            if stored is not None:
-                cp = stored
-        except StoreError as exc:
-            # Unreachable for now: the lease is still ours until it expires; try again.
-            logger.warning("run %r: lease renewal failed: %s", plan.run_id, exc)
-            return None
-    return None
+    lost: BaseException | None = step_through(renew(plan), lambda e: _perform(e, plan, store))
+    return lost
 
 
 class _Ticket:
@@ -366,26 +341,14 @@ async def adrive(plan: Plan, store: Store) -> State:
     """Perform the core's effects with awaits until the run ends."""
     import asyncio  # noqa: PLC0415 - sync users and the CLI never pay for importing it
 
-    gen = execute(plan)
-    send: Any = None
-    error: BaseException | None = None
     try:
-        while True:
-            try:
-                effect = gen.send(send) if error is None else gen.throw(error)
-            except StopIteration as stop:
-                result: State = stop.value
-                return result
-            send = error = None
-            try:
-                send = await _aperform(effect, plan, store, asyncio)
-            except Exception as exc:
-                error = exc
+        result: State = await astep_through(
+            execute(plan), lambda effect: _aperform(effect, plan, store, asyncio)
+        )
+        return result
     except BaseException:
         await _landed(asyncio, _arelease(plan, store))
         raise
-    finally:
-        gen.close()
 
 
 async def _landed(asyncio: Any, coro: Any) -> Any:
@@ -465,29 +428,12 @@ async def _arelease(plan: Plan, store: Store) -> None:
 
 async def arenew_once(plan: Plan, store: Store) -> BaseException | None:
     """Async ``renew_once``."""
-    cp = plan.current
-    if cp is None:
-        return None
-    intended = _lease.renewal(cp)
-    for _ in range(10):
-        try:
-            plan.current = await store.asave(intended)
-            plan.written_at = time.monotonic()
-            return None
-        except LeaseLost as exc:
-            return exc
-        except ConflictError:
-            try:
-                stored = await store.aload(plan.run_id)
-                intended = _lease.rebase(cp, _lease.renewal(cp), stored)
-            except ConflictError as exc:
-                return exc
-            if stored is not None:
-                cp = stored
-        except StoreError as exc:
-            logger.warning("run %r: lease renewal failed: %s", plan.run_id, exc)
-            return None
-    return None
+    import asyncio  # noqa: PLC0415
+
+    lost: BaseException | None = await astep_through(
+        renew(plan), lambda e: _aperform(e, plan, store, asyncio)
+    )
+    return lost
 
 
 class _AsyncRenewal:
