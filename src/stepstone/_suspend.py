@@ -384,7 +384,9 @@ def nudge(parent: str) -> Generator[Effect, Any, None]:
             # may be about to save itself waiting): either way, due now.
             if cp is None or cp.status not in ("waiting", "running"):
                 return
-            if cp.wake_at is not None and cp.wake_at <= utcnow():
+            # Already due and nobody on it: a worker will look. An owned parent is
+            # written anyway: it may be saving itself waiting on what it saw before.
+            if cp.owner is None and cp.wake_at is not None and cp.wake_at <= utcnow():
                 return
             yield Save(evolve(cp, wake_at=utcnow()), f"wake parent {parent}", owned=False)
         except ConflictError:
