@@ -13,6 +13,7 @@ from ._errors import InvalidRunId, InvalidState
 
 __all__ = [
     "ACTIVE_STATUSES",
+    "DUE_NOW",
     "MAX_RUN_ID_LENGTH",
     "READABLE_SCHEMAS",
     "SCHEMA_VERSION",
@@ -203,7 +204,8 @@ class Checkpoint:
         """
         status = self.status
         if status == "queued":
-            return self.created_at or self.updated_at or _EPOCH
+            # Due at once, whatever the clock of the host that queued it said.
+            return DUE_NOW
         if status == "waiting":
             return self.wake_at
         if status == "running":
@@ -214,6 +216,9 @@ class Checkpoint:
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+#: The ``wake_at`` that means "due now": before any clock's now, so a worker whose clock
+#: is behind the writer's (who queued, signalled or nudged) still finds the run due.
+DUE_NOW = _EPOCH
 
 
 def _make_evolve() -> Any:

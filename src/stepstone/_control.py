@@ -15,7 +15,7 @@ import os
 from collections.abc import Generator
 from typing import Any
 
-from ._checkpoint import Checkpoint, Signal, check_run_id, evolve, utcnow
+from ._checkpoint import DUE_NOW, Checkpoint, Signal, check_run_id, evolve, utcnow
 from ._codec import encode_state
 from ._core import Effect, Load, Save, astep_through, check_input, step_through
 from ._errors import (
@@ -29,7 +29,7 @@ from ._errors import (
 from ._observe import logger
 from ._steps import Workflow
 from ._store import RunInfo, Store
-from ._suspend import _queued
+from ._suspend import _queued, nudge
 
 __all__ = ["acancel", "asignal", "astart", "cancel", "signal", "start"]
 
@@ -156,12 +156,19 @@ def _cancel(run_id: str) -> Op:
             saved: Checkpoint = new if new is cp else (yield Save(new, "cancel"))
         except ConflictError:
             continue
-        for child in saved.children:
-            with contextlib.suppress(RunNotActive, RunNotFound):
-                yield from _cancel(child)
+        yield from cancel_children(saved.children)
+        if saved.cancelled and saved.parent is not None:
+            yield from nudge(saved.parent)  # a waiting parent learns of it at once
         logger.info("run %r: %s", run_id, "cancelled" if saved.cancelled else "cancel requested")
         return RunInfo.of(saved)
     raise _too_busy(run_id)
+
+
+def cancel_children(children: tuple[str, ...]) -> Op:
+    """Cancel each of a parent's children that is still active."""
+    for child in children:
+        with contextlib.suppress(RunNotActive, RunNotFound):
+            yield from _cancel(child)
 
 
 def cancel(store: Store, run_id: str) -> RunInfo:
@@ -221,7 +228,7 @@ def _signal(run_id: str, name: str, payload: Any, signal_id: str | None) -> Op:
             return False
         new = evolve(cp, signals=(*cp.signals, Signal(name, signal_id, payload, utcnow())))
         if status == "waiting" and cp.owner is None and cp.waiting_for == f"signal {name}":
-            new = evolve(new, wake_at=utcnow())  # due now: a worker resumes it
+            new = evolve(new, wake_at=DUE_NOW)  # due now, by any clock: a worker resumes it
         try:
             yield Save(new, f"signal {name}")
         except ConflictError:

@@ -27,7 +27,6 @@ from ._codec import encode_state
 from ._errors import (
     ConflictError,
     InputMismatch,
-    InvalidWorkflow,
     LeaseLost,
     RunCancelled,
     RunOwned,
@@ -292,8 +291,15 @@ def check_names(run_id: str, names: tuple[str, ...], done: tuple[str, ...]) -> N
 
 def check_workflow(run_id: str, cp: Checkpoint, workflow: tuple[str, str | None] | None) -> None:
     """Refuse to run a run recorded under one workflow with another workflow's steps."""
-    if workflow is None or cp.workflow is None:
+    if cp.workflow is None:
         return
+    if workflow is None:
+        raise WorkflowChanged(
+            f"run {run_id!r} was started from workflow {cp.workflow!r} version "
+            f"{cp.workflow_version!r}; run it with that Workflow, not a bare list of steps",
+            run_id,
+            -1,
+        )
     if (cp.workflow, cp.workflow_version) != workflow:
         raise WorkflowChanged(
             f"run {run_id!r} was started from workflow {cp.workflow!r} version "
@@ -564,6 +570,10 @@ def write(
 def _finish_cancelled(plan: Plan, cp: Checkpoint) -> Generator[Effect, Any, None]:
     final = _lease.released(evolve(cp, cancelled=True, waiting_for=None, wake_at=None))
     yield from write(plan, cp, final, "cancellation")
+    if cp.children:
+        from ._control import cancel_children  # noqa: PLC0415 - the modules refer to each other
+
+        yield from cancel_children(cp.children)
     if cp.parent is not None:
         yield from _nudge(cp.parent)
     logger.info("run %r: cancelled at step %d", plan.run_id, cp.step + 1)
@@ -643,7 +653,10 @@ def _run_step(
                         f"step {step.name!r} returned a {type(update).__name__}; "
                         "a step returns a dict of updates or None"
                     )
-            except (LeaseLost, InvalidWorkflow):
+                # Read the update inside the step's try: a Mapping's own methods are
+                # user code too, and may raise.
+                changes = dict(update) if update else None
+            except LeaseLost:
                 raise
             except Exception as error:
                 cp = _latest(plan, cp)
@@ -651,7 +664,7 @@ def _run_step(
                 if (
                     policy is not None
                     and attempt < policy.max_attempts
-                    and policy.should_retry(error)
+                    and _should_retry(policy, error)
                 ):
                     step_span.set_attribute("outcome", "retry")
                     cp = yield from _record_failure(plan, cp, index, step.name, attempt, error)
@@ -676,8 +689,8 @@ def _run_step(
                 yield from _fail(plan, cp, index, step.name, attempt, error)
             cp = _latest(plan, cp)
             _hooks.fire("runner.after_step")
-            if update:
-                working.update(update)
+            if changes:
+                working.update(changes)
             saved = yield from write(
                 plan, cp, _completed(plan, cp, index, working), f"step {index}"
             )
@@ -686,6 +699,15 @@ def _run_step(
             # The stored copy is ours alone; hand it on rather than copying again.
             next_working = saved.state if saved.state_json is not None else pristine(saved)
             return saved, next_working
+
+
+def _should_retry(policy: Any, error: BaseException) -> bool:
+    """Ask the policy; a ``retry_on`` predicate that raises means no retry, logged."""
+    try:
+        return bool(policy.should_retry(error))
+    except Exception:
+        logger.exception("the retry_on predicate raised; not retrying")
+        return False
 
 
 def _failure(index: int, name: str, attempt: int, error: BaseException) -> Failure:
@@ -796,13 +818,13 @@ def _run_suspending(
                 )
             try:
                 outcome = yield from step.evaluate(plan, cp, index, working, first)
-            except (LeaseLost, InvalidWorkflow):
+            except LeaseLost:
                 raise
             except Exception as error:
                 if (
                     policy is not None
                     and attempt < policy.max_attempts
-                    and policy.should_retry(error)
+                    and _should_retry(policy, error)
                 ):
                     cp = yield from _record_failure(plan, cp, index, step.name, attempt, error)
                     cp = yield from write(plan, cp, evolve(cp, wake_at=None, children=()), "retry")

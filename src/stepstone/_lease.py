@@ -27,6 +27,7 @@ coordinator: the store's compare-and-swap on the version is the only primitive.
 from __future__ import annotations
 
 import functools
+import json
 import os
 from datetime import timedelta
 
@@ -36,6 +37,7 @@ from ._errors import ConflictError, InvalidWorkflow, LeaseLost
 __all__ = [
     "DEFAULT_LEASE",
     "check_lease",
+    "as_stored",
     "claimed",
     "dead_here",
     "new_owner",
@@ -138,9 +140,22 @@ def claimed(cp: Checkpoint, owner: str, lease: float) -> Checkpoint:
     )
 
 
+def as_stored(cp: Checkpoint) -> Checkpoint:
+    """Return ``cp`` with the state exactly as it was stored, not as a step has it now.
+
+    The runner hands a saved record's state to the next step as its working copy, so a
+    step running now may be changing it in place. A record written *during* a step (a
+    renewal) or in place of one (a release after an interruption) must carry the state
+    of the last checkpoint, never the step's half-done changes.
+    """
+    if cp.state_json is None:
+        return cp
+    return evolve(cp, state=json.loads(cp.state_json))
+
+
 def renewal(cp: Checkpoint) -> Checkpoint:
-    """Return the record that renews ``cp``'s lease (same content, a new save)."""
-    return evolve(cp, renewed_at=utcnow())
+    """Return the record that renews ``cp``'s lease (the stored content, a new save)."""
+    return evolve(as_stored(cp), renewed_at=utcnow())
 
 
 def released(cp: Checkpoint) -> Checkpoint:

@@ -15,6 +15,7 @@ step. A run is owned while it executes: both take the run's lease first
 from __future__ import annotations
 
 import heapq
+import inspect
 import threading
 import time
 from collections.abc import Sequence
@@ -36,7 +37,7 @@ from ._core import (
     renew,
     step_through,
 )
-from ._errors import ConflictError, InvalidWorkflow, StoreError
+from ._errors import InvalidWorkflow
 from ._observe import logger, tracing
 from ._steps import (
     AttemptsExhausted,
@@ -210,8 +211,8 @@ def _release(plan: Plan, store: Store) -> None:
         return
     plan.current = None
     try:
-        store.save(_lease.released(current))
-    except (StoreError, ConflictError) as exc:
+        store.save(_lease.released(_lease.as_stored(current)))
+    except Exception as exc:
         # It expires by itself; a takeover then waits one lease.
         logger.warning("run %r: could not give the lease back: %s", plan.run_id, exc)
 
@@ -298,7 +299,11 @@ class _SyncRenewer:
                     continue
                 third = plan.lease / 3
                 if ticket.active and time.monotonic() >= plan.written_at + third:
-                    lost = renew_once(plan, ticket.store)
+                    try:
+                        lost = renew_once(plan, ticket.store)
+                    except Exception:  # one run's bad renewal must not stop every run's
+                        logger.exception("run %r: lease renewal failed", plan.run_id)
+                        lost = None
                     if lost is not None:
                         ticket.lost = lost
                         logger.error("run %r: %s", plan.run_id, lost)
@@ -395,10 +400,22 @@ async def _aperform(effect: Effect, plan: Plan, store: Store, asyncio: Any) -> A
         renewal = _AsyncRenewal(plan, store, asyncio)
         try:
             args = (effect.state,) if effect.ctx is None else (effect.state, effect.ctx)
-            if step.is_async:
-                update = await step.fn(*args)
-            else:
-                update = await asyncio.to_thread(step.fn, *args)
+            try:
+                if step.is_async:
+                    update = await step.fn(*args)
+                else:
+                    update = await asyncio.to_thread(_in_thread, step.fn, *args)
+                    if inspect.isawaitable(update):
+                        # A plain callable returning a coroutine (``lambda s: client.call(s)``).
+                        update = await update
+            except asyncio.CancelledError as exc:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise  # we are being cancelled: the run stops here, nothing saved
+                # The step raised CancelledError itself, nobody cancelled us: a failure.
+                raise RuntimeError(
+                    f"step {step.name!r} raised CancelledError without being cancelled"
+                ) from exc
         finally:
             lost = await renewal.stop()
         if lost is not None:
@@ -415,14 +432,24 @@ async def _aperform(effect: Effect, plan: Plan, store: Store, asyncio: Any) -> A
     return None
 
 
+def _in_thread(fn: Any, *args: Any) -> Any:
+    # StopIteration cannot cross into a future (asyncio would leave it unresolved, and
+    # the run would hang): it becomes the step's error here, as PEP 479 does for
+    # generators.
+    try:
+        return fn(*args)
+    except StopIteration as exc:
+        raise RuntimeError(f"the step raised StopIteration: {exc!r}") from exc
+
+
 async def _arelease(plan: Plan, store: Store) -> None:
     current = plan.current
     if current is None or current.owner != plan.owner:
         return
     plan.current = None
     try:
-        await store.asave(_lease.released(current))
-    except (StoreError, ConflictError) as exc:
+        await store.asave(_lease.released(_lease.as_stored(current)))
+    except Exception as exc:
         logger.warning("run %r: could not give the lease back: %s", plan.run_id, exc)
 
 

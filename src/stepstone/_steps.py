@@ -112,19 +112,24 @@ class RetryPolicy:
 
     def delay(self, attempt: int) -> float:
         """Return the seconds to wait after failed attempt number ``attempt``."""
-        base = self.initial_delay
-        if base > 0 and self.multiplier > 1 and attempt > 1:
-            # Compare exponents, not powers: multiplier ** attempt overflows a float
-            # long before max_delay stops mattering.
-            room = math.log(self.max_delay / base) if self.max_delay > base else 0.0
-            if (attempt - 1) * math.log(self.multiplier) >= room:
-                base = self.max_delay
+        base, factor, cap = float(self.initial_delay), float(self.multiplier), float(self.max_delay)
+        if base <= 0 or cap <= 0 or attempt <= 1:
+            value = 0.0 if base <= 0 or cap <= 0 else base
+        elif factor <= 1:
+            value = base * factor ** (attempt - 1)  # shrinks or stays: no overflow
+        else:
+            # In logarithms: factor ** attempt overflows a float long before the cap
+            # stops mattering, whatever the base (even 5e-324).
+            exponent = math.log(base) + (attempt - 1) * math.log(factor)
+            if exponent >= math.log(cap):
+                value = cap
             else:
-                base = base * self.multiplier ** (attempt - 1)
-        elif attempt > 1:
-            base = base * self.multiplier ** (attempt - 1)
-        base = min(base, self.max_delay)
-        return max(0.0, base * (1 + random.uniform(-self.jitter, self.jitter)))
+                try:
+                    value = base * factor ** (attempt - 1)  # exact where it fits
+                except OverflowError:  # a base near the smallest float
+                    value = math.exp(exponent)
+        jittered = min(value, cap) * (1 + random.uniform(-self.jitter, self.jitter))
+        return min(cap, max(0.0, jittered))
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,9 +254,15 @@ def check_steps(steps: object) -> list[Any]:
     if isinstance(steps, (str, bytes, Mapping)) or not isinstance(steps, Iterable):
         raise InvalidWorkflow(f"steps must be a list of Step objects, got {type(steps).__name__}")
     items = list(steps)
+    maps: set[str] = set()
     for item in items:
         if not isinstance(item, (Step, SuspendingStep)):
             raise InvalidWorkflow(
                 f"steps must be Step objects (or WaitFor, Sleep, Map), got {type(item).__name__}"
             )
+        if type(item).__name__ == "Map":
+            # A Map's children are named after it: two of one name would share them.
+            if item.name in maps:
+                raise InvalidWorkflow(f"two Map steps are named {item.name!r}; name them apart")
+            maps.add(item.name)
     return items

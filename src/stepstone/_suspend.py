@@ -19,7 +19,7 @@ from collections.abc import Callable, Generator
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from ._checkpoint import MAX_RUN_ID_LENGTH, Checkpoint, Signal, evolve, utcnow
+from ._checkpoint import DUE_NOW, MAX_RUN_ID_LENGTH, Checkpoint, Signal, evolve, utcnow
 from ._codec import encode_state
 from ._errors import ConflictError, InvalidState, InvalidWorkflow, StoreError
 from ._observe import logger
@@ -219,7 +219,12 @@ class Sleep(SuspendingStep):
                     f"Sleep {name!r}: until={until.isoformat()} is naive; give a timezone-"
                     "aware datetime (e.g. datetime(..., tzinfo=UTC))"
                 )
-            until = until.astimezone(UTC)
+            try:
+                until = until.astimezone(UTC)
+            except OverflowError:
+                raise InvalidWorkflow(
+                    f"Sleep {name!r}: until={until!r} is out of range in UTC"
+                ) from None
         self.until = until
         self.duration = None if duration is None else _seconds(duration, f"Sleep {name!r} duration")
         self.retry = None
@@ -328,6 +333,19 @@ class Map(SuspendingStep):
                     child = yield Load(child_id)
                     if child is None:
                         raise
+            if child.parent != cp.run_id or (child.workflow, child.workflow_version) != (
+                self.workflow.name,
+                self.workflow.version,
+            ):
+                # Never adopt a run that happens to have a child's id: its state would be
+                # merged as if this Map had produced it.
+                raise ChildFailed(
+                    f"run {child_id!r} exists but is not a child of run {cp.run_id!r} "
+                    f"running workflow {self.workflow.name!r} (it has parent "
+                    f"{child.parent!r}, workflow {child.workflow!r}); rename the Map step "
+                    "or remove that run",
+                    child_id,
+                )
             children.append(child)
         if first:
             # A fresh attempt re-queues the children that failed before: only those run again.
@@ -388,7 +406,7 @@ def nudge(parent: str) -> Generator[Effect, Any, None]:
             # written anyway: it may be saving itself waiting on what it saw before.
             if cp.owner is None and cp.wake_at is not None and cp.wake_at <= utcnow():
                 return
-            yield Save(evolve(cp, wake_at=utcnow()), f"wake parent {parent}", owned=False)
+            yield Save(evolve(cp, wake_at=DUE_NOW), f"wake parent {parent}", owned=False)
         except ConflictError:
             continue
         except StoreError as exc:

@@ -398,7 +398,12 @@ class Worker:
         except Exception as exc:  # a bug or a store outside the tree: logged, not fatal
             logger.exception("run %r: unexpected error", plan.run_id)
             error = exc
-        self._finished(plan.run_id, self._outcome(error))
+        except BaseException as exc:  # a step raised KeyboardInterrupt, SystemExit...
+            logger.exception("run %r: stopped by %s", plan.run_id, type(exc).__name__)
+            error = exc
+        finally:
+            # Always: a run this worker no longer drives is claimable again, its slot free.
+            self._finished(plan.run_id, self._outcome(error))
 
     # --- aserve: tasks ------------------------------------------------------------------
 
@@ -436,6 +441,9 @@ class Worker:
         finally:
             for task in tasks:
                 task.cancel()
+            if tasks:
+                # Let each cancelled run give its lease back before the loop goes away.
+                await asyncio.wait(tasks, timeout=10)
             with self._lock:
                 self._async_wake = None
         logger.info("%r: stopped", self)
@@ -469,6 +477,8 @@ class Worker:
         return plans
 
     async def _adrive(self, plan: Plan, wake: Any) -> None:
+        import asyncio  # noqa: PLC0415
+
         error: BaseException | None = None
         try:
             await adrive(plan, self.store)
@@ -477,6 +487,14 @@ class Worker:
         except Exception as exc:
             logger.exception("run %r: unexpected error", plan.run_id)
             error = exc
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # aserve is stopping this run
+            logger.exception("run %r: a step raised CancelledError", plan.run_id)
+        except BaseException as exc:
+            logger.exception("run %r: stopped by %s", plan.run_id, type(exc).__name__)
+            error = exc
         finally:
             wake.set()
-        self._finished(plan.run_id, self._outcome(error))
+            self._finished(plan.run_id, self._outcome(error))

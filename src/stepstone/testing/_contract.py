@@ -24,7 +24,7 @@ from typing import Any, NoReturn
 import pytest
 
 from .. import _codec
-from .._checkpoint import Checkpoint, Failure, Signal, utcnow
+from .._checkpoint import DUE_NOW, Checkpoint, Failure, Signal, utcnow
 from .._errors import (
     ConflictError,
     InputMismatch,
@@ -382,7 +382,7 @@ class StoreContract(RuntimeContract, AsyncContract):
             assert got.owner == stored.owner, run_id
             assert got.due_at == stored.due_at, run_id
         assert info["owned"].due_at == _T0 + timedelta(seconds=30.5)
-        assert info["queued"].due_at == _T0 - timedelta(minutes=5)
+        assert info["queued"].due_at == DUE_NOW  # queued runs are due at once, by any clock
         assert info["done"].due_at is None and info["cancelled"].due_at is None
 
     def test_claimable_finds_work_and_only_work(self, ops: Ops) -> None:
@@ -422,20 +422,27 @@ class StoreContract(RuntimeContract, AsyncContract):
         assert [i.due_at for i in due] == sorted(i.due_at or now for i in due)
 
     def test_claimable_respects_limit_and_due_order(self, ops: Ops) -> None:
-        """claimable returns at most limit runs of each kind, the earliest due first."""
+        """claimable returns at most limit runs of each kind, the earliest due first.
+
+        Queued runs are due at once (``DUE_NOW``, whatever clock queued them), so they
+        come before waiting runs, which come in the order of their wake-up times.
+        """
         now = utcnow()
         for index in range(4):
-            when = now - timedelta(minutes=10 - index)
+            when = now + timedelta(minutes=10 - index)  # a queuer whose clock is ahead
             ops.save(Checkpoint(run_id=f"q{index}", total_steps=2, queued=True, created_at=when))
             ops.save(cp(f"run{index}", 0, total_steps=3))
-        ops.save(cp("w", 0, total_steps=3, waiting_for="timer", wake_at=now - timedelta(hours=1)))
-        found = ops.claimable(now, limit=2)
-        running = [i.run_id for i in found if i.status == "running"]
+        ops.save(cp("w1", 0, total_steps=3, waiting_for="timer", wake_at=now - timedelta(hours=1)))
+        ops.save(cp("w2", 0, total_steps=3, waiting_for="timer", wake_at=now - timedelta(hours=2)))
+        found = ops.claimable(now, limit=10)
         due = [i.run_id for i in found if i.status != "running"]
+        assert sorted(due[:4]) == ["q0", "q1", "q2", "q3"] and due[4:] == ["w2", "w1"]
+        limited = ops.claimable(now, limit=2)
+        running = [i.run_id for i in limited if i.status == "running"]
         assert len(running) == 2 and set(running) <= {f"run{i}" for i in range(4)}
-        assert due == ["w", "q0"]
-        earlier = ops.claimable(now - timedelta(days=1), limit=2)
-        assert [i.status for i in earlier] == ["running", "running"], "nothing was due a day ago"
+        assert [i.status for i in limited if i.status != "running"] == ["queued", "queued"]
+        earlier = ops.claimable(now - timedelta(days=1), limit=10)
+        assert {i.run_id for i in earlier if i.status == "waiting"} == set(), "not due a day ago"
 
     def test_awkward_run_ids(self, ops: Ops) -> None:
         """Every run_id the contract allows round-trips and never shares a checkpoint."""

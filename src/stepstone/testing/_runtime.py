@@ -285,7 +285,7 @@ class RuntimeContract(ContractBase):
         self.start(ops, flow, "q")
         assert self.cancel(ops, "q").status == "cancelled"
         with pytest.raises(RunCancelled):
-            ops.run("q", flow.steps)
+            ops.run("q", flow)
         with pytest.raises(RunNotActive):
             self.cancel(ops, "q")
         with pytest.raises(RunNotFound):
