@@ -254,3 +254,34 @@ def test_empty_workflow_finishes_without_an_owner() -> None:
         assert cp is not None and cp.status == "done" and cp.owner is None
         info = stepstone.start(store, Workflow("nothing", []), "queued-empty")
         assert info.status == "done"  # nothing to queue: it is finished on arrival
+
+
+@pytest.mark.parametrize("scheme", ["memory", "sqlite", "file"])
+def test_import_keeps_timestamps(tmp_path: Path, scheme: str) -> None:
+    """import_checkpoint saves by compare-and-swap but keeps created_at and updated_at."""
+    config = {
+        "memory": "memory://",
+        "sqlite": f"sqlite:///{tmp_path}/r.db",
+        "file": f"file://{tmp_path}/runs",
+    }[scheme]
+    old = datetime(2020, 5, 17, 8, 30, tzinfo=UTC)
+    with open_store(config) as store:
+        cp = Checkpoint(
+            "old",
+            step=0,
+            state={"a": 1},
+            step_names=("a",),
+            total_steps=2,
+            created_at=old,
+            updated_at=old + timedelta(hours=1),
+        )
+        saved = store.import_checkpoint(cp)
+        assert (saved.created_at, saved.updated_at) == (old, old + timedelta(hours=1))
+        loaded = store.load("old")
+        assert loaded is not None and loaded.updated_at == old + timedelta(hours=1)
+        info = {i.run_id: i for i in store.list_info()}["old"]
+        assert info.updated_at == old + timedelta(hours=1)
+        with pytest.raises(stepstone.ConflictError):
+            store.import_checkpoint(cp)  # it exists now: compare-and-swap as ever
+        later = store.save(evolve(loaded, step=1, step_names=("a", "b")))
+        assert later.updated_at is not None and later.updated_at > old + timedelta(days=365)

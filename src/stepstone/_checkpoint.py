@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
@@ -171,7 +172,13 @@ class Checkpoint:
     def stored(
         self, state: dict[str, Any], state_json: str, version: str, now: datetime
     ) -> Checkpoint:
-        """Return this checkpoint as a store saved it (a helper for backends)."""
+        """Return this checkpoint as a store saved it (a helper for backends).
+
+        Inside ``Store.import_checkpoint`` the checkpoint's own ``updated_at`` is kept,
+        so a migrated run keeps its age.
+        """
+        if self.updated_at is not None and _keep_times.get():
+            now = self.updated_at
         return evolve(
             self,
             state=state,
@@ -216,6 +223,8 @@ class Checkpoint:
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+#: Set by ``Store.import_checkpoint``: saves keep the checkpoint's timestamps.
+_keep_times: ContextVar[bool] = ContextVar("stepstone_keep_times", default=False)
 #: The ``wake_at`` that means "due now": before any clock's now, so a worker whose clock
 #: is behind the writer's (who queued, signalled or nudged) still finds the run due.
 DUE_NOW = _EPOCH

@@ -15,11 +15,10 @@ Everything a resumed run depends on is copied (state, progress, failure, input,
 workflow, cancellation, suspension, signals, parent); the lease is not: a copied run
 has no owner, so the destination's workers can claim it at once.
 
-Timestamps: every write goes through ``_write``, which calls ``Store.save`` today.
-``save`` stamps ``updated_at`` with the time of the copy, so ``prune --older-than``
-would spare migrated runs; once the Store contract has an import path that keeps the
-source's ``created_at`` and ``updated_at`` (compare-and-swap like ``save``), ``_write``
-calls it instead. ``created_at`` is kept already.
+Timestamps: every write goes through ``_write``, which calls ``Store.import_checkpoint``:
+compare-and-swap like ``save``, but the copy keeps the source's ``created_at`` and
+``updated_at``, so ``prune --older-than`` treats migrated runs as it treated the
+originals.
 """
 
 from __future__ import annotations
@@ -173,12 +172,12 @@ def _copy(cp: Checkpoint, version: str | None) -> Checkpoint:
 
 
 def _write(dst: Store, cp: Checkpoint) -> None:
-    """Write one copied run (see the module docstring about timestamps).
+    """Write one copied run, keeping its created_at and updated_at.
 
     Raises:
         ConflictError: the destination run changed or was created meanwhile.
     """
-    dst.save(cp)
+    dst.import_checkpoint(cp)
 
 
 def _migrate_one(

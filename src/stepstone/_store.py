@@ -10,7 +10,7 @@ from datetime import datetime
 from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Self, TypeVar
 
-from ._checkpoint import ACTIVE_STATUSES, Checkpoint
+from ._checkpoint import ACTIVE_STATUSES, Checkpoint, _keep_times
 from ._errors import CorruptCheckpoint
 from ._observe import logger
 
@@ -228,6 +228,23 @@ class Store(abc.ABC):
                 due.append(info)
         due.sort(key=lambda info: info.due_at or now)
         return running[:limit] + due[:limit]
+
+    def import_checkpoint(self, checkpoint: Checkpoint) -> Checkpoint:
+        """Save a checkpoint copied from another store, keeping its timestamps.
+
+        The contract of ``save`` (compare-and-swap on ``checkpoint.version``, atomic),
+        except that the stored ``created_at`` and ``updated_at`` are the checkpoint's own
+        rather than now, so ``stepstone migrate`` keeps each run's age and ``prune
+        --older-than`` treats migrated runs as it treated the originals.
+
+        Raises:
+            The errors of ``save``.
+        """
+        token = _keep_times.set(True)
+        try:
+            return self.save(checkpoint)
+        finally:
+            _keep_times.reset(token)
 
     def init(self) -> list[str]:
         """Create what the backend needs (tables, database, container) if it may.

@@ -558,6 +558,27 @@ class RuntimeContract(ContractBase):
         final = ops.load("restart")
         assert final is not None and final.state["ok"] == 1 and "nap" in final.state
 
+    def test_import_keeps_the_timestamps(self, store: Store) -> None:
+        """import_checkpoint (migrate's write) is compare-and-swap and keeps both timestamps."""
+        old = datetime(2020, 5, 17, 8, 30, tzinfo=UTC)
+        cp = Checkpoint(
+            "imported",
+            step=0,
+            state={"a": 1},
+            step_names=("a",),
+            total_steps=2,
+            created_at=old,
+            updated_at=old + timedelta(hours=1),
+        )
+        store.import_checkpoint(cp)
+        loaded = store.load("imported")
+        assert loaded is not None
+        assert (loaded.created_at, loaded.updated_at) == (old, old + timedelta(hours=1))
+        listed = {i.run_id: i for i in store.list_info()}["imported"]
+        assert listed.updated_at == old + timedelta(hours=1)
+        with pytest.raises(ConflictError):
+            store.import_checkpoint(cp)
+
     def test_naive_until_is_refused(self) -> None:
         """Sleep(until=naive datetime) is refused at construction, naming the fix."""
         with pytest.raises(ValueError, match="timezone"):
