@@ -17,8 +17,15 @@ schema is created and migrated under that server's locking rules.
   sync and async paths (LangGraph's ``base.py`` / ``aio.py`` shape): ``_save_plan``
   builds the statement and its parameters, ``_save_outcome`` judges the row count, and
   only the I/O differs between ``save`` and ``asave``.
+- Group commit (SQLite, ``_group.py``): concurrent saves of one process share one
+  transaction and its fsync, each keeping its own compare-and-swap outcome; a lone save
+  commits at once. A dialect opts in by implementing ``_run_batch``. The servers do not:
+  each save stays one autocommit statement (one round trip, also alone), and the
+  server already flushes the WAL / redo log of concurrent sessions together (measured
+  on PostgreSQL with a slow fsync: 64 threads 11x one thread, one statement per save).
 - Fork safety: a forked child forgets the connections it inherited without touching
-  them (the dialect says how to detach) and opens its own.
+  them (the dialect says how to detach) and opens its own; its group committer starts
+  empty (the parent's leader and waiters are threads the child does not have).
 - Schema: a ``<meta>`` table holds ``schema_version`` (``TABLE_SCHEMA``, the version of
   the *tables*; documents carry their own). A missing schema is created, an older one
   migrated (each dialect serializes concurrent openers), a newer one refused.
@@ -58,6 +65,7 @@ from .._errors import (
 from .._observe import logger
 from .._store import RunInfo, Store
 from ._common import new_version, parse_options
+from ._group import GroupCommit, Pending
 
 if TYPE_CHECKING:
     import asyncio
@@ -225,6 +233,8 @@ class SQLStore(Store):
             weakref.WeakKeyDictionary()
         )
         self._closed = False
+        #: Set by dialects that batch concurrent saves (``_run_batch``).
+        self._group: GroupCommit | None = None
 
     def _register(self) -> None:
         _open_stores.add(self)
@@ -241,6 +251,15 @@ class SQLStore(Store):
 
     def _run_save(self, held: Held, sql: str, params: Any) -> int:
         """Run a save's statement; return the rowcount. Servers: one autocommit statement."""
+        raise NotImplementedError
+
+    def _run_batch(self, held: Held, items: list[Pending]) -> None:
+        """Run several saves' statements in ONE transaction and commit it (group commit).
+
+        Sets each item's ``stored`` (rows changed) or ``error`` (its own statement
+        failed: ``_statement_error``), and returns only after the COMMIT returned.
+        Raises for a failure of the whole transaction (nothing of it was committed).
+        """
         raise NotImplementedError
 
     def _close_connection(self, held: Held) -> None:
@@ -374,6 +393,37 @@ class SQLStore(Store):
                 if held.doomed:
                     self._drop(held)
 
+    def _statement_error(self, exc: BaseException) -> BaseException:
+        """The error one save of a batch raises when its own statement failed."""
+        if isinstance(exc, UnicodeEncodeError):
+            return _invalid_text(exc)
+        if isinstance(exc, self._driver_error):
+            error = self._translate(exc)
+            error.__cause__ = exc
+            return error
+        return exc
+
+    def _commit_batch(self, items: list[Pending]) -> None:
+        """Run a batch of saves on this thread's connection (the group's ``execute``)."""
+        held = self._thread_held()
+        with held.lock:
+            if self._closed:
+                raise self._closed_error()
+            try:
+                self._run_batch(held, items)
+            except self._driver_error as exc:
+                if self._is_broken(held):
+                    self._drop(held)
+                raise self._translate(exc) from exc
+            except BaseException:
+                # A kill-point hook or an interrupt may have left the connection
+                # mid-transaction: never reuse it.
+                self._drop(held)
+                raise
+            finally:
+                if held.doomed:
+                    self._drop(held)
+
     def _forget_connections(self) -> None:
         """In a forked child: never touch the inherited connections again."""
         for held in [*self._held, *(h for p in self._apools.values() for h in p.all)]:
@@ -386,6 +436,8 @@ class SQLStore(Store):
         self._local = threading.local()
         self._lock = threading.Lock()
         self._count_lock = threading.Lock()
+        if self._group is not None:
+            self._group.reset()
 
     # --- async connections --------------------------------------------------------------
 
@@ -602,6 +654,9 @@ class SQLStore(Store):
     def save(self, checkpoint: Checkpoint) -> Checkpoint:
         """Store ``checkpoint`` if the stored version is still ``checkpoint.version``.
 
+        With group commit (SQLite) concurrent saves share a transaction; each keeps its
+        own outcome and returns only after the COMMIT containing it returned.
+
         Raises:
             ConflictError: the stored version differs; nothing was stored.
             InvalidState: the state is not JSON or not encodable as UTF-8.
@@ -609,7 +664,17 @@ class SQLStore(Store):
             StoreUnavailable: the database cannot be reached, or timed out.
         """
         saved, sql, params = self._save_plan(checkpoint)
-        stored, _ = self._exec(sql, params, save=True)
+        group = self._group
+        if group is None:
+            stored, _ = self._exec(sql, params, save=True)
+        else:
+            if self._closed:
+                raise self._closed_error()
+            item = Pending(sql, params)
+            group.submit(item)
+            if item.error is not None:
+                raise item.error
+            stored = item.stored or 0
         if stored != 1:
             raise self._conflict(saved.run_id, checkpoint.version, self._peek(saved.run_id))
         return saved

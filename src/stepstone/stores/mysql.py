@@ -9,6 +9,10 @@ hooks. Design, and why:
   saves ``UPDATE ... WHERE run_key = :key AND version = :expected``. InnoDB re-checks the
   ``WHERE`` under the row lock, so exactly one of several racing saves wins. Connections
   never use ``CLIENT.FOUND_ROWS``: row counts must mean rows *changed*.
+- No group commit in the client: InnoDB flushes the redo log of concurrently committing
+  sessions together (its own group commit), so concurrent saves on separate connections
+  already share flushes, and each save stays one statement, one round trip, even when
+  alone. The backend READMEs give the figures.
 - Async: aiomysql. It is PyMySQL's protocol code driven by asyncio (it imports PyMySQL
   and raises PyMySQL's own exception classes with the same error numbers), so the error
   table below serves both paths unchanged; it is maintained under aio-libs, in

@@ -14,6 +14,10 @@ creation and migration. Design, and why:
 - psycopg's automatic server-side prepare is off (``prepare_threshold`` None): preparing
   costs a separate round trip per statement and connection, and unnamed statements keep
   every call at exactly one round trip (and work behind PgBouncer).
+- No group commit in the client: PostgreSQL flushes the WAL of concurrently committing
+  sessions together (its own group commit), so concurrent saves on separate connections
+  already share flushes, and each save stays one statement, one round trip, even when
+  alone. The backend READMEs give the figures.
 - Async: ``psycopg.AsyncConnection``, the same statements, parameters and error table;
   only the awaits differ (``_sql.SQLStore.asave`` against ``save``).
 - Timeouts (URL options, seconds): ``connect_timeout`` (default 10) bounds connecting;
