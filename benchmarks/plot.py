@@ -6,8 +6,10 @@ by benchmarks/setup_plot.sh, or the peers venv), never stepstone's own venv:
     benchmarks/.venv-plot/bin/python benchmarks/plot.py [results.json] [overhead.png]
 
 Left: per-step overhead per stepstone backend and per peer (median, bars from min to
-max over repeats; log scale). Right: durable save cost against runs already stored,
+max over repeats; log scale). Middle: durable save cost against runs already stored,
 with the floor measured beside it (file, sqlite, postgresql, mysql: whichever ran).
+Right: steps/s against concurrency, N runs in one event loop under ``arun`` (stepstone
+and LangGraph's async savers) and N threads under ``run``, when those figures ran.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ def main() -> None:
     source = Path(sys.argv[1]) if len(sys.argv) > 1 else HERE / "results.json"
     target = Path(sys.argv[2]) if len(sys.argv) > 2 else HERE / "overhead.png"
     results = json.loads(source.read_text())
-    fig, (left, right) = plt.subplots(1, 2, figsize=(15, 6.5), width_ratios=[1.25, 1])
+    fig, (left, right, third) = plt.subplots(1, 3, figsize=(21, 6.5), width_ratios=[1.25, 1, 1])
     colors = {"stepstone": "#1f77b4", "peer": "#ff7f0e", "floor": "#7f7f7f"}
 
     bars = overhead_bars(results)
@@ -125,6 +127,7 @@ def main() -> None:
     if scale:
         right.legend(fontsize=8)
 
+    concurrency_panel(third, results)
     m = results.get("machine", {})
     disk = m.get("disk", {})
     fig.suptitle(
@@ -136,6 +139,52 @@ def main() -> None:
     fig.tight_layout()
     fig.savefig(target, dpi=110)
     print(f"wrote {target}")
+
+
+def concurrency_panel(ax: Any, results: dict[str, Any]) -> None:
+    """Steps/s against N: async tasks (solid) and threads (dashed), log-log."""
+    figs = results.get("figures", {})
+    drawn = False
+    palette = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#8c564b", "#17becf", "#ff7f0e"]
+    colors: dict[str, str] = {}
+
+    def color(name: str) -> str:
+        if name.startswith("langgraph"):
+            return "#ff7f0e" if "Sqlite" in name else "#e377c2"
+        return colors.setdefault(name, palette[len(colors) % len(palette)])
+
+    for r in figs.get("async", {}).get("results", []) or []:
+        tp = r.get("throughput") or {}
+        xs = sorted(int(n) for n in tp)
+        if not xs or r["system"] == "memory":
+            continue
+        ys = [tp[str(n)]["steps_per_s"]["median"] for n in xs]
+        ax.plot(xs, ys, "-o", color=color(r["system"]), label=f"{r['system']} (async tasks)")
+        drawn = True
+    by: dict[str, list[tuple[int, float]]] = {}
+    for r in figs.get("threads", {}).get("results", []) or []:
+        by.setdefault(r["backend"], []).append((r["threads"], r["steps_per_s"]["median"]))
+    for backend, pts in by.items():
+        pts.sort()
+        ax.plot(
+            [p[0] for p in pts],
+            [p[1] for p in pts],
+            "--s",
+            color=color(backend),
+            alpha=0.7,
+            label=f"{backend} (threads, run)",
+        )
+        drawn = True
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("concurrent runs in one process (log)")
+    ax.set_ylabel("steps per second (log)")
+    ax.set_title("Throughput vs concurrency, one store")
+    ax.grid(True, which="both", alpha=0.3)
+    if drawn:
+        ax.legend(fontsize=7)
+    else:
+        ax.text(0.5, 0.5, "no async/threads results", ha="center", transform=ax.transAxes)
 
 
 if __name__ == "__main__":
