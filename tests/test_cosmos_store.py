@@ -1495,12 +1495,15 @@ def test_claimable_returns_running_and_due_runs_from_three_queries(store: Cosmos
     found = store.claimable(now)
     assert store.requests_sent - before == 3
     ids = [info.run_id for info in found]
-    # Running first, oldest lease end first; then due runs, earliest due first.
-    assert ids == ["run/b", "run/a", "waiting/due", "queued/a"]
+    # Running first, oldest lease end first; then due runs, earliest due first (a queued
+    # run is due at once, DUE_NOW, whatever clock queued it).
+    assert ids == ["run/b", "run/a", "queued/a", "waiting/due"]
     assert all(info.version == saved[info.run_id].version for info in found)
     capped = [info.run_id for info in store.claimable(now, limit=1)]
-    assert capped == ["run/b", "waiting/due"]
-    assert [i.run_id for i in store.claimable(now - timedelta(hours=2))] == ["run/b", "run/a"]
+    assert capped == ["run/b", "queued/a"]
+    # Two hours ago nothing was due but the queued run (due at once, always).
+    earlier = [i.run_id for i in store.claimable(now - timedelta(hours=2))]
+    assert earlier == ["run/b", "run/a", "queued/a"]
     with pytest.raises(ValueError, match="time zone"):
         store.claimable(now.replace(tzinfo=None))
 

@@ -149,3 +149,33 @@ def test_spans_when_tracing_configured() -> None:
     assert spans["stepstone.step"].attributes["outcome"] == "ok"
     assert spans["stepstone.save"].parent.span_id == spans["stepstone.step"].context.span_id
     assert spans["stepstone.step"].parent.span_id == spans["stepstone.run"].context.span_id
+
+
+def test_unprintable_exception_under_tracing_still_fails_the_step() -> None:
+    """With spans on, a step error whose __str__ raises still ends in StepFailed, recorded."""
+    sdk_trace = pytest.importorskip("opentelemetry.sdk.trace")
+    export = pytest.importorskip("opentelemetry.sdk.trace.export")
+    memory_exporter = pytest.importorskip("opentelemetry.sdk.trace.export.in_memory_span_exporter")
+    from opentelemetry import trace
+
+    exporter = memory_exporter.InMemorySpanExporter()
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, sdk_trace.TracerProvider):
+        provider = sdk_trace.TracerProvider()
+        trace.set_tracer_provider(provider)
+    provider.add_span_processor(export.SimpleSpanProcessor(exporter))
+
+    class Nasty(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no text for you")
+
+    def boom(state: dict[str, Any]) -> None:
+        raise Nasty
+
+    store = open_store("memory://")
+    with pytest.raises(StepFailed):
+        run("nasty-traced", [Step("boom", boom)], store)
+    failed = store.load("nasty-traced")
+    assert failed is not None and failed.failure is not None
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    assert spans["stepstone.step"].attributes["outcome"] == "failed"

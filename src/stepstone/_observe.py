@@ -42,11 +42,39 @@ class _NoSpan:
 _NO_SPAN = _NoSpan()
 
 
+class _SafeSpan:
+    """A span whose recording never raises: exception text is user code (``__str__``)."""
+
+    __slots__ = ("span",)
+
+    def __init__(self, span: Any) -> None:
+        self.span = span
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        self.span.set_attribute(key, value)
+
+    def record_exception(self, exc: BaseException) -> None:
+        try:
+            self.span.record_exception(exc)
+        except Exception:  # its __str__ raised: record what can be known safely
+            self.span.add_event("exception", {"exception.type": type(exc).__qualname__})
+
+
 @contextlib.contextmanager
 def _otel_span(name: str, attributes: dict[str, Any]) -> Iterator[Any]:
-    tracer = _otel().get_tracer("stepstone")
-    with tracer.start_as_current_span(name, attributes=attributes) as current:
-        yield current
+    trace = _otel()
+    tracer = trace.get_tracer("stepstone")
+    # The SDK's own recording on exit calls str() on the exception; ours cannot fail.
+    with tracer.start_as_current_span(
+        name, attributes=attributes, record_exception=False, set_status_on_exception=False
+    ) as current:
+        safe = _SafeSpan(current)
+        try:
+            yield safe
+        except BaseException as exc:
+            safe.record_exception(exc)
+            current.set_status(trace.Status(trace.StatusCode.ERROR, type(exc).__qualname__))
+            raise
 
 
 _NULL = contextlib.nullcontext(_NO_SPAN)
