@@ -8,8 +8,9 @@ the worker in ``_worker.py``; the Store contract in ``_store.py``; config string
 suite in ``testing/``; the command line in ``cli``.
 """
 
-from ._checkpoint import SCHEMA_VERSION, Checkpoint, Failure, RunStatus, Signal, check_run_id
-from ._control import acancel, asignal, astart, cancel, signal, start
+import importlib
+from typing import TYPE_CHECKING
+
 from ._errors import (
     CheckpointTooLarge,
     ConfigError,
@@ -32,13 +33,70 @@ from ._errors import (
     Suspended,
     WorkflowChanged,
 )
-from ._lease import DEFAULT_LEASE
-from ._registry import DEFAULT_STORE, open_store, register_store, schemes
-from ._runner import arun, run
-from ._steps import AttemptsExhausted, RetryPolicy, Step, StepContext, Workflow
-from ._store import Diagnosis, RunInfo, Store
-from ._suspend import ChildFailed, Map, Sleep, WaitFor, WaitTimeout
-from ._worker import Worker
+
+if TYPE_CHECKING:  # what the names below are, for type checkers; imported on first use
+    from ._checkpoint import SCHEMA_VERSION, Checkpoint, Failure, RunStatus, Signal, check_run_id
+    from ._control import acancel, asignal, astart, cancel, signal, start
+    from ._lease import DEFAULT_LEASE
+    from ._registry import DEFAULT_STORE, open_store, register_store, schemes
+    from ._runner import arun, run
+    from ._steps import AttemptsExhausted, RetryPolicy, Step, StepContext, Workflow
+    from ._store import Diagnosis, RunInfo, Store
+    from ._suspend import ChildFailed, Map, Sleep, WaitFor, WaitTimeout
+    from ._worker import Worker
+
+# ``import stepstone`` imports only the error tree; every other public name is imported
+# from its module the first time it is used (PEP 562), so a process that needs one
+# backend, or the CLI's --help, does not pay for the runtime, the worker and the rest.
+_LAZY: dict[str, str] = {
+    "AttemptsExhausted": "._steps",
+    "Checkpoint": "._checkpoint",
+    "ChildFailed": "._suspend",
+    "DEFAULT_LEASE": "._lease",
+    "DEFAULT_STORE": "._registry",
+    "Diagnosis": "._store",
+    "Failure": "._checkpoint",
+    "Map": "._suspend",
+    "RetryPolicy": "._steps",
+    "RunInfo": "._store",
+    "RunStatus": "._checkpoint",
+    "SCHEMA_VERSION": "._checkpoint",
+    "Signal": "._checkpoint",
+    "Sleep": "._suspend",
+    "Step": "._steps",
+    "StepContext": "._steps",
+    "Store": "._store",
+    "WaitFor": "._suspend",
+    "WaitTimeout": "._suspend",
+    "Worker": "._worker",
+    "Workflow": "._steps",
+    "acancel": "._control",
+    "arun": "._runner",
+    "asignal": "._control",
+    "astart": "._control",
+    "cancel": "._control",
+    "check_run_id": "._checkpoint",
+    "open_store": "._registry",
+    "register_store": "._registry",
+    "run": "._runner",
+    "schemes": "._registry",
+    "signal": "._control",
+    "start": "._control",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'stepstone' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # once: later lookups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
 
 __all__ = [
     "AttemptsExhausted",

@@ -28,6 +28,7 @@ __all__ = [
     "decode_document",
     "encode_document",
     "encode_state",
+    "format_created",
 ]
 
 _dumps = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode
@@ -129,10 +130,33 @@ def _time(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat()
 
 
-def checkpoint_meta(cp: Checkpoint) -> dict[str, Any]:
-    """Return the document fields of ``cp`` other than its state, in stored order."""
+#: The last ``created_at`` formatted and its text. A run's saves carry the same
+#: ``created_at`` object from save to save, and ``isoformat`` is a tenth of a save's
+#: instructions; one entry (replaced whole, so threads never see a torn pair) is enough.
+_last_created: tuple[datetime | None, str | None] = (None, None)
+
+
+def format_created(value: datetime | None) -> str | None:
+    """Return ``value.isoformat()`` (None for None), remembering the last one formatted."""
+    global _last_created  # noqa: PLW0603 - a one-entry cache
+    last = _last_created
+    if last[0] is value:
+        return last[1]
+    text = None if value is None else value.isoformat()
+    _last_created = (value, text)
+    return text
+
+
+def checkpoint_meta(
+    cp: Checkpoint, created_at: str | None = _UNSET, updated_at: str | None = _UNSET
+) -> dict[str, Any]:
+    """Return the document fields of ``cp`` other than its state, in stored order.
+
+    ``created_at`` / ``updated_at``: the ``isoformat`` of those fields when the caller
+    has formatted them already (a store that also writes them to columns).
+    """
     failure = cp.failure
-    return {
+    meta = {
         "stepstone": SCHEMA_VERSION,
         "run_id": cp.run_id,
         "step": cp.step,
@@ -149,14 +173,15 @@ def checkpoint_meta(cp: Checkpoint) -> dict[str, Any]:
             "attempt": failure.attempt,
             "at": failure.at.isoformat(),
         },
-        "created_at": _time(cp.created_at),
-        "updated_at": _time(cp.updated_at),
-    } | _runtime_meta(cp)
+        "created_at": format_created(cp.created_at) if created_at is _UNSET else created_at,
+        "updated_at": _time(cp.updated_at) if updated_at is _UNSET else updated_at,
+    }
+    _add_runtime_meta(cp, meta)
+    return meta
 
 
-def _runtime_meta(cp: Checkpoint) -> dict[str, Any]:
-    """Return the schema-2 fields that differ from their defaults (most runs use none)."""
-    meta: dict[str, Any] = {}
+def _add_runtime_meta(cp: Checkpoint, meta: dict[str, Any]) -> None:
+    """Add the schema-2 fields that differ from their defaults (most runs use none)."""
     if cp.input is not None:
         meta["input"] = cp.input
     if cp.workflow is not None:
@@ -192,20 +217,55 @@ def _runtime_meta(cp: Checkpoint) -> dict[str, Any]:
         meta["parent"] = cp.parent
     if cp.children:
         meta["children"] = list(cp.children)
-    return meta
 
 
-def encode_document(cp: Checkpoint, state_text: str, extra: dict[str, Any] | None = None) -> str:
+def _meta_json(cp: Checkpoint, meta: dict[str, Any]) -> str:
+    """Return ``meta`` as the standard library's JSON text, with orjson where it is equal.
+
+    orjson writes the same bytes as ``_dumps`` for str, int, bool, None, lists and
+    dicts of them, and for floats from 1e-4 to 1e16 (the lease); it raises on what the
+    standard library would write differently or refuse only partly (lone surrogates,
+    integers over 64 bits), which then goes the standard way. Payloads a caller put in
+    the checkpoint (``input``, signal payloads) may hold any float or a NaN, which
+    orjson would write as null where ``_dumps`` refuses: those always go the standard way.
+    """
+    module = _load_orjson() if _orjson is _UNSET else _orjson
+    lease = cp.lease
+    if (
+        module is not None
+        and cp.input is None
+        and not cp.signals
+        and (lease is None or (type(lease) is float and 1e-4 <= lease < 1e16))
+    ):
+        try:
+            text: str = module.dumps(meta).decode("utf-8")
+        except (TypeError, ValueError):
+            pass
+        else:
+            return text
+    return _dumps(meta)
+
+
+def encode_document(
+    cp: Checkpoint,
+    state_text: str,
+    extra: dict[str, Any] | None = None,
+    *,
+    created_at: str | None = _UNSET,
+    updated_at: str | None = _UNSET,
+) -> str:
     """Return the stored JSON document for ``cp``: a line of metadata, then a line of state.
 
     ``state_text`` is the already validated JSON of ``cp.state``; splicing it in avoids
     encoding the state twice on the save path. Two lines keep the document readable with
     ``head`` and cheap to write (``stepstone runs show`` pretty-prints it).
+    ``created_at`` / ``updated_at``: those fields already formatted (``isoformat``), for
+    a store that formats them for its columns too.
     """
-    meta = checkpoint_meta(cp)
+    meta = checkpoint_meta(cp, created_at, updated_at)
     if extra:
         meta.update(extra)
-    return f'{_dumps(meta)[:-1]},\n"state":{state_text}}}\n'
+    return f'{_meta_json(cp, meta)[:-1]},\n"state":{state_text}}}\n'
 
 
 def decode_document(data: bytes | str, source: str) -> dict[str, Any]:

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-import secrets
+import random
 from urllib.parse import parse_qsl
 
 from .._errors import ConfigError
 
 __all__ = ["new_version", "parse_options"]
+
+# Not ``secrets``: a token only has to differ from the tokens a run had before it was
+# deleted, not be unguessable, and a system call per save costs more than the rest of
+# the token. ``random`` reseeds itself in a forked child, so forks never share tokens.
+_randbits = random.getrandbits
 
 
 def new_version(previous: str | None) -> str:
@@ -21,7 +26,7 @@ def new_version(previous: str | None) -> str:
         head = previous.partition(".")[0]
         if head.isdigit():
             count = int(head) + 1
-    return f"{count}.{secrets.token_hex(6)}"
+    return f"{count}.{_randbits(48):012x}"
 
 
 def parse_options(

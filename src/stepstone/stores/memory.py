@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
-from dataclasses import replace
 from datetime import datetime
 from typing import ClassVar, Self
 from urllib.parse import urlsplit
 
-from .._checkpoint import Checkpoint, check_run_id, utcnow
+from .._checkpoint import Checkpoint, check_run_id, evolve, utcnow
 from .._codec import encode_state
 from .._errors import ConfigError, ConflictError
 from .._store import RunInfo, Store
@@ -58,7 +57,7 @@ class MemoryStore(Store):
         if found is None:
             return None
         # ``found.state`` may be a dict the runner has since mutated: only the text counts.
-        return replace(found, state=json.loads(found.state_json or "{}"))
+        return evolve(found, state=json.loads(found.state_json or "{}"))
 
     def save(self, checkpoint: Checkpoint) -> Checkpoint:
         run_id = check_run_id(checkpoint.run_id)

@@ -254,6 +254,7 @@ class SQLiteStore(SQLStore):
     counts_requests: ClassVar[bool] = False
     native_async: ClassVar[bool] = False
     _ERRORS: ClassVar[tuple[ErrorRule, ...]] = ERRORS
+    _ISO_TIMES: ClassVar[bool] = True
 
     def __init__(
         self,
