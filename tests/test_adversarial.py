@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -68,7 +69,7 @@ def until(what: str, check: Callable[[], bool], timeout: float = WAIT) -> None:
         time.sleep(0.01)
 
 
-def in_thread(what: str, fn: Callable[[], Any]) -> Callable[[], Any]:
+def in_thread(what: str, fn: Callable[[], Any]) -> Callable[..., Any]:
     """Run ``fn`` in a thread; return a join that fails naming ``what`` if it hangs."""
     box: dict[str, Any] = {}
 
@@ -156,7 +157,7 @@ def test_base_exception_in_step_under_run_releases_and_resumes(
 ) -> None:
     """A BaseException from a step under run propagates; no failure is saved; the lease is freed."""
     calls: list[str] = []
-    raised = []
+    raised: list[int] = []
 
     def boom(state: State) -> State:
         calls.append("boom")
@@ -863,7 +864,7 @@ def test_concurrent_cancel_signal_and_run_keep_every_signal_once(tmp_path: Path)
             with contextlib.suppress(RunNotActive):
                 cancel(store, "r")
 
-        joins = [in_thread(f"signaller {i}", lambda i=i: signaller(i)) for i in range(4)]
+        joins = [in_thread(f"signaller {i}", functools.partial(signaller, i)) for i in range(4)]
         joins += [in_thread(f"runner {i}", runner) for i in range(2)]
         joins.append(in_thread("canceller", canceller))
         for join in joins:
