@@ -37,7 +37,7 @@ from ._core import (
     renew,
     step_through,
 )
-from ._errors import InvalidWorkflow
+from ._errors import ConflictError, InvalidWorkflow
 from ._observe import logger, tracing
 from ._steps import (
     AttemptsExhausted,
@@ -160,8 +160,11 @@ def drive(plan: Plan, store: Store) -> State:
     try:
         result: State = step_through(execute(plan), lambda effect: _perform(effect, plan, store))
         return result
-    except BaseException:
-        _release(plan, store)
+    except BaseException as exc:
+        # After a conflict (a takeover, or another writer) the record is not ours to
+        # give back: our version is gone, a release could only conflict again.
+        if not isinstance(exc, ConflictError):
+            _release(plan, store)
         raise
     finally:
         _renewer.finish(plan)
@@ -351,8 +354,9 @@ async def adrive(plan: Plan, store: Store) -> State:
             execute(plan), lambda effect: _aperform(effect, plan, store, asyncio)
         )
         return result
-    except BaseException:
-        await _landed(asyncio, _arelease(plan, store))
+    except BaseException as exc:
+        if not isinstance(exc, ConflictError):
+            await _landed(asyncio, _arelease(plan, store))
         raise
 
 

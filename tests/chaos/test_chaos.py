@@ -55,8 +55,8 @@ EXAMPLES = int(os.environ.get("STEPSTONE_CHAOS_EXAMPLES", "60"))
 BACKENDS = list(chaos.BACKENDS)
 #: Fraction of DEATHS per backend (both modes together), so that tests/chaos stays within
 #: its CI budget (~2 minutes on 2 cores): Cosmos costs ~0.5-1 s per death (the SDK and the
-#: emulator), the others ~0.05-0.2 s; every death also costs the next process one lease
-#: (``chaos.LEASE``, 50 ms) of watching before it takes the run over.
+#: emulator), the others ~0.05-0.2 s; the next process takes a killed child's run over at
+#: once (its owner was a process on this machine that is gone).
 DEATHS_SHARE = {"file": 1.0, "sqlite": 1.0, "cosmos": 0.25, "postgresql": 0.5, "mysql": 0.5}
 #: Fewest deaths per backend and mode: enough for seed 1 to reach every kill point and a
 #: concurrent case (every fifth case is one).

@@ -78,7 +78,7 @@ def cli(argv: list[str]) -> int:
         type=float,
         default=LEASE,
         help=f"seconds of the children's lease; every death costs the next process one "
-        f"lease of watching (default {LEASE:g}, stepstone's least)",
+        f"lease of watching unless it died on this machine (default {LEASE:g})",
     )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--case", type=int, help="rerun exactly this case, verbosely")
