@@ -1325,7 +1325,8 @@ def test_cancel_and_signal_against_the_real_runtime(tmp_path: Path) -> None:
     sent = cli("runs", "signal", "q1", "approval", "--data", "1", "--id", "x", "--store", url)
     assert sent.returncode == 0, sent.stderr
     again = cli("runs", "signal", "q1", "approval", "--data", "1", "--id", "x", "--store", url)
-    assert again.returncode == 0, again.stderr  # a repeated id is a no-op
+    assert again.returncode == 3, again.stderr  # a repeated id: already delivered, a no-op
+    assert "already delivered (id 'x')" in again.stdout
     listed_queued = listed(url, "--status", "queued")
     assert [r["run_id"] for r in listed_queued] == ["q1"]
     cancel = cli("runs", "cancel", "q1", "--store", url)

@@ -754,7 +754,7 @@ def test_claimable_is_an_index_search(store: Any) -> None:
     """The claimable queries use the (status, due_at) index, not a scan of the table."""
     for n in range(50):
         store.save(Checkpoint(f"done-{n}", step=0, step_names=("a",), total_steps=1, state={}))
-    params = {"now": datetime(2030, 1, 1, tzinfo=UTC), "limit": 10}
+    params = {"now": datetime(2030, 1, 1, tzinfo=UTC), "limit": 10, "skip": 0}
     for sql, _ in store._sql.claims:
         if store.kind == "postgresql":
             store._exec("SET enable_seqscan = off")

@@ -593,7 +593,7 @@ def test_claimable_uses_the_status_due_index(store: SQLiteStore) -> None:
         plan = " ".join(
             str(row[-1])
             for row in store._conn().execute(
-                f"EXPLAIN QUERY PLAN {sql}", {"now": "2030", "limit": 10}
+                f"EXPLAIN QUERY PLAN {sql}", {"now": "2030", "limit": 10, "skip": 0}
             )
         )
         assert "USING INDEX ix_stepstone_checkpoints_due" in plan, plan

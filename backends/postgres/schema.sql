@@ -1,7 +1,7 @@
 -- Generated from stepstone.stores.postgres (schema_ddl()); do not edit by hand.
 -- When the table is missing, PostgresStore runs these statements in one transaction,
 -- holding an advisory lock on the table name.
-CREATE TABLE IF NOT EXISTS stepstone_checkpoints (
+CREATE TABLE IF NOT EXISTS "stepstone_checkpoints" (
     run_key BYTEA NOT NULL,
     run_id TEXT NOT NULL,
     version VARCHAR(64) NOT NULL,
@@ -16,16 +16,16 @@ CREATE TABLE IF NOT EXISTS stepstone_checkpoints (
     PRIMARY KEY (run_key)
 );
 
-CREATE INDEX IF NOT EXISTS ix_stepstone_checkpoints_due ON stepstone_checkpoints (status, due_at);
+CREATE INDEX IF NOT EXISTS "ix_stepstone_checkpoints_due" ON "stepstone_checkpoints" (status, due_at);
 
-CREATE INDEX IF NOT EXISTS ix_stepstone_checkpoints_status ON stepstone_checkpoints (status, updated_at);
+CREATE INDEX IF NOT EXISTS "ix_stepstone_checkpoints_status" ON "stepstone_checkpoints" (status, updated_at);
 
-CREATE INDEX IF NOT EXISTS ix_stepstone_checkpoints_updated_at ON stepstone_checkpoints (updated_at);
+CREATE INDEX IF NOT EXISTS "ix_stepstone_checkpoints_updated_at" ON "stepstone_checkpoints" (updated_at);
 
-CREATE TABLE IF NOT EXISTS stepstone_checkpoints_meta (
+CREATE TABLE IF NOT EXISTS "stepstone_checkpoints_meta" (
     key VARCHAR(64) NOT NULL,
     value TEXT NOT NULL,
     PRIMARY KEY (key)
 );
 
-INSERT INTO stepstone_checkpoints_meta (key, value) VALUES ('schema_version', '2') ON CONFLICT DO NOTHING;
+INSERT INTO "stepstone_checkpoints_meta" (key, value) VALUES ('schema_version', '2') ON CONFLICT DO NOTHING;

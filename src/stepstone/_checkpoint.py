@@ -126,8 +126,10 @@ class Checkpoint:
         owner: Who holds the lease (a worker or a direct ``run`` call), None when free.
         epoch: Fencing epoch: bumped by every claim, so a stale owner's write is refused.
         lease: Seconds the owner promised to renew within; expiry is judged by a
-            claimant's monotonic clock seeing no new version for that long.
-        renewed_at: The owner's wall-clock time of its last renewal (display only).
+            claimant's monotonic clock seeing no write of the owner's for that long
+            (``_lease.owner_mark``: signals and cancel requests do not count).
+        renewed_at: The owner's wall-clock time of its last write (claim, renewal or
+            save); compared only with itself, never with another clock.
         waiting_for: What a waiting run waits for (``signal approval``, ``timer``,
             ``children 3 of 10``); None when not waiting.
         wake_at: When a waiting run is due (timer, timeout, child poll); None if only a
@@ -183,11 +185,17 @@ class Checkpoint:
 
     @property
     def status(self) -> RunStatus:
-        """The run's status, from the checkpoint alone (see ``run_status``)."""
+        """The run's status, from the checkpoint alone (see ``run_status``).
+
+        A failure saved while the owner keeps its lease is a retry in progress (the owner
+        waits out the backoff, renewing): the run is ``running``, so that a worker takes
+        it over if that owner dies, and a Map parent does not take a retrying child for
+        a failed one. A final failure gives the lease back: ``failed``.
+        """
         return run_status(
             self.step,
             self.total_steps,
-            self.failure is not None,
+            self.failure is not None and self.owner is None,
             queued=self.queued,
             waiting=self.waiting_for is not None,
             cancelled=self.cancelled,
@@ -201,18 +209,34 @@ class Checkpoint:
         runs at their owner's promised lease end (a hint for ordering and display: a
         takeover is decided by observation, never by comparing this with a clock).
         Stores index it with the status so that finding work never scans finished runs.
+
+        A waiting run is due now, whatever ``wake_at`` says, when it holds an unconsumed
+        signal it waits for (its owner may have died between saving the wait, re-based on
+        that signal, and consuming it) or when it has an owner (one that re-claimed it to
+        act on a signal or cancel request, and whose lease someone must watch).
         """
         status = self.status
         if status == "queued":
             # Due at once, whatever the clock of the host that queued it said.
             return DUE_NOW
         if status == "waiting":
+            if self.owner is not None or self._signalled():
+                return DUE_NOW
             return self.wake_at
         if status == "running":
             if self.renewed_at is not None and self.lease is not None:
                 return self.renewed_at + timedelta(seconds=self.lease)
             return self.updated_at or _EPOCH
         return None
+
+    def _signalled(self) -> bool:
+        """Return whether a signal this waiting run waits for was received, unconsumed."""
+        waiting_for = self.waiting_for
+        if not self.signals or waiting_for is None or not waiting_for.startswith("signal "):
+            return False
+        name = waiting_for[7:]
+        received = sum(1 for s in self.signals if s.name == name)
+        return received > self.consumed.get(name, 0)
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

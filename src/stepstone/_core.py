@@ -33,6 +33,7 @@ from ._errors import (
     StepFailed,
     StepstoneError,
     StoreError,
+    StoreUnavailable,
     Suspended,
     WorkflowChanged,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "Load",
     "Pause",
     "Plan",
+    "Renewing",
     "Save",
     "astep_through",
     "execute",
@@ -116,6 +118,21 @@ class Call(Effect):
         self.state = state
         self.ctx = ctx
         self.base = base
+
+
+class Renewing(Effect):
+    """Perform the effects of ``gen`` while renewing the lease as during a step.
+
+    For a suspending step's own bookkeeping (a ``Map`` loading or creating thousands of
+    child records), which may take longer than the lease. The result is what ``gen``
+    returns; its errors are thrown back in as they are, and a lost lease as
+    ``LeaseLost`` once ``gen`` has ended. ``gen`` itself makes no owned save.
+    """
+
+    __slots__ = ("gen",)
+
+    def __init__(self, gen: Generator[Effect, Any, Any]) -> None:
+        self.gen = gen
 
 
 class Pause(Effect):
@@ -243,6 +260,7 @@ def renew(plan: Plan) -> Generator[Effect, Any, BaseException | None]:
         try:
             yield Save(intended, "lease renewal")
             logger.debug("run %r: lease renewed", plan.run_id)
+            _hooks.fire("lease.renewed")
             return None
         except LeaseLost as exc:
             return exc
@@ -253,6 +271,9 @@ def renew(plan: Plan) -> Generator[Effect, Any, BaseException | None]:
             except ConflictError as exc:
                 return exc
             if stored is not None:
+                # A renewal changes nothing but the lease: a due time set by another
+                # writer (a child's nudge, a signal) stays, or the wake-up is lost.
+                intended = evolve(intended, wake_at=stored.wake_at)
                 cp = stored
         except StoreError as exc:
             logger.warning("run %r: lease renewal failed: %s", plan.run_id, exc)
@@ -498,7 +519,10 @@ def _watch_lease(plan: Plan, cp: Checkpoint) -> Generator[Effect, Any, Checkpoin
         lease,
     )
     started = time.monotonic()
-    version = cp.version
+    # The owner's own writes only: signals and cancel requests arriving for a dead
+    # owner's run must not keep it alive.
+    mark = _lease.owner_mark(cp)
+    latest = cp
     while True:
         left = lease - (time.monotonic() - started)
         if left <= 0:
@@ -508,10 +532,10 @@ def _watch_lease(plan: Plan, cp: Checkpoint) -> Generator[Effect, Any, Checkpoin
                 cp.owner,
                 lease,
             )
-            return _lease.released(cp)
+            return _lease.released(latest)
         yield Pause(min(left, max(0.01, lease / 10)), None)
         now: Checkpoint | None = yield Load(run_id)
-        if now is None or now.version != version:
+        if now is None or _lease.owner_mark(now) != mark:
             if now is not None and now.status in ("done", "cancelled"):
                 return now
             holder = cp.owner if now is None else now.owner
@@ -523,6 +547,7 @@ def _watch_lease(plan: Plan, cp: Checkpoint) -> Generator[Effect, Any, Checkpoin
                 run_id,
                 holder or "?",
             )
+        latest = now  # signals may have come: claim on the newest version
 
 
 def _ready(plan: Plan, cp: Checkpoint) -> bool:
@@ -548,6 +573,10 @@ def write(
         LeaseLost: another owner took the run over; nothing was written.
         ConflictError: another writer advanced the run.
     """
+    if intended.owner is not None and intended.owner == plan.owner:
+        # Every write of ours moves renewed_at (and with it due_at): a claimant watching
+        # the claim index sees each of our saves as a sign of life, not only renewals.
+        intended = evolve(intended, renewed_at=utcnow())
     for _ in range(_MAX_REBASES):
         try:
             with span(plan.on, "stepstone.save", run_id=plan.run_id, step=intended.step, what=what):
@@ -794,7 +823,11 @@ def _run_suspending(
     plan: Plan, index: int, cp: Checkpoint, working: State
 ) -> Generator[Effect, Any, tuple[Checkpoint, State]]:
     """Run a ``WaitFor``, ``Sleep`` or ``Map``: complete it, or save the run as waiting."""
-    from ._suspend import Complete, Wait  # noqa: PLC0415 - the modules refer to each other
+    from ._suspend import (  # noqa: PLC0415 - the modules refer to each other
+        Complete,
+        StepCodeError,
+        Wait,
+    )
 
     step = plan.steps[index]
     policy = step.retry
@@ -816,11 +849,17 @@ def _run_suspending(
                     attempt - 1,
                     AttemptsExhausted(f"step {step.name!r}: {policy.max_attempts} attempts"),
                 )
+            seen_wake_at = cp.wake_at
             try:
                 outcome = yield from step.evaluate(plan, cp, index, working, first)
-            except LeaseLost:
+            except (ConflictError, StoreUnavailable):
+                # The step's own bookkeeping (a Map's child records, the lease) met a store
+                # that failed or a lost lease: the run stops as after a failed save, and
+                # whoever resumes it evaluates the step again. Never the step's failure.
                 raise
-            except Exception as error:
+            except Exception as caught:
+                cp = _latest(plan, cp)
+                error = caught.error if isinstance(caught, StepCodeError) else caught
                 if (
                     policy is not None
                     and attempt < policy.max_attempts
@@ -833,6 +872,8 @@ def _run_suspending(
                     resumed = False
                     continue
                 yield from _fail(plan, cp, index, step.name, attempt, error)
+            # Renewals during the step replaced ``cp``.
+            cp = _latest(plan, cp)
             if isinstance(outcome, Complete):
                 if outcome.update:
                     working.update(outcome.update)
@@ -845,12 +886,17 @@ def _run_suspending(
                 _hooks.fire("runner.after_save")
                 return saved, pristine(saved)
             assert isinstance(outcome, Wait)
+            wake_at = outcome.wake_at
+            if cp.wake_at != seen_wake_at and cp.wake_at is not None:
+                # Someone made the run due while we looked (a child finished and nudged
+                # us); a renewal kept that on the record: keep the earlier time.
+                wake_at = cp.wake_at if wake_at is None else min(wake_at, cp.wake_at)
             waiting = _lease.released(
                 evolve(
                     cp,
                     attempt=attempt,
                     waiting_for=outcome.waiting_for,
-                    wake_at=outcome.wake_at,
+                    wake_at=wake_at,
                     **outcome.changes,
                 )
             )

@@ -10,7 +10,9 @@ Children talk to the parent in JSON lines on stdout; the parent tells the story.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import secrets
 import signal
@@ -345,6 +347,27 @@ def approval_workflows() -> list[Any]:
     return [stepstone.Workflow("approval-demo", steps)]
 
 
+def _declined(state: dict[str, Any]) -> dict[str, Any]:
+    raise RuntimeError("card declined by the issuer (demo)")
+
+
+def _leave_failed_run(store: Any) -> str:
+    """Leave a failed run beside the waiting one, for ``stepstone ui`` to show."""
+    import stepstone  # noqa: PLC0415
+
+    run_id = "payment-" + new_run_id().removeprefix("demo-")
+    # The failure is the point here: keep its error log line out of the demo's story.
+    log = logging.getLogger("stepstone")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        with contextlib.suppress(stepstone.StepFailed):
+            run(run_id, [Step("charge_card", _declined)], store)
+    finally:
+        log.setLevel(level)
+    return run_id
+
+
 def run_approval_demo(
     store_url: str,
     out: TextIO,
@@ -381,14 +404,23 @@ def run_approval_demo(
         else:
             raise RuntimeError("demo: the run was meant to wait for its approval")
         if manual:
+            failed_id = _leave_failed_run(store)
+            w(f"   and a run that failed, for the dashboard: {failed_id}\n")
             w(f"\nApprove it:   {signal_command}\n")
             w(
                 f"Then resume:  {command} worker --workflows "
                 f"stepstone._demo:WORKFLOWS{store_option}   (Ctrl-C when it is done)\n"
                 f"Or look:      {command} runs show {run_id}{store_option}\n"
+                f"Or see both:  {command} ui{store_option}   (then open http://127.0.0.1:8080/)\n"
             )
             if report is not None:
-                report.update(run_id=run_id, status="waiting", signal=signal_command)
+                report.update(
+                    run_id=run_id,
+                    status="waiting",
+                    signal=signal_command,
+                    failed_run_id=failed_id,
+                    ui=f"{command} ui{store_option}",
+                )
             return 0
         w(
             "\n2) A person approves it; the demo does what this command does:\n"

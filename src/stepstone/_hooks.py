@@ -4,7 +4,10 @@ Only tests install a hook (the crash and chaos suites kill the process at a chos
 point); in production ``fire`` is one global lookup and a comparison. The runner's
 points are ``runner.before_step``, ``runner.after_step`` (the step returned, its
 checkpoint not saved), ``runner.after_save`` and ``runner.backoff`` (a retry is
-waiting). Each backend's points inside a save are declared once, on the backend
+waiting). The runtime's: ``worker.claimed`` (a worker's claim landed, the run not yet
+driven), ``lease.renewed`` (a renewal landed), ``wait.consumed`` (a ``WaitFor`` chose
+its signal, the consumption not yet saved) and ``map.child_created`` (a child record
+landed, its parent not yet saved); the fleet harness kills workers there. Each backend's points inside a save are declared once, on the backend
 class, as ``Store.kill_points`` (point -> whether the new checkpoint survives a kill
 there); the contract suite and the chaos harness read them from there.
 """

@@ -9,10 +9,12 @@ coordinator: the store's compare-and-swap on the version is the only primitive.
   wins, the other gets ``ConflictError``.
 - **Renewal.** While a step runs longer than a third of the lease, the owner re-saves
   the record (a new version, ``renewed_at`` set). Any write changes the version.
-- **Expiry** is judged by the claimant's own monotonic clock: a run whose version has
-  not changed for a whole lease (the lease its owner recorded) while the claimant was
-  watching is expired. No two hosts' wall clocks are ever compared, so clock skew can
-  delay nothing and expire nothing early. ``renewed_at`` is shown to people only.
+- **Expiry** is judged by the claimant's own monotonic clock: a run whose owner wrote
+  nothing for a whole lease (the lease its owner recorded) while the claimant was
+  watching is expired. Only the owner's own writes count (``owner_mark``): a signal or
+  cancel request also makes a new version, but keeps a dead owner's run alive no
+  longer. No two hosts' wall clocks are ever compared, so clock skew can delay nothing
+  and expire nothing early. ``renewed_at`` is compared for equality only.
 - **Fencing.** Every write by an owner is a compare-and-swap on the version it last
   wrote; after a takeover that version is gone, so a frozen owner that wakes up cannot
   write. When its save conflicts it reloads: a new epoch or owner means ``LeaseLost``.
@@ -41,6 +43,7 @@ __all__ = [
     "claimed",
     "dead_here",
     "new_owner",
+    "owner_mark",
     "rebase",
     "released",
     "renewal",
@@ -126,6 +129,30 @@ def dead_here(owner: str | None) -> bool:
     except OSError:
         return False
     return False
+
+
+def owner_mark(cp: Checkpoint) -> tuple[object, ...]:
+    """Return what only ``cp``'s owner writes: it changes with every claim, renewal or save.
+
+    ``signal``, ``cancel`` and a child's nudge change the version too, but touch only
+    ``signals``, ``cancel_requested`` and ``wake_at``, which are left out: a claimant
+    watching this mark sees a dead owner's run expire however many signals it receives.
+    The state is left out too: every save of the owner's moves ``renewed_at`` (``write``).
+    """
+    return (
+        cp.owner,
+        cp.epoch,
+        cp.lease,
+        cp.renewed_at,
+        cp.step,
+        cp.attempt,
+        cp.failure,
+        cp.waiting_for,
+        cp.children,
+        cp.cancelled,
+        cp.queued,
+        cp.total_steps,
+    )
 
 
 def claimed(cp: Checkpoint, owner: str, lease: float) -> Checkpoint:

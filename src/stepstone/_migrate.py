@@ -5,7 +5,8 @@ The copy is idempotent and safe to re-run after an interruption. For each source
 - missing in the destination: saved there with ``version=None``, so a run another
   process created meanwhile is never overwritten (that counts as a conflict);
 - present with the same content (state, step, step names, total steps, attempt,
-  failure): skipped;
+  failure): skipped, also when it appeared during the copy (two migrations of the same
+  data at once);
 - present with different content: a conflict, unless ``force``, which overwrites it
   with a compare-and-swap against the version just read.
 
@@ -212,6 +213,14 @@ def _migrate_one(
     try:
         _write(dst, _copy(cp, None if existing is None else existing.version))
     except ConflictError:
+        # Someone wrote the run meanwhile: another migration of the same data, most
+        # likely. Only a different content is a conflict.
+        try:
+            now = dst.load(run_id)
+        except CorruptCheckpoint as exc:
+            return "failed", f"the destination holds an unreadable checkpoint: {exc}", False
+        if now is not None and not differences(cp, now):
+            return "skipped", "", False
         what = "changed" if overwrite else "was created"
         return "conflict", f"it {what} in the destination during the migration", False
     except (InvalidState, CheckpointTooLarge, InvalidRunId) as exc:

@@ -31,6 +31,7 @@ from ._core import (
     Load,
     Pause,
     Plan,
+    Renewing,
     Save,
     astep_through,
     execute,
@@ -196,6 +197,16 @@ def _perform(effect: Effect, plan: Plan, store: Store) -> Any:
         if lost is not None:
             raise lost
         return update
+    if kind is Renewing:
+        assert isinstance(effect, Renewing)
+        held = _renewer.enter(plan, store)
+        try:
+            result = step_through(effect.gen, lambda inner: _perform(inner, plan, store))
+        finally:
+            lost = _renewer.leave(held)
+        if lost is not None:
+            raise lost
+        return result
     assert isinstance(effect, Pause)
     pause_ticket = _renewer.enter(plan, store) if effect.base is not None else None
     try:
@@ -425,6 +436,18 @@ async def _aperform(effect: Effect, plan: Plan, store: Store, asyncio: Any) -> A
         if lost is not None:
             raise lost
         return update
+    if kind is Renewing:
+        assert isinstance(effect, Renewing)
+        holding = _AsyncRenewal(plan, store, asyncio)
+        try:
+            result = await astep_through(
+                effect.gen, lambda inner: _aperform(inner, plan, store, asyncio)
+            )
+        finally:
+            lost = await holding.stop()
+        if lost is not None:
+            raise lost
+        return result
     assert isinstance(effect, Pause)
     pausing = _AsyncRenewal(plan, store, asyncio) if effect.base is not None else None
     try:

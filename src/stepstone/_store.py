@@ -3,23 +3,36 @@
 from __future__ import annotations
 
 import abc
+import functools
+import heapq
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Self, TypeVar
 
-from ._checkpoint import ACTIVE_STATUSES, Checkpoint, _keep_times
-from ._errors import CorruptCheckpoint
+from ._checkpoint import ACTIVE_STATUSES, STATUSES, Checkpoint, _keep_times
+from ._errors import CorruptCheckpoint, StoreError
 from ._observe import logger
 
 if TYPE_CHECKING:
     from ._checkpoint import RunStatus
 
-__all__ = ["Diagnosis", "RunInfo", "Store"]
+__all__ = ["Diagnosis", "RunInfo", "Store", "page_key"]
 
 T = TypeVar("T")
+_NEVER = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def page_key(info: RunInfo) -> tuple[datetime, str]:
+    """Return the order of ``Store.list_page``: (updated_at in UTC, run_id); larger first."""
+    updated = info.updated_at
+    if updated is None:
+        updated = _NEVER
+    elif updated.tzinfo is None:
+        updated = updated.replace(tzinfo=UTC)
+    return updated, info.run_id
 
 
 async def _to_thread(fn: Callable[..., T], *args: Any) -> T:
@@ -207,7 +220,14 @@ class Store(abc.ABC):
             if cp is not None:
                 yield RunInfo.of(cp)
 
-    def claimable(self, now: datetime, limit: int = 100) -> list[RunInfo]:
+    def claimable(
+        self,
+        now: datetime,
+        limit: int = 100,
+        *,
+        status: RunStatus | None = None,
+        skip: int = 0,
+    ) -> list[RunInfo]:
         """Return the runs a worker may have to act on, from an index where there is one.
 
         That is every run in status ``running`` (a worker watches them for an expired
@@ -217,17 +237,79 @@ class Store(abc.ABC):
         them. The default scans ``list_info``; every built-in backend overrides it with an
         indexed query on (status, due_at).
 
+        With ``status`` (``running``, ``queued`` or ``waiting``) only that kind is
+        returned, a page of at most ``limit`` after the first ``skip`` in due_at order:
+        a worker pages past runs it cannot serve (another workflow or version) and
+        through every running run, whatever due_at a skewed clock wrote. A page shorter
+        than ``limit`` is the last.
+
         The result is a hint: a worker acts on it only by compare-and-swap on the version.
+
+        Raises:
+            ValueError: ``status`` is not an active status, or ``skip`` is negative.
         """
+        check_page(status, skip)
         running: list[RunInfo] = []
         due: list[RunInfo] = []
         for info in self.list_info():
+            if status is not None and info.status != status:
+                continue
             if info.status == "running":
                 running.append(info)
             elif info.status in ACTIVE_STATUSES and info.due_at is not None and info.due_at <= now:
                 due.append(info)
         due.sort(key=lambda info: info.due_at or now)
-        return running[:limit] + due[:limit]
+        if status is None:
+            return running[:limit] + due[:limit]
+        running.sort(key=lambda info: info.due_at or now)
+        return (running or due)[skip : skip + limit]
+
+    def list_page(
+        self,
+        status: RunStatus | None = None,
+        *,
+        prefix: str = "",
+        after: tuple[datetime, str] | None = None,
+        limit: int = 50,
+    ) -> list[RunInfo]:
+        """Return one page of a listing: runs most recently updated first (the dashboard's).
+
+        Only runs with ``status`` (any status if None) whose id starts with ``prefix``;
+        ``after`` is the ``page_key`` of the last run of the previous page (keyset paging,
+        so a page costs the same at any depth and runs saved meanwhile never shift it).
+        The default scans ``list_info``; a backend with a (status, updated_at) index may
+        override it with an indexed query.
+        """
+        found = (
+            info
+            for info in self.list_info()
+            if (status is None or info.status == status)
+            and info.run_id.startswith(prefix)
+            and (after is None or page_key(info) < after)
+        )
+        return heapq.nlargest(limit, found, key=page_key)
+
+    def version_of(self, run_id: str) -> str | None:
+        """Return the stored version of the run, or None if there is none: a cheap look
+        for a page that polls for changes. The default loads the run; backends that can
+        read the version alone override it.
+
+        Raises:
+            InvalidRunId: ``run_id`` is not a valid run id.
+        """
+        cp = self.load(run_id)
+        return None if cp is None else cp.version
+
+    def count_by_status(self, prefix: str = "") -> dict[str, int]:
+        """Return how many runs whose id starts with ``prefix`` have each status.
+
+        The default scans ``list_info``; a backend with a status index may override it.
+        """
+        counts: dict[str, int] = dict.fromkeys(STATUSES, 0)
+        for info in self.list_info():
+            if info.run_id.startswith(prefix):
+                counts[info.status] += 1
+        return counts
 
     def import_checkpoint(self, checkpoint: Checkpoint) -> Checkpoint:
         """Save a checkpoint copied from another store, keeping its timestamps.
@@ -322,7 +404,12 @@ class Store(abc.ABC):
         return await _to_thread(self.save, checkpoint)
 
     async def adelete(self, run_id: str, *, expected_version: str | None = None) -> bool:
-        """Async ``delete``; same contract, same errors."""
+        """Async ``delete``; same contract, same errors.
+
+        Without ``expected_version`` it calls ``delete(run_id)``, so a store written to
+        the previous contract (no ``expected_version`` argument) keeps working; with one,
+        such a store raises ``StoreError`` saying so, and nothing is deleted.
+        """
         return await _to_thread(_delete, self, run_id, expected_version)
 
     async def alist_runs(self) -> AsyncIterator[str]:
@@ -335,9 +422,16 @@ class Store(abc.ABC):
         for info in await _to_thread(lambda: list(self.list_info())):
             yield info
 
-    async def aclaimable(self, now: datetime, limit: int = 100) -> list[RunInfo]:
+    async def aclaimable(
+        self,
+        now: datetime,
+        limit: int = 100,
+        *,
+        status: RunStatus | None = None,
+        skip: int = 0,
+    ) -> list[RunInfo]:
         """Async ``claimable``."""
-        return await _to_thread(self.claimable, now, limit)
+        return await _to_thread(claim_page, self, now, limit, status, skip)
 
     async def aclose(self) -> None:
         """Async ``close``."""
@@ -345,4 +439,86 @@ class Store(abc.ABC):
 
 
 def _delete(store: Store, run_id: str, expected_version: str | None) -> bool:
+    if expected_version is None:
+        # A third-party store written to the previous contract has ``delete(run_id)``
+        # only: call it that way whenever no version is expected.
+        return store.delete(run_id)
+    if not _takes_expected_version(type(store)):
+        raise StoreError(
+            f"{type(store).__qualname__}.delete takes no expected_version (it was written "
+            "to an older Store contract), so it cannot delete by compare-and-swap; nothing "
+            "was deleted. Add the keyword-only expected_version argument to that delete"
+        )
     return store.delete(run_id, expected_version=expected_version)
+
+
+_SIGNATURES: dict[type[Store], bool] = {}
+
+
+def _takes_expected_version(cls: type[Store]) -> bool:
+    known = _SIGNATURES.get(cls)
+    if known is None:
+        import inspect  # noqa: PLC0415 - only for this rare path; ~10 ms at import
+
+        try:
+            parameters = inspect.signature(cls.delete).parameters
+        except (TypeError, ValueError):  # no signature to read: let the call tell
+            known = True
+        else:
+            known = "expected_version" in parameters or any(
+                p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
+            )
+        _SIGNATURES[cls] = known
+    return known
+
+
+def check_page(status: object, skip: object) -> None:
+    """Raise ``ValueError`` unless ``status`` and ``skip`` name a page of ``claimable``."""
+    if status is not None and status not in ACTIVE_STATUSES:
+        raise ValueError(
+            f"status must be None or one of {', '.join(ACTIVE_STATUSES)}, got {status!r}"
+        )
+    if type(skip) is not int or skip < 0:
+        raise ValueError(f"skip must be an int >= 0, got {skip!r}")
+
+
+@functools.cache
+def pages(method: Callable[..., Any]) -> bool:
+    """Return whether a ``claimable``/``aclaimable`` takes ``status`` and ``skip``."""
+    import inspect  # noqa: PLC0415 - once per class, and only when a worker pages
+
+    try:
+        params = inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return False
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return True
+    return "status" in params and "skip" in params
+
+
+def claim_page(
+    store: Store, now: datetime, limit: int, status: RunStatus | None, skip: int
+) -> list[RunInfo]:
+    """Call ``store.claimable`` for one page, also on a store written to its old form.
+
+    A third-party store whose ``claimable(now, limit)`` predates paging gets a longer
+    limit and the page is cut from its answer: slower, never stuck.
+    """
+    if status is None and skip == 0:
+        return store.claimable(now, limit)
+    if pages(type(store).claimable):
+        return store.claimable(now, limit, status=status, skip=skip)
+    check_page(status, skip)
+    kind = [info for info in store.claimable(now, skip + limit) if info.status == status]
+    return kind[skip : skip + limit]
+
+
+async def aclaim_page(
+    store: Store, now: datetime, limit: int, status: RunStatus | None, skip: int
+) -> list[RunInfo]:
+    """Async ``claim_page``: ``store.aclaimable``, or the sync page in a thread."""
+    if status is None and skip == 0:
+        return await store.aclaimable(now, limit)
+    if pages(type(store).aclaimable):
+        return await store.aclaimable(now, limit, status=status, skip=skip)
+    return await _to_thread(claim_page, store, now, limit, status, skip)

@@ -19,11 +19,12 @@ from collections.abc import Callable, Generator
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from . import _hooks
 from ._checkpoint import DUE_NOW, MAX_RUN_ID_LENGTH, Checkpoint, Signal, evolve, utcnow
 from ._codec import encode_state
-from ._errors import ConflictError, InvalidState, InvalidWorkflow, StoreError
+from ._errors import ConflictError, InvalidState, InvalidWorkflow, LeaseLost, StoreError
 from ._observe import logger
-from ._steps import RetryPolicy, Workflow, _check_name
+from ._steps import RetryPolicy, Step, Workflow, _check_name
 
 if TYPE_CHECKING:
     from ._core import Effect, Plan
@@ -33,6 +34,7 @@ __all__ = [
     "Complete",
     "Map",
     "Sleep",
+    "StepCodeError",
     "SuspendingStep",
     "Wait",
     "WaitFor",
@@ -45,10 +47,25 @@ _MISSING: Any = object()
 #: How often a parent waiting on children looks at them even if no child told it
 #: (a child's nudge can be lost to a crash; this bounds the delay, never strands it).
 CHILD_POLL = 10.0
+#: How often a Map tries to create (or re-queue) one child that others keep changing.
+_CHILD_TRIES = 5
 
 
 class WaitTimeout(TimeoutError):
     """A ``WaitFor`` reached its timeout without a signal and has no default."""
+
+
+class StepCodeError(Exception):
+    """An error raised by a suspending step's user code (``Map.items``), wrapped.
+
+    The runner unwraps it and treats it as the step's failure whatever its type, even
+    a store's error: only a store failing in the step's own bookkeeping pauses the run.
+    """
+
+    def __init__(self, error: Exception) -> None:
+        # Not str(error): a user's exception may fail to print; the runner unwraps it.
+        super().__init__(type(error).__qualname__)
+        self.error = error
 
 
 class ChildFailed(Exception):
@@ -178,6 +195,7 @@ class WaitFor(SuspendingStep):
             consumed = dict(cp.consumed)
             consumed[self.signal] = consumed.get(self.signal, 0) + 1
             logger.info("run %r: signal %r (id %r) consumed", cp.run_id, self.signal, pending[0].id)
+            _hooks.fire("wait.consumed")  # chosen, not yet saved: a crash here must not lose it
             return Complete({self.name: pending[0].payload}, {"consumed": consumed})
         if first:
             deadline = None if self.timeout is None else utcnow() + timedelta(seconds=self.timeout)
@@ -275,7 +293,9 @@ class Map(SuspendingStep):
     by workers. The parent waits until all are done, then merges the list of their final
     states, in item order, under ``name``. A failed child fails the step (``ChildFailed``
     naming it); a retry (``retry``, or running the parent again) re-queues only the
-    failed children.
+    failed children. ``items`` is called like a step (in a thread under ``arun``), and
+    the lease is renewed while it runs and while the child records are made; a store
+    that fails there stops the run as a failed save does, it never fails the step.
     """
 
     __slots__ = ("items", "workflow")
@@ -303,8 +323,7 @@ class Map(SuspendingStep):
     def ready(self, cp: Checkpoint) -> bool:
         return _due(cp.wake_at)
 
-    def _inputs(self, state: dict[str, Any]) -> list[dict[str, Any]]:
-        items = self.items(state)
+    def _inputs(self, items: object) -> list[dict[str, Any]]:
         if not isinstance(items, list):
             raise InvalidWorkflow(f"Map {self.name!r}: items() must return a list")
         for position, item in enumerate(items):
@@ -318,41 +337,18 @@ class Map(SuspendingStep):
     def evaluate(
         self, plan: Plan, cp: Checkpoint, index: int, state: dict[str, Any], first: bool
     ) -> Generator[Effect, Any, Outcome]:
-        from ._core import Load, Save  # noqa: PLC0415
+        from ._core import Call, Renewing  # noqa: PLC0415
 
-        inputs = self._inputs(state)
+        try:
+            # Called like a step: the driver renews the lease however long it takes.
+            listed = yield Call(Step(self.name, self.items), state, None, cp)
+        except LeaseLost:
+            raise
+        except Exception as exc:
+            raise StepCodeError(exc) from exc
+        inputs = self._inputs(listed)
         ids = [child_run_id(cp.run_id, self.name, i) for i in range(len(inputs))]
-        children: list[Checkpoint] = []
-        for child_id, item in zip(ids, inputs, strict=True):
-            child = yield Load(child_id)
-            if child is None:
-                fresh = _queued(self.workflow, child_id, item, parent=cp.run_id)
-                try:
-                    child = yield Save(fresh, f"start child {child_id}", owned=False)
-                except ConflictError:
-                    child = yield Load(child_id)
-                    if child is None:
-                        raise
-            if child.parent != cp.run_id or (child.workflow, child.workflow_version) != (
-                self.workflow.name,
-                self.workflow.version,
-            ):
-                # Never adopt a run that happens to have a child's id: its state would be
-                # merged as if this Map had produced it.
-                raise ChildFailed(
-                    f"run {child_id!r} exists but is not a child of run {cp.run_id!r} "
-                    f"running workflow {self.workflow.name!r} (it has parent "
-                    f"{child.parent!r}, workflow {child.workflow!r}); rename the Map step "
-                    "or remove that run",
-                    child_id,
-                )
-            children.append(child)
-        if first:
-            # A fresh attempt re-queues the children that failed before: only those run again.
-            for position, child in enumerate(children):
-                if child.status == "failed" and child.owner is None:
-                    requeued = evolve(child, queued=True, attempt=0)
-                    children[position] = yield Save(requeued, "requeue child", owned=False)
+        children: list[Checkpoint] = yield Renewing(self._children(cp, ids, inputs, first))
         done = [child for child in children if child.status == "done"]
         if len(done) == len(children):
             from ._core import pristine  # noqa: PLC0415
@@ -374,6 +370,87 @@ class Map(SuspendingStep):
             {"children": tuple(ids)},
             poll_only=True,
         )
+
+    def _children(
+        self, cp: Checkpoint, ids: list[str], inputs: list[dict[str, Any]], first: bool
+    ) -> Generator[Effect, Any, list[Checkpoint]]:
+        """Load (or create) every child; on a fresh attempt re-queue the failed ones.
+
+        Performed inside ``Renewing``: thousands of child records take as long as a long
+        step, and the lease is renewed meanwhile in the same way.
+        """
+        children: list[Checkpoint] = []
+        for child_id, item in zip(ids, inputs, strict=True):
+            child = yield from self._child(cp, child_id, item)
+            if child.parent != cp.run_id or (child.workflow, child.workflow_version) != (
+                self.workflow.name,
+                self.workflow.version,
+            ):
+                # Never adopt a run that happens to have a child's id: its state would be
+                # merged as if this Map had produced it.
+                raise ChildFailed(
+                    f"run {child_id!r} exists but is not a child of run {cp.run_id!r} "
+                    f"running workflow {self.workflow.name!r} (it has parent "
+                    f"{child.parent!r}, workflow {child.workflow!r}); rename the Map step "
+                    "or remove that run",
+                    child_id,
+                )
+            children.append(child)
+        if first:
+            # A fresh attempt re-queues the children that failed before: only those run again.
+            for position, child in enumerate(children):
+                children[position] = yield from _requeue(child)
+        return children
+
+    def _child(
+        self, cp: Checkpoint, child_id: str, item: dict[str, Any]
+    ) -> Generator[Effect, Any, Checkpoint]:
+        """Return child ``child_id``'s record, creating it (queued) if it does not exist."""
+        from ._core import Load, Save  # noqa: PLC0415
+
+        for _ in range(_CHILD_TRIES):
+            child: Checkpoint | None = yield Load(child_id)
+            if child is not None:
+                return child
+            fresh = _queued(self.workflow, child_id, item, parent=cp.run_id)
+            try:
+                created: Checkpoint = yield Save(fresh, f"start child {child_id}", owned=False)
+                _hooks.fire("map.child_created")
+            except ConflictError:
+                continue  # created meanwhile (by us, in an earlier attempt); load it
+            return created
+        # Not a store failing but someone deleting our children as we make them.
+        raise ChildFailed(
+            f"child run {child_id!r} was deleted {_CHILD_TRIES} times as it was created",
+            child_id,
+        )
+
+
+def _requeue(child: Checkpoint) -> Generator[Effect, Any, Checkpoint]:
+    """Re-queue ``child`` if it failed and nobody holds it; return its record."""
+    from ._core import Load, Save  # noqa: PLC0415
+
+    for _ in range(_CHILD_TRIES):
+        if child.status != "failed" or child.owner is not None:
+            return child
+        try:
+            requeued: Checkpoint = yield Save(
+                evolve(child, queued=True, attempt=0), "requeue child", owned=False
+            )
+        except ConflictError:
+            # Someone wrote the child meanwhile (a cancel, a run of it): look again.
+            reloaded: Checkpoint | None = yield Load(child.run_id)
+            if reloaded is None:
+                raise ChildFailed(
+                    f"child run {child.run_id!r} was deleted as it was re-queued", child.run_id
+                ) from None
+            child = reloaded
+            continue
+        return requeued
+    raise ChildFailed(
+        f"child run {child.run_id!r} changed {_CHILD_TRIES} times as it was re-queued",
+        child.run_id,
+    )
 
 
 def _queued(

@@ -29,7 +29,7 @@ from .backends import (
     local_config,
     sql_config,
 )
-from .harness import Options, Result, run_fleet
+from .harness import MODES, Options, Result, run_fleet
 from .report import render, update_readme
 
 __all__ = ["main"]
@@ -48,9 +48,29 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--kills", type=int, default=d.kills)
     p.add_argument("--freezes", type=int, default=d.freezes)
     p.add_argument("--stops", type=int, default=d.stops, help="graceful stops (SIGTERM)")
+    p.add_argument(
+        "--point-kills",
+        type=int,
+        default=d.point_kills,
+        help="kills a worker deals itself at a named runtime point (claim, renewal, ...)",
+    )
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument(
         "--signal-window", type=float, default=None, help="seconds (default: 0.06 x runs)"
+    )
+    p.add_argument(
+        "--mode",
+        default=d.mode,
+        help="comma list of threads, async, mixed: one campaign per mode and backend",
+    )
+    p.add_argument(
+        "--skew", type=float, default=d.skew, help="seconds of wall-clock skew between workers"
+    )
+    p.add_argument(
+        "--step-max",
+        type=float,
+        default=d.step_max,
+        help="most seconds a step sleeps (over a third of --lease: renewals inside steps)",
     )
     p.add_argument("--timeout", type=float, default=d.timeout)
     p.add_argument("--workdir", help="keep the stores and logs here (default: a temp dir)")
@@ -94,6 +114,10 @@ def main(argv: list[str]) -> int:
     for backend in backends:
         if backend not in BACKENDS:
             raise SystemExit(f"unknown backend {backend!r}; choose from {', '.join(BACKENDS)}")
+    modes = tuple(args.mode.split(","))
+    for mode in modes:
+        if mode not in MODES:
+            raise SystemExit(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
     runs_of = {}
     for item in args.runs_of:
         name, _, n = item.partition("=")
@@ -101,8 +125,10 @@ def main(argv: list[str]) -> int:
     results: list[Result] = []
     with contextlib.ExitStack() as stack:
         tmp = args.workdir or stack.enter_context(tempfile.TemporaryDirectory(prefix="fleet-"))
-        for backend in backends:
+        for backend, mode in [(b, m) for b in backends for m in modes]:
             opts = Options(
+                mode=mode,
+                skew=args.skew,
                 runs=runs_of.get(backend, args.runs),
                 workers=args.workers,
                 concurrency=args.concurrency,
@@ -111,12 +137,18 @@ def main(argv: list[str]) -> int:
                 kills=args.kills,
                 freezes=args.freezes,
                 stops=args.stops,
+                point_kills=args.point_kills,
+                step_max=args.step_max,
                 seed=args.seed,
                 signal_window=args.signal_window or 0.06 * runs_of.get(backend, args.runs),
                 timeout=args.timeout,
-                workdir=str(Path(tmp) / backend),
+                workdir=str(Path(tmp) / f"{backend}-{mode}"),
             )
-            print(f"{backend}: {opts.runs} runs, {opts.workers} workers...", flush=True)
+            print(
+                f"{backend} ({mode}, skew {opts.skew:g} s): {opts.runs} runs, "
+                f"{opts.workers} workers...",
+                flush=True,
+            )
             result = _campaign(backend, opts, stack)
             results.append(result)
             print(json.dumps(result.summary()), flush=True)

@@ -65,6 +65,11 @@ class Options:
     freezes: int = 3
     #: Graceful stops (SIGTERM: the worker hands its runs over at a step boundary).
     stops: int = 2
+    #: Kills a worker deals itself at a named runtime point (``POINTS``, in turn): the
+    #: harness arms the point (SIGUSR1) and the worker SIGKILLs itself the next time any
+    #: of its threads passes it (an external SIGKILL if it does not within ``arm_wait``).
+    point_kills: int = 0
+    arm_wait: float = 8.0
     seed: int = 1
     #: Seconds a step sleeps after its side effect: picked in [step_min, step_max].
     step_min: float = 0.03
@@ -90,6 +95,37 @@ class Options:
     #: while holding it stalls every worker's saves, so a freeze hits every worker.
     shared_lock: bool = False
     workdir: str = "/tmp/fleet"
+    #: How workers serve: ``threads`` (``Worker.serve``), ``async`` (``Worker.aserve``
+    #: under ``asyncio.run``) or ``mixed`` (alternately, one fleet of both kinds).
+    mode: str = "threads"
+    #: Seconds of wall-clock skew between workers: worker k's clock reads
+    #: ``SKEWS[k % 4] * skew`` seconds off the host's (ahead, exact, behind, half ahead).
+    skew: float = 0.0
+
+
+#: The runtime's named points a worker may be armed to die at (see ``stepstone._hooks``):
+#: a claim that landed, a renewal that landed, a signal consumed by a WaitFor before its
+#: save, a Map child record created, and the runner's own points around a step.
+POINTS = (
+    "worker.claimed",
+    "lease.renewed",
+    "wait.consumed",
+    "map.child_created",
+    "runner.before_step",
+    "runner.after_step",
+    "runner.after_save",
+)
+#: The skew pattern, as multiples of ``Options.skew`` (worker number modulo its length).
+SKEWS = (1.0, 0.0, -1.0, 0.5)
+#: The serving modes ``Options.mode`` accepts.
+MODES = ("threads", "async", "mixed")
+
+
+def worker_mode(opts: Options, number: int) -> str:
+    """How the ``number``-th worker started serves: ``threads`` or ``async``."""
+    if opts.mode == "mixed":
+        return ("threads", "async")[number % 2]
+    return opts.mode
 
 
 @dataclasses.dataclass
@@ -105,6 +141,8 @@ class Result:
     signals_sent: int
     signals_repeated: int
     workers_started: int
+    #: Points armed that the worker never passed within ``arm_wait`` (killed anyway).
+    unreached: int = 0
 
     @property
     def ok(self) -> bool:
@@ -117,11 +155,15 @@ class Result:
         stops = sum(f.kind == "stop" for f in self.faults)
         return {
             "backend": self.backend,
+            "mode": self.options.mode,
+            "skew s": round(self.options.skew, 1),
             "runs": self.options.runs,
             "child runs": self.report.children,
             "workers": self.options.workers,
             "processes": self.workers_started,
             "kills": kills,
+            "at points": sum(f.point is not None for f in self.faults),
+            "points unreached": self.unreached,
             "freezes": len(self.faults) - kills - stops,
             "stops": stops,
             "aimed": sum(f.target is not None for f in self.faults),
@@ -156,6 +198,13 @@ class _Fleet:
         self.stopping: dict[int, tuple[Fault, subprocess.Popen[bytes]]] = {}
         self.started = 0
         self.unexpected: list[str] = []
+        #: Workers armed to die at a point: pid -> (point, armed at ns, give up at ns).
+        self.armed: dict[int, tuple[str, int, int]] = {}
+        #: Point kills that happened (or were given up on), not yet in the fault log.
+        self.point_faults: list[Fault] = []
+        #: Points armed that no thread of the worker passed within ``arm_wait``.
+        self.unreached: list[str] = []
+        self.points_armed = 0
         env = dict(os.environ)
         tools = str(REPO / "tools")
         src = str(REPO / "src")
@@ -171,6 +220,8 @@ class _Fleet:
             "concurrency": self.opts.concurrency,
             "step_min": self.opts.step_min,
             "step_max": self.opts.step_max,
+            "mode": worker_mode(self.opts, self.started),
+            "skew": SKEWS[self.started % len(SKEWS)] * self.opts.skew,
         }
         number = self.started
         self.started += 1
@@ -204,6 +255,39 @@ class _Fleet:
         self.procs.pop(pid).wait(timeout=30)
         self.spawn()
         return Fault("kill", pid, now, now, target)
+
+    def point_kill(self, pid: int, point: str) -> None:
+        """Arm ``point`` in ``pid``: it dies the next time one of its threads passes it.
+
+        The worker goes on working meanwhile; ``reap`` notices the death (or, after
+        ``arm_wait``, SIGKILLs a worker that never passed the point) and files the fault.
+        """
+        now = time.monotonic_ns()
+        (self.logdir / f"arm-{pid}").write_text(point)
+        self.armed[pid] = (point, now, now + int(self.opts.arm_wait * 1e9))
+        os.kill(pid, signal.SIGUSR1)
+
+    def _reap_armed(self) -> None:
+        for pid, (point, armed_at, give_up) in list(self.armed.items()):
+            proc = self.procs[pid]
+            if proc.poll() is None:
+                if time.monotonic_ns() < give_up:
+                    continue
+                # Not passed in time (a quiet worker): an ordinary SIGKILL, filed as such.
+                os.kill(pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+                self.unreached.append(point)
+                self.point_faults.append(Fault("kill", pid, armed_at, time.monotonic_ns()))
+            else:
+                died = self.logdir / f"died-{pid}.json"
+                end = json.loads(died.read_text())["t"] if died.exists() else time.monotonic_ns()
+                reached = point if died.exists() else None
+                if reached is None:
+                    self.unreached.append(point)
+                self.point_faults.append(Fault("kill", pid, armed_at, int(end), None, reached))
+            del self.armed[pid]
+            self.procs.pop(pid)
+            self.spawn()
 
     def terminate(self, pid: int, target: str | None) -> Fault:
         """SIGTERM: the worker hands its runs over and exits 0; a replacement starts now."""
@@ -246,6 +330,7 @@ class _Fleet:
 
     def reap(self) -> None:
         """Notice workers that exited by themselves (a bug): record and replace them."""
+        self._reap_armed()
         for pid, (fault, proc) in list(self.stopping.items()):
             code = proc.poll()
             if code is None and time.monotonic_ns() - fault.start > 20e9:
@@ -267,6 +352,9 @@ class _Fleet:
 
     def stop(self) -> None:
         self.thaw_all()
+        while self.armed:  # each dies at its point or is killed after arm_wait
+            self._reap_armed()
+            time.sleep(0.02)
         while self.stopping:
             self.reap()
             time.sleep(0.05)
@@ -362,6 +450,7 @@ def run_fleet(config: str, opts: Options, backend: str = "?") -> Result:
         delivered: dict[str, list[tuple[str, str]]] = {run_id: [] for run_id in kinds}
         sent = repeated = 0
         order = ["freeze"] * opts.freezes + ["kill"] * opts.kills + ["stop"] * opts.stops
+        order += ["point"] * opts.point_kills
         rng.shuffle(order)
         last_fault = 0.0
         last_event_ns = time.monotonic_ns()
@@ -370,7 +459,7 @@ def run_fleet(config: str, opts: Options, backend: str = "?") -> Result:
         all_done = False
         deadline = began + opts.timeout
         # The fault phase: until every fault fired and every signal was sent.
-        while (order or plan or fleet.frozen) and time.monotonic() < deadline:
+        while (order or plan or fleet.frozen or fleet.armed) and time.monotonic() < deadline:
             now = time.monotonic()
             while plan and now - t_start >= plan[0][0]:
                 _at, run_id, sid, payload = plan.pop(0)
@@ -381,6 +470,8 @@ def run_fleet(config: str, opts: Options, backend: str = "?") -> Result:
                 if outcome == "new":  # a signal a run may have waited for
                     last_event_ns = max(last_event_ns, time.monotonic_ns())
             fleet.reap()
+            faults += fleet.point_faults
+            fleet.point_faults.clear()
             if now >= next_poll:
                 next_poll = now + 0.5
                 try:
@@ -389,10 +480,10 @@ def run_fleet(config: str, opts: Options, backend: str = "?") -> Result:
                     continue  # a flaky read: look again at the next poll
                 done_top = sum(i.status == "done" and i.run_id in kinds for i in infos)
                 all_done = sum(i.status == "done" for i in infos) == total
-            if all_done and not plan:
+            if all_done and not plan and not fleet.armed:
                 break
-            fired = len(faults)
-            n = opts.kills + opts.freezes + opts.stops
+            fired = len(faults) + len(fleet.armed)
+            n = opts.kills + opts.freezes + opts.stops + opts.point_kills
             if (
                 order
                 and done_top >= opts.last_fault_at * opts.runs * (fired + 1) / n
@@ -400,9 +491,10 @@ def run_fleet(config: str, opts: Options, backend: str = "?") -> Result:
             ):
                 kind = order[0]
                 live = fleet.live()
-                if kind == "stop":
-                    # Only a worker that is up: a SIGTERM while it still imports is death.
-                    live = [pid for pid in live if fleet.ready(pid)]
+                if kind in ("stop", "point"):
+                    # Only a worker that is up: a SIGTERM while it still imports is death,
+                    # and a SIGUSR1 before its handler is installed too.
+                    live = [pid for pid in live if fleet.ready(pid) and pid not in fleet.armed]
                 if kind == "freeze" and len(live) <= 2:
                     pass  # keep two workers running: wait for a thaw
                 elif live:
@@ -410,6 +502,11 @@ def run_fleet(config: str, opts: Options, backend: str = "?") -> Result:
                     order.pop(0)
                     if kind == "kill":
                         fault = fleet.kill(pid, target_run)
+                    elif kind == "point":
+                        fleet.point_kill(pid, POINTS[fleet.points_armed % len(POINTS)])
+                        fleet.points_armed += 1
+                        last_fault = time.monotonic()
+                        continue
                     elif kind == "stop":
                         fault = fleet.terminate(pid, target_run)
                     else:
@@ -418,6 +515,11 @@ def run_fleet(config: str, opts: Options, backend: str = "?") -> Result:
                     last_fault = time.monotonic()
             time.sleep(0.02)
         fleet.thaw_all()
+        while fleet.armed:  # past the deadline: each dies at its point or is killed
+            fleet.reap()
+            time.sleep(0.02)
+        faults += fleet.point_faults
+        fleet.point_faults.clear()
         skipped = len(order)
         # From the blow itself (the SIGKILL, or the SIGSTOP: its takeover is the point).
         last_event_ns = max([last_event_ns, *(f.start for f in faults)])
@@ -469,6 +571,7 @@ def run_fleet(config: str, opts: Options, backend: str = "?") -> Result:
         signals_sent=sent,
         signals_repeated=repeated,
         workers_started=fleet.started,
+        unreached=len(fleet.unreached),
     )
 
 

@@ -71,6 +71,9 @@ class Fault:
     end: int
     #: The run whose owner was aimed at, or None for a random worker.
     target: str | None = None
+    #: For a kill the worker dealt itself at a named runtime point (``Options.point_kills``),
+    #: that point; ``start`` is when it was armed, ``end`` when the worker died there.
+    point: str | None = None
 
 
 @dataclasses.dataclass

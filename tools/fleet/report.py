@@ -21,11 +21,15 @@ README_BEGIN = "<!-- fleet:begin -->"
 README_END = "<!-- fleet:end -->"
 COLUMNS = (
     "backend",
+    "mode",
+    "skew s",
     "runs",
     "child runs",
     "workers",
     "processes",
     "kills",
+    "at points",
+    "points unreached",
     "freezes",
     "stops",
     "takeovers",
@@ -67,7 +71,16 @@ def render(results: list[Result], command: str) -> str:
         "SIGTERM) or signal until every run was done; **bound s**: 3 leases + 2 polls + "
         f"the 10 s child poll + {TAIL:g} s for the last runs' own steps. **violations**: "
         "broken invariants (exact final states, nothing stranded, no fenced write landed, "
-        "signals exactly once, repeats within faults).",
+        "signals exactly once, repeats within faults). **mode**: how the workers serve "
+        "(`threads`: `Worker.serve`; `async`: `Worker.aserve`; `mixed`: alternately). "
+        "**at points**: of the kills, those a worker dealt itself at a named runtime "
+        "point (armed by the harness, in turn: a claim landed, a renewal landed, a signal "
+        "consumed before its save, a Map child created, before/after a step, after a "
+        "save); **points unreached**: armed points no thread passed within the wait (the "
+        "worker was then SIGKILLed, counted among the kills). **skew s**: the workers' "
+        "wall clocks read this far off the host's, in the pattern "
+        "ahead, exact, behind, half ahead (takeovers are decided on each claimant's "
+        "monotonic clock, so skew must change nothing).",
         "",
         "| " + " | ".join(COLUMNS) + " |",
         "|---|" + "---:|" * (len(COLUMNS) - 1),

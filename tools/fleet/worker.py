@@ -2,24 +2,78 @@
 
 Opens the store from its config string in this fresh process, points the workload's
 steps at it and at this process's side-effect log, and serves the fleet's workflows
-with ``Worker(...).serve()`` until SIGTERM (``stop``: hand the runs over) or SIGKILL.
+with ``Worker(...).serve()`` (or ``aserve()`` under ``asyncio.run`` when the spec's mode
+is ``async``) until SIGTERM (``stop``: hand the runs over) or SIGKILL.
+
+A spec ``skew`` of S seconds makes every wall-clock reading stepstone takes in this
+process S seconds off the host's (``utcnow``, as imported by each stepstone module), the
+way a host whose clock is wrong would write its records.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
 import signal
 import sys
+import time
 import warnings
+from datetime import datetime, timedelta
 from typing import Any
 
-from stepstone import Worker, open_store
+import stepstone._checkpoint
+from stepstone import Worker, _hooks, open_store
 
 from .workload import SERVED, Process
 
-__all__ = ["worker_main"]
+__all__ = ["arm_points", "skew_clock", "worker_main"]
+
+
+def arm_points(logdir: str) -> None:
+    """Let the harness arm a runtime point: SIGUSR1 reads ``arm-PID``; at that point, die.
+
+    The death is real (SIGKILL to itself, from whichever thread passes the point); the
+    monotonic time and the point are written to ``died-PID.json`` first, for the fault log.
+    """
+    armed: list[str] = []
+    pid = os.getpid()
+
+    def arm(*_: object) -> None:
+        with open(os.path.join(logdir, f"arm-{pid}")) as f:
+            armed[:] = [f.read().strip()]
+
+    def hook(point: str) -> None:
+        if armed and point == armed[0]:
+            record = json.dumps({"point": point, "t": time.monotonic_ns()})
+            path = os.path.join(logdir, f"died-{pid}.json")
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.write(fd, record.encode())
+            os.close(fd)
+            os.kill(pid, signal.SIGKILL)
+
+    signal.signal(signal.SIGUSR1, arm)
+    _hooks.install(hook)
+
+
+def skew_clock(seconds: float) -> None:
+    """Make stepstone's wall clock in this process read ``seconds`` off the host's.
+
+    Every stepstone module imports ``utcnow`` by name, so each loaded module's binding is
+    replaced (call this after the store and the worker are imported).
+    """
+    if not seconds:
+        return
+    original = stepstone._checkpoint.utcnow
+    offset = timedelta(seconds=seconds)
+
+    def skewed() -> datetime:
+        return original() + offset
+
+    for name, module in list(sys.modules.items()):
+        if name.startswith("stepstone") and getattr(module, "utcnow", None) is original:
+            module.utcnow = skewed  # type: ignore[attr-defined]
 
 
 def worker_main(spec: dict[str, Any]) -> int:
@@ -46,11 +100,21 @@ def worker_main(spec: dict[str, Any]) -> int:
     Process.step_seconds = (float(spec["step_min"]), float(spec["step_max"]))
     path = os.path.join(spec["logdir"], f"effects-{os.getpid()}.jsonl")
     Process.log_fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    skew_clock(float(spec.get("skew", 0.0)))
+    arm_points(spec["logdir"])
     signal.signal(signal.SIGTERM, lambda *_: worker.stop())
     # The harness reads this line to learn that the worker is up, and as whom.
     print(json.dumps({"pid": os.getpid(), "owner": worker.owner}), flush=True)
     try:
-        worker.serve()
+        if spec.get("mode") == "async":
+            asyncio.run(_aserve(worker))
+        else:
+            worker.serve()
     finally:
         store.close()
     return 0
+
+
+async def _aserve(worker: Worker) -> None:
+    # stop() is thread- and signal-safe; the handler above stays in force under asyncio.
+    await worker.aserve()

@@ -3,13 +3,14 @@ manage stores.
 
 One module per command group: ``_runs`` (``runs list|show|delete|prune|cancel|signal``),
 ``_store_cmds`` (``init``, ``doctor``, ``migrate``), ``_worker`` (``worker``),
-``_demo_bench`` (``demo``, ``bench``); ``_common`` holds exit codes, argument types and
-store opening, ``_output`` everything printed (secrets masked, control characters
-escaped, ``--json``).
+``_demo_bench`` (``demo``, ``bench``), ``_ui`` (``ui``, the dashboard); ``_common`` holds
+exit codes, argument types and store opening, ``_output`` everything printed (secrets
+masked, control characters escaped, ``--json``).
 
 Exit status: 0 success; 1 an operational error (the store failed, a run is missing,
 ``doctor`` found a failing check, ``migrate`` left conflicts or failures); 2 a usage or
-configuration error (bad option or value, bad store config string); 130 interrupted.
+configuration error (bad option or value, bad store config string); 3 ``runs signal``
+with an ``--id`` delivered before (nothing recorded); 130 interrupted.
 
 Every error is one line on stderr, ``stepstone: error: ...``; ``--verbose`` adds the
 traceback and debug logs. Secrets in store config strings (passwords, keys, tokens) are
@@ -30,7 +31,7 @@ from .. import __version__
 from .._errors import ConfigError, InvalidRunId, StepstoneError
 from .._redact import redact_url as redact
 from .._registry import DEFAULT_STORE, ENV_VAR
-from . import _demo_bench, _runs, _store_cmds, _worker
+from . import _demo_bench, _runs, _store_cmds, _ui, _worker
 from ._common import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
@@ -106,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     _runs.add_parsers(commands, store, Parser)
     _store_cmds.add_parsers(commands, store, common)
     _demo_bench.add_parsers(commands, store)
+    _ui.add_parsers(commands, store)
     return parser
 
 

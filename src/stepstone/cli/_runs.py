@@ -26,7 +26,11 @@ from ._common import (
 )
 from ._output import age, emit_json, iso, out, safe, safe_lines, span, table, when
 
-__all__ = ["add_parsers"]
+__all__ = ["EXIT_ALREADY_DELIVERED", "add_parsers"]
+
+#: ``runs signal`` with an ``--id`` the run received before: nothing was recorded. Not 0,
+#: so a script can tell a repeat from a delivery; not 1 or 2, since nothing failed.
+EXIT_ALREADY_DELIVERED = 3
 
 
 def add_parsers(commands: Any, store: argparse.ArgumentParser, parser_class: type) -> None:
@@ -126,7 +130,9 @@ def add_parsers(commands: Any, store: argparse.ArgumentParser, parser_class: typ
         help="send a signal to a run (e.g. an approval a WaitFor step waits for)",
         description=(
             "Send the signal NAME with a JSON payload to a run. A run accepts signals while "
-            "queued, running, waiting or failed; a repeated --id is a no-op."
+            "queued, running, waiting or failed. A repeated --id is a no-op, whatever its "
+            "payload: it prints 'already delivered (id ID)', exits with status "
+            f'{EXIT_ALREADY_DELIVERED} and, with --json, reports "delivered": false.'
         ),
     )
     signal.add_argument("run_id", metavar="RUN_ID")
@@ -135,7 +141,11 @@ def add_parsers(commands: Any, store: argparse.ArgumentParser, parser_class: typ
         "--data", metavar="JSON", default="null", help="the payload, as JSON (default: null)"
     )
     signal.add_argument(
-        "--id", dest="signal_id", metavar="ID", help="an id that makes re-sending a no-op"
+        "--id",
+        dest="signal_id",
+        metavar="ID",
+        help="an id that makes re-sending a no-op (exit status "
+        f"{EXIT_ALREADY_DELIVERED}, 'already delivered')",
     )
     signal.set_defaults(handler=_signal)
 
@@ -143,9 +153,25 @@ def add_parsers(commands: Any, store: argparse.ArgumentParser, parser_class: typ
 # --- list ----------------------------------------------------------------------------
 
 
+#: Record-id heads of the framework adapters' records (``maf/<workflow>/<checkpoint>``,
+#: ``langgraph/<thread>/...``; ``kind:rest`` is accepted too), and the journal suffix of
+#: the pydantic-ai adapter. Everything else is a stepstone run.
+_ADAPTER_HEADS = ("langgraph", "maf")
+_JOURNAL_SUFFIX = "/pydantic-ai-journal"
+
+
+def _kind(run_id: str) -> str:
+    """Return what wrote the record: ``run`` (stepstone's runner) or an adapter's name."""
+    for head in _ADAPTER_HEADS:
+        if len(run_id) > len(head) + 1 and run_id[len(head)] in ":/" and run_id.startswith(head):
+            return head
+    return "pydantic-ai" if run_id.endswith(_JOURNAL_SUFFIX) else "run"
+
+
 def _info_json(i: RunInfo) -> dict[str, Any]:
     return {
         "run_id": i.run_id,
+        "kind": _kind(i.run_id),
         "status": i.status,
         "step": i.step,
         "completed_steps": i.step + 1,
@@ -225,7 +251,7 @@ def _list(args: argparse.Namespace) -> int:
         [
             safe(i.run_id),
             i.status,
-            _progress(i.step, i.total_steps),
+            _progress(i.step, i.total_steps) if _kind(i.run_id) == "run" else "-",
             safe(i.owner) if i.owner else "-",
             _due_text(i, now),
             when(i.updated_at),
@@ -234,6 +260,12 @@ def _list(args: argparse.Namespace) -> int:
         for i in found
     ]
     headers = ["RUN_ID", "STATUS", "STEPS", "OWNER", "DUE", "UPDATED", "AGE"]
+    kinds = [_kind(i.run_id) for i in found]
+    if any(kind != "run" for kind in kinds):
+        # Records the framework adapters wrote sit beside the runs: say which is which.
+        headers.insert(1, "KIND")
+        for row, kind in zip(rows, kinds, strict=True):
+            row.insert(1, kind)
     if waits or any(i.status == "waiting" for i in found):
         headers.append("WAITING_FOR")
         for row, info in zip(rows, found, strict=True):
@@ -531,6 +563,9 @@ def _signal(args: argparse.Namespace) -> int:
     config = store_config(args)
     with opened(config) as store:
         result = signal(store, args.run_id, args.name, payload, signal_id=args.signal_id)
+    # stepstone.signal returns False for an id received before; anything else (True, or
+    # None from an older runtime) is a delivery.
+    delivered = result is not False
     status = _status_of(result)
     if args.json:
         emit_json(
@@ -538,10 +573,16 @@ def _signal(args: argparse.Namespace) -> int:
                 "run_id": args.run_id,
                 "signal": args.name,
                 "id": args.signal_id,
+                "delivered": delivered,
                 "status": status,
             }
         )
-    else:
+    elif delivered:
         tail = f" (status {status})" if status else ""
         out(f"sent signal {safe(repr(args.name))} to run {safe(repr(args.run_id))}{tail}")
-    return EXIT_OK
+    else:
+        out(
+            f"already delivered (id {safe(repr(args.signal_id))}): run "
+            f"{safe(repr(args.run_id))} has it; nothing was recorded"
+        )
+    return EXIT_OK if delivered else EXIT_ALREADY_DELIVERED

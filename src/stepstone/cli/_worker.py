@@ -2,8 +2,10 @@
 
 A thin wrapper around ``stepstone.Worker``: it loads the workflows, opens the store,
 and turns SIGTERM/SIGINT into ``worker.stop()`` (stop claiming, let steps in flight
-finish within the grace period, release the leases, exit 0). A second signal exits at
-once; the runs it held are then recovered by other workers like a crashed worker's.
+finish within the grace period, release the leases, exit 0). Steps still running after
+the grace are abandoned: their runs' leases are given back and the process exits 0 at
+once, without waiting for their threads. A second signal exits at once; the runs it
+held are then recovered by other workers like a crashed worker's.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
 from .. import _lease
 from ._common import EXIT_OK, OperationalError, UsageError, bounded_int, opened, seconds_arg
@@ -42,7 +44,9 @@ def add_parsers(commands: Any, store: argparse.ArgumentParser) -> None:
             "from the store: claim queued runs, runs whose owner's lease expired and "
             "waiting runs that are due, and drive them, up to --concurrency at once. "
             "SIGTERM or SIGINT stops claiming, lets steps in flight finish within "
-            "--grace, releases the leases and exits 0; a second signal exits at once."
+            "--grace, releases the leases and exits 0; steps still running after --grace "
+            "are abandoned (their leases given back, to run again on another worker) and "
+            "the process exits 0 without waiting for them; a second signal exits at once."
         ),
     )
     worker.add_argument(
@@ -69,8 +73,8 @@ def add_parsers(commands: Any, store: argparse.ArgumentParser) -> None:
         "--grace",
         type=seconds_arg(0.0, MAX_LEASE_SECONDS, allow_low=True),
         metavar="SECONDS",
-        help="on SIGTERM/SIGINT, how long steps in flight may take to finish "
-        "(default: the Worker's)",
+        help="on SIGTERM/SIGINT, how long steps in flight may take to finish; then the "
+        "process exits and the steps still running are abandoned (default: the Worker's)",
     )
     worker.set_defaults(handler=_worker)
 
@@ -179,8 +183,38 @@ def _worker(args: argparse.Namespace) -> int:
         sys.stdout.flush()
         with _stop_on_signals(worker) as received:
             worker.serve()
+        # Runs still in a step after the grace: their threads would hold the process at
+        # interpreter exit (and write into a closed store). Give their leases back and
+        # end the process now, the store left open: each save is durable already.
+        abandon = getattr(worker, "_abandon", None)
+        stuck = abandon(_ABANDON_TIMEOUT) if abandon is not None else []
+        if stuck:
+            _stopped(args, received, stuck)
+            _exit_now(EXIT_OK)
+    _stopped(args, received, [])
+    return EXIT_OK
+
+
+#: Seconds the leases of abandoned runs may take to be given back before the exit.
+_ABANDON_TIMEOUT = 5.0
+
+
+def _stopped(args: argparse.Namespace, received: list[int], stuck: list[str]) -> None:
     if args.json:
-        emit_json({"event": "stopped", "signals": len(received)})
+        emit_json({"event": "stopped", "signals": len(received), "abandoned": stuck})
+    elif stuck:
+        shown = ", ".join(safe(repr(run_id)) for run_id in stuck[:5])
+        more = f" and {len(stuck) - 5} more" if len(stuck) > 5 else ""
+        out(
+            f"{PROG} worker: stopped after the grace period, abandoning the steps in flight "
+            f"of {len(stuck)} runs ({shown}{more}); other workers run them again"
+        )
     else:
         out(f"{PROG} worker: stopped")
-    return EXIT_OK
+
+
+def _exit_now(code: int) -> NoReturn:
+    """End the process without waiting for threads (``os._exit``), output flushed first."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -69,12 +69,14 @@ from .._errors import (
     StoreUnavailable,
 )
 from .._observe import logger
-from .._store import RunInfo, Store
+from .._store import RunInfo, Store, check_page
 from ._common import new_version, parse_options
 from ._group import GroupCommit, Pending
 
 if TYPE_CHECKING:
     import asyncio
+
+    from .._checkpoint import RunStatus
 
 
 __all__ = ["TABLE_SCHEMA", "ErrorRule", "SQLStore", "translate"]
@@ -761,21 +763,31 @@ class SQLStore(Store):
             rows = self._salvage(self._sql.keys)
         return iter(self._infos(rows))
 
-    def claimable(self, now: datetime, limit: int = 100) -> list[RunInfo]:
+    def claimable(
+        self,
+        now: datetime,
+        limit: int = 100,
+        *,
+        status: RunStatus | None = None,
+        skip: int = 0,
+    ) -> list[RunInfo]:
         """Return the running runs and the queued/waiting ones due by ``now`` (indexed).
 
+        With ``status``, one page of that kind only (``Store.claimable``).
+
         Raises:
+            ValueError: ``status`` is not an active status, or ``skip`` is negative.
             StoreUnavailable: the database cannot be reached, or timed out.
         """
-        params = {"now": self._db_time(now), "limit": int(limit)}
+        params = {"now": self._db_time(now), "limit": int(limit), "skip": skip}
         parts: list[list[RunInfo]] = []
-        for sql, keys in self._sql.claims:
+        for sql, keys in _claim_queries(self._sql.claims, status, skip):
             try:
                 _, rows = self._exec(sql, params)
             except _Undecodable:
                 rows = self._salvage(keys, params)
             parts.append(self._infos(rows))
-        return _claim_result(parts, limit)
+        return _claim_result(parts, limit, status)
 
     def _salvage(self, keys_sql: str, params: Any = None) -> list[Any]:
         """Read rows one by one after an undecodable one broke a listing; skip the bad."""
@@ -891,19 +903,26 @@ class SQLStore(Store):
         for info in self._infos(rows):
             yield info
 
-    async def aclaimable(self, now: datetime, limit: int = 100) -> list[RunInfo]:
+    async def aclaimable(
+        self,
+        now: datetime,
+        limit: int = 100,
+        *,
+        status: RunStatus | None = None,
+        skip: int = 0,
+    ) -> list[RunInfo]:
         """Async ``claimable``."""
         if not self.native_async:
-            return await super().aclaimable(now, limit)
-        params = {"now": self._db_time(now), "limit": int(limit)}
+            return await super().aclaimable(now, limit, status=status, skip=skip)
+        params = {"now": self._db_time(now), "limit": int(limit), "skip": skip}
         parts: list[list[RunInfo]] = []
-        for sql, keys in self._sql.claims:
+        for sql, keys in _claim_queries(self._sql.claims, status, skip):
             try:
                 _, rows = await self._aexec(sql, params)
             except _Undecodable:
                 rows = await self._asalvage(keys, params)
             parts.append(self._infos(rows))
-        return _claim_result(parts, limit)
+        return _claim_result(parts, limit, status)
 
     async def _asalvage(self, keys_sql: str, params: Any = None) -> list[Any]:
         _, keys = await self._aexec(keys_sql, params)
@@ -924,8 +943,125 @@ class SQLStore(Store):
             return
         self.close()
 
+    # --- the dashboard's listing (``Store.list_page``, ``Store.count_by_status``) --------
 
-def _claim_result(parts: list[list[RunInfo]], limit: int) -> list[RunInfo]:
+    def _page_sql(
+        self, status: str | None, prefix: str, after: tuple[datetime, str] | None, limit: int
+    ) -> tuple[str, dict[str, Any]]:
+        named = self.scheme == "sqlite"  # the drivers' paramstyles: named, else pyformat
+
+        def p(name: str) -> str:
+            return f":{name}" if named else f"%({name})s"
+
+        # Run ids compare as code points on every dialect (PostgreSQL's "C" collation,
+        # MySQL's utf8mb4_bin column, SQLite's BINARY), as the cursor does.
+        rid = 'run_id COLLATE "C"' if self.scheme == "postgresql" else "run_id"
+        where: list[str] = []
+        params: dict[str, Any] = {"limit": int(limit)}
+        if status is not None:
+            where.append(f"status = {p('status')}")
+            params["status"] = status
+        if prefix:
+            clause, values = self._prefix_clause(prefix)
+            where.append(clause)
+            params.update(values)
+        if after is not None:
+            where.append(
+                f"(updated_at < {p('after_at')} OR "
+                f"(updated_at = {p('after_at2')} AND {rid} < {p('after_id')}))"
+            )
+            params.update(
+                after_at=self._db_time(after[0]),
+                after_at2=self._db_time(after[0]),
+                after_id=after[1],
+            )
+        sql = self._sql.info + (" WHERE " + " AND ".join(where) if where else "")
+        return sql + f" ORDER BY updated_at DESC, {rid} DESC LIMIT {p('limit')}", params
+
+    def _prefix_clause(self, prefix: str) -> tuple[str, dict[str, Any]]:
+        """Return the condition "run_id starts with ``prefix``", case-sensitive."""
+        if self.scheme == "sqlite":
+            # SQLite's LIKE ignores ASCII case; a substring comparison does not.
+            return "substr(run_id, 1, :prefix_len) = :prefix", {
+                "prefix": prefix,
+                "prefix_len": len(prefix),
+            }
+        escaped = prefix.replace("!", "!!").replace("%", "!%").replace("_", "!_")
+        return "run_id LIKE %(prefix)s ESCAPE '!'", {"prefix": escaped + "%"}
+
+    def list_page(
+        self,
+        status: RunStatus | None = None,
+        *,
+        prefix: str = "",
+        after: tuple[datetime, str] | None = None,
+        limit: int = 50,
+    ) -> list[RunInfo]:
+        """One page of the listing, newest first: a ``LIMIT`` query on the indexes.
+
+        The (status, updated_at) index serves a status filter, the updated_at index the
+        unfiltered list; the cursor continues from the last row shown (keyset paging).
+
+        Raises:
+            StoreUnavailable: the database cannot be reached, or timed out.
+        """
+        sql, params = self._page_sql(status, prefix, after, limit)
+        try:
+            _, rows = self._exec(sql, params)
+        except _Undecodable:
+            return super().list_page(status, prefix=prefix, after=after, limit=limit)
+        return self._infos(rows)
+
+    def version_of(self, run_id: str) -> str | None:
+        """Return the run's version from its row, without reading the document.
+
+        Raises:
+            InvalidRunId: ``run_id`` is not a valid run id.
+            StoreUnavailable: the database cannot be reached, or timed out.
+        """
+        check_run_id(run_id)
+        _, rows = self._exec(self._sql.version, {"run_key": self._key(run_id)})
+        return None if not rows else rows[0][0]
+
+    def count_by_status(self, prefix: str = "") -> dict[str, int]:
+        """Count the runs per status with one ``GROUP BY`` over the status index.
+
+        Raises:
+            StoreUnavailable: the database cannot be reached, or timed out.
+        """
+        found = re.search(r"\sFROM\s+(\S+)\s*\Z", self._sql.info)  # the listing's own table
+        if found is None:  # pragma: no cover - the generated statement has this shape
+            return super().count_by_status(prefix)
+        table = found[1]
+        sql = f"SELECT status, COUNT(*) FROM {table}"
+        params: dict[str, Any] = {}
+        if prefix:
+            clause, params = self._prefix_clause(prefix)
+            sql += " WHERE " + clause
+        _, rows = self._exec(sql + " GROUP BY status", params)
+        counts: dict[str, int] = dict.fromkeys(STATUSES, 0)
+        for status, count in rows:
+            if status in counts:
+                counts[status] = int(count)
+        return counts
+
+
+_CLAIM_KINDS: Final = ("running", "queued", "waiting")
+
+
+def _claim_queries(
+    claims: list[tuple[str, str]], status: RunStatus | None, skip: int
+) -> list[tuple[str, str]]:
+    """Return the claim queries to run: all three, or the one of a paged ``status``."""
+    check_page(status, skip)
+    return claims if status is None else [claims[_CLAIM_KINDS.index(status)]]
+
+
+def _claim_result(
+    parts: list[list[RunInfo]], limit: int, status: RunStatus | None = None
+) -> list[RunInfo]:
+    if status is not None:
+        return parts[0]
     running, queued, waiting = parts
     due = sorted(queued + waiting, key=lambda info: info.due_at or _MIN)
     return running[:limit] + due[:limit]
@@ -1013,8 +1149,13 @@ class Statements:
         running = status("running")
         queued = status("queued") & (c.due_at <= now)
         waiting = status("waiting") & (c.due_at <= now)
-        # LIMIT takes a parameter; SQLAlchemy would rename it, so it is appended here.
-        limit = " LIMIT :limit" if dialect.paramstyle == "named" else " LIMIT %(limit)s"
+        # LIMIT and OFFSET take parameters; SQLAlchemy would rename them, so they are
+        # appended here. OFFSET pages past runs a worker leaves (``claimable(skip=)``).
+        limit = (
+            " LIMIT :limit OFFSET :skip"
+            if dialect.paramstyle == "named"
+            else " LIMIT %(limit)s OFFSET %(skip)s"
+        )
         self.claims: list[tuple[str, str]] = [
             (
                 self.compile(select(*columns).where(cond).order_by(c.due_at)) + limit,
@@ -1054,6 +1195,10 @@ DEFAULT_TABLE: Final = "stepstone_checkpoints"
 # case would name different tables in hand-written SQL. 48 leaves room for the index and
 # meta table names under PostgreSQL's 63-byte identifier limit.
 _TABLE_NAME: Final = re.compile(r"[a-z_][a-z0-9_]{0,47}")
+# PostgreSQL's catalogs (searched before the user's schemas) and SQLite's internal tables.
+_SYSTEM_PREFIXES: Final = ("pg_", "sqlite_")
+# System schemas of PostgreSQL and MySQL / MariaDB.
+_SYSTEM_NAMES: Final = frozenset({"information_schema", "mysql", "performance_schema", "sys"})
 SUPPORTED: Final = "postgresql+psycopg, mysql+pymysql"
 
 
@@ -1133,11 +1278,25 @@ def parse_server_url(
 
 
 def check_table(table: object) -> str:
-    """Return ``table`` if it is a safe table name, else raise ``ConfigError``."""
+    """Return ``table`` if it is a safe table name, else raise ``ConfigError``.
+
+    Names are quoted in every statement, so SQL keywords (``select``, ``user``) are
+    fine; names the servers keep for themselves are refused on every backend (one rule,
+    so a table name that works on one server works on the other): on PostgreSQL a
+    ``pg_*`` name resolves to the system catalog first, and a table named after a
+    server's system schema is a trap for anyone writing SQL by hand.
+    """
+    allowed = (
+        "use 1-48 lower-case letters, digits and underscores, not starting with a digit, "
+        f"not starting with {' or '.join(_SYSTEM_PREFIXES)} and not one of "
+        f"{', '.join(sorted(_SYSTEM_NAMES))}"
+    )
     if not isinstance(table, str) or _TABLE_NAME.fullmatch(table) is None:
+        raise ConfigError(f"table={table!r} is not allowed: {allowed}")
+    if table.startswith(_SYSTEM_PREFIXES) or table in _SYSTEM_NAMES:
         raise ConfigError(
-            f"table={table!r} is not allowed: use 1-48 lower-case letters, digits and "
-            "underscores, not starting with a digit"
+            f"table={table!r} is not allowed: the name is reserved for the database's "
+            f"own catalogs; {allowed}"
         )
     return table
 
@@ -1184,6 +1343,7 @@ def server_tables(name: str) -> tuple[Any, Any, Any]:
         Text,
     )
     from sqlalchemy.dialects import mysql  # noqa: PLC0415
+    from sqlalchemy.sql.elements import quoted_name  # noqa: PLC0415
 
     def time() -> Any:
         # MySQL's DATETIME has no zone: UTC wall time is stored and read back as UTC.
@@ -1191,6 +1351,8 @@ def server_tables(name: str) -> tuple[Any, Any, Any]:
 
     my = ("mysql", "mariadb")
     metadata = MetaData()
+    # Every name is quoted ("select", "user", "order" are valid table names): the
+    # generated text then holds the table name only inside quotes, for any name.
     checkpoints = Table(
         name,
         metadata,
@@ -1213,10 +1375,11 @@ def server_tables(name: str) -> tuple[Any, Any, Any]:
         mysql_engine="InnoDB",
         mysql_charset="utf8mb4",
         mysql_collate="utf8mb4_bin",
+        quote=True,
     )
-    Index(f"ix_{name}_updated_at", checkpoints.c.updated_at)
-    Index(f"ix_{name}_status", checkpoints.c.status, checkpoints.c.updated_at)
-    due = Index(f"ix_{name}_due", checkpoints.c.status, checkpoints.c.due_at)
+    Index(quoted_name(f"ix_{name}_updated_at", True), checkpoints.c.updated_at)
+    Index(quoted_name(f"ix_{name}_status", True), checkpoints.c.status, checkpoints.c.updated_at)
+    due = Index(quoted_name(f"ix_{name}_due", True), checkpoints.c.status, checkpoints.c.due_at)
     meta = Table(
         f"{name}_meta",
         metadata,
@@ -1225,6 +1388,7 @@ def server_tables(name: str) -> tuple[Any, Any, Any]:
         mysql_engine="InnoDB",
         mysql_charset="utf8mb4",
         mysql_collate="utf8mb4_bin",
+        quote=True,
     )
     return checkpoints, meta, due
 

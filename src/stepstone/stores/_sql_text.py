@@ -8,52 +8,56 @@ from typing import Any, Final
 
 STATEMENTS: Final[dict[str, dict[str, Any]]] = {
     "mysql": {
-        "bump": "UPDATE stepstone__table___meta SET value='2' WHERE "
-        "stepstone__table___meta.`key` = 'schema_version' AND "
-        "stepstone__table___meta.value = '1'",
+        "bump": "UPDATE `stepstone__table___meta` SET value='2' WHERE "
+        "`stepstone__table___meta`.`key` = 'schema_version' AND "
+        "`stepstone__table___meta`.value = '1'",
         "claims": [
             (
-                "SELECT stepstone__table__.run_id, stepstone__table__.version, "
-                "stepstone__table__.status, stepstone__table__.step, "
-                "stepstone__table__.total_steps, stepstone__table__.updated_at, "
-                "stepstone__table__.due_at, stepstone__table__.owner\n"
-                "FROM stepstone__table__\n"
-                "WHERE stepstone__table__.status = 'running' ORDER BY "
-                "stepstone__table__.due_at LIMIT %(limit)s",
-                "SELECT stepstone__table__.run_key\n"
-                "FROM stepstone__table__\n"
-                "WHERE stepstone__table__.status = 'running' ORDER BY "
-                "stepstone__table__.due_at LIMIT %(limit)s",
+                "SELECT `stepstone__table__`.run_id, `stepstone__table__`.version, "
+                "`stepstone__table__`.status, `stepstone__table__`.step, "
+                "`stepstone__table__`.total_steps, `stepstone__table__`.updated_at, "
+                "`stepstone__table__`.due_at, `stepstone__table__`.owner\n"
+                "FROM `stepstone__table__`\n"
+                "WHERE `stepstone__table__`.status = 'running' ORDER BY "
+                "`stepstone__table__`.due_at LIMIT %(limit)s OFFSET %(skip)s",
+                "SELECT `stepstone__table__`.run_key\n"
+                "FROM `stepstone__table__`\n"
+                "WHERE `stepstone__table__`.status = 'running' ORDER BY "
+                "`stepstone__table__`.due_at LIMIT %(limit)s OFFSET %(skip)s",
             ),
             (
-                "SELECT stepstone__table__.run_id, stepstone__table__.version, "
-                "stepstone__table__.status, stepstone__table__.step, "
-                "stepstone__table__.total_steps, stepstone__table__.updated_at, "
-                "stepstone__table__.due_at, stepstone__table__.owner\n"
-                "FROM stepstone__table__\n"
-                "WHERE stepstone__table__.status = 'queued' AND stepstone__table__.due_at "
-                "<= %(now)s ORDER BY stepstone__table__.due_at LIMIT %(limit)s",
-                "SELECT stepstone__table__.run_key\n"
-                "FROM stepstone__table__\n"
-                "WHERE stepstone__table__.status = 'queued' AND stepstone__table__.due_at "
-                "<= %(now)s ORDER BY stepstone__table__.due_at LIMIT %(limit)s",
+                "SELECT `stepstone__table__`.run_id, `stepstone__table__`.version, "
+                "`stepstone__table__`.status, `stepstone__table__`.step, "
+                "`stepstone__table__`.total_steps, `stepstone__table__`.updated_at, "
+                "`stepstone__table__`.due_at, `stepstone__table__`.owner\n"
+                "FROM `stepstone__table__`\n"
+                "WHERE `stepstone__table__`.status = 'queued' AND "
+                "`stepstone__table__`.due_at <= %(now)s ORDER BY "
+                "`stepstone__table__`.due_at LIMIT %(limit)s OFFSET %(skip)s",
+                "SELECT `stepstone__table__`.run_key\n"
+                "FROM `stepstone__table__`\n"
+                "WHERE `stepstone__table__`.status = 'queued' AND "
+                "`stepstone__table__`.due_at <= %(now)s ORDER BY "
+                "`stepstone__table__`.due_at LIMIT %(limit)s OFFSET %(skip)s",
             ),
             (
-                "SELECT stepstone__table__.run_id, stepstone__table__.version, "
-                "stepstone__table__.status, stepstone__table__.step, "
-                "stepstone__table__.total_steps, stepstone__table__.updated_at, "
-                "stepstone__table__.due_at, stepstone__table__.owner\n"
-                "FROM stepstone__table__\n"
-                "WHERE stepstone__table__.status = 'waiting' AND stepstone__table__.due_at "
-                "<= %(now)s ORDER BY stepstone__table__.due_at LIMIT %(limit)s",
-                "SELECT stepstone__table__.run_key\n"
-                "FROM stepstone__table__\n"
-                "WHERE stepstone__table__.status = 'waiting' AND stepstone__table__.due_at "
-                "<= %(now)s ORDER BY stepstone__table__.due_at LIMIT %(limit)s",
+                "SELECT `stepstone__table__`.run_id, `stepstone__table__`.version, "
+                "`stepstone__table__`.status, `stepstone__table__`.step, "
+                "`stepstone__table__`.total_steps, `stepstone__table__`.updated_at, "
+                "`stepstone__table__`.due_at, `stepstone__table__`.owner\n"
+                "FROM `stepstone__table__`\n"
+                "WHERE `stepstone__table__`.status = 'waiting' AND "
+                "`stepstone__table__`.due_at <= %(now)s ORDER BY "
+                "`stepstone__table__`.due_at LIMIT %(limit)s OFFSET %(skip)s",
+                "SELECT `stepstone__table__`.run_key\n"
+                "FROM `stepstone__table__`\n"
+                "WHERE `stepstone__table__`.status = 'waiting' AND "
+                "`stepstone__table__`.due_at <= %(now)s ORDER BY "
+                "`stepstone__table__`.due_at LIMIT %(limit)s OFFSET %(skip)s",
             ),
         ],
         "create": [
-            "CREATE TABLE IF NOT EXISTS stepstone__table__ (\n"
+            "CREATE TABLE IF NOT EXISTS `stepstone__table__` (\n"
             "    run_key BINARY(32) NOT NULL,\n"
             "    run_id VARCHAR(1024) NOT NULL,\n"
             "    version VARCHAR(64) NOT NULL,\n"
@@ -66,116 +70,119 @@ STATEMENTS: Final[dict[str, dict[str, Any]]] = {
             "    owner VARCHAR(1024),\n"
             "    document LONGTEXT NOT NULL,\n"
             "    PRIMARY KEY (run_key),\n"
-            "    INDEX ix_stepstone__table___due (status, due_at),\n"
-            "    INDEX ix_stepstone__table___status (status, updated_at),\n"
-            "    INDEX ix_stepstone__table___updated_at (updated_at)\n"
+            "    INDEX `ix_stepstone__table___due` (status, due_at),\n"
+            "    INDEX `ix_stepstone__table___status` (status, updated_at),\n"
+            "    INDEX `ix_stepstone__table___updated_at` (updated_at)\n"
             ")ENGINE=InnoDB CHARSET=utf8mb4 COLLATE utf8mb4_bin",
-            "CREATE TABLE IF NOT EXISTS stepstone__table___meta (\n"
+            "CREATE TABLE IF NOT EXISTS `stepstone__table___meta` (\n"
             "    `key` VARCHAR(64) NOT NULL,\n"
             "    value TEXT NOT NULL,\n"
             "    PRIMARY KEY (`key`)\n"
             ")ENGINE=InnoDB CHARSET=utf8mb4 COLLATE utf8mb4_bin",
-            "INSERT INTO stepstone__table___meta (`key`, value) VALUES "
+            "INSERT INTO `stepstone__table___meta` (`key`, value) VALUES "
             "('schema_version', '2') ON DUPLICATE KEY UPDATE `key` = "
-            "stepstone__table___meta.`key`",
+            "`stepstone__table___meta`.`key`",
         ],
-        "delete": "DELETE FROM stepstone__table__ WHERE stepstone__table__.run_key = %(run_key)s",
-        "delete_cas": "DELETE FROM stepstone__table__ WHERE stepstone__table__.run_key = "
-        "%(run_key)s AND stepstone__table__.version = %(expected)s",
-        "info": "SELECT stepstone__table__.run_id, stepstone__table__.version, "
-        "stepstone__table__.status, stepstone__table__.step, "
-        "stepstone__table__.total_steps, stepstone__table__.updated_at, "
-        "stepstone__table__.due_at, stepstone__table__.owner\n"
-        "FROM stepstone__table__",
-        "info_one": "SELECT stepstone__table__.run_id, stepstone__table__.version, "
-        "stepstone__table__.status, stepstone__table__.step, "
-        "stepstone__table__.total_steps, stepstone__table__.updated_at, "
-        "stepstone__table__.due_at, stepstone__table__.owner\n"
-        "FROM stepstone__table__\n"
-        "WHERE stepstone__table__.run_key = %(run_key)s",
-        "insert": "INSERT INTO stepstone__table__ (run_key, run_id, version, status, step, "
+        "delete": "DELETE FROM `stepstone__table__` WHERE `stepstone__table__`.run_key = "
+        "%(run_key)s",
+        "delete_cas": "DELETE FROM `stepstone__table__` WHERE `stepstone__table__`.run_key = "
+        "%(run_key)s AND `stepstone__table__`.version = %(expected)s",
+        "info": "SELECT `stepstone__table__`.run_id, `stepstone__table__`.version, "
+        "`stepstone__table__`.status, `stepstone__table__`.step, "
+        "`stepstone__table__`.total_steps, `stepstone__table__`.updated_at, "
+        "`stepstone__table__`.due_at, `stepstone__table__`.owner\n"
+        "FROM `stepstone__table__`",
+        "info_one": "SELECT `stepstone__table__`.run_id, `stepstone__table__`.version, "
+        "`stepstone__table__`.status, `stepstone__table__`.step, "
+        "`stepstone__table__`.total_steps, `stepstone__table__`.updated_at, "
+        "`stepstone__table__`.due_at, `stepstone__table__`.owner\n"
+        "FROM `stepstone__table__`\n"
+        "WHERE `stepstone__table__`.run_key = %(run_key)s",
+        "insert": "INSERT INTO `stepstone__table__` (run_key, run_id, version, status, step, "
         "total_steps, created_at, updated_at, due_at, owner, document) VALUES "
         "(%(run_key)s, %(run_id)s, %(version)s, %(status)s, %(step)s, "
         "%(total_steps)s, %(created_at)s, %(updated_at)s, %(due_at)s, %(owner)s, "
-        "%(document)s) ON DUPLICATE KEY UPDATE run_key = stepstone__table__.run_key",
-        "keys": "SELECT stepstone__table__.run_key\nFROM stepstone__table__",
-        "list": "SELECT stepstone__table__.run_id\nFROM stepstone__table__",
-        "load": "SELECT stepstone__table__.version, stepstone__table__.document\n"
-        "FROM stepstone__table__\n"
-        "WHERE stepstone__table__.run_key = %(run_key)s",
+        "%(document)s) ON DUPLICATE KEY UPDATE run_key = `stepstone__table__`.run_key",
+        "keys": "SELECT `stepstone__table__`.run_key\nFROM `stepstone__table__`",
+        "list": "SELECT `stepstone__table__`.run_id\nFROM `stepstone__table__`",
+        "load": "SELECT `stepstone__table__`.version, `stepstone__table__`.document\n"
+        "FROM `stepstone__table__`\n"
+        "WHERE `stepstone__table__`.run_key = %(run_key)s",
         "migrate_v1": [
-            "ALTER TABLE stepstone__table__ ADD COLUMN due_at DATETIME(6) NULL AFTER updated_at",
-            "ALTER TABLE stepstone__table__ ADD COLUMN owner VARCHAR(1024) NULL AFTER due_at",
-            "ALTER TABLE stepstone__table__ ADD INDEX ix_stepstone__table___due (status, due_at)",
-            "UPDATE stepstone__table___meta SET value='2' WHERE "
-            "stepstone__table___meta.`key` = 'schema_version' AND "
-            "stepstone__table___meta.value = '1'",
+            "ALTER TABLE `stepstone__table__` ADD COLUMN due_at DATETIME(6) NULL AFTER updated_at",
+            "ALTER TABLE `stepstone__table__` ADD COLUMN owner VARCHAR(1024) NULL AFTER due_at",
+            "ALTER TABLE `stepstone__table__` ADD INDEX `ix_stepstone__table___due` "
+            "(status, due_at)",
+            "UPDATE `stepstone__table___meta` SET value='2' WHERE "
+            "`stepstone__table___meta`.`key` = 'schema_version' AND "
+            "`stepstone__table___meta`.value = '1'",
         ],
-        "schema_version": "SELECT stepstone__table___meta.value\n"
-        "FROM stepstone__table___meta\n"
-        "WHERE stepstone__table___meta.`key` = 'schema_version'",
-        "seed": "INSERT INTO stepstone__table___meta (`key`, value) VALUES ('schema_version', "
-        "'2') ON DUPLICATE KEY UPDATE `key` = stepstone__table___meta.`key`",
-        "update": "UPDATE stepstone__table__ SET version=%(version)s, status=%(status)s, "
+        "schema_version": "SELECT `stepstone__table___meta`.value\n"
+        "FROM `stepstone__table___meta`\n"
+        "WHERE `stepstone__table___meta`.`key` = 'schema_version'",
+        "seed": "INSERT INTO `stepstone__table___meta` (`key`, value) VALUES ('schema_version', "
+        "'2') ON DUPLICATE KEY UPDATE `key` = `stepstone__table___meta`.`key`",
+        "update": "UPDATE `stepstone__table__` SET version=%(version)s, status=%(status)s, "
         "step=%(step)s, total_steps=%(total_steps)s, created_at=%(created_at)s, "
         "updated_at=%(updated_at)s, due_at=%(due_at)s, owner=%(owner)s, "
-        "document=%(document)s WHERE stepstone__table__.run_key = %(run_key)s AND "
-        "stepstone__table__.version = %(expected)s",
-        "version": "SELECT stepstone__table__.version\n"
-        "FROM stepstone__table__\n"
-        "WHERE stepstone__table__.run_key = %(run_key)s",
+        "document=%(document)s WHERE `stepstone__table__`.run_key = %(run_key)s AND "
+        "`stepstone__table__`.version = %(expected)s",
+        "version": "SELECT `stepstone__table__`.version\n"
+        "FROM `stepstone__table__`\n"
+        "WHERE `stepstone__table__`.run_key = %(run_key)s",
     },
     "postgresql": {
-        "bump": "UPDATE stepstone__table___meta SET value='2' WHERE "
-        "stepstone__table___meta.key = 'schema_version' AND "
-        "stepstone__table___meta.value = '1'",
+        "bump": "UPDATE \"stepstone__table___meta\" SET value='2' WHERE "
+        "\"stepstone__table___meta\".key = 'schema_version' AND "
+        "\"stepstone__table___meta\".value = '1'",
         "claims": [
             (
-                "SELECT stepstone__table__.run_id, stepstone__table__.version, "
-                "stepstone__table__.status, stepstone__table__.step, "
-                "stepstone__table__.total_steps, stepstone__table__.updated_at, "
-                "stepstone__table__.due_at, stepstone__table__.owner\n"
-                "FROM stepstone__table__\n"
-                "WHERE stepstone__table__.status = 'running' ORDER BY "
-                "stepstone__table__.due_at LIMIT %(limit)s",
-                "SELECT stepstone__table__.run_key\n"
-                "FROM stepstone__table__\n"
-                "WHERE stepstone__table__.status = 'running' ORDER BY "
-                "stepstone__table__.due_at LIMIT %(limit)s",
+                'SELECT "stepstone__table__".run_id, "stepstone__table__".version, '
+                '"stepstone__table__".status, "stepstone__table__".step, '
+                '"stepstone__table__".total_steps, "stepstone__table__".updated_at, '
+                '"stepstone__table__".due_at, "stepstone__table__".owner\n'
+                'FROM "stepstone__table__"\n'
+                "WHERE \"stepstone__table__\".status = 'running' ORDER BY "
+                '"stepstone__table__".due_at LIMIT %(limit)s OFFSET %(skip)s',
+                'SELECT "stepstone__table__".run_key\n'
+                'FROM "stepstone__table__"\n'
+                "WHERE \"stepstone__table__\".status = 'running' ORDER BY "
+                '"stepstone__table__".due_at LIMIT %(limit)s OFFSET %(skip)s',
             ),
             (
-                "SELECT stepstone__table__.run_id, stepstone__table__.version, "
-                "stepstone__table__.status, stepstone__table__.step, "
-                "stepstone__table__.total_steps, stepstone__table__.updated_at, "
-                "stepstone__table__.due_at, stepstone__table__.owner\n"
-                "FROM stepstone__table__\n"
-                "WHERE stepstone__table__.status = 'queued' AND "
-                "stepstone__table__.due_at <= %(now)s::TIMESTAMP WITH TIME ZONE ORDER "
-                "BY stepstone__table__.due_at LIMIT %(limit)s",
-                "SELECT stepstone__table__.run_key\n"
-                "FROM stepstone__table__\n"
-                "WHERE stepstone__table__.status = 'queued' AND "
-                "stepstone__table__.due_at <= %(now)s::TIMESTAMP WITH TIME ZONE ORDER "
-                "BY stepstone__table__.due_at LIMIT %(limit)s",
+                'SELECT "stepstone__table__".run_id, "stepstone__table__".version, '
+                '"stepstone__table__".status, "stepstone__table__".step, '
+                '"stepstone__table__".total_steps, "stepstone__table__".updated_at, '
+                '"stepstone__table__".due_at, "stepstone__table__".owner\n'
+                'FROM "stepstone__table__"\n'
+                "WHERE \"stepstone__table__\".status = 'queued' AND "
+                '"stepstone__table__".due_at <= %(now)s::TIMESTAMP WITH TIME ZONE '
+                'ORDER BY "stepstone__table__".due_at LIMIT %(limit)s OFFSET %(skip)s',
+                'SELECT "stepstone__table__".run_key\n'
+                'FROM "stepstone__table__"\n'
+                "WHERE \"stepstone__table__\".status = 'queued' AND "
+                '"stepstone__table__".due_at <= %(now)s::TIMESTAMP WITH TIME ZONE '
+                'ORDER BY "stepstone__table__".due_at LIMIT %(limit)s OFFSET %(skip)s',
             ),
             (
-                "SELECT stepstone__table__.run_id, stepstone__table__.version, "
-                "stepstone__table__.status, stepstone__table__.step, "
-                "stepstone__table__.total_steps, stepstone__table__.updated_at, "
-                "stepstone__table__.due_at, stepstone__table__.owner\n"
-                "FROM stepstone__table__\n"
-                "WHERE stepstone__table__.status = 'waiting' AND "
-                "stepstone__table__.due_at <= %(now)s::TIMESTAMP WITH TIME ZONE ORDER "
-                "BY stepstone__table__.due_at LIMIT %(limit)s",
-                "SELECT stepstone__table__.run_key\n"
-                "FROM stepstone__table__\n"
-                "WHERE stepstone__table__.status = 'waiting' AND "
-                "stepstone__table__.due_at <= %(now)s::TIMESTAMP WITH TIME ZONE ORDER "
-                "BY stepstone__table__.due_at LIMIT %(limit)s",
+                'SELECT "stepstone__table__".run_id, "stepstone__table__".version, '
+                '"stepstone__table__".status, "stepstone__table__".step, '
+                '"stepstone__table__".total_steps, "stepstone__table__".updated_at, '
+                '"stepstone__table__".due_at, "stepstone__table__".owner\n'
+                'FROM "stepstone__table__"\n'
+                "WHERE \"stepstone__table__\".status = 'waiting' AND "
+                '"stepstone__table__".due_at <= %(now)s::TIMESTAMP WITH TIME ZONE '
+                'ORDER BY "stepstone__table__".due_at LIMIT %(limit)s OFFSET %(skip)s',
+                'SELECT "stepstone__table__".run_key\n'
+                'FROM "stepstone__table__"\n'
+                "WHERE \"stepstone__table__\".status = 'waiting' AND "
+                '"stepstone__table__".due_at <= %(now)s::TIMESTAMP WITH TIME ZONE '
+                'ORDER BY "stepstone__table__".due_at LIMIT %(limit)s OFFSET '
+                "%(skip)s",
             ),
         ],
         "create": [
-            "CREATE TABLE IF NOT EXISTS stepstone__table__ (\n"
+            'CREATE TABLE IF NOT EXISTS "stepstone__table__" (\n'
             "    run_key BYTEA NOT NULL,\n"
             "    run_id TEXT NOT NULL,\n"
             "    version VARCHAR(64) NOT NULL,\n"
@@ -189,73 +196,75 @@ STATEMENTS: Final[dict[str, dict[str, Any]]] = {
             "    document TEXT NOT NULL,\n"
             "    PRIMARY KEY (run_key)\n"
             ")",
-            "CREATE INDEX IF NOT EXISTS ix_stepstone__table___due ON "
-            "stepstone__table__ (status, due_at)",
-            "CREATE INDEX IF NOT EXISTS ix_stepstone__table___status ON "
-            "stepstone__table__ (status, updated_at)",
-            "CREATE INDEX IF NOT EXISTS ix_stepstone__table___updated_at ON "
-            "stepstone__table__ (updated_at)",
-            "CREATE TABLE IF NOT EXISTS stepstone__table___meta (\n"
+            'CREATE INDEX IF NOT EXISTS "ix_stepstone__table___due" ON '
+            '"stepstone__table__" (status, due_at)',
+            'CREATE INDEX IF NOT EXISTS "ix_stepstone__table___status" ON '
+            '"stepstone__table__" (status, updated_at)',
+            'CREATE INDEX IF NOT EXISTS "ix_stepstone__table___updated_at" ON '
+            '"stepstone__table__" (updated_at)',
+            'CREATE TABLE IF NOT EXISTS "stepstone__table___meta" (\n'
             "    key VARCHAR(64) NOT NULL,\n"
             "    value TEXT NOT NULL,\n"
             "    PRIMARY KEY (key)\n"
             ")",
-            "INSERT INTO stepstone__table___meta (key, value) VALUES "
+            'INSERT INTO "stepstone__table___meta" (key, value) VALUES '
             "('schema_version', '2') ON CONFLICT DO NOTHING",
         ],
-        "delete": "DELETE FROM stepstone__table__ WHERE stepstone__table__.run_key = %(run_key)s",
-        "delete_cas": "DELETE FROM stepstone__table__ WHERE stepstone__table__.run_key = "
-        "%(run_key)s AND stepstone__table__.version = %(expected)s::VARCHAR",
-        "info": "SELECT stepstone__table__.run_id, stepstone__table__.version, "
-        "stepstone__table__.status, stepstone__table__.step, "
-        "stepstone__table__.total_steps, stepstone__table__.updated_at, "
-        "stepstone__table__.due_at, stepstone__table__.owner\n"
-        "FROM stepstone__table__",
-        "info_one": "SELECT stepstone__table__.run_id, stepstone__table__.version, "
-        "stepstone__table__.status, stepstone__table__.step, "
-        "stepstone__table__.total_steps, stepstone__table__.updated_at, "
-        "stepstone__table__.due_at, stepstone__table__.owner\n"
-        "FROM stepstone__table__\n"
-        "WHERE stepstone__table__.run_key = %(run_key)s",
-        "insert": "INSERT INTO stepstone__table__ (run_key, run_id, version, status, step, "
-        "total_steps, created_at, updated_at, due_at, owner, document) VALUES "
-        "(%(run_key)s, %(run_id)s::VARCHAR, %(version)s::VARCHAR, "
+        "delete": 'DELETE FROM "stepstone__table__" WHERE "stepstone__table__".run_key = '
+        "%(run_key)s",
+        "delete_cas": 'DELETE FROM "stepstone__table__" WHERE "stepstone__table__".run_key '
+        '= %(run_key)s AND "stepstone__table__".version = '
+        "%(expected)s::VARCHAR",
+        "info": 'SELECT "stepstone__table__".run_id, "stepstone__table__".version, '
+        '"stepstone__table__".status, "stepstone__table__".step, '
+        '"stepstone__table__".total_steps, "stepstone__table__".updated_at, '
+        '"stepstone__table__".due_at, "stepstone__table__".owner\n'
+        'FROM "stepstone__table__"',
+        "info_one": 'SELECT "stepstone__table__".run_id, "stepstone__table__".version, '
+        '"stepstone__table__".status, "stepstone__table__".step, '
+        '"stepstone__table__".total_steps, "stepstone__table__".updated_at, '
+        '"stepstone__table__".due_at, "stepstone__table__".owner\n'
+        'FROM "stepstone__table__"\n'
+        'WHERE "stepstone__table__".run_key = %(run_key)s',
+        "insert": 'INSERT INTO "stepstone__table__" (run_key, run_id, version, status, '
+        "step, total_steps, created_at, updated_at, due_at, owner, document) "
+        "VALUES (%(run_key)s, %(run_id)s::VARCHAR, %(version)s::VARCHAR, "
         "%(status)s::VARCHAR, %(step)s::INTEGER, %(total_steps)s::INTEGER, "
         "%(created_at)s::TIMESTAMP WITH TIME ZONE, %(updated_at)s::TIMESTAMP "
         "WITH TIME ZONE, %(due_at)s::TIMESTAMP WITH TIME ZONE, "
         "%(owner)s::VARCHAR, %(document)s::VARCHAR) ON CONFLICT (run_key) DO "
         "NOTHING",
-        "keys": "SELECT stepstone__table__.run_key\nFROM stepstone__table__",
-        "list": "SELECT stepstone__table__.run_id\nFROM stepstone__table__",
-        "load": "SELECT stepstone__table__.version, stepstone__table__.document\n"
-        "FROM stepstone__table__\n"
-        "WHERE stepstone__table__.run_key = %(run_key)s",
+        "keys": 'SELECT "stepstone__table__".run_key\nFROM "stepstone__table__"',
+        "list": 'SELECT "stepstone__table__".run_id\nFROM "stepstone__table__"',
+        "load": 'SELECT "stepstone__table__".version, "stepstone__table__".document\n'
+        'FROM "stepstone__table__"\n'
+        'WHERE "stepstone__table__".run_key = %(run_key)s',
         "migrate_v1": [
-            "ALTER TABLE stepstone__table__ ADD COLUMN IF NOT EXISTS due_at "
+            'ALTER TABLE "stepstone__table__" ADD COLUMN IF NOT EXISTS due_at '
             "TIMESTAMP WITH TIME ZONE",
-            "ALTER TABLE stepstone__table__ ADD COLUMN IF NOT EXISTS owner TEXT",
-            "CREATE INDEX IF NOT EXISTS ix_stepstone__table___due ON "
-            "stepstone__table__ (status, due_at)",
-            "UPDATE stepstone__table___meta SET value='2' WHERE "
-            "stepstone__table___meta.key = 'schema_version' AND "
-            "stepstone__table___meta.value = '1'",
+            'ALTER TABLE "stepstone__table__" ADD COLUMN IF NOT EXISTS owner TEXT',
+            'CREATE INDEX IF NOT EXISTS "ix_stepstone__table___due" ON '
+            '"stepstone__table__" (status, due_at)',
+            "UPDATE \"stepstone__table___meta\" SET value='2' WHERE "
+            "\"stepstone__table___meta\".key = 'schema_version' AND "
+            "\"stepstone__table___meta\".value = '1'",
         ],
-        "schema_version": "SELECT stepstone__table___meta.value\n"
-        "FROM stepstone__table___meta\n"
-        "WHERE stepstone__table___meta.key = 'schema_version'",
-        "seed": "INSERT INTO stepstone__table___meta (key, value) VALUES "
+        "schema_version": 'SELECT "stepstone__table___meta".value\n'
+        'FROM "stepstone__table___meta"\n'
+        "WHERE \"stepstone__table___meta\".key = 'schema_version'",
+        "seed": 'INSERT INTO "stepstone__table___meta" (key, value) VALUES '
         "('schema_version', '2') ON CONFLICT DO NOTHING",
-        "update": "UPDATE stepstone__table__ SET version=%(version)s::VARCHAR, "
+        "update": 'UPDATE "stepstone__table__" SET version=%(version)s::VARCHAR, '
         "status=%(status)s::VARCHAR, step=%(step)s::INTEGER, "
         "total_steps=%(total_steps)s::INTEGER, "
         "created_at=%(created_at)s::TIMESTAMP WITH TIME ZONE, "
         "updated_at=%(updated_at)s::TIMESTAMP WITH TIME ZONE, "
         "due_at=%(due_at)s::TIMESTAMP WITH TIME ZONE, owner=%(owner)s::VARCHAR, "
-        "document=%(document)s::VARCHAR WHERE stepstone__table__.run_key = "
-        "%(run_key)s AND stepstone__table__.version = %(expected)s::VARCHAR",
-        "version": "SELECT stepstone__table__.version\n"
-        "FROM stepstone__table__\n"
-        "WHERE stepstone__table__.run_key = %(run_key)s",
+        'document=%(document)s::VARCHAR WHERE "stepstone__table__".run_key = '
+        '%(run_key)s AND "stepstone__table__".version = %(expected)s::VARCHAR',
+        "version": 'SELECT "stepstone__table__".version\n'
+        'FROM "stepstone__table__"\n'
+        'WHERE "stepstone__table__".run_key = %(run_key)s',
     },
     "sqlite": {
         "bump": "UPDATE stepstone_meta SET value='2' WHERE stepstone_meta.\"key\" = "
@@ -268,11 +277,11 @@ STATEMENTS: Final[dict[str, dict[str, Any]]] = {
                 "stepstone_checkpoints.due_at, stepstone_checkpoints.owner\n"
                 "FROM stepstone_checkpoints\n"
                 "WHERE stepstone_checkpoints.status = 'running' ORDER BY "
-                "stepstone_checkpoints.due_at LIMIT :limit",
+                "stepstone_checkpoints.due_at LIMIT :limit OFFSET :skip",
                 "SELECT stepstone_checkpoints.run_id\n"
                 "FROM stepstone_checkpoints\n"
                 "WHERE stepstone_checkpoints.status = 'running' ORDER BY "
-                "stepstone_checkpoints.due_at LIMIT :limit",
+                "stepstone_checkpoints.due_at LIMIT :limit OFFSET :skip",
             ),
             (
                 "SELECT stepstone_checkpoints.run_id, stepstone_checkpoints.version, "
@@ -282,12 +291,12 @@ STATEMENTS: Final[dict[str, dict[str, Any]]] = {
                 "FROM stepstone_checkpoints\n"
                 "WHERE stepstone_checkpoints.status = 'queued' AND "
                 "stepstone_checkpoints.due_at <= :now ORDER BY "
-                "stepstone_checkpoints.due_at LIMIT :limit",
+                "stepstone_checkpoints.due_at LIMIT :limit OFFSET :skip",
                 "SELECT stepstone_checkpoints.run_id\n"
                 "FROM stepstone_checkpoints\n"
                 "WHERE stepstone_checkpoints.status = 'queued' AND "
                 "stepstone_checkpoints.due_at <= :now ORDER BY "
-                "stepstone_checkpoints.due_at LIMIT :limit",
+                "stepstone_checkpoints.due_at LIMIT :limit OFFSET :skip",
             ),
             (
                 "SELECT stepstone_checkpoints.run_id, stepstone_checkpoints.version, "
@@ -297,12 +306,12 @@ STATEMENTS: Final[dict[str, dict[str, Any]]] = {
                 "FROM stepstone_checkpoints\n"
                 "WHERE stepstone_checkpoints.status = 'waiting' AND "
                 "stepstone_checkpoints.due_at <= :now ORDER BY "
-                "stepstone_checkpoints.due_at LIMIT :limit",
+                "stepstone_checkpoints.due_at LIMIT :limit OFFSET :skip",
                 "SELECT stepstone_checkpoints.run_id\n"
                 "FROM stepstone_checkpoints\n"
                 "WHERE stepstone_checkpoints.status = 'waiting' AND "
                 "stepstone_checkpoints.due_at <= :now ORDER BY "
-                "stepstone_checkpoints.due_at LIMIT :limit",
+                "stepstone_checkpoints.due_at LIMIT :limit OFFSET :skip",
             ),
         ],
         "create": [

@@ -135,7 +135,7 @@ from .._errors import (
 )
 from .._observe import logger
 from .._redact import redact
-from .._store import Diagnosis, RunInfo, Store
+from .._store import Diagnosis, RunInfo, Store, check_page
 from ._common import parse_options
 
 if TYPE_CHECKING:
@@ -1482,18 +1482,30 @@ class CosmosStore(Store):
         """
         return iter([info for info in map(self._info, self._query(_LIST_QUERY)) if info])
 
-    def claimable(self, now: datetime, limit: int = 100) -> list[RunInfo]:
+    def claimable(
+        self,
+        now: datetime,
+        limit: int = 100,
+        *,
+        status: RunStatus | None = None,
+        skip: int = 0,
+    ) -> list[RunInfo]:
         """Return running runs and due queued/waiting ones, from the (status, due_at) index.
 
         Three queries, one per active status, each an equality on ``status`` with
         ``due_at`` ordered (and bounded by ``now`` for the due kinds): served by the
-        composite index, they read no finished run and no state.
+        composite index, they read no finished run and no state. With ``status``, one
+        page of that kind (``Store.claimable``).
 
         Raises:
-            ValueError: ``now`` is naive, or ``limit`` is not positive.
+            ValueError: ``now`` is naive, ``limit`` is not positive, ``status`` is not
+                active or ``skip`` is negative.
             StoreUnavailable: the service cannot be reached, throttles or times out.
         """
-        queries = _claim_queries(now, limit)
+        queries = _claim_queries(now, limit, status, skip)
+        if status is not None:
+            rows = self._query(*queries[0])[skip:]
+            return [info for info in map(self._info, rows) if info]
         running, queued, waiting = (self._query(q, p) for q, p in queries)
         return self._claimed(running, queued, waiting, limit)
 
@@ -1578,9 +1590,19 @@ class CosmosStore(Store):
             if info is not None:
                 yield info
 
-    async def aclaimable(self, now: datetime, limit: int = 100) -> list[RunInfo]:
+    async def aclaimable(
+        self,
+        now: datetime,
+        limit: int = 100,
+        *,
+        status: RunStatus | None = None,
+        skip: int = 0,
+    ) -> list[RunInfo]:
         """Async ``claimable``: the same three indexed queries, run concurrently."""
-        queries = _claim_queries(now, limit)
+        queries = _claim_queries(now, limit, status, skip)
+        if status is not None:
+            rows = (await self._aquery(*queries[0]))[skip:]
+            return [info for info in map(self._info, rows) if info]
         running, queued, waiting = await asyncio.gather(*(self._aquery(q, p) for q, p in queries))
         return self._claimed(running, queued, waiting, limit)
 
@@ -1788,22 +1810,38 @@ def _due_key(info: RunInfo) -> datetime:
     return info.due_at or _FAR_PAST
 
 
-def _claim_queries(now: datetime, limit: int) -> list[tuple[str, list[dict[str, Any]]]]:
-    """The three ``claimable`` queries with their parameters, running first."""
+def _claim_queries(
+    now: datetime, limit: int, status: RunStatus | None = None, skip: int = 0
+) -> list[tuple[str, list[dict[str, Any]]]]:
+    """The three ``claimable`` queries with their parameters, running first.
+
+    With ``status``, the one query of that kind, for the first ``skip + limit`` runs: the
+    caller drops ``skip`` of them. (``OFFSET ... LIMIT`` would cost the same request
+    units, the skipped items being read either way, and not every emulator parses it.)
+    """
     if type(limit) is not int or limit < 1:
         raise ValueError(f"limit must be a positive integer, got {limit!r}")
+    check_page(status, skip)
     at = sortable_time(now)
+    if status is not None:
+        page: list[dict[str, Any]] = [
+            {"name": "@limit", "value": skip + limit},
+            {"name": "@status", "value": status},
+        ]
+        if status == "running":
+            return [(_CLAIM_RUNNING, page)]
+        return [(_CLAIM_DUE, [*page, {"name": "@now", "value": at}])]
     queries: list[tuple[str, list[dict[str, Any]]]] = [
         (
             _CLAIM_RUNNING,
             [{"name": "@limit", "value": limit}, {"name": "@status", "value": "running"}],
         )
     ]
-    for status in ACTIVE_STATUSES:
-        if status != "running":
+    for kind in ACTIVE_STATUSES:
+        if kind != "running":
             params: list[dict[str, Any]] = [
                 {"name": "@limit", "value": limit},
-                {"name": "@status", "value": status},
+                {"name": "@status", "value": kind},
                 {"name": "@now", "value": at},
             ]
             queries.append((_CLAIM_DUE, params))

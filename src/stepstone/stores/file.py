@@ -36,6 +36,12 @@ Why these choices
   the cost of a save does not grow with the number of runs stored, and a later ``chdir``
   does not move a store opened from a relative path.
 - The directory must be one only this user (or root) can change: see ``_check_trust``.
+- Nothing planted in it is read or written through, and nothing planted can block a
+  call: documents and index markers are opened ``O_NOFOLLOW | O_NONBLOCK`` (a FIFO fails
+  the open instead of waiting for its other end) and must be regular files, the index is
+  read through the descriptor opened with the store, and a marker that cannot be
+  removed is left with a warning (it is only a hint) rather than failing a save that
+  already landed.
 
 Guarantees
 ----------
@@ -76,7 +82,7 @@ from types import MappingProxyType
 from typing import Any, ClassVar, Literal, Self
 from urllib.parse import unquote_to_bytes, urlsplit
 
-from .._checkpoint import ACTIVE_STATUSES, Checkpoint, check_run_id, utcnow
+from .._checkpoint import ACTIVE_STATUSES, Checkpoint, RunStatus, check_run_id, utcnow
 from .._codec import checkpoint_from_doc, decode_document, encode_document, encode_state
 from .._errors import (
     CheckpointTooLarge,
@@ -90,7 +96,7 @@ from .._errors import (
 )
 from .._hooks import fire
 from .._redact import redact_url
-from .._store import RunInfo, Store
+from .._store import RunInfo, Store, check_page
 from ._common import parse_options
 
 __all__ = ["MAX_DOCUMENT_BYTES", "FileStore"]
@@ -124,6 +130,7 @@ _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 # It changes nothing for regular files, the only kind read.
 _O_READ = os.O_RDONLY | _O_CLOEXEC | _O_NOFOLLOW | os.O_NONBLOCK
 _O_TEMP = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC | _O_NOFOLLOW
+_O_MARK = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC | _O_NOFOLLOW | os.O_NONBLOCK
 
 # byte -> how it appears in a name
 _ESCAPE = [
@@ -877,19 +884,32 @@ class FileStore(Store):
         with _translate(self._path, f"{_ACTIVE}/{name}"):
             # O_TRUNC and a write refresh the marker's mtime, which is what tells a fresh
             # marker (its first save under way) from one left by a crashed first save.
-            fd = os.open(
-                name,
-                os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC | _O_NOFOLLOW,
-                0o600,
-                dir_fd=active_fd,
-            )
+            # O_NONBLOCK: a FIFO planted here must fail the open (ENXIO), not wait for a
+            # reader forever; O_NOFOLLOW: a symlink is never written through.
             try:
+                fd = os.open(name, _O_MARK, 0o600, dir_fd=active_fd)
+            except OSError as exc:
+                if exc.errno in (errno.ENXIO, errno.ELOOP, errno.EISDIR):
+                    raise self._foreign_marker(name, exc) from exc
+                raise
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise self._foreign_marker(name, None)
                 os.write(fd, status.encode())
             finally:
                 os.close(fd)
             # In both modes: a run whose document survives a power cut but whose marker
             # does not would never be claimed again. Paid once per activation, not per save.
             _sync(active_fd)
+
+    def _foreign_marker(self, name: str, exc: OSError | None) -> StoreError:
+        what = {errno.ENXIO: "a FIFO", errno.ELOOP: "a symlink", errno.EISDIR: "a directory"}
+        kind = "not a regular file" if exc is None else what.get(exc.errno or 0, "unusable")
+        return StoreError(
+            f"{self._file(f'{_ACTIVE}/{name}')}: {kind}, not an index marker the file store "
+            f"wrote; cannot index run {self._run_of(name)!r}, so nothing was saved. Move it "
+            "away (the file store keeps only regular files there)"
+        )
 
     def _has_marker(self, name: str) -> bool:
         if self._active_fd is None:
@@ -906,7 +926,15 @@ class FileStore(Store):
             return
         # A marker left behind is only a hint the next claimable re-checks and removes.
         with _translate(self._path, f"{_ACTIVE}/{name}"), contextlib.suppress(FileNotFoundError):
-            os.unlink(name, dir_fd=active_fd)
+            try:
+                os.unlink(name, dir_fd=active_fd)
+            except IsADirectoryError:
+                # Not ours (a directory planted there): leave it, and never fail a save
+                # that already landed over it; listings and claims re-check the run.
+                logger.warning(
+                    "leaving %s: a directory, not an index marker the file store wrote",
+                    self._file(f"{_ACTIVE}/{name}"),
+                )
 
     # -- deleting -----------------------------------------------------------------------
 
@@ -985,9 +1013,15 @@ class FileStore(Store):
 
     def _scan_in(self, dir_fd: int, where: str) -> list[os.DirEntry[str]]:
         with _translate(self._path, "" if where == "." else where):
+            if where == _ACTIVE and self._active_fd is not None:
+                # The index the markers are written to, not whatever is at the name now
+                # (a symlink or FIFO swapped in since the store opened).
+                dir_fd, where = self._active_fd, "."
             # A private open file description: scandir on a dup of the shared fd would share
             # its read position with concurrent listings in other threads.
-            fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | _O_CLOEXEC, dir_fd=dir_fd)
+            fd = os.open(
+                where, os.O_RDONLY | os.O_DIRECTORY | _O_CLOEXEC | _O_NOFOLLOW, dir_fd=dir_fd
+            )
             try:
                 with os.scandir(fd) as entries:
                     return list(entries)
@@ -1032,27 +1066,41 @@ class FileStore(Store):
             if cp is not None:
                 yield cp.run_id
 
-    def claimable(self, now: datetime, limit: int = 100) -> list[RunInfo]:
+    def claimable(
+        self,
+        now: datetime,
+        limit: int = 100,
+        *,
+        status: RunStatus | None = None,
+        skip: int = 0,
+    ) -> list[RunInfo]:
         """Return the runs a worker may have to act on, from the ``.active/`` index.
 
         Only runs with a marker are read (queued, running and waiting ones, plus markers
         not yet cleaned up), so the cost does not grow with finished runs. Each marker is
-        re-checked by loading its run; markers of runs at rest are removed.
+        re-checked by loading its run; markers of runs at rest are removed. With
+        ``status``, one page of that kind (``Store.claimable``).
 
         Raises:
+            ValueError: ``status`` is not an active status, or ``skip`` is negative.
             StoreError: the index cannot be read.
         """
+        check_page(status, skip)
         self._fd()
         if self._active_fd is None:
             logger.warning("no index of active runs (%s): scanning every run", self._index_error)
-            return super().claimable(now, limit)
+            return super().claimable(now, limit, status=status, skip=skip)
         self._begin()
         try:
-            return self._claimable_in(now, limit)
+            found = self._claimable_in(now, limit if status is None else None)
         finally:
             self._end()
+        if status is None:
+            return found
+        # Running runs first, then the due ones: each kind is in due_at order.
+        return [info for info in found if info.status == status][skip : skip + limit]
 
-    def _claimable_in(self, now: datetime, limit: int) -> list[RunInfo]:
+    def _claimable_in(self, now: datetime, limit: int | None) -> list[RunInfo]:
         running: list[RunInfo] = []
         due: list[RunInfo] = []
         for entry in self._scan(_ACTIVE):

@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import ClassVar, Self
 from urllib.parse import urlsplit
 
-from .._checkpoint import Checkpoint, check_run_id, evolve, utcnow
+from .._checkpoint import Checkpoint, RunStatus, check_run_id, evolve, utcnow
 from .._codec import encode_state
 from .._errors import ConfigError, ConflictError
 from .._store import RunInfo, Store
@@ -109,8 +109,15 @@ class MemoryStore(Store):
     async def adelete(self, run_id: str, *, expected_version: str | None = None) -> bool:
         return self.delete(run_id, expected_version=expected_version)
 
-    async def aclaimable(self, now: datetime, limit: int = 100) -> list[RunInfo]:
-        return self.claimable(now, limit)
+    async def aclaimable(
+        self,
+        now: datetime,
+        limit: int = 100,
+        *,
+        status: RunStatus | None = None,
+        skip: int = 0,
+    ) -> list[RunInfo]:
+        return self.claimable(now, limit, status=status, skip=skip)
 
     async def aclose(self) -> None:
         self.close()

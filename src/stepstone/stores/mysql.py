@@ -20,8 +20,10 @@ hooks. Design, and why:
   faster but a Cython rewrite with its own error classes (a second table) and a thinner
   MariaDB record.
 - Timeouts (URL options, seconds): ``connect_timeout`` (default 10) bounds connecting
-  *and the handshake*: PyMySQL reads the server's greeting under ``read_timeout``, so a
-  server that accepts and never answers cannot hang the open. ``read_timeout`` and
+  *and the handshake*, sync and async: PyMySQL reads the server's greeting under
+  ``read_timeout``, so the sync socket's timeouts are capped by the connect deadline
+  until the connection is set up, and a server that accepts and never answers fails
+  the open with ``StoreUnavailable`` after ``connect_timeout``. ``read_timeout`` and
   ``write_timeout`` (default 30) bound every read and write on the socket; async calls
   are bounded by ``read_timeout`` as a whole. After a timeout the call raises
   ``StoreUnavailable`` and the connection is dropped. A save that timed out may or may
@@ -30,6 +32,8 @@ hooks. Design, and why:
 
 from __future__ import annotations
 
+import socket
+import time
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, ClassVar, Final, Self, cast
@@ -122,9 +126,9 @@ class _MyStatements(Statements):
         # Schema 1 -> 2, each statement committing by itself (MySQL DDL does); run under
         # GET_LOCK, and each one tolerates having been done already (1060, 1061).
         self.migrate_v1 = [
-            f"ALTER TABLE {table} ADD COLUMN due_at DATETIME(6) NULL AFTER updated_at",
-            f"ALTER TABLE {table} ADD COLUMN owner VARCHAR(1024) NULL AFTER due_at",
-            f"ALTER TABLE {table} ADD {inline(due)}",
+            f"ALTER TABLE `{table}` ADD COLUMN due_at DATETIME(6) NULL AFTER updated_at",
+            f"ALTER TABLE `{table}` ADD COLUMN owner VARCHAR(1024) NULL AFTER due_at",
+            f"ALTER TABLE `{table}` ADD {inline(due)}",
             self.bump,
         ]
 
@@ -305,31 +309,74 @@ class MySQLStore(ServerStore):
     # --- connections --------------------------------------------------------------------
 
     def _open_connection(self) -> tuple[Any, Any]:
-        conn = self._driver.connect(**self._connect_args)
+        # PyMySQL reads the server's greeting and runs its set-up queries under
+        # read_timeout: a server that accepts and never answers would hold the open for
+        # read_timeout, not connect_timeout. So the socket is ours, its timeouts capped
+        # by the connect deadline until the connection is set up.
+        host, port = self._connect_args["host"], self._connect_args["port"]
+        try:
+            plain = socket.create_connection((host, port), self.connect_timeout)
+        except OSError as exc:
+            raise self._driver.err.OperationalError(
+                2003, f"Can't connect to MySQL server on {host!r} ({exc})"
+            ) from exc
+        plain.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        plain.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        sock = _HandshakeSocket(fileno=plain.detach())
+        sock.deadline = time.monotonic() + self.connect_timeout
+        conn = self._driver.connect(**self._connect_args, defer_connect=True)
+        try:
+            conn.connect(sock)  # closes the socket if it fails
+        except self._driver.err.OperationalError as exc:
+            if sock.expired():
+                raise self._connect_timed_out(exc) from exc
+            raise
+        sock.release()
         if conn.client_flag & self._driver.constants.CLIENT.FOUND_ROWS:  # pragma: no cover
             conn.close()
             raise StoreError(f"{self.where}: the connection uses CLIENT.FOUND_ROWS")
         return conn, conn.cursor()
+
+    def _connect_timed_out(self, exc: BaseException) -> StoreUnavailable:
+        args = self._connect_args
+        return StoreUnavailable(
+            f"{self.where}: cannot connect: {args['host']}:{args['port']} accepted the "
+            f"connection but did not complete the MySQL handshake within "
+            f"connect_timeout={self.connect_timeout:g} s ({self._scrub(str(exc))})"
+        )
 
     async def _aopen_connection(self) -> tuple[Any, Any]:
         import asyncio  # noqa: PLC0415
 
         aiomysql = _aiomysql(self)
         args = self._connect_args
-        conn = await asyncio.wait_for(
-            aiomysql.connect(
-                host=args["host"],
-                port=args["port"],
-                user=args["user"],
-                password=args["password"],
-                db=args["database"],
-                connect_timeout=self.connect_timeout,
-                autocommit=True,
-                charset="utf8mb4",
-                client_flag=0,
-            ),
-            self.connect_timeout,
+        # Not ``aiomysql.connect``: when the deadline cancels it, the connection it was
+        # making is out of reach and its socket stays open until the loop closes.
+        conn = aiomysql.Connection(
+            host=args["host"],
+            port=args["port"],
+            user=args["user"],
+            password=args["password"],
+            db=args["database"],
+            connect_timeout=self.connect_timeout,
+            autocommit=True,
+            charset="utf8mb4",
+            client_flag=0,
         )
+        try:
+            # One deadline for the TCP connect, the greeting, the login and SET NAMES:
+            # aiomysql bounds only the TCP connect by connect_timeout.
+            cursor = await asyncio.wait_for(self._ahandshake(conn), self.connect_timeout)
+        except TimeoutError as exc:
+            conn.close()
+            raise self._connect_timed_out(exc) from None
+        except BaseException:
+            conn.close()
+            raise
+        return conn, cursor
+
+    async def _ahandshake(self, conn: Any) -> Any:
+        await conn._connect()  # what ``aiomysql.connect`` awaits
         # aiomysql (0.3) escapes bytes with a PyMySQL helper that PyMySQL 1.2 removed;
         # escape them as PyMySQL itself now does, as a hex literal.
         escape = conn.escape
@@ -339,7 +386,7 @@ class MySQLStore(ServerStore):
         # aiomysql takes no collation argument: set the one the sync path uses.
         cursor = await conn.cursor()
         await cursor.execute("SET NAMES utf8mb4 COLLATE utf8mb4_bin")
-        return conn, cursor
+        return cursor
 
     async def _arun(self, held: Held, sql: str, params: Any) -> tuple[int, list[Any]]:
         import asyncio  # noqa: PLC0415
@@ -355,6 +402,24 @@ class MySQLStore(ServerStore):
 
     def _adrop(self, held: Held) -> None:
         held.conn.close()
+
+    async def aclose(self) -> None:
+        """Async ``close``; returns once this loop's idle connections' sockets are closed.
+
+        aiomysql closes a socket on the event loop's next turn, not in ``close()``: without
+        the wait, ``async with`` would exit with a descriptor still open.
+        """
+        import asyncio  # noqa: PLC0415
+
+        pool = self._apools.get(asyncio.get_running_loop())
+        idle = list(pool.idle) if pool is not None else []
+        writers = [w for w in (getattr(h.conn, "_writer", None) for h in idle) if w is not None]
+        await super().aclose()
+        for writer in writers:
+            try:
+                await asyncio.wait_for(writer.wait_closed(), self.write_timeout)
+            except Exception:
+                writer.transport.abort()
 
     def _is_broken(self, held: Held) -> bool:
         # PyMySQL says ``open``, aiomysql ``closed``.
@@ -434,6 +499,34 @@ class MySQLStore(ServerStore):
         _, rows = self._run(held, "SELECT @@innodb_flush_log_at_trx_commit", None)
         flush = int(rows[0][0])
         return flush == 1, f"innodb_flush_log_at_trx_commit={flush}"
+
+
+class _HandshakeSocket(socket.socket):
+    """A socket whose timeouts end at ``deadline`` until ``release`` lifts the cap."""
+
+    __slots__ = ("asked", "deadline")
+
+    def __init__(self, fileno: int) -> None:
+        super().__init__(fileno=fileno)
+        self.asked: float | None = None
+        self.deadline: float | None = None
+
+    def settimeout(self, value: float | None) -> None:
+        """Set the timeout PyMySQL asks for, but never past the deadline."""
+        self.asked = value
+        if self.deadline is not None:
+            left = max(self.deadline - time.monotonic(), 0.001)
+            value = left if value is None else min(value, left)
+        super().settimeout(value)
+
+    def expired(self) -> bool:
+        """Whether the deadline has passed (a timeout then was the connect's)."""
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+    def release(self) -> None:
+        """Lift the cap: from now on the timeouts are the ones PyMySQL asked for."""
+        self.deadline = None
+        super().settimeout(self.asked)
 
 
 def _aiomysql(store: MySQLStore) -> Any:

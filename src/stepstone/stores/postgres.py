@@ -99,8 +99,8 @@ class _PgStatements(Statements):
                 self.create.append(self.ddl(CreateIndex(index, if_not_exists=True)))
         self.create.append(self.seed)
         self.migrate_v1 = [
-            f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS due_at TIMESTAMP WITH TIME ZONE",
-            f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS owner TEXT",
+            f'ALTER TABLE "{table}" ADD COLUMN IF NOT EXISTS due_at TIMESTAMP WITH TIME ZONE',
+            f'ALTER TABLE "{table}" ADD COLUMN IF NOT EXISTS owner TEXT',
             self.ddl(CreateIndex(due, if_not_exists=True)),
             self.bump,
         ]

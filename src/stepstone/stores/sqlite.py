@@ -60,9 +60,19 @@ from .._errors import (
     StorePermissionError,
     StoreUnavailable,
 )
+from .._observe import logger
 from ._common import parse_options
 from ._group import GroupCommit, Pending
-from ._sql import TABLE_SCHEMA, ErrorRule, Held, SQLStore, SQLText, Statements, statements_of
+from ._sql import (
+    TABLE_SCHEMA,
+    ErrorRule,
+    Held,
+    SQLStore,
+    SQLText,
+    Statements,
+    _Undecodable,
+    statements_of,
+)
 
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
@@ -530,6 +540,48 @@ class SQLiteStore(SQLStore):
                         x.stored = None
                     return again
         return []
+
+    def _salvage(self, keys_sql: str, params: Any = None) -> list[Any]:
+        """Read rows one by one after an undecodable one broke a listing; skip the bad.
+
+        SQLite's key *is* the run_id, the very text that may not decode: the keys are
+        read as bytes, a run_id that is not UTF-8 is that run's error (logged), and each
+        other row is read by itself, so one bad row hides no other run.
+        """
+        held = self._thread_held()
+        with held.lock:
+            if self._closed:
+                raise self._closed_error()
+            conn: sqlite3.Connection = held.conn
+            conn.text_factory = bytes
+            try:
+                keys = conn.execute(keys_sql, params or ()).fetchall()
+            except sqlite3.Error as exc:
+                raise self._translate(exc) from exc
+            finally:
+                conn.text_factory = str
+        rows: list[Any] = []
+        for (raw,) in keys:
+            try:
+                run_id = raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
+            except UnicodeDecodeError as exc:
+                shown = raw.decode("utf-8", "backslashreplace")
+                logger.warning(
+                    "skipping run %r in listing: %s: its run_id is not UTF-8 (%s); left untouched",
+                    shown,
+                    self.where,
+                    exc,
+                )
+                continue
+            try:
+                _, found = self._exec(self._sql.info_one, {"run_key": run_id})
+            except _Undecodable as exc:
+                logger.warning(
+                    "skipping run %r in listing: %s", run_id, self._undecodable(run_id, exc)
+                )
+                continue
+            rows.extend(found)
+        return rows
 
     # --- async ----------------------------------------------------------------------------
 

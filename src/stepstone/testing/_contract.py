@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 
 import pytest
 
-from .. import _codec
+from .. import _codec, _store
 from .._checkpoint import DUE_NOW, Checkpoint, Failure, Signal, utcnow
 from .._errors import (
     ConflictError,
@@ -34,7 +34,7 @@ from .._errors import (
     WorkflowChanged,
 )
 from .._runner import RetryPolicy, Step, StepContext
-from .._store import Store
+from .._store import RunInfo, Store
 from . import _barrier, _workers
 from ._base import child_env, cp
 from ._contract_async import AsyncContract
@@ -443,6 +443,56 @@ class StoreContract(RuntimeContract, AsyncContract):
         assert [i.status for i in limited if i.status != "running"] == ["queued", "queued"]
         earlier = ops.claimable(now - timedelta(days=1), limit=10)
         assert {i.run_id for i in earlier if i.status == "waiting"} == set(), "not due a day ago"
+
+    def test_claimable_pages_each_kind(self, ops: Ops) -> None:
+        """claimable(status=, skip=) pages through one kind in due_at order, all of it.
+
+        A worker pages past runs it cannot serve and through every running run, so no
+        run stays behind a page of others. A waiting run holding an unconsumed signal
+        it waits for, or held by an owner, is due now whatever its ``wake_at``.
+        """
+        if not _store.pages(type(ops.store).claimable):
+            pytest.skip(
+                "claimable(now, limit) predates paging: workers page by asking for longer "
+                "lists; add the keyword-only status= and skip= for an indexed page"
+            )
+        now = utcnow()
+        go = Signal("go", "id-1", None, now)
+        for index in range(7):
+            later = now + timedelta(minutes=index)  # a renewer whose clock may be ahead
+            ops.save(cp(f"run{index}", 0, total_steps=3, owner="w", lease=30.0, renewed_at=later))
+            ops.save(Checkpoint(run_id=f"q{index}", total_steps=2, queued=True))
+            earlier = now - timedelta(minutes=index)
+            ops.save(cp(f"w{index}", 0, total_steps=3, waiting_for="timer", wake_at=earlier))
+        ops.save(cp("w-signalled", 0, total_steps=3, waiting_for="signal go", signals=(go,)))
+        ops.save(cp("w-owned", 0, total_steps=3, waiting_for="signal go", owner="w", lease=30.0))
+        ops.save(cp("w-later", 0, total_steps=3, waiting_for="timer", wake_at=now + timedelta(1)))
+        ops.save(cp("done", 2, total_steps=3))
+        expected = {
+            "running": [f"run{i}" for i in range(7)],
+            "queued": [f"q{i}" for i in range(7)],
+            "waiting": ["w-signalled", "w-owned", *(f"w{i}" for i in range(6, -1, -1))],
+        }
+        for status, want in expected.items():
+            seen: list[RunInfo] = []
+            for skip in range(0, 12, 3):
+                page = ops.claimable(now, 3, status=status, skip=skip)  # type: ignore[arg-type]
+                assert len(page) <= 3, (status, skip, page)
+                assert all(info.status == status for info in page), page
+                seen.extend(page)
+            ids = [info.run_id for info in seen]
+            assert len(ids) == len(set(ids)), f"a run on two pages of {status}: {ids}"
+            assert sorted(ids) == sorted(want), status
+            due = [info.due_at or DUE_NOW for info in seen]
+            assert due == sorted(due), f"{status} pages out of due_at order"
+        assert [i.run_id for i in ops.claimable(now, 10, status="waiting")][:2] in (
+            ["w-signalled", "w-owned"],
+            ["w-owned", "w-signalled"],
+        )
+        with pytest.raises(ValueError, match="status"):
+            ops.claimable(now, 3, status="done")
+        with pytest.raises(ValueError, match="skip"):
+            ops.claimable(now, 3, status="queued", skip=-1)
 
     def test_awkward_run_ids(self, ops: Ops) -> None:
         """Every run_id the contract allows round-trips and never shares a checkpoint."""

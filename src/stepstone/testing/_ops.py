@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, Literal, TypeVar
 
-from .._checkpoint import Checkpoint
+from .._checkpoint import Checkpoint, RunStatus
 from .._registry import open_store
 from .._runner import RetryPolicy, Step, StepContext
 from .._steps import Workflow
@@ -98,10 +98,18 @@ class Ops:
         s = self.store
         return self.call(lambda: list(s.list_info()), lambda: _collect(s.alist_info()))
 
-    def claimable(self, now: datetime, limit: int = 100) -> list[RunInfo]:
-        """``claimable`` / ``aclaimable``."""
+    def claimable(
+        self, now: datetime, limit: int = 100, *, status: RunStatus | None = None, skip: int = 0
+    ) -> list[RunInfo]:
+        """``claimable`` / ``aclaimable``; ``status``/``skip`` (a page) only when given."""
         s = self.store
-        return self.call(lambda: s.claimable(now, limit), lambda: s.aclaimable(now, limit))
+        if status is None and skip == 0:
+            # Without the keywords, so a backend not yet taking them still runs the rest.
+            return self.call(lambda: s.claimable(now, limit), lambda: s.aclaimable(now, limit))
+        return self.call(
+            lambda: s.claimable(now, limit, status=status, skip=skip),
+            lambda: s.aclaimable(now, limit, status=status, skip=skip),
+        )
 
     @contextmanager
     def open(self, config: str) -> Iterator[Store]:

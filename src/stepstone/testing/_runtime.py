@@ -56,6 +56,26 @@ def until(what: str, check: Callable[[], bool], timeout: float = WAIT_TIMEOUT) -
         time.sleep(0.01)
 
 
+#: Seconds of a timer or a signal's timeout in the tests: longer than any save on a loaded
+#: machine, so a run always suspends first; the tests then move the clock past it.
+_LONG = 3600.0
+
+
+#: The lease of an owner that must be seen alive: its renewals come every third of it, so
+#: only a stall of two thirds of it (not a loaded machine's hiccup) could look like death.
+_LIVE_LEASE = 2.0
+
+
+def _clock_ahead(monkeypatch: pytest.MonkeyPatch, due: datetime) -> None:
+    """Move the clocks that end a wait to a second past ``due``: time driven, not waited for.
+
+    Those are the suspending steps' clock and the worker's claim query's.
+    """
+    offset = due - utcnow() + timedelta(seconds=1)
+    for module in ("stepstone._suspend", "stepstone._worker"):
+        monkeypatch.setattr(f"{module}.utcnow", lambda: utcnow() + offset)
+
+
 class _Serving:
     """A Worker on its own store, serving in a thread for the length of a ``with`` block.
 
@@ -198,7 +218,7 @@ class RuntimeContract(ContractBase):
                 try:
                     from .._runner import run  # noqa: PLC0415
 
-                    run("held", [Step("hold", hold)], other, lease=0.3)
+                    run("held", [Step("hold", hold)], other, lease=_LIVE_LEASE)
                 except BaseException as exc:
                     errors.append(exc)
 
@@ -509,21 +529,24 @@ class RuntimeContract(ContractBase):
         state = ops.run("many", flow)
         assert sorted(state.values()) == list(range(20))
 
-    def test_wait_timeout_with_and_without_default(self, ops: Ops) -> None:
+    def test_wait_timeout_with_and_without_default(
+        self, ops: Ops, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         """On timeout the default is merged; without one the step fails with a saved failure."""
-        with_default = [WaitFor("answer", "reply", timeout=0.2, default="none")]
+        # A timeout no save can outlast, however loaded the machine; then time is moved
+        # past it explicitly rather than waited for.
+        with_default = [WaitFor("answer", "reply", timeout=_LONG, default="none")]
         with pytest.raises(Suspended) as info:
             ops.run("t1", with_default)
         wake = info.value.wake_at
         assert wake is not None
-        until("the timeout to pass", lambda: utcnow() >= wake)
-        assert ops.run("t1", with_default) == {"answer": "none"}
-        without = [WaitFor("answer", "reply", timeout=0.2)]
+        without = [WaitFor("answer", "reply", timeout=_LONG)]
         with pytest.raises(Suspended) as second:
             ops.run("t2", without)
         deadline = second.value.wake_at
         assert deadline is not None
-        until("the second timeout to pass", lambda: utcnow() >= deadline)
+        _clock_ahead(monkeypatch, max(wake, deadline))
+        assert ops.run("t1", with_default) == {"answer": "none"}
         with pytest.raises(StepFailed):
             ops.run("t2", without)
         failed = ops.load("t2")
@@ -532,9 +555,11 @@ class RuntimeContract(ContractBase):
 
     # -- timers --------------------------------------------------------------------------
 
-    def test_sleep_wakes_at_its_recorded_time(self, ops: Ops) -> None:
+    def test_sleep_wakes_at_its_recorded_time(
+        self, ops: Ops, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         """Sleep suspends until a time recorded in the checkpoint and merges that time."""
-        flow = [Sleep("nap", duration=0.3), Step("after", lambda s: {"after": True})]
+        flow = [Sleep("nap", duration=_LONG), Step("after", lambda s: {"after": True})]
         with pytest.raises(Suspended) as info:
             ops.run("nap", flow)
         wake = info.value.wake_at
@@ -543,16 +568,21 @@ class RuntimeContract(ContractBase):
         assert stored is not None and stored.wake_at == wake and stored.owner is None
         due = {i.run_id for i in ops.claimable(wake + timedelta(seconds=1))}
         assert "nap" in due
-        until("the timer to be due", lambda: utcnow() >= wake)
+        _clock_ahead(monkeypatch, wake)
         state = ops.run("nap", flow)
         assert state == {"nap": wake.astimezone(UTC).isoformat(), "after": True}
 
-    def test_sleep_across_a_worker_restart(self, ops: Ops, store_config: str) -> None:
+    def test_sleep_across_a_worker_restart(
+        self, ops: Ops, store_config: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         """A sleeping run survives its worker stopping; a new worker wakes it when due."""
-        flow = Workflow("nap", [Sleep("nap", duration=0.5), Step("after", lambda s: {"ok": 1})])
+        flow = Workflow("nap", [Sleep("nap", duration=_LONG), Step("after", lambda s: {"ok": 1})])
         self.start(ops, flow, "restart")
         with _Serving(store_config, [flow], ops.mode, poll=0.05):
             until("the run to sleep", lambda: ops.store.load("restart").status == "waiting")  # type: ignore[union-attr]
+        slept = ops.load("restart")
+        assert slept is not None and slept.wake_at is not None
+        _clock_ahead(monkeypatch, slept.wake_at)
         with _Serving(store_config, [flow], ops.mode, poll=0.05):
             until("the run to wake and finish", lambda: ops.store.load("restart").status == "done")  # type: ignore[union-attr]
         final = ops.load("restart")

@@ -1,0 +1,796 @@
+"""pydantic-ai agents on stepstone: journaled units, SIGKILL and resume, durable waits.
+
+The agents use pydantic-ai's ``FunctionModel`` (no network); every model request and
+tool call appends a line to a log file, so a test counts what ran across processes.
+This file is also the child process of the crash and wait tests (``__main__`` below).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterable, Iterator
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic_ai import Agent, RunContext
+from pydantic_ai.capabilities import RequestInput
+from pydantic_ai.durable_exec import ModelRequestId
+from pydantic_ai.messages import (
+    AgentStreamEvent,
+    ModelMessage,
+    ModelResponse,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+)
+from pydantic_ai.models.function import AgentInfo, DeltaToolCall, FunctionModel
+from pydantic_ai.tools import DeferredToolRequests
+from pydantic_ai.toolsets import DynamicToolset, FunctionToolset
+
+from stepstone import (
+    InvalidWorkflow,
+    LeaseLost,
+    RetryPolicy,
+    Store,
+    Suspended,
+    Worker,
+    Workflow,
+    arun,
+    open_store,
+    run,
+)
+from stepstone.adapters.pydantic_ai import (
+    AgentStep,
+    StepstoneDurability,
+    adurable_agent_run,
+    durable_agent_run,
+    journal_run_id,
+    parse_token,
+    read_journal,
+)
+
+DURABLE = ("file", "sqlite", "postgresql", "mysql", "cosmos")
+#: Seconds a child process may take (it imports pydantic-ai and opens the store).
+CHILD_TIMEOUT = 120.0
+LOG_ENV = "STEPSTONE_PA_LOG"
+KILL_ENV = "STEPSTONE_PA_KILL"
+TOOL_CALLS = 2  # the agent looks up 0 and 1, then answers
+
+
+# --- the agent (also built by the child processes) --------------------------------------
+
+
+def _log(what: str) -> None:
+    """Append ``what`` to the log, and die here if this is the kill point."""
+    path = os.environ.get(LOG_ENV)
+    if path:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(what + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+    if os.environ.get(KILL_ENV) == what:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _returns(messages: list[ModelMessage]) -> list[ToolReturnPart]:
+    return [p for m in messages for p in m.parts if isinstance(p, ToolReturnPart)]
+
+
+def _model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    done = len(_returns(messages))
+    _log(f"model {done + 1}")
+    if done < TOOL_CALLS:
+        return ModelResponse(parts=[ToolCallPart("lookup", {"x": done}, tool_call_id=f"c{done}")])
+    return ModelResponse(
+        parts=[TextPart("answer: " + ",".join(str(r.content) for r in _returns(messages)))]
+    )
+
+
+def make_agent(**capability: Any) -> Agent[None, str]:
+    """The crash tests' agent: two tool calls, three model requests."""
+    agent: Agent[None, str] = Agent(
+        FunctionModel(_model), name="support", capabilities=[StepstoneDurability(**capability)]
+    )
+
+    @agent.tool_plain
+    def lookup(x: int) -> str:
+        _log(f"tool {x}")
+        return f"v{x}"
+
+    return agent
+
+
+def crash_workflow(store: Store) -> Workflow:
+    """The workflow the crash test's processes run: one agent step."""
+    step = AgentStep("agent", make_agent(), lambda state: str(state["q"]), store=store)
+    return Workflow("pa-crash", [step])
+
+
+def _approval_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    _log("model")
+    returns = _returns(messages)
+    if not returns:
+        return ModelResponse(parts=[ToolCallPart("refund", {"amount": 5}, tool_call_id="r1")])
+    return ModelResponse(parts=[TextPart(f"done: {returns[0].content}")])
+
+
+def approval_agent(timeout: timedelta | None = None) -> Agent[None, str]:
+    """An agent whose refund tool needs approval, asked for through ``RequestInput``."""
+
+    def ask(ctx: RunContext[None], requests: DeferredToolRequests, token: str) -> None:
+        _log("ask " + token)
+
+    agent: Agent[None, str] = Agent(
+        FunctionModel(_approval_model),
+        name="support",
+        capabilities=[StepstoneDurability(), RequestInput(ask, name="approve", timeout=timeout)],
+    )
+
+    @agent.tool_plain(requires_approval=True)
+    def refund(amount: int) -> str:
+        _log("refund")
+        return f"refunded {amount}"
+
+    return agent
+
+
+def wait_workflow(store: Store) -> Workflow:
+    """The wait test's workflow: the approval agent, waiting without a timeout."""
+    step = AgentStep("agent", approval_agent(), lambda state: "refund me", store=store)
+    return Workflow("pa-wait", [step])
+
+
+# --- fixtures -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The call log of this test, in the environment so child processes append to it."""
+    path = tmp_path / "calls.log"
+    monkeypatch.setenv(LOG_ENV, str(path))
+    monkeypatch.delenv(KILL_ENV, raising=False)
+    return path
+
+
+def calls(log: Path) -> Counter[str]:
+    """Return how often each model request and tool call ran, by its log line."""
+    if not log.exists():
+        return Counter()
+    return Counter(line for line in log.read_text(encoding="utf-8").splitlines() if line)
+
+
+@pytest.fixture
+def config(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fresh, empty store of the backend named by the parameter, as a config string."""
+    name = request.param
+    if name == "memory":
+        return f"memory://pa-{uuid.uuid4().hex}"
+    if name == "file":
+        return f"file://{tmp_path}/runs"
+    if name == "sqlite":
+        return f"sqlite:///{tmp_path}/runs.db"
+    if name in ("postgresql", "mysql"):
+        from test_contract import fresh_table
+
+        server = {
+            "postgresql": "postgresql://postgres@127.0.0.1:5432/test",
+            "mysql": "mysql://root@127.0.0.1:3306/test",
+        }[name]
+        return fresh_table(request, server)
+    emulator = request.getfixturevalue("emulator")
+    # In the environment, so the child processes find the key as the parent does.
+    monkeypatch.setenv("AZURE_COSMOS_KEY", emulator.key)
+    monkeypatch.delenv("AZURE_COSMOS_CONNECTION_STRING", raising=False)
+    protocol = "&protocol=http" if emulator.endpoint.startswith("http://") else ""
+    return (
+        f"cosmos://{emulator.host}:{emulator.port}/adapters/pa-{uuid.uuid4().hex[:12]}"
+        f"?verify=false&create=true{protocol}"
+    )
+
+
+@pytest.fixture
+def memory_store() -> Iterator[Store]:
+    """A fresh in-process store."""
+    with open_store(f"memory://pa-{uuid.uuid4().hex}") as store:
+        yield store
+
+
+# --- names: compatibility data --------------------------------------------------------------
+
+
+def test_persisted_names_are_pinned(memory_store: Store, log: Path) -> None:
+    """The journal names of model requests and tool calls never change once persisted."""
+    assert durable_agent_run(memory_store, "names", make_agent(), "q") == "answer: v0,v1"
+    assert list(read_journal(memory_store, "names")) == [
+        "support__model.request",
+        "support__function_toolset__<agent>.call_tool:lookup",
+        "support__model.request#2",
+        "support__function_toolset__<agent>.call_tool:lookup#2",
+        "support__model.request#3",
+    ]
+    assert journal_run_id("names", "agent") == "names/agent/pydantic-ai-journal"
+    long = journal_run_id("r" * 1020, "agent")
+    assert long.startswith("pydantic-ai~") and long.endswith("/pydantic-ai-journal")
+    assert len(long) == len("pydantic-ai~") + 64 + len("/pydantic-ai-journal")
+
+
+def test_streaming_and_event_handler_names_are_pinned(memory_store: Store, log: Path) -> None:
+    """With an event-stream handler, requests stream and each handled event is a unit."""
+    seen: list[str] = []
+
+    async def handler(ctx: RunContext[None], events: AsyncIterable[AgentStreamEvent]) -> None:
+        async for event in events:
+            seen.append(type(event).__name__)
+
+    async def stream(messages: list[ModelMessage], info: AgentInfo) -> Any:
+        _log("model")
+        if not _returns(messages):
+            yield {0: DeltaToolCall(name="lookup", json_args='{"x": 7}', tool_call_id="s1")}
+        else:
+            yield "streamed"
+
+    agent: Agent[None, str] = Agent(
+        FunctionModel(stream_function=stream),
+        name="support",
+        capabilities=[StepstoneDurability(event_stream_handler=handler)],
+    )
+
+    @agent.tool_plain
+    def lookup(x: int) -> str:
+        _log("tool")
+        return f"v{x}"
+
+    assert asyncio.run(adurable_agent_run(memory_store, "stream", agent, "q")) == "streamed"
+    names = list(read_journal(memory_store, "stream"))
+    assert names[0] == "support__model.request_stream"
+    assert "support__function_toolset__<agent>.call_tool:lookup" in names
+    assert "support__model.request_stream#2" in names
+    handled = [n for n in names if n.startswith("support__event_stream_handler")]
+    assert handled and handled[0] == "support__event_stream_handler"
+    assert all(
+        n == "support__event_stream_handler" or n.startswith("support__event_stream_handler#")
+        for n in handled
+    )
+    assert seen, "the handler received no event"
+    seen_before = list(seen)
+    # A resume replays everything: no model call, no tool call, no handler call again.
+    assert asyncio.run(adurable_agent_run(memory_store, "stream", agent, "q")) == "streamed"
+    assert calls(log) == Counter({"model": 2, "tool": 1})
+    assert seen == seen_before
+
+
+def test_toolset_discovery_is_journaled(memory_store: Store, log: Path) -> None:
+    """A dynamic toolset's discovery and its calls are units with pinned names, replayed."""
+
+    def extra_tools(ctx: RunContext[None]) -> FunctionToolset[None]:
+        _log("discover")
+        tools: FunctionToolset[None] = FunctionToolset()
+
+        @tools.tool_plain
+        def lookup(x: int) -> str:
+            _log(f"tool {x}")
+            return f"v{x}"
+
+        return tools
+
+    agent: Agent[None, str] = Agent(
+        FunctionModel(_model),
+        name="support",
+        toolsets=[DynamicToolset(extra_tools, id="extra")],
+        capabilities=[StepstoneDurability()],
+    )
+    assert durable_agent_run(memory_store, "discover", agent, "q") == "answer: v0,v1"
+    names = list(read_journal(memory_store, "discover"))
+    assert names[:3] == [
+        "support__dynamic_toolset__extra.get_tools",
+        "support__model.request",
+        "support__dynamic_toolset__extra.call_tool:lookup",
+    ]
+    assert "support__dynamic_toolset__extra.get_tools#2" in names
+    ran = calls(log)
+    durable_agent_run(memory_store, "discover", agent, "q")
+    assert calls(log) == ran
+
+
+# --- replay in one process -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("form", ["sync", "async"])
+def test_retry_replays_finished_units(memory_store: Store, log: Path, form: str) -> None:
+    """A failed attempt's finished model requests and tool calls are replayed, not repeated."""
+    failures = {"left": 1}
+    agent: Agent[None, str] = Agent(
+        FunctionModel(_model), name="support", capabilities=[StepstoneDurability()]
+    )
+
+    @agent.tool_plain
+    def lookup(x: int) -> str:
+        _log(f"tool {x}")
+        if x == 1 and failures["left"]:
+            failures["left"] -= 1
+            raise RuntimeError("lookup service down")
+        return f"v{x}"
+
+    retry = RetryPolicy(max_attempts=2, initial_delay=0, jitter=0)
+    steps = [AgentStep("agent", agent, "q", retry=retry, store=memory_store)]
+    if form == "sync":
+        state = run("retry", steps, memory_store)
+    else:
+        state = asyncio.run(arun("retry", steps, memory_store))
+    assert state["agent"] == "answer: v0,v1"
+    assert calls(log) == Counter(
+        {"model 1": 1, "tool 0": 1, "model 2": 1, "tool 1": 2, "model 3": 1}
+    )
+
+
+def test_finished_run_runs_nothing(memory_store: Store, log: Path) -> None:
+    """Calling the helper again on a finished run returns the recorded output."""
+    agent = make_agent()
+    first = asyncio.run(adurable_agent_run(memory_store, "again", agent, "q"))
+    again = asyncio.run(adurable_agent_run(memory_store, "again", agent, "q"))
+    assert first == again == "answer: v0,v1"
+    assert sum(calls(log).values()) == 5
+
+
+def test_journal_of_a_deleted_run_is_not_replayed(memory_store: Store, log: Path) -> None:
+    """A run deleted and started again under its id pays again: the old journal is not its."""
+    agent = make_agent()
+    durable_agent_run(memory_store, "reborn", agent, "q")
+    cp = memory_store.load("reborn")
+    assert cp is not None
+    time.sleep(0.005)  # a creation time a millisecond or more after the first run's
+    memory_store.delete("reborn")
+    durable_agent_run(memory_store, "reborn", agent, "q")
+    assert calls(log)["model 1"] == 2
+
+
+def test_parallel_tool_calls_run_one_at_a_time(memory_store: Store, log: Path) -> None:
+    """Two tool calls of one response run sequentially, in response order, named by counter."""
+    active: list[str] = []
+    overlaps: list[str] = []
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if not _returns(messages):
+            return ModelResponse(
+                parts=[
+                    ToolCallPart("slow", {"x": 1}, tool_call_id="p1"),
+                    ToolCallPart("slow", {"x": 2}, tool_call_id="p2"),
+                ]
+            )
+        return ModelResponse(parts=[TextPart("ok")])
+
+    agent: Agent[None, str] = Agent(
+        FunctionModel(model), name="support", capabilities=[StepstoneDurability()]
+    )
+
+    @agent.tool_plain
+    async def slow(x: int) -> str:
+        if active:
+            overlaps.append(f"{x} during {active}")
+        active.append(str(x))
+        await asyncio.sleep(0.01)
+        active.remove(str(x))
+        _log(f"slow {x}")
+        return str(x)
+
+    async def main() -> Any:
+        with agent.parallel_tool_call_execution_mode("parallel"):
+            return await adurable_agent_run(memory_store, "par", agent, "q")
+
+    assert asyncio.run(main()) == "ok"
+    assert overlaps == []
+    assert log.read_text(encoding="utf-8").split("\n")[:2] == ["slow 1", "slow 2"]
+    journal = read_journal(memory_store, "par")
+    first = journal["support__function_toolset__<agent>.call_tool:slow"]
+    second = journal["support__function_toolset__<agent>.call_tool:slow#2"]
+    assert (first["result"], second["result"]) == ("1", "2")
+
+
+def test_sub_agent_inside_a_tool_is_part_of_the_tool_call(memory_store: Store, log: Path) -> None:
+    """A durable agent run inside a tool runs directly: the tool call's result is the unit."""
+    inner = make_agent()
+    outer: Agent[None, str] = Agent(
+        FunctionModel(_model), name="outer", capabilities=[StepstoneDurability()]
+    )
+
+    @outer.tool_plain
+    async def lookup(x: int) -> str:
+        _log(f"outer tool {x}")
+        return (await inner.run("q")).output
+
+    assert durable_agent_run(memory_store, "nested", outer, "q") == (
+        "answer: answer: v0,v1,answer: v0,v1"
+    )
+    assert list(read_journal(memory_store, "nested")) == [
+        "outer__model.request",
+        "outer__function_toolset__<agent>.call_tool:lookup",
+        "outer__model.request#2",
+        "outer__function_toolset__<agent>.call_tool:lookup#2",
+        "outer__model.request#3",
+    ]
+    durable_agent_run(memory_store, "nested", outer, "q")
+    assert calls(log)["outer tool 1"] == 1
+
+
+def test_concurrent_units_are_refused(memory_store: Store) -> None:
+    """Two units of one agent run in flight at once raise ConcurrentUnits, naming both."""
+    from stepstone.adapters.pydantic_ai import ConcurrentUnits, _Session, _session
+
+    backend = StepstoneDurability.from_agent(make_agent())
+    assert backend is not None
+    engine = backend.get_durable_operation_backend()
+    session = _Session(memory_store, "conc", "agent", epoch=1, run_created="t", sync=False)
+
+    async def body() -> object:
+        await asyncio.sleep(0.05)
+        return "x"
+
+    async def main() -> None:
+        token = _session.set(session)
+        try:
+            await asyncio.gather(
+                *(
+                    engine.execute(
+                        operation_id=ModelRequestId(model_name="default"),
+                        name=name,
+                        body=body,
+                        cache_key=(),
+                        config=None,
+                    )
+                    for name in ("first", "second")
+                )
+            )
+        finally:
+            _session.reset(token)
+
+    with pytest.raises(ConcurrentUnits, match="'second' started while 'first'"):
+        asyncio.run(main())
+
+
+def test_stale_owner_is_fenced(memory_store: Store) -> None:
+    """A journal written at a newer epoch refuses an older owner's writes (LeaseLost)."""
+    from stepstone.adapters.pydantic_ai import _Session
+
+    async def main() -> None:
+        new = _Session(memory_store, "fence", "agent", epoch=3, run_created="t", sync=False)
+        old = _Session(memory_store, "fence", "agent", epoch=2, run_created="t", sync=False)
+        await old.open()
+        await new.open()
+        assert await new.record("a", 1) == 1
+        with pytest.raises(LeaseLost, match="epoch 3"):
+            await old.record("b", 2)
+        # The same key recorded twice keeps the first value: every replay agrees.
+        assert await new.record("a", 99) == 1
+
+    asyncio.run(main())
+    assert read_journal(memory_store, "fence") == {"a": 1}
+
+
+def test_outside_a_run_the_agent_is_ordinary(log: Path) -> None:
+    """Without a stepstone run around it the capability journals nothing and changes nothing."""
+    result = make_agent().run_sync("q")
+    assert result.output == "answer: v0,v1"
+    assert sum(calls(log).values()) == 5
+
+
+def test_bad_setup_is_refused(memory_store: Store) -> None:
+    """An agent without the capability, or a step without a store, is refused clearly."""
+    plain: Agent[None, str] = Agent(FunctionModel(_model), name="plain")
+    with pytest.raises(InvalidWorkflow, match="StepstoneDurability"):
+        AgentStep("agent", plain, "q", store=memory_store)
+    with pytest.raises(InvalidWorkflow, match="store must be a stepstone Store"):
+        AgentStep("agent", make_agent(), "q", store="sqlite:///x.db")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="not a stepstone wait token"):
+        parse_token("not-json")
+
+
+# --- durable waits ------------------------------------------------------------------------
+
+
+def test_wait_suspends_and_a_signal_resumes(memory_store: Store, log: Path) -> None:
+    """A RequestInput wait saves the run waiting for its signal; the signal's answer is used."""
+    import stepstone
+
+    agent = approval_agent()
+    with pytest.raises(Suspended) as waiting:
+        asyncio.run(adurable_agent_run(memory_store, "approve", agent, "refund me"))
+    assert waiting.value.waiting_for == "signal approve"
+    cp = memory_store.load("approve")
+    assert cp is not None and cp.status == "waiting" and cp.owner is None
+    [asked] = [line for line in calls(log) if line.startswith("ask ")]
+    run_id, name = parse_token(asked.removeprefix("ask "))
+    assert (run_id, name) == ("approve", "approve")
+    # Not yet answered: calling again runs nothing and still waits.
+    with pytest.raises(Suspended):
+        asyncio.run(adurable_agent_run(memory_store, "approve", agent, "refund me"))
+    stepstone.signal(memory_store, run_id, name, {"approvals": {"r1": True}})
+    out = asyncio.run(adurable_agent_run(memory_store, "approve", agent, "refund me"))
+    assert out == "done: refunded 5"
+    assert calls(log) == Counter({"model": 2, "refund": 1, asked: 1})
+    names = list(read_journal(memory_store, "approve"))
+    assert names == [
+        "support__model.request",
+        "support__external_event.approve.ask",
+        "support__external_event.approve",
+        "support__function_toolset__<agent>.call_tool:refund",
+        "support__model.request#2",
+    ]
+    done = memory_store.load("approve")
+    assert done is not None and done.consumed == {"approve": 1}
+
+
+def test_two_waits_of_one_name_take_one_signal_each(memory_store: Store, log: Path) -> None:
+    """Two approvals in one agent run consume the signals of their name in arrival order."""
+    import stepstone
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        done = _returns(messages)
+        _log("model")
+        if len(done) < 2:
+            call = f"r{len(done) + 1}"
+            return ModelResponse(parts=[ToolCallPart("refund", {"amount": 5}, tool_call_id=call)])
+        return ModelResponse(parts=[TextPart(" ".join(str(r.content) for r in done))])
+
+    agent: Agent[None, str] = Agent(
+        FunctionModel(model),
+        name="support",
+        capabilities=[StepstoneDurability(), RequestInput(lambda c, r, t: None, name="approve")],
+    )
+
+    @agent.tool_plain(requires_approval=True)
+    def refund(amount: int) -> str:
+        _log("refund")
+        return f"refunded {amount}"
+
+    def attempt() -> Any:
+        return durable_agent_run(memory_store, "two", agent, "q")
+
+    with pytest.raises(Suspended):
+        attempt()
+    stepstone.signal(memory_store, "two", "approve", {"approvals": {"r1": True}})
+    with pytest.raises(Suspended):
+        attempt()
+    waiting = memory_store.load("two")
+    assert waiting is not None and waiting.consumed == {"approve": 1}
+    stepstone.signal(memory_store, "two", "approve", {"approvals": {"r2": True}})
+    assert attempt() == "refunded 5 refunded 5"
+    done = memory_store.load("two")
+    assert done is not None and done.consumed == {"approve": 2}
+    assert calls(log) == Counter({"model": 3, "refund": 2})
+
+
+def test_an_answer_from_ask_is_recorded_and_not_asked_again(memory_store: Store, log: Path) -> None:
+    """An ask that answers at once (a policy) does not suspend; a replay does not ask again."""
+    from pydantic_ai.tools import DeferredToolResults
+
+    def ask(ctx: RunContext[None], requests: DeferredToolRequests, token: str) -> Any:
+        _log("policy")
+        return DeferredToolResults(
+            approvals={call.tool_call_id: True for call in requests.approvals}
+        )
+
+    agent: Agent[None, str] = Agent(
+        FunctionModel(_approval_model),
+        name="support",
+        capabilities=[StepstoneDurability(), RequestInput(ask, name="approve")],
+    )
+
+    @agent.tool_plain(requires_approval=True)
+    def refund(amount: int) -> str:
+        _log("refund")
+        return f"refunded {amount}"
+
+    assert durable_agent_run(memory_store, "policy", agent, "q") == "done: refunded 5"
+    journal = read_journal(memory_store, "policy")
+    assert journal["support__external_event.approve"] == {
+        "payload": journal["support__external_event.approve.ask"]
+    }
+    # Replayed from the journal (a retry or a resume would do this): no second ask.
+    from stepstone.adapters.pydantic_ai import _Session, _session
+
+    async def replay() -> str:
+        cp = memory_store.load("policy")
+        assert cp is not None and cp.created_at is not None
+        session = _Session(
+            memory_store,
+            "policy",
+            "agent",
+            epoch=cp.epoch,
+            run_created=cp.created_at.isoformat(timespec="milliseconds"),
+            sync=False,
+        )
+        await session.open()
+        token = _session.set(session)
+        try:
+            return (await agent.run("q")).output
+        finally:
+            _session.reset(token)
+
+    assert asyncio.run(replay()) == "done: refunded 5"
+    assert calls(log) == Counter({"model": 2, "refund": 1, "policy": 1})
+
+
+def test_wait_timeout_is_durable(tmp_path: Path, log: Path) -> None:
+    """The timeout is recorded when the wait begins; a worker wakes the run at it and denies."""
+    with open_store(f"sqlite:///{tmp_path}/t.db") as store:
+        step = AgentStep("agent", approval_agent(timedelta(seconds=0.5)), "go", store=store)
+        flow = Workflow("pa-timeout", [step])
+        with pytest.raises(Suspended) as waiting:
+            asyncio.run(arun("late", flow, store))
+        deadline = read_journal(store, "late")["support__external_event.approve.deadline"]
+        assert waiting.value.wake_at == datetime.fromisoformat(deadline)
+        worker = Worker(store, [flow], poll=0.05)
+        thread = threading.Thread(target=worker.serve, daemon=True)
+        thread.start()
+        try:
+            _until(lambda: _status(store, "late") == "done", "the timed-out run to finish")
+        finally:
+            worker.stop()
+            thread.join(30)
+        cp = store.load("late")
+        assert cp is not None
+        assert "No decision on this tool call arrived" in str(cp.state["agent"])
+    assert calls(log)["refund"] == 0
+
+
+def _status(store: Store, run_id: str) -> str | None:
+    cp = store.load(run_id)
+    return None if cp is None else cp.status
+
+
+def _until(condition: Any, what: str, timeout: float = CHILD_TIMEOUT) -> None:
+    end = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(0.02)
+
+
+# --- across processes ---------------------------------------------------------------------
+
+
+def _child(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run this file as a child process; a hung child is killed and named in the failure."""
+    proc = subprocess.Popen(
+        [sys.executable, __file__, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+    try:
+        out, err = proc.communicate(timeout=CHILD_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError(
+            f"child {args[0]!r} hung for {CHILD_TIMEOUT:g}s; its stderr ends:\n{err[-4000:]}"
+        ) from None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+crash_cases = [(name, "tool 1") for name in DURABLE] + [("sqlite", "model 2")]
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize(
+    ("config", "kill_at"),
+    crash_cases,
+    indirect=["config"],
+    ids=[f"{b}-{k}" for b, k in crash_cases],
+)
+def test_sigkill_mid_run_then_a_worker_resumes(config: str, kill_at: str, log: Path) -> None:
+    """SIGKILLed inside a unit, the run resumes under a worker without repeating finished ones."""
+    killed = _child("start", config, env={KILL_ENV: kill_at})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    before = calls(log)
+    assert before[kill_at] == 1
+    resumed = _child("serve", config)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads(resumed.stdout.strip().splitlines()[-1]) == "answer: v0,v1"
+    ran = calls(log)
+    expected = ["model 1", "tool 0", "model 2", "tool 1", "model 3"]
+    assert set(ran) == set(expected)
+    for unit in expected:
+        # Finished before the kill: once. The one killed: once more at most.
+        assert ran[unit] == (2 if unit == kill_at else 1), (unit, ran)
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize("config", ["sqlite"], indirect=True)
+def test_wait_across_processes(config: str, log: Path) -> None:
+    """One process suspends at the approval, the CLI signals, an async worker elsewhere ends it."""
+    started = _child("wait", config)
+    assert started.returncode == 0, started.stderr[-3000:]
+    assert started.stdout.strip().splitlines()[-1] == "waiting for signal approve"
+    cli = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "stepstone",
+            "runs",
+            "signal",
+            "w1",
+            "approve",
+            "--store",
+            config,
+            "--data",
+            json.dumps({"approvals": {"r1": True}}),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=CHILD_TIMEOUT,
+        check=False,
+    )
+    assert cli.returncode == 0, cli.stderr[-3000:]
+    finished = _child("aserve", config)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert json.loads(finished.stdout.strip().splitlines()[-1]) == "done: refunded 5"
+    ran = calls(log)
+    assert (ran["model"], ran["refund"]) == (2, 1)
+    assert sum(n for line, n in ran.items() if line.startswith("ask ")) == 1
+
+
+# --- the child processes --------------------------------------------------------------------
+
+
+def _serve_until_done(store: Store, flow: Workflow, run_id: str, asynchronous: bool) -> Any:
+    worker = Worker(store, [flow], poll=0.05, lease=2)
+    if asynchronous:
+
+        async def main() -> None:
+            task = asyncio.create_task(worker.aserve())
+            while _status(store, run_id) != "done":
+                await asyncio.sleep(0.02)
+            worker.stop()
+            await task
+
+        asyncio.run(main())
+    else:
+        thread = threading.Thread(target=worker.serve, daemon=True)
+        thread.start()
+        _until(lambda: _status(store, run_id) == "done", f"run {run_id!r} to finish")
+        worker.stop()
+        thread.join(60)
+    cp = store.load(run_id)
+    assert cp is not None
+    return cp.state["agent"]
+
+
+def _child_main(argv: list[str]) -> None:
+    mode, config = argv
+    if os.environ.get("STEPSTONE_PA_DEBUG"):
+        import logging
+
+        logging.basicConfig(level=logging.DEBUG)
+    with open_store(config) as store:
+        if mode == "start":
+            # Async code, with a lease short enough that the worker takes over soon.
+            flow = crash_workflow(store)
+            asyncio.run(arun("crash", flow, store, input={"q": "q"}, lease=1))
+            raise SystemExit("the kill point was never reached")
+        if mode == "serve":
+            print(json.dumps(_serve_until_done(store, crash_workflow(store), "crash", False)))
+        elif mode == "wait":
+            try:
+                asyncio.run(arun("w1", wait_workflow(store), store))
+            except Suspended as exc:
+                print(f"waiting for {exc.waiting_for}")
+        elif mode == "aserve":
+            print(json.dumps(_serve_until_done(store, wait_workflow(store), "w1", True)))
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    _child_main(sys.argv[1:])

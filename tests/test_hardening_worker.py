@@ -1,0 +1,438 @@
+"""Hardening III, the worker and the CLI: parked runs, exit after the grace, repeated signals.
+
+- A run whose completed steps were renamed without a version bump is parked as
+  ``failed`` by the first worker that claims it (one claim, one save), never spun on.
+- ``stepstone worker`` exits after ``--grace`` with a step still running, gives that
+  run's lease back, and a fresh worker finishes the run; ``Worker.stop`` takes no lock.
+- ``stepstone runs signal`` tells a repeated ``--id`` from a delivery.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import stepstone
+from stepstone import (
+    Step,
+    Store,
+    Suspended,
+    WaitFor,
+    Worker,
+    Workflow,
+    asignal,
+    open_store,
+    run,
+    start,
+)
+from stepstone._checkpoint import Checkpoint
+from stepstone._runner import make_plan
+from stepstone.cli import main
+from stepstone.testing._barrier import WAIT_TIMEOUT
+from test_contract import fresh_table
+
+SRC = str(Path(stepstone.__file__).resolve().parents[1])
+BACKENDS = ("memory", "file", "sqlite", "postgresql", "mysql", "cosmos")
+DURABLE = BACKENDS[1:]
+State = dict[str, Any]
+
+
+def _config(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Return a fresh store's config string for ``kind``, as ``tests/test_contract.py`` does."""
+    if kind == "memory":
+        return f"memory://hardening-{uuid.uuid4().hex}"
+    if kind == "file":
+        return f"file://{tmp_path}/runs"
+    if kind == "sqlite":
+        return f"sqlite:///{tmp_path}/runs.db"
+    if kind == "postgresql":
+        return fresh_table(request, "postgresql://postgres@127.0.0.1:5432/test")
+    if kind == "mysql":
+        return fresh_table(request, "mysql://root@127.0.0.1:3306/test")
+    emulator: Any = request.getfixturevalue("emulator")
+    monkeypatch: pytest.MonkeyPatch = request.getfixturevalue("monkeypatch")
+    monkeypatch.setenv("AZURE_COSMOS_KEY", emulator.key)
+    monkeypatch.delenv("AZURE_COSMOS_CONNECTION_STRING", raising=False)
+    protocol = "&protocol=http" if emulator.endpoint.startswith("http://") else ""
+    return (
+        f"cosmos://{emulator.host}:{emulator.port}/contract/runs-{uuid.uuid4().hex[:12]}"
+        f"?verify=false&create=true{protocol}"
+    )
+
+
+@pytest.fixture(params=BACKENDS)
+def store_config(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh store of each backend."""
+    return _config(str(request.param), request, tmp_path)
+
+
+@pytest.fixture(params=DURABLE)
+def durable_config(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh store of each backend another process can open."""
+    return _config(str(request.param), request, tmp_path)
+
+
+@pytest.fixture
+def store(store_config: str) -> Iterator[Store]:
+    """The store under test, opened by the test itself."""
+    with open_store(store_config) as opened:
+        yield opened
+
+
+def until(what: str, check: Callable[[], bool], timeout: float = WAIT_TIMEOUT) -> None:
+    """Poll ``check`` until it holds; fail naming ``what`` if ``timeout`` passes first."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out after {timeout:g}s waiting for {what}"
+        time.sleep(0.01)
+
+
+def cli(*args: str) -> tuple[int, str, str]:
+    """Run ``stepstone ARGS`` in this process; return (exit status, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(args))
+    return code, out.getvalue(), err.getvalue()
+
+
+# --- 7: a run whose steps changed is parked, never spun on --------------------------------
+
+
+class _CountingWorker:
+    """A Worker on its own store in a thread, counting the store's saves and claim queries.
+
+    The store is wrapped on the instance: ``save``/``claimable`` in the sync form,
+    ``asave``/``aclaimable`` in the async one (the other pair may delegate to these).
+    ``saved`` holds the records of the saves that landed.
+    """
+
+    def __init__(self, config: str, workflows: list[Workflow], mode: str) -> None:
+        self.config = config
+        self.workflows = workflows
+        self.mode = mode
+        self.counts: Counter[str] = Counter()
+        self.saved: list[Checkpoint] = []
+        self.lock = threading.Lock()
+        self.worker: Worker | None = None
+        self.ready = threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._main, name=f"counting {mode} worker")
+
+    def _count(self, store: Store) -> None:
+        sync = self.mode == "sync"
+        save_name, claim_name = ("save", "claimable") if sync else ("asave", "aclaimable")
+        save, claimable = getattr(store, save_name), getattr(store, claim_name)
+
+        def note(name: str, cp: Checkpoint | None = None) -> None:
+            with self.lock:
+                self.counts[name] += 1
+                if cp is not None:
+                    self.saved.append(cp)
+
+        def counted_save(cp: Checkpoint) -> Checkpoint:
+            result: Checkpoint = save(cp)
+            note("save", result)  # saves that landed
+            return result
+
+        def counted_claimable(*args: Any, **kwargs: Any) -> Any:
+            note("claimable")
+            return claimable(*args, **kwargs)
+
+        async def counted_asave(cp: Checkpoint) -> Checkpoint:
+            result: Checkpoint = await save(cp)
+            note("save", result)
+            return result
+
+        async def counted_aclaimable(*args: Any, **kwargs: Any) -> Any:
+            note("claimable")
+            return await claimable(*args, **kwargs)
+
+        setattr(store, save_name, counted_save if sync else counted_asave)
+        setattr(store, claim_name, counted_claimable if sync else counted_aclaimable)
+
+    def _main(self) -> None:
+        try:
+            if self.mode == "async":
+
+                async def serve() -> None:
+                    async with open_store(self.config) as store:
+                        self._count(store)
+                        self.worker = Worker(store, self.workflows, poll=0.01, lease=30)
+                        self.ready.set()
+                        await self.worker.aserve()
+
+                asyncio.run(serve())
+            else:
+                with open_store(self.config) as store:
+                    self._count(store)
+                    self.worker = Worker(store, self.workflows, poll=0.01, lease=30)
+                    self.ready.set()
+                    self.worker.serve()
+        except BaseException as exc:
+            self.error = exc
+            self.ready.set()
+
+    def count(self, name: str) -> int:
+        """How many calls of ``name`` (save, claimable) the worker made so far."""
+        with self.lock:
+            return self.counts[name]
+
+    def __enter__(self) -> _CountingWorker:
+        self.thread.start()
+        assert self.ready.wait(WAIT_TIMEOUT), f"the {self.mode} worker did not start"
+        assert self.worker is not None, f"the {self.mode} worker failed: {self.error!r}"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.worker is not None:
+            self.worker.stop()
+        self.thread.join(WAIT_TIMEOUT)
+        assert not self.thread.is_alive(), f"the {self.mode} worker did not stop"
+        if self.error is not None:
+            raise self.error
+
+
+def _noop(state: State) -> State:
+    return {"n": state.get("n", 0) + 1}
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_worker_parks_a_run_whose_steps_were_renamed(
+    store: Store, store_config: str, mode: str
+) -> None:
+    """A renamed completed step (same version) costs one claim and one save, then never more."""
+    waiting_v1 = Workflow("report", [Step("fetch", _noop), WaitFor("approve", "go")], version="1")
+    handed_v2 = Workflow("report", [Step("fetch", _noop), Step("publish", _noop)], version="2")
+    with pytest.raises(Suspended):
+        run("r-wait", waiting_v1, store)
+    assert stepstone.signal(store, "r-wait", "go", {"ok": True}, signal_id="s-1") is True
+    # A run given back at a step boundary: one step done, nobody holds it.
+    store.save(
+        Checkpoint(
+            "r-back",
+            step=0,
+            state={"n": 1},
+            step_names=("fetch",),
+            total_steps=2,
+            workflow="report",
+            workflow_version="2",
+        )
+    )
+    renamed = [
+        Workflow("report", [Step("fetch_all", _noop), WaitFor("approve", "go")], version="1"),
+        Workflow("report", [Step("fetch_all", _noop), Step("publish", _noop)], version="2"),
+    ]
+    with _CountingWorker(store_config, renamed, mode) as serving:
+
+        def parked() -> bool:
+            return all(
+                (cp := store.load(run_id)) is not None and cp.status == "failed"
+                for run_id in ("r-wait", "r-back")
+            )
+
+        until("both renamed runs parked as failed", parked)
+        # Twenty more looks at the claim index: a spinning worker would claim again.
+        looked = serving.count("claimable")
+        until("twenty more claim queries", lambda: serving.count("claimable") >= looked + 20)
+        writes = list(serving.saved)
+    assert len(writes) == 4, [(cp.run_id, cp.owner, cp.failure) for cp in writes]
+    for run_id in ("r-wait", "r-back"):
+        mine = [cp for cp in writes if cp.run_id == run_id]
+        assert [cp.owner is not None for cp in mine] == [True, False], mine  # claim, park
+        cp = store.load(run_id)
+        assert cp is not None and cp.owner is None and cp.failure is not None
+        assert cp.failure.error_type == "WorkflowChanged"
+        assert (cp.failure.step_index, cp.failure.step_name) == (0, "fetch")
+        assert "fetch_all" in cp.failure.message and "Parked by worker:" in cp.failure.message
+        assert (cp.step, cp.step_names, cp.state) == (0, ("fetch",), {"n": 1})  # nothing lost
+    wait = store.load("r-wait")
+    assert wait is not None and [s.id for s in wait.signals] == ["s-1"]
+    # Visible to operators, and resumable with the steps it was recorded with.
+    code, out, err = cli("runs", "show", "r-wait", "--store", store_config, "--json")
+    assert code == 0, err
+    shown = json.loads(out)
+    assert shown["status"] == "failed" and shown["failure"]["error_type"] == "WorkflowChanged"
+    code, out, err = cli("runs", "list", "--status", "failed", "--store", store_config)
+    assert code == 0 and "r-wait" in out and "r-back" in out, (out, err)
+    assert run("r-wait", waiting_v1, store) == {"n": 1, "approve": {"ok": True}}
+    assert run("r-back", handed_v2, store) == {"n": 2}
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_worker_leaves_a_run_that_ended_in_an_unexpected_error(
+    store: Store, store_config: str, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run given back after an unexpected error (a non-JSON state) is not claimed at once."""
+    monkeypatch.setattr(stepstone._worker, "_COOL_FIRST", 600.0)  # longer than the test
+    monkeypatch.setattr(stepstone._worker, "_COOL_MAX", 600.0)
+    calls: list[int] = []
+
+    def not_json(state: State) -> State:
+        calls.append(1)
+        return {"when": object()}  # refused as InvalidState: nothing saved, run given back
+
+    flow = Workflow("odd", [Step("odd", not_json)])
+    start(store, flow, "r-odd")
+    with _CountingWorker(store_config, [flow], mode) as serving:
+        until("the step to run once", lambda: bool(calls))
+        until(
+            "the run to be given back",
+            lambda: (cp := store.load("r-odd")) is not None and cp.owner is None and cp.epoch == 1,
+        )
+        looked = serving.count("claimable")
+        until("twenty more claim queries", lambda: serving.count("claimable") >= looked + 20)
+        writes = list(serving.saved)
+    assert len(calls) == 1, "the worker claimed the run again at once"
+    assert [cp.owner is not None for cp in writes] == [True, False], writes  # claim, give back
+    left = store.load("r-odd")
+    assert left is not None and left.status == "running" and left.failure is None
+
+
+# --- 8: stop() takes no lock; the command exits after the grace ----------------------------
+
+
+def test_stop_takes_no_lock_the_loop_holds(tmp_path: Path) -> None:
+    """``stop`` completes and flags every plan while the serve loop's lock is held."""
+    flow = Workflow("w", [Step("a", _noop)])
+    with open_store(f"sqlite:///{tmp_path}/runs.db") as opened:
+        worker = Worker(opened, [flow])
+        plan = make_plan("r", flow, opened, input=None, lease=30, asynchronous=False)
+        worker._plans["r"] = plan
+        stopped = threading.Event()
+
+        def stop() -> None:
+            worker.stop()
+            stopped.set()
+
+        # A signal handler runs on the thread that holds the lock, where a lock taken by
+        # stop() would never be given; another thread blocks on it all the same.
+        with worker._lock:
+            thread = threading.Thread(target=stop, name="stopper")
+            thread.start()
+            finished = stopped.wait(WAIT_TIMEOUT)
+        thread.join(WAIT_TIMEOUT)
+    assert finished, "Worker.stop() waited for the lock its serve loop held"
+    assert worker.stopping and plan.stop_requested
+
+
+_SLEEPY = """
+import os, pathlib, time
+from stepstone import Step, Workflow
+
+MARKS = pathlib.Path(MARKS_DIR)
+
+def slow(state):
+    (MARKS / f"started-{os.getpid()}").touch()
+    # The first worker's step outlives any test timeout; the fresh one's returns.
+    while not (MARKS / "fast").exists():
+        time.sleep(0.05)
+    return {"slow": "done"}
+
+WORKFLOWS = [Workflow("sleepy", [Step("first", lambda s: {"first": 1}), Step("slow", slow)])]
+"""
+
+
+@pytest.mark.crash
+def test_worker_command_exits_after_the_grace(durable_config: str, tmp_path: Path) -> None:
+    """SIGTERM with a step running: exit 0 after --grace, lease given back, run finished later."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    module = f"sleepy_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{module}.py").write_text(_SLEEPY.replace("MARKS_DIR", repr(str(marks))))
+    env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{tmp_path}"}
+    env.pop("STEPSTONE_STORE", None)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        flows = __import__(module).WORKFLOWS
+        with open_store(durable_config) as opened:
+            start(opened, flows[0], "sleepy-1")
+            argv = [sys.executable, "-m", "stepstone", "worker", "--store", durable_config]
+            argv += ["--workflows", f"{module}:WORKFLOWS", "--grace", "1", "--lease", "60"]
+            proc = subprocess.Popen(
+                argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            )
+            try:
+
+                def entered() -> bool:
+                    assert proc.poll() is None, "the worker process exited before the step"
+                    return any(marks.iterdir())
+
+                until("the worker process to enter the slow step", entered)
+                held = opened.load("sleepy-1")
+                assert held is not None and held.owner is not None and held.step == 0
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    code = proc.wait(timeout=WAIT_TIMEOUT)
+                except subprocess.TimeoutExpired:
+                    raise AssertionError(
+                        "stepstone worker still alive 120 s after SIGTERM with --grace 1"
+                    ) from None
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                out, err = proc.communicate(timeout=WAIT_TIMEOUT)
+            assert code == 0, err.decode()
+            assert b"abandoning the steps in flight of 1 runs ('sleepy-1')" in out, out
+            # The lease was given back: no takeover wait, and the old owner is fenced.
+            left = opened.load("sleepy-1")
+            assert left is not None and left.owner is None and left.epoch == held.epoch
+            assert (left.step, left.status) == (0, "running")
+            (marks / "fast").touch()
+            worker = Worker(opened, flows, poll=0.01)
+            thread = threading.Thread(target=worker.serve, name="fresh worker")
+            thread.start()
+            try:
+                until(
+                    "a fresh worker to finish the abandoned run",
+                    lambda: (cp := opened.load("sleepy-1")) is not None and cp.status == "done",
+                )
+            finally:
+                worker.stop()
+                thread.join(WAIT_TIMEOUT)
+            done = opened.load("sleepy-1")
+            assert done is not None and done.state == {"first": 1, "slow": "done"}
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop(module, None)
+
+
+# --- 9: runs signal tells a repeated id from a delivery ------------------------------------
+
+
+def test_runs_signal_reports_a_repeated_id(tmp_path: Path) -> None:
+    """A repeated --id prints 'already delivered', exits 3 and says delivered false."""
+    config = f"sqlite:///{tmp_path}/runs.db"
+    flow = Workflow("w", [WaitFor("approve", "go")])
+    with open_store(config) as opened:
+        start(opened, flow, "r1")
+    base = ("runs", "signal", "r1", "go", "--store", config, "--id", "mail-42")
+    code, out, err = cli(*base, "--data", "1")
+    assert (code, out.strip()) == (0, "sent signal 'go' to run 'r1'"), err
+    code, out, err = cli(*base, "--data", "2")
+    assert code == 3, err
+    assert out.strip() == "already delivered (id 'mail-42'): run 'r1' has it; nothing was recorded"
+    code, out, err = cli(*base, "--data", "3", "--json")
+    assert code == 3 and json.loads(out)["delivered"] is False, err
+    code, out, err = cli("runs", "signal", "r1", "go", "--store", config, "--json")
+    assert code == 0 and json.loads(out)["delivered"] is True, err
+    with open_store(config) as opened:
+        cp = opened.load("r1")
+        assert cp is not None and [s.payload for s in cp.signals] == [1, None]
+        assert asyncio.run(asignal(opened, "r1", "go", 4, signal_id="mail-42")) is False
+    code, out, _ = cli("runs", "signal", "--help")
+    assert code == 0 and "already delivered (id ID)" in out and "status 3" in out
