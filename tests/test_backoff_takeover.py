@@ -82,7 +82,9 @@ def test_an_owner_killed_in_a_backoff_is_taken_over(
     run_id = f"backoff-{uuid.uuid4().hex[:8]}"
     marks = tmp_path / "marks"
     code, err = reap(spawn(_OWNER, config, run_id, str(marks)), "the owner")
-    assert code == -signals.SIGKILL, f"the owner was not killed in the backoff: {code} {err[-2000:]}"
+    assert code == -signals.SIGKILL, (
+        f"the owner was not killed in the backoff: {code} {err[-2000:]}"
+    )
     with open_store(config) as store:
         cp = store.load(run_id)
         assert cp is not None and cp.failure is not None and cp.owner is not None
@@ -92,7 +94,9 @@ def test_an_owner_killed_in_a_backoff_is_taken_over(
         serving(config, [_flaky_here(marks)], mode, poll=0.05, lease=1),
         open_store(config) as store,
     ):
-        until(f"a worker to take over and finish {run_id}", lambda: status_of(store, run_id) == "done")
+        until(
+            f"a worker to take over and finish {run_id}", lambda: status_of(store, run_id) == "done"
+        )
         done = store.load(run_id)
     assert done is not None and done.state == {"ok": True} and done.failure is None
     assert marks.read_text() == "xx", "the step ran once before the kill and once after"

@@ -1604,3 +1604,14 @@ def test_certificate_errors_say_what_to_do() -> None:
     )
     assert code == 1
     assert "verify=false" in message and "REQUESTS_CA_BUNDLE" in message
+
+
+def test_runs_list_names_each_adapters_records() -> None:
+    """``runs list`` tells each adapter's records from the runner's by their id."""
+    from stepstone.cli._runs import _kind
+
+    assert _kind("langgraph/t/ns/1") == "langgraph"
+    assert _kind("maf/wf/c1") == "maf"
+    assert _kind("openai-agents:r/0/model:1") == "openai-agents"
+    assert _kind("r/agent/pydantic-ai-journal") == "pydantic-ai"
+    assert _kind("openai-agents") == "run"  # a plain run that merely has that name

@@ -148,6 +148,31 @@ resource container 'Microsoft.DocumentDB/databaseAccounts/sqlDatabases/container
               order: 'ascending'
             }
           ]
+          // The dashboard's listing (list_page): newest first, with and without a status.
+          [
+            {
+              path: '/status'
+              order: 'ascending'
+            }
+            {
+              path: '/updated_at'
+              order: 'descending'
+            }
+            {
+              path: '/run_id'
+              order: 'descending'
+            }
+          ]
+          [
+            {
+              path: '/updated_at'
+              order: 'descending'
+            }
+            {
+              path: '/run_id'
+              order: 'descending'
+            }
+          ]
         ]
       }
       // TTL on, nothing expires unless an item carries `ttl` (expire() or ttl=).

@@ -7,9 +7,10 @@ checkpoint not saved), ``runner.after_save`` and ``runner.backoff`` (a retry is
 waiting). The runtime's: ``worker.claimed`` (a worker's claim landed, the run not yet
 driven), ``lease.renewed`` (a renewal landed), ``wait.consumed`` (a ``WaitFor`` chose
 its signal, the consumption not yet saved) and ``map.child_created`` (a child record
-landed, its parent not yet saved); the fleet harness kills workers there. Each backend's points inside a save are declared once, on the backend
-class, as ``Store.kill_points`` (point -> whether the new checkpoint survives a kill
-there); the contract suite and the chaos harness read them from there.
+landed, its parent not yet saved); the fleet harness kills workers there. Each
+backend's points inside a save are declared once, on the backend class, as
+``Store.kill_points`` (point -> whether the new checkpoint survives a kill there); the
+contract suite and the chaos harness read them from there.
 """
 
 from __future__ import annotations

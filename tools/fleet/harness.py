@@ -246,8 +246,9 @@ class _Fleet:
         return path is not None and path.exists() and path.stat().st_size > 0
 
     def live(self) -> list[int]:
+        """Workers no fault is acting on: not frozen, not armed to die at a point."""
         with self.lock:
-            return [pid for pid in self.procs if pid not in self.frozen]
+            return [pid for pid in self.procs if pid not in self.frozen and pid not in self.armed]
 
     def kill(self, pid: int, target: str | None) -> Fault:
         now = time.monotonic_ns()
@@ -269,7 +270,10 @@ class _Fleet:
 
     def _reap_armed(self) -> None:
         for pid, (point, armed_at, give_up) in list(self.armed.items()):
-            proc = self.procs[pid]
+            proc = self.procs.get(pid)
+            if proc is None:  # already filed by another path
+                del self.armed[pid]
+                continue
             if proc.poll() is None:
                 if time.monotonic_ns() < give_up:
                     continue
@@ -494,7 +498,7 @@ def run_fleet(config: str, opts: Options, backend: str = "?") -> Result:
                 if kind in ("stop", "point"):
                     # Only a worker that is up: a SIGTERM while it still imports is death,
                     # and a SIGUSR1 before its handler is installed too.
-                    live = [pid for pid in live if fleet.ready(pid) and pid not in fleet.armed]
+                    live = [pid for pid in live if fleet.ready(pid)]
                 if kind == "freeze" and len(live) <= 2:
                     pass  # keep two workers running: wait for a thaw
                 elif live:

@@ -908,6 +908,7 @@ class StepstoneRunner:
         hooks: RunHooks[Any] | None,
         run_config: RunConfig | None,
         session: Any,
+        error_handlers: Any,
         durable_tools: bool,
         approval_signal: str,
         retry: RetryPolicy | None,
@@ -917,6 +918,8 @@ class StepstoneRunner:
             options["hooks"] = hooks
         if session is not None:
             options["session"] = session
+        if error_handlers is not None:
+            options["error_handlers"] = error_handlers
         return AgentRunStep(
             "agent",
             agent,
@@ -954,6 +957,7 @@ class StepstoneRunner:
         hooks: RunHooks[Any] | None = None,
         run_config: RunConfig | None = None,
         session: Any = None,
+        error_handlers: Any = None,
         durable_tools: bool = True,
         approval_signal: str = APPROVAL_SIGNAL,
         lease: float | timedelta | None = None,
@@ -963,7 +967,8 @@ class StepstoneRunner:
 
         Calling it again after a crash (``input`` may be None then) resumes the run:
         finished model calls and durable tool calls are replayed from the journal, not
-        repeated. The output is the final output in its JSON form.
+        repeated. The output is the final output in its JSON form. ``hooks`` see the
+        replayed calls too (they run again on resume, as the agent's own code does).
 
         Raises:
             Suspended: tool calls wait for approval (``pending_approvals`` lists them);
@@ -981,6 +986,7 @@ class StepstoneRunner:
             hooks=hooks,
             run_config=run_config,
             session=session,
+            error_handlers=error_handlers,
             durable_tools=durable_tools,
             approval_signal=approval_signal,
             retry=retry,
@@ -1002,6 +1008,7 @@ class StepstoneRunner:
         hooks: RunHooks[Any] | None = None,
         run_config: RunConfig | None = None,
         session: Any = None,
+        error_handlers: Any = None,
         durable_tools: bool = True,
         approval_signal: str = APPROVAL_SIGNAL,
         lease: float | timedelta | None = None,
@@ -1017,6 +1024,7 @@ class StepstoneRunner:
             hooks=hooks,
             run_config=run_config,
             session=session,
+            error_handlers=error_handlers,
             durable_tools=durable_tools,
             approval_signal=approval_signal,
             retry=retry,

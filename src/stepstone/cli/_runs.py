@@ -156,7 +156,7 @@ def add_parsers(commands: Any, store: argparse.ArgumentParser, parser_class: typ
 #: Record-id heads of the framework adapters' records (``maf/<workflow>/<checkpoint>``,
 #: ``langgraph/<thread>/...``; ``kind:rest`` is accepted too), and the journal suffix of
 #: the pydantic-ai adapter. Everything else is a stepstone run.
-_ADAPTER_HEADS = ("langgraph", "maf")
+_ADAPTER_HEADS = ("langgraph", "maf", "openai-agents")
 _JOURNAL_SUFFIX = "/pydantic-ai-journal"
 
 

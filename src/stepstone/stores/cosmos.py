@@ -164,6 +164,8 @@ MAX_ITEM_BYTES: Final = 2 * 1024 * 1024
 #: - composite index (status, due_at): serves ``claimable``'s queries (an equality on
 #:   ``status``, a range and the order on ``due_at``), so finding work reads only the
 #:   active runs' index entries, however many finished runs the container holds.
+#: - composite indexes (status, updated_at desc, run_id desc) and (updated_at desc, run_id
+#:   desc): serve ``list_page``'s ORDER BY, so a dashboard page reads one page of entries.
 #: - ``defaultTtl: -1``: TTL enabled but items never expire unless they carry a ``ttl``
 #:   (``expire()`` or the ``ttl=`` option), which is how Cosmos does retention natively.
 CONTAINER_DEFINITION: Final[dict[str, Any]] = {
@@ -188,7 +190,19 @@ CONTAINER_DEFINITION: Final[dict[str, Any]] = {
             [
                 {"path": "/status", "order": "ascending"},
                 {"path": "/due_at", "order": "ascending"},
-            ]
+            ],
+            # The dashboard's listing (``list_page``): newest first, with and without a
+            # status filter. Cosmos serves a multi-path ORDER BY only from a composite
+            # index in exactly that order (or all reversed).
+            [
+                {"path": "/status", "order": "ascending"},
+                {"path": "/updated_at", "order": "descending"},
+                {"path": "/run_id", "order": "descending"},
+            ],
+            [
+                {"path": "/updated_at", "order": "descending"},
+                {"path": "/run_id", "order": "descending"},
+            ],
         ],
     },
     "defaultTtl": -1,
@@ -287,6 +301,13 @@ _CLAIM_DUE: Final = (
     f"SELECT TOP @limit {_INFO_FIELDS} FROM c WHERE c.status = @status "
     "AND c.due_at <= @now ORDER BY c.status ASC, c.due_at ASC"
 )
+
+#: ``list_page``'s composite indexes (the last two of ``CONTAINER_DEFINITION``).
+_LISTING_INDEXES: Final = CONTAINER_DEFINITION["indexingPolicy"]["compositeIndexes"][1:]
+#: Newest first, in exactly the order of those indexes (the emulator, like the service,
+#: serves a multi-path ORDER BY only from a composite index of that order).
+_PAGE_ORDER: Final = "ORDER BY c.updated_at DESC, c.run_id DESC"
+_PAGE_ORDER_STATUS: Final = "ORDER BY c.status ASC, c.updated_at DESC, c.run_id DESC"
 
 
 def item_id(run_id: str) -> str:
@@ -1685,14 +1706,25 @@ class CosmosStore(Store):
         return lines
 
     def _upgrade_indexing(self, client: CosmosClient) -> list[str]:
-        """Give a container made by an older stepstone the claim index; keep its TTL.
+        """Give a container made by an older stepstone the claim and listing indexes.
+
+        Its TTL is kept.
 
         Adding index paths is an online operation in Cosmos DB (the index is rebuilt in
         the background; queries keep working meanwhile), so ``init`` does it in place.
         """
         database = client.get_database_client(self.database_name)
         properties = database.get_container_client(self.container_name).read()
-        if _index_diagnosis(properties.get("indexingPolicy") or {}).ok:
+        policy = properties.get("indexingPolicy") or {}
+        missing = [
+            what
+            for what, ok in (
+                ("claim index on (status, due_at)", _index_diagnosis(policy).ok),
+                ("listing indexes on (status, updated_at, run_id)", _listing_indexed(policy)),
+            )
+            if not ok
+        ]
+        if not missing:
             return []
         args = self._container_args()
         database.replace_container(
@@ -1702,8 +1734,8 @@ class CosmosStore(Store):
             default_ttl=properties.get("defaultTtl"),
         )
         return [
-            f"container {self.container_name!r}: indexing policy updated (claim index on "
-            "(status, due_at) added)"
+            f"container {self.container_name!r}: indexing policy updated "
+            f"({' and '.join(missing)} added)"
         ]
 
     def doctor(self) -> list[Diagnosis]:
@@ -1725,6 +1757,18 @@ class CosmosStore(Store):
             )
         )
         results.append(_index_diagnosis(properties.get("indexingPolicy") or {}))
+        listed = _listing_indexed(properties.get("indexingPolicy") or {})
+        results.append(
+            Diagnosis(
+                "listing indexes (status, updated_at, run_id)",
+                listed,
+                "ok"
+                if listed
+                else "the container lacks the composite indexes the dashboard's listing "
+                "orders by (it scans instead); run `stepstone init` or update its indexing "
+                "policy to backends/cosmos/container.json",
+            )
+        )
         default_ttl = properties.get("defaultTtl")
         results.append(
             Diagnosis(
@@ -1756,6 +1800,97 @@ class CosmosStore(Store):
                 )
             )
         return results
+
+    # -- the dashboard's listing (Store.list_page, count_by_status) ---------------------
+
+    def _page_query(
+        self, status: str | None, prefix: str, after: tuple[str, str] | None, limit: int
+    ) -> tuple[str, list[dict[str, Any]]]:
+        """Return the query of one listing page and its parameters.
+
+        ``after`` is the stored (updated_at, run_id) text of the last row already read.
+        """
+        where: list[str] = []
+        params: list[dict[str, Any]] = [{"name": "@limit", "value": limit}]
+        if status is not None:
+            where.append("c.status = @status")
+            params.append({"name": "@status", "value": status})
+        if prefix:
+            where.append("STARTSWITH(c.run_id, @prefix)")
+            params.append({"name": "@prefix", "value": prefix})
+        if after is not None:
+            where.append("(c.updated_at < @at OR (c.updated_at = @at AND c.run_id < @after))")
+            params += [{"name": "@at", "value": after[0]}, {"name": "@after", "value": after[1]}]
+        query = f"SELECT TOP @limit {_INFO_FIELDS} FROM c"
+        if where:
+            query += " WHERE " + " AND ".join(where)
+        order = _PAGE_ORDER if status is None else _PAGE_ORDER_STATUS
+        return f"{query} {order}", params
+
+    def list_page(
+        self,
+        status: RunStatus | None = None,
+        *,
+        prefix: str = "",
+        after: tuple[datetime, str] | None = None,
+        limit: int = 50,
+    ) -> list[RunInfo]:
+        """One page of the listing, newest first: a ``TOP`` query on a composite index.
+
+        (status, updated_at desc, run_id desc) serves a status filter, (updated_at desc,
+        run_id desc) the unfiltered list; the cursor continues from the last row read
+        (keyset paging), so a page reads about ``limit`` index entries at any depth. Every
+        save writes ``updated_at`` as UTC ``isoformat`` text, whose order is the instants'.
+        A container without those indexes (made by an older stepstone; ``stepstone init``
+        adds them) is listed by the default scan, with a warning.
+
+        Raises:
+            StoreUnavailable: the service cannot be reached, throttles or times out.
+        """
+        if limit <= 0:
+            return []
+        found: list[RunInfo] = []
+        cursor = None if after is None else (_time_text(after[0]), after[1])
+        while True:
+            query, params = self._page_query(status, prefix, cursor, limit)
+            try:
+                rows = self._query(query, params)
+            except StoreError as exc:
+                if not _lacks_index(exc):
+                    raise
+                logger.warning(
+                    "%s lacks the listing indexes (run `stepstone init`); listing by a scan",
+                    self._source(None),
+                )
+                return super().list_page(status, prefix=prefix, after=after, limit=limit)
+            found.extend(info for info in map(self._info, rows) if info is not None)
+            if len(rows) < limit or len(found) >= limit:
+                return found[:limit]
+            # A malformed item was skipped: read on after the last row, as a scan would.
+            last = rows[-1]
+            at, run_id = last.get("updated_at"), last.get("run_id")
+            if not isinstance(at, str) or not isinstance(run_id, str):  # pragma: no cover
+                return found
+            cursor = (at, run_id)
+
+    def count_by_status(self, prefix: str = "") -> dict[str, int]:
+        """Count the runs per status: one ``COUNT`` per status, on the status index.
+
+        (The emulator parses no ``GROUP BY``; six equality counts read only index entries.)
+
+        Raises:
+            StoreUnavailable: the service cannot be reached, throttles or times out.
+        """
+        where = "c.status = @status" + (" AND STARTSWITH(c.run_id, @prefix)" if prefix else "")
+        counts: dict[str, int] = dict.fromkeys(STATUSES, 0)
+        for status in STATUSES:
+            params: list[dict[str, Any]] = [{"name": "@status", "value": status}]
+            if prefix:
+                params.append({"name": "@prefix", "value": prefix})
+            rows = self._query(f"SELECT VALUE COUNT(1) FROM c WHERE {where}", params)
+            # The SDK may hand back one partial count per partition: their sum is the count.
+            counts[status] = sum(int(n) for n in rows if isinstance(n, int | float))
+        return counts
 
 
 # -- module helpers ----------------------------------------------------------------------
@@ -1873,6 +2008,33 @@ def _index_diagnosis(policy: Mapping[str, Any]) -> Diagnosis:
         "/status/? and /due_at/? paths that finding work needs; update its indexing "
         "policy to backends/cosmos/container.json (az cosmosdb sql container update)",
     )
+
+
+def _time_text(value: datetime) -> str:
+    """Return ``value`` as a save stores ``updated_at``: UTC ``isoformat`` text."""
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)  # as ``page_key`` reads a naive time
+    return value.astimezone(UTC).isoformat()
+
+
+def _lacks_index(exc: StoreError) -> bool:
+    """Whether a query failed for want of the composite index its ORDER BY needs."""
+    cause = exc.__cause__
+    return (
+        isinstance(cause, CosmosHttpResponseError)
+        and cause.status_code == 400
+        and "composite index" in str(cause)
+    )
+
+
+def _listing_indexed(policy: Mapping[str, Any]) -> bool:
+    """Whether the container has the composite indexes ``list_page`` orders by."""
+
+    def norm(index: Any) -> list[tuple[Any, Any]]:
+        return [(p.get("path"), (p.get("order") or "ascending").lower()) for p in index]
+
+    have = [norm(index) for index in policy.get("compositeIndexes") or []]
+    return all(norm(want) in have for want in _LISTING_INDEXES)
 
 
 async def _aclose_quietly(client: Any, credential: Any) -> None:

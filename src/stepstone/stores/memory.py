@@ -6,7 +6,7 @@ import json
 import threading
 from collections.abc import Iterator
 from datetime import datetime
-from typing import ClassVar, Self
+from typing import ClassVar, Self, cast
 from urllib.parse import urlsplit
 
 from .._checkpoint import Checkpoint, RunStatus, check_run_id, evolve, utcnow
@@ -14,6 +14,7 @@ from .._codec import encode_state
 from .._errors import ConfigError, ConflictError
 from .._store import RunInfo, Store
 from ._common import new_version
+from ._listing import IndexedRuns
 
 __all__ = ["MemoryStore"]
 
@@ -35,7 +36,8 @@ class MemoryStore(Store):
 
     def __init__(self) -> None:
         # The saved checkpoints; ``state_json`` is the truth, ``state`` is never read back.
-        self._runs: dict[str, Checkpoint] = {}
+        # A dict that keeps the dashboard's listing index in step (``_listing.py``).
+        self._runs: dict[str, Checkpoint] = IndexedRuns()
         self._lock = threading.Lock()
 
     @classmethod
@@ -121,3 +123,23 @@ class MemoryStore(Store):
 
     async def aclose(self) -> None:
         self.close()
+
+    # -- the dashboard's listing, from the index ``IndexedRuns`` keeps ------------------
+
+    def list_page(
+        self,
+        status: RunStatus | None = None,
+        *,
+        prefix: str = "",
+        after: tuple[datetime, str] | None = None,
+        limit: int = 50,
+    ) -> list[RunInfo]:
+        """One page of the listing, newest first: a binary search in a sorted index."""
+        with self._lock:
+            found = cast(IndexedRuns, self._runs).page(status, prefix, after, limit)
+        return [RunInfo.of(cp) for cp in found]
+
+    def count_by_status(self, prefix: str = "") -> dict[str, int]:
+        """Count the runs per status from the index: a few binary searches."""
+        with self._lock:
+            return cast(IndexedRuns, self._runs).counts(prefix)

@@ -1,0 +1,174 @@
+"""An in-memory listing index: the memory store's answer to ``list_page``.
+
+``IndexedRuns`` is the memory store's dict of checkpoints, keeping beside it, per status
+and for all runs, two sorted lists: by ``page_key`` (newest last) and by run id. A page is
+then a binary search and a slice, O(log n + page); a count per status is a length or two
+binary searches. Writes pay an insertion into four sorted lists (a memmove, microseconds
+at 100,000 runs). The dict stays the truth: the lists are rebuilt from it on demand.
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import bisect_left, bisect_right, insort
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+from .._checkpoint import STATUSES, Checkpoint
+from .._store import RunInfo, page_key
+
+__all__ = ["IndexedRuns"]
+
+_Key = tuple[datetime, str]
+
+
+class IndexedRuns(dict[str, Checkpoint]):
+    """A ``run_id -> Checkpoint`` dict that keeps the listing index in step.
+
+    Every way of changing a dict goes through ``__setitem__`` / ``__delitem__`` here, so
+    no write can leave the index behind. Callers hold the store's lock for both writes
+    and reads, as for the dict itself.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        # None: every run; else one status. Built lazily on first use (most stores used
+        # in tests never list a page), then maintained on every write.
+        self._by_time: dict[str | None, list[_Key]] | None = None
+        self._by_id: dict[str | None, list[str]] = {}
+        self._indexed: dict[str, tuple[str, _Key]] = {}
+
+    # -- keeping the index --------------------------------------------------------------
+
+    def _build(self) -> dict[str | None, list[_Key]]:
+        by_time: dict[str | None, list[_Key]] = {s: [] for s in (None, *STATUSES)}
+        self._by_id = {s: [] for s in (None, *STATUSES)}
+        self._indexed = {}
+        for run_id, cp in super().items():
+            status, key = cp.status, page_key(RunInfo.of(cp))
+            self._indexed[run_id] = (status, key)
+            for group in (None, status):
+                by_time[group].append(key)
+                self._by_id[group].append(run_id)
+        for times in by_time.values():
+            times.sort()
+        for ids in self._by_id.values():
+            ids.sort()
+        self._by_time = by_time
+        return by_time
+
+    def _unindex(self, run_id: str) -> None:
+        if self._by_time is None:
+            return
+        status, key = self._indexed.pop(run_id)
+        for group in (None, status):
+            times, ids = self._by_time[group], self._by_id[group]
+            del times[bisect_left(times, key)]
+            del ids[bisect_left(ids, run_id)]
+
+    def __setitem__(self, run_id: str, cp: Checkpoint) -> None:
+        if self._by_time is not None:
+            if run_id in self:
+                self._unindex(run_id)
+            status, key = cp.status, page_key(RunInfo.of(cp))
+            self._indexed[run_id] = (status, key)
+            for group in (None, status):
+                insort(self._by_time[group], key)
+                insort(self._by_id[group], run_id)
+        super().__setitem__(run_id, cp)
+
+    def __delitem__(self, run_id: str) -> None:
+        super().__delitem__(run_id)  # KeyError first, as a dict does
+        self._unindex(run_id)
+
+    def pop(self, run_id: str, *default: Any) -> Any:
+        """``dict.pop``, keeping the index."""
+        if run_id not in self:
+            return super().pop(run_id, *default)
+        cp = self[run_id]
+        del self[run_id]
+        return cp
+
+    def popitem(self) -> tuple[str, Checkpoint]:
+        """``dict.popitem``, keeping the index."""
+        run_id, cp = super().popitem()
+        self._unindex(run_id)
+        return run_id, cp
+
+    def clear(self) -> None:
+        """``dict.clear``, and the index with it."""
+        super().clear()
+        self._by_time = None
+
+    def setdefault(self, run_id: str, default: Any = None) -> Any:
+        """``dict.setdefault``, keeping the index."""
+        if run_id not in self:
+            self[run_id] = default
+        return self[run_id]
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        """``dict.update``, keeping the index."""
+        for run_id, cp in dict(*args, **kwargs).items():
+            self[run_id] = cp
+
+    def __ior__(self, other: Any) -> IndexedRuns:  # type: ignore[override,misc]
+        self.update(other)
+        return self
+
+    # -- reading it ----------------------------------------------------------------------
+
+    def page(
+        self, status: str | None, prefix: str, after: _Key | None, limit: int
+    ) -> list[Checkpoint]:
+        """Return the checkpoints of one ``list_page`` page, newest first."""
+        by_time = self._by_time if self._by_time is not None else self._build()
+        times = by_time[status]
+        end = len(times) if after is None else bisect_left(times, after)
+        if limit <= 0:
+            return []
+        if not prefix:
+            keys: Iterable[_Key] = reversed(times[max(0, end - limit) : end])
+        else:
+            ids = self._by_id[status]
+            lo, hi = _prefix_range(ids, prefix)
+            # The ids with the prefix are one slice of the by-id list: sort that slice
+            # when it is small, else walk the time order and filter. The walk reads about
+            # limit * n / m keys for m matches among n, the slice m: take the smaller.
+            if (hi - lo) ** 2 <= limit * max(len(times), 1):
+                found = (self._indexed[run_id][1] for run_id in ids[lo:hi])
+                keys = heapq.nlargest(limit, (k for k in found if after is None or k < after))
+            else:
+                keys = _walk(times, end, prefix, limit)
+        return [self[run_id] for _, run_id in keys]
+
+    def counts(self, prefix: str) -> dict[str, int]:
+        """Return ``count_by_status(prefix)`` from the by-id lists."""
+        if self._by_time is None:
+            self._build()
+        counts: dict[str, int] = {}
+        for status in STATUSES:
+            ids = self._by_id[status]
+            lo, hi = _prefix_range(ids, prefix) if prefix else (0, len(ids))
+            counts[status] = hi - lo
+        return counts
+
+
+def _prefix_range(ids: list[str], prefix: str) -> tuple[int, int]:
+    """The slice of sorted ``ids`` that start with ``prefix``: truncated, they stay sorted."""
+    size = len(prefix)
+    return (
+        bisect_left(ids, prefix, key=lambda run_id: run_id[:size]),
+        bisect_right(ids, prefix, key=lambda run_id: run_id[:size]),
+    )
+
+
+def _walk(times: list[_Key], end: int, prefix: str, limit: int) -> list[_Key]:
+    found: list[_Key] = []
+    for at in range(end - 1, -1, -1):
+        key = times[at]
+        if key[1].startswith(prefix):
+            found.append(key)
+            if len(found) == limit:
+                break
+    return found
