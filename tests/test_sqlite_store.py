@@ -24,6 +24,7 @@ from stepstone import (
     _hooks,
     open_store,
 )
+from stepstone._checkpoint import DUE_NOW
 from stepstone.stores._sql import TABLE_SCHEMA
 from stepstone.stores.sqlite import SQLiteStore, schema_ddl
 
@@ -559,18 +560,23 @@ def test_concurrent_openers_migrate_a_schema_1_database_once(tmp_path: Path) -> 
 
 
 def test_list_info_reports_version_owner_and_due_at(store: SQLiteStore) -> None:
-    """list_info fills version, owner and due_at from the columns, as the checkpoint has them."""
+    """list_info fills version, owner and due_at from the columns, as the checkpoint has them.
+
+    An owned waiting run is due now (someone must watch that owner's lease); an unowned
+    one at its ``wake_at``.
+    """
     wake = datetime(2030, 1, 1, tzinfo=UTC)
-    saved = store.save(
+    owned = store.save(
         Checkpoint("w", state={}, owner="worker-1", waiting_for="timer", wake_at=wake)
     )
-    [info] = list(store.list_info())
-    assert (info.status, info.version, info.owner, info.due_at) == (
-        "waiting",
-        saved.version,
-        "worker-1",
-        wake,
-    )
+    free = store.save(Checkpoint("t", state={}, waiting_for="timer", wake_at=wake))
+    infos = {info.run_id: info for info in store.list_info()}
+    got = [(i.status, i.version, i.owner, i.due_at) for i in (infos["w"], infos["t"])]
+    assert got == [
+        ("waiting", owned.version, "worker-1", DUE_NOW),
+        ("waiting", free.version, None, wake),
+    ]
+    assert (owned.due_at, free.due_at) == (DUE_NOW, wake)
 
 
 def test_claimable_returns_running_and_due_runs_only(store: SQLiteStore) -> None:
