@@ -353,7 +353,11 @@ def _check_workers(report: Report, faults: list[Fault], logdir: Path, workers: i
         for marker in ("unexpected error", "Traceback"):
             if marker in text:
                 at = text.index(marker)
-                bad.append(f"{path.name}: {marker}: {text[max(0, at - 200) : at + 600]!r}")
+                # Show the whole traceback up to the exception's own line (indented
+                # frame lines, then one unindented line): the cause is at its end.
+                block = re.match(r"[^\n]*\n(?:[ \t][^\n]*\n)*[^\n]*", text[at:])
+                tail = block.group(0) if block else text[at : at + 600]
+                bad.append(f"{path.name}: {marker}: {text[max(0, at - 200) : at]!r}{tail[-4000:]!r}")
                 break
     for path in sorted(logdir.glob("worker-*.out")):
         number = int(path.stem.split("-")[1])
