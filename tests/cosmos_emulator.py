@@ -208,7 +208,7 @@ def _wait_ready(
                 client = emu.client(retry_total=0, connection_timeout=5)
                 list(client.list_databases())
             return
-        except Exception as exc:  # the SDK raises many types while booting
+        except Exception as exc:  # noqa: BLE001 - the SDK raises many types while booting
             last_error = exc
         if time.monotonic() > deadline:
             raise CosmosEmulatorError(
@@ -262,7 +262,7 @@ def _docker_available() -> bool:
         finally:
             client.close()
         return True
-    except Exception:
+    except Exception:  # noqa: BLE001 - any failure of the probe means: not up yet
         return False
 
 

@@ -82,7 +82,7 @@ def in_thread(what: str, fn: Callable[[], Any]) -> Callable[..., Any]:
     def target() -> None:
         try:
             box["value"] = fn()
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - the thread's outcome, whatever it is, goes to the test
             box["error"] = exc
 
     thread = threading.Thread(target=target, name=what, daemon=True)

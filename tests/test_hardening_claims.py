@@ -130,7 +130,7 @@ def serving(config: str, workflows: list[Workflow], mode: str, **options: Any) -
                     box["worker"] = Worker(opened, workflows, **options)
                     ready.set()
                     box["worker"].serve()
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - the thread's outcome, whatever it is, goes to the test
             box["error"] = exc
             ready.set()
 
@@ -600,7 +600,7 @@ def signalling(config: str, run_id: str, every: float = 0.3) -> Iterator[list[in
                 try:
                     if signal(other, run_id, "ping", len(sent)):
                         sent.append(len(sent))
-                except Exception:  # done: signals are refused, which ends nothing here
+                except Exception:  # noqa: BLE001 - done: signals are refused, which ends nothing here
                     return
 
     thread = threading.Thread(target=main, name="signaller")

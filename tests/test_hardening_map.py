@@ -365,7 +365,7 @@ def _holder(
             else:
                 with open_store(config) as store:
                     run("p", parent, wrap(store), lease=LEASE)
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - the thread's outcome, whatever it is, goes to the test
             outcome.append(exc)
 
     thread = threading.Thread(target=main, name=f"{mode} Map owner")

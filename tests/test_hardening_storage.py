@@ -65,7 +65,7 @@ def _admin(kind: str) -> Any:
         return pymysql.connect(
             host="127.0.0.1", user="root", database="test", autocommit=True, connect_timeout=3
         )
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - a server that fails in any way is unavailable: skip, loudly
         backend_unavailable(f"{kind} on 127.0.0.1: {type(exc).__name__}: {exc}")
 
 
@@ -111,7 +111,7 @@ def _bounded(what: str, fn: Callable[[], Any]) -> Any:
     def target() -> None:
         try:
             result.append(fn())
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - the thread's outcome, whatever it is, goes to the test
             error.append(exc)
 
     thread = threading.Thread(target=target, daemon=True)

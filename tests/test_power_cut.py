@@ -146,7 +146,7 @@ def _durable_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _trials(mount: Path, durability: str, cuts: int, seed: int, env: dict[str, str]) -> Tally:
+def _trials(mount: Path, durability: str, cuts: int, seed: int, env: dict[str, str]) -> Tally:  # noqa: C901 - one branch per power-cut outcome, read top to bottom
     """Run ``cuts`` save-kill-cut-check trials on one store; return what they found."""
     store_dir = mount / f"store-{durability}"
     _durable_dir(store_dir)

@@ -70,7 +70,7 @@ def fleet_config(
     if backend in ("postgresql", "mysql"):
         try:
             check_sql(backend)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - a server that fails in any way is unavailable: skip, loudly
             backend_unavailable(f"{backend} server: {type(exc).__name__}: {exc}")
         config, table = sql_config(backend)
         request.addfinalizer(lambda: drop_table(backend, table))

@@ -189,7 +189,7 @@ class Servers:
         if backend in SQL_SERVERS:
             try:
                 check_sql_server(backend)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - any failure to reach the server ends the campaign with its text
                 raise SystemExit(
                     f"{backend}: server {sql_server(backend)} unreachable: "
                     f"{type(exc).__name__}: {exc}"
@@ -210,7 +210,7 @@ class Servers:
     def _drop(self, backend: str) -> None:
         try:
             drop_sql_tables(backend, self.tables.get(backend, []))
-        except Exception as exc:  # reported, never hides the run's own result
+        except Exception as exc:  # noqa: BLE001 - reported, never hides the run's own result
             print(f"{backend}: dropping tables {self.tables[backend]} failed: {exc}")
 
     def config(self, backend: str, shard: int, mode: str = "sync") -> str:

@@ -245,7 +245,7 @@ def main(argv: list[str]) -> int:
     if kind == "child":
         try:
             code, result = child_main(spec)
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - the child reports every outcome to the driver as JSON
             code, result = ERROR_EXIT, {"error": repr(exc), "tb": traceback.format_exc()}
         print(json.dumps(result))
         return code

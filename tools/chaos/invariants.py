@@ -111,7 +111,7 @@ def load_checked(violations: list[str], store: Store, run_id: str, where: str) -
     """Load the run's checkpoint; one that does not load is a violation (returns None)."""
     try:
         return store.load(run_id)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - whatever load raises is a violation, reported
         violations.append(f"{where}: checkpoint does not load: {type(exc).__name__}: {exc}")
         return None
 

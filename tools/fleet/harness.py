@@ -430,7 +430,7 @@ def _statuses(store: Store) -> Counter[str]:
     return Counter(info.status for info in store.list_info())
 
 
-def run_fleet(config: str, opts: Options, backend: str = "?") -> Result:
+def run_fleet(config: str, opts: Options, backend: str = "?") -> Result:  # noqa: C901 - the campaign's phases in order: start, fault, drain, check
     """Run one campaign on the store ``config``; return its figures and violations."""
     rng = random.Random(opts.seed)
     logdir = Path(opts.workdir) / "logs"

@@ -40,7 +40,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from stepstone import Step
+from stepstone import Checkpoint, Step
 from stepstone._store import Store
 from stepstone._suspend import CHILD_POLL, child_run_id
 
@@ -170,19 +170,7 @@ def check(
         if cp.status != "done":
             bad.append(f"run {run_id!r} ({kind}) is {cp.status}, not done ({cp.waiting_for})")
             continue
-        order, unknown = _arrivals(delivered.get(run_id, []))
-        stored_ids = [s.id for s in cp.signals if s.name == SIGNAL]
-        if len(set(stored_ids)) != len(stored_ids):
-            bad.append(f"run {run_id!r}: a signal id was stored twice: {stored_ids}")
-        known = [sid for sid in stored_ids if sid not in unknown]
-        if known != order:
-            bad.append(
-                f"run {run_id!r}: stored signals {stored_ids} are not the delivered ones in "
-                f"arrival order {order}"
-            )
-        for s in cp.signals:
-            if s.payload != {"id": s.id, "rep": 0}:
-                bad.append(f"run {run_id!r}: signal {s.id!r} has the payload {s.payload!r}")
+        _check_signals(cp, run_id, delivered.get(run_id, []), bad)
         waits = waits_of(kind)
         if cp.consumed.get(SIGNAL, 0) != waits:
             bad.append(f"run {run_id!r}: consumed {dict(cp.consumed)}, expected {waits}")
@@ -194,20 +182,7 @@ def check(
             bad.append(f"run {run_id!r} ({kind}): final state differs at keys {diff}")
         if cp.owner is not None:
             bad.append(f"run {run_id!r} is done but still owned by {cp.owner!r}")
-        for step in WORKFLOWS[kind].steps:
-            if not isinstance(step, Step) and hasattr(step, "workflow"):
-                for k, child_want in enumerate(want[step.name]):
-                    child_id = child_run_id(run_id, step.name, k)
-                    expected_ids.add(child_id)
-                    report.children += 1
-                    child = store.load(child_id)
-                    if child is None or child.status != "done":
-                        status = None if child is None else child.status
-                        bad.append(f"child run {child_id!r} is {status}, not done")
-                        continue
-                    finals[child_id] = child
-                    if child.state != child_want:
-                        bad.append(f"child run {child_id!r}: final state differs")
+        _check_children(store, report, run_id, kind, want, expected_ids, finals)
     extra = sorted(set(store.list_runs()) - expected_ids)
     if extra:
         bad.append(f"{len(extra)} runs nobody started are in the store: {extra[:5]}")
@@ -227,12 +202,59 @@ def check(
     return report
 
 
+def _check_signals(
+    cp: Checkpoint, run_id: str, delivered: list[tuple[str, str]], bad: list[str]
+) -> None:
+    """Rule 4: each delivered signal stored once, in arrival order, payload intact."""
+    order, unknown = _arrivals(delivered)
+    stored_ids = [s.id for s in cp.signals if s.name == SIGNAL]
+    if len(set(stored_ids)) != len(stored_ids):
+        bad.append(f"run {run_id!r}: a signal id was stored twice: {stored_ids}")
+    known = [sid for sid in stored_ids if sid not in unknown]
+    if known != order:
+        bad.append(
+            f"run {run_id!r}: stored signals {stored_ids} are not the delivered ones in "
+            f"arrival order {order}"
+        )
+    for s in cp.signals:
+        if s.payload != {"id": s.id, "rep": 0}:
+            bad.append(f"run {run_id!r}: signal {s.id!r} has the payload {s.payload!r}")
+
+
+def _check_children(
+    store: Store,
+    report: Report,
+    run_id: str,
+    kind: str,
+    want: dict[str, Any],
+    expected_ids: set[str],
+    finals: dict[str, Any],
+) -> None:
+    """Rule 1 for a Map's child runs: each one done, with the state its parent expects."""
+    bad = report.violations
+    for step in WORKFLOWS[kind].steps:
+        if isinstance(step, Step) or not hasattr(step, "workflow"):
+            continue
+        for k, child_want in enumerate(want[step.name]):
+            child_id = child_run_id(run_id, step.name, k)
+            expected_ids.add(child_id)
+            report.children += 1
+            child = store.load(child_id)
+            if child is None or child.status != "done":
+                status = None if child is None else child.status
+                bad.append(f"child run {child_id!r} is {status}, not done")
+                continue
+            finals[child_id] = child
+            if child.state != child_want:
+                bad.append(f"child run {child_id!r}: final state differs")
+
+
 def _steps_of(run_id: str, kinds: dict[str, str]) -> list[int]:
     workflow = WORKFLOWS[kinds[run_id]] if run_id in kinds else WORKFLOWS["map"].steps[1].workflow
     return [i for i, step in enumerate(workflow.steps) if isinstance(step, Step)]
 
 
-def _check_effects(
+def _check_effects(  # noqa: C901 - one branch per way a step may legitimately repeat; split, the rule is harder to read
     report: Report,
     kinds: dict[str, str],
     finals: dict[str, Any],
@@ -357,7 +379,8 @@ def _check_workers(report: Report, faults: list[Fault], logdir: Path, workers: i
                 # frame lines, then one unindented line): the cause is at its end.
                 block = re.match(r"[^\n]*\n(?:[ \t][^\n]*\n)*[^\n]*", text[at:])
                 tail = block.group(0) if block else text[at : at + 600]
-                bad.append(f"{path.name}: {marker}: {text[max(0, at - 200) : at]!r}{tail[-4000:]!r}")
+                head = text[max(0, at - 200) : at]
+                bad.append(f"{path.name}: {marker}: {head!r}{tail[-4000:]!r}")
                 break
     for path in sorted(logdir.glob("worker-*.out")):
         number = int(path.stem.split("-")[1])
