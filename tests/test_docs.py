@@ -1,0 +1,117 @@
+"""The documentation site's sources: complete, public, and their code examples compile.
+
+``mkdocs build --strict`` (scripts/test) checks links, anchors and that every page is in
+the navigation; these tests check what it cannot: that the API reference documents every
+public name and no private path, that each backend's README is a page, that every file
+a page includes exists, and that every Python example in the pages is valid Python.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+import stepstone
+import stepstone.testing
+from stepstone import _registry
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = REPO / "docs"
+REFERENCE = DOCS / "reference"
+PAGES = sorted(DOCS.rglob("*.md"))
+
+# ``::: dotted.path`` lines: what mkdocstrings renders.
+_IDENTIFIER = re.compile(r"^::: (\S+)\s*$", re.M)
+# ``--8<-- "path"`` or ``--8<-- "path:section"`` lines: what pymdownx.snippets includes.
+_SNIPPET = re.compile(r'^\s*--8<-- "([^":]+)(?::([\w-]+))?"\s*$', re.M)
+_ADAPTERS = ("langgraph", "agent_framework", "pydantic_ai", "openai_agents")
+
+
+def _identifiers(page: str) -> list[str]:
+    return _IDENTIFIER.findall((REFERENCE / page).read_text())
+
+
+def _all_identifiers() -> list[str]:
+    return [name for page in REFERENCE.glob("*.md") for name in _identifiers(page.name)]
+
+
+def test_reference_documents_every_public_name() -> None:
+    """Each name in ``stepstone.__all__`` has its own entry on the ``stepstone`` page."""
+    documented = set(_identifiers("stepstone.md"))
+    missing = [n for n in stepstone.__all__ if f"stepstone.{n}" not in documented]
+    assert not missing, f"add to docs/reference/stepstone.md: {missing}"
+
+
+def test_reference_documents_the_testing_names_stores_and_adapters() -> None:
+    """stepstone.testing's names, each built-in store class and each adapter module."""
+    documented = set(_all_identifiers())
+    wanted = [f"stepstone.testing.{n}" for n in stepstone.testing.__all__]
+    wanted += [target.replace(":", ".") for target, *_ in _registry._BUILTIN.values()]
+    wanted += [f"stepstone.adapters.{name}" for name in _ADAPTERS]
+    missing = [name for name in wanted if name not in documented]
+    assert not missing, f"add to docs/reference/: {missing}"
+
+
+@pytest.mark.parametrize("identifier", sorted(set(_all_identifiers())))
+def test_reference_paths_are_public_and_resolve(identifier: str) -> None:
+    """No reference entry names a private module, and each one exists at that path."""
+    parts = identifier.split(".")
+    assert not any(p.startswith("_") for p in parts), f"private path: {identifier}"
+    # The longest importable prefix is the module; the rest are attributes of it.
+    for cut in range(len(parts), 0, -1):
+        module_name = ".".join(parts[:cut])
+        try:
+            obj: object = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and not exc.name.startswith("stepstone"):
+                pytest.skip(f"{identifier} needs {exc.name}, which is not installed")
+            continue
+        for attr in parts[cut:]:
+            obj = getattr(obj, attr)
+        return
+    pytest.fail(f"{identifier} does not resolve")
+
+
+def test_every_backend_readme_is_a_page() -> None:
+    """Each backend README (the overview, one per backend, the emulator's) is a page."""
+    found = (REPO / "backends").glob("**/README.md")
+    readmes = sorted(p.relative_to(REPO) for p in found if "node_modules" not in p.parts)
+    assert len(readmes) >= 6
+    for readme in readmes:
+        page = DOCS / readme
+        assert page.exists(), f"no page docs/{readme}"
+        assert f'--8<-- "{readme.as_posix()}"' in page.read_text(), f"docs/{readme}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(DOCS)) for p in PAGES])
+def test_included_files_exist(page: Path) -> None:
+    """Every file a page includes exists, and a named section is marked in it."""
+    for path, section in _SNIPPET.findall(page.read_text()):
+        target = REPO / path
+        assert target.is_file(), f"{page.name} includes {path}, which does not exist"
+        if section:
+            text = target.read_text()
+            for edge in ("start", "end"):
+                assert f"--8<-- [{edge}:{section}]" in text, f"{path} has no {edge}:{section}"
+
+
+def _python_blocks(text: str) -> list[str]:
+    return re.findall(r"^ *```python\n(.*?)^ *```", text, re.S | re.M)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(DOCS)) for p in PAGES])
+def test_python_examples_compile(page: Path) -> None:
+    """Every ```python block on a page is valid Python (top-level ``await`` allowed)."""
+    for block in _python_blocks(page.read_text()):
+        compile(block, str(page), "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+
+
+def test_python_examples_are_found() -> None:
+    """The block finder sees the examples: the pages hold a few dozen of them."""
+    blocks = [b for page in PAGES for b in _python_blocks(page.read_text())]
+    assert len(blocks) >= 10
+    assert any("from stepstone import" in b for b in blocks)
