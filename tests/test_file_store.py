@@ -7,6 +7,7 @@ config strings, locking across threads and processes, and the durability option.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import multiprocessing
@@ -30,12 +31,14 @@ from stepstone import (
     InvalidState,
     StoreError,
     StorePermissionError,
+    StoreUnavailable,
     _hooks,
     open_store,
 )
 from stepstone._checkpoint import utcnow
-from stepstone.stores import file as file_module
 from stepstone.stores.file import FileStore, decode_name, encode_name
+from stepstone.stores.file import _errors as file_errors
+from stepstone.stores.file import _store as store_module
 
 STATE = {"n": 1, "text": "hello"}
 
@@ -279,6 +282,85 @@ def test_disk_full_is_translated_and_leaves_no_temp(
     assert _files(Path(store.path)) == set()
 
 
+@pytest.mark.parametrize(
+    ("exc", "error", "text"),
+    [
+        (PermissionError(13, "Permission denied"), StorePermissionError, "permission denied"),
+        (OSError(errno.ENOLCK, "No locks available"), StoreUnavailable, "(ENOLCK)"),
+        (OSError(errno.ESTALE, "Stale file handle"), StoreUnavailable, "(ESTALE)"),
+        (OSError(errno.ETIMEDOUT, "Connection timed out"), StoreUnavailable, "(ETIMEDOUT)"),
+        (OSError(errno.EIO, "Input/output error"), StoreError, "Input/output error (EIO)"),
+        (OSError("no errno"), StoreError, "no errno (None)"),
+    ],
+)
+def test_os_errors_map_by_the_table(exc: OSError, error: type[StoreError], text: str) -> None:
+    """Each OSError becomes the error its table row names, the path and errno in the text."""
+    with pytest.raises(error) as caught, file_errors.translating("/srv/store", "run.json"):
+        raise exc
+    assert type(caught.value) is error
+    assert str(caught.value).startswith("/srv/store/run.json: ")
+    assert text in str(caught.value)
+    assert caught.value.__cause__ is exc
+
+
+def test_own_errors_pass_the_table_untouched() -> None:
+    """A stepstone error raised inside a translated block (itself an OSError) is not wrapped."""
+    ours = StorePermissionError("refusing")
+    with pytest.raises(StorePermissionError) as caught, file_errors.translating("/srv/store"):
+        raise ours
+    assert caught.value is ours
+    with pytest.raises(KeyError), file_errors.translating("/srv/store"):
+        raise KeyError("not an OS error")
+
+
+def test_the_package_keeps_its_public_names() -> None:
+    """The module turned package still offers what callers import from it."""
+    import stepstone.stores.file as package
+
+    for name in package.__all__:
+        assert getattr(package, name) is not None
+    assert package.FileStore.__module__.startswith("stepstone.stores.file")
+    assert "durability=full|none" in package.FORMS
+    assert package.decode_name(package.encode_name("Run/ü")) == "Run/ü"
+
+
+def test_the_package_modules_import_no_cycle() -> None:
+    """Each module of the package imports only those before it: no cycle, none in functions."""
+    import ast
+
+    import stepstone.stores.file as package
+
+    folder = Path(package.__file__).parent
+    graph: dict[str, set[str]] = {}
+    for source in folder.glob("*.py"):
+        tree = ast.parse(source.read_text())
+        graph[source.stem] = {
+            (node.module or "").split(".")[0]
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module
+        }
+        for function in ast.walk(tree):
+            if isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+                inner = [
+                    node
+                    for node in ast.walk(function)
+                    if isinstance(node, ast.ImportFrom) and node.level >= 1
+                ]
+                assert not inner, f"{source.name}: {function.name} imports inside a function"
+    done: set[str] = set()
+
+    def visit(module: str, path: tuple[str, ...]) -> None:
+        assert module not in path, f"import cycle: {' -> '.join((*path, module))}"
+        if module in done:
+            return
+        for imported in graph.get(module, set()):
+            visit(imported, (*path, module))
+        done.add(module)
+
+    for module in graph:
+        visit(module, ())
+
+
 # -- corrupt and foreign files -------------------------------------------------------------
 
 
@@ -359,7 +441,7 @@ def test_oversized_file_is_corrupt_without_reading_it(
     store: FileStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A data file over the size limit is refused on load as not a checkpoint."""
-    monkeypatch.setattr(file_module, "MAX_DOCUMENT_BYTES", 100)
+    monkeypatch.setattr(store_module, "MAX_DOCUMENT_BYTES", 100)
     _write_raw(store, "run.json", b" " * 101)
     with pytest.raises(CorruptCheckpoint, match="over the 100-byte limit"):
         store.load("run")
@@ -367,7 +449,7 @@ def test_oversized_file_is_corrupt_without_reading_it(
 
 def test_document_over_limit_is_refused(store: FileStore, monkeypatch: pytest.MonkeyPatch) -> None:
     """A checkpoint over the limit raises CheckpointTooLarge with size and limit; nothing stored."""
-    monkeypatch.setattr(file_module, "MAX_DOCUMENT_BYTES", 1000)
+    monkeypatch.setattr(store_module, "MAX_DOCUMENT_BYTES", 1000)
     with pytest.raises(CheckpointTooLarge, match="limit of 1000 bytes") as caught:
         store.save(Checkpoint("run", state={"big": "x" * 2000}))
     assert caught.value.limit == 1000
@@ -576,7 +658,7 @@ def test_threads_racing_cas_one_winner_per_round(store: FileStore) -> None:
                     continue
                 with counter_lock:
                     wins[round_no] += 1
-        except BaseException as exc:  # pragma: no cover - reported below
+        except BaseException as exc:  # noqa: BLE001 - a thread's failure, re-raised in the test  # pragma: no cover
             errors.append(exc)
             barrier.abort()
 
@@ -653,7 +735,7 @@ def test_waiter_on_a_replaced_document_starts_over(store: FileStore) -> None:
     def save() -> None:
         try:
             outcome.append(store.save(Checkpoint("run", state={"v": 2}, version=first.version)))
-        except BaseException as exc:  # reported below
+        except BaseException as exc:  # noqa: BLE001 - the thread's outcome, checked below
             outcome.append(exc)
         done.set()
 
@@ -784,7 +866,7 @@ def _bounded(what: str, fn: Callable[[], object], seconds: float = 10) -> object
     def call() -> None:
         try:
             outcome.append(fn())
-        except BaseException as exc:  # handed to the caller below
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller, who re-raises it
             failure.append(exc)
 
     thread = threading.Thread(target=call, daemon=True)
@@ -983,7 +1065,7 @@ def test_forked_child_does_not_hold_the_parent_s_documents(store: FileStore) -> 
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child
         try:
-            os.write(write_end, str(len(store._known)).encode())
+            os.write(write_end, str(len(store._handles.known)).encode())
         finally:
             os._exit(0)
     os.close(write_end)
@@ -1143,7 +1225,7 @@ def test_close_under_concurrent_saves(tmp_path: Path) -> None:
                 if "closed" not in str(exc):
                     unexpected.append(exc)
                 return
-            except BaseException as exc:  # reported below
+            except BaseException as exc:  # noqa: BLE001 - a thread's failure, reported below
                 unexpected.append(exc)
                 return
 

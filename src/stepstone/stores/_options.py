@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 from urllib.parse import parse_qsl
 
 from .._errors import ConfigError
@@ -78,7 +78,7 @@ def text(name: str, choices: tuple[str, ...] | None = None) -> Option[str]:
 
 
 def parse(
-    query: str, options: Mapping[str, Option[object]] | tuple[Option[object], ...], forms: str
+    query: str, options: Mapping[str, Option[Any]] | tuple[Option[Any], ...], forms: str
 ) -> dict[str, object]:
     """Parse a config string's query into typed values by ``options``.
 

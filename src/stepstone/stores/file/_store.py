@@ -1,0 +1,556 @@
+"""FileStore: the store itself, putting the directory, documents, locks and index together.
+
+Every operation touches a fixed number of files through a directory fd held open, so
+the cost of a save does not grow with the number of runs stored, and a later ``chdir``
+does not move a store opened from a relative path. A save of a run this process saved
+or loaded last is ``flock``, ``fstat``, ``open``, ``write``, ``fsync``, ``rename``,
+``fsync`` (directory), ``close``: eight system calls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+from collections.abc import Iterator
+from datetime import datetime
+from types import MappingProxyType
+from typing import Any, ClassVar, Self
+
+from ..._checkpoint import ACTIVE_STATUSES, Checkpoint, RunStatus, check_run_id, utcnow
+from ..._codec import checkpoint_from_doc, encode_document, encode_state
+from ..._errors import ConflictError, CorruptCheckpoint, StoreError, StorePermissionError
+from ..._hooks import fire
+from ..._store import RunInfo, Store, check_page
+from .._common import new_version
+from ._config import Durability, Trust, check_settings, parse_config
+from ._disk import (
+    O_DIRECTORY,
+    open_temp,
+    remove_stale_temps,
+    scan,
+    sync,
+    unlink_quietly,
+    write_all,
+)
+from ._documents import Known, doc_active, open_document, parse
+from ._errors import too_large, translating
+from ._index import drop_orphan, has_marker, mark, marker_run, open_index, unmark
+from ._locking import Handles
+from ._names import ACTIVE, HASHED_NAME, decode_name, encode_name, hashed, join, run_of
+from ._trust import check_opened, check_trust, make_dirs
+
+__all__ = ["MAX_DOCUMENT_BYTES", "FileStore"]
+
+logger = logging.getLogger("stepstone.stores.file")
+
+#: Largest document a save writes (and a load reads): far above any sane checkpoint, low
+#: enough that a runaway state fails loudly instead of filling the disk.
+MAX_DOCUMENT_BYTES = 64 * 1024 * 1024
+
+
+class FileStore(Store):
+    """Keeps each run's checkpoint as a JSON file in a local directory.
+
+    Config strings: ``file:///abs/dir`` or ``file:rel/dir`` (relative to the working
+    directory when opened; the path is taken literally, without percent-decoding). The
+    directory, and any missing parent, is created with mode 0700; files get mode 0600.
+
+    Option ``durability``:
+
+    - ``full`` (default): fsync the new file before renaming it into place and the
+      directory after. A save that returned survives a process crash and a power cut.
+    - ``none``: fsync the new file, never the directory. A save that returned survives a
+      process crash; a power cut may roll a run back to an earlier checkpoint (or remove
+      a run saved recently for the first time), never leave it torn or empty.
+
+    Option ``trust``: ``strict`` (default) refuses a directory another user could change
+    (see ``_trust.check_trust``); ``any`` accepts it, for a directory shared on purpose.
+
+    Saves of one run are serialised across threads and processes by ``flock`` on the
+    run's document; saves of different runs run in parallel. Documents over 64 MiB are
+    refused with ``CheckpointTooLarge``. POSIX, local file systems only.
+    """
+
+    scheme: ClassVar[str] = "file"
+    durability_levels: ClassVar[tuple[str, ...]] = ("full", "none")
+    kill_points = MappingProxyType(
+        {
+            "file.after_temp_write": False,
+            "file.after_rename": True,
+            "file.before_dir_fsync": True,
+        }
+    )
+    native_async: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        durability: Durability = "full",
+        *,
+        trust: Trust = "strict",
+    ) -> None:
+        self._path = check_settings(path, durability, trust)
+        self._handles = Handles(self._path)
+        self._index_error = "the file store is closed"
+        self._durable = durability == "full"
+        self.durability: Durability = durability
+        self.trust: Trust = trust
+        with translating(self._path):
+            make_dirs(self._path, self._durable)
+            if trust == "strict":
+                check_trust(self._path)
+            # Held for the store's life: every file is reached relative to it (no path
+            # lookups, immune to chdir) and it is what the directory fsync needs.
+            dir_fd = self._handles.dir_fd = os.open(self._path, O_DIRECTORY)
+            if trust == "strict":
+                try:
+                    check_opened(self._path, dir_fd)
+                except StorePermissionError:
+                    self.close()
+                    raise
+            try:
+                self._handles.active_fd = open_index(dir_fd, self._path)
+            except OSError as exc:
+                if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+                    raise
+                # A directory this process may only read (an operator listing runs):
+                # loads and listings work; saves and claimable say why they cannot.
+                self._index_error = f"{self._file(ACTIVE)}: {exc.strerror}"
+        self._remove_stale_temps()
+
+    @classmethod
+    def from_config(cls, config: str) -> Self:
+        path, durability, trust = parse_config(config)
+        return cls(path, durability, trust=trust)
+
+    @property
+    def path(self) -> str:
+        """The store's directory, absolute."""
+        return self._path
+
+    def __repr__(self) -> str:
+        extra = ", trust='any'" if self.trust == "any" else ""
+        return f"FileStore({self._path!r}, durability={self.durability!r}{extra})"
+
+    def _file(self, name: str) -> str:
+        return join(self._path, name)
+
+    # -- reading ------------------------------------------------------------------------
+
+    def _parse(
+        self, fd: int, size: int, file_name: str, run_id: str | None
+    ) -> tuple[dict[str, Any], str]:
+        return parse(fd, size, self._path, file_name, run_id, MAX_DOCUMENT_BYTES)
+
+    def load(self, run_id: str) -> Checkpoint | None:
+        check_run_id(run_id)
+        return self._load(encode_name(run_id), run_id, keep=True)
+
+    def _load(self, name: str, run_id: str | None, keep: bool) -> Checkpoint | None:
+        """Load ``<name>.json``; ``run_id`` None for a hashed name found by listing."""
+        dir_fd = self._handles.begin()
+        try:
+            return self._load_in(dir_fd, name, run_id, keep)
+        finally:
+            self._handles.end()
+
+    def _load_in(self, dir_fd: int, name: str, run_id: str | None, keep: bool) -> Checkpoint | None:
+        file_name = name + ".json"
+        # No lock: the rename that publishes a document is atomic.
+        opened = open_document(dir_fd, self._path, file_name)
+        if opened is None:
+            return None
+        fd, st = opened
+        try:
+            doc, version = self._parse(fd, st.st_size, file_name, run_id)
+            if run_id is None:
+                found = doc.get("run_id")
+                if not isinstance(found, str) or hashed(found) != name:
+                    raise CorruptCheckpoint(
+                        f"{self._file(file_name)}: its run_id {found!r} does not hash to its "
+                        "name; left untouched"
+                    )
+            cp = checkpoint_from_doc(doc, version, source=self._file(file_name))
+        except BaseException:
+            os.close(fd)
+            raise
+        if keep:
+            # Keeping it open lets the next save of this run skip reading it again.
+            self._handles.track(fd)
+            self._handles.keep(name, Known(fd, version, cp.status in ACTIVE_STATUSES))
+        else:
+            os.close(fd)
+        return cp
+
+    # -- writing ------------------------------------------------------------------------
+
+    def save(self, checkpoint: Checkpoint) -> Checkpoint:
+        run_id = check_run_id(checkpoint.run_id)
+        text, copy = encode_state(checkpoint.state)
+        if len(text) > MAX_DOCUMENT_BYTES:  # characters <= bytes: refuse before any I/O
+            size = len(text.encode("utf-8", "backslashreplace"))
+            raise too_large(run_id, size, MAX_DOCUMENT_BYTES)
+        dir_fd = self._handles.begin()
+        try:
+            return self._save_in(dir_fd, checkpoint, run_id, text, copy)
+        finally:
+            self._handles.end()
+
+    def _current(self, dir_fd: int, name: str, run_id: str) -> tuple[int | None, str | None, bool]:
+        """Lock the run's current document: its fd, version and whether it is active."""
+        known = self._handles.checkout(name)
+        if known is not None:
+            try:
+                still = self._handles.lock_known(known.fd, name + ".json")
+            except BaseException:
+                self._handles.release(known.fd)
+                raise
+            if still:
+                return known.fd, known.version, known.active
+            self._handles.release(known.fd)
+        locked = self._handles.lock_current(dir_fd, name)
+        if locked is None:
+            return None, None, False
+        lock_fd, st = locked
+        try:
+            # Parsing proves the file is ours and whole, so a corrupt file stays put.
+            doc, version = self._parse(lock_fd, st.st_size, name + ".json", run_id)
+        except BaseException:
+            self._handles.release(lock_fd)
+            raise
+        return lock_fd, version, doc_active(doc)
+
+    def _save_in(
+        self, dir_fd: int, checkpoint: Checkpoint, run_id: str, text: str, copy: dict[str, Any]
+    ) -> Checkpoint:
+        name = encode_name(run_id)
+        lock_fd, current_version, was_active = self._current(dir_fd, name, run_id)
+        try:
+            if current_version != checkpoint.version:
+                raise ConflictError(
+                    f"run {run_id!r}: expected version {checkpoint.version!r}, "
+                    f"stored {current_version!r}",
+                    run_id,
+                )
+            version = new_version(current_version)
+            saved = checkpoint.stored(copy, text, version, utcnow())
+            document = encode_document(saved, text, extra={"version": version})
+            # JSON text can hold lone surrogates, which UTF-8 cannot; they only occur inside
+            # string literals, where the \\udXXX that backslashreplace writes is the JSON
+            # escape for the same character, so the document still round-trips exactly.
+            data = document.encode("utf-8", "backslashreplace")
+            if len(data) > MAX_DOCUMENT_BYTES:
+                raise too_large(run_id, len(data), MAX_DOCUMENT_BYTES)
+            active = saved.status in ACTIVE_STATUSES
+            if active and not was_active:
+                self._mark(name, saved.status)  # before the save, so no active run is unindexed
+            new_fd = self._publish(
+                dir_fd, name, data, create=current_version is None, unmark=was_active and not active
+            )
+        finally:
+            if lock_fd is not None:
+                self._handles.release(lock_fd)
+        self._handles.keep(name, Known(new_fd, version, active))
+        return saved
+
+    def _publish(self, dir_fd: int, name: str, data: bytes, *, create: bool, unmark: bool) -> int:
+        """Atomically put ``data`` at ``<name>.json``; return the new document's open fd.
+
+        ``create``: the run has no document, and the new one appears only if still none
+        does (``link`` fails if the name exists: the compare-and-swap of a first save).
+        ``unmark``: the run stops being active; its index marker goes after the save,
+        while the new document is locked, so that whoever makes it active again next
+        (and marks it) does so after the marker is gone.
+        """
+        fd, temp = open_temp(dir_fd, self._path)
+        self._handles.track(fd)
+        try:
+            with translating(self._path, temp):
+                write_all(fd, data)
+                fire("file.after_temp_write")
+                # Before the rename, in both modes: else a power cut can leave the name
+                # pointing at a file whose data never reached the disk (empty or torn).
+                sync(fd)
+                if unmark:
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+            self._rename(dir_fd, temp, name, create=create)
+        except BaseException:
+            unlink_quietly(dir_fd, temp)
+            self._handles.release(fd)
+            raise
+        try:
+            fire("file.after_rename")
+            fire("file.before_dir_fsync")
+            if self._durable or unmark:
+                # The rename is a change to the directory; only this makes it survive power
+                # loss. Before a marker goes, in both modes: a power cut must not leave the
+                # run active again (the rename undone) with its marker gone.
+                with translating(self._path):
+                    sync(dir_fd)
+            if unmark:
+                try:
+                    self._unmark(name)
+                finally:
+                    with translating(self._path, name + ".json"):
+                        fcntl.flock(fd, fcntl.LOCK_UN)
+        except BaseException:
+            self._handles.release(fd)
+            raise
+        return fd
+
+    def _rename(self, dir_fd: int, temp: str, name: str, *, create: bool) -> None:
+        """Put the temp file at ``<name>.json``; with ``create``, only if nothing is there."""
+        final = name + ".json"
+        with translating(self._path, final):
+            if not create:
+                os.rename(temp, final, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+                return
+            try:
+                os.link(temp, final, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+            except FileExistsError:
+                raise ConflictError(
+                    f"run {run_of(name)!r}: expected no checkpoint, but one was saved meanwhile",
+                    run_of(name),
+                ) from None
+            finally:
+                unlink_quietly(dir_fd, temp)
+
+    # -- the index of active runs --------------------------------------------------------
+
+    def _mark(self, name: str, status: str) -> None:
+        active_fd = self._handles.active_fd
+        if active_fd is None:
+            self._handles.fd()
+            raise StorePermissionError(
+                f"{self._path}: cannot index the active run {name!r}: {self._index_error}"
+            )
+        mark(active_fd, self._path, name, status)
+
+    def _unmark(self, name: str) -> None:
+        unmark(self._handles.active_fd, self._path, name)
+
+    # -- deleting -----------------------------------------------------------------------
+
+    def delete(self, run_id: str, *, expected_version: str | None = None) -> bool:
+        check_run_id(run_id)
+        dir_fd = self._handles.begin()
+        try:
+            return self._delete_in(dir_fd, run_id, expected_version)
+        finally:
+            self._handles.end()
+
+    def _delete_in(self, dir_fd: int, run_id: str, expected_version: str | None) -> bool:
+        name = encode_name(run_id)
+        known = self._handles.checkout(name)
+        if known is not None:
+            self._handles.release(known.fd)
+        try:
+            locked = self._handles.lock_current(dir_fd, name)
+        except CorruptCheckpoint:
+            if expected_version is not None:
+                raise
+            return self._delete_foreign(dir_fd, name)
+        if locked is None:
+            return False
+        lock_fd, st = locked
+        try:
+            if expected_version is not None:
+                _, current = self._parse(lock_fd, st.st_size, name + ".json", run_id)
+                if current != expected_version:
+                    raise ConflictError(
+                        f"run {run_id!r}: delete expected version {expected_version!r}, "
+                        f"stored {current!r}; nothing was deleted",
+                        run_id,
+                    )
+            self._delete_locked(dir_fd, name)
+        finally:
+            self._handles.release(lock_fd)
+        return True
+
+    def _delete_foreign(self, dir_fd: int, name: str) -> bool:
+        # A symlink, FIFO or directory at the run's path: delete is the operator's
+        # explicit request, so remove the entry without reading through it.
+        file_name = name + ".json"
+        with translating(self._path, file_name):
+            try:
+                os.unlink(file_name, dir_fd=dir_fd)
+            except IsADirectoryError:
+                raise CorruptCheckpoint(
+                    f"{self._file(file_name)}: a directory, not a checkpoint; left untouched"
+                ) from None
+            except FileNotFoundError:
+                return False
+        self._unmark(name)
+        return True
+
+    def _delete_locked(self, dir_fd: int, name: str) -> None:
+        with translating(self._path, name + ".json"):
+            os.unlink(name + ".json", dir_fd=dir_fd)
+        if self._durable:
+            with translating(self._path):
+                sync(dir_fd)
+        # The marker goes after the document is durably gone (a crash in between
+        # leaves a hint claimable cleans up), under the lock of the document that was
+        # current, so a power cut cannot bring back an active run without its marker.
+        if has_marker(self._handles.active_fd, name):
+            if not self._durable:
+                with translating(self._path):
+                    sync(dir_fd)
+            self._unmark(name)
+        # Lock files of releases before this index existed: their run is gone.
+        unlink_quietly(dir_fd, name + ".lock")
+
+    # -- listing and housekeeping -------------------------------------------------------
+
+    def _scan(self, where: str = ".") -> list[os.DirEntry[str]]:
+        dir_fd = self._handles.begin()
+        try:
+            with translating(self._path, "" if where == "." else where):
+                active_fd = self._handles.active_fd
+                if where == ACTIVE and active_fd is not None:
+                    # The index the markers are written to, not whatever is at the name
+                    # now (a symlink or FIFO swapped in since the store opened).
+                    return scan(active_fd, ".")
+                return scan(dir_fd, where)
+        finally:
+            self._handles.end()
+
+    def list_runs(self) -> Iterator[str]:
+        entries = self._scan()  # scan now, so errors surface at the call
+        return self._run_ids(entries)
+
+    def _run_ids(self, entries: list[os.DirEntry[str]]) -> Iterator[str]:
+        for entry in entries:
+            file_name = entry.name
+            if not file_name.endswith(".json"):
+                continue
+            stem = file_name[:-5]
+            try:
+                regular = entry.is_file(follow_symlinks=False)
+            except OSError:
+                continue  # gone since the scan
+            if not regular:
+                # A symlink, directory or FIFO named like a run: not ours; never let it
+                # stop a listing, a prune or a migration.
+                logger.warning(
+                    "skipping %s: not a regular file, so not a checkpoint the file store wrote",
+                    self._file(file_name),
+                )
+                continue
+            if HASHED_NAME.fullmatch(stem) is None:
+                run_id = decode_name(stem)
+                if run_id is not None:
+                    yield run_id
+                continue
+            try:
+                cp = self._load(stem, None, keep=False)
+            except CorruptCheckpoint as exc:
+                logger.warning("skipping %s in list_runs: %s", self._file(file_name), exc)
+                continue
+            if cp is not None:
+                yield cp.run_id
+
+    def claimable(
+        self,
+        now: datetime,
+        limit: int = 100,
+        *,
+        status: RunStatus | None = None,
+        skip: int = 0,
+    ) -> list[RunInfo]:
+        """Return the runs a worker may have to act on, from the ``.active/`` index.
+
+        Only runs with a marker are read (queued, running and waiting ones, plus markers
+        not yet cleaned up), so the cost does not grow with finished runs. Each marker is
+        re-checked by loading its run; markers of runs at rest are removed. With
+        ``status``, one page of that kind (``Store.claimable``).
+
+        Raises:
+            ValueError: ``status`` is not an active status, or ``skip`` is negative.
+            StoreError: the index cannot be read.
+        """
+        check_page(status, skip)
+        self._handles.fd()
+        if self._handles.active_fd is None:
+            logger.warning("no index of active runs (%s): scanning every run", self._index_error)
+            return super().claimable(now, limit, status=status, skip=skip)
+        dir_fd = self._handles.begin()
+        try:
+            found = self._claimable_in(dir_fd, now, limit if status is None else None)
+        finally:
+            self._handles.end()
+        if status is None:
+            return found
+        # Running runs first, then the due ones: each kind is in due_at order.
+        return [info for info in found if info.status == status][skip : skip + limit]
+
+    def _claimable_in(self, dir_fd: int, now: datetime, limit: int | None) -> list[RunInfo]:
+        running: list[RunInfo] = []
+        due: list[RunInfo] = []
+        for entry in self._scan(ACTIVE):
+            name = entry.name
+            ours, run_id = marker_run(name)
+            if not ours:
+                logger.warning("skipping %s: not an index marker", self._file(f"{ACTIVE}/{name}"))
+                continue
+            try:
+                cp = self._load(name, run_id, keep=False)
+            except CorruptCheckpoint as exc:
+                logger.warning("skipping run %r in claimable: %s", run_id or name, exc)
+                continue
+            active_fd = self._handles.active_fd
+            if cp is None:
+                if active_fd is not None:
+                    drop_orphan(active_fd, dir_fd, self._path, name)
+                continue
+            status = cp.status
+            if status not in ACTIVE_STATUSES:
+                self._drop_rest_marker(dir_fd, name)
+                continue
+            info = RunInfo.of(cp)
+            if status == "running":
+                running.append(info)
+            elif info.due_at is not None and info.due_at <= now:
+                due.append(info)
+        running.sort(key=lambda info: info.due_at or now)
+        due.sort(key=lambda info: info.due_at or now)
+        return running[:limit] + due[:limit]
+
+    def _drop_rest_marker(self, dir_fd: int, name: str) -> None:
+        # Re-checked under the document's lock: whoever makes the run active again marks
+        # it under the same lock, so the marker cannot be lost in between.
+        try:
+            locked = self._handles.lock_current(dir_fd, name)
+            if locked is None:
+                return
+            lock_fd, st = locked
+            try:
+                doc, _ = self._parse(lock_fd, st.st_size, name + ".json", None)
+                if not doc_active(doc):
+                    sync(dir_fd)  # the rest state must be durable before the marker goes
+                    self._unmark(name)
+            finally:
+                self._handles.release(lock_fd)
+        except (OSError, StoreError) as exc:
+            logger.debug("could not clean index marker %s: %s", name, exc)
+
+    def _remove_stale_temps(self) -> None:
+        """Delete ``.tmp-*`` files left by writers that crashed; best effort."""
+        try:
+            dir_fd = self._handles.fd()
+            names = [entry.name for entry in self._scan()]
+        except StoreError as exc:
+            logger.debug("could not clean temp files in %s: %s", self._path, exc)
+            return
+        remove_stale_temps(dir_fd, self._path, names)
+
+    def close(self) -> None:
+        self._handles.close()
+
+    def __del__(self) -> None:
+        # Only a safety net for a forgotten close(); never raise from a finaliser.
+        with contextlib.suppress(Exception):
+            self.close()
