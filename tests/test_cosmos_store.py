@@ -18,7 +18,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -53,6 +53,7 @@ from stepstone.stores.cosmos import (
     item_id,
     sortable_time,
 )
+from stepstone.stores.cosmos._errors import UnexpectedSdkError as _Unexpected
 
 REPO = Path(__file__).resolve().parent.parent
 # The emulator runs with a self-signed certificate; verify=false is the documented setting.
@@ -311,6 +312,16 @@ def test_connection_refused_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> N
 # -- a fake Cosmos endpoint for failures the emulator cannot produce ------------------
 
 
+#: Answers of a broken proxy or a server dying mid-answer, by ``_FakeCosmos`` behaviour.
+_GARBLED: dict[str, bytes] = {
+    "not-utf8": b'\xff\xfe{"id": "x"',
+    "not-json": b"<html>502 Bad Gateway</html>",
+    "array": b"[1, 2, 3]",
+    "scalar": b"42",
+    "short": b'{"id": "x", "run_id"',
+}
+
+
 class _FakeCosmos:
     """Answers the account and container reads like Cosmos; item calls per ``behaviour``."""
 
@@ -335,6 +346,20 @@ class _FakeCosmos:
                     self.send_header(name.replace("_", "-"), value)
                 self.end_headers()
                 self.wfile.write(data)
+
+            def _garble(self, body: bytes) -> None:
+                # A 200 whose body is not what Cosmos sends; "short" promises more bytes
+                # than it sends, then hangs up.
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                short = fake.behaviour == "short"
+                self.send_header("Content-Length", str(len(body) + (1000 if short else 0)))
+                self.end_headers()
+                self.wfile.write(body)
+                if short:
+                    self.close_connection = True
+                    self.wfile.flush()
+                    self.connection.shutdown(2)
 
             def _handle(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
@@ -388,6 +413,8 @@ class _FakeCosmos:
                 elif fake.behaviour == "drop":
                     self.close_connection = True
                     self.connection.shutdown(2)
+                elif fake.behaviour in _GARBLED:
+                    self._garble(_GARBLED[fake.behaviour])
                 else:
                     self._reply(500, {"code": "InternalServerError", "message": "boom"})
 
@@ -862,7 +889,10 @@ def test_exception_rules_map_transport_failures() -> None:
         (ClientAuthenticationError("x" * 1000), StorePermissionError, "AZURE_COSMOS_KEY"),
     ]
     assert {type(exc) for exc, _, _ in cases} >= {
-        kind for kind, _, _ in _EXCEPTION_RULES if kind.__name__ != "AzureError"
+        kind
+        for rule in _EXCEPTION_RULES
+        for kind in rule.types
+        if kind.__module__.startswith("azure.") and kind.__name__ != "AzureError"
     }
     for cause, expected, fragment in cases:
         with pytest.raises(StoreError) as info, store._translate(_Call("save", "r")):
@@ -1825,7 +1855,7 @@ def test_close_during_threaded_saves_gives_the_closed_error(config: str) -> None
             started.wait()
             for n in range(10_000):
                 saved = store.save(_saver_loop_cp(f"tclose/{i}", saved, n))
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - the test collects whatever close() causes
             errors.append(exc)
 
     threads = [threading.Thread(target=saver, args=(i,)) for i in range(8)]
@@ -1861,3 +1891,234 @@ def test_key_never_reaches_the_logs(
     assert caplog.records, "nothing was logged at DEBUG: the check would be vacuous"
     assert FAKE_KEY not in caplog.text and FAKE_KEY not in str(info.value)
     assert FAKE_KEY not in repr(store)
+
+
+# -- nothing a Cosmos call raises escapes as a bare exception --------------------------------
+
+
+def _store_calls(store: CosmosStore) -> dict[str, Any]:
+    """Each Store method that talks to the service, sync and async, as a thunk.
+
+    The async ones run on one event loop, closed at the end (``_outcomes``).
+    """
+    now = _now()
+    return {
+        "load": lambda: store.load("x"),
+        "save": lambda: store.save(_cp("x")),
+        "replace": lambda: store.save(_cp("x", version='"v1"')),
+        "delete": lambda: store.delete("x"),
+        "claimable": lambda: store.claimable(now),
+        "claimable-status": lambda: store.claimable(now, status="queued"),
+        "list_info": lambda: list(store.list_info()),
+        "aload": lambda: store.aload("x"),
+        "asave": lambda: store.asave(_cp("x")),
+        "adelete": lambda: store.adelete("x"),
+        "aclaimable": lambda: store.aclaimable(now),
+        "alist_info": lambda: _collect(store.alist_info()),
+    }
+
+
+async def _collect(rows: Any) -> list[Any]:
+    return [row async for row in rows]
+
+
+def _outcomes(store: CosmosStore) -> dict[str, Any]:
+    """Run every ``_store_calls`` call: its result, or the exception it raised."""
+    calls = _store_calls(store)
+    found: dict[str, Any] = {}
+    for name, call in calls.items():
+        if not name.startswith("a"):
+            try:
+                found[name] = call()
+            except Exception as exc:  # noqa: BLE001 - the outcome under test, checked after
+                found[name] = exc
+
+    async def body() -> None:
+        for name, call in calls.items():
+            if name.startswith("a"):
+                try:
+                    found[name] = await call()
+                except Exception as exc:  # noqa: BLE001 - the outcome under test, checked after
+                    found[name] = exc
+        await store.aclose()
+
+    _arun(body(), "the async store calls")
+    return found
+
+
+@pytest.mark.parametrize("behaviour", sorted(_GARBLED))
+def test_garbled_answers_are_store_errors(behaviour: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 200 whose body is cut short, not UTF-8, not JSON or not an item is a StoreError."""
+    monkeypatch.setenv("AZURE_COSMOS_KEY", FAKE_KEY)
+    with _FakeCosmos(behaviour) as fake, open_store(fake.config(retries=0)) as store:
+        assert isinstance(store, CosmosStore)
+        for name, outcome in _outcomes(store).items():
+            if isinstance(outcome, BaseException):
+                # An answer that does not decode is the network's fault, retried later; one
+                # that decodes to no item makes the SDK itself raise TypeError: a StoreError.
+                expected = StoreError if behaviour in ("array", "scalar") else StoreUnavailable
+                assert isinstance(outcome, expected), (name, repr(outcome))
+                assert FAKE_KEY not in str(outcome)
+            else:
+                # Only a query or a delete may come back: rows that are not items are
+                # skipped, and a delete reads no answer.
+                assert name in _NO_BODY_NEEDED, (name, outcome)
+        assert fake.item_requests, "the fake server saw no item request: vacuous"
+
+
+_NO_BODY_NEEDED = frozenset(
+    {"claimable", "claimable-status", "list_info", "aclaimable", "alist_info", "delete", "adelete"}
+)
+
+
+def test_item_answer_that_is_not_an_item_is_a_store_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A point read or save answered with a JSON array raises StoreError, not TypeError.
+
+    (The SDK itself raises TypeError building its answer from an array.)
+    """
+    monkeypatch.setenv("AZURE_COSMOS_KEY", FAKE_KEY)
+    with _FakeCosmos("array") as fake, open_store(fake.config(retries=0)) as store:
+        calls: list[Callable[[], object]] = [lambda: store.load("x"), lambda: store.save(_cp("x"))]
+        for call in calls:
+            with pytest.raises(StoreError) as info:
+                call()
+            assert "TypeError" in str(info.value) or "_etag" in str(info.value)
+
+
+def test_decoding_refuses_an_answer_that_is_not_an_item() -> None:
+    """An item that is not a JSON object is a CorruptCheckpoint, whatever the SDK passed."""
+    store = CosmosStore("https://example.invalid/", "db", "c", credential=FAKE_KEY)
+    for answer in ([1, 2], "text", 42, None):
+        with pytest.raises(CorruptCheckpoint, match="not an item"):
+            store._checkpoint(answer, "x")
+
+
+def _aiohttp_errors() -> list[BaseException]:
+    aiohttp = pytest.importorskip("aiohttp")
+    return [
+        aiohttp.ClientPayloadError("Response payload is not completed"),
+        aiohttp.ServerDisconnectedError(),
+        aiohttp.ClientOSError(104, "Connection reset by peer"),
+    ]
+
+
+def _transport_errors() -> list[BaseException]:
+    """What a transport below azure-core can raise when a server dies mid-answer."""
+    import http.client
+    import ssl
+
+    import requests
+    import urllib3
+
+    return [
+        ConnectionResetError(104, "Connection reset by peer"),
+        BrokenPipeError(32, "Broken pipe"),
+        http.client.RemoteDisconnected("Remote end closed connection without response"),
+        http.client.IncompleteRead(b"{", 1000),
+        json.JSONDecodeError("Expecting value", "<html>", 0),
+        UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"),
+        ssl.SSLError("record layer failure"),
+        requests.exceptions.ChunkedEncodingError("Connection broken: IncompleteRead"),
+        urllib3.exceptions.ProtocolError("Connection aborted."),
+        *_aiohttp_errors(),
+    ]
+
+
+class _Raising:
+    """A container (sync or aio) whose every call raises ``exc``."""
+
+    def __init__(self, exc: BaseException, asynchronous: bool) -> None:
+        self.exc = exc
+        self.asynchronous = asynchronous
+
+    def __getattr__(self, name: str) -> Any:
+        if self.asynchronous and name != "query_items":
+
+            async def acall(*args: Any, **kwargs: Any) -> Any:
+                raise self.exc
+
+            return acall
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            raise self.exc
+
+        return call
+
+
+def _with_container(store: CosmosStore, exc: BaseException) -> None:
+    """Make ``store`` open on a container that raises ``exc`` (sync and on this loop)."""
+    from stepstone.stores.cosmos._aio import AioClient
+
+    store._container = cast(Any, _Raising(exc, asynchronous=False))
+
+    async def aio_open() -> Any:
+        store._aio = AioClient(
+            asyncio.get_running_loop(), cast(Any, None), cast(Any, _Raising(exc, True)), None
+        )
+        return store._aio.container
+
+    store._aensure_open = aio_open  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("exc", _transport_errors(), ids=lambda e: type(e).__name__)
+def test_transport_failures_are_unavailable(exc: BaseException) -> None:
+    """Each failure of the transport, from any store call, is StoreUnavailable from it."""
+    store = CosmosStore("https://acct.example/", "db", "c", credential=FAKE_KEY)
+    _with_container(store, exc)
+    for name, outcome in _outcomes(store).items():
+        assert isinstance(outcome, StoreUnavailable), (name, repr(outcome))
+        assert outcome.__cause__ is exc, name
+        assert type(exc).__name__ in str(outcome), (name, str(outcome))
+
+
+@pytest.mark.parametrize(
+    "exc", [RuntimeError("sdk bug"), AttributeError("'NoneType' has no attribute 'get'")]
+)
+def test_unexpected_sdk_exceptions_are_store_errors(exc: BaseException) -> None:
+    """An exception no table row names, raised by an SDK call, is a StoreError naming it."""
+    store = CosmosStore("https://acct.example/", "db", "c", credential=FAKE_KEY)
+    _with_container(store, exc)
+    for name, outcome in _outcomes(store).items():
+        assert type(outcome) is StoreError, (name, repr(outcome))
+        assert type(exc).__name__ in str(outcome), name
+        assert outcome.__cause__ is not None and outcome.__cause__.__cause__ is exc
+
+
+def test_every_exception_rule_is_tested() -> None:
+    """Every exception type the table names is raised by one of the tests above."""
+    tested = {type(exc) for exc in _transport_errors()}
+    named = {
+        kind
+        for rule in _EXCEPTION_RULES
+        for kind in rule.types
+        if not kind.__module__.startswith("azure.") and kind is not _Unexpected
+    }
+    assert named, "the table names no transport exception: vacuous"
+    assert all(any(issubclass(t, kind) for t in tested) for kind in named), named
+    classes = {name for rule in _EXCEPTION_RULES for name in rule.classes}
+    assert all(any(name in {c.__name__ for c in t.__mro__} for t in tested) for name in classes)
+
+
+def test_garbled_container_properties_are_a_store_error() -> None:
+    """Container properties that are not an object refuse the store, not crash it."""
+
+    class Fake:
+        def __init__(self, answer: Any) -> None:
+            self.answer = answer
+
+        def get_database_client(self, name: str) -> Fake:
+            return self
+
+        def get_container_client(self, name: str) -> Fake:
+            return self
+
+        def read(self, **kwargs: Any) -> Any:
+            return self.answer
+
+    for answer in (["not", "an", "object"], {"partitionKey": "/id"}, None, "text"):
+        store = CosmosStore("https://acct.example/", "db", "c", credential=FAKE_KEY)
+        store._client = cast(Any, Fake(answer))
+        with pytest.raises(StoreError, match="is partitioned by None"):
+            store.load("x")

@@ -1,0 +1,119 @@
+"""The async part: one ``azure.cosmos.aio`` client per event loop, and closing it.
+
+aiohttp sessions belong to the loop that made them, so the store keeps the client of
+the loop it last served and builds another for a new loop. Imported on first async use
+only where it matters: sync users need neither aiohttp nor the aio SDK.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from azure.core.pipeline.transport import AsyncHttpTransport
+
+from ..._errors import ConfigError
+from ._config import Settings
+from ._meter import AsyncWire, Meter
+
+if TYPE_CHECKING:
+    from azure.core.credentials import TokenCredential
+    from azure.core.credentials_async import AsyncTokenCredential
+    from azure.cosmos.aio import ContainerProxy as AsyncContainerProxy
+    from azure.cosmos.aio import CosmosClient as AsyncCosmosClient
+
+__all__ = ["AioClient", "aclose_quietly", "close_elsewhere", "new_async_client"]
+
+
+@dataclass
+class AioClient:
+    """The aio client of one event loop (aiohttp sessions belong to the loop)."""
+
+    loop: asyncio.AbstractEventLoop
+    client: AsyncCosmosClient
+    container: AsyncContainerProxy
+    credential: AsyncTokenCredential | None
+
+
+def _credential(
+    settings: Settings,
+    credential: str | TokenCredential | None,
+    async_credential: AsyncTokenCredential | None,
+) -> tuple[Any, AsyncTokenCredential | None]:
+    """The credential for an aio client, and the one the store must close after."""
+    if isinstance(credential, str) or credential is None:
+        return credential, None
+    if async_credential is not None:
+        return async_credential, None
+    if settings.auth != "entra":
+        raise ConfigError("the async methods need an AsyncTokenCredential: pass async_credential=")
+    try:
+        from azure.identity.aio import (  # noqa: PLC0415 - only Entra ID users need it
+            DefaultAzureCredential as AsyncDefaultAzureCredential,
+        )
+    except ImportError as exc:  # pragma: no cover - azure-identity is in the extra
+        raise ConfigError(
+            "auth=entra needs azure-identity: pip install 'stepstone[cosmos]'"
+        ) from exc
+    owned = AsyncDefaultAzureCredential()
+    return owned, owned
+
+
+def new_async_client(
+    settings: Settings,
+    meter: Meter,
+    credential: str | TokenCredential | None,
+    async_credential: AsyncTokenCredential | None,
+    transport: AsyncHttpTransport[Any, Any] | None,
+    client_kwargs: dict[str, Any],
+) -> tuple[AsyncCosmosClient, AsyncTokenCredential | None]:
+    """A new aio client on a metered aiohttp transport, and the credential it owns."""
+    try:
+        # Imported on first async use: sync users need neither aiohttp nor aio.
+        from azure.core.pipeline.transport import AioHttpTransport  # noqa: PLC0415
+        from azure.cosmos.aio import CosmosClient as AioClient  # noqa: PLC0415
+    except ImportError as exc:
+        raise ConfigError(
+            "CosmosStore's async methods need aiohttp: pip install 'stepstone[cosmos]'"
+        ) from exc
+    inner = transport or AioHttpTransport(**settings.transport_config())
+    key, owned = _credential(settings, credential, async_credential)
+    client = AioClient(
+        settings.endpoint,
+        key,
+        transport=AsyncWire(inner, meter),
+        **client_kwargs,
+    )
+    return client, owned
+
+
+async def aclose_quietly(client: Any, credential: Any) -> None:
+    """Close an aio client and its credential, whatever closing them raises."""
+    with contextlib.suppress(Exception):
+        await client.close()
+    if credential is not None:
+        with contextlib.suppress(Exception):
+            await credential.close()
+
+
+def close_elsewhere(aio: AioClient) -> None:
+    """Close an aio client from sync code: on its loop if that loop still runs."""
+    loop = aio.loop
+    if loop.is_closed():
+        return  # its sessions died with the loop
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    closing = aclose_quietly(aio.client, aio.credential)
+    if running is loop:
+        # close() called from a coroutine on that loop: it cannot wait for itself.
+        loop.create_task(closing)
+    elif loop.is_running():
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(closing, loop).result(timeout=5)
+    else:
+        with contextlib.suppress(Exception):
+            loop.run_until_complete(closing)

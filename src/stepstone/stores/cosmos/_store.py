@@ -1,0 +1,579 @@
+"""``CosmosStore``: the Store methods, each one rule driven sync and async.
+
+Every method that talks to the service is a generator of effects (``_effects``) in
+this class (``_load``, ``_save``, ``_delete``, ``_list``, ``_claimable``, ``_connect``);
+the public method and its ``a``-prefixed twin only pick the driver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import AsyncIterator, Iterator, Mapping
+from datetime import datetime
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar, cast
+
+from azure.core import MatchConditions
+from azure.core.pipeline.transport import AsyncHttpTransport, HttpTransport, RequestsTransport
+from azure.cosmos import CosmosClient
+from azure.cosmos.exceptions import CosmosResourceNotFoundError
+
+from ... import _hooks
+from ..._checkpoint import Checkpoint, RunStatus, check_run_id
+from ..._errors import ConflictError, StoreError
+from ..._store import RunInfo
+from ._admin import Admin
+from ._aio import AioClient, aclose_quietly, close_elsewhere, new_async_client
+from ._config import (
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_READ_TIMEOUT,
+    DEFAULT_RETRIES,
+    DEFAULT_TIMEOUT,
+    Settings,
+    parse_config,
+)
+from ._effects import (
+    OPEN,
+    Effect,
+    Enter,
+    Gather,
+    Query,
+    Send,
+    Steps,
+    adrive,
+    aperform,
+    drive,
+    sdk_call,
+)
+from ._effects import perform as perform_sync
+from ._errors import OWNER_MISSING, Call, closed_error, error_for
+from ._meter import Meter, Wire
+from ._setup import check_partition_key, create_resources, read_container
+from ._wire import (
+    LIST_QUERY,
+    Plan,
+    claim_queries,
+    claimed,
+    decode,
+    encode,
+    infos,
+    item_id,
+    saved,
+    source,
+)
+from ._wire import plan as plan_save
+
+if TYPE_CHECKING:
+    from azure.core.credentials import TokenCredential
+    from azure.core.credentials_async import AsyncTokenCredential
+    from azure.cosmos import ContainerProxy
+
+__all__ = ["CosmosStore"]
+
+T = TypeVar("T")
+
+
+class CosmosStore(Admin):
+    """Checkpoints as items of an Azure Cosmos DB (NoSQL API) container partitioned by /id.
+
+    Open it with ``open_store("cosmos://...")`` or build it directly; the clients connect
+    lazily, on the first call that needs the server. Thread-safe: one sync client is
+    shared; the async methods use one aio client per event loop.
+
+    Counters for tests and benchmarks: ``requests_sent`` (HTTP requests made by store
+    calls, sync and async, SDK retries included) and ``background_requests`` (the SDK's
+    own).
+    """
+
+    scheme: ClassVar[str] = "cosmos"
+    durability_levels: ClassVar[tuple[str, ...]] = ()
+    kill_points: ClassVar[Mapping[str, bool]] = MappingProxyType(
+        {"cosmos.before_request": False, "cosmos.request_sent": True}
+    )
+    supports_ttl: ClassVar[bool] = True
+    counts_requests: ClassVar[bool] = True
+    native_async: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        endpoint: str,
+        database: str,
+        container: str,
+        *,
+        credential: str | TokenCredential | None = None,
+        async_credential: AsyncTokenCredential | None = None,
+        auth: str = "key",
+        verify: bool = True,
+        create: bool = False,
+        consistency: str | None = None,
+        retries: int = DEFAULT_RETRIES,
+        timeout: float = DEFAULT_TIMEOUT,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        read_timeout: float = DEFAULT_READ_TIMEOUT,
+        ttl: int | None = None,
+        transport: HttpTransport[Any, Any] | None = None,
+        async_transport: AsyncHttpTransport[Any, Any] | None = None,
+    ) -> None:
+        """Describe the store; nothing is sent until the first call.
+
+        Args:
+            endpoint: ``https://ACCOUNT.documents.azure.com:443/``.
+            credential: the account key, or an azure-identity ``TokenCredential``.
+            async_credential: the ``AsyncTokenCredential`` the async methods use when
+                ``credential`` is a (sync) ``TokenCredential``; with ``auth="entra"``
+                and none given, azure-identity's async ``DefaultAzureCredential``.
+            auth: what ``credential`` is, for messages (``key``, ``entra``,
+                ``connection-string``).
+            timeout: seconds for a whole store call, retries included.
+            connect_timeout: seconds to open a connection.
+            read_timeout: seconds to wait for each answer.
+            transport: an azure-core transport to send through (tests stub it).
+            async_transport: the same for the async methods (default: aiohttp).
+
+        Raises:
+            ConfigError: a bad name, consistency level, timeout or ttl.
+        """
+        self.settings = Settings(
+            endpoint if endpoint.endswith("/") else endpoint + "/",
+            database,
+            container,
+            auth=auth,
+            verify=verify,
+            create=create,
+            consistency=consistency,
+            retries=retries,
+            timeout=timeout,
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            ttl=ttl,
+        )
+        self.endpoint = self.settings.endpoint
+        self.database_name = database
+        self.container_name = container
+        self.auth = auth
+        self._credential = credential
+        self._async_credential = async_credential
+        self._secret = credential if isinstance(credential, str) else None
+        self._meter = Meter()
+        self._wire = Wire(
+            transport
+            if transport is not None
+            else RequestsTransport(**self.settings.transport_config()),
+            self._meter,
+        )
+        self._async_transport = async_transport
+        self._client: CosmosClient | None = None
+        self._container: ContainerProxy | None = None
+        self._open_lock = threading.Lock()
+        self._aio: AioClient | None = None
+        self._aio_lock: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
+        self._closed = False
+
+    @classmethod
+    def from_config(cls, config: str) -> Self:
+        """Open ``cosmos://HOST[:PORT]/DATABASE/CONTAINER[?OPTIONS]``; see the package doc.
+
+        Credentials never come from the string: ``AZURE_COSMOS_KEY``,
+        ``AZURE_COSMOS_CONNECTION_STRING`` or Entra ID (DefaultAzureCredential).
+
+        Raises:
+            ConfigError: the string is malformed, has an unknown option or a secret.
+            StorePermissionError: ``auth=key`` or ``auth=connection-string`` without
+                the environment variable it needs.
+        """
+        s, credential = parse_config(config)
+        return cls(
+            s.endpoint,
+            s.database,
+            s.container,
+            credential=credential,
+            auth=s.auth,
+            verify=s.verify,
+            create=s.create,
+            consistency=s.consistency,
+            retries=s.retries,
+            timeout=s.timeout,
+            connect_timeout=s.connect_timeout,
+            read_timeout=s.read_timeout,
+            ttl=s.ttl,
+        )
+
+    def __repr__(self) -> str:
+        # Endpoint, names and auth kind only: never the credential.
+        return (
+            f"CosmosStore(endpoint={self.endpoint!r}, database={self.database_name!r}, "
+            f"container={self.container_name!r}, auth={self.auth!r})"
+        )
+
+    @property
+    def requests_sent(self) -> int:
+        """HTTP requests store calls have sent so far, sync and async (retries count)."""
+        return self._meter.requests_sent
+
+    @property
+    def background_requests(self) -> int:
+        """HTTP requests the SDK sent on its own threads or tasks (endpoint refresh)."""
+        return self._meter.background_requests
+
+    # -- the two drivers -------------------------------------------------------------
+
+    def _perform(self, effect: Effect) -> Any:
+        return perform_sync(effect, self._meter, self._ensure_open)
+
+    async def _aperform(self, effect: Effect) -> Any:
+        return await aperform(effect, self._meter, self._aensure_open)
+
+    def _run(self, steps: Steps[T]) -> T:
+        return drive(steps, self._perform)
+
+    async def _arun(self, steps: Steps[T]) -> T:
+        return await adrive(steps, self._aperform)
+
+    # -- opening: one rule (``_connect``), a lock per kind of caller ----------------------
+
+    def _connect(self, client: Any) -> Steps[Any]:
+        """Check (or create) the database and the container; return the container."""
+        settings = self.settings
+        with self._translate(Call("connect")):
+            yield Enter(client)  # the aio client's account read (the sync one has made it)
+            database = client.get_database_client(settings.database)
+            container = database.get_container_client(settings.container)
+            if settings.create:
+                yield from create_resources(settings, client)
+            # Reads the container's properties, which the SDK caches for every later
+            # item call, so this is the request the SDK would make anyway.
+            properties = yield from read_container(settings, container, database)
+        check_partition_key(settings, properties)
+        return container
+
+    def _client_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for the sync and the aio ``CosmosClient`` alike."""
+        return self.settings.client_kwargs()
+
+    def _sync_client(self, call: Call) -> CosmosClient:
+        """The sync client, built once (its constructor reads the account)."""
+        if self._client is None:
+            with self._translate(call), sdk_call(self._meter):
+                self._client = CosmosClient(
+                    self.endpoint,
+                    cast(Any, self._credential),
+                    transport=self._wire,
+                    **self._client_kwargs(),
+                )
+        return self._client
+
+    def _ensure_open(self) -> ContainerProxy:
+        """Build the client once, and check (or create) the database and container."""
+        container = self._container
+        if container is not None:
+            return container
+        with self._open_lock:
+            if self._container is None:
+                self._refuse_closed()
+                client = self._sync_client(Call("connect"))
+                self._container = self._run(self._connect(client))
+            return self._container
+
+    def _refuse_closed(self) -> None:
+        if self._closed:
+            raise closed_error(repr(self))
+
+    def _loop_lock(self, loop: asyncio.AbstractEventLoop) -> asyncio.Lock:
+        with self._open_lock:
+            if self._aio_lock is None or self._aio_lock[0] is not loop:
+                self._aio_lock = (loop, asyncio.Lock())
+            return self._aio_lock[1]
+
+    async def _aensure_open(self) -> Any:
+        """``_ensure_open`` for the running event loop's aio client."""
+        loop = asyncio.get_running_loop()
+        aio = self._aio
+        if aio is not None and aio.loop is loop:
+            return aio.container
+        async with self._loop_lock(loop):
+            if self._aio is None or self._aio.loop is not loop:
+                self._refuse_closed()
+                # A client left by another (finished) loop cannot be awaited from this
+                # one; it is dropped, and this loop gets its own.
+                self._aio = await self._new_aio(loop)
+            return self._aio.container
+
+    async def _new_aio(self, loop: asyncio.AbstractEventLoop) -> AioClient:
+        """A new aio client for ``loop``, its container checked; closed if that fails."""
+        client, owned = new_async_client(
+            self.settings,
+            self._meter,
+            self._credential,
+            self._async_credential,
+            self._async_transport,
+            self._client_kwargs(),
+        )
+        try:
+            container = await self._arun(self._connect(client))
+        except BaseException:
+            await aclose_quietly(client, owned)
+            raise
+        return AioClient(loop, client, container, owned)
+
+    # -- what every rule shares ------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _translate(self, call: Call) -> Iterator[None]:
+        """Map SDK and transport exceptions to stepstone's, in this one place.
+
+        A plain context manager, so the rules share it across their ``yield``.
+        """
+        try:
+            yield
+        except StoreError:
+            raise
+        except Exception as exc:
+            if self._closed:
+                # close() or aclose() ran while this call was in flight and pulled the
+                # transport from under it (the SDK raises ValueError, aiohttp assertions):
+                # that is the closed-store error, whatever the driver calls it.
+                raise closed_error(repr(self), call) from exc
+            error = error_for(exc, call, self.settings, self._secret)
+            if error is None:
+                raise
+            raise error from exc
+
+    @staticmethod
+    def _item_missing(exc: CosmosResourceNotFoundError) -> None:
+        """Re-raise a 404 that means the container is gone; return for a missing item."""
+        if getattr(exc, "sub_status", None) == OWNER_MISSING:
+            raise exc
+
+    def _where(self) -> str:
+        return f"{self.database_name}/{self.container_name}"
+
+    def _source(self, doc_id: object) -> str:
+        return source(doc_id, self._where())
+
+    def _checkpoint(self, doc: Any, run_id: str) -> Checkpoint:
+        """Return the checkpoint an item holds, refusing one that is not ``run_id``'s."""
+        return decode(
+            doc, run_id, self._source(doc.get("id") if isinstance(doc, Mapping) else None)
+        )
+
+    def _item(self, cp: Checkpoint, doc_id: str, state_text: str) -> tuple[dict[str, Any], int]:
+        """Return the item for ``cp`` and its size in bytes as the SDK will send it."""
+        return encode(cp, doc_id, state_text, self.settings.ttl)
+
+    def _plan(self, checkpoint: Checkpoint) -> Plan:
+        """Encode and check a save before any request (InvalidState, CheckpointTooLarge)."""
+        return plan_save(checkpoint, self.settings.ttl)
+
+    @staticmethod
+    def _saved(plan: Plan, checkpoint: Checkpoint, result: Any) -> Checkpoint:
+        return saved(plan, checkpoint, result)
+
+    def _cas(self, version: str | None) -> dict[str, Any]:
+        """Keyword arguments of a write that must find ``version`` (If-Match)."""
+        if version is None:
+            return {"timeout": self.settings.timeout}
+        return {
+            "etag": version,
+            "match_condition": MatchConditions.IfNotModified,
+            "timeout": self.settings.timeout,
+        }
+
+    # -- the rules -------------------------------------------------------------------
+
+    def _load(self, run_id: str) -> Steps[Checkpoint | None]:
+        doc_id = item_id(check_run_id(run_id))
+        container = yield OPEN
+        with self._translate(Call("load", run_id)):
+            try:
+                doc = yield Send(
+                    container,
+                    "read_item",
+                    (doc_id,),
+                    {"partition_key": doc_id, "timeout": self.settings.timeout},
+                )
+            except CosmosResourceNotFoundError as exc:
+                self._item_missing(exc)
+                return None
+        return self._checkpoint(doc, run_id)
+
+    def _save(self, checkpoint: Checkpoint) -> Steps[Checkpoint]:
+        plan = self._plan(checkpoint)
+        container = yield OPEN
+        _hooks.fire("cosmos.before_request")
+        version = checkpoint.version
+        if version is None:
+            write = Send(container, "create_item", (plan.item,), self._cas(None), saving=True)
+        else:
+            args = (plan.doc_id, plan.item)
+            write = Send(container, "replace_item", args, self._cas(version), saving=True)
+        with self._translate(Call("save", plan.run_id, plan.size)):
+            try:
+                result = yield write
+            except CosmosResourceNotFoundError as exc:
+                self._item_missing(exc)
+                raise ConflictError(
+                    f"run {plan.run_id!r}: the checkpoint was deleted since it was loaded; "
+                    "nothing was stored",
+                    plan.run_id,
+                ) from exc
+        return self._saved(plan, checkpoint, result)
+
+    def _delete(self, run_id: str, expected_version: str | None) -> Steps[bool]:
+        doc_id = item_id(check_run_id(run_id))
+        container = yield OPEN
+        kwargs = {"partition_key": doc_id, **self._cas(expected_version)}
+        with self._translate(Call("delete", run_id)):
+            try:
+                yield Send(container, "delete_item", (doc_id,), kwargs)
+            except CosmosResourceNotFoundError as exc:
+                self._item_missing(exc)
+                return False
+        return True
+
+    def _query(self, query: str, parameters: list[dict[str, Any]] | None = None) -> Steps[Any]:
+        container = yield OPEN
+        with self._translate(Call("query")):
+            return (yield Query(container, query, parameters, self.settings.timeout))
+
+    def _list(self) -> Steps[list[RunInfo]]:
+        return infos((yield from self._query(LIST_QUERY)), self._where())
+
+    def _claimable(
+        self, now: datetime, limit: int, status: RunStatus | None, skip: int
+    ) -> Steps[list[RunInfo]]:
+        queries = claim_queries(now, limit, status, skip)
+        container = yield OPEN
+        timeout = self.settings.timeout
+        with self._translate(Call("query")):
+            rows = yield Gather(tuple(Query(container, q, p, timeout) for q, p in queries))
+        if status is not None:
+            return infos(rows[0][skip:], self._where())
+        return claimed(rows, limit, self._where())
+
+    # -- the Store methods: each rule, driven sync or async ------------------------------
+
+    def load(self, run_id: str) -> Checkpoint | None:
+        """Return the run's checkpoint (one point read), or None.
+
+        Raises:
+            InvalidRunId: not a valid run id.
+            CorruptCheckpoint: the item is not a stepstone checkpoint, or another run's.
+            StoreUnavailable: the service cannot be reached, throttles or times out.
+            StorePermissionError: the credentials were refused or are missing.
+        """
+        return self._run(self._load(run_id))
+
+    async def aload(self, run_id: str) -> Checkpoint | None:
+        """Async ``load``: one point read through the aio client; same errors."""
+        return await self._arun(self._load(run_id))
+
+    def save(self, checkpoint: Checkpoint) -> Checkpoint:
+        """Store ``checkpoint`` with one create (no version) or If-Match replace.
+
+        Raises:
+            ConflictError: the stored version differs (409/412) or the run was deleted.
+            InvalidState: the state does not round-trip through JSON; nothing was sent.
+            CheckpointTooLarge: over 2 MB as an item; nothing was sent.
+            StoreUnavailable: unreachable, throttled, timed out; a write whose answer was
+                lost says it may or may not have been applied.
+            StorePermissionError: the credentials were refused or are missing.
+        """
+        return self._run(self._save(checkpoint))
+
+    async def asave(self, checkpoint: Checkpoint) -> Checkpoint:
+        """Async ``save``: one request; cancelling it leaves the old or the new item."""
+        return await self._arun(self._save(checkpoint))
+
+    def delete(self, run_id: str, *, expected_version: str | None = None) -> bool:
+        """Delete the run's item (one request, If-Match with ``expected_version``).
+
+        Raises:
+            InvalidRunId: not a valid run id.
+            ConflictError: ``expected_version`` is no longer the stored one (412);
+                nothing was deleted.
+            StoreUnavailable: the service cannot be reached, throttles or times out.
+            StorePermissionError: the credentials were refused or are missing.
+        """
+        return self._run(self._delete(run_id, expected_version))
+
+    async def adelete(self, run_id: str, *, expected_version: str | None = None) -> bool:
+        """Async ``delete``; same contract, same errors."""
+        return await self._arun(self._delete(run_id, expected_version))
+
+    def list_runs(self) -> Iterator[str]:
+        """Yield every run_id (a query, one request per page; malformed items skipped).
+
+        Raises:
+            StoreUnavailable: the service cannot be reached, throttles or times out.
+        """
+        return iter([info.run_id for info in self._run(self._list())])
+
+    async def alist_runs(self) -> AsyncIterator[str]:
+        """Async ``list_runs``."""
+        for info in await self._arun(self._list()):
+            yield info.run_id
+
+    def list_info(self) -> Iterator[RunInfo]:
+        """One query for every run's listing fields, without reading the states.
+
+        A hand-edited or foreign item is logged and skipped; the others are listed.
+
+        Raises:
+            StoreUnavailable: the service cannot be reached, throttles or times out.
+        """
+        return iter(self._run(self._list()))
+
+    async def alist_info(self) -> AsyncIterator[RunInfo]:
+        """Async ``list_info``."""
+        for info in await self._arun(self._list()):
+            yield info
+
+    def claimable(
+        self, now: datetime, limit: int = 100, *, status: RunStatus | None = None, skip: int = 0
+    ) -> list[RunInfo]:
+        """Return running runs and due queued/waiting ones, from the (status, due_at) index.
+
+        Three queries, one per active status, each an equality on ``status`` with
+        ``due_at`` ordered (and bounded by ``now`` for the due kinds): served by the
+        composite index, they read no finished run and no state. With ``status``, one
+        page of that kind (``Store.claimable``).
+
+        Raises:
+            ValueError: ``now`` is naive, ``limit`` is not positive, ``status`` is not
+                active or ``skip`` is negative.
+            StoreUnavailable: the service cannot be reached, throttles or times out.
+        """
+        return self._run(self._claimable(now, limit, status, skip))
+
+    async def aclaimable(
+        self, now: datetime, limit: int = 100, *, status: RunStatus | None = None, skip: int = 0
+    ) -> list[RunInfo]:
+        """Async ``claimable``: the same three indexed queries, run concurrently."""
+        return await self._arun(self._claimable(now, limit, status, skip))
+
+    def close(self) -> None:
+        """Close the sync client, and the aio one where its loop allows; idempotent."""
+        with self._open_lock:
+            self._closed = True
+            client, self._client = self._client, None
+            self._container = None
+            aio, self._aio = self._aio, None
+        if client is not None:
+            with contextlib.suppress(Exception):
+                client.close()
+        if aio is not None:
+            close_elsewhere(aio)
+
+    async def aclose(self) -> None:
+        """Close the aio client of this loop (and any other, where possible), then sync."""
+        with self._open_lock:
+            aio = self._aio
+            if aio is not None and aio.loop is asyncio.get_running_loop():
+                self._aio = None
+            else:
+                aio = None
+        if aio is not None:
+            await aclose_quietly(aio.client, aio.credential)
+        self.close()
