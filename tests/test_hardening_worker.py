@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import io
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -118,13 +119,23 @@ class _CountingWorker:
 
     The store is wrapped on the instance: ``save``/``claimable`` in the sync form,
     ``asave``/``aclaimable`` in the async one (the other pair may delegate to these).
-    ``saved`` holds the records of the saves that landed.
+    ``saved`` holds the records of the saves that landed. ``patch``, if given, is
+    called on the worker's store before the worker is made (to wrap more of it).
     """
 
-    def __init__(self, config: str, workflows: list[Workflow], mode: str) -> None:
+    def __init__(
+        self,
+        config: str,
+        workflows: list[Workflow],
+        mode: str,
+        patch: Callable[[Store], None] | None = None,
+        concurrency: int = 8,
+    ) -> None:
+        self.concurrency = concurrency
         self.config = config
         self.workflows = workflows
         self.mode = mode
+        self.patch = patch
         self.counts: Counter[str] = Counter()
         self.saved: list[Checkpoint] = []
         self.lock = threading.Lock()
@@ -134,6 +145,8 @@ class _CountingWorker:
         self.thread = threading.Thread(target=self._main, name=f"counting {mode} worker")
 
     def _count(self, store: Store) -> None:
+        if self.patch is not None:
+            self.patch(store)
         sync = self.mode == "sync"
         save_name, claim_name = ("save", "claimable") if sync else ("asave", "aclaimable")
         save, claimable = getattr(store, save_name), getattr(store, claim_name)
@@ -172,7 +185,13 @@ class _CountingWorker:
                 async def serve() -> None:
                     async with open_store(self.config) as store:
                         self._count(store)
-                        self.worker = Worker(store, self.workflows, poll=0.01, lease=30)
+                        self.worker = Worker(
+                            store,
+                            self.workflows,
+                            poll=0.01,
+                            lease=30,
+                            concurrency=self.concurrency,
+                        )
                         self.ready.set()
                         await self.worker.aserve()
 
@@ -180,10 +199,16 @@ class _CountingWorker:
             else:
                 with open_store(self.config) as store:
                     self._count(store)
-                    self.worker = Worker(store, self.workflows, poll=0.01, lease=30)
+                    self.worker = Worker(
+                        store,
+                        self.workflows,
+                        poll=0.01,
+                        lease=30,
+                        concurrency=self.concurrency,
+                    )
                     self.ready.set()
                     self.worker.serve()
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread by __exit__
             self.error = exc
             self.ready.set()
 
@@ -301,6 +326,98 @@ def test_worker_leaves_a_run_that_ended_in_an_unexpected_error(
     assert [cp.owner is not None for cp in writes] == [True, False], writes  # claim, give back
     left = store.load("r-odd")
     assert left is not None and left.status == "running" and left.failure is None
+
+
+class _Unprintable(RuntimeError):
+    """An exception type no store in the tree raises, whose text cannot even be read."""
+
+    def __str__(self) -> str:
+        raise ValueError("no text for you")
+
+
+class _UnprintableStop(BaseException):
+    """Not an ``Exception`` (so no step failure is recorded), and its text cannot be read."""
+
+    def __str__(self) -> str:
+        raise ValueError("no text for you")
+
+
+@pytest.mark.parametrize("where", ["load", "claimable"])
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_worker_survives_an_unexpected_error_from_the_store(
+    store: Store, store_config: str, mode: str, where: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A store call raising a type outside the tree (once) is logged with its traceback at
+    ERROR; the worker lives on, backs off and finishes the run, which runs once."""
+    raised = threading.Event()
+    calls: list[int] = []
+
+    def patch(worker_store: Store) -> None:
+        for name in (where, f"a{where}"):
+            real = getattr(worker_store, name)
+            if name.startswith("a"):
+
+                async def once_async(*args: Any, _real: Any = real, **kwargs: Any) -> Any:
+                    if not raised.is_set():
+                        raised.set()
+                        raise _Unprintable
+                    return await _real(*args, **kwargs)
+
+                setattr(worker_store, name, once_async)
+            else:
+
+                def once(*args: Any, _real: Any = real, **kwargs: Any) -> Any:
+                    if not raised.is_set():
+                        raised.set()
+                        raise _Unprintable
+                    return _real(*args, **kwargs)
+
+                setattr(worker_store, name, once)
+
+    def count(state: State) -> State:
+        calls.append(1)
+        return {"n": len(calls)}
+
+    flow = Workflow("odd-store", [Step("count", count)])
+    start(store, flow, "r-store")
+    caplog.set_level("ERROR", logger="stepstone")
+    with _CountingWorker(store_config, [flow], mode, patch=patch):
+        assert raised.wait(WAIT_TIMEOUT), f"the worker never called {where}"
+        until(
+            f"the run to finish after {where} raised",
+            lambda: (cp := store.load("r-store")) is not None and cp.status == "done",
+        )
+    assert calls == [1], "the run's step ran more than once"
+    failed = [r for r in caplog.records if r.exc_info and r.exc_info[0] is _Unprintable]
+    assert len(failed) == 1, [r.getMessage() for r in caplog.records]
+    record = failed[0]
+    assert record.levelname == "ERROR" and "trying again" in record.getMessage()
+    assert record.exc_info is not None
+    assert "_Unprintable" in logging.Formatter().formatException(record.exc_info)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_step_error_whose_text_cannot_be_read_frees_the_slot(
+    store: Store, store_config: str, mode: str
+) -> None:
+    """A step raising a BaseException whose ``__str__`` raises ends that execution like any
+    other: the worker's only slot is free again and the next run is driven."""
+    raised = threading.Event()
+
+    def hostile(state: State) -> State:
+        raised.set()
+        raise _UnprintableStop
+
+    bad = Workflow("hostile", [Step("hostile", hostile)])
+    good = Workflow("fine", [Step("count", _noop)])
+    start(store, bad, "r-hostile")
+    with _CountingWorker(store_config, [bad, good], mode, concurrency=1):
+        assert raised.wait(WAIT_TIMEOUT), "the worker never ran the hostile step"
+        start(store, good, "r-fine")
+        until(
+            "the run after the hostile one to finish (the only slot was never freed)",
+            lambda: (cp := store.load("r-fine")) is not None and cp.status == "done",
+        )
 
 
 # --- 8: stop() takes no lock; the command exits after the grace ----------------------------

@@ -17,8 +17,11 @@ second coordinator: workers on many hosts share one store and nothing else.
   call), paging on past what the worker leaves and through every running run, so
   neither a backlog of others' runs nor a skewed due time hides a run from it.
 
-The claim decision is ``_Watch``, shared by ``serve`` (threads running ``run``'s
-driver) and ``aserve`` (tasks running ``arun``'s); only the waiting and spawning differ.
+The claim decision is ``_watch.Watch`` (no I/O). The claim loop is written once, as
+generators of effects (``_serving``, ``_claim_some``, ``_claim_one``, ``_execution``):
+``serve`` drives them with plain calls and runs each claimed run in a thread (``drive``),
+``aserve`` with awaits and runs each as a task (``adrive``). Only the effects' calls
+(``_worker_io``), the spawning and the resting differ.
 """
 
 from __future__ import annotations
@@ -31,29 +34,29 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from . import _hooks, _lease
-from ._checkpoint import Checkpoint, Failure, evolve, utcnow
-from ._control import _async, _sync
-from ._core import Effect, Interrupted, Plan, _ready, check_names, write
+from ._acquire import ready
+from ._checkpoint import Checkpoint, utcnow
+from ._effects import Effect, Load, Save, astep_through, step_through
 from ._errors import (
     ConflictError,
     InvalidWorkflow,
-    RunCancelled,
-    StepFailed,
     StepstoneError,
     StoreError,
-    Suspended,
     WorkflowChanged,
 )
 from ._observe import logger
-from ._runner import adrive, drive, make_plan
-from ._steps import Workflow
-from ._store import RunInfo, Store, aclaim_page, claim_page
-from ._suspend import Map, nudge
+from ._outcomes import SETTLED, changed, outcome, park
+from ._plan import Plan
+from ._runner import make_plan
+from ._steps import Step, Workflow
+from ._store import RunInfo, Store
+from ._suspend import Map
+from ._watch import KINDS, Watch
+from ._worker_io import Execute, Page, Rest, Spawn, aperform, perform
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
 
-    from ._checkpoint import RunStatus
 
 __all__ = ["DEFAULT_CONCURRENCY", "DEFAULT_GRACE", "DEFAULT_POLL", "Worker"]
 
@@ -71,13 +74,10 @@ _CLAIM_BATCH = 100
 #: Pages of one kind a worker reads per look at the claim index: runs it must leave
 #: (other workflows, versions) and running runs to watch, beyond that, wait for its next.
 _MAX_PAGES = 10
-#: Seconds before a run of a workflow this worker does not serve is loaded again.
-_RECHECK = 60.0
-#: Seconds after which a run the index no longer shows is forgotten.
-_FORGET = 600.0
-#: The claim index's kinds, in the order a worker reads them: takeovers, runs resumed
-#: (a signal, a timer, children done), new runs.
-_KINDS: tuple[RunStatus, ...] = ("running", "waiting", "queued")
+
+
+#: The claim decision's old name here, read by tests that predate ``_watch``.
+_Watch = Watch
 
 
 def _index(
@@ -106,160 +106,6 @@ def _index(
     if not table:
         raise InvalidWorkflow("a worker needs at least one Workflow to serve")
     return table
-
-
-class _Seen:
-    """What a worker saw of one run held by another owner (see ``_Watch``)."""
-
-    __slots__ = ("cp_mark", "info_mark", "lease", "sighted", "since")
-
-    def __init__(self, info_mark: Any, cp_mark: Any, since: float, lease: float | None) -> None:
-        self.info_mark = info_mark  # the owner's fields the claim index shows
-        self.cp_mark = cp_mark  # ``_lease.owner_mark`` of the last load, None until one
-        self.since = since  # monotonic: when the owner's mark was first seen as it is
-        self.lease = lease  # the owner's recorded lease, once a load told it
-        self.sighted = since  # monotonic: when the claim index last showed the run
-
-
-class _Watch:
-    """Which runs to claim now, from what the claim index shows over time (no I/O).
-
-    For each run another owner holds it remembers the owner's mark (what only the owner
-    writes: claims, renewals, saves; never signals or cancel requests, see
-    ``_lease.owner_mark``), when (monotonic) that mark was first seen, and the owner's
-    lease once a load told it. A run is loaded only to learn its lease (once) and when
-    that lease may have passed, not on every poll: watching a thousand busy runs costs
-    no reads. Runs of workflows this worker does not serve are remembered too, and not
-    loaded again for ``_RECHECK`` seconds.
-
-    It also keeps the worker's place in each kind of the claim index (``skip``): runs
-    it leaves (another workflow or version) cannot fill its view for ever, and every
-    running run comes under watch, whatever due_at its owner's clock wrote.
-    """
-
-    def __init__(self) -> None:
-        self.seen: dict[str, _Seen] = {}
-        self.unserved: set[tuple[str | None, str | None]] = set()
-        # run_id -> monotonic time of the load that found its workflow not served here.
-        self.left: dict[str, float] = {}
-        self.skip: dict[RunStatus, int] = dict.fromkeys(_KINDS, 0)
-        self._pruned = time.monotonic()
-
-    def pick(self, infos: list[RunInfo], busy: set[str], now: float) -> list[RunInfo]:
-        """Return the runs worth loading to claim, in the index's order."""
-        picked: list[RunInfo] = []
-        for info in infos:
-            run_id = info.run_id
-            if run_id in busy:
-                continue
-            left = self.left.get(run_id)
-            if left is not None and now - left < _RECHECK:
-                continue
-            if info.owner is None:
-                picked.append(info)
-                continue
-            # renewed_at moves with every write of the owner's, and due_at with it.
-            mark = (info.owner, info.due_at, info.step, info.status)
-            seen = self.seen.get(run_id)
-            if seen is None:
-                self.seen[run_id] = _Seen(mark, None, now, None)
-                picked.append(info)  # loaded once, to learn the owner's lease
-                continue
-            seen.sighted = now
-            if seen.info_mark != mark:
-                seen.info_mark, seen.cp_mark, seen.since = mark, None, now
-                continue
-            if seen.lease is None or now - seen.since >= seen.lease:
-                picked.append(info)
-        return picked
-
-    def expired(self, cp: Checkpoint, now: float) -> bool:
-        """Return whether ``cp``'s owner let its whole lease pass without a write, by our clock."""
-        lease = cp.lease or _lease.DEFAULT_LEASE
-        mark = _lease.owner_mark(cp)
-        seen = self.seen.get(cp.run_id)
-        if seen is None:
-            self.seen[cp.run_id] = _Seen(None, mark, now, lease)
-            return False
-        seen.lease = lease
-        if seen.cp_mark is None:
-            seen.cp_mark = mark
-            # The index showed this owner's mark unchanged since ``since``; a running
-            # run's due_at moves with each of its owner's writes, so that age holds when
-            # the record is the one the index showed. Otherwise count from now.
-            if cp.status != "running" or seen.info_mark != (
-                cp.owner,
-                cp.due_at,
-                cp.step,
-                cp.status,
-            ):
-                seen.since = now
-                return False
-        elif seen.cp_mark != mark:
-            seen.cp_mark, seen.since = mark, now
-            return False
-        return bool(now - seen.since >= lease)
-
-    def leave(self, run_id: str, now: float) -> None:
-        """Remember that ``run_id`` is of a workflow this worker does not serve."""
-        self.left[run_id] = now
-        self.seen.pop(run_id, None)
-
-    def first_look(self, infos: list[RunInfo]) -> dict[str, tuple[list[RunInfo], bool]]:
-        """Split one ``claimable(now, limit)`` answer into pages of each kind.
-
-        Each kind's page comes with whether more of that kind may follow: the running
-        part was full, or the due part (queued and waiting merged by due_at) was.
-        """
-        kinds: dict[str, list[RunInfo]] = {status: [] for status in _KINDS}
-        for info in infos:
-            if info.status in kinds:
-                kinds[info.status].append(info)
-        due_full = len(kinds["queued"]) + len(kinds["waiting"]) >= _CLAIM_BATCH
-        return {
-            status: (page, len(page) >= _CLAIM_BATCH if status == "running" else due_full)
-            for status, page in kinds.items()
-        }
-
-    def at_start(self) -> bool:
-        """Whether every kind is read from its earliest due (one combined query serves)."""
-        return not any(self.skip.values())
-
-    def turn(
-        self, status: RunStatus, got: int, taken: int, more: bool, filled: bool, capped: bool
-    ) -> bool:
-        """Move past a page of ``got`` runs of ``status``; return whether to read the next now.
-
-        ``taken`` of them were claimed (a claimed queued or waiting run leaves its
-        kind, so the next page starts that much earlier); ``more``: the page was full.
-        A short page is the last: the next look starts again from the earliest due. A
-        worker whose slots are full starts its next look at the earliest due too (they
-        go first); one that read its ``_MAX_PAGES`` pages carries on from here next time.
-        """
-        if not more:
-            self.skip[status] = 0
-            return False
-        moved = self.skip[status] + got - (0 if status == "running" else taken)
-        if filled and status != "running":
-            self.skip[status] = 0
-            return False
-        self.skip[status] = max(moved, 0)
-        return not (filled or capped)
-
-    def prune(self) -> None:
-        """Forget runs the index has not shown for a while (finished, deleted)."""
-        now = time.monotonic()
-        if now - self._pruned < _RECHECK:
-            return
-        self._pruned = now
-        self.seen = {k: s for k, s in self.seen.items() if now - s.sighted < _FORGET}
-        self.left = {k: t for k, t in self.left.items() if now - t < _RECHECK}
-
-
-#: How an execution may end and leave its run settled: done, waiting, cancelled, handed
-#: over, failed (saved), parked, or another owner's. Any other end (a store error, a step
-#: raising SystemExit, a bug) gives the run back unchanged, so ``_COOL_FIRST`` applies.
-_SETTLED = (Suspended, RunCancelled, Interrupted, StepFailed, ConflictError, WorkflowChanged)
 
 
 class Worker:
@@ -312,7 +158,7 @@ class Worker:
         self.poll = float(poll)
         self.grace = float(grace)
         self.owner = _lease.new_owner("worker")
-        self._watch = _Watch()
+        self._watch = Watch()
         self._stopping = threading.Event()
         self._wake = threading.Event()
         self._plans: dict[str, Plan] = {}
@@ -385,7 +231,7 @@ class Worker:
             owner=self.owner,
             asynchronous=asynchronous,
         )
-        if cp.status == "waiting" and not _ready(plan, cp):
+        if cp.status == "waiting" and not ready(plan, cp):
             return None
         cooling = self._cooling.get(cp.run_id)
         if cooling is not None and time.monotonic() < cooling[1]:
@@ -421,53 +267,12 @@ class Worker:
     def _claim_record(self, cp: Checkpoint) -> Checkpoint:
         return _lease.claimed(cp, self.owner, self.lease)
 
-    @staticmethod
-    def _changed(plan: Plan) -> WorkflowChanged | None:
-        """Return why ``plan``'s steps cannot resume the record it claimed, or None."""
-        cp = plan.preclaimed
-        if cp is None:
-            return None
-        try:
-            check_names(plan.run_id, plan.names, cp.step_names)
-        except WorkflowChanged as exc:
-            return exc
-        return None
-
-    def _park(self, plan: Plan, why: WorkflowChanged) -> Generator[Effect, Any, None]:
-        """Save the claimed run as ``failed`` with ``why`` as its failure, lease given back.
-
-        Its steps were renamed without a version bump, so every worker serving its
-        (name, version) would claim it, fail the same check and give it back, in a loop.
-        As a failure it leaves the claim index for good, and ``runs list``/``runs show``
-        say why. Nothing is lost: state, input, signals and completed steps stay, and
-        ``run`` with the steps it was recorded with resumes it (or ``cancel`` ends it).
-        """
-        cp = plan.preclaimed
-        assert cp is not None
-        position = min(max(why.position, 0), max(len(cp.step_names) - 1, 0))
-        recorded = cp.step_names[position] if cp.step_names else "?"
-        failure = Failure(
-            step_index=position,
-            step_name=recorded,
-            error_type=type(why).__name__,
-            message=f"{why}. Parked by {self.owner}: no worker claims it again; resume it "
-            "with the steps it was recorded with (stepstone.run), or cancel it",
-            attempt=0,
-            at=utcnow(),
-        )
-        # ``waiting_for`` cleared: a waiting run's status would hide the failure.
-        parked = evolve(cp, failure=failure, attempt=0, waiting_for=None, wake_at=None)
-        saved = yield from write(plan, cp, _lease.released(parked), "park")
-        logger.error("run %r: parked as failed: %s", plan.run_id, why)
-        if saved.parent is not None:
-            yield from nudge(saved.parent)  # a waiting parent learns of it at once
-
     def _finished(self, run_id: str, outcome: str, error: BaseException | None = None) -> None:
         delay = 0.0
         with self._lock:
             self._plans.pop(run_id, None)
             self.completed += 1
-            if error is None or isinstance(error, _SETTLED):
+            if error is None or isinstance(error, SETTLED):
                 self._cooling.pop(run_id, None)
             else:
                 ends = self._cooling.get(run_id, (0, 0.0))[0] + 1
@@ -483,23 +288,136 @@ class Worker:
             )
         self._wake.set()
 
+    # --- the loop, shared by both drivers -----------------------------------------------
+
+    def _serving(self, asynchronous: bool) -> Generator[Effect, Any, None]:
+        """Claim runs into free slots and start driving them, until ``stop`` is called."""
+        while not self._stopping.is_set():
+            free = self.concurrency - len(self._busy())
+            plans: list[Plan] = []
+            failed = False
+            if free > 0:
+                try:
+                    yield from self._claim_some(free, plans, asynchronous)
+                except Exception:  # noqa: BLE001 - logged with its traceback; the loop lives on
+                    self._claim_failed()
+                    failed = True
+            for plan in plans:
+                yield Spawn(plan)
+            if failed:
+                yield from self._back_off()
+            else:
+                yield Rest(self.poll)
+
+    def _claim_failed(self) -> None:
+        # Not a StoreError (those are logged where they happen): a store outside the
+        # tree raising its own type, or a bug in the bookkeeping. Killing the worker
+        # would strand what it holds; the runs claimed before it are kept in ``plans``
+        # and driven. The message holds no text of the exception's own (its __str__
+        # may raise); the traceback printer guards against that.
+        logger.exception(
+            "%r: looking for runs to claim failed; trying again in %gs", self, self.poll
+        )
+
+    def _back_off(self) -> Generator[Effect, Any, None]:
+        """Rest the whole poll interval: runs ending wake the loop, only ``stop`` cuts it."""
+        until = time.monotonic() + self.poll
+        yield Rest(self.poll)
+        while not self._stopping.is_set() and (left := until - time.monotonic()) > 0:
+            yield Rest(left)
+
+    def _claim_some(
+        self, free: int, plans: list[Plan], asynchronous: bool
+    ) -> Generator[Effect, Any, None]:
+        """Claim up to ``free`` runs into ``plans``, reading the claim index page by page.
+
+        The first page of every kind comes from one call when the worker starts from the
+        earliest due (the usual case); further pages, one kind at a time. Claimed runs
+        go into ``plans`` at once: an error later on must not lose them.
+        """
+        self._watch.prune()
+        now = utcnow()
+        first: dict[str, tuple[list[RunInfo], bool]] = {}
+        try:
+            if self._watch.at_start():
+                infos = yield Page(now, _CLAIM_BATCH, None, 0)
+                first = self._watch.first_look(infos, _CLAIM_BATCH)
+        except StoreError as exc:
+            logger.warning("%r: cannot read the claim index: %s", self, exc)
+            return
+        for status in KINDS:
+            page = first.get(status)
+            for count in range(_MAX_PAGES):
+                if self._stopping.is_set():
+                    return
+                if page is None:
+                    try:
+                        infos = yield Page(now, _CLAIM_BATCH, status, self._watch.skip[status])
+                    except StoreError as exc:
+                        logger.warning("%r: cannot read the claim index: %s", self, exc)
+                        return
+                    page = (infos, len(infos) >= _CLAIM_BATCH)
+                infos, more = page
+                taken = 0
+                for info in self._watch.pick(infos, self._busy(), time.monotonic()):
+                    if len(plans) >= free or self._stopping.is_set():
+                        break
+                    plan = yield from self._claim_one(info, asynchronous)
+                    if plan is not None:
+                        plans.append(plan)
+                        taken += 1
+                filled, capped = len(plans) >= free, count + 1 >= _MAX_PAGES
+                if not self._watch.turn(status, len(infos), taken, more, filled, capped):
+                    break
+                page = None
+
+    def _claim_one(self, info: RunInfo, asynchronous: bool) -> Generator[Effect, Any, Plan | None]:
+        """Claim ``info``'s run if it needs this worker now; return its plan, or None."""
+        try:
+            # The time *before* the read: the version it returns was current at some
+            # moment after this, so a lease counted from here is never too short.
+            began = time.monotonic()
+            cp = self._claimable((yield Load(info.run_id)), began)
+            if cp is None:
+                return None
+            plan = self._plan_for(cp, asynchronous=asynchronous)
+            if plan is None:
+                return None
+            claimed = yield Save(self._claim_record(cp), "claim", owned=False)
+        except ConflictError:
+            return None  # another worker won this claim
+        except StepstoneError as exc:
+            logger.warning("run %r: not claimed: %s", info.run_id, exc)
+            return None
+        self._adopt(plan, claimed)
+        return plan
+
+    def _adopt(self, plan: Plan, claimed: Checkpoint) -> None:
+        _hooks.fire("worker.claimed")  # the claim landed; nothing of the run is driven yet
+        plan.preclaimed = plan.current = claimed
+        plan.written_at = time.monotonic()
+        with self._lock:
+            self._plans[plan.run_id] = plan
+            if self._stopping.is_set():
+                plan.stop_requested = True
+
+    def _execution(self, plan: Plan) -> Generator[Effect, Any, WorkflowChanged | None]:
+        """Drive ``plan``'s run, or park it if its steps cannot resume it; return why parked."""
+        why = changed(plan)
+        if why is None:
+            yield Execute(plan)
+        else:
+            yield from park(plan, why, self.owner)
+        return why
+
     @staticmethod
-    def _outcome(exc: BaseException | None) -> str:
-        if exc is None:
-            return "done"
-        if isinstance(exc, Suspended):
-            return f"waiting for {exc.waiting_for}"
-        if isinstance(exc, RunCancelled):
-            return "cancelled"
-        if isinstance(exc, Interrupted):
-            return "handed over"
-        if isinstance(exc, StepFailed):
-            return f"failed at step {exc.step_index} ({exc.step_name!r})"
-        if isinstance(exc, WorkflowChanged):
-            return "parked as failed: its completed steps are not this workflow's"
-        if isinstance(exc, ConflictError):
-            return f"given up: {exc}"
-        return f"stopped: {type(exc).__name__}: {exc}"
+    def _ended(plan: Plan, exc: BaseException) -> BaseException:
+        """Log an execution's end by ``exc`` unless it is one of the tree's; return ``exc``."""
+        if isinstance(exc, Exception) and not isinstance(exc, StepstoneError):
+            logger.exception("run %r: unexpected error", plan.run_id)  # a bug, a foreign store
+        elif not isinstance(exc, Exception):  # a step raised KeyboardInterrupt, SystemExit...
+            logger.exception("run %r: stopped by %s", plan.run_id, type(exc).__name__)
+        return exc
 
     # --- serve: threads -----------------------------------------------------------------
 
@@ -507,7 +425,7 @@ class Worker:
         """Serve until ``stop`` is called, driving runs in up to ``concurrency`` threads."""
         for workflow in self.workflows.values():
             for step in workflow.steps:
-                if getattr(step, "is_async", False):
+                if isinstance(step, Step) and step.is_async:
                     raise InvalidWorkflow(
                         f"workflow {workflow.name!r} has the async step {step.name!r}: "
                         "serve it with `await worker.aserve()`, not worker.serve()"
@@ -518,19 +436,39 @@ class Worker:
         logger.info("%r: serving %d workflows", self, len(self.workflows))
         pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="stepstone-worker")
         futures: set[Future[None]] = set()
-        try:
-            while not self._stopping.is_set():
-                self._wake.clear()
-                free = self.concurrency - len(self._busy())
-                if free > 0:
-                    for plan in self._claim_some(free):
-                        futures.add(pool.submit(self._drive, plan))
+
+        def perform(effect: Effect) -> Any:
+            nonlocal futures
+            if isinstance(effect, Spawn):
                 futures = {f for f in futures if not f.done()}
-                self._wake.wait(self.poll)
+                futures.add(pool.submit(self._drive, effect.plan))
+                return None
+            if isinstance(effect, Rest):
+                self._wake.wait(effect.seconds)
+                self._wake.clear()
+                return None
+            return self._io(effect)
+
+        try:
+            step_through(self._serving(asynchronous=False), perform)
             self._drain(futures)
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
         logger.info("%r: stopped", self)
+
+    def _io(self, effect: Effect) -> Any:
+        """Perform one of the claim's or an execution's effects with a plain call."""
+        return perform(self.store, effect)
+
+    def _drive(self, plan: Plan) -> None:
+        error: BaseException | None = None
+        try:
+            error = step_through(self._execution(plan), self._io)
+        except BaseException as exc:  # noqa: BLE001 - logged by _ended; the worker lives on
+            error = self._ended(plan, exc)
+        finally:
+            # Always: a run this worker no longer drives is claimable again, its slot free.
+            self._finished(plan.run_id, outcome(error), error)
 
     def _drain(self, futures: set[Future[None]]) -> None:
         deadline = time.monotonic() + self.grace
@@ -574,7 +512,7 @@ class Worker:
                 try:
                     self.store.save(_lease.released(_lease.as_stored(current)))
                     logger.warning("run %r: step abandoned, lease given back", plan.run_id)
-                except Exception as exc:  # it expires by itself; takeover waits one lease
+                except Exception as exc:  # noqa: BLE001 - it expires by itself; takeover waits one lease
                     logger.warning("run %r: lease left to expire: %s", plan.run_id, exc)
 
         if plans:
@@ -582,100 +520,6 @@ class Worker:
             thread.start()
             thread.join(timeout)
         return [plan.run_id for plan in plans]
-
-    def _claim_some(self, free: int) -> list[Plan]:
-        # The first page of every kind comes from one call when the worker starts from
-        # the earliest due (the usual case); further pages, one kind at a time.
-        self._watch.prune()
-        plans: list[Plan] = []
-        now = utcnow()
-        try:
-            first = (
-                self._watch.first_look(claim_page(self.store, now, _CLAIM_BATCH, None, 0))
-                if self._watch.at_start()
-                else {}
-            )
-        except StoreError as exc:
-            logger.warning("%r: cannot read the claim index: %s", self, exc)
-            return plans
-        for status in _KINDS:
-            page = first.get(status)
-            for count in range(_MAX_PAGES):
-                if self._stopping.is_set():
-                    return plans
-                if page is None:
-                    try:
-                        infos = claim_page(
-                            self.store, now, _CLAIM_BATCH, status, self._watch.skip[status]
-                        )
-                    except StoreError as exc:
-                        logger.warning("%r: cannot read the claim index: %s", self, exc)
-                        return plans
-                    page = (infos, len(infos) >= _CLAIM_BATCH)
-                infos, more = page
-                taken = 0
-                for info in self._watch.pick(infos, self._busy(), time.monotonic()):
-                    if len(plans) >= free or self._stopping.is_set():
-                        break
-                    plan = self._claim_one(info)
-                    if plan is not None:
-                        plans.append(plan)
-                        taken += 1
-                filled, capped = len(plans) >= free, count + 1 >= _MAX_PAGES
-                if not self._watch.turn(status, len(infos), taken, more, filled, capped):
-                    break
-                page = None
-        return plans
-
-    def _claim_one(self, info: RunInfo) -> Plan | None:
-        try:
-            # The time *before* the read: the version it returns was current at some
-            # moment after this, so a lease counted from here is never too short.
-            began = time.monotonic()
-            cp = self._claimable(self.store.load(info.run_id), began)
-            if cp is None:
-                return None
-            plan = self._plan_for(cp, asynchronous=False)
-            if plan is None:
-                return None
-            claimed = self.store.save(self._claim_record(cp))
-        except ConflictError:
-            return None  # another worker won this claim
-        except StepstoneError as exc:
-            logger.warning("run %r: not claimed: %s", info.run_id, exc)
-            return None
-        self._adopt(plan, claimed)
-        return plan
-
-    def _adopt(self, plan: Plan, claimed: Checkpoint) -> None:
-        _hooks.fire("worker.claimed")  # the claim landed; nothing of the run is driven yet
-        plan.preclaimed = plan.current = claimed
-        plan.written_at = time.monotonic()
-        with self._lock:
-            self._plans[plan.run_id] = plan
-            if self._stopping.is_set():
-                plan.stop_requested = True
-
-    def _drive(self, plan: Plan) -> None:
-        error: BaseException | None = None
-        try:
-            changed = self._changed(plan)
-            if changed is None:
-                drive(plan, self.store)
-            else:
-                error = changed
-                _sync(self._park(plan, changed), self.store)
-        except StepstoneError as exc:
-            error = exc
-        except Exception as exc:  # a bug or a store outside the tree: logged, not fatal
-            logger.exception("run %r: unexpected error", plan.run_id)
-            error = exc
-        except BaseException as exc:  # a step raised KeyboardInterrupt, SystemExit...
-            logger.exception("run %r: stopped by %s", plan.run_id, type(exc).__name__)
-            error = exc
-        finally:
-            # Always: a run this worker no longer drives is claimable again, its slot free.
-            self._finished(plan.run_id, self._outcome(error), error)
 
     # --- aserve: tasks ------------------------------------------------------------------
 
@@ -685,25 +529,30 @@ class Worker:
         Cancelling the task that awaits ``aserve`` stops at once: each run's step in
         flight is cancelled and its lease given back.
         """
-        import asyncio  # noqa: PLC0415
+        import asyncio  # noqa: PLC0415 - sync users and the CLI never pay for importing it
 
         logger.info("%r: serving %d workflows (async)", self, len(self.workflows))
         tasks: set[asyncio.Task[None]] = set()
         loop = asyncio.get_running_loop()
         wake = asyncio.Event()
+
+        async def perform(effect: Effect) -> Any:
+            if isinstance(effect, Spawn):
+                task = asyncio.create_task(self._adrive(effect.plan, wake))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+                return None
+            if isinstance(effect, Rest):
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), timeout=effect.seconds)
+                wake.clear()
+                return None
+            return await self._aio(effect)
+
         with self._lock:
             self._async_wake = (loop, wake)
         try:
-            while not self._stopping.is_set():
-                wake.clear()
-                free = self.concurrency - len(self._busy())
-                if free > 0:
-                    for plan in await self._aclaim_some(free):
-                        task = asyncio.create_task(self._adrive(plan, wake))
-                        tasks.add(task)
-                        task.add_done_callback(tasks.discard)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wake.wait(), timeout=self.poll)
+            await astep_through(self._serving(asynchronous=True), perform)
             if tasks:
                 _done, pending = await asyncio.wait(tasks, timeout=self.grace)
                 for task in pending:
@@ -720,91 +569,23 @@ class Worker:
                 self._async_wake = None
         logger.info("%r: stopped", self)
 
-    async def _aclaim_some(self, free: int) -> list[Plan]:
-        # ``_claim_some``, with the I/O awaited.
-        self._watch.prune()
-        plans: list[Plan] = []
-        now = utcnow()
-        try:
-            first = (
-                self._watch.first_look(await aclaim_page(self.store, now, _CLAIM_BATCH, None, 0))
-                if self._watch.at_start()
-                else {}
-            )
-        except StoreError as exc:
-            logger.warning("%r: cannot read the claim index: %s", self, exc)
-            return plans
-        for status in _KINDS:
-            page = first.get(status)
-            for count in range(_MAX_PAGES):
-                if self._stopping.is_set():
-                    return plans
-                if page is None:
-                    try:
-                        infos = await aclaim_page(
-                            self.store, now, _CLAIM_BATCH, status, self._watch.skip[status]
-                        )
-                    except StoreError as exc:
-                        logger.warning("%r: cannot read the claim index: %s", self, exc)
-                        return plans
-                    page = (infos, len(infos) >= _CLAIM_BATCH)
-                infos, more = page
-                taken = 0
-                for info in self._watch.pick(infos, self._busy(), time.monotonic()):
-                    if len(plans) >= free or self._stopping.is_set():
-                        break
-                    plan = await self._aclaim_one(info)
-                    if plan is not None:
-                        plans.append(plan)
-                        taken += 1
-                filled, capped = len(plans) >= free, count + 1 >= _MAX_PAGES
-                if not self._watch.turn(status, len(infos), taken, more, filled, capped):
-                    break
-                page = None
-        return plans
-
-    async def _aclaim_one(self, info: RunInfo) -> Plan | None:
-        try:
-            began = time.monotonic()
-            cp = self._claimable(await self.store.aload(info.run_id), began)
-            if cp is None:
-                return None
-            plan = self._plan_for(cp, asynchronous=True)
-            if plan is None:
-                return None
-            claimed = await self.store.asave(self._claim_record(cp))
-        except ConflictError:
-            return None
-        except StepstoneError as exc:
-            logger.warning("run %r: not claimed: %s", info.run_id, exc)
-            return None
-        self._adopt(plan, claimed)
-        return plan
+    async def _aio(self, effect: Effect) -> Any:
+        """Perform one of the claim's or an execution's effects, awaited."""
+        return await aperform(self.store, effect)
 
     async def _adrive(self, plan: Plan, wake: Any) -> None:
-        import asyncio  # noqa: PLC0415
+        import asyncio  # noqa: PLC0415 - imported already by aserve, which calls this
 
         error: BaseException | None = None
         try:
-            changed = self._changed(plan)
-            if changed is None:
-                await adrive(plan, self.store)
-            else:
-                error = changed
-                await _async(self._park(plan, changed), self.store)
-        except StepstoneError as exc:
-            error = exc
-        except Exception as exc:
-            logger.exception("run %r: unexpected error", plan.run_id)
-            error = exc
+            error = await astep_through(self._execution(plan), self._aio)
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
                 raise  # aserve is stopping this run
             logger.exception("run %r: a step raised CancelledError", plan.run_id)
-        except BaseException as exc:
-            logger.exception("run %r: stopped by %s", plan.run_id, type(exc).__name__)
-            error = exc
+        except BaseException as exc:  # noqa: BLE001 - logged by _ended; the worker lives on
+            error = self._ended(plan, exc)
         finally:
             wake.set()
-            self._finished(plan.run_id, self._outcome(error), error)
+            self._finished(plan.run_id, outcome(error), error)
