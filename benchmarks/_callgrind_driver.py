@@ -20,7 +20,7 @@ import sys
 from typing import Any
 
 from stepstone import open_store, run
-from stepstone._bench import _checkpoint, _plain, make_steps, state_of_size
+from stepstone._bench_workload import bench_checkpoint, make_steps, plain_of, state_of_size
 from stepstone._codec import encode_state
 
 WARMUP = 50
@@ -30,7 +30,7 @@ def main() -> None:
     mode, n, directory = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     payload = state_of_size(1024)
     steps = make_steps(payload)
-    plain = _plain(steps)
+    plain = plain_of(steps)
     full_state: dict[str, Any] = plain()
     if mode in ("memory", "sqlite", "file"):
         config = {
@@ -39,9 +39,9 @@ def main() -> None:
             "file": f"file://{directory}/cg-file",
         }[mode]
         store = open_store(config)
-        cp = store.save(_checkpoint("cg", full_state, None))
+        cp = store.save(bench_checkpoint("cg", full_state, None))
         for _ in range(WARMUP + n):
-            cp = store.save(_checkpoint("cg", full_state, cp.version))
+            cp = store.save(bench_checkpoint("cg", full_state, cp.version))
         store.close()
     elif mode in ("sqlite-floor", "file-floor"):
         from stepstone._bench import FileFloor, SQLiteFloor
@@ -63,7 +63,7 @@ def main() -> None:
         # What the save modes spend outside the store: building the Checkpoint to save.
         version = "0" * 32
         for _ in range(WARMUP + n):
-            _checkpoint("cg", full_state, version)
+            bench_checkpoint("cg", full_state, version)
     elif mode == "plain":
         for _ in range(WARMUP + n):
             plain()

@@ -3,21 +3,30 @@
 The measuring itself (the file and sqlite floors, interleaved repeats, statistics) lives
 in ``stepstone._bench`` so that ``stepstone bench`` and these scripts measure the same way.
 What only the scripts need stays here: the structured ``records`` workload, the SQL
-servers and their raw-driver floor (given to ``bench_store`` as ``floor=floor_for``).
+servers and their raw-driver floor (given to ``bench_store`` as ``floor=floor_for``), and
+the agent benchmark the adapter scripts share (``AgentBench``: each script supplies only
+how to build its agent).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
+import operator
 import os
+import re
 import secrets
 import shutil
+import statistics
+import subprocess
 import sys
 import tempfile
+import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -132,7 +141,7 @@ def cosmos_config(
     with contextlib.ExitStack() as stack:
         try:
             emu = stack.enter_context(cosmos_emulator())
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - no emulator, whatever the cause: skip, saying why
             yield None, f"emulator not available ({type(exc).__name__}: {exc})"
             return
         old_key = os.environ.get("AZURE_COSMOS_KEY")
@@ -239,7 +248,7 @@ def sql_config(kind: str, purpose: str) -> Iterator[tuple[str | None, str]]:
         extra = "postgres" if kind == "postgresql" else "mysql"
         yield None, f"driver not installed ({exc}); pip install 'stepstone[{extra}]'"
         return
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any failure to reach the server skips it, saying why
         detail = " ".join(str(exc).split())
         yield None, f"no server at {_where(base)} ({type(exc).__name__}: {detail})"
         return
@@ -362,3 +371,159 @@ def state_of_size(nbytes: int, shape: str = "text") -> dict[str, Any]:
 
 def _json_len(value: object) -> int:
     return len(json.dumps(value, separators=(",", ":")))
+
+
+# --- agents under an adapter (bench_adapters.py, bench_openai_agents.py) ------------------
+
+#: Agent runs before the measured ones, in each configuration.
+AGENT_WARMUP = 5
+#: ``seq``: one tool call per model response; ``batch``: all of them in the first one.
+AGENT_WORKLOADS = ("seq", "batch")
+AGENT_VARIANTS = ("plain", "durable")
+#: The two tool counts whose difference gives the slopes.
+AGENT_LOW, AGENT_HIGH = 1, 4
+
+#: The figure of one configuration: (variant, workload, tool calls).
+AgentKey = tuple[str, str, int]
+#: One agent run on a store, as an adapter script builds it.
+OneRun = Callable[[Any], Awaitable[object]]
+#: Builds the one agent run of (variant, workload, tool calls).
+AgentFactory = Callable[[str, str, int], OneRun]
+
+
+@dataclass(frozen=True)
+class AgentBench:
+    """An adapter's agent benchmark: what differs between the adapter scripts.
+
+    ``factory`` builds one agent run of a configuration, ``script`` is the script's file
+    (run again under callgrind), ``model_unit`` names the per-model figure in the output
+    (``model_request`` for pydantic-ai, ``model_call`` for the OpenAI Agents SDK).
+    """
+
+    factory: AgentFactory
+    script: str
+    model_unit: str
+
+    async def runs(
+        self, key: AgentKey, n: int, store_url: str, warmup: int = AGENT_WARMUP
+    ) -> float:
+        """Run the agent ``n`` times (after a warm-up); return the seconds the ``n`` took."""
+        from stepstone import open_store
+
+        one = self.factory(*key)
+        store = open_store(store_url)
+        try:
+            started = 0.0
+            for i in range(warmup + n):
+                if i == warmup:
+                    started = time.perf_counter()
+                await one(store)
+            return time.perf_counter() - started
+        finally:
+            store.close()
+
+    def callgrind_all(self, n: int, store_url: str) -> dict[AgentKey, float]:
+        """Count the instructions of each configuration's ``n`` agent runs, in one process.
+
+        Collection is off except inside ``operator.call`` (C ``_operator_call``, which
+        nothing on the measured path calls), and callgrind dumps and zeroes its counters
+        each time that call returns: one dump per configuration, imports and warm-ups
+        never counted.
+        """
+        keys = agent_keys()
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "cg.out"
+            subprocess.run(
+                [
+                    "valgrind",
+                    "--tool=callgrind",
+                    "--collect-atstart=no",
+                    "--toggle-collect=_operator_call",
+                    "--dump-after=_operator_call",
+                    f"--callgrind-out-file={out}",
+                    sys.executable,
+                    self.script,
+                    "--op",
+                    str(n),
+                    store_url,
+                ],
+                check=True,
+                capture_output=True,
+                env={**os.environ, "PYTHONHASHSEED": "0"},
+            )
+            dumps = sorted(
+                (p for p in Path(tmp).iterdir() if re.fullmatch(r"cg\.out\.\d+", p.name)),
+                key=lambda p: int(p.name.rsplit(".", 1)[1]),
+            )
+            counts = []
+            for dump in dumps:
+                text = dump.read_text(encoding="utf-8", errors="replace")
+                match = re.search(r"^(?:summary|totals):\s*(\d+)", text, re.M)
+                assert match is not None, f"no totals in {dump.name}"
+                counts.append(int(match.group(1)))
+        assert len(counts) == len(keys), f"{len(counts)} callgrind dumps for {len(keys)} figures"
+        return {key: count / n for key, count in zip(keys, counts, strict=True)}
+
+    def callgrind_child(self, n: int, store_url: str) -> None:
+        """Under callgrind: warm each configuration up, then measure it inside operator.call."""
+        for key in agent_keys():
+            asyncio.run(self.runs(key, AGENT_WARMUP, store_url, warmup=0))
+            operator.call(self._measured, key, n, store_url)
+
+    def _measured(self, key: AgentKey, n: int, store_url: str) -> None:
+        asyncio.run(self.runs(key, n, store_url, warmup=0))
+
+    def figures(self, cost: Mapping[AgentKey, float]) -> dict[str, float]:
+        """Per-unit figures from the cost of one agent run at each (variant, workload, T)."""
+        span = AGENT_HIGH - AGENT_LOW
+        model = self.model_unit
+        result: dict[str, float] = {}
+        for variant in AGENT_VARIANTS:
+            tool = (cost[variant, "batch", AGENT_HIGH] - cost[variant, "batch", AGENT_LOW]) / span
+            both = (cost[variant, "seq", AGENT_HIGH] - cost[variant, "seq", AGENT_LOW]) / span
+            result[f"{variant}_tool_call"] = tool
+            result[f"{variant}_{model}"] = both - tool
+        for unit in ("tool_call", model):
+            result[f"overhead_{unit}"] = result[f"durable_{unit}"] - result[f"plain_{unit}"]
+        return result
+
+    def main(self, description: str) -> None:
+        """The adapter script's command line: measure, then print the figures."""
+        parser = argparse.ArgumentParser(description=description)
+        parser.add_argument("--n", type=int, default=None, help="agent runs per figure")
+        parser.add_argument("--repeats", type=int, default=5, help="wall-clock repeats")
+        parser.add_argument("--store", default="memory://", help="store config (default memory://)")
+        parser.add_argument("--callgrind", action="store_true", help="count instructions")
+        parser.add_argument("--json", action="store_true", help="print one JSON object")
+        parser.add_argument("--op", nargs=2, help=argparse.SUPPRESS)
+        args = parser.parse_args()
+        if args.op:  # the callgrind child
+            self.callgrind_child(int(args.op[0]), args.op[1])
+            return
+        n: int = args.n or (20 if args.callgrind else 50)
+        if args.callgrind:
+            cost = self.callgrind_all(n, args.store)
+        else:
+            cost = {}
+            for key in agent_keys():
+                seconds = [asyncio.run(self.runs(key, n, args.store)) for _ in range(args.repeats)]
+                cost[key] = statistics.median(seconds) / n * 1e6  # us per agent run
+        figures = self.figures(cost)
+        unit = "instructions" if args.callgrind else "us"
+        if args.json:
+            print(json.dumps({"unit": unit, "n": n, "store": args.store, **figures}, indent=2))
+            return
+        print(f"per unit, {unit} ({args.store}, {n} agent runs per figure):")
+        for name in (self.model_unit, "tool_call"):
+            plain, durable = figures[f"plain_{name}"], figures[f"durable_{name}"]
+            print(
+                f"  {name:<14} plain {plain:>12,.0f}  durable {durable:>12,.0f}  "
+                f"overhead {durable - plain:>12,.0f} ({(durable / plain - 1) * 100:+.0f}%)"
+            )
+
+
+def agent_keys() -> list[AgentKey]:
+    """Every configuration, in the order the callgrind child measures them."""
+    return [
+        (v, w, t) for v in AGENT_VARIANTS for w in AGENT_WORKLOADS for t in (AGENT_LOW, AGENT_HIGH)
+    ]

@@ -192,7 +192,8 @@ class Target:
             t_warm = time.perf_counter()
             await asyncio.sleep(warm)
             # Every run past its start before the window opens (steady state).
-            while Counter.steps - start < n and time.perf_counter() - t_warm < 30:
+            # A poll, not an Event: the counter is bumped by every step of every run.
+            while Counter.steps - start < n and time.perf_counter() - t_warm < 30:  # noqa: ASYNC110
                 await asyncio.sleep(0.05)
             self._latencies = []
             self._recording = True
@@ -283,74 +284,98 @@ def parse() -> argparse.Namespace:
 def targets(
     args: argparse.Namespace, base: Path, loop: asyncio.AbstractEventLoop, skipped: list[str]
 ) -> Iterator[list[Any]]:
-    wanted = args.backends.split(",")
+    """Yield stepstone's targets, then the peers beside them; closed afterwards."""
     with contextlib.ExitStack() as stack:
-        out: list[Any] = []
-        local = {
-            "memory": "memory://",
-            "sqlite": f"sqlite:///{base}/async.db?synchronous=full",
-            "file": f"file://{base}/async-file",
-        }
-        for name in wanted:
-            if name in local:
-                out.append(Target(name, local[name], "", loop))
-            elif name in ("postgresql", "mysql"):
-                if args.no_sql:
-                    skipped.append(f"{name} skipped: --no-sql")
-                    continue
-                config, why = stack.enter_context(sql_config(name, "async"))
-                if config is None:
-                    skipped.append(f"{name} skipped: {why}")
-                    continue
-                out.append(Target(name, config, why, loop))
-            elif name == "cosmos":
-                if args.no_cosmos:
-                    skipped.append("cosmos skipped: --no-cosmos")
-                    continue
-                config, why = stack.enter_context(cosmos_config())
-                if config is None:
-                    skipped.append(f"cosmos skipped: {why}")
-                    continue
-                out.append(Target(name, config, why, loop))
+        out: list[Any] = _own_targets(args, base, loop, stack, skipped)
         for t in out:
             stack.callback(t.close)
-        if args.no_peers:
-            skipped.append("langgraph async savers skipped: --no-peers")
-        elif not PEERS_PY.exists():
-            skipped.append(
-                "langgraph async savers skipped: no benchmarks/.venv-peers "
-                "(bash benchmarks/peers/setup.sh)"
-            )
-        else:
-            names = {t.name for t in out}
-            specs = []
-            if "sqlite" in names:
-                specs.append(
-                    (
-                        "langgraph-AsyncSqliteSaver",
-                        ["--saver", "sqlite", "--path", f"{base}/langgraph.db"],
-                        "sqlite",
-                    )
-                )
-            if "postgresql" in names:
-                specs.append(
-                    (
-                        "langgraph-AsyncPostgresSaver",
-                        ["--saver", "postgres", "--dsn", sql_base("postgresql")],
-                        "postgresql",
-                    )
-                )
-            for name, argv, pair in specs:
-                try:
-                    peer = Peer(name, argv, pair)
-                except Exception as exc:
-                    skipped.append(f"{name} skipped: {exc}")
-                    continue
-                stack.callback(peer.close)
-                out.append(peer)
+        out += _peer_targets(args, base, {t.name for t in out}, stack, skipped)
         for line in skipped:
             print(line, file=sys.stderr, flush=True)
         yield out
+
+
+def _own_targets(
+    args: argparse.Namespace,
+    base: Path,
+    loop: asyncio.AbstractEventLoop,
+    stack: contextlib.ExitStack,
+    skipped: list[str],
+) -> list[Target]:
+    """A target for each backend asked for that can be reached; the others in ``skipped``."""
+    local = {
+        "memory": "memory://",
+        "sqlite": f"sqlite:///{base}/async.db?synchronous=full",
+        "file": f"file://{base}/async-file",
+    }
+    out: list[Target] = []
+    for name in args.backends.split(","):
+        if name in local:
+            out.append(Target(name, local[name], "", loop))
+            continue
+        if name in ("postgresql", "mysql"):
+            off = "--no-sql" if args.no_sql else None
+            opened = None if off else sql_config(name, "async")
+        elif name == "cosmos":
+            off = "--no-cosmos" if args.no_cosmos else None
+            opened = None if off else cosmos_config()
+        else:
+            continue
+        if opened is None:
+            skipped.append(f"{name} skipped: {off}")
+            continue
+        config, why = stack.enter_context(opened)
+        if config is None:
+            skipped.append(f"{name} skipped: {why}")
+            continue
+        out.append(Target(name, config, why, loop))
+    return out
+
+
+def _peer_targets(
+    args: argparse.Namespace,
+    base: Path,
+    names: set[str],
+    stack: contextlib.ExitStack,
+    skipped: list[str],
+) -> list[Peer]:
+    """LangGraph's async savers beside the stepstone backends they compare with."""
+    if args.no_peers:
+        skipped.append("langgraph async savers skipped: --no-peers")
+        return []
+    if not PEERS_PY.exists():
+        skipped.append(
+            "langgraph async savers skipped: no benchmarks/.venv-peers "
+            "(bash benchmarks/peers/setup.sh)"
+        )
+        return []
+    specs = []
+    if "sqlite" in names:
+        specs.append(
+            (
+                "langgraph-AsyncSqliteSaver",
+                ["--saver", "sqlite", "--path", f"{base}/langgraph.db"],
+                "sqlite",
+            )
+        )
+    if "postgresql" in names:
+        specs.append(
+            (
+                "langgraph-AsyncPostgresSaver",
+                ["--saver", "postgres", "--dsn", sql_base("postgresql")],
+                "postgresql",
+            )
+        )
+    out: list[Peer] = []
+    for name, argv, pair in specs:
+        try:
+            peer = Peer(name, argv, pair)
+        except Exception as exc:  # noqa: BLE001 - a peer that cannot start is skipped, saying why
+            skipped.append(f"{name} skipped: {exc}")
+            continue
+        stack.callback(peer.close)
+        out.append(peer)
+    return out
 
 
 def main() -> None:

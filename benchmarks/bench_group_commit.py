@@ -108,8 +108,8 @@ class Bench:
             return saved
 
         # The runner calls ``store.save`` / ``store.asave``: instance attributes shadow them.
-        self.store.save = timed  # type: ignore[method-assign]
-        self.store.asave = atimed  # type: ignore[method-assign]
+        self.store.save = timed  # type: ignore[method-assign, assignment]
+        self.store.asave = atimed  # type: ignore[method-assign, assignment]
         self.sync_steps = [Step(f"s{i}", self._step(i)) for i in range(STEPS)]
 
     def _step(self, i: int) -> Callable[[dict[str, Any]], dict[str, Any]]:
@@ -151,7 +151,7 @@ class Bench:
             try:
                 while not stop.is_set():
                     run(self.new_id(), self.sync_steps, self.store)
-            except BaseException as exc:  # reported after the window
+            except BaseException as exc:  # noqa: BLE001 - reported after the window
                 errors.append(exc)
 
         threads = [threading.Thread(target=worker, daemon=True) for _ in range(n)]

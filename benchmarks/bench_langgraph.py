@@ -73,7 +73,8 @@ def run_once(mode: str, steps: int, directory: str) -> dict[str, Any]:
     elif mode == "sqlitesaver":
         import sqlite3
 
-        from langgraph.checkpoint.sqlite import SqliteSaver
+        # langgraph-checkpoint-sqlite is the peers' venv's, not stepstone's own.
+        from langgraph.checkpoint.sqlite import SqliteSaver  # type: ignore[import-not-found, unused-ignore]
 
         conn = sqlite3.connect(f"{directory}/langgraph.db", check_same_thread=False)
         saver = SqliteSaver(conn)

@@ -69,24 +69,24 @@ def main() -> None:
         skipped.append("postgresql, mysql skipped: --no-sql")
     else:
         for kind in SQL_KINDS:
-            with sql_config(kind, "overhead") as (config, why):
-                if config is None:
+            with sql_config(kind, "overhead") as (server, why):
+                if server is None:
                     skipped.append(f"{kind} skipped: {why}")
                     progress(args, skipped[-1])
                     continue
                 progress(args, f"overhead: {kind} ({why}) ...")
                 row = {"backend": kind, "durability": "server (default)", "via": why}
-                row.update(measure(config, repeats, target_s))
+                row.update(measure(server, repeats, target_s))
                 results.append(row)
     if getattr(args, "cosmos", False):
-        with cosmos_config() as (config, why):
-            if config is None:
+        with cosmos_config() as (emulator, why):
+            if emulator is None:
                 skipped.append(f"cosmos skipped: {why}")
                 progress(args, skipped[-1])
             else:
                 progress(args, f"overhead: cosmos via {why} ...")
                 row = {"backend": "cosmos", "durability": "service (default)", "via": why}
-                row.update(measure(config, max(3, repeats // 2), target_s))
+                row.update(measure(emulator, max(3, repeats // 2), target_s))
                 results.append(row)
 
     rows = [

@@ -20,11 +20,11 @@ and durable saves and loads are measured against the raw-driver upsert floor.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 import time
 from collections.abc import Callable
-from datetime import UTC
 from typing import Any
 
 from _common import (
@@ -43,9 +43,6 @@ from _common import (
 
 from stepstone import Checkpoint, open_store
 from stepstone._bench import BENCH_PREFIX, STEPS, bench_store, machine_info, state_of_size
-from stepstone._checkpoint import utcnow
-from stepstone._codec import encode_document, encode_state
-from stepstone.stores._common import new_version
 
 #: Rows per transaction when bulk-loading a SQL server table.
 SQL_BATCH = 5_000
@@ -75,48 +72,32 @@ def populate(config: str, start: int, stop: int, state: dict[str, Any]) -> float
 def populate_sql(kind: str, config: str, start: int, stop: int, state: dict[str, Any]) -> float:
     """Bulk-insert runs start..stop-1 into the store's table through the raw driver.
 
-    The rows are exactly what ``SQLServerStore.save`` writes for a first save (its own
-    compiled INSERT, the same parameters), ``SQL_BATCH`` rows per transaction: one
-    commit per batch, not per run. Returns the seconds it took.
+    The rows are exactly what the store's ``save`` writes for a first save (its own save
+    plan: statement and parameters), ``SQL_BATCH`` rows per transaction: one commit per
+    batch, not per run. Returns the seconds it took.
     """
     store = open_store(config)  # creates the tables; lends its INSERT statement
     conn = sql_connect(kind, config)
     names = tuple(f"s{i}" for i in range(STEPS))
     try:
-        insert = store._sql.insert  # type: ignore[attr-defined]
-        hash_key = store._key  # type: ignore[attr-defined]
+        # The store's own save plan (statement and parameters), so each row is exactly
+        # what its first save writes; only the commits are batched.
+        plan = store._save_plan  # type: ignore[attr-defined]  # noqa: SLF001
         t0 = time.perf_counter()
-        text, copy = encode_state(state)
         cursor = conn.cursor()
         for lo in range(start, stop, SQL_BATCH):
             batch = []
+            insert = ""
             for i in range(lo, min(stop, lo + SQL_BATCH)):
-                run_id = f"{BENCH_PREFIX}scale/{i:07d}"
                 cp = Checkpoint(
-                    run_id=run_id,
+                    run_id=f"{BENCH_PREFIX}scale/{i:07d}",
                     step=STEPS - 1,
                     state=state,
                     step_names=names,
                     total_steps=STEPS,
                 )
-                saved = cp.stored(copy, text, new_version(None), utcnow())
-                when = saved.updated_at
-                assert when is not None
-                if kind == "mysql":  # DATETIME has no zone: UTC wall time, as the store
-                    when = when.astimezone(UTC).replace(tzinfo=None)
-                batch.append(
-                    {
-                        "run_key": hash_key(run_id),
-                        "run_id": run_id,
-                        "version": saved.version,
-                        "status": saved.status,
-                        "step": saved.step,
-                        "total_steps": saved.total_steps,
-                        "created_at": when,
-                        "updated_at": when,
-                        "document": encode_document(saved, text),
-                    }
-                )
+                _, insert, params = plan(cp)
+                batch.append(params)
             if kind == "postgresql":
                 with conn.transaction():
                     cursor.executemany(insert, batch)
@@ -224,7 +205,7 @@ def main() -> None:
             results += measure_levels(
                 args,
                 backend,
-                lambda a, b, fast=fast: populate(fast, a, b, state),
+                functools.partial(populate, fast, state=state),
                 durable,
                 levels,
                 repeats,
@@ -242,9 +223,7 @@ def main() -> None:
                     results += measure_levels(
                         args,
                         kind,
-                        lambda a, b, kind=kind, config=config: populate_sql(
-                            kind, config, a, b, state
-                        ),
+                        functools.partial(populate_sql, kind, config, state=state),
                         config,
                         levels,
                         repeats,

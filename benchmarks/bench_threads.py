@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from _common import fig, progress, scratch, sql_config, table
@@ -96,7 +97,7 @@ class Bench:
             try:
                 while not stop.is_set():
                     run(self.new_id(), steps, self.store)
-            except BaseException as exc:  # reported after the window
+            except BaseException as exc:  # noqa: BLE001 - reported after the window
                 errors.append(exc)
 
         threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(n)]
@@ -155,6 +156,51 @@ def stats(values: list[float], scale: float = 1.0) -> dict[str, float] | None:
     return {"median": statistics.median(vs), "min": min(vs), "max": max(vs), "repeats": len(vs)}
 
 
+def _benches(
+    args: argparse.Namespace, base: Path, stack: contextlib.ExitStack, skipped: list[str]
+) -> list[Bench]:
+    """A bench for each backend asked for that can be reached; the others in ``skipped``."""
+    benches: list[Bench] = []
+    for name in args.backends.split(","):
+        if name == "sqlite":
+            benches.append(Bench(name, f"sqlite:///{base}/t.db?synchronous=full", "FULL"))
+        elif name == "file":
+            benches.append(Bench(name, f"file://{base}/t-file", "fsync per save"))
+        elif name in ("postgresql", "mysql"):
+            if args.no_sql:
+                skipped.append(f"{name} skipped: --no-sql")
+                continue
+            config, why = stack.enter_context(sql_config(name, "threads"))
+            if config is None:
+                skipped.append(f"{name} skipped: {why}")
+                continue
+            benches.append(Bench(name, config, why))
+    return benches
+
+
+def _results(benches: list[Bench], counts: list[int]) -> list[dict[str, Any]]:
+    """One row per (backend, thread count): throughput, its ratio to the first, latencies."""
+    results: list[dict[str, Any]] = []
+    for b in benches:
+        one = statistics.median(b.cells[counts[0]]["steps_per_s"])
+        for n in counts:
+            c = b.cells[n]
+            got = stats(c["steps_per_s"])
+            assert got is not None
+            results.append(
+                {
+                    "backend": b.name,
+                    "via": b.via,
+                    "threads": n,
+                    "steps_per_s": got,
+                    "vs_first": got["median"] / one if one else None,
+                    "save_p50_us": stats(c["p50"], 1e6),
+                    "save_p99_us": stats(c["p99"], 1e6),
+                }
+            )
+    return results
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--quick", action="store_true")
@@ -173,21 +219,7 @@ def main() -> None:
     skipped: list[str] = []
     with scratch("threads") as base, contextlib.ExitStack() as stack:
         machine = machine_info(str(base))
-        benches: list[Bench] = []
-        for name in args.backends.split(","):
-            if name == "sqlite":
-                benches.append(Bench(name, f"sqlite:///{base}/t.db?synchronous=full", "FULL"))
-            elif name == "file":
-                benches.append(Bench(name, f"file://{base}/t-file", "fsync per save"))
-            elif name in ("postgresql", "mysql"):
-                if args.no_sql:
-                    skipped.append(f"{name} skipped: --no-sql")
-                    continue
-                config, why = stack.enter_context(sql_config(name, "threads"))
-                if config is None:
-                    skipped.append(f"{name} skipped: {why}")
-                    continue
-                benches.append(Bench(name, config, why))
+        benches = _benches(args, base, stack, skipped)
         for b in benches:
             stack.callback(b.close)
         for line in skipped:
@@ -210,24 +242,7 @@ def main() -> None:
                 if lat:
                     cell["p50"].append(pct(lat, 0.5) or 0.0)
                     cell["p99"].append(pct(lat, 0.99) or 0.0)
-        results: list[dict[str, Any]] = []
-        for b in benches:
-            one = statistics.median(b.cells[counts[0]]["steps_per_s"])
-            for n in counts:
-                c = b.cells[n]
-                got = stats(c["steps_per_s"])
-                assert got is not None
-                results.append(
-                    {
-                        "backend": b.name,
-                        "via": b.via,
-                        "threads": n,
-                        "steps_per_s": got,
-                        "vs_first": got["median"] / one if one else None,
-                        "save_p50_us": stats(c["p50"], 1e6),
-                        "save_p99_us": stats(c["p99"], 1e6),
-                    }
-                )
+        results = _results(benches, counts)
     payload = {
         "figure": "threads",
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),

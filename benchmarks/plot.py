@@ -19,10 +19,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+import matplotlib  # type: ignore[import-not-found, unused-ignore]
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt
+import matplotlib.pyplot as plt  # type: ignore[import-not-found, unused-ignore]
 
 HERE = Path(__file__).resolve().parent
 

@@ -24,6 +24,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -568,70 +569,75 @@ def _when(fig: dict[str, Any], results: dict[str, Any]) -> list[str]:
     return [f"Measured {date}{load}.", ""]
 
 
+def _callgrind_section(cg: dict[str, Any], results: dict[str, Any]) -> list[str]:
+    """Markdown for callgrind.sh's instruction counts, before and after, with the targets."""
+    out: list[str] = []
+    out += ["## Instructions per operation (benchmarks/callgrind.sh)", ""]
+    out += _when(cg, results)
+    if "skipped" in cg:
+        out += [cg["skipped"], ""]
+    else:
+        after = (cg.get("after") or {}).get("instructions") or {}
+        before = (cg.get("before") or {}).get("instructions") or {}
+        labels = {
+            "memory": "memory store save",
+            "sqlite": "sqlite save (synchronous=FULL)",
+            "file": "file save (fsync)",
+            "sqlite-floor": "sqlite floor (raw sqlite3)",
+            "file-floor": "file floor (write+fsync+rename+fsync)",
+            "build": "building the Checkpoint saved (part of each save above)",
+            "run-memory": "run() of 10 steps, memory store",
+            "plain": "10 plain step calls",
+        }
+        rows = []
+        for mode, label in labels.items():
+            if mode not in after and mode not in before:
+                continue
+            goal = INSTRUCTION_TARGETS.get(mode, (None, None))[1]
+            a, b = after.get(mode), before.get(mode)
+            per_step = f" ({a // 10:,} per step)" if a and mode in ("run-memory", "plain") else ""
+            rows.append(
+                [
+                    label,
+                    f"{b:,}" if b else "-",
+                    (f"{a:,}" if a else "-") + per_step,
+                    f"{b / a:.2f}x" if a and b else "-",
+                    f"<= {goal:,}" if goal else "",
+                    "" if not goal or a is None else ("yes" if a <= goal else "**no**"),
+                ]
+            )
+        src_b = (cg.get("before") or {}).get("src", "-")
+        out += md_table(
+            [
+                "operation",
+                f"before ({src_b})",
+                "after (work tree)",
+                "before/after",
+                "target",
+                "met",
+            ],
+            rows,
+        )
+        out += [
+            "User-space instructions per operation (valgrind callgrind), (count at 2N - "
+            f"count at N) / N with N = {(cg.get('after') or {}).get('n', '?')}: start-up "
+            "and imports cancel out. The kernel's share (write, fsync, rename) is not "
+            "counted. Repeatable to within a fraction of a percent whatever the load, but a "
+            "pair in which one process does a one-off piece of work (it happened once "
+            "to the file store) comes out wrong: rerun that mode."
+            + (f" {cg['after']['note']}." if (cg.get("after") or {}).get("note") else ""),
+            "",
+        ]
+    return out
+
+
 def new_sections(results: dict[str, Any]) -> list[str]:
     """Markdown for the issue-12 figures: callgrind, async, threads, start-up."""
     figs = results["figures"]
     out: list[str] = []
     cg = figs.get("callgrind")
     if cg:
-        out += ["## Instructions per operation (benchmarks/callgrind.sh)", ""]
-        out += _when(cg, results)
-        if "skipped" in cg:
-            out += [cg["skipped"], ""]
-        else:
-            after = (cg.get("after") or {}).get("instructions") or {}
-            before = (cg.get("before") or {}).get("instructions") or {}
-            labels = {
-                "memory": "memory store save",
-                "sqlite": "sqlite save (synchronous=FULL)",
-                "file": "file save (fsync)",
-                "sqlite-floor": "sqlite floor (raw sqlite3)",
-                "file-floor": "file floor (write+fsync+rename+fsync)",
-                "build": "building the Checkpoint saved (part of each save above)",
-                "run-memory": "run() of 10 steps, memory store",
-                "plain": "10 plain step calls",
-            }
-            rows = []
-            for mode, label in labels.items():
-                if mode not in after and mode not in before:
-                    continue
-                goal = INSTRUCTION_TARGETS.get(mode, (None, None))[1]
-                a, b = after.get(mode), before.get(mode)
-                per_step = (
-                    f" ({a // 10:,} per step)" if a and mode in ("run-memory", "plain") else ""
-                )
-                rows.append(
-                    [
-                        label,
-                        f"{b:,}" if b else "-",
-                        (f"{a:,}" if a else "-") + per_step,
-                        f"{b / a:.2f}x" if a and b else "-",
-                        f"<= {goal:,}" if goal else "",
-                        "" if not goal or a is None else ("yes" if a <= goal else "**no**"),
-                    ]
-                )
-            src_b = (cg.get("before") or {}).get("src", "-")
-            out += md_table(
-                [
-                    "operation",
-                    f"before ({src_b})",
-                    "after (work tree)",
-                    "before/after",
-                    "target",
-                    "met",
-                ],
-                rows,
-            )
-            out += [
-                "User-space instructions per operation (valgrind callgrind), (count at 2N - "
-                f"count at N) / N with N = {(cg.get('after') or {}).get('n', '?')}: start-up "
-                "and imports cancel out. The kernel's share (write, fsync, rename) is not "
-                "counted. Repeatable to within a fraction of a percent whatever the load, but a "
-                "pair in which one process does a one-off piece of work (it happened once "
-                "to the file store) comes out wrong: rerun that mode."
-                + (f" {cg['after']['note']}." if (cg.get("after") or {}).get("note") else ""),
-                "",
-            ]
+        out += _callgrind_section(cg, results)
     for key, title in (
         (
             "async",
@@ -819,6 +825,36 @@ def plot(results_path: Path, png: Path) -> str:
     return "no plot: no venv with matplotlib (bash benchmarks/setup_plot.sh makes one)"
 
 
+def _script_flags(args: argparse.Namespace, figure: str, extra: Sequence[str]) -> list[str]:
+    """The command-line flags of one figure's script, the --no-* options passed down."""
+    wanted = list(extra)
+    if figure == "async" and args.no_peers:
+        wanted.append("--no-peers")
+    if figure == "async" and args.no_cosmos:
+        wanted.append("--no-cosmos")
+    flags = [x for x in wanted if not (args.no_cosmos and x == "--cosmos")]
+    if args.no_cosmos and figure == "requests":
+        flags.append("--no-cosmos")
+    if args.no_sql:
+        flags.append("--no-sql")
+    return flags
+
+
+def _merge_previous(
+    old_path: Path, figures: dict[str, Any], peers: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Merge into what was measured before: the other figures keep their own dates."""
+    old = json.loads(old_path.read_text()) if old_path.exists() else {}
+    old_figures: dict[str, Any] = old.get("figures", {})
+    for old_fig in old_figures.values():
+        old_fig.setdefault("date", old.get("date"))
+    old_figures.update(figures)
+    if not peers:
+        peers = old.get("peers", {})
+        peers.setdefault("date", old.get("date"))
+    return old_figures, peers
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true")
@@ -863,16 +899,7 @@ def main() -> None:
     for figure, script, extra, limit in SCRIPTS:
         if figure not in only:
             continue
-        wanted = list(extra)
-        if figure == "async" and args.no_peers:
-            wanted.append("--no-peers")
-        if figure == "async" and args.no_cosmos:
-            wanted.append("--no-cosmos")
-        flags = [x for x in wanted if not (args.no_cosmos and x == "--cosmos")]
-        if args.no_cosmos and figure == "requests":
-            flags.append("--no-cosmos")
-        if args.no_sql:
-            flags.append("--no-sql")
+        flags = _script_flags(args, figure, extra)
         log(f"{script} ...")
         figures[figure] = run_script(script, flags, args.quick, limit)
         log(
@@ -896,17 +923,7 @@ def main() -> None:
         peers["date"] = datetime.now(UTC).isoformat(timespec="seconds")
         log(f"peers: {peers.get('seconds')} s {peers.get('skipped', '')}")
     if args.only:
-        # Merge into what was measured before: the other figures keep their own dates.
-        old_path = out_dir / "results.json"
-        old = json.loads(old_path.read_text()) if old_path.exists() else {}
-        old_figures = old.get("figures", {})
-        for old_fig in old_figures.values():
-            old_fig.setdefault("date", old.get("date"))
-        old_figures.update(figures)
-        figures = old_figures
-        if not peers:
-            peers = old.get("peers", {})
-            peers.setdefault("date", old.get("date"))
+        figures, peers = _merge_previous(out_dir / "results.json", figures, peers)
     results = {
         "date": date,
         "quick": args.quick,

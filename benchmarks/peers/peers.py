@@ -26,6 +26,7 @@ Run with the peers venv:  benchmarks/.venv-peers/bin/python benchmarks/peers/pee
   --json       machine-readable lines only
   --verify     also count SQL statements / commits / fsyncs per step (strace)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,6 +40,17 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
+from typing import Any, TypedDict
+
+#: A workflow's state: JSON-able data.
+State = dict[str, Any]
+#: Called with each SQL statement a peer's connection runs (the trace mode), or None.
+TraceCallback = Callable[[str], None] | None
+#: What a peer's set-up returns: run(run_id), verify(run_id), notes, close().
+Setup = tuple[
+    Callable[[str], None], Callable[[str], dict[str, Any]], dict[str, Any], Callable[[], None]
+]
 
 N_STEPS = 10
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -53,7 +65,7 @@ SYSTEMS = {
 }
 
 
-def initial_state() -> dict:
+def initial_state() -> State:
     # ~1 KB once JSON-encoded.
     return {
         "payload": "x" * 1000,
@@ -69,10 +81,11 @@ def key(i: int) -> str:
 # plain baseline: 10 plain function calls doing the same state update
 # --------------------------------------------------------------------------
 
-def _make_plain(i):
+
+def _make_plain(i: int) -> Callable[[State], State]:
     k = key(i)
 
-    def f(state):
+    def f(state: State) -> State:
         s = dict(state)
         s[k] = i
         return s
@@ -83,7 +96,7 @@ def _make_plain(i):
 PLAIN_FNS = [_make_plain(i) for i in range(N_STEPS)]
 
 
-def plain_run(state):
+def plain_run(state: State) -> State:
     for f in PLAIN_FNS:
         state = f(state)
     return state
@@ -109,6 +122,7 @@ def measure_plain(target_s: float) -> float:
 # pragma helpers
 # --------------------------------------------------------------------------
 
+
 def set_matched_pragmas(conn: sqlite3.Connection) -> None:
     # journal_mode=WAL is persistent in the file; synchronous is per connection.
     mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
@@ -116,7 +130,7 @@ def set_matched_pragmas(conn: sqlite3.Connection) -> None:
     conn.execute("PRAGMA synchronous=FULL")
 
 
-def read_pragmas(conn) -> dict:
+def read_pragmas(conn: sqlite3.Connection) -> dict[str, Any]:
     sync_names = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}
     jm = conn.execute("PRAGMA journal_mode").fetchone()[0]
     sy = conn.execute("PRAGMA synchronous").fetchone()[0]
@@ -128,41 +142,44 @@ def read_pragmas(conn) -> dict:
 # close()).
 # --------------------------------------------------------------------------
 
-def setup_langgraph(config: str, dbdir: str, trace_cb=None):
-    from typing import TypedDict
-    from langgraph.graph import StateGraph, START, END
-    from langgraph.checkpoint.sqlite import SqliteSaver
 
-    fields = {"payload": str, "meta": dict}
+def setup_langgraph(config: str, dbdir: str, trace_cb: TraceCallback = None) -> Setup:
+    # The peers' venv has langgraph-checkpoint-sqlite; stepstone's own venv need not.
+    from langgraph.checkpoint.sqlite import SqliteSaver  # type: ignore[import-not-found, unused-ignore]
+    from langgraph.graph import END, START, StateGraph
+
+    fields: dict[str, type] = {"payload": str, "meta": dict}
     fields.update({key(i): int for i in range(N_STEPS)})
-    S = TypedDict("S", fields, total=False)  # type: ignore[misc]
+    # Built at run time from N_STEPS, so the static checker cannot see its keys.
+    make_typed_dict: Any = TypedDict
+    S = make_typed_dict("S", fields, total=False)
 
-    def make_node(i):
+    def make_node(i: int) -> Callable[[State], State]:
         k = key(i)
 
-        def node(state):
+        def node(state: State) -> State:
             return {k: i}  # LangGraph merges the update into the state
 
         return node
 
-    b = StateGraph(S)
+    b: Any = StateGraph(S)
     for i in range(N_STEPS):
         b.add_node(f"s{i}", make_node(i))
     b.add_edge(START, "s0")
     for i in range(N_STEPS - 1):
-        b.add_edge(f"s{i}", f"s{i+1}")
-    b.add_edge(f"s{N_STEPS-1}", END)
+        b.add_edge(f"s{i}", f"s{i + 1}")
+    b.add_edge(f"s{N_STEPS - 1}", END)
 
-    info = {}
+    info: dict[str, Any] = {}
     if config == "nopersist":
-        graph = b.compile()
+        bare = b.compile()
         init = initial_state()
 
-        def run(rid):
-            out = graph.invoke(init)
+        def run_bare(rid: str) -> None:
+            out = bare.invoke(init)
             assert out[key(N_STEPS - 1)] == N_STEPS - 1
 
-        return run, (lambda rid: {"checkpointer": None}), info, (lambda: None)
+        return run_bare, (lambda rid: {"checkpointer": None}), info, (lambda: None)
 
     path = os.path.join(dbdir, "langgraph.sqlite")
     conn = sqlite3.connect(path, check_same_thread=False)
@@ -180,7 +197,7 @@ def setup_langgraph(config: str, dbdir: str, trace_cb=None):
     graph = b.compile(checkpointer=saver)
     init = initial_state()
 
-    def run(rid):
+    def run(rid: str) -> None:
         cfg = {"configurable": {"thread_id": rid}}
         if durability:
             out = graph.invoke(init, cfg, durability=durability)
@@ -188,44 +205,60 @@ def setup_langgraph(config: str, dbdir: str, trace_cb=None):
             out = graph.invoke(init, cfg)
         assert out[key(N_STEPS - 1)] == N_STEPS - 1
 
-    def verify(rid):
+    def verify(rid: str) -> dict[str, Any]:
         c2 = sqlite3.connect(path)
-        n_ck = c2.execute("SELECT count(*) FROM checkpoints WHERE thread_id=?", (rid,)).fetchone()[0]
+        n_ck = c2.execute("SELECT count(*) FROM checkpoints WHERE thread_id=?", (rid,)).fetchone()[
+            0
+        ]
         n_wr = c2.execute("SELECT count(*) FROM writes WHERE thread_id=?", (rid,)).fetchone()[0]
-        sizes = [r[0] for r in c2.execute(
-            "SELECT length(checkpoint) FROM checkpoints WHERE thread_id=?", (rid,))]
+        sizes = [
+            r[0]
+            for r in c2.execute(
+                "SELECT length(checkpoint) FROM checkpoints WHERE thread_id=?", (rid,)
+            )
+        ]
         c2.close()
         # latest state, read back through the library
         st = graph.get_state({"configurable": {"thread_id": rid}})
         ok = st.values.get(key(N_STEPS - 1)) == N_STEPS - 1 and len(st.values["payload"]) == 1000
-        return {"checkpoint_rows": n_ck, "write_rows": n_wr,
-                "checkpoint_blob_bytes_max": max(sizes) if sizes else 0,
-                "state_readback_ok": ok,
-                "ok": ok and n_ck >= N_STEPS}
+        return {
+            "checkpoint_rows": n_ck,
+            "write_rows": n_wr,
+            "checkpoint_blob_bytes_max": max(sizes) if sizes else 0,
+            "state_readback_ok": ok,
+            "ok": ok and n_ck >= N_STEPS,
+        }
 
     return run, verify, info, conn.close
 
 
-def setup_burr(config: str, dbdir: str, trace_cb=None):
-    from burr.core import ApplicationBuilder, State, action
-    from burr.core.graph import GraphBuilder
-    from burr.core.persistence import SQLitePersister
+def setup_burr(config: str, dbdir: str, trace_cb: TraceCallback = None) -> Setup:
+    # Burr is installed in the peers' venv only.
+    from burr.core import (  # type: ignore[import-not-found, unused-ignore]
+        ApplicationBuilder,
+        action,
+    )
+    from burr.core import State as BurrState  # type: ignore[import-not-found, unused-ignore]
+    from burr.core.graph import GraphBuilder  # type: ignore[import-not-found, unused-ignore]
+    from burr.core.persistence import (  # type: ignore[import-not-found, unused-ignore]
+        SQLitePersister,
+    )
 
-    def make_action(i):
+    def make_action(i: int) -> Any:
         k = key(i)
 
-        @action(reads=[], writes=[k])
-        def step(state: State) -> State:
+        @action(reads=[], writes=[k])  # type: ignore[untyped-decorator, unused-ignore]
+        def step(state: BurrState) -> BurrState:
             return state.update(**{k: i})
 
         return step
 
     gb = GraphBuilder().with_actions(**{f"s{i}": make_action(i) for i in range(N_STEPS)})
-    gb = gb.with_transitions(*[(f"s{i}", f"s{i+1}") for i in range(N_STEPS - 1)])
+    gb = gb.with_transitions(*[(f"s{i}", f"s{i + 1}") for i in range(N_STEPS - 1)])
     graph = gb.build()
     init = initial_state()
-    info = {}
-    last = f"s{N_STEPS-1}"
+    info: dict[str, Any] = {}
+    last = f"s{N_STEPS - 1}"
 
     persister = None
     path = os.path.join(dbdir, "burr.sqlite")
@@ -240,40 +273,55 @@ def setup_burr(config: str, dbdir: str, trace_cb=None):
         persister.initialize()
         info["pragmas"] = read_pragmas(conn)
 
-    def run(rid):
-        ab = (ApplicationBuilder().with_graph(graph).with_entrypoint("s0")
-              .with_state(**init).with_identifiers(app_id=rid))
+    def run(rid: str) -> None:
+        ab = (
+            ApplicationBuilder()
+            .with_graph(graph)
+            .with_entrypoint("s0")
+            .with_state(**init)
+            .with_identifiers(app_id=rid)
+        )
         if persister is not None:
             ab = ab.with_state_persister(persister)
         app = ab.build()
         _, _, state = app.run(halt_after=[last])
         assert state[key(N_STEPS - 1)] == N_STEPS - 1
 
-    def verify(rid):
+    def verify(rid: str) -> dict[str, Any]:
         if persister is None:
             return {"persister": None}
         c2 = sqlite3.connect(path)
         rows = c2.execute(
-            "SELECT sequence_id, position, length(state) FROM burr_state WHERE app_id=? ORDER BY sequence_id",
-            (rid,)).fetchall()
+            "SELECT sequence_id, position, length(state) FROM burr_state"
+            " WHERE app_id=? ORDER BY sequence_id",
+            (rid,),
+        ).fetchall()
         c2.close()
         loaded = persister.load("", rid)
-        ok = (len(rows) == N_STEPS and loaded is not None
-              and loaded["state"][key(N_STEPS - 1)] == N_STEPS - 1
-              and loaded["position"] == last)
-        return {"state_rows": len(rows), "positions": [r[1] for r in rows][:3] + ["..."],
-                "state_json_bytes_max": max(r[2] for r in rows) if rows else 0,
-                "state_readback_ok": ok, "ok": ok}
+        ok = (
+            len(rows) == N_STEPS
+            and loaded is not None
+            and loaded["state"][key(N_STEPS - 1)] == N_STEPS - 1
+            and loaded["position"] == last
+        )
+        return {
+            "state_rows": len(rows),
+            "positions": [*[r[1] for r in rows][:3], "..."],
+            "state_json_bytes_max": max(r[2] for r in rows) if rows else 0,
+            "state_readback_ok": ok,
+            "ok": ok,
+        }
 
-    def close():
+    def close() -> None:
         if persister is not None:
             persister.connection.close()
 
     return run, verify, info, close
 
 
-def setup_dbos(config: str, dbdir: str, trace_cb=None):
+def setup_dbos(config: str, dbdir: str, trace_cb: TraceCallback = None) -> Setup:
     import logging
+
     import sqlalchemy as sa
     from sqlalchemy import event
 
@@ -282,7 +330,7 @@ def setup_dbos(config: str, dbdir: str, trace_cb=None):
     # Process-wide listener: runs on every new DBAPI connection of every engine,
     # i.e. on the connections of the engine DBOS creates for its system DB.
     @event.listens_for(sa.engine.Engine, "connect")
-    def _on_connect(dbapi_conn, rec):
+    def _on_connect(dbapi_conn: Any, rec: Any) -> None:
         if not isinstance(dbapi_conn, sqlite3.Connection):
             return
         if config == "matched":
@@ -290,15 +338,16 @@ def setup_dbos(config: str, dbdir: str, trace_cb=None):
         if trace_cb:
             dbapi_conn.set_trace_callback(trace_cb)
 
-    from dbos import DBOS, SetWorkflowID
+    # DBOS is installed in the peers' venv only.
+    from dbos import DBOS, SetWorkflowID  # type: ignore[import-not-found, unused-ignore]
 
     logging.getLogger("dbos").setLevel(logging.WARNING)
 
-    def make_step(i):
+    def make_step(i: int) -> Any:
         k = key(i)
 
-        @DBOS.step(name=f"s{i}")
-        def step(state: dict) -> dict:
+        @DBOS.step(name=f"s{i}")  # type: ignore[untyped-decorator, unused-ignore]
+        def step(state: State) -> State:
             s = dict(state)
             s[k] = i
             return s  # DBOS records the step's return value
@@ -307,52 +356,77 @@ def setup_dbos(config: str, dbdir: str, trace_cb=None):
 
     steps = [make_step(i) for i in range(N_STEPS)]
 
-    @DBOS.workflow(name="peers_wf")
-    def wf(state: dict) -> dict:
+    @DBOS.workflow(name="peers_wf")  # type: ignore[untyped-decorator, unused-ignore]
+    def wf(state: State) -> State:
         for st in steps:
             state = st(state)
         return state
 
-    DBOS(config={
-        "name": "peers-bench",
-        "system_database_url": f"sqlite:///{path}",
-        "run_admin_server": False,
-        "log_level": "WARNING",
-    })
+    DBOS(
+        config={
+            "name": "peers-bench",
+            "system_database_url": f"sqlite:///{path}",
+            "run_admin_server": False,
+            "log_level": "WARNING",
+        }
+    )
     DBOS.launch()
     from dbos import _dbos as dbos_mod
-    engine = dbos_mod._dbos_global_instance._sys_db.engine
+
+    # The only way to the connection DBOS opened, to report the pragmas it runs with.
+    engine = dbos_mod._dbos_global_instance._sys_db.engine  # noqa: SLF001
     with engine.connect() as c:
         raw = c.connection.driver_connection
         info = {"pragmas": read_pragmas(raw)}
     init = initial_state()
 
-    def run(rid):
+    def run(rid: str) -> None:
         with SetWorkflowID(rid):
             out = wf(init)
         assert out[key(N_STEPS - 1)] == N_STEPS - 1
 
-    def verify(rid):
+    def verify(rid: str) -> dict[str, Any]:
         c2 = sqlite3.connect(path)
-        n_ops = c2.execute("SELECT count(*) FROM operation_outputs WHERE workflow_uuid=?", (rid,)).fetchone()[0]
-        names = [r[0] for r in c2.execute(
-            "SELECT function_name FROM operation_outputs WHERE workflow_uuid=? ORDER BY function_id", (rid,))]
-        out_max = c2.execute("SELECT max(length(output)) FROM operation_outputs WHERE workflow_uuid=?", (rid,)).fetchone()[0]
-        status = c2.execute("SELECT status FROM workflow_status WHERE workflow_uuid=?", (rid,)).fetchone()
+        n_ops = c2.execute(
+            "SELECT count(*) FROM operation_outputs WHERE workflow_uuid=?", (rid,)
+        ).fetchone()[0]
+        names = [
+            r[0]
+            for r in c2.execute(
+                "SELECT function_name FROM operation_outputs"
+                " WHERE workflow_uuid=? ORDER BY function_id",
+                (rid,),
+            )
+        ]
+        out_max = c2.execute(
+            "SELECT max(length(output)) FROM operation_outputs WHERE workflow_uuid=?", (rid,)
+        ).fetchone()[0]
+        status = c2.execute(
+            "SELECT status FROM workflow_status WHERE workflow_uuid=?", (rid,)
+        ).fetchone()
         c2.close()
         steps_info = DBOS.list_workflow_steps(rid)
-        ok = n_ops == N_STEPS and status is not None and status[0] == "SUCCESS" and len(steps_info) == N_STEPS
-        return {"operation_output_rows": n_ops, "step_names": names[:3] + ["..."],
-                "output_bytes_max": out_max, "workflow_status": status[0] if status else None,
-                "ok": ok}
+        ok = (
+            n_ops == N_STEPS
+            and status is not None
+            and status[0] == "SUCCESS"
+            and len(steps_info) == N_STEPS
+        )
+        return {
+            "operation_output_rows": n_ops,
+            "step_names": [*names[:3], "..."],
+            "output_bytes_max": out_max,
+            "workflow_status": status[0] if status else None,
+            "ok": ok,
+        }
 
-    def close():
+    def close() -> None:
         DBOS.destroy(destroy_registry=True)
 
     return run, verify, info, close
 
 
-def setup_raw_sqlite(config: str, dbdir: str, trace_cb=None):
+def setup_raw_sqlite(config: str, dbdir: str, trace_cb: TraceCallback = None) -> Setup:
     """Reference floor, not a peer: per step, json.dumps the whole state and
     INSERT OR REPLACE it into one row keyed by run id, then COMMIT (1 commit/step)."""
     path = os.path.join(dbdir, "raw.sqlite")
@@ -366,29 +440,44 @@ def setup_raw_sqlite(config: str, dbdir: str, trace_cb=None):
     info = {"pragmas": read_pragmas(conn)}
     init = initial_state()
 
-    def run(rid):
+    def run(rid: str) -> None:
         state = init
         for i, f in enumerate(PLAIN_FNS):
             state = f(state)
-            conn.execute("INSERT OR REPLACE INTO runs VALUES (?, ?, ?)", (rid, i, json.dumps(state)))
+            conn.execute(
+                "INSERT OR REPLACE INTO runs VALUES (?, ?, ?)", (rid, i, json.dumps(state))
+            )
             conn.commit()
 
-    def verify(rid):
+    def verify(rid: str) -> dict[str, Any]:
         row = conn.execute("SELECT step, state FROM runs WHERE id=?", (rid,)).fetchone()
-        ok = row is not None and row[0] == N_STEPS - 1 and json.loads(row[1])[key(N_STEPS - 1)] == N_STEPS - 1
+        ok = (
+            row is not None
+            and row[0] == N_STEPS - 1
+            and json.loads(row[1])[key(N_STEPS - 1)] == N_STEPS - 1
+        )
         return {"ok": ok}
 
     return run, verify, info, conn.close
 
 
-SETUP = {"langgraph": setup_langgraph, "burr": setup_burr, "dbos": setup_dbos,
-         "raw-sqlite": setup_raw_sqlite}
+SETUP: dict[str, Callable[[str, str, TraceCallback], Setup]] = {
+    "langgraph": setup_langgraph,
+    "burr": setup_burr,
+    "dbos": setup_dbos,
+    "raw-sqlite": setup_raw_sqlite,
+}
 
 
 def peer_version(system: str) -> str:
-    from importlib.metadata import version, PackageNotFoundError
-    pkgs = {"langgraph": ["langgraph", "langgraph-checkpoint-sqlite"],
-            "burr": ["apache-burr"], "dbos": ["dbos"], "raw-sqlite": []}[system]
+    from importlib.metadata import PackageNotFoundError, version
+
+    pkgs = {
+        "langgraph": ["langgraph", "langgraph-checkpoint-sqlite"],
+        "burr": ["apache-burr"],
+        "dbos": ["dbos"],
+        "raw-sqlite": [],
+    }[system]
     out = []
     for p in pkgs:
         try:
@@ -406,17 +495,18 @@ MARK_START = "/__peers_bench_mark_start__"
 MARK_END = "/__peers_bench_mark_end__"
 
 
-def worker(args) -> None:
+def worker(args: argparse.Namespace) -> None:
     dbdir = tempfile.mkdtemp(prefix=f"{args.system}-{args.config}-", dir=args.tmpdir)
-    counts: dict = {}
+    counts: dict[str, int] = {}
 
-    def trace_cb(sql: str):
+    def trace_cb(sql: str) -> None:
         verb = sql.strip().split(None, 1)[0].upper() if sql.strip() else "?"
         counts[verb] = counts.get(verb, 0) + 1
 
     try:
         run, verify, info, close = SETUP[args.system](
-            args.config, dbdir, trace_cb if args.mode == "trace" else None)
+            args.config, dbdir, trace_cb if args.mode == "trace" else None
+        )
         try:
             # verification run
             rid = f"verify-{uuid.uuid4()}"
@@ -425,12 +515,12 @@ def worker(args) -> None:
             # warm-up + calibration
             # (estimate from the second half of the warm-up: first runs are slower)
             t0 = time.perf_counter()
-            times = []
+            times: list[float] = []
             while len(times) < 6 or (time.perf_counter() - t0 < 0.3 and len(times) < 400):
                 t1 = time.perf_counter()
                 run(f"warm-{uuid.uuid4()}")
                 times.append(time.perf_counter() - t1)
-            per_run_est = statistics.median(times[len(times) // 2:])
+            per_run_est = statistics.median(times[len(times) // 2 :])
 
             if args.mode == "trace":
                 counts.clear()
@@ -439,18 +529,29 @@ def worker(args) -> None:
                 for _ in range(n):
                     run(f"trace-{uuid.uuid4()}")
                 os.access(MARK_END, os.F_OK)
-                res = {"system": args.system, "config": args.config, "runs": n,
-                       "statements_per_step": {k: round(v / (n * N_STEPS), 2)
-                                               for k, v in sorted(counts.items())}}
+                res = {
+                    "system": args.system,
+                    "config": args.config,
+                    "runs": n,
+                    "statements_per_step": {
+                        k: round(v / (n * N_STEPS), 2) for k, v in sorted(counts.items())
+                    },
+                }
                 print("RESULT " + json.dumps(res), flush=True)
                 return
 
             runs = max(10, int(args.target_s / per_run_est))
             plain = measure_plain(min(0.2, args.target_s))
-            ready = {"system": args.system, "config": args.config,
-                     "runs_per_repeat": runs, "plain_per_run_s": plain,
-                     "versions": peer_version(args.system), "sqlite": sqlite3.sqlite_version,
-                     **info, "verify": ver}
+            ready = {
+                "system": args.system,
+                "config": args.config,
+                "runs_per_repeat": runs,
+                "plain_per_run_s": plain,
+                "versions": peer_version(args.system),
+                "sqlite": sqlite3.sqlite_version,
+                **info,
+                "verify": ver,
+            }
             print("READY " + json.dumps(ready), flush=True)
             # Serve repeats on demand so the parent can interleave all configs.
             for line in sys.stdin:
@@ -469,6 +570,7 @@ def worker(args) -> None:
 # --------------------------------------------------------------------------
 # parent
 # --------------------------------------------------------------------------
+
 
 def fstype_of(path: str) -> tuple[str, str]:
     path = os.path.realpath(path)
@@ -496,64 +598,124 @@ def pick_tmpdir(explicit: str | None) -> str:
     return base
 
 
-def run_worker(system, config, args, tmpdir, mode="bench", strace_out=None):
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", system, config,
-           "--tmpdir", tmpdir, "--mode", mode,
-           "--repeats", str(args.repeats), "--target-s", str(args.target_s),
-           "--trace-runs", str(args.trace_runs)]
+def run_worker(
+    system: str,
+    config: str,
+    args: argparse.Namespace,
+    tmpdir: str,
+    mode: str = "bench",
+    strace_out: str | None = None,
+) -> dict[str, Any]:
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--worker",
+        system,
+        config,
+        "--tmpdir",
+        tmpdir,
+        "--mode",
+        mode,
+        "--repeats",
+        str(args.repeats),
+        "--target-s",
+        str(args.target_s),
+        "--trace-runs",
+        str(args.trace_runs),
+    ]
     if strace_out:
-        cmd = ["strace", "-f", "-qq", "-e", "trace=fsync,fdatasync,access,faccessat,faccessat2",
-               "-o", strace_out] + cmd
-    p = subprocess.run(cmd, capture_output=True, text=True, env=worker_env(), timeout=600)
+        cmd = [
+            "strace",
+            "-f",
+            "-qq",
+            "-e",
+            "trace=fsync,fdatasync,access,faccessat,faccessat2",
+            "-o",
+            strace_out,
+            *cmd,
+        ]
+    # No check: a failed worker's output is the result, an error the report shows.
+    p = subprocess.run(  # noqa: PLW1510
+        cmd, capture_output=True, text=True, env=worker_env(), timeout=600
+    )
     for line in p.stdout.splitlines():
         if line.startswith("RESULT "):
-            return json.loads(line[7:])
+            found: dict[str, Any] = json.loads(line[7:])
+            return found
     return {"system": system, "config": config, "error": (p.stderr or p.stdout)[-2000:]}
 
 
 class Worker:
     """A long-lived bench worker: set up once, then one repeat per `run` command."""
 
-    def __init__(self, system, config, args, tmpdir):
+    def __init__(self, system: str, config: str, args: argparse.Namespace, tmpdir: str) -> None:
         self.system, self.config = system, config
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", system, config,
-               "--tmpdir", tmpdir, "--mode", "bench", "--target-s", str(args.target_s)]
-        self.stderr = tempfile.TemporaryFile(mode="w+")
-        self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  stderr=self.stderr, text=True, env=worker_env())
+        cmd = [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--worker",
+            system,
+            config,
+            "--tmpdir",
+            tmpdir,
+            "--mode",
+            "bench",
+            "--target-s",
+            str(args.target_s),
+        ]
+        # Open for the worker's life; closed in close().
+        self.stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
+        self.p = subprocess.Popen(
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+            text=True,
+            env=worker_env(),
+        )
         self.ready = self._expect("READY ")
         self.per_run: list[float] = []
 
-    def _expect(self, prefix):
+    def _expect(self, prefix: str) -> Any:
+        assert self.p.stdout is not None  # opened as a pipe above
         while True:
             line = self.p.stdout.readline()
             if not line:
                 self.stderr.seek(0)
                 raise RuntimeError(self.stderr.read()[-2000:] or "worker exited")
             if line.startswith(prefix):
-                return json.loads(line[len(prefix):])
+                return json.loads(line[len(prefix) :])
 
-    def repeat(self):
+    def repeat(self) -> None:
+        assert self.p.stdin is not None  # opened as a pipe above
         self.p.stdin.write("run\n")
         self.p.stdin.flush()
         self.per_run.append(float(self._expect("REP ")))
 
-    def close(self):
+    def close(self) -> None:
         try:
+            assert self.p.stdin is not None  # opened as a pipe above
             self.p.stdin.write("quit\n")
             self.p.stdin.close()
             self.p.wait(timeout=60)
-        except Exception:
+        except Exception:  # noqa: BLE001 - a worker that will not quit is killed
             self.p.kill()
             self.p.wait()
+        finally:
+            self.stderr.close()
 
-    def result(self) -> dict:
+    def result(self) -> dict[str, Any]:
         r = dict(self.ready)
         plain = r.pop("plain_per_run_s")
         per_step_us = sorted((pr - plain) / N_STEPS * 1e6 for pr in self.per_run)
-        q = statistics.quantiles(per_step_us, n=4, method="inclusive") if len(per_step_us) >= 2 else [per_step_us[0]] * 3
+        q = (
+            statistics.quantiles(per_step_us, n=4, method="inclusive")
+            if len(per_step_us) >= 2
+            else [per_step_us[0]] * 3
+        )
         return {
-            "system": self.system, "config": self.config,
+            "system": self.system,
+            "config": self.config,
             "per_step_us_median": round(statistics.median(per_step_us), 1),
             "per_step_us_min": round(per_step_us[0], 1),
             "per_step_us_max": round(per_step_us[-1], 1),
@@ -565,7 +727,7 @@ class Worker:
         }
 
 
-def worker_env():
+def worker_env() -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("LANGSMITH_TRACING", "false")
     return env
@@ -586,12 +748,23 @@ def count_fsyncs(strace_out: str) -> int | None:
     return n if seen_end else None
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="~20 s: 3 repeats x ~0.15 s (default: 5 x ~1.5 s)")
+Pair = tuple[str, str]
+
+
+def parse_args() -> argparse.Namespace:
+    """The command line, with --repeats and --target-s filled in from --quick."""
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--quick", action="store_true", help="~20 s: 3 repeats x ~0.15 s (default: 5 x ~1.5 s)"
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON line per config")
-    ap.add_argument("--verify", action="store_true",
-                    help="also count SQL statements and (with strace) fsyncs per step")
+    ap.add_argument(
+        "--verify",
+        action="store_true",
+        help="also count SQL statements and (with strace) fsyncs per step",
+    )
     ap.add_argument("--systems", default=",".join(SYSTEMS), help="comma list: " + ",".join(SYSTEMS))
     ap.add_argument("--configs", default="default,matched,nopersist")
     ap.add_argument("--repeats", type=int, default=None)
@@ -602,35 +775,24 @@ def main() -> None:
     ap.add_argument("--worker", nargs=2, metavar=("SYSTEM", "CONFIG"))
     ap.add_argument("--mode", default="bench", choices=["bench", "trace"])
     args = ap.parse_args()
-
     if args.repeats is None:
         args.repeats = 3 if args.quick else 5
     if args.target_s is None:
         args.target_s = 0.15 if args.quick else 1.5
+    return args
 
-    if args.worker:
-        args.system, args.config = args.worker
-        worker(args)
-        return
 
-    tmpdir = pick_tmpdir(args.tmpdir)
-    mnt, fst = fstype_of(tmpdir)
-    if not args.json:
-        print(f"python {sys.version.split()[0]}, sqlite {sqlite3.sqlite_version}, "
-              f"db dir {tmpdir} ({fst} on {mnt}), {os.cpu_count()} cpus, "
-              f"{args.repeats} repeats x ~{args.target_s}s, {N_STEPS} steps/run")
-        print(f"{'system':<10} {'config':<10} {'median':>9} {'min':>9} {'max':>9} "
-              f"{'IQR':>17} {'per run':>10} {'runs':>5}  pragmas / notes")
-    wanted = set(args.configs.split(","))
-    pairs = [(sy, c) for sy in args.systems.split(",") for c in SYSTEMS[sy] if c in wanted]
-    load_start = os.getloadavg()
-
+def bench_all(
+    pairs: list[Pair], args: argparse.Namespace, tmpdir: str
+) -> dict[Pair, dict[str, Any]]:
+    """Every (system, config)'s result, its repeats interleaved with the others'."""
     # 1. start every worker (one at a time: setup + verify + warm-up + calibration)
-    workers, results = [], {}
+    workers: list[Worker] = []
+    results: dict[Pair, dict[str, Any]] = {}
     for system, config in pairs:
         try:
             workers.append(Worker(system, config, args, tmpdir))
-        except Exception as e:  # report and go on with the others
+        except Exception as e:  # noqa: BLE001 - report and go on with the others
             results[(system, config)] = {"system": system, "config": config, "error": str(e)}
     # 2. repeats interleaved round-robin, so a burst of outside load is spread
     #    over all configs instead of landing on one
@@ -643,26 +805,55 @@ def main() -> None:
             w.close()
     for w in workers:
         results[(w.system, w.config)] = w.result()
-    load_end = os.getloadavg()
+    return results
 
-    # 3. optional: statements and fsyncs per step (separate short processes)
-    if args.verify:
-        have_strace = shutil.which("strace") is not None
-        for (system, config), r in results.items():
-            if config == "nopersist" or "error" in r:
-                continue
-            t = run_worker(system, config, args, tmpdir, mode="trace")
-            r["statements_per_step"] = t.get("statements_per_step", t.get("error"))
-            if have_strace:
-                so = os.path.join(tmpdir, f"strace-{system}-{config}-{os.getpid()}.txt")
-                try:
-                    run_worker(system, config, args, tmpdir, mode="trace", strace_out=so)
-                    nf = count_fsyncs(so)
-                    r["fsyncs_per_step"] = None if nf is None else round(nf / (args.trace_runs * N_STEPS), 2)
-                finally:
-                    if os.path.exists(so):
-                        os.remove(so)
 
+def verify_all(results: dict[Pair, dict[str, Any]], args: argparse.Namespace, tmpdir: str) -> None:
+    """Add statements and fsyncs per step to each result (separate short processes)."""
+    have_strace = shutil.which("strace") is not None
+    for (system, config), r in results.items():
+        if config == "nopersist" or "error" in r:
+            continue
+        t = run_worker(system, config, args, tmpdir, mode="trace")
+        r["statements_per_step"] = t.get("statements_per_step", t.get("error"))
+        if have_strace:
+            so = os.path.join(tmpdir, f"strace-{system}-{config}-{os.getpid()}.txt")
+            try:
+                run_worker(system, config, args, tmpdir, mode="trace", strace_out=so)
+                nf = count_fsyncs(so)
+                r["fsyncs_per_step"] = (
+                    None if nf is None else round(nf / (args.trace_runs * N_STEPS), 2)
+                )
+            finally:
+                if os.path.exists(so):
+                    os.remove(so)
+
+
+def notes_of(r: dict[str, Any]) -> list[str]:
+    """The notes column of a result's row: pragmas, durability, verification, counts."""
+    notes = []
+    if "pragmas" in r:
+        notes.append(f"{r['pragmas']['journal_mode']}/{r['pragmas']['synchronous']}")
+    if "durability" in r:
+        notes.append(f"durability={r['durability']}")
+    shown = ("checkpoint_rows", "write_rows", "state_rows", "operation_output_rows", "ok")
+    v = {k: val for k, val in r["verify"].items() if k in shown}
+    if v:
+        notes.append("verify " + ",".join(f"{k}={val}" for k, val in v.items()))
+    if "statements_per_step" in r:
+        notes.append(f"stmts/step={r['statements_per_step']}")
+    if "fsyncs_per_step" in r:
+        notes.append(f"fsyncs/step={r['fsyncs_per_step']}")
+    return notes
+
+
+def report(
+    pairs: list[Pair],
+    results: dict[Pair, dict[str, Any]],
+    args: argparse.Namespace,
+    loads: tuple[float, float],
+) -> bool:
+    """Print a row (or a JSON line) per result; return whether every one verified."""
     all_ok = True
     for key_ in pairs:
         r = results[key_]
@@ -673,34 +864,63 @@ def main() -> None:
             continue
         if not r["verify"].get("ok", True):
             all_ok = False
-        r["loadavg_1m"] = [round(load_start[0], 2), round(load_end[0], 2)]
+        r["loadavg_1m"] = [round(loads[0], 2), round(loads[1], 2)]
         if args.json:
             print(json.dumps(r), flush=True)
             continue
-        notes = []
-        if "pragmas" in r:
-            notes.append(f"{r['pragmas']['journal_mode']}/{r['pragmas']['synchronous']}")
-        if "durability" in r:
-            notes.append(f"durability={r['durability']}")
-        v = {k: val for k, val in r["verify"].items() if k in (
-            "checkpoint_rows", "write_rows", "state_rows", "operation_output_rows", "ok")}
-        if v:
-            notes.append("verify " + ",".join(f"{k}={val}" for k, val in v.items()))
-        if "statements_per_step" in r:
-            notes.append(f"stmts/step={r['statements_per_step']}")
-        if "fsyncs_per_step" in r:
-            notes.append(f"fsyncs/step={r['fsyncs_per_step']}")
         iqr = f"[{r['per_step_us_iqr'][0]:.0f}, {r['per_step_us_iqr'][1]:.0f}]"
-        print(f"{system:<10} {config:<10} {r['per_step_us_median']:>9.1f} {r['per_step_us_min']:>9.1f} "
-              f"{r['per_step_us_max']:>9.1f} {iqr:>17} {r['per_run_us_median']:>10.0f} "
-              f"{r['runs_per_repeat']:>5}  {'; '.join(notes)}", flush=True)
+        print(
+            f"{system:<10} {config:<10} {r['per_step_us_median']:>9.1f} "
+            f"{r['per_step_us_min']:>9.1f} "
+            f"{r['per_step_us_max']:>9.1f} {iqr:>17} {r['per_run_us_median']:>10.0f} "
+            f"{r['runs_per_repeat']:>5}  {'; '.join(notes_of(r))}",
+            flush=True,
+        )
+    return all_ok
+
+
+def main() -> None:
+    args = parse_args()
+    if args.worker:
+        args.system, args.config = args.worker
+        worker(args)
+        return
+
+    tmpdir = pick_tmpdir(args.tmpdir)
+    mnt, fst = fstype_of(tmpdir)
     if not args.json:
-        print("per-step overhead in microseconds = (per-run time - plain 10 calls) / 10; "
-              "per run = median microseconds per whole run; repeats interleaved round-robin")
+        print(
+            f"python {sys.version.split()[0]}, sqlite {sqlite3.sqlite_version}, "
+            f"db dir {tmpdir} ({fst} on {mnt}), {os.cpu_count()} cpus, "
+            f"{args.repeats} repeats x ~{args.target_s}s, {N_STEPS} steps/run"
+        )
+        print(
+            f"{'system':<10} {'config':<10} {'median':>9} {'min':>9} {'max':>9} "
+            f"{'IQR':>17} {'per run':>10} {'runs':>5}  pragmas / notes"
+        )
+    wanted = set(args.configs.split(","))
+    pairs = [(sy, c) for sy in args.systems.split(",") for c in SYSTEMS[sy] if c in wanted]
+    load_start = os.getloadavg()
+    results = bench_all(pairs, args, tmpdir)
+    load_end = os.getloadavg()
+    # optional: statements and fsyncs per step (separate short processes)
+    if args.verify:
+        verify_all(results, args, tmpdir)
+    all_ok = report(pairs, results, args, (load_start[0], load_end[0]))
+    if not args.json:
+        print(
+            "per-step overhead in microseconds = (per-run time - plain 10 calls) / 10; "
+            "per run = median microseconds per whole run; repeats interleaved round-robin"
+        )
         busy = max(load_start[0], load_end[0])
-        print(f"1-min load average at start/end: {load_start[0]:.2f}/{load_end[0]:.2f}"
-              + (f"  WARNING: other load on this {os.cpu_count()}-cpu machine; numbers are inflated, "
-                 "trust min more than median" if busy > 0.75 * (os.cpu_count() or 1) else ""))
+        warning = (
+            f"  WARNING: other load on this {os.cpu_count()}-cpu machine; numbers are "
+            "inflated, trust min more than median"
+        )
+        print(
+            f"1-min load average at start/end: {load_start[0]:.2f}/{load_end[0]:.2f}"
+            + (warning if busy > 0.75 * (os.cpu_count() or 1) else "")
+        )
     sys.exit(0 if all_ok else 1)
 
 

@@ -105,8 +105,11 @@ class Saver:
     async def open(self) -> None:
         a = self.args
         if a.saver == "sqlite":
-            import aiosqlite
-            from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+            # These are the peers' venv's (benchmarks/peers/requirements.txt), not stepstone's.
+            import aiosqlite  # type: ignore[import-not-found, unused-ignore]
+            from langgraph.checkpoint.sqlite.aio import (  # type: ignore[import-not-found, unused-ignore]
+                AsyncSqliteSaver,
+            )
 
             self.conn = await aiosqlite.connect(a.path)
             self.saver = AsyncSqliteSaver(self.conn)
@@ -119,15 +122,19 @@ class Saver:
             self.info = {"journal_mode": jm, "synchronous": {2: "FULL"}.get(sy, sy)}
         else:
             import psycopg
-            from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+            from langgraph.checkpoint.postgres.aio import (  # type: ignore[import-not-found, unused-ignore]
+                AsyncPostgresSaver,
+            )
             from psycopg.rows import dict_row
-            from psycopg_pool import AsyncConnectionPool
+            from psycopg_pool import AsyncConnectionPool  # type: ignore[import-not-found, unused-ignore]
 
             self.schema = f"stepstone_bench_lg_{uuid.uuid4().hex[:8]}"
             async with await psycopg.AsyncConnection.connect(a.dsn, autocommit=True) as c:
                 await c.execute(f"CREATE SCHEMA {self.schema}")
                 cur = await c.execute("SELECT current_setting('synchronous_commit')")
-                self.info = {"synchronous_commit": (await cur.fetchone())[0]}
+                row = await cur.fetchone()
+                assert row is not None  # current_setting always answers one row
+                self.info = {"synchronous_commit": row[0]}
             self.pool = AsyncConnectionPool(
                 a.dsn,
                 min_size=1,
@@ -152,7 +159,7 @@ class Saver:
                 self.latencies.append(time.perf_counter() - t0)
             return result
 
-        self.saver.aput = timed  # type: ignore[method-assign]
+        self.saver.aput = timed  # type: ignore[method-assign, unused-ignore]
         self.graph = build_graph().compile(checkpointer=self.saver)
         out = await self.run_one()
         state = await self.graph.aget_state({"configurable": {"thread_id": out}})
@@ -201,7 +208,8 @@ class Saver:
         # window sees the steady state, not 1,000 runs all loading at once.
         t_warm = time.perf_counter()
         await asyncio.sleep(warm)
-        while COUNT.steps - start < n and time.perf_counter() - t_warm < 30:
+        # A poll, not an Event: the counter is bumped by every step of every run.
+        while COUNT.steps - start < n and time.perf_counter() - t_warm < 30:  # noqa: ASYNC110
             await asyncio.sleep(0.05)
         self.latencies = []
         self.recording = True
@@ -228,7 +236,7 @@ async def main() -> None:
     saver = Saver(args)
     try:
         await saver.open()
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - the parent skips this peer, saying why
         print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}), flush=True)
         return
     from importlib.metadata import version

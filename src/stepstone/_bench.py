@@ -35,21 +35,31 @@ import gc
 import json
 import os
 import secrets
-import sqlite3
 import statistics
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any
 
+from ._bench_floors import FileFloor, Floor, FloorFactory, SQLiteFloor, floor_for
+from ._bench_machine import machine_info, store_directory
+from ._bench_workload import (
+    BENCH_PREFIX,
+    STEPS,
+    bench_checkpoint,
+    make_steps,
+    plain_of,
+    state_of_size,
+)
 from ._checkpoint import Checkpoint
 from ._codec import encode_state
 from ._registry import open_store
-from ._runner import Step, run
+from ._runner import run
 from ._store import Store
 
+# The workload, floors and machine description live in their own modules; their names
+# stay importable from here, where ``stepstone bench`` and the benchmarks find them.
 __all__ = [
     "BENCH_PREFIX",
     "STEPS",
@@ -67,10 +77,6 @@ __all__ = [
     "state_of_size",
 ]
 
-#: Every run the benchmarks create has a run_id starting with this.
-BENCH_PREFIX = "__stepstone_bench__/"
-#: Steps per benchmark run.
-STEPS = 10
 
 _perf = time.perf_counter
 
@@ -100,183 +106,6 @@ class Stats:
             "max": round(self.max * scale, digits),
             "repeats": len(self.values),
         }
-
-
-# --- workload -----------------------------------------------------------------------------
-
-
-def state_of_size(nbytes: int) -> dict[str, Any]:
-    """Return a JSON state of about ``nbytes`` encoded bytes: one long string and metadata.
-
-    The same state ``benchmarks/peers/peers.py`` gives every peer library, so figures
-    compare across libraries.
-    """
-    state: dict[str, Any] = {
-        "payload": "",
-        "meta": {"user": "u-123", "tags": ["a", "b", "c"], "n": 1},
-    }
-    state["payload"] = "x" * max(0, nbytes - _json_len(state))
-    return state
-
-
-def _json_len(value: object) -> int:
-    return len(json.dumps(value, separators=(",", ":")))
-
-
-def make_steps(payload: Mapping[str, Any], count: int = STEPS) -> list[Step]:
-    """Return ``count`` steps: the first adds ``payload`` (the ~1 KB), each adds one key."""
-
-    def first(state: dict[str, Any]) -> dict[str, Any]:
-        return {"payload": payload, "k0": 0}
-
-    def make(i: int) -> Callable[[dict[str, Any]], dict[str, Any]]:
-        key = f"k{i}"
-
-        def step(state: dict[str, Any]) -> dict[str, Any]:
-            return {key: i}
-
-        return step
-
-    return [Step("s0", first)] + [Step(f"s{i}", make(i)) for i in range(1, count)]
-
-
-def _plain(steps: Sequence[Step]) -> Callable[[], dict[str, Any]]:
-    """Return a function doing what ``run`` does minus durability: call, merge updates."""
-    fns = [step.fn for step in steps]
-
-    def plain() -> dict[str, Any]:
-        state: dict[str, Any] = {}
-        for fn in fns:
-            update = fn(state)
-            if update:
-                state.update(update)
-        return state
-
-    return plain
-
-
-# --- floors -------------------------------------------------------------------------------
-
-
-class Floor(Protocol):
-    """The least work that stores a blob with a given durability; ``op`` does it once."""
-
-    label: str
-
-    def op(self) -> None:
-        """Store the blob once (replacing the previous one)."""
-
-    def close(self) -> None:
-        """Remove every file the floor created."""
-
-
-class FileFloor:
-    """Temp file + write + fsync + rename over a target + fsync of the directory."""
-
-    def __init__(self, directory: str, data: bytes, durable: bool = True) -> None:
-        tag = f"{os.getpid()}-{secrets.token_hex(4)}"
-        # Names a FileStore never reads as runs: they start with '.' and end not in .json.
-        self._temp = f".stepstone-bench-floor-{tag}.tmp"
-        self._final = f".stepstone-bench-floor-{tag}.dat"
-        self._data = data
-        self._durable = durable
-        self._dir = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-        self.label = "write+fsync+rename+fsync(dir)" if durable else "write+rename (no fsync)"
-        self.op()  # the target exists from now on, as a run's document does
-
-    def op(self) -> None:
-        """Replace the target file with the data, as durably as configured."""
-        dir_fd = self._dir
-        fd = os.open(self._temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600, dir_fd=dir_fd)
-        try:
-            os.write(fd, self._data)
-            if self._durable:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(self._temp, self._final, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        if self._durable:
-            os.fsync(dir_fd)
-
-    def close(self) -> None:
-        """Remove the floor's files and release the directory."""
-        for name in (self._temp, self._final):
-            with contextlib.suppress(OSError):
-                os.unlink(name, dir_fd=self._dir)
-        with contextlib.suppress(OSError):
-            os.close(self._dir)
-
-
-class SQLiteFloor:
-    """Raw ``sqlite3``: one upsert of the JSON text + commit, WAL, given ``synchronous``."""
-
-    def __init__(self, path: str, text: str, synchronous: str = "full") -> None:
-        self.path = path
-        self._text = text
-        self.label = f"sqlite3 upsert+commit, WAL, synchronous={synchronous.upper()}"
-        self._conn = sqlite3.connect(path, isolation_level=None)
-        self._conn.execute("PRAGMA journal_mode = WAL")
-        self._conn.execute(f"PRAGMA synchronous = {synchronous.upper()}")
-        self._conn.execute(
-            "CREATE TABLE IF NOT EXISTS runs (id TEXT PRIMARY KEY, version INTEGER, doc TEXT)"
-        )
-        self._version = 0
-        self.op()
-
-    def op(self) -> None:
-        """Upsert the text under one key with a new version number, and commit."""
-        # The version must change: SQLite skips writing a row identical to the stored one,
-        # and a commit with nothing written does not fsync. Every real save changes its row.
-        self._version += 1
-        conn = self._conn
-        conn.execute("BEGIN IMMEDIATE")
-        conn.execute(
-            "INSERT INTO runs (id, version, doc) VALUES ('r', ?, ?) ON CONFLICT (id) "
-            "DO UPDATE SET version = excluded.version, doc = excluded.doc",
-            (self._version, self._text),
-        )
-        conn.execute("COMMIT")
-
-    def close(self) -> None:
-        """Close the connection and remove the floor's database files."""
-        with contextlib.suppress(sqlite3.Error):
-            self._conn.close()
-        for suffix in ("", "-wal", "-shm", "-journal"):
-            with contextlib.suppress(OSError):
-                os.unlink(self.path + suffix)
-
-
-#: Makes the floor for a store and a state, or None when there is no floor to compare to.
-FloorFactory = Callable[[Store, Mapping[str, Any]], "Floor | None"]
-
-
-def _level(store: Store, attribute: str) -> str:
-    """The durability the store was opened with: its option, else its declared default."""
-    levels = type(store).durability_levels
-    return str(getattr(store, attribute, None) or (levels[0] if levels else "full"))
-
-
-def floor_for(store: Store, state: Mapping[str, Any]) -> Floor | None:
-    """Return the floor matching ``store``'s backend and durability, or None if it has none.
-
-    The floor stores the state's JSON text, encoded as the store encodes it.
-    """
-    text, _ = encode_state(dict(state))
-    scheme = type(store).scheme
-    if scheme == "file":
-        directory = getattr(store, "path", None)
-        if not isinstance(directory, str):
-            return None
-        durable = _level(store, "durability") != "none"
-        return FileFloor(directory, text.encode("utf-8"), durable)
-    if scheme == "sqlite":
-        path = getattr(store, "path", None)
-        if not isinstance(path, str):
-            return None
-        synchronous = _level(store, "synchronous")
-        floor_path = f"{path}.stepstone-bench-floor-{os.getpid()}-{secrets.token_hex(4)}.db"
-        return SQLiteFloor(floor_path, text, synchronous)
-    return None
 
 
 # --- measuring ----------------------------------------------------------------------------
@@ -423,7 +252,7 @@ def bench_store(
     the_floor = make_floor(store, payload) if make_floor is not None else None
     try:
         steps = make_steps(payload)
-        plain = _plain(steps)
+        plain = plain_of(steps)
         results: dict[str, _Measure] = {}
 
         if "overhead" in what:
@@ -448,10 +277,10 @@ def bench_store(
 
         def save_setup() -> None:
             if not cp_box:
-                cp_box.append(store.save(_checkpoint(save_id, full_state, None)))
+                cp_box.append(store.save(bench_checkpoint(save_id, full_state, None)))
 
         def save_once() -> None:
-            cp_box[0] = store.save(_checkpoint(save_id, full_state, cp_box[0].version))
+            cp_box[0] = store.save(bench_checkpoint(save_id, full_state, cp_box[0].version))
 
         if "save" in what:
             results["save"] = _Measure("save", save_setup, lambda n: _timed(save_once, n))
@@ -516,89 +345,6 @@ def bench_store(
             store.delete(save_id)
         if the_floor is not None:
             the_floor.close()
-
-
-def _checkpoint(run_id: str, state: dict[str, Any], version: str | None) -> Checkpoint:
-    return Checkpoint(
-        run_id=run_id,
-        step=STEPS - 1,
-        state=state,
-        version=version,
-        step_names=tuple(f"s{i}" for i in range(STEPS)),
-        total_steps=STEPS,
-    )
-
-
-# --- machine ------------------------------------------------------------------------------
-
-
-def machine_info(directory: str | None = None) -> dict[str, Any]:
-    """Describe the machine: CPUs, memory, the disk under ``directory``, Python, date."""
-    info: dict[str, Any] = {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "python": sys.version.split()[0],
-        "implementation": sys.implementation.name,
-        "platform": sys.platform,
-        "nproc": os.cpu_count(),
-        "sqlite": sqlite3.sqlite_version,
-    }
-    with contextlib.suppress(OSError, AttributeError):
-        # Other work on the machine moves every figure: say how busy it was.
-        info["loadavg_1_5_15"] = [round(x, 2) for x in os.getloadavg()]
-    for line in _read_text("/proc/meminfo").splitlines():
-        if line.startswith("MemTotal:"):
-            info["memory_gib"] = round(int(line.split()[1]) / 1024**2, 1)
-            break
-    for line in _read_text("/proc/cpuinfo").splitlines():
-        if line.startswith("model name"):
-            info["cpu"] = line.split(":", 1)[1].strip()
-            break
-    if directory is not None:
-        info["disk"] = _disk_of(directory)
-    return info
-
-
-def _disk_of(directory: str) -> dict[str, Any]:
-    path = os.path.realpath(directory)
-    disk: dict[str, Any] = {"path": path}
-    best = ""
-    for line in _read_text("/proc/mounts").splitlines():
-        fields = line.split()
-        if len(fields) < 3:
-            continue
-        mount = fields[1]
-        inside = path == mount or path.startswith(mount.rstrip("/") + "/")
-        if inside and len(mount) >= len(best):
-            best = mount
-            disk.update(device=fields[0], mount=mount, fstype=fields[2])
-    with contextlib.suppress(OSError):
-        st = os.statvfs(path)
-        disk["size_gib"] = round(st.f_blocks * st.f_frsize / 1024**3, 1)
-        disk["free_gib"] = round(st.f_bavail * st.f_frsize / 1024**3, 1)
-    device = str(disk.get("device", ""))
-    if device.startswith("/dev/"):
-        name = os.path.basename(device).rstrip("0123456789")
-        rotational = _read_text(f"/sys/block/{name}/queue/rotational").strip()
-        if rotational:
-            disk["rotational"] = rotational == "1"
-    return disk
-
-
-def _read_text(path: str) -> str:
-    """Return a small system file's text, or "" if it cannot be read."""
-    try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            return fh.read()
-    except OSError:
-        return ""
-
-
-def store_directory(store: Store) -> str | None:
-    """Return the local directory a file or sqlite store keeps its data in, if any."""
-    path = getattr(store, "path", None)
-    if not isinstance(path, str):
-        return None
-    return path if type(store).scheme == "file" else os.path.dirname(path)
 
 
 # --- command line -------------------------------------------------------------------------
@@ -689,7 +435,7 @@ def main(argv: list[str]) -> int:
     config = args.store or os.environ.get("STEPSTONE_STORE") or "sqlite:///stepstone.db"
     try:
         store = open_store(config)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - the command's answer to any failure: a line, exit 2
         print(f"stepstone bench: cannot open store {_redact(config)}: {exc}", file=sys.stderr)
         return 2
     try:
@@ -698,7 +444,7 @@ def main(argv: list[str]) -> int:
     except KeyboardInterrupt:
         print("stepstone bench: interrupted; benchmark runs deleted", file=sys.stderr)
         return 130
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - the command's answer to any failure: a line, exit 1
         print(f"stepstone bench: failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     finally:

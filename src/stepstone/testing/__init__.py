@@ -20,10 +20,16 @@ tasks and processes, and real crashes: child processes that die by ``os._exit`` 
 SIGKILL at chosen points, then a fresh process that reopens the store from the config
 string. Tests that kill processes carry ``@pytest.mark.crash``: register the marker
 (``markers = ["crash: kills real processes"]``) if you run pytest with
-``--strict-markers``, and deselect them with ``-m "not crash"``. Requires pytest.
+``--strict-markers``, and deselect them with ``-m "not crash"``. Requires pytest
+(``pip install stepstone[testing]``).
+
+``kill_point(name, action)`` calls ``action`` whenever the runner or a backend reaches a
+named point (see ``stepstone._hooks`` and ``Store.kill_points``), for tests of your own
+that crash or fail a run at a chosen moment.
 """
 
 from ._contract import StoreContract, backend_unavailable
 from ._ops import Ops
+from ._points import KillPoint, kill_point
 
-__all__ = ["Ops", "StoreContract", "backend_unavailable"]
+__all__ = ["KillPoint", "Ops", "StoreContract", "backend_unavailable", "kill_point"]

@@ -93,7 +93,7 @@ class Worker(threading.Thread):
     def run(self) -> None:
         try:
             self._body(*self._body_args)
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - kept for join_threads to raise in the test
             self.error = exc
 
 
@@ -159,7 +159,11 @@ def run_child(
         ) from None
 
 
-async def within(awaitable: Awaitable[T], what: str, timeout: float = WAIT_TIMEOUT) -> T:
+async def within(
+    awaitable: Awaitable[T],
+    what: str,
+    timeout: float = WAIT_TIMEOUT,  # noqa: ASYNC109 - the suite's one timeout helper itself
+) -> T:
     """Await ``awaitable``; fail saying ``what`` did not finish in time."""
     try:
         return await asyncio.wait_for(awaitable, timeout)

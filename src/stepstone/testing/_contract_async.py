@@ -3,7 +3,7 @@
 Many runs in one loop on one store, cancellation inside a step and inside a save, a
 sync-only third-party store under ``arun``, where plain and async steps run, and a
 check that a save held up inside the store never blocks the event loop. The hold is
-injected at the backend's kill points (``stepstone._hooks``) or, for a backend without
+injected at the backend's kill points (``kill_point``) or, for a backend without
 any, by wrapping its ``save``; nothing here measures time.
 """
 
@@ -18,7 +18,6 @@ from typing import Any, ClassVar, Self
 
 import pytest
 
-from .. import _hooks
 from .._checkpoint import Checkpoint
 from .._errors import InvalidWorkflow
 from .._registry import open_store
@@ -27,6 +26,7 @@ from .._store import RunInfo, Store
 from . import _barrier
 from ._base import ContractBase
 from ._ops import Ops
+from ._points import KillPoint, kill_point
 
 __all__ = ["AsyncContract"]
 
@@ -55,7 +55,7 @@ class SaveGate:
         self.fired: str | None = None
         self._armed = False
         self._lock = threading.Lock()
-        self._previous: Callable[[str], None] | None = None
+        self._point: KillPoint | None = None
 
     def arm(self) -> None:
         """Act at the next save."""
@@ -69,14 +69,13 @@ class SaveGate:
             self.fired = point
             return True
 
-    def _hook(self, point: str) -> None:
-        if point in self.points and self._take(point):
+    def _at(self, point: str) -> None:
+        if self._take(point):
             self.inside(point)
 
     def __enter__(self) -> Self:
         if self.points:
-            self._previous = _hooks._hook  # restored on exit: hooks are process-wide
-            _hooks.install(self._hook)
+            self._point = kill_point(self.points, self._at)  # removed on exit
         else:
             real = self.store.save
 
@@ -94,10 +93,32 @@ class SaveGate:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self.points:
-            _hooks.install(self._previous)
+        if self._point is not None:
+            self._point.remove()
         else:
             del self.store.save
+
+
+class Ticker:
+    """A task counting its turns on the loop: proof that the loop kept running."""
+
+    def __init__(self) -> None:
+        self.ticks = 0
+        self._goal: int | None = None
+        self._reached = asyncio.Event()
+
+    async def run(self) -> None:
+        """Take a turn every millisecond until cancelled."""
+        while True:
+            self.ticks += 1
+            if self._goal is not None and self.ticks >= self._goal:
+                self._reached.set()
+            await asyncio.sleep(0.001)
+
+    async def progress(self, what: str) -> None:
+        """Wait for three more turns; fail saying ``what`` did not happen in time."""
+        self._goal = self.ticks + 3
+        await _barrier.within(self._reached.wait(), what)
 
 
 def _trail_step(index: int) -> Step:
@@ -398,15 +419,7 @@ class AsyncContract(ContractBase):
                 loop.call_soon_threadsafe(held.set)
                 release.wait(_barrier.WAIT_TIMEOUT)
 
-            ticks = [0]
-            goal: dict[str, Any] = {"at": None, "reached": asyncio.Event()}
-
-            async def ticker() -> None:
-                while True:
-                    ticks[0] += 1
-                    if goal["at"] is not None and ticks[0] >= goal["at"]:
-                        goal["reached"].set()
-                    await asyncio.sleep(0.001)
+            ticker = Ticker()
 
             gate = SaveGate(store, points, inside)
 
@@ -415,7 +428,7 @@ class AsyncContract(ContractBase):
                 return {"a": 1}
 
             with gate:
-                tick = asyncio.create_task(ticker())
+                tick = asyncio.create_task(ticker.run())
                 steps = [Step("a", a), Step("b", lambda state: {"b": 2})]
                 running = asyncio.create_task(arun("r", steps, store))
                 holding = asyncio.create_task(held.wait())
@@ -427,11 +440,9 @@ class AsyncContract(ContractBase):
                     if not holding.done():
                         await running  # surfaces the run's own error, if it failed
                         return None
-                    goal["at"] = ticks[0] + 3
-                    await _barrier.within(
-                        goal["reached"].wait(),
+                    await ticker.progress(
                         f"another task's progress while a save was held at {gate.fired} "
-                        "(stepstone blocked the event loop)",
+                        "(stepstone blocked the event loop)"
                     )
                     assert not running.done(), "the held save finished before it was released"
                     seen["ticks_while_held"] = True
@@ -496,19 +507,11 @@ class AsyncContract(ContractBase):
                 loop.call_soon_threadsafe(sent.set)
 
             gate = SaveGate(store, points, inside)
-            ticks = [0]
-            goal: dict[str, Any] = {"at": None, "reached": asyncio.Event()}
-
-            async def ticker() -> None:
-                while True:
-                    ticks[0] += 1
-                    if goal["at"] is not None and ticks[0] >= goal["at"]:
-                        goal["reached"].set()
-                    await asyncio.sleep(0.001)
+            ticker = Ticker()
 
             gate.arm()  # the claim is the first save
             with gate:
-                tick = asyncio.create_task(ticker())
+                tick = asyncio.create_task(ticker.run())
                 running = asyncio.create_task(arun("held", steps, store))
                 sending = asyncio.create_task(sent.wait())
                 try:
@@ -517,11 +520,9 @@ class AsyncContract(ContractBase):
                         "the first save of the run to be sent",
                     )
                     assert sending.done(), f"the run ended before its save was sent: {running!r}"
-                    goal["at"] = ticks[0] + 3
-                    await _barrier.within(
-                        goal["reached"].wait(),
+                    await ticker.progress(
                         f"another task's progress while a save waited in the server at "
-                        f"{gate.fired} (stepstone blocked the event loop)",
+                        f"{gate.fired} (stepstone blocked the event loop)"
                     )
                     if running.done():
                         outcome = running.exception() or "it finished"
