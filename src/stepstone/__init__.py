@@ -1,8 +1,11 @@
 """stepstone: durable execution for Python. Checkpoint every step, resume after a crash.
 
-Where things live: the runner in ``_runner.py`` (``run``, ``arun``) driving the rules
-in ``_core.py``; steps and workflows in ``_steps.py``; suspending steps in
-``_suspend.py``; leases in ``_lease.py``; start, cancel and signal in ``_control.py``;
+Where things live: the rules of a run in ``_core.py`` (a generator of the effects in
+``_effects.py``, taking its lease in ``_acquire.py``, checked first by ``_checks.py``),
+driven by ``run`` in ``_runner.py`` and ``arun`` in ``_arunner.py``; one execution's
+``Plan`` in ``_plan.py``; steps, workflows and the base of suspending steps in
+``_steps.py``; ``WaitFor``, ``Sleep`` and ``Map`` in ``_suspend.py``; leases in
+``_lease.py``; start, cancel and signal in ``_control.py``;
 the worker in ``_worker.py``; the Store contract in ``_store.py``; config strings in
 ``_registry.py``; errors in ``_errors.py``; each backend in ``stores/``; the contract
 suite in ``testing/``; the command line in ``cli``.
@@ -35,11 +38,12 @@ from ._errors import (
 )
 
 if TYPE_CHECKING:  # what the names below are, for type checkers; imported on first use
+    from ._arunner import arun
     from ._checkpoint import SCHEMA_VERSION, Checkpoint, Failure, RunStatus, Signal, check_run_id
     from ._control import acancel, asignal, astart, cancel, signal, start
     from ._lease import DEFAULT_LEASE
     from ._registry import DEFAULT_STORE, open_store, register_store, schemes
-    from ._runner import arun, run
+    from ._runner import run
     from ._steps import AttemptsExhausted, RetryPolicy, Step, StepContext, Workflow
     from ._store import Diagnosis, RunInfo, Store
     from ._suspend import ChildFailed, Map, Sleep, WaitFor, WaitTimeout
@@ -71,7 +75,7 @@ _LAZY: dict[str, str] = {
     "Worker": "._worker",
     "Workflow": "._steps",
     "acancel": "._control",
-    "arun": "._runner",
+    "arun": "._arunner",
     "asignal": "._control",
     "astart": "._control",
     "cancel": "._control",

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import MISSING, dataclass, field, fields
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ._errors import InvalidRunId, InvalidState
 
@@ -25,6 +25,7 @@ __all__ = [
     "Signal",
     "check_run_id",
     "evolve",
+    "keep_times",
     "run_status",
     "utcnow",
 ]
@@ -179,7 +180,7 @@ class Checkpoint:
         Inside ``Store.import_checkpoint`` the checkpoint's own ``updated_at`` is kept,
         so a migrated run keeps its age.
         """
-        if self.updated_at is not None and _keep_times.get():
+        if self.updated_at is not None and keep_times.get():
             now = self.updated_at
         return _stored_copy(self, state, version, self.created_at or now, now, state_json)
 
@@ -241,7 +242,8 @@ class Checkpoint:
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 #: Set by ``Store.import_checkpoint``: saves keep the checkpoint's timestamps.
-_keep_times: ContextVar[bool] = ContextVar("stepstone_keep_times", default=False)
+keep_times: ContextVar[bool] = ContextVar("stepstone_keep_times", default=False)
+_keep_times = keep_times  # alias until the other modules switch
 #: The ``wake_at`` that means "due now": before any clock's now, so a worker whose clock
 #: is behind the writer's (who queued, signalled or nudged) still finds the run due.
 DUE_NOW = _EPOCH
@@ -298,8 +300,49 @@ def _make_evolve() -> Any:
     return _compile("evolve", params, values, {"_M": object()})
 
 
-#: ``evolve(cp, **changes)``: a copy of ``cp`` with ``changes``, like ``dataclasses.replace``.
-evolve: Callable[..., Checkpoint] = _make_evolve()
+if TYPE_CHECKING:
+    # What the type checker sees: one keyword-only parameter per field of
+    # ``Checkpoint``, written out, so that a misspelt or mistyped field
+    # (``evolve(cp, cancelld=True)``) is refused before it runs. ``tests/test_evolve.py``
+    # keeps the list equal to the fields. At run time ``evolve`` is the generated copy
+    # below (same parameters), and this costs nothing: it is never executed.
+    def evolve(
+        cp: Checkpoint,
+        /,
+        *,
+        run_id: str = ...,
+        step: int = ...,
+        state: dict[str, Any] = ...,
+        version: str | None = ...,
+        step_names: tuple[str, ...] = ...,
+        total_steps: int | None = ...,
+        attempt: int = ...,
+        failure: Failure | None = ...,
+        created_at: datetime | None = ...,
+        updated_at: datetime | None = ...,
+        state_json: str | None = ...,
+        input: dict[str, Any] | None = ...,
+        workflow: str | None = ...,
+        workflow_version: str | None = ...,
+        queued: bool = ...,
+        cancelled: bool = ...,
+        cancel_requested: bool = ...,
+        owner: str | None = ...,
+        epoch: int = ...,
+        lease: float | None = ...,
+        renewed_at: datetime | None = ...,
+        waiting_for: str | None = ...,
+        wake_at: datetime | None = ...,
+        signals: tuple[Signal, ...] = ...,
+        consumed: dict[str, int] = ...,
+        parent: str | None = ...,
+        children: tuple[str, ...] = ...,
+    ) -> Checkpoint:
+        """Return a copy of ``cp`` with the fields given changed, like ``dataclasses.replace``."""
+        ...
+
+else:
+    evolve = _make_evolve()
 
 _STORED_FIELDS = ("state", "version", "created_at", "updated_at", "state_json")
 
@@ -314,7 +357,9 @@ def _make_stored_copy() -> Any:
     return _compile("stored_copy", "self, " + ", ".join(_STORED_FIELDS), values, {})
 
 
-_stored_copy: Callable[..., Checkpoint] = _make_stored_copy()
+_stored_copy: Callable[[Checkpoint, dict[str, Any], str, datetime, datetime, str], Checkpoint] = (
+    _make_stored_copy()
+)
 
 
 class _Factory:

@@ -16,8 +16,9 @@ from collections.abc import Generator
 from typing import Any
 
 from ._checkpoint import DUE_NOW, Checkpoint, Signal, check_run_id, evolve, utcnow
+from ._checks import check_input
 from ._codec import encode_state
-from ._core import Effect, Load, Save, astep_through, check_input, step_through
+from ._effects import Effect, Load, Save, astep_through, step_through
 from ._errors import (
     ConflictError,
     InputMismatch,
@@ -29,9 +30,9 @@ from ._errors import (
 from ._observe import logger
 from ._steps import Workflow
 from ._store import RunInfo, Store
-from ._suspend import _queued, nudge
+from ._suspend import nudge, queued
 
-__all__ = ["acancel", "asignal", "astart", "cancel", "signal", "start"]
+__all__ = ["acancel", "asignal", "astart", "cancel", "cancel_children", "signal", "start"]
 
 # Each retry means another writer changed the record between our load and our save.
 _MAX_TRIES = 100
@@ -75,7 +76,7 @@ def _start(workflow: Workflow, run_id: str, input: dict[str, Any] | None) -> Op:
     for _ in range(_MAX_TRIES):
         cp = yield Load(run_id)
         if cp is None:
-            fresh = evolve(_queued(workflow, run_id, given or {}), input=given)
+            fresh = evolve(queued(workflow, run_id, given or {}), input=given)
             try:
                 saved: Checkpoint = yield Save(fresh, "start")
             except ConflictError:

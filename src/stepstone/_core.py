@@ -12,46 +12,80 @@ Why a generator rather than async code turned into sync code by a generator scri
 (httpcore's ``unasync``): the runner calls user steps, which may be sync or async in
 either runner, and renews a lease *concurrently* with a running step; both are a
 driver's business. The core stays pure logic and is tested through both drivers.
+
+Around it, each in its own module and imported here (never importing the core back):
+the effects and the two loops that perform them (``_effects``), the checks made before
+anything runs (``_checks``), taking the run's lease (``_acquire``), the suspending steps
+(``_suspend``) and the operations on children (``_control``).
 """
 
 from __future__ import annotations
 
-import json
-import time
-from collections.abc import Awaitable, Callable, Generator, Mapping
+from collections.abc import Generator, Mapping
 from typing import Any
 
 from . import _hooks, _lease
+from ._acquire import acquire, ready
 from ._checkpoint import Checkpoint, Failure, evolve, utcnow
-from ._codec import encode_state
+from ._checks import check_input, check_names, check_workflow, first_difference
+from ._codec import pristine
+from ._control import cancel_children
+from ._effects import (
+    Call,
+    Effect,
+    Load,
+    Pause,
+    Renewing,
+    Save,
+    astep_through,
+    step_through,
+)
 from ._errors import (
     ConflictError,
-    InputMismatch,
     LeaseLost,
     RunCancelled,
-    RunOwned,
     StepFailed,
     StepstoneError,
     StoreError,
     StoreUnavailable,
     Suspended,
-    WorkflowChanged,
 )
 from ._observe import logger, span
-from ._steps import AttemptsExhausted, Step, StepContext, idempotency_key, safe_text
+from ._plan import Plan
+from ._steps import (
+    AttemptsExhausted,
+    Complete,
+    RetryPolicy,
+    Step,
+    StepCodeError,
+    StepContext,
+    Wait,
+    idempotency_key,
+    safe_text,
+)
+from ._suspend import nudge
 
 __all__ = [
+    # The run's rules, defined here.
+    "Interrupted",
+    "execute",
+    "renew",
+    "write",
+    # Re-exported from the modules they moved to, for the modules importing them here.
     "Call",
     "Effect",
-    "Interrupted",
     "Load",
     "Pause",
     "Plan",
     "Renewing",
     "Save",
     "astep_through",
-    "execute",
-    "renew",
+    "check_input",
+    "check_names",
+    "check_workflow",
+    "first_difference",
+    "pristine",
+    "ready",
     "step_through",
 ]
 
@@ -64,6 +98,8 @@ _MAX_REBASES = 50
 # itself as waiting, before it leaves the rest to a worker.
 _MAX_LOOKS = 5
 
+_ready = ready  # alias until the other modules switch
+
 
 class Interrupted(StepstoneError):
     """The run was given back at a step boundary because its worker is stopping."""
@@ -73,176 +109,45 @@ class Interrupted(StepstoneError):
         self.run_id = run_id
 
 
-class Effect:
-    """Something the core asks its driver to do."""
-
-    __slots__ = ()
-
-
-class Load(Effect):
-    """Load ``run_id``'s checkpoint; the result is a ``Checkpoint`` or None."""
-
-    __slots__ = ("run_id",)
-
-    def __init__(self, run_id: str) -> None:
-        self.run_id = run_id
-
-
-class Save(Effect):
-    """Save ``cp`` (compare-and-swap); the result is the stored ``Checkpoint``.
-
-    ``owned`` saves are the run's own; the driver records the result as the latest
-    record the run holds (the one to release if the run is interrupted).
-    """
-
-    __slots__ = ("cp", "owned", "what")
-
-    def __init__(self, cp: Checkpoint, what: str, owned: bool = True) -> None:
-        self.cp = cp
-        self.what = what
-        self.owned = owned
-
-
-class Call(Effect):
-    """Call ``step.fn`` on ``state``; the result is what the step returned.
-
-    While the step runs the driver renews the lease on ``base`` when it has to, and
-    keeps ``Plan.current`` at the latest record; a lost lease is thrown back in as
-    ``LeaseLost`` once the step has returned.
-    """
-
-    __slots__ = ("base", "ctx", "state", "step")
-
-    def __init__(self, step: Step, state: State, ctx: StepContext | None, base: Checkpoint) -> None:
-        self.step = step
-        self.state = state
-        self.ctx = ctx
-        self.base = base
-
-
-class Renewing(Effect):
-    """Perform the effects of ``gen`` while renewing the lease as during a step.
-
-    For a suspending step's own bookkeeping (a ``Map`` loading or creating thousands of
-    child records), which may take longer than the lease. The result is what ``gen``
-    returns; its errors are thrown back in as they are, and a lost lease as
-    ``LeaseLost`` once ``gen`` has ended. ``gen`` itself makes no owned save.
-    """
-
-    __slots__ = ("gen",)
-
-    def __init__(self, gen: Generator[Effect, Any, Any]) -> None:
-        self.gen = gen
-
-
-class Pause(Effect):
-    """Wait ``seconds`` (a retry's backoff, or watching a lease), renewing ``base``'s lease."""
-
-    __slots__ = ("base", "seconds")
-
-    def __init__(self, seconds: float, base: Checkpoint | None) -> None:
-        self.seconds = seconds
-        self.base = base
-
-
-class Plan:
-    """One execution of a run: what to run, as whom, and what the driver must track."""
-
-    __slots__ = (
-        "current",
-        "input",
-        "lease",
-        "names",
-        "on",
-        "owner",
-        "preclaimed",
-        "renewal",
-        "run_id",
-        "steps",
-        "stop_requested",
-        "total",
-        "workflow",
-        "written_at",
-    )
-
-    def __init__(
-        self,
-        run_id: str,
-        steps: list[Any],
-        *,
-        input: State | None,
-        workflow: tuple[str, str | None] | None,
-        owner: str,
-        lease: float,
-        on: bool,
-        preclaimed: Checkpoint | None = None,
-    ) -> None:
-        self.run_id = run_id
-        self.steps = steps
-        self.names = tuple(step.name for step in steps)
-        self.total = len(steps)
-        self.input = input
-        self.workflow = workflow
-        self.owner = owner
-        self.lease = lease
-        self.on = on
-        self.preclaimed = preclaimed
-        #: The latest record this execution owns (None when it owns nothing): what a
-        #: driver releases if the run is interrupted, and what renewals start from.
-        self.current: Checkpoint | None = preclaimed
-        #: Monotonic time of this execution's last write (any write renews the lease).
-        self.written_at = time.monotonic()
-        #: The driver's renewal bookkeeping for this execution.
-        self.renewal: Any = None
-        #: Set by a stopping worker: give the run back at the next step boundary.
-        self.stop_requested = False
-
-
 Run = Generator[Effect, Any, State]
 
 
-def step_through(gen: Generator[Effect, Any, Any], perform: Callable[[Effect], Any]) -> Any:
-    """Drive ``gen`` to its end, performing each effect it yields with ``perform``.
-
-    The result of an effect is sent back in; an error it raises is thrown back in, so
-    the core decides what an error means. Returns what ``gen`` returns.
-    """
-    send: Any = None
-    error: BaseException | None = None
-    try:
-        while True:
-            try:
-                effect = gen.send(send) if error is None else gen.throw(error)
-            except StopIteration as stop:
-                return stop.value
-            send = error = None
-            try:
-                send = perform(effect)
-            except Exception as exc:
-                error = exc
-    finally:
-        gen.close()
+# --- the run --------------------------------------------------------------------------
 
 
-async def astep_through(
-    gen: Generator[Effect, Any, Any], perform: Callable[[Effect], Awaitable[Any]]
-) -> Any:
-    """``step_through`` for an async ``perform``; the same loop, each effect awaited."""
-    send: Any = None
-    error: BaseException | None = None
-    try:
-        while True:
-            try:
-                effect = gen.send(send) if error is None else gen.throw(error)
-            except StopIteration as stop:
-                return stop.value
-            send = error = None
-            try:
-                send = await perform(effect)
-            except Exception as exc:
-                error = exc
-    finally:
-        gen.close()
+def execute(plan: Plan) -> Run:
+    """Start or resume the run; return its final state (see ``stepstone.run``)."""
+    run_id = plan.run_id
+    with span(plan.on, "stepstone.run", run_id=run_id, steps=plan.total) as run_span:
+        cp = yield from acquire(plan)
+        if cp.step + 1 >= plan.total:
+            if cp.owner == plan.owner:
+                # Claimed with nothing left to run (no steps at all): give it back.
+                done = evolve(cp, total_steps=plan.total, queued=False)
+                cp = yield from write(plan, cp, _lease.released(done), "finish")
+            logger.info("run %r: already done, nothing to run", run_id)
+            run_span.set_attribute("outcome", "already_done")
+            return pristine(cp)
+        working = pristine(cp)
+        index = cp.step + 1
+        while index < plan.total:
+            if cp.cancel_requested:
+                yield from _finish_cancelled(plan, cp)
+            if plan.stop_requested:
+                yield from write(plan, cp, _lease.released(cp), "hand-over")
+                logger.info("run %r: handed over at step %d (worker stopping)", run_id, index)
+                raise Interrupted(run_id)
+            step = plan.steps[index]
+            if isinstance(step, Step):
+                cp, working = yield from _run_step(plan, index, cp, working)
+            else:
+                cp, working = yield from _run_suspending(plan, index, cp, working)
+            index = cp.step + 1
+        if cp.parent is not None:
+            yield from nudge(cp.parent)
+        logger.info("run %r: done after %d steps", run_id, plan.total)
+        run_span.set_attribute("outcome", "done")
+        return working
 
 
 def renew(plan: Plan) -> Generator[Effect, Any, BaseException | None]:
@@ -279,286 +184,6 @@ def renew(plan: Plan) -> Generator[Effect, Any, BaseException | None]:
             logger.warning("run %r: lease renewal failed: %s", plan.run_id, exc)
             return None
     return None
-
-
-def pristine(cp: Checkpoint) -> State:
-    """Return a fresh copy of the checkpoint's state that no step has touched."""
-    if cp.state_json is not None:
-        loaded: State = json.loads(cp.state_json)
-        return loaded
-    return encode_state(cp.state)[1]
-
-
-# --- checks before anything runs -----------------------------------------------------
-
-
-def check_names(run_id: str, names: tuple[str, ...], done: tuple[str, ...]) -> None:
-    """Refuse to resume when the completed steps are not the first steps passed now."""
-    if names[: len(done)] == done:
-        return
-    for position, recorded in enumerate(done):
-        now = names[position] if position < len(names) else None
-        if now != recorded:
-            shown = "no step" if now is None else f"step {now!r}"
-            raise WorkflowChanged(
-                f"run {run_id!r}: workflow changed at position {position}: the checkpoint "
-                f"completed step {recorded!r} there, the steps passed now have {shown}. "
-                "Only appending steps at the end is allowed; use a new run_id for a "
-                "different workflow",
-                run_id,
-                position,
-            )
-
-
-def check_workflow(run_id: str, cp: Checkpoint, workflow: tuple[str, str | None] | None) -> None:
-    """Refuse to run a run recorded under one workflow with another workflow's steps."""
-    if cp.workflow is None:
-        return
-    if workflow is None:
-        raise WorkflowChanged(
-            f"run {run_id!r} was started from workflow {cp.workflow!r} version "
-            f"{cp.workflow_version!r}; run it with that Workflow, not a bare list of steps",
-            run_id,
-            -1,
-        )
-    if (cp.workflow, cp.workflow_version) != workflow:
-        raise WorkflowChanged(
-            f"run {run_id!r} was started from workflow {cp.workflow!r} version "
-            f"{cp.workflow_version!r}, not {workflow[0]!r} version {workflow[1]!r}; a run "
-            "only ever runs with the workflow it was started from",
-            run_id,
-            -1,
-        )
-
-
-def first_difference(recorded: object, given: object, path: str = "input") -> str | None:
-    """Return the path of the first difference between two JSON values, or None."""
-    if isinstance(recorded, dict) and isinstance(given, dict):
-        for key in sorted(set(recorded) | set(given)):
-            where = f"{path}[{key!r}]"
-            if key not in recorded:
-                return f"{where} (not in the recorded input)"
-            if key not in given:
-                return f"{where} (missing from the input given)"
-            found = first_difference(recorded[key], given[key], where)
-            if found is not None:
-                return found
-        return None
-    if isinstance(recorded, list) and isinstance(given, list):
-        if len(recorded) != len(given):
-            return f"{path} (length {len(recorded)} recorded, {len(given)} given)"
-        for index, (a, b) in enumerate(zip(recorded, given, strict=True)):
-            found = first_difference(a, b, f"{path}[{index}]")
-            if found is not None:
-                return found
-        return None
-    if type(recorded) is not type(given) or recorded != given:
-        return f"{path} (recorded {_short(recorded)}, given {_short(given)})"
-    return None
-
-
-def _short(value: object) -> str:
-    text = json.dumps(value, ensure_ascii=False)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def check_input(run_id: str, cp: Checkpoint, given: State | None) -> None:
-    """Refuse to resume with an input other than the recorded one (None uses the record)."""
-    if given is None:
-        return
-    recorded = cp.input if cp.input is not None else {}
-    difference = first_difference(recorded, given)
-    if difference is not None:
-        raise InputMismatch(
-            f"run {run_id!r} was started with another input: first difference at "
-            f"{difference}; nothing was run. Resume with input=None (or the same input), "
-            "or use a new run_id",
-            run_id,
-            difference.partition(" ")[0],
-        )
-
-
-# --- the run --------------------------------------------------------------------------
-
-
-def execute(plan: Plan) -> Run:
-    """Start or resume the run; return its final state (see ``stepstone.run``)."""
-    run_id = plan.run_id
-    with span(plan.on, "stepstone.run", run_id=run_id, steps=plan.total) as run_span:
-        cp = yield from _acquire(plan)
-        if cp.step + 1 >= plan.total:
-            if cp.owner == plan.owner:
-                # Claimed with nothing left to run (no steps at all): give it back.
-                done = evolve(cp, total_steps=plan.total, queued=False)
-                cp = yield from write(plan, cp, _lease.released(done), "finish")
-            logger.info("run %r: already done, nothing to run", run_id)
-            run_span.set_attribute("outcome", "already_done")
-            return pristine(cp)
-        working = pristine(cp)
-        index = cp.step + 1
-        while index < plan.total:
-            if cp.cancel_requested:
-                yield from _finish_cancelled(plan, cp)
-            if plan.stop_requested:
-                yield from write(plan, cp, _lease.released(cp), "hand-over")
-                logger.info("run %r: handed over at step %d (worker stopping)", run_id, index)
-                raise Interrupted(run_id)
-            step = plan.steps[index]
-            if isinstance(step, Step):
-                cp, working = yield from _run_step(plan, index, cp, working)
-            else:
-                cp, working = yield from _run_suspending(plan, index, cp, working)
-            index = cp.step + 1
-        if cp.parent is not None:
-            yield from _nudge(cp.parent)
-        logger.info("run %r: done after %d steps", run_id, plan.total)
-        run_span.set_attribute("outcome", "done")
-        return working
-
-
-def _acquire(plan: Plan) -> Generator[Effect, Any, Checkpoint]:
-    """Load the run, check it may run now, and take its lease (unless a worker did)."""
-    run_id = plan.run_id
-    if plan.preclaimed is not None:
-        cp = plan.preclaimed
-        _check_resumable(plan, cp)
-        return cp
-    found: Checkpoint | None = yield Load(run_id)
-    while True:
-        if found is None:
-            created = yield from _create(plan)
-            if created is not None:
-                return created
-            found = yield Load(run_id)
-            continue
-        cp = found
-        _check_resumable(plan, cp)
-        status = cp.status
-        if status == "cancelled":
-            raise RunCancelled(run_id)
-        if cp.step + 1 >= plan.total:
-            return cp  # done (steps appended since are run: it is claimed below)
-        if status == "queued" and cp.cancel_requested:
-            raise RunCancelled(run_id)
-        if cp.owner is not None and cp.owner != plan.owner:
-            found = yield from _watch_lease(plan, cp)
-            continue
-        if status == "waiting" and not _ready(plan, cp):
-            raise Suspended(run_id, cp.waiting_for or "?", cp.wake_at)
-        try:
-            claimed: Checkpoint = yield Save(_lease.claimed(cp, plan.owner, plan.lease), "claim")
-        except ConflictError:
-            found = yield Load(run_id)
-            continue
-        _log_resume(plan, claimed)
-        return claimed
-
-
-def _check_resumable(plan: Plan, cp: Checkpoint) -> None:
-    check_names(plan.run_id, plan.names, cp.step_names)
-    check_workflow(plan.run_id, cp, plan.workflow)
-    check_input(plan.run_id, cp, plan.input)
-
-
-def _log_resume(plan: Plan, cp: Checkpoint) -> None:
-    nxt = cp.step + 1
-    if nxt >= plan.total:
-        return
-    if nxt == 0:
-        logger.info("run %r: starting, %d steps", plan.run_id, plan.total)
-    else:
-        logger.info(
-            "run %r: resuming at step %d (%r), skipping %d completed",
-            plan.run_id,
-            nxt,
-            plan.names[nxt],
-            nxt,
-        )
-
-
-def _create(plan: Plan) -> Generator[Effect, Any, Checkpoint | None]:
-    """Record a new run, claimed by us, with its input; None if someone else created it."""
-    state = plan.input if plan.input is not None else {}
-    workflow, version = plan.workflow if plan.workflow is not None else (None, None)
-    fresh = Checkpoint(
-        run_id=plan.run_id,
-        state=encode_state(state)[1],
-        total_steps=plan.total,
-        input=encode_state(state)[1] if plan.input is not None else None,
-        workflow=workflow,
-        workflow_version=version,
-    )
-    try:
-        cp: Checkpoint = yield Save(_lease.claimed(fresh, plan.owner, plan.lease), "start")
-    except ConflictError:
-        return None
-    logger.info("run %r: starting, %d steps", plan.run_id, plan.total)
-    return cp
-
-
-def _watch_lease(plan: Plan, cp: Checkpoint) -> Generator[Effect, Any, Checkpoint]:
-    """Wait until ``cp``'s owner has not renewed for a whole lease, by our own clock.
-
-    Returns the record to claim. A record that changes while we watch means a live
-    owner: refused with ``RunOwned`` (or, if it finished meanwhile, returned as is).
-    """
-    run_id = plan.run_id
-    lease = cp.lease or _lease.DEFAULT_LEASE
-    if _lease.dead_here(cp.owner):
-        logger.warning(
-            "run %r: its owner %r was a process on this machine that no longer exists; "
-            "taking the run over",
-            run_id,
-            cp.owner,
-        )
-        return _lease.released(cp)
-    logger.info(
-        "run %r: held by %r; waiting up to %.1fs for its lease to expire unrenewed",
-        run_id,
-        cp.owner,
-        lease,
-    )
-    started = time.monotonic()
-    # The owner's own writes only: signals and cancel requests arriving for a dead
-    # owner's run must not keep it alive.
-    mark = _lease.owner_mark(cp)
-    latest = cp
-    while True:
-        left = lease - (time.monotonic() - started)
-        if left <= 0:
-            logger.warning(
-                "run %r: owner %r did not renew its %.1fs lease; taking the run over",
-                run_id,
-                cp.owner,
-                lease,
-            )
-            return _lease.released(latest)
-        yield Pause(min(left, max(0.01, lease / 10)), None)
-        now: Checkpoint | None = yield Load(run_id)
-        if now is None or _lease.owner_mark(now) != mark:
-            if now is not None and now.status in ("done", "cancelled"):
-                return now
-            holder = cp.owner if now is None else now.owner
-            raise RunOwned(
-                f"run {run_id!r} is being executed by {holder!r} (its lease of {lease:g}s "
-                "is live: the record changed while we watched); a second execution was "
-                "refused. Wait for it, cancel it with stepstone.cancel, or let a worker "
-                "take it over if its owner dies",
-                run_id,
-                holder or "?",
-            )
-        latest = now  # signals may have come: claim on the newest version
-
-
-def _ready(plan: Plan, cp: Checkpoint) -> bool:
-    """Return whether a waiting run has what it waits for (signal, due timer, children)."""
-    index = cp.step + 1
-    if index >= plan.total:
-        return True
-    step = plan.steps[index]
-    if isinstance(step, Step):
-        return True
-    return bool(step.ready(cp))
 
 
 # --- saving ---------------------------------------------------------------------------
@@ -600,11 +225,9 @@ def _finish_cancelled(plan: Plan, cp: Checkpoint) -> Generator[Effect, Any, None
     final = _lease.released(evolve(cp, cancelled=True, waiting_for=None, wake_at=None))
     yield from write(plan, cp, final, "cancellation")
     if cp.children:
-        from ._control import cancel_children  # noqa: PLC0415 - the modules refer to each other
-
         yield from cancel_children(cp.children)
     if cp.parent is not None:
-        yield from _nudge(cp.parent)
+        yield from nudge(cp.parent)
     logger.info("run %r: cancelled at step %d", plan.run_id, cp.step + 1)
     raise RunCancelled(plan.run_id)
 
@@ -687,7 +310,7 @@ def _run_step(
                 changes = dict(update) if update else None
             except LeaseLost:
                 raise
-            except Exception as error:
+            except Exception as error:  # noqa: BLE001 - a step may raise anything: its failure
                 cp = _latest(plan, cp)
                 step_span.record_exception(error)
                 if (
@@ -730,11 +353,11 @@ def _run_step(
             return saved, next_working
 
 
-def _should_retry(policy: Any, error: BaseException) -> bool:
+def _should_retry(policy: RetryPolicy, error: BaseException) -> bool:
     """Ask the policy; a ``retry_on`` predicate that raises means no retry, logged."""
     try:
         return bool(policy.should_retry(error))
-    except Exception:
+    except Exception:  # noqa: BLE001 - user code: a broken predicate means no retry
         logger.exception("the retry_on predicate raised; not retrying")
         return False
 
@@ -798,7 +421,7 @@ def _fail(
         # The run fails either way; the step's error is the one the caller needs.
         logger.error("run %r: could not save the failure record: %s", cp.run_id, save_error)
     if cp.parent is not None:
-        yield from _nudge(cp.parent)
+        yield from nudge(cp.parent)
     logger.error(
         "run %r: step %d (%r) failed on attempt %d: %s",
         cp.run_id,
@@ -813,22 +436,10 @@ def _fail(
 # --- suspending steps -----------------------------------------------------------------
 
 
-def _nudge(parent: str) -> Generator[Effect, Any, None]:
-    from ._suspend import nudge  # noqa: PLC0415
-
-    yield from nudge(parent)
-
-
 def _run_suspending(
     plan: Plan, index: int, cp: Checkpoint, working: State
 ) -> Generator[Effect, Any, tuple[Checkpoint, State]]:
     """Run a ``WaitFor``, ``Sleep`` or ``Map``: complete it, or save the run as waiting."""
-    from ._suspend import (  # noqa: PLC0415 - the modules refer to each other
-        Complete,
-        StepCodeError,
-        Wait,
-    )
-
     step = plan.steps[index]
     policy = step.retry
     attempt = cp.attempt
@@ -857,7 +468,7 @@ def _run_suspending(
                 # that failed or a lost lease: the run stops as after a failed save, and
                 # whoever resumes it evaluates the step again. Never the step's failure.
                 raise
-            except Exception as caught:
+            except Exception as caught:  # noqa: BLE001 - a step may raise anything: its failure
                 cp = _latest(plan, cp)
                 error = caught.error if isinstance(caught, StepCodeError) else caught
                 if (

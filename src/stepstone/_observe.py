@@ -56,7 +56,7 @@ class _SafeSpan:
     def record_exception(self, exc: BaseException) -> None:
         try:
             self.span.record_exception(exc)
-        except Exception:  # its __str__ raised: record what can be known safely
+        except Exception:  # noqa: BLE001 - its __str__ raised: record what is known safely
             self.span.add_event("exception", {"exception.type": type(exc).__qualname__})
 
 

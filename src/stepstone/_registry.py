@@ -124,7 +124,7 @@ def register_store(scheme: str, cls: type[Store]) -> None:
 
 def entry_points(group: str) -> list[Any]:
     """Return the installed entry points of ``group`` (imported lazily: it is slow)."""
-    from importlib.metadata import entry_points as installed  # noqa: PLC0415
+    from importlib.metadata import entry_points as installed  # noqa: PLC0415 - deferred: slow
 
     return list(installed(group=group))
 

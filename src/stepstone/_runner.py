@@ -1,115 +1,55 @@
-"""The durable runner: ``run`` and ``arun``, one call that both starts and resumes a run.
+"""The durable runner: ``run``, one call that both starts and resumes a run.
 
 Execution is at-least-once. The checkpoint is written after a step returns, so a crash
 between a step finishing and its checkpoint landing re-runs that step on resume: steps
 must be idempotent (``StepContext.idempotency_key`` helps). Writing the checkpoint
 before the step instead would make a crash silently skip work.
 
-The rules live once in ``_core.execute`` (a sans-I/O generator); this module holds its
-two drivers, each a small loop that performs the effects the core yields: ``run`` with
-plain calls and a process-wide renewal thread, ``arun`` with awaits and a timer per
-step. A run is owned while it executes: both take the run's lease first
-(``_lease``), renew it while a long step runs and give it back at the end.
+The rules live once in ``_core.execute`` (a sans-I/O generator); this module is its
+sync driver, a small loop that performs the effects the core yields with plain calls
+and a process-wide renewal thread. ``arun``, the async driver, is in ``_arunner``. A
+run is owned while it executes: both take the run's lease first (``_lease``), renew it
+while a long step runs and give it back at the end.
 """
 
 from __future__ import annotations
 
 import heapq
-import inspect
 import threading
 import time
-from collections.abc import Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from . import _lease
-from ._checkpoint import Checkpoint, check_run_id
-from ._codec import encode_state
-from ._core import (
-    Call,
-    Effect,
-    Load,
-    Pause,
-    Plan,
-    Renewing,
-    Save,
-    astep_through,
-    execute,
-    renew,
-    step_through,
-)
-from ._errors import ConflictError, InvalidWorkflow
-from ._observe import logger, tracing
+from ._checks import Steps, make_plan
+from ._core import execute, renew
+from ._effects import Call, Effect, Load, Pause, Renewing, Save, step_through
+from ._errors import ConflictError
+from ._observe import logger
+from ._plan import Plan, to_release
 from ._steps import (
     AttemptsExhausted,
     RetryPolicy,
     Step,
     StepContext,
-    Workflow,
-    check_steps,
     idempotency_key,
 )
 from ._store import Store
-
-if TYPE_CHECKING:
-    import asyncio
 
 __all__ = [
     "AttemptsExhausted",
     "RetryPolicy",
     "Step",
     "StepContext",
+    "adrive",
     "arun",
+    "drive",
     "idempotency_key",
     "make_plan",
+    "renew_once",
     "run",
 ]
 
 State = dict[str, Any]
-Steps = Sequence[Any] | Workflow
-
-
-def make_plan(
-    run_id: str,
-    steps: Steps,
-    store: Store,
-    *,
-    input: State | None,
-    lease: float | timedelta | None,
-    owner: str | None = None,
-    preclaimed: Checkpoint | None = None,
-    asynchronous: bool,
-) -> Plan:
-    """Check the arguments of ``run``/``arun`` up front and return the core's ``Plan``."""
-    check_run_id(run_id)
-    if not isinstance(store, Store):
-        raise InvalidWorkflow(f"store must be a stepstone Store, got {type(store).__name__}")
-    workflow = (steps.name, steps.version) if isinstance(steps, Workflow) else None
-    items = check_steps(steps)
-    if not asynchronous:
-        for item in items:
-            if isinstance(item, Step) and item.is_async:
-                raise InvalidWorkflow(
-                    f"step {item.name!r} is async (async def); run it with "
-                    "`await stepstone.arun(...)`, not stepstone.run"
-                )
-    if input is not None:
-        # Validated (and copied) here: a bad input is refused before anything is stored.
-        input = encode_state(input)[1]
-    seconds = _lease.DEFAULT_LEASE if lease is None else _lease.check_lease(lease)
-    return Plan(
-        run_id,
-        items,
-        input=input,
-        workflow=workflow,
-        owner=owner or _lease.new_owner(),
-        lease=seconds,
-        on=tracing(),
-        preclaimed=preclaimed,
-    )
-
-
-# --- the sync driver ------------------------------------------------------------------
 
 
 def run(
@@ -177,6 +117,9 @@ def _perform(effect: Effect, plan: Plan, store: Store) -> Any:
         assert isinstance(effect, Save)
         saved = store.save(effect.cp)
         if effect.owned:
+            # Written out here and in ``_arunner``, not called: a call on every save
+            # costs each step ~1% in instructions. What the run holds now, and the time
+            # of its last write (any write renews the lease).
             plan.current = saved if saved.owner == plan.owner else None
             plan.written_at = time.monotonic()
         return saved
@@ -220,14 +163,13 @@ def _perform(effect: Effect, plan: Plan, store: Store) -> Any:
 
 def _release(plan: Plan, store: Store) -> None:
     """Give the lease back after an interruption, so the run can be resumed at once."""
-    current = plan.current
-    if current is None or current.owner != plan.owner:
+    record = to_release(plan)
+    if record is None:
         return
-    plan.current = None
     try:
-        store.save(_lease.released(_lease.as_stored(current)))
-    except Exception as exc:
-        # It expires by itself; a takeover then waits one lease.
+        store.save(record)
+    except Exception as exc:  # noqa: BLE001 - any failure: the lease expires by itself
+        # A takeover then waits one lease.
         logger.warning("run %r: could not give the lease back: %s", plan.run_id, exc)
 
 
@@ -315,7 +257,7 @@ class _SyncRenewer:
                 if ticket.active and time.monotonic() >= plan.written_at + third:
                     try:
                         lost = renew_once(plan, ticket.store)
-                    except Exception:  # one run's bad renewal must not stop every run's
+                    except Exception:  # noqa: BLE001 - one run's bad renewal must not stop every run's
                         logger.exception("run %r: lease renewal failed", plan.run_id)
                         lost = None
                     if lost is not None:
@@ -329,7 +271,10 @@ class _SyncRenewer:
 _renewer = _SyncRenewer()
 
 
-# --- the async driver -----------------------------------------------------------------
+# --- the async driver, by its old address ---------------------------------------------
+# Imported from ``_arunner`` on first use, not at the top: asyncio costs ~40 ms to
+# import, which sync users, the worker's sync loop and the CLI never pay. Aliases until
+# the other modules import them from ``_arunner``.
 
 
 async def arun(
@@ -340,195 +285,14 @@ async def arun(
     input: State | None = None,
     lease: float | timedelta | None = None,
 ) -> State:
-    """Await the run: the contract of ``run``, for async steps and async stores.
+    """Await the run: ``stepstone.arun`` (``_arunner.arun``), under its old address."""
+    from ._arunner import arun as arun_  # noqa: PLC0415 - defers asyncio, see above
 
-    ``async def`` steps are awaited in the caller's task; plain steps run in a worker
-    thread so that a blocking call cannot stall the event loop. Cancelling the task
-    that awaits ``arun`` cancels the step in flight: nothing is saved for it, a save
-    already in flight lands whole (old or new checkpoint, never torn), the lease is
-    given back and ``CancelledError`` propagates; a later ``run``/``arun`` resumes
-    from the last checkpoint.
-
-    Raises:
-        The errors of ``run``, and ``asyncio.CancelledError`` when cancelled.
-    """
-    plan = make_plan(run_id, steps, store, input=input, lease=lease, asynchronous=True)
-    return await adrive(plan, store)
+    return await arun_(run_id, steps, store, input=input, lease=lease)
 
 
 async def adrive(plan: Plan, store: Store) -> State:
-    """Perform the core's effects with awaits until the run ends."""
-    import asyncio  # noqa: PLC0415 - sync users and the CLI never pay for importing it
+    """``_arunner.adrive`` under its old address."""
+    from ._arunner import adrive as adrive_  # noqa: PLC0415 - defers asyncio, see above
 
-    try:
-        result: State = await astep_through(
-            execute(plan), lambda effect: _aperform(effect, plan, store, asyncio)
-        )
-        return result
-    except BaseException as exc:
-        if not isinstance(exc, ConflictError):
-            await _landed(asyncio, _arelease(plan, store))
-        raise
-
-
-async def _landed(asyncio: Any, coro: Any) -> Any:
-    """Await ``coro`` to its end even if we are cancelled meanwhile, then re-raise that.
-
-    A save is one request: once sent it lands or not, whatever happens to our task. We
-    wait for its answer so that what the run holds (``Plan.current``) is what is stored.
-    """
-    task = asyncio.ensure_future(coro)
-    cancelled = False
-    while not task.done():
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError:
-            cancelled = True
-        except Exception:
-            pass
-    if cancelled:
-        task.exception()  # retrieved: no "exception never retrieved" warning
-        raise asyncio.CancelledError
-    return task.result()
-
-
-async def _aperform(effect: Effect, plan: Plan, store: Store, asyncio: Any) -> Any:
-    kind = type(effect)
-    if kind is Save:
-        assert isinstance(effect, Save)
-        owned = effect.owned
-
-        async def save() -> Checkpoint:
-            saved = await store.asave(effect.cp)
-            if owned:
-                plan.current = saved if saved.owner == plan.owner else None
-                plan.written_at = time.monotonic()
-            return saved
-
-        return await _landed(asyncio, save())
-    if kind is Load:
-        assert isinstance(effect, Load)
-        return await store.aload(effect.run_id)
-    if kind is Call:
-        assert isinstance(effect, Call)
-        step = effect.step
-        renewal = _AsyncRenewal(plan, store, asyncio)
-        try:
-            args = (effect.state,) if effect.ctx is None else (effect.state, effect.ctx)
-            try:
-                if step.is_async:
-                    update = await step.fn(*args)
-                else:
-                    update = await asyncio.to_thread(_in_thread, step.fn, *args)
-                    if inspect.isawaitable(update):
-                        # A plain callable returning a coroutine (``lambda s: client.call(s)``).
-                        update = await update
-            except asyncio.CancelledError as exc:
-                task = asyncio.current_task()
-                if task is not None and task.cancelling():
-                    raise  # we are being cancelled: the run stops here, nothing saved
-                # The step raised CancelledError itself, nobody cancelled us: a failure.
-                raise RuntimeError(
-                    f"step {step.name!r} raised CancelledError without being cancelled"
-                ) from exc
-        finally:
-            lost = await renewal.stop()
-        if lost is not None:
-            raise lost
-        return update
-    if kind is Renewing:
-        assert isinstance(effect, Renewing)
-        holding = _AsyncRenewal(plan, store, asyncio)
-        try:
-            result = await astep_through(
-                effect.gen, lambda inner: _aperform(inner, plan, store, asyncio)
-            )
-        finally:
-            lost = await holding.stop()
-        if lost is not None:
-            raise lost
-        return result
-    assert isinstance(effect, Pause)
-    pausing = _AsyncRenewal(plan, store, asyncio) if effect.base is not None else None
-    try:
-        await asyncio.sleep(effect.seconds)
-    finally:
-        lost = await pausing.stop() if pausing is not None else None
-    if lost is not None:
-        raise lost
-    return None
-
-
-def _in_thread(fn: Any, *args: Any) -> Any:
-    # StopIteration cannot cross into a future (asyncio would leave it unresolved, and
-    # the run would hang): it becomes the step's error here, as PEP 479 does for
-    # generators.
-    try:
-        return fn(*args)
-    except StopIteration as exc:
-        raise RuntimeError(f"the step raised StopIteration: {exc!r}") from exc
-
-
-async def _arelease(plan: Plan, store: Store) -> None:
-    current = plan.current
-    if current is None or current.owner != plan.owner:
-        return
-    plan.current = None
-    try:
-        await store.asave(_lease.released(_lease.as_stored(current)))
-    except Exception as exc:
-        logger.warning("run %r: could not give the lease back: %s", plan.run_id, exc)
-
-
-async def arenew_once(plan: Plan, store: Store) -> BaseException | None:
-    """Async ``renew_once``."""
-    import asyncio  # noqa: PLC0415
-
-    lost: BaseException | None = await astep_through(
-        renew(plan), lambda e: _aperform(e, plan, store, asyncio)
-    )
-    return lost
-
-
-class _AsyncRenewal:
-    """Renews a step's lease every third of it, from a timer; nothing if the step is short."""
-
-    __slots__ = ("asyncio", "handle", "lost", "plan", "store", "task")
-
-    def __init__(self, plan: Plan, store: Store, asyncio: Any) -> None:
-        self.plan = plan
-        self.store = store
-        self.asyncio = asyncio
-        self.lost: BaseException | None = None
-        self.task: asyncio.Task[None] | None = None
-        self.handle: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(
-            plan.lease / 3, self._tick
-        )
-
-    def _tick(self) -> None:
-        self.handle = None
-        self.task = self.asyncio.get_running_loop().create_task(self._renew())
-
-    async def _renew(self) -> None:
-        lost = await arenew_once(self.plan, self.store)
-        if lost is not None:
-            self.lost = lost
-            logger.error("run %r: %s", self.plan.run_id, lost)
-            return
-        self.handle = self.asyncio.get_running_loop().call_later(self.plan.lease / 3, self._tick)
-
-    async def stop(self) -> BaseException | None:
-        if self.handle is not None:
-            self.handle.cancel()
-            self.handle = None
-        task = self.task
-        if task is not None and not task.done():
-            # Let an in-flight renewal land: the run's next save builds on it.
-            await _landed(self.asyncio, _wait(task))
-        if self.handle is not None:
-            self.handle.cancel()
-        return self.lost
-
-
-async def _wait(task: Any) -> None:
-    await task
+    return await adrive_(plan, store)

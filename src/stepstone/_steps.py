@@ -1,4 +1,9 @@
-"""What a run is made of: ``Step``, ``RetryPolicy``, ``StepContext`` and ``Workflow``."""
+"""What a run is made of: ``Step``, ``SuspendingStep``, ``RetryPolicy``, ``Workflow``.
+
+A ``Step`` is a function the driver calls. A ``SuspendingStep`` (``WaitFor``, ``Sleep``,
+``Map`` in ``_suspend``, and the adapters' steps) is evaluated by the core instead: it
+completes (``Complete``) or has the run wait (``Wait``).
+"""
 
 from __future__ import annotations
 
@@ -6,18 +11,28 @@ import functools
 import inspect
 import math
 import random
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
+from ._checkpoint import Checkpoint
+from ._effects import Effect
 from ._errors import InvalidWorkflow
+from ._plan import Plan
 
 __all__ = [
     "AttemptsExhausted",
+    "Complete",
+    "Outcome",
     "RetryPolicy",
     "Step",
+    "StepCodeError",
     "StepContext",
+    "SuspendingStep",
+    "Wait",
     "Workflow",
+    "check_name",
     "check_steps",
     "idempotency_key",
     "safe_text",
@@ -42,10 +57,10 @@ def safe_text(error: BaseException, limit: int = 2000) -> str:
     """
     try:
         text = str(error)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - __str__ is user code, it may raise anything
         try:
             text = f"<{type(error).__qualname__}.__str__ raised {type(exc).__qualname__}>"
-        except Exception:
+        except Exception:  # noqa: BLE001 - even the type's name may fail to print
             text = "<unprintable exception>"
     if not isinstance(text, str):
         text = "<__str__ returned a non-str>"
@@ -157,7 +172,8 @@ def idempotency_key(run_id: str, step_index: int, step_name: str) -> str:
     return hashlib.sha256(raw).hexdigest()[:32]
 
 
-def _check_name(name: object) -> str:
+def check_name(name: object) -> str:
+    """Return ``name`` if it can name a step (a non-empty str that is valid UTF-8)."""
     if not isinstance(name, str) or not name:
         raise InvalidWorkflow(f"a step name must be a non-empty str, got {name!r}")
     try:
@@ -165,6 +181,9 @@ def _check_name(name: object) -> str:
     except UnicodeEncodeError:
         raise InvalidWorkflow(f"step name {name!r} holds a lone surrogate") from None
     return name
+
+
+_check_name = check_name  # alias until the other modules switch
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +201,7 @@ class Step:
     is_async: bool = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        _check_name(self.name)
+        check_name(self.name)
         if not callable(self.fn):
             raise InvalidWorkflow(f"step {self.name!r}: fn must be callable, got {self.fn!r}")
         if self.retry is not None and not isinstance(self.retry, RetryPolicy):
@@ -214,6 +233,72 @@ def _takes_context(fn: Callable[..., Any]) -> bool:
     return len(positional) >= 2 or (len(positional) == 1 and varargs)
 
 
+# --- suspending steps and their outcomes ----------------------------------------------
+
+
+class StepCodeError(Exception):
+    """An error raised by a suspending step's user code (``Map.items``), wrapped.
+
+    The runner unwraps it and treats it as the step's failure whatever its type, even
+    a store's error: only a store failing in the step's own bookkeeping pauses the run.
+    """
+
+    def __init__(self, error: Exception) -> None:
+        # Not str(error): a user's exception may fail to print; the runner unwraps it.
+        super().__init__(type(error).__qualname__)
+        self.error = error
+
+
+class Complete:
+    """The step is done: merge ``update``; apply ``changes`` to the checkpoint."""
+
+    __slots__ = ("changes", "update")
+
+    def __init__(self, update: dict[str, Any], changes: dict[str, Any] | None = None) -> None:
+        self.update = update
+        self.changes = changes or {}
+
+
+class Wait:
+    """The run must wait for ``waiting_for`` until ``wake_at`` (None: only a signal)."""
+
+    __slots__ = ("changes", "poll_only", "waiting_for", "wake_at")
+
+    def __init__(
+        self,
+        waiting_for: str,
+        wake_at: datetime | None,
+        changes: dict[str, Any] | None = None,
+        poll_only: bool = False,
+    ) -> None:
+        self.waiting_for = waiting_for
+        self.wake_at = wake_at
+        self.changes = changes or {}
+        self.poll_only = poll_only
+
+
+Outcome = Complete | Wait
+
+
+class SuspendingStep:
+    """Base of the steps that may suspend a run. Not for subclassing by users."""
+
+    __slots__ = ("name", "retry")
+
+    name: str
+    retry: RetryPolicy | None
+
+    def ready(self, cp: Checkpoint) -> bool:
+        """Return whether a run waiting at this step has what it waits for."""
+        raise NotImplementedError
+
+    def evaluate(
+        self, plan: Plan, cp: Checkpoint, index: int, state: dict[str, Any], first: bool
+    ) -> Generator[Effect, Any, Outcome]:
+        """Decide: complete now, or wait. ``first`` is True on a fresh attempt."""
+        raise NotImplementedError
+
+
 class Workflow:
     """A named, optionally versioned list of steps: what workers serve and ``start`` queues.
 
@@ -228,7 +313,7 @@ class Workflow:
             raise InvalidWorkflow(
                 f"a workflow name must be a str of 1-200 characters, got {name!r}"
             )
-        _check_name(name)
+        check_name(name)
         if version is not None and (not isinstance(version, str) or not version):
             raise InvalidWorkflow(f"workflow {name!r}: version must be a non-empty str or None")
         self.name = name
@@ -247,8 +332,6 @@ class Workflow:
 
 def check_steps(steps: object) -> list[Any]:
     """Return ``steps`` as a list of steps, or raise ``InvalidWorkflow`` saying why not."""
-    from ._suspend import SuspendingStep  # noqa: PLC0415 - the two modules refer to each other
-
     if isinstance(steps, Workflow):
         return list(steps.steps)
     if isinstance(steps, (str, bytes, Mapping)) or not isinstance(steps, Iterable):

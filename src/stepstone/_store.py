@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Self, TypeVar
 
-from ._checkpoint import ACTIVE_STATUSES, STATUSES, Checkpoint, _keep_times
+from ._checkpoint import ACTIVE_STATUSES, STATUSES, Checkpoint, keep_times
 from ._errors import CorruptCheckpoint, StoreError
 from ._observe import logger
 
@@ -38,7 +38,7 @@ def page_key(info: RunInfo) -> tuple[datetime, str]:
 async def _to_thread(fn: Callable[..., T], *args: Any) -> T:
     # asyncio is imported here, not at the top: it costs ~40 ms that sync users and
     # every command-line call would pay for nothing.
-    import asyncio  # noqa: PLC0415
+    import asyncio  # noqa: PLC0415 - deferred (~40 ms), see above
 
     return await asyncio.to_thread(fn, *args)
 
@@ -322,11 +322,11 @@ class Store(abc.ABC):
         Raises:
             The errors of ``save``.
         """
-        token = _keep_times.set(True)
+        token = keep_times.set(True)
         try:
             return self.save(checkpoint)
         finally:
-            _keep_times.reset(token)
+            keep_times.reset(token)
 
     def init(self) -> list[str]:
         """Create what the backend needs (tables, database, container) if it may.
@@ -353,7 +353,7 @@ class Store(abc.ABC):
         def check(name: str, action: Callable[[], object]) -> bool:
             try:
                 action()
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - any failure is the diagnosis
                 results.append(Diagnosis(name, False, f"{type(exc).__name__}: {exc}"))
                 return False
             results.append(Diagnosis(name, True, "ok"))

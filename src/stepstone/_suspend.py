@@ -17,17 +17,26 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import _hooks
 from ._checkpoint import DUE_NOW, MAX_RUN_ID_LENGTH, Checkpoint, Signal, evolve, utcnow
-from ._codec import encode_state
+from ._codec import encode_state, pristine
+from ._effects import Call, Effect, Load, Renewing, Save
 from ._errors import ConflictError, InvalidState, InvalidWorkflow, LeaseLost, StoreError
 from ._observe import logger
-from ._steps import RetryPolicy, Step, Workflow, _check_name
-
-if TYPE_CHECKING:
-    from ._core import Effect, Plan
+from ._plan import Plan
+from ._steps import (
+    Complete,
+    Outcome,
+    RetryPolicy,
+    Step,
+    StepCodeError,
+    SuspendingStep,
+    Wait,
+    Workflow,
+    check_name,
+)
 
 __all__ = [
     "ChildFailed",
@@ -40,7 +49,9 @@ __all__ = [
     "WaitFor",
     "WaitTimeout",
     "child_run_id",
+    "nudge",
     "pending_signals",
+    "queued",
 ]
 
 _MISSING: Any = object()
@@ -55,75 +66,12 @@ class WaitTimeout(TimeoutError):
     """A ``WaitFor`` reached its timeout without a signal and has no default."""
 
 
-class StepCodeError(Exception):
-    """An error raised by a suspending step's user code (``Map.items``), wrapped.
-
-    The runner unwraps it and treats it as the step's failure whatever its type, even
-    a store's error: only a store failing in the step's own bookkeeping pauses the run.
-    """
-
-    def __init__(self, error: Exception) -> None:
-        # Not str(error): a user's exception may fail to print; the runner unwraps it.
-        super().__init__(type(error).__qualname__)
-        self.error = error
-
-
 class ChildFailed(Exception):
     """A ``Map`` child run failed or was cancelled; ``run_id`` names it."""
 
     def __init__(self, message: str, run_id: str) -> None:
         super().__init__(message)
         self.run_id = run_id
-
-
-class Complete:
-    """The step is done: merge ``update``; apply ``changes`` to the checkpoint."""
-
-    __slots__ = ("changes", "update")
-
-    def __init__(self, update: dict[str, Any], changes: dict[str, Any] | None = None) -> None:
-        self.update = update
-        self.changes = changes or {}
-
-
-class Wait:
-    """The run must wait for ``waiting_for`` until ``wake_at`` (None: only a signal)."""
-
-    __slots__ = ("changes", "poll_only", "waiting_for", "wake_at")
-
-    def __init__(
-        self,
-        waiting_for: str,
-        wake_at: datetime | None,
-        changes: dict[str, Any] | None = None,
-        poll_only: bool = False,
-    ) -> None:
-        self.waiting_for = waiting_for
-        self.wake_at = wake_at
-        self.changes = changes or {}
-        self.poll_only = poll_only
-
-
-Outcome = Complete | Wait
-
-
-class SuspendingStep:
-    """Base of the steps that may suspend a run. Not for subclassing by users."""
-
-    __slots__ = ("name", "retry")
-
-    name: str
-    retry: RetryPolicy | None
-
-    def ready(self, cp: Checkpoint) -> bool:
-        """Return whether a run waiting at this step has what it waits for."""
-        raise NotImplementedError
-
-    def evaluate(
-        self, plan: Plan, cp: Checkpoint, index: int, state: dict[str, Any], first: bool
-    ) -> Generator[Effect, Any, Outcome]:
-        """Decide: complete now, or wait. ``first`` is True on a fresh attempt."""
-        raise NotImplementedError
 
 
 def _due(wake_at: datetime | None) -> bool:
@@ -168,7 +116,7 @@ class WaitFor(SuspendingStep):
         default: Any = _MISSING,
         retry: RetryPolicy | None = None,
     ) -> None:
-        self.name = _check_name(name)
+        self.name = check_name(name)
         if not isinstance(signal, str) or not signal or len(signal) > 200:
             raise InvalidWorkflow(f"WaitFor {name!r}: signal must be a name of 1-200 characters")
         self.signal = signal
@@ -226,7 +174,7 @@ class Sleep(SuspendingStep):
         duration: float | timedelta | None = None,
         until: datetime | None = None,
     ) -> None:
-        self.name = _check_name(name)
+        self.name = check_name(name)
         if (duration is None) == (until is None):
             raise InvalidWorkflow(f"Sleep {name!r}: give exactly one of duration and until")
         if until is not None:
@@ -280,7 +228,7 @@ def child_run_id(parent: str, name: str, index: int) -> str:
     prefix = f"{parent}/{name}/"
     if len(prefix) + 10 <= MAX_RUN_ID_LENGTH:
         return f"{prefix}{index}"
-    import hashlib  # noqa: PLC0415
+    import hashlib  # noqa: PLC0415 - deferred (~12 ms), only very long ids need it
 
     digest = hashlib.sha256(f"{parent}\x00{name}".encode()).hexdigest()
     return f"map~{digest}/{index}"
@@ -308,7 +256,7 @@ class Map(SuspendingStep):
         *,
         retry: RetryPolicy | None = None,
     ) -> None:
-        self.name = _check_name(name)
+        self.name = check_name(name)
         if not isinstance(workflow, Workflow):
             raise InvalidWorkflow(f"Map {name!r}: workflow must be a Workflow")
         if not callable(items):
@@ -337,8 +285,6 @@ class Map(SuspendingStep):
     def evaluate(
         self, plan: Plan, cp: Checkpoint, index: int, state: dict[str, Any], first: bool
     ) -> Generator[Effect, Any, Outcome]:
-        from ._core import Call, Renewing  # noqa: PLC0415
-
         try:
             # Called like a step: the driver renews the lease however long it takes.
             listed = yield Call(Step(self.name, self.items), state, None, cp)
@@ -351,8 +297,6 @@ class Map(SuspendingStep):
         children: list[Checkpoint] = yield Renewing(self._children(cp, ids, inputs, first))
         done = [child for child in children if child.status == "done"]
         if len(done) == len(children):
-            from ._core import pristine  # noqa: PLC0415
-
             return Complete({self.name: [pristine(child) for child in children]})
         for child in children:
             if child.status in ("failed", "cancelled"):
@@ -406,13 +350,11 @@ class Map(SuspendingStep):
         self, cp: Checkpoint, child_id: str, item: dict[str, Any]
     ) -> Generator[Effect, Any, Checkpoint]:
         """Return child ``child_id``'s record, creating it (queued) if it does not exist."""
-        from ._core import Load, Save  # noqa: PLC0415
-
         for _ in range(_CHILD_TRIES):
             child: Checkpoint | None = yield Load(child_id)
             if child is not None:
                 return child
-            fresh = _queued(self.workflow, child_id, item, parent=cp.run_id)
+            fresh = queued(self.workflow, child_id, item, parent=cp.run_id)
             try:
                 created: Checkpoint = yield Save(fresh, f"start child {child_id}", owned=False)
                 _hooks.fire("map.child_created")
@@ -428,8 +370,6 @@ class Map(SuspendingStep):
 
 def _requeue(child: Checkpoint) -> Generator[Effect, Any, Checkpoint]:
     """Re-queue ``child`` if it failed and nobody holds it; return its record."""
-    from ._core import Load, Save  # noqa: PLC0415
-
     for _ in range(_CHILD_TRIES):
         if child.status != "failed" or child.owner is not None:
             return child
@@ -453,9 +393,10 @@ def _requeue(child: Checkpoint) -> Generator[Effect, Any, Checkpoint]:
     )
 
 
-def _queued(
+def queued(
     workflow: Workflow, run_id: str, input: dict[str, Any], parent: str | None = None
 ) -> Checkpoint:
+    """Return the record of a new run of ``workflow``, queued for a worker."""
     return Checkpoint(
         run_id=run_id,
         state=encode_state(input)[1],
@@ -468,10 +409,11 @@ def _queued(
     )
 
 
+_queued = queued  # alias until the other modules switch
+
+
 def nudge(parent: str) -> Generator[Effect, Any, None]:
     """Tell a parent waiting on its children to look now (best effort; it also polls)."""
-    from ._core import Load, Save  # noqa: PLC0415
-
     for _ in range(5):
         try:
             cp = yield Load(parent)

@@ -1,0 +1,227 @@
+"""The async runner: ``arun``, the contract of ``run`` for async steps and async stores.
+
+The same core as ``run`` (``_core.execute``), driven with awaits: ``async def`` steps
+are awaited, plain ones run in a worker thread, and each step's lease is renewed from a
+timer on the event loop. Kept apart from ``_runner`` so that ``import stepstone`` and
+sync users never import asyncio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Coroutine
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from ._checkpoint import Checkpoint
+from ._checks import Steps, make_plan
+from ._core import execute, renew
+from ._effects import Call, Effect, Load, Pause, Renewing, Save, astep_through
+from ._errors import ConflictError
+from ._observe import logger
+from ._plan import Plan, to_release
+from ._store import Store
+
+__all__ = ["adrive", "arenew_once", "arun"]
+
+State = dict[str, Any]
+T = TypeVar("T")
+
+
+async def arun(
+    run_id: str,
+    steps: Steps,
+    store: Store,
+    *,
+    input: State | None = None,
+    lease: float | timedelta | None = None,
+) -> State:
+    """Await the run: the contract of ``run``, for async steps and async stores.
+
+    ``async def`` steps are awaited in the caller's task; plain steps run in a worker
+    thread so that a blocking call cannot stall the event loop. Cancelling the task
+    that awaits ``arun`` cancels the step in flight: nothing is saved for it, a save
+    already in flight lands whole (old or new checkpoint, never torn), the lease is
+    given back and ``CancelledError`` propagates; a later ``run``/``arun`` resumes
+    from the last checkpoint.
+
+    Raises:
+        The errors of ``run``, and ``asyncio.CancelledError`` when cancelled.
+    """
+    plan = make_plan(run_id, steps, store, input=input, lease=lease, asynchronous=True)
+    return await adrive(plan, store)
+
+
+async def adrive(plan: Plan, store: Store) -> State:
+    """Perform the core's effects with awaits until the run ends."""
+    try:
+        result: State = await astep_through(
+            execute(plan), lambda effect: _aperform(effect, plan, store)
+        )
+        return result
+    except BaseException as exc:
+        # As in ``drive``: after a conflict the record is not ours to give back.
+        if not isinstance(exc, ConflictError):
+            await _landed(_arelease(plan, store))
+        raise
+
+
+async def _landed(coro: Coroutine[Any, Any, T]) -> T:
+    """Await ``coro`` to its end even if we are cancelled meanwhile, then re-raise that.
+
+    A save is one request: once sent it lands or not, whatever happens to our task. We
+    wait for its answer so that what the run holds (``Plan.current``) is what is stored.
+    """
+    task = asyncio.ensure_future(coro)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            cancelled = True
+        except Exception:  # noqa: BLE001 - the task keeps it: task.result() raises it
+            pass
+    if cancelled:
+        task.exception()  # retrieved: no "exception never retrieved" warning
+        raise asyncio.CancelledError
+    return task.result()
+
+
+async def _aperform(effect: Effect, plan: Plan, store: Store) -> Any:
+    kind = type(effect)
+    if kind is Save:
+        assert isinstance(effect, Save)
+        owned = effect.owned
+
+        async def save() -> Checkpoint:
+            saved = await store.asave(effect.cp)
+            if owned:
+                # As in ``_runner._perform``.
+                plan.current = saved if saved.owner == plan.owner else None
+                plan.written_at = time.monotonic()
+            return saved
+
+        return await _landed(save())
+    if kind is Load:
+        assert isinstance(effect, Load)
+        return await store.aload(effect.run_id)
+    if kind is Call:
+        assert isinstance(effect, Call)
+        step = effect.step
+        renewal = _AsyncRenewal(plan, store)
+        try:
+            args = (effect.state,) if effect.ctx is None else (effect.state, effect.ctx)
+            try:
+                if step.is_async:
+                    update = await step.fn(*args)
+                else:
+                    update = await asyncio.to_thread(_in_thread, step.fn, *args)
+                    if inspect.isawaitable(update):
+                        # A plain callable returning a coroutine (``lambda s: client.call(s)``).
+                        update = await update
+            except asyncio.CancelledError as exc:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise  # we are being cancelled: the run stops here, nothing saved
+                # The step raised CancelledError itself, nobody cancelled us: a failure.
+                raise RuntimeError(
+                    f"step {step.name!r} raised CancelledError without being cancelled"
+                ) from exc
+        finally:
+            lost = await renewal.stop()
+        if lost is not None:
+            raise lost
+        return update
+    if kind is Renewing:
+        assert isinstance(effect, Renewing)
+        holding = _AsyncRenewal(plan, store)
+        try:
+            result = await astep_through(effect.gen, lambda inner: _aperform(inner, plan, store))
+        finally:
+            lost = await holding.stop()
+        if lost is not None:
+            raise lost
+        return result
+    assert isinstance(effect, Pause)
+    pausing = _AsyncRenewal(plan, store) if effect.base is not None else None
+    try:
+        await asyncio.sleep(effect.seconds)
+    finally:
+        lost = await pausing.stop() if pausing is not None else None
+    if lost is not None:
+        raise lost
+    return None
+
+
+def _in_thread(fn: Any, *args: Any) -> Any:
+    # StopIteration cannot cross into a future (asyncio would leave it unresolved, and
+    # the run would hang): it becomes the step's error here, as PEP 479 does for
+    # generators.
+    try:
+        return fn(*args)
+    except StopIteration as exc:
+        raise RuntimeError(f"the step raised StopIteration: {exc!r}") from exc
+
+
+async def _arelease(plan: Plan, store: Store) -> None:
+    """Async ``_runner._release``."""
+    record = to_release(plan)
+    if record is None:
+        return
+    try:
+        await store.asave(record)
+    except Exception as exc:  # noqa: BLE001 - any failure: the lease expires by itself
+        logger.warning("run %r: could not give the lease back: %s", plan.run_id, exc)
+
+
+async def arenew_once(plan: Plan, store: Store) -> BaseException | None:
+    """Async ``_runner.renew_once``."""
+    lost: BaseException | None = await astep_through(
+        renew(plan), lambda e: _aperform(e, plan, store)
+    )
+    return lost
+
+
+class _AsyncRenewal:
+    """Renews a step's lease every third of it, from a timer; nothing if the step is short."""
+
+    __slots__ = ("handle", "lost", "plan", "store", "task")
+
+    def __init__(self, plan: Plan, store: Store) -> None:
+        self.plan = plan
+        self.store = store
+        self.lost: BaseException | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.handle: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(
+            plan.lease / 3, self._tick
+        )
+
+    def _tick(self) -> None:
+        self.handle = None
+        self.task = asyncio.get_running_loop().create_task(self._renew())
+
+    async def _renew(self) -> None:
+        lost = await arenew_once(self.plan, self.store)
+        if lost is not None:
+            self.lost = lost
+            logger.error("run %r: %s", self.plan.run_id, lost)
+            return
+        self.handle = asyncio.get_running_loop().call_later(self.plan.lease / 3, self._tick)
+
+    async def stop(self) -> BaseException | None:
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
+        task = self.task
+        if task is not None and not task.done():
+            # Let an in-flight renewal land: the run's next save builds on it.
+            await _landed(_wait(task))
+        if self.handle is not None:
+            self.handle.cancel()
+        return self.lost
+
+
+async def _wait(task: asyncio.Task[None]) -> None:
+    await task

@@ -1,0 +1,161 @@
+"""The checks made before anything runs: arguments, workflow, names and input.
+
+``make_plan`` checks the arguments of ``run``/``arun`` (and of a worker's claim) and
+builds the ``Plan``; ``check_names``, ``check_workflow`` and ``check_input`` refuse to
+resume a run with other steps, another workflow or another input than it was started
+with. Each raises a precise error (which position, which path) and changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from . import _lease
+from ._checkpoint import Checkpoint, check_run_id
+from ._codec import encode_state
+from ._errors import InputMismatch, InvalidWorkflow, WorkflowChanged
+from ._observe import tracing
+from ._plan import Plan
+from ._steps import Step, Workflow, check_steps
+from ._store import Store
+
+__all__ = [
+    "Steps",
+    "check_input",
+    "check_names",
+    "check_workflow",
+    "first_difference",
+    "make_plan",
+]
+
+State = dict[str, Any]
+Steps = Sequence[Any] | Workflow
+
+
+def make_plan(
+    run_id: str,
+    steps: Steps,
+    store: Store,
+    *,
+    input: State | None,
+    lease: float | timedelta | None,
+    owner: str | None = None,
+    preclaimed: Checkpoint | None = None,
+    asynchronous: bool,
+) -> Plan:
+    """Check the arguments of ``run``/``arun`` up front and return the core's ``Plan``."""
+    check_run_id(run_id)
+    if not isinstance(store, Store):
+        raise InvalidWorkflow(f"store must be a stepstone Store, got {type(store).__name__}")
+    workflow = (steps.name, steps.version) if isinstance(steps, Workflow) else None
+    items = check_steps(steps)
+    if not asynchronous:
+        for item in items:
+            if isinstance(item, Step) and item.is_async:
+                raise InvalidWorkflow(
+                    f"step {item.name!r} is async (async def); run it with "
+                    "`await stepstone.arun(...)`, not stepstone.run"
+                )
+    if input is not None:
+        # Validated (and copied) here: a bad input is refused before anything is stored.
+        input = encode_state(input)[1]
+    seconds = _lease.DEFAULT_LEASE if lease is None else _lease.check_lease(lease)
+    return Plan(
+        run_id,
+        items,
+        input=input,
+        workflow=workflow,
+        owner=owner or _lease.new_owner(),
+        lease=seconds,
+        on=tracing(),
+        preclaimed=preclaimed,
+    )
+
+
+def check_names(run_id: str, names: tuple[str, ...], done: tuple[str, ...]) -> None:
+    """Refuse to resume when the completed steps are not the first steps passed now."""
+    if names[: len(done)] == done:
+        return
+    for position, recorded in enumerate(done):
+        now = names[position] if position < len(names) else None
+        if now != recorded:
+            shown = "no step" if now is None else f"step {now!r}"
+            raise WorkflowChanged(
+                f"run {run_id!r}: workflow changed at position {position}: the checkpoint "
+                f"completed step {recorded!r} there, the steps passed now have {shown}. "
+                "Only appending steps at the end is allowed; use a new run_id for a "
+                "different workflow",
+                run_id,
+                position,
+            )
+
+
+def check_workflow(run_id: str, cp: Checkpoint, workflow: tuple[str, str | None] | None) -> None:
+    """Refuse to run a run recorded under one workflow with another workflow's steps."""
+    if cp.workflow is None:
+        return
+    if workflow is None:
+        raise WorkflowChanged(
+            f"run {run_id!r} was started from workflow {cp.workflow!r} version "
+            f"{cp.workflow_version!r}; run it with that Workflow, not a bare list of steps",
+            run_id,
+            -1,
+        )
+    if (cp.workflow, cp.workflow_version) != workflow:
+        raise WorkflowChanged(
+            f"run {run_id!r} was started from workflow {cp.workflow!r} version "
+            f"{cp.workflow_version!r}, not {workflow[0]!r} version {workflow[1]!r}; a run "
+            "only ever runs with the workflow it was started from",
+            run_id,
+            -1,
+        )
+
+
+def first_difference(recorded: object, given: object, path: str = "input") -> str | None:
+    """Return the path of the first difference between two JSON values, or None."""
+    if isinstance(recorded, dict) and isinstance(given, dict):
+        for key in sorted(set(recorded) | set(given)):
+            where = f"{path}[{key!r}]"
+            if key not in recorded:
+                return f"{where} (not in the recorded input)"
+            if key not in given:
+                return f"{where} (missing from the input given)"
+            found = first_difference(recorded[key], given[key], where)
+            if found is not None:
+                return found
+        return None
+    if isinstance(recorded, list) and isinstance(given, list):
+        if len(recorded) != len(given):
+            return f"{path} (length {len(recorded)} recorded, {len(given)} given)"
+        for index, (a, b) in enumerate(zip(recorded, given, strict=True)):
+            found = first_difference(a, b, f"{path}[{index}]")
+            if found is not None:
+                return found
+        return None
+    if type(recorded) is not type(given) or recorded != given:
+        return f"{path} (recorded {_short(recorded)}, given {_short(given)})"
+    return None
+
+
+def _short(value: object) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_input(run_id: str, cp: Checkpoint, given: State | None) -> None:
+    """Refuse to resume with an input other than the recorded one (None uses the record)."""
+    if given is None:
+        return
+    recorded = cp.input if cp.input is not None else {}
+    difference = first_difference(recorded, given)
+    if difference is not None:
+        raise InputMismatch(
+            f"run {run_id!r} was started with another input: first difference at "
+            f"{difference}; nothing was run. Resume with input=None (or the same input), "
+            "or use a new run_id",
+            run_id,
+            difference.partition(" ")[0],
+        )

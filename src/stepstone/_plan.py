@@ -1,0 +1,94 @@
+"""One execution of a run: its immutable inputs and the state its driver owns (``Plan``).
+
+``_checks.make_plan`` builds one from the arguments of ``run``/``arun`` (or a worker's
+claim); the core reads it, the drivers keep its execution state.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Final
+
+from . import _lease
+from ._checkpoint import Checkpoint
+
+__all__ = ["Plan", "to_release"]
+
+State = dict[str, Any]
+
+
+class Plan:
+    """One execution of a run: what to run, as whom, and what the driver must track.
+
+    Two kinds of attribute. The run's inputs (``run_id`` to ``on``) are fixed when the
+    plan is made (``Final``: the type checker refuses a write to them); the execution
+    state below them belongs to the driver executing the run (and to a worker that
+    claimed the run for it). One object rather than two: the core reads the inputs on
+    every step, and an attribute read through a second object costs each step that.
+    """
+
+    __slots__ = (
+        "current",
+        "input",
+        "lease",
+        "names",
+        "on",
+        "owner",
+        "preclaimed",
+        "renewal",
+        "run_id",
+        "steps",
+        "stop_requested",
+        "total",
+        "workflow",
+        "written_at",
+    )
+
+    def __init__(
+        self,
+        run_id: str,
+        steps: list[Any],
+        *,
+        input: State | None,
+        workflow: tuple[str, str | None] | None,
+        owner: str,
+        lease: float,
+        on: bool,
+        preclaimed: Checkpoint | None = None,
+    ) -> None:
+        # --- the run's inputs, fixed -------------------------------------------------
+        self.run_id: Final = run_id
+        self.steps: Final = steps
+        self.names: Final = tuple(step.name for step in steps)
+        self.total: Final = len(steps)
+        self.input: Final = input
+        self.workflow: Final = workflow
+        self.owner: Final = owner
+        self.lease: Final = lease
+        #: Whether spans are recorded (an OpenTelemetry SDK is configured).
+        self.on: Final = on
+        # --- the execution state, owned by the driver ----------------------------------
+        #: The record a worker claimed for this execution (None: the core claims it).
+        self.preclaimed: Checkpoint | None = preclaimed
+        #: The latest record this execution owns (None when it owns nothing): what a
+        #: driver releases if the run is interrupted, and what renewals start from.
+        self.current: Checkpoint | None = preclaimed
+        #: Monotonic time of this execution's last write (any write renews the lease).
+        self.written_at = time.monotonic()
+        #: The driver's renewal bookkeeping for this execution.
+        self.renewal: Any = None
+        #: Set by a stopping worker: give the run back at the next step boundary.
+        self.stop_requested = False
+
+
+def to_release(plan: Plan) -> Checkpoint | None:
+    """Return the record that gives the run's lease back after an interruption, if any.
+
+    Clears ``plan.current``: the driver saves the result once, and whether that save
+    lands or not the run holds nothing any more (an unsaved lease expires by itself).
+    """
+    current = plan.current
+    if current is None or current.owner != plan.owner:
+        return None
+    plan.current = None
+    return _lease.released(_lease.as_stored(current))
