@@ -140,7 +140,7 @@ def sql_table(request: pytest.FixtureRequest, kind: str) -> str:
             conn = pymysql.connect(
                 host="127.0.0.1", user="root", database="test", connect_timeout=3
             )
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any failure to connect means the server is unavailable
         backend_unavailable(f"{server}: {type(exc).__name__}: {exc}")
 
     def drop() -> None:

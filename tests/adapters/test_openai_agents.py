@@ -55,14 +55,12 @@ from stepstone import (
     start,
 )
 from stepstone.adapters.openai_agents import (
-    _MISSING,
     PREFIX,
     AgentRunStep,
     ConcurrentUnits,
     StepstoneModel,
     StepstoneRunner,
     StepstoneSession,
-    _Journal,
     aapprove,
     apending_approvals,
     approve,
@@ -71,6 +69,7 @@ from stepstone.adapters.openai_agents import (
     journal_record_id,
     pending_approvals,
 )
+from stepstone.adapters.openai_agents._journal import MISSING, Journal, journal_var
 
 DURABLE = ("file", "sqlite", "postgresql", "mysql", "cosmos")
 #: Seconds a child process may take (it imports the SDK and opens the store).
@@ -456,15 +455,15 @@ async def test_journal_entries_are_write_once_and_a_deleted_runs_are_not_replaye
     a run deleted and started again under its id runs its model calls afresh; a record
     at a journal id that is not an entry is refused."""
     store = open_store("memory://oa-journal")
-    first = _Journal(store, "j", "agent", "created-1", sync=False)
+    first = Journal(store, "j", "agent", "created-1", sync=False)
     assert await first.put("get_response", {"n": 1}) == {"n": 1}
-    again = _Journal(store, "j", "agent", "created-1", sync=True)
+    again = Journal(store, "j", "agent", "created-1", sync=True)
     assert await again.put("get_response", {"n": 2}) == {"n": 1}
     assert await again.get("get_response") == {"n": 1}
-    assert await _Journal(store, "j", "agent", "created-2", sync=False).get("get_response") is (
-        _MISSING
+    assert await Journal(store, "j", "agent", "created-2", sync=False).get("get_response") is (
+        MISSING
     )
-    assert await _Journal(store, "j", "agent", "created-2", sync=False).put("get_response", 3) == 3
+    assert await Journal(store, "j", "agent", "created-2", sync=False).put("get_response", 3) == 3
     await store.asave(Checkpoint(run_id=journal_record_id("j", "agent", "x"), state={"a": 1}))
     with pytest.raises(ConflictError, match="is not journal entry"):
         await first.get("x")
@@ -615,9 +614,7 @@ async def test_refusals_say_what_is_wrong() -> None:
     with pytest.raises(InvalidWorkflow, match="durable_tool takes a FunctionTool"):
         durable_tool("lookup")  # type: ignore[arg-type]
     model = StepstoneModel(FakeModel("lookup"))
-    from stepstone.adapters import openai_agents as module
-
-    token = module._journal.set(module._Journal(store, "r3", "agent", "t", sync=False))
+    token = journal_var.set(Journal(store, "r3", "agent", "t", sync=False))
     try:
         with pytest.raises(InvalidWorkflow, match="not journaled"):
             model.stream_response(
@@ -633,7 +630,7 @@ async def test_refusals_say_what_is_wrong() -> None:
                 prompt=None,
             )
     finally:
-        module._journal.reset(token)
+        journal_var.reset(token)
 
 
 @synchronously

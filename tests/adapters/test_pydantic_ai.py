@@ -425,19 +425,20 @@ def test_sub_agent_inside_a_tool_is_part_of_the_tool_call(memory_store: Store, l
 
 def test_concurrent_units_are_refused(memory_store: Store) -> None:
     """Two units of one agent run in flight at once raise ConcurrentUnits, naming both."""
-    from stepstone.adapters.pydantic_ai import ConcurrentUnits, _Session, _session
+    from stepstone.adapters.pydantic_ai import ConcurrentUnits
+    from stepstone.adapters.pydantic_ai._journal import Session, session_var
 
     backend = StepstoneDurability.from_agent(make_agent())
     assert backend is not None
     engine = backend.get_durable_operation_backend()
-    session = _Session(memory_store, "conc", "agent", epoch=1, run_created="t", sync=False)
+    session = Session(memory_store, "conc", "agent", epoch=1, run_created="t", sync=False)
 
     async def body() -> object:
         await asyncio.sleep(0.05)
         return "x"
 
     async def main() -> None:
-        token = _session.set(session)
+        token = session_var.set(session)
         try:
             await asyncio.gather(
                 *(
@@ -452,7 +453,7 @@ def test_concurrent_units_are_refused(memory_store: Store) -> None:
                 )
             )
         finally:
-            _session.reset(token)
+            session_var.reset(token)
 
     with pytest.raises(ConcurrentUnits, match="'second' started while 'first'"):
         asyncio.run(main())
@@ -460,11 +461,11 @@ def test_concurrent_units_are_refused(memory_store: Store) -> None:
 
 def test_stale_owner_is_fenced(memory_store: Store) -> None:
     """A journal written at a newer epoch refuses an older owner's writes (LeaseLost)."""
-    from stepstone.adapters.pydantic_ai import _Session
+    from stepstone.adapters.pydantic_ai._journal import Session
 
     async def main() -> None:
-        new = _Session(memory_store, "fence", "agent", epoch=3, run_created="t", sync=False)
-        old = _Session(memory_store, "fence", "agent", epoch=2, run_created="t", sync=False)
+        new = Session(memory_store, "fence", "agent", epoch=3, run_created="t", sync=False)
+        old = Session(memory_store, "fence", "agent", epoch=2, run_created="t", sync=False)
         await old.open()
         await new.open()
         assert await new.record("a", 1) == 1
@@ -597,12 +598,12 @@ def test_an_answer_from_ask_is_recorded_and_not_asked_again(memory_store: Store,
         "payload": journal["support__external_event.approve.ask"]
     }
     # Replayed from the journal (a retry or a resume would do this): no second ask.
-    from stepstone.adapters.pydantic_ai import _Session, _session
+    from stepstone.adapters.pydantic_ai._journal import Session, session_var
 
     async def replay() -> str:
         cp = memory_store.load("policy")
         assert cp is not None and cp.created_at is not None
-        session = _Session(
+        session = Session(
             memory_store,
             "policy",
             "agent",
@@ -611,11 +612,11 @@ def test_an_answer_from_ask_is_recorded_and_not_asked_again(memory_store: Store,
             sync=False,
         )
         await session.open()
-        token = _session.set(session)
+        token = session_var.set(session)
         try:
             return (await agent.run("q")).output
         finally:
-            _session.reset(token)
+            session_var.reset(token)
 
     assert asyncio.run(replay()) == "done: refunded 5"
     assert calls(log) == Counter({"model": 2, "refund": 1, "policy": 1})
@@ -751,7 +752,7 @@ def _serve_until_done(store: Store, flow: Workflow, run_id: str, asynchronous: b
 
         async def main() -> None:
             task = asyncio.create_task(worker.aserve())
-            while _status(store, run_id) != "done":
+            while _status(store, run_id) != "done":  # noqa: ASYNC110 - polls the store, which has no event to wait on
                 await asyncio.sleep(0.02)
             worker.stop()
             await task

@@ -172,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with contextlib.suppress(OSError, ValueError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_ERROR
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - the last resort: any failure is one line and an exit code
         code, message = _classify(exc)
         if verbose:
             text = "".join(traceback.format_exception(exc))

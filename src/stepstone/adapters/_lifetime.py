@@ -1,0 +1,42 @@
+"""The lifetime an adapter shares: a store it was handed, or one it opened and closes."""
+
+from __future__ import annotations
+
+from typing import Self
+
+from .._store import Store
+
+__all__ = ["StoreOwner"]
+
+
+class StoreOwner:
+    """``close`` / ``aclose`` and both context managers for an adapter over a ``store``.
+
+    A store the adapter opened itself from a config string (``owns_store``) is closed
+    with it; one it was handed stays open for whoever opened it.
+    """
+
+    store: Store
+    owns_store: bool
+
+    def close(self) -> None:
+        """Close the store if this object opened it from a config string."""
+        if self.owns_store:
+            self.store.close()
+
+    async def aclose(self) -> None:
+        """Async ``close``."""
+        if self.owns_store:
+            await self.store.aclose()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()

@@ -1,0 +1,50 @@
+"""A LangGraph checkpointer on any stepstone store (``pip install stepstone[langgraph]``).
+
+::
+
+    from stepstone.adapters.langgraph import StepstoneSaver
+
+    with StepstoneSaver.from_config("postgresql://app@db/agents") as saver:
+        graph = builder.compile(checkpointer=saver)
+        graph.invoke(inputs, {"configurable": {"thread_id": "chat-42"}})
+
+What is stored, one stepstone record per item (so no record grows with a thread's
+history, and Cosmos DB's 2 MB item limit applies to one checkpoint, not to a thread):
+
+- ``{prefix}/{thread}/{ns}/{checkpoint_id}``: one LangGraph checkpoint: its parent id,
+  its metadata (as JSON when it is JSON, else serialized), the checkpoint's fields, and
+  each channel value serialized by the saver's ``serde`` (LangGraph's
+  ``JsonPlusSerializer``: msgpack) as ``[type, encoding, text]``: the bytes as a string
+  of one character per byte (``"text"``, for mostly-text msgpack) or base64 (``"b64"``),
+  whichever is shorter.
+- ``{prefix}/{thread}/{ns}/{checkpoint_id}/writes``: the pending writes of that
+  checkpoint, one entry per ``(task_id, idx)``.
+- ``{prefix}/{thread}/{ns}``: the head of the namespace: the latest checkpoint id, and
+  the owner lease when the saver is given an ``owner``.
+
+Thread ids, namespaces and checkpoint ids are percent-encoded in the keys. Each record
+is a finished stepstone run (status ``done``, workflow ``langgraph``), so workers never
+claim them and ``stepstone runs`` lists them under those names.
+
+Write ownership, which LangGraph's own savers do not have: a checkpoint id is written
+once (a second ``put`` of the same id with other content raises ``CheckpointConflict``),
+and a checkpoint the Pregel loop writes (``source="loop"``) must extend the head of its
+namespace: if another process advanced the thread meanwhile, the write is refused with
+``CheckpointConflict`` instead of landing beside the other writer's as if alone. Time
+travel stays open: ``update_state`` and replays from an older checkpoint write
+``source="update"``/``"fork"``/``"input"`` checkpoints, which may branch from any
+parent, and the loop then continues from that branch. With ``owner=`` (opt-in), each
+thread namespace is leased to one owner: a write by anyone else while the lease is live
+raises ``ThreadOwned``; after ``lease`` seconds without a write the next writer takes
+over.
+
+Pickle: the default serializer never pickles, and a stored value of type ``pickle`` is
+refused on load with ``UnsafeCheckpoint`` unless the saver is built with
+``allow_pickle=True``.
+"""
+
+from ._codec import WORKFLOW as WORKFLOW  # the records' workflow name, as before
+from ._errors import CheckpointConflict, ThreadOwned, UnsafeCheckpoint
+from ._saver import StepstoneSaver
+
+__all__ = ["CheckpointConflict", "StepstoneSaver", "ThreadOwned", "UnsafeCheckpoint"]

@@ -1,0 +1,179 @@
+"""Keys and encoding of the LangGraph saver's records (the layout the package docstring draws).
+
+Keys percent-encode thread ids, namespaces and checkpoint ids; channel values and writes
+go through the saver's ``serde`` into JSON strings; metadata stays plain JSON when it is.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any, cast
+from urllib.parse import quote, unquote
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import Checkpoint as LGCheckpoint
+from langgraph.checkpoint.base import (
+    CheckpointMetadata,
+    CheckpointTuple,
+    PendingWrite,
+    writes_sort_key,
+)
+from langgraph.checkpoint.serde.base import SerializerProtocol
+
+from ..._checkpoint import MAX_RUN_ID_LENGTH, Checkpoint, find_non_json
+from ..._errors import ConfigError
+from ._errors import UnsafeCheckpoint
+
+#: The ``workflow`` name every record of this adapter carries (CLI and dashboard).
+WORKFLOW = "langgraph"
+# The bytes that cost more than one byte in a JSON string of one character per byte.
+_HIGH_BYTES = bytes(range(0x80, 0x100))
+_CONTROL_BYTES = bytes(range(0x20))
+_SAMPLE = 1024
+
+
+def q(part: str) -> str:
+    """Percent-encode one segment of a key."""
+    return quote(part, safe="")
+
+
+def kind_of(record: Checkpoint | None, kind: str) -> dict[str, Any] | None:
+    """The record's state if it is one of ours of ``kind``, else None."""
+    if record is None or record.state.get("kind") != kind:
+        return None
+    return record.state
+
+
+class Codec:
+    """The saver's keys and encodings; ``StepstoneSaver`` sets the attributes."""
+
+    prefix: str
+    serde: SerializerProtocol
+    allow_pickle: bool
+
+    def _ns_key(self, thread_id: str, ns: str) -> str:
+        if not isinstance(thread_id, str) or not thread_id:
+            raise ConfigError(f"configurable.thread_id must be a non-empty str, got {thread_id!r}")
+        key = f"{self.prefix}/{q(thread_id)}/{q(ns)}"
+        # Room for "/{checkpoint_id}/writes" (a uuid is 36 characters).
+        if len(key) > MAX_RUN_ID_LENGTH - 60:
+            raise ConfigError(
+                f"thread_id and checkpoint_ns are too long to store ({len(key)} characters "
+                f"once encoded; at most {MAX_RUN_ID_LENGTH - 60} with the prefix)"
+            )
+        return key
+
+    def _cp_key(self, thread_id: str, ns: str, checkpoint_id: str) -> str:
+        return f"{self._ns_key(thread_id, ns)}/{q(checkpoint_id)}"
+
+    def _parse(self, key: str) -> tuple[str, str, str | None, bool] | None:
+        """``(thread_id, ns, checkpoint_id or None for a head, is_writes)`` of a key."""
+        parts = key.split("/")
+        if len(parts) < 3 or parts[0] != self.prefix:
+            return None
+        thread_id, ns = unquote(parts[1]), unquote(parts[2])
+        if len(parts) == 3:
+            return thread_id, ns, None, False
+        if len(parts) == 4:
+            return thread_id, ns, unquote(parts[3]), False
+        if len(parts) == 5 and parts[4] == "writes":
+            return thread_id, ns, unquote(parts[3]), True
+        return None
+
+    def _dump(self, value: Any, where: str) -> list[str]:
+        type_, data = self.serde.dumps_typed(value)
+        if type_ == "pickle" and not self.allow_pickle:
+            raise UnsafeCheckpoint(
+                f"{where}: the serializer produced pickle; pass allow_pickle=True to "
+                "StepstoneSaver to store pickled values, or store msgpack-serializable ones"
+            )
+        # Bytes into a JSON string, whichever way is shorter: one character per byte
+        # (U+0000-U+00FF: one UTF-8 byte for ASCII, two above, six for a control
+        # character JSON escapes) for msgpack that is mostly text, as a chat's is; else
+        # base64's fixed 4/3. The choice only affects size, so a large value is judged
+        # on three samples rather than scanned whole.
+        if len(data) > 3 * _SAMPLE:
+            middle = len(data) // 2
+            sample = data[:_SAMPLE] + data[middle : middle + _SAMPLE] + data[-_SAMPLE:]
+        else:
+            sample = data
+        size = len(sample)
+        text_cost = (
+            size
+            + (size - len(sample.translate(None, _HIGH_BYTES)))
+            + 5 * (size - len(sample.translate(None, _CONTROL_BYTES)))
+        )
+        if text_cost <= 4 * ((size + 2) // 3):
+            return [type_, "text", data.decode("latin-1")]
+        return [type_, "b64", base64.b64encode(data).decode("ascii")]
+
+    def _undump(self, packed: list[str], where: str) -> Any:
+        type_, encoding, data = packed
+        if type_ == "pickle" and not self.allow_pickle:
+            raise UnsafeCheckpoint(
+                f"{where} is stored as pickle, which runs code when loaded; refused. "
+                "Pass allow_pickle=True to StepstoneSaver only if nobody else can write "
+                "to the store"
+            )
+        raw = data.encode("latin-1") if encoding == "text" else base64.b64decode(data)
+        return self.serde.loads_typed((type_, raw))
+
+    def _pack(self, value: Any, where: str) -> dict[str, Any]:
+        # Plain JSON stays readable in the store (operators filter and read metadata);
+        # anything else goes through the serializer, so nothing is lost.
+        if isinstance(value, dict) and find_non_json(value) is None:
+            return {"json": value}
+        return {"serde": self._dump(value, where)}
+
+    def _unpack(self, packed: dict[str, Any], where: str) -> Any:
+        if "json" in packed:
+            return packed["json"]
+        return self._undump(packed["serde"], where)
+
+    def _record(self, key: str, state: dict[str, Any], version: str | None) -> Checkpoint:
+        # total_steps=0 with no step completed: status "done", never claimed by a worker.
+        return Checkpoint(
+            run_id=key, state=state, version=version, total_steps=0, workflow=WORKFLOW
+        )
+
+    def _config(self, thread_id: str, ns: str, checkpoint_id: str) -> RunnableConfig:
+        return {
+            "configurable": {
+                "thread_id": thread_id,
+                "checkpoint_ns": ns,
+                "checkpoint_id": checkpoint_id,
+            }
+        }
+
+    def _tuple(self, record: dict[str, Any], writes: dict[str, Any] | None) -> CheckpointTuple:
+        thread_id, ns, cp_id = record["thread_id"], record["checkpoint_ns"], record["id"]
+        where = f"checkpoint {cp_id!r} of thread {thread_id!r}"
+        checkpoint = cast(dict[str, Any], self._unpack(record["checkpoint"], where))
+        checkpoint["channel_values"] = {
+            channel: self._undump(packed, f"{where}, channel {channel!r}")
+            for channel, packed in record["values"].items()
+        }
+        parent = record.get("parent")
+        return CheckpointTuple(
+            config=self._config(thread_id, ns, cp_id),
+            checkpoint=cast(LGCheckpoint, checkpoint),
+            metadata=cast(CheckpointMetadata, self._unpack(record["metadata"], where)),
+            parent_config=self._config(thread_id, ns, parent) if parent else None,
+            pending_writes=self._pending(writes, where),
+        )
+
+    def _pending(self, writes: dict[str, Any] | None, where: str) -> list[PendingWrite]:
+        if writes is None:
+            return []
+        entries = sorted(
+            writes["writes"].values(),
+            key=lambda e: writes_sort_key(e["task_path"], e["task_id"], e["idx"]),
+        )
+        return [
+            (
+                e["task_id"],
+                e["channel"],
+                self._undump(e["value"], f"{where}, write to {e['channel']!r}"),
+            )
+            for e in entries
+        ]

@@ -1,0 +1,220 @@
+"""The LangGraph saver's writes: checkpoints written once, the head, the owner lease.
+
+A checkpoint the Pregel loop writes must extend its namespace's head (``check_head``);
+the head is advanced last, by compare-and-swap, and is the commit point of a ``put``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
+    ChannelVersions,
+    CheckpointMetadata,
+    get_checkpoint_metadata,
+)
+from langgraph.checkpoint.base import Checkpoint as LGCheckpoint
+
+from ..._checkpoint import Checkpoint, evolve
+from ..._errors import ConflictError
+from .._drive import Delete, Load, Rule, Save
+from ._codec import Codec, kind_of
+from ._errors import CheckpointConflict, ThreadOwned
+
+# A compare-and-swap lost to a concurrent merge (parallel tasks' writes, a head being
+# advanced) is retried; this many losses in a row means something is wrong.
+MAX_RETRIES = 100
+# Sources of checkpoints a user asks for (time travel, manual updates, new input):
+# they may branch from any stored parent. Everything else is the loop's own progress.
+_BRANCH_SOURCES = frozenset({"input", "update", "fork"})
+
+
+class Writes(Codec):
+    """The write rules; ``StepstoneSaver`` sets the owner attributes."""
+
+    owner: str | None
+    lease: float
+    clock: Callable[[], datetime]
+
+    def _put_rule(
+        self,
+        config: RunnableConfig,
+        checkpoint: LGCheckpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> Rule[Any]:
+        conf = config["configurable"]
+        thread_id, ns = conf["thread_id"], conf.get("checkpoint_ns", "")
+        parent = conf.get("checkpoint_id") or None
+        cp_id = checkpoint["id"]
+        where = f"checkpoint {cp_id!r} of thread {thread_id!r}"
+        meta = get_checkpoint_metadata(config, metadata)
+        skeleton = {k: v for k, v in checkpoint.items() if k != "channel_values"}
+        state = {
+            "kind": "checkpoint",
+            "thread_id": thread_id,
+            "checkpoint_ns": ns,
+            "id": cp_id,
+            "parent": parent,
+            "metadata": self._pack(dict(meta), where),
+            "checkpoint": self._pack(skeleton, where),
+            "values": {
+                channel: self._dump(value, f"{where}, channel {channel!r}")
+                for channel, value in checkpoint["channel_values"].items()
+            },
+        }
+        ns_key = self._ns_key(thread_id, ns)
+        key = self._cp_key(thread_id, ns, cp_id)
+        branch = meta.get("source") in _BRANCH_SOURCES
+        head_record = yield Load(ns_key)
+        self._check_head(head_record, thread_id, ns, parent, cp_id, branch)
+        # Insert-if-absent: a checkpoint id is written once. The same content again is
+        # a retry of a put whose answer was lost, and succeeds.
+        try:
+            yield Save(self._record(key, state, None))
+        except ConflictError:
+            existing = kind_of((yield Load(key)), "checkpoint")
+            if existing is None or existing != state:
+                raise CheckpointConflict(
+                    f"{where} (namespace {ns!r}) is already stored with other content; "
+                    "a checkpoint id is written once. Another writer is driving this thread",
+                    thread_id,
+                    ns,
+                    cp_id,
+                ) from None
+        # Advance the head last: it is the commit point. A writer that loses the race
+        # here leaves its record behind unreferenced and removes it.
+        for _ in range(MAX_RETRIES):
+            try:
+                if head_record is None:
+                    head_state = {
+                        "kind": "head",
+                        "thread_id": thread_id,
+                        "checkpoint_ns": ns,
+                        "head": cp_id,
+                    }
+                    yield Save(self._lease(self._record(ns_key, head_state, None)))
+                else:
+                    head = head_record.state
+                    if head.get("head") != cp_id:
+                        yield Save(self._lease(evolve(head_record, state={**head, "head": cp_id})))
+                break
+            except ConflictError:
+                head_record = yield Load(ns_key)
+                try:
+                    self._check_head(head_record, thread_id, ns, parent, cp_id, branch)
+                except CheckpointConflict:
+                    yield Delete(key)
+                    raise
+        else:  # pragma: no cover - only under a pathological stream of concurrent writes
+            raise ConflictError(f"{where}: the head kept changing; {MAX_RETRIES} attempts")
+        return self._config(thread_id, ns, cp_id)
+
+    def _lease(self, head: Checkpoint) -> Checkpoint:
+        if self.owner is None:
+            return head
+        # The stepstone fields a run's lease uses; status stays "done" (total_steps=0),
+        # so no stepstone worker ever claims a thread.
+        return evolve(head, owner=self.owner, lease=self.lease, renewed_at=self.clock())
+
+    def _check_head(
+        self,
+        head_record: Checkpoint | None,
+        thread_id: str,
+        ns: str,
+        parent: str | None,
+        cp_id: str,
+        branch: bool,
+    ) -> None:
+        """Refuse a write that does not extend what the namespace's head says."""
+        if head_record is None:
+            return
+        head = head_record.state
+        # A live lease binds every saver, leased or not: an owner's thread is its own.
+        if (
+            head_record.owner not in (None, self.owner)
+            and head_record.renewed_at is not None
+            and head_record.lease is not None
+            and self.clock() < head_record.renewed_at + timedelta(seconds=head_record.lease)
+        ):
+            raise ThreadOwned(
+                f"thread {thread_id!r} (namespace {ns!r}) is leased to {head_record.owner!r} "
+                f"until {head_record.renewed_at + timedelta(seconds=head_record.lease):%H:%M:%S} "
+                "UTC; this saver's owner may write after the lease expires",
+                thread_id,
+                ns,
+                head_record.owner or "",
+            )
+        latest = head.get("head")
+        if branch or latest == cp_id or parent is None or parent == latest:
+            return
+        raise CheckpointConflict(
+            f"thread {thread_id!r} (namespace {ns!r}) advanced to checkpoint {latest!r} "
+            f"while this writer continued from {parent!r}: another process is driving "
+            "this thread. Nothing was written; reload the thread before continuing "
+            "(time travel is unaffected: update_state and forks may branch anywhere)",
+            thread_id,
+            ns,
+            parent,
+        )
+
+    def _put_writes_rule(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str,
+    ) -> Rule[Any]:
+        conf = config["configurable"]
+        thread_id, ns, cp_id = (
+            conf["thread_id"],
+            conf.get("checkpoint_ns", ""),
+            conf["checkpoint_id"],
+        )
+        key = self._cp_key(thread_id, ns, cp_id) + "/writes"
+        where = f"checkpoint {cp_id!r} of thread {thread_id!r}"
+        new: dict[str, dict[str, Any]] = {}
+        for idx, (channel, value) in enumerate(writes):
+            index = WRITES_IDX_MAP.get(channel, idx)
+            new[f"{task_id}|{index}"] = {
+                "task_id": task_id,
+                "idx": index,
+                "channel": channel,
+                "task_path": task_path,
+                "value": self._dump(value, f"{where}, write to {channel!r}"),
+            }
+        for _ in range(MAX_RETRIES):
+            stored = yield Load(key)
+            current = kind_of(stored, "writes")
+            entries = dict(current["writes"]) if current else {}
+            changed = False
+            for name, entry in new.items():
+                # A regular write is stored once per (task_id, idx); the special channels
+                # (errors, interrupts, resumes: negative idx) overwrite, as in LangGraph.
+                if entry["idx"] >= 0 and name in entries:
+                    continue
+                if entries.get(name) != entry:
+                    entries[name] = entry
+                    changed = True
+            if not changed:
+                return None
+            state = {
+                "kind": "writes",
+                "thread_id": thread_id,
+                "checkpoint_ns": ns,
+                "id": cp_id,
+                "writes": entries,
+            }
+            record = (
+                self._record(key, state, None) if stored is None else evolve(stored, state=state)
+            )
+            try:
+                yield Save(record)
+            except ConflictError:
+                continue  # a parallel task's writes landed first: merge again
+            return None
+        raise ConflictError(f"{where}: writes kept conflicting; {MAX_RETRIES} attempts")

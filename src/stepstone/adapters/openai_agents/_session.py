@@ -1,0 +1,277 @@
+"""``StepstoneSession``: the SDK's conversation memory, every change a compare-and-swap."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from typing import Any
+
+from ..._checkpoint import Checkpoint, evolve
+from ..._errors import ConflictError, InvalidWorkflow
+from ..._store import Store
+from ._journal import (
+    FORMAT,
+    MAX_TRIES,
+    MISSING,
+    Journal,
+    backoff,
+    done_record,
+    journal_var,
+    record_id,
+    scope_var,
+    to_json,
+)
+
+
+def _session_head_id(session_id: str) -> str:
+    return record_id(f"session:{session_id}")
+
+
+def _session_page_id(session_id: str, key: str) -> str:
+    return record_id(f"session-page:{key}:{session_id}")
+
+
+def _size(items: list[Any]) -> int:
+    return len(json.dumps(items, ensure_ascii=False, separators=(",", ":")))
+
+
+class StepstoneSession:
+    """The SDK's ``Session`` (conversation memory) in a stepstone store, on every backend.
+
+    Every change is one compare-and-swap on the session's head record, retried on
+    conflict, so concurrent turns (threads, tasks, processes) never interleave a batch
+    or lose an item. When the head's items pass ``page_bytes`` of JSON, the older ones
+    move to a write-once page record, so no record grows past a backend's limit (Cosmos
+    DB: 2 MB). Inside a stepstone agent run, reads are journaled and writes applied once
+    per run (a replay neither sees the history its crashed attempt added nor adds it
+    again).
+
+    Example:
+        ``session = StepstoneSession("chat-42", store)``, then
+        ``StepstoneRunner.run(store, run_id, agent, text, session=session)`` or the SDK's own
+        ``Runner.run(agent, text, session=session)``.
+    """
+
+    #: Write ids (of writes made inside durable runs) the head remembers, newest last.
+    APPLIED_KEPT = 64
+
+    def __init__(
+        self,
+        session_id: str,
+        store: Store,
+        *,
+        page_bytes: int = 256_000,
+        session_settings: Any = None,
+    ) -> None:
+        if not isinstance(session_id, str) or not session_id:
+            raise InvalidWorkflow(f"session_id must be a non-empty str, got {session_id!r}")
+        if not isinstance(store, Store):
+            raise InvalidWorkflow(f"store must be a stepstone Store, got {type(store).__name__}")
+        if isinstance(page_bytes, bool) or not isinstance(page_bytes, int) or page_bytes < 1:
+            raise InvalidWorkflow(f"page_bytes must be a positive int, got {page_bytes!r}")
+        self.session_id = session_id
+        self.store = store
+        self.page_bytes = page_bytes
+        self.session_settings = session_settings
+        self.head_id = _session_head_id(session_id)
+        #: Compare-and-swap conflicts met (and retried) by this object's writes.
+        self.conflicts = 0
+
+    def _empty(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "session": self.session_id,
+            "items": [],
+            "pages": [],
+            "next_page": 1,
+            "applied": [],
+        }
+
+    async def _head(self) -> tuple[Checkpoint | None, dict[str, Any]]:
+        cp = await self.store.aload(self.head_id)
+        if cp is None:
+            return None, self._empty()
+        if cp.state.get("session") != self.session_id:
+            raise ConflictError(
+                f"record {self.head_id!r} exists but is not the head of session "
+                f"{self.session_id!r}",
+                self.head_id,
+            )
+        return cp, cp.state
+
+    async def _commit(self, cp: Checkpoint | None, state: dict[str, Any]) -> bool:
+        """Save ``state`` as the head over ``cp``; return False on a conflict (retry)."""
+        intended = done_record(self.head_id, state) if cp is None else evolve(cp, state=state)
+        try:
+            await self.store.asave(intended)
+        except ConflictError:
+            self.conflicts += 1
+            return False
+        return True
+
+    async def _drop_pages(self, keys: list[str]) -> None:
+        # Best effort: a page no head refers to is never read; a failed delete leaves
+        # a dead record, not a wrong session.
+        for key in keys:
+            with contextlib.suppress(Exception):
+                await self.store.adelete(_session_page_id(self.session_id, key))
+
+    async def _write_page(self, seq: int, items: list[Any]) -> str:
+        """Create a page of ``items``; return its key, ``SEQ-RANDOM``.
+
+        The random part makes every writer's page its own: a writer that loses the head's
+        compare-and-swap deletes only the page it made, never one another head refers to.
+        """
+        key = f"{seq}-{os.urandom(6).hex()}"
+        state = {"format": FORMAT, "session": self.session_id, "items": items}
+        await self.store.asave(done_record(_session_page_id(self.session_id, key), state))
+        return key
+
+    @staticmethod
+    def _write_id() -> tuple[Journal, str] | None:
+        journal = journal_var.get()
+        if journal is None:
+            return None
+        return journal, journal.next_name(f"{scope_var.get()}session.write")
+
+    @staticmethod
+    def _applied(state: dict[str, Any], write: tuple[Journal, str] | None) -> Any:
+        if write is None:
+            return MISSING
+        journal, key = write
+        wid = f"{journal.run_id}/{journal.step_name}/{journal.run_created}/{key}"
+        for applied, result in state.get("applied", []):
+            if applied == wid:
+                return result
+        return MISSING
+
+    def _remember(
+        self, state: dict[str, Any], write: tuple[Journal, str] | None, result: Any
+    ) -> None:
+        if write is not None:
+            journal, key = write
+            wid = f"{journal.run_id}/{journal.step_name}/{journal.run_created}/{key}"
+            state["applied"] = [*state.get("applied", []), [wid, result]][-self.APPLIED_KEPT :]
+
+    async def get_items(self, limit: int | None = None) -> list[Any]:
+        """Return the history, oldest first; with ``limit``, only the newest ``limit`` items."""
+        if limit is None and self.session_settings is not None:
+            limit = getattr(self.session_settings, "limit", None)
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
+            raise InvalidWorkflow(f"limit must be an int or None, got {limit!r}")
+        journal = journal_var.get()
+        if journal is not None:
+            scope = scope_var.get()
+            key = journal.next_name(f"{scope}session.get_items")
+            found = await journal.lookup(scope, key)
+            if found is not MISSING:
+                return list(found["items"])
+            items = await self._read(limit)
+            recorded = await journal.put(key, {"items": items})
+            return list(recorded["items"])
+        return await self._read(limit)
+
+    async def _read(self, limit: int | None) -> list[Any]:
+        if limit is not None and limit <= 0:
+            return []
+        for attempt in range(MAX_TRIES):
+            _, state = await self._head()
+            items = list(state["items"])
+            complete = True
+            for seq, _count in reversed(state["pages"]):
+                if limit is not None and len(items) >= limit:
+                    break
+                page = await self.store.aload(_session_page_id(self.session_id, seq))
+                if page is None:  # dropped by a pop or clear since we read the head
+                    complete = False
+                    break
+                items = list(page.state["items"]) + items
+            if complete:
+                return items if limit is None else items[-limit:]
+            await backoff(attempt)
+        raise ConflictError(
+            f"session {self.session_id!r}: changed too often to be read", self.head_id
+        )
+
+    async def add_items(self, items: list[Any]) -> None:
+        """Append ``items`` (one batch, kept together and in order) to the history."""
+        if not isinstance(items, list):
+            raise InvalidWorkflow(f"items must be a list, got {type(items).__name__}")
+        batch = to_json(items, "the session items")
+        if not batch:
+            return
+        write = self._write_id()
+        for attempt in range(MAX_TRIES):
+            cp, state = await self._head()
+            if self._applied(state, write) is not MISSING:
+                return
+            new = dict(state)
+            old = list(state["items"])
+            new["items"] = old + batch
+            moved: str | None = None
+            if old and _size(new["items"]) > self.page_bytes:
+                # The head's older items become a page; the head keeps this batch.
+                moved = await self._write_page(state["next_page"], old)
+                new["pages"] = [*state["pages"], [moved, len(old)]]
+                new["next_page"] = state["next_page"] + 1
+                new["items"] = batch
+            self._remember(new, write, None)
+            if await self._commit(cp, new):
+                return
+            if moved is not None:
+                await self._drop_pages([moved])
+            await backoff(attempt)
+        raise ConflictError(
+            f"session {self.session_id!r}: {MAX_TRIES} other writers got in first", self.head_id
+        )
+
+    async def pop_item(self) -> Any:
+        """Remove and return the newest item, or None when the history is empty."""
+        write = self._write_id()
+        for attempt in range(MAX_TRIES):
+            cp, state = await self._head()
+            done = self._applied(state, write)
+            if done is not MISSING:
+                return done
+            new = dict(state)
+            items = list(state["items"])
+            dropped: list[str] = []
+            if not items and state["pages"]:
+                seq = state["pages"][-1][0]
+                page = await self.store.aload(_session_page_id(self.session_id, seq))
+                if page is None:
+                    await backoff(attempt)
+                    continue
+                items = list(page.state["items"])
+                new["pages"] = state["pages"][:-1]
+                dropped = [seq]
+            if not items:
+                return None
+            popped = items.pop()
+            new["items"] = items
+            self._remember(new, write, popped)
+            if await self._commit(cp, new):
+                await self._drop_pages(dropped)
+                return popped
+            await backoff(attempt)
+        raise ConflictError(
+            f"session {self.session_id!r}: {MAX_TRIES} other writers got in first", self.head_id
+        )
+
+    async def clear_session(self) -> None:
+        """Remove every item of the session."""
+        write = self._write_id()
+        for attempt in range(MAX_TRIES):
+            cp, state = await self._head()
+            if cp is None or self._applied(state, write) is not MISSING:
+                return
+            new = {**self._empty(), "next_page": state["next_page"], "applied": state["applied"]}
+            self._remember(new, write, None)
+            if await self._commit(cp, new):
+                await self._drop_pages([seq for seq, _ in state["pages"]])
+                return
+            await backoff(attempt)
+        raise ConflictError(
+            f"session {self.session_id!r}: {MAX_TRIES} other writers got in first", self.head_id
+        )

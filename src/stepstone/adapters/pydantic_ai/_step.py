@@ -1,0 +1,227 @@
+"""``AgentStep`` and the one-call helpers: a pydantic-ai agent run as one durable step."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine, Generator
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
+
+from pydantic_ai.durable_exec import (
+    replay_scope,
+)
+from pydantic_ai.run import AgentRunResult
+from pydantic_core import to_jsonable_python
+
+from ..._checkpoint import Checkpoint, utcnow
+from ..._effects import Effect
+from ..._errors import InvalidWorkflow, LeaseLost
+from ..._runner import arun, run
+from ..._steps import RetryPolicy, check_name
+from ..._store import Store
+from ..._suspend import Complete, SuspendingStep, Wait, pending_signals
+
+if TYPE_CHECKING:
+    from pydantic_ai.agent import AbstractAgent
+
+    from ..._core import Plan
+from .._agent_call import call_agent, check_options, in_sync_run
+from ._capability import StepstoneDurability
+from ._journal import Session, Suspend, journal_run_id, session_var
+
+# --- the step -------------------------------------------------------------------------
+
+
+def _find(error: BaseException, kind: type[BaseException]) -> BaseException | None:
+    """Return the first ``kind`` inside ``error`` (task groups wrap it in exception groups)."""
+    if isinstance(error, kind):
+        return error
+    if isinstance(error, BaseExceptionGroup):
+        for inner in error.exceptions:
+            found = _find(inner, kind)
+            if found is not None:
+                return found
+    return None
+
+
+class AgentStep(SuspendingStep):
+    """A step that runs a pydantic-ai agent durably; its output is merged under ``name``.
+
+    ``prompt`` is the user prompt, or a function of the run's state returning it;
+    ``deps`` a function of the state returning the agent's dependencies. The agent must
+    carry ``StepstoneDurability``. ``store`` is where the step's journal is kept: the
+    store the run lives in (the runner hands steps no store). The step suspends the run
+    while the agent waits for an external event (a stepstone signal of the wait's name),
+    and completes with the agent's output in its JSON form (``to_jsonable_python``), or
+    ``output(result)``. ``retry`` retries a failed agent run; the retry replays the
+    journal, so finished units are not paid again.
+    """
+
+    __slots__ = ("agent", "deps", "output", "prompt", "store")
+
+    def __init__(
+        self,
+        name: str,
+        agent: AbstractAgent[Any, Any],
+        prompt: str | Callable[[dict[str, Any]], str],
+        *,
+        store: Store,
+        deps: Callable[[dict[str, Any]], Any] | None = None,
+        output: Callable[[AgentRunResult[Any]], Any] | None = None,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        self.name = check_name(name)
+        if not isinstance(store, Store):
+            raise InvalidWorkflow(f"AgentStep {name!r}: store must be a stepstone Store")
+        self.store = store
+        if StepstoneDurability.from_agent(agent) is None:
+            raise InvalidWorkflow(
+                f"AgentStep {name!r}: the agent has no StepstoneDurability capability; create "
+                "it with Agent(..., name='...', capabilities=[StepstoneDurability()])"
+            )
+        if not (isinstance(prompt, str) or callable(prompt)):
+            raise InvalidWorkflow(f"AgentStep {name!r}: prompt must be a str or a function")
+        self.agent = agent
+        self.prompt = prompt
+        self.deps = deps
+        self.output = output
+        self.retry = retry
+
+    def __repr__(self) -> str:
+        return f"AgentStep({self.name!r}, {self.agent.name!r})"
+
+    def ready(self, cp: Checkpoint) -> bool:
+        signal = (cp.waiting_for or "").removeprefix("signal ")
+        if cp.waiting_for is not None and pending_signals(cp, signal):
+            return True
+        return cp.wake_at is not None and utcnow() >= cp.wake_at
+
+    def evaluate(
+        self, plan: Plan, cp: Checkpoint, index: int, state: dict[str, Any], first: bool
+    ) -> Generator[Effect, Any, Complete | Wait]:
+        sync = in_sync_run()
+        session = Session(
+            self.store,
+            plan.run_id,
+            self.name,
+            epoch=cp.epoch,
+            # Milliseconds: what every backend keeps of a time, whatever it rounds off.
+            run_created=(cp.created_at or utcnow()).isoformat(timespec="milliseconds"),
+            sync=sync,
+        )
+
+        def body() -> Coroutine[Any, Any, dict[str, Any]]:
+            return self._execute(session, state)
+
+        what = f"AgentStep {self.name!r}"
+        outcome = yield from call_agent(self.name, what, plan, cp, index, state, sync, body)
+        consumed = dict(cp.consumed)
+        for signal, count in outcome["taken"].items():
+            consumed[signal] = consumed.get(signal, 0) + count
+        changes = {"consumed": consumed} if outcome["taken"] else {}
+        if "wait" in outcome:
+            wake = outcome["wake_at"]
+            return Wait(
+                f"signal {outcome['wait']}",
+                None if wake is None else datetime.fromisoformat(wake),
+                changes,
+            )
+        return Complete({self.name: outcome["output"]}, changes)
+
+    async def _execute(self, session: Session, state: dict[str, Any]) -> dict[str, Any]:
+        """Run the agent with the journal; return its output, or the wait that stopped it."""
+        await session.open()
+        prompt = self.prompt if isinstance(self.prompt, str) else self.prompt(state)
+        deps = None if self.deps is None else self.deps(state)
+        token = session_var.set(session)
+        suspended: Suspend | None = None
+        try:
+            with replay_scope():
+                result = await self.agent.run(prompt, deps=deps)
+        except BaseException as error:
+            found = _find(error, Suspend)
+            if found is None:
+                lost = _find(error, LeaseLost)
+                if lost is not None and lost is not error:
+                    raise lost from error
+                raise
+            assert isinstance(found, Suspend)
+            suspended = found
+        finally:
+            session_var.reset(token)
+        cp = await session.latest_run()
+        taken = session.taken_by_name(cp)
+        if suspended is not None:
+            wake = None if suspended.wake_at is None else suspended.wake_at.isoformat()
+            return {"wait": suspended.signal, "wake_at": wake, "taken": taken}
+        value = self.output(result) if self.output is not None else result.output
+        return {"output": to_jsonable_python(value), "taken": taken}
+
+
+def read_journal(store: Store, run_id: str, step_name: str = "agent") -> dict[str, Any]:
+    """Return the journal entries (persisted name -> JSON result) of one agent step."""
+    cp = store.load(journal_run_id(run_id, step_name))
+    if cp is None:
+        return {}
+    entries = cp.state.get("entries")
+    return dict(entries) if isinstance(entries, dict) else {}
+
+
+class AgentRunOptions(TypedDict, total=False):
+    """The keywords of ``durable_agent_run`` / ``adurable_agent_run``.
+
+    ``deps``: the agent's dependencies; ``lease``: the run's lease (``stepstone.run``'s).
+    """
+
+    deps: Any
+    lease: float | timedelta | None
+
+
+def _agent_step(
+    function: str, store: Store, agent: AbstractAgent[Any, Any], options: AgentRunOptions
+) -> AgentStep:
+    check_options(function, options, AgentRunOptions.__optional_keys__)
+    deps = options.get("deps")
+    return AgentStep("agent", agent, _prompt, store=store, deps=lambda _: deps)
+
+
+async def adurable_agent_run(
+    store: Store,
+    run_id: str,
+    agent: AbstractAgent[Any, Any],
+    prompt: str,
+    **options: Unpack[AgentRunOptions],
+) -> Any:
+    """Run ``agent`` on ``prompt`` as the stepstone run ``run_id``; return its output (JSON).
+
+    Calling it again after a crash resumes the run: finished model requests and tool calls
+    are replayed from the journal, not repeated. A run waiting for an external event
+    raises ``stepstone.Suspended``; call again once the signal was sent. ``deps`` and
+    ``lease`` (keywords, ``AgentRunOptions``) are the agent's dependencies and the run's
+    lease.
+
+    Raises:
+        Suspended: the agent waits for the signal named in ``Suspended.waiting_for``.
+        StepFailed: the agent run raised; the failure is saved on the run.
+        InputMismatch: the run exists with another prompt.
+    """
+    step = _agent_step("adurable_agent_run", store, agent, options)
+    lease = options.get("lease")
+    state = await arun(run_id, [step], store, input={"prompt": prompt}, lease=lease)
+    return state["agent"]
+
+
+def durable_agent_run(
+    store: Store,
+    run_id: str,
+    agent: AbstractAgent[Any, Any],
+    prompt: str,
+    **options: Unpack[AgentRunOptions],
+) -> Any:
+    """``adurable_agent_run`` for sync code (``stepstone.run`` underneath)."""
+    step = _agent_step("durable_agent_run", store, agent, options)
+    state = run(run_id, [step], store, input={"prompt": prompt}, lease=options.get("lease"))
+    return state["agent"]
+
+
+def _prompt(state: dict[str, Any]) -> str:
+    return str(state["prompt"])
