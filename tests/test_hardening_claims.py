@@ -46,6 +46,7 @@ from stepstone import (
 )
 from stepstone._checkpoint import DUE_NOW, Checkpoint, Signal, evolve, utcnow
 from stepstone._store import RunInfo
+from stepstone._watch import Watch
 from stepstone.stores.memory import MemoryStore
 from stepstone.testing._barrier import WAIT_TIMEOUT
 from stepstone.testing._base import child_env
@@ -675,7 +676,7 @@ def test_the_watch_counts_only_the_owners_writes() -> None:
     """``_Watch`` (no I/O): a new version from a signal leaves the owner's age running and
     expires it after one lease; a renewal (a new renewed_at, so a new due_at) restarts it."""
     cp = _lease.claimed(Checkpoint(run_id="r", total_steps=2, version="v1"), GHOST, 1.0)
-    watch = _worker._Watch()
+    watch = Watch()
     info = RunInfo.of(cp)
     assert watch.pick([info], set(), 0.0) == [info]  # first sight: load, to learn the lease
     assert not watch.expired(cp, 0.0)
@@ -693,7 +694,7 @@ def test_the_watch_counts_only_the_owners_writes() -> None:
 def test_the_watch_pages_on_and_starts_over() -> None:
     """``_Watch.turn``: a full page moves the place on (less what was claimed), a short one
     or full slots send the next look back to the earliest due, the page cap keeps it."""
-    watch = _worker._Watch()
+    watch = Watch()
     full = _worker._CLAIM_BATCH
     assert watch.turn("queued", full, 3, more=True, filled=False, capped=False)
     assert watch.skip["queued"] == full - 3

@@ -37,7 +37,7 @@ from stepstone._suspend import CHILD_POLL, child_run_id
 from stepstone.testing import Ops
 from stepstone.testing._barrier import WAIT_TIMEOUT
 from stepstone.testing._ops import MODES, Mode
-from stepstone.testing._runtime import _Serving, until
+from stepstone.testing._runtime_kit import Serving, until
 
 State = dict[str, Any]
 BACKENDS = ("memory", "file", "sqlite", "cosmos", "postgresql", "mysql")
@@ -197,7 +197,7 @@ def finished_by_a_worker(ops: Ops, config: str, parent: Workflow, run_id: str) -
         cp = ops.store.load(run_id)
         return cp is not None and cp.status == "done"
 
-    with _Serving(config, [parent], ops.mode, concurrency=4, poll=0.05):
+    with Serving(config, [parent], ops.mode, concurrency=4, poll=0.05):
         until(f"a worker to finish the Map parent {run_id!r}", done)
     final = ops.load(run_id)
     assert final is not None

@@ -48,7 +48,8 @@ async def arun(
     from the last checkpoint.
 
     Raises:
-        The errors of ``run``, and ``asyncio.CancelledError`` when cancelled.
+        StepstoneError: the errors of ``run``.
+        asyncio.CancelledError: the task was cancelled.
     """
     plan = make_plan(run_id, steps, store, input=input, lease=lease, asynchronous=True)
     return await adrive(plan, store)

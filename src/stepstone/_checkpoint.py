@@ -243,7 +243,6 @@ class Checkpoint:
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 #: Set by ``Store.import_checkpoint``: saves keep the checkpoint's timestamps.
 keep_times: ContextVar[bool] = ContextVar("stepstone_keep_times", default=False)
-_keep_times = keep_times  # alias until the other modules switch
 #: The ``wake_at`` that means "due now": before any clock's now, so a worker whose clock
 #: is behind the writer's (who queued, signalled or nudged) still finds the run due.
 DUE_NOW = _EPOCH

@@ -32,7 +32,20 @@ from ._steps import Workflow
 from ._store import RunInfo, Store
 from ._suspend import nudge, queued
 
-__all__ = ["acancel", "asignal", "astart", "cancel", "cancel_children", "signal", "start"]
+# cancel_op / signal_op: the operations as effect generators, for callers that drive them
+# with their own compare-and-swap (the dashboard pins the version its page showed).
+__all__ = [
+    "Op",
+    "acancel",
+    "asignal",
+    "astart",
+    "cancel",
+    "cancel_children",
+    "cancel_op",
+    "signal",
+    "signal_op",
+    "start",
+]
 
 # Each retry means another writer changed the record between our load and our save.
 _MAX_TRIES = 100
@@ -131,7 +144,7 @@ async def astart(
 # --- cancel ---------------------------------------------------------------------------
 
 
-def _cancel(run_id: str) -> Op:
+def cancel_op(run_id: str) -> Op:
     check_run_id(run_id)
     for _ in range(_MAX_TRIES):
         cp = yield Load(run_id)
@@ -169,7 +182,7 @@ def cancel_children(children: tuple[str, ...]) -> Op:
     """Cancel each of a parent's children that is still active."""
     for child in children:
         with contextlib.suppress(RunNotActive, RunNotFound):
-            yield from _cancel(child)
+            yield from cancel_op(child)
 
 
 def cancel(store: Store, run_id: str) -> RunInfo:
@@ -188,20 +201,20 @@ def cancel(store: Store, run_id: str) -> RunInfo:
         RunNotFound: no such run.
         RunNotActive: the run is done or already cancelled.
     """
-    result: RunInfo = _sync(_cancel(run_id), store)
+    result: RunInfo = _sync(cancel_op(run_id), store)
     return result
 
 
 async def acancel(store: Store, run_id: str) -> RunInfo:
     """Async ``cancel``."""
-    result: RunInfo = await _async(_cancel(run_id), store)
+    result: RunInfo = await _async(cancel_op(run_id), store)
     return result
 
 
 # --- signal ---------------------------------------------------------------------------
 
 
-def _signal(run_id: str, name: str, payload: Any, signal_id: str | None) -> Op:
+def signal_op(run_id: str, name: str, payload: Any, signal_id: str | None) -> Op:
     check_run_id(run_id)
     if not isinstance(name, str) or not name or len(name) > 200:
         raise InvalidWorkflow(f"a signal name must be a str of 1-200 characters, got {name!r}")
@@ -256,7 +269,7 @@ def signal(
         RunNotActive: the run is done or cancelled.
         InvalidState: ``payload`` is not JSON.
     """
-    result: bool = _sync(_signal(run_id, name, payload, signal_id), store)
+    result: bool = _sync(signal_op(run_id, name, payload, signal_id), store)
     return result
 
 
@@ -264,5 +277,5 @@ async def asignal(
     store: Store, run_id: str, name: str, payload: Any = None, *, signal_id: str | None = None
 ) -> bool:
     """Async ``signal``."""
-    result: bool = await _async(_signal(run_id, name, payload, signal_id), store)
+    result: bool = await _async(signal_op(run_id, name, payload, signal_id), store)
     return result

@@ -98,8 +98,6 @@ _MAX_REBASES = 50
 # itself as waiting, before it leaves the rest to a worker.
 _MAX_LOOKS = 5
 
-_ready = ready  # alias until the other modules switch
-
 
 class Interrupted(StepstoneError):
     """The run was given back at a step boundary because its worker is stopping."""

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
+from ._errors import safe_text
 from ._registry import ENV_VAR, open_store
 from ._runner import Step, StepContext, run
 
@@ -116,8 +117,8 @@ def _child(run_id: str) -> int:
             if completed:
                 _emit("saved", step=completed[-1])
             _emit("finished", state=state)
-    except Exception as exc:
-        _emit("error", message=f"{type(exc).__name__}: {exc}")
+    except Exception as exc:  # noqa: BLE001 - the demo child reports any failure to its parent
+        _emit("error", message=f"{type(exc).__name__}: {safe_text(exc)}")
         return 1
     return 0
 

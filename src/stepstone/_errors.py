@@ -34,6 +34,7 @@ from datetime import datetime
 from typing import Any
 
 __all__ = [
+    "safe_text",
     "CheckpointTooLarge",
     "ConfigError",
     "ConflictError",
@@ -214,3 +215,21 @@ class StoreUnavailable(StoreError):
 
 class StorePermissionError(StoreError, PermissionError):
     """The store refused the credentials, or none were found."""
+
+
+def safe_text(error: BaseException, limit: int = 2000) -> str:
+    """Return ``str(error)`` for a stored record: bounded, valid UTF-8, never raising.
+
+    An exception's ``__str__`` is user code and may itself raise; the run must still end
+    in ``StepFailed`` with its failure saved.
+    """
+    try:
+        text = str(error)
+    except Exception as exc:  # noqa: BLE001 - __str__ is user code, it may raise anything
+        try:
+            text = f"<{type(error).__qualname__}.__str__ raised {type(exc).__qualname__}>"
+        except Exception:  # noqa: BLE001 - even the type's name may fail to print
+            text = "<unprintable exception>"
+    if not isinstance(text, str):
+        text = "<__str__ returned a non-str>"
+    return text[:limit].encode("utf-8", "backslashreplace").decode("utf-8")

@@ -21,11 +21,11 @@ from ._errors import (
     StepFailed,
     Suspended,
     WorkflowChanged,
+    safe_text,
 )
 from ._observe import logger
 from ._plan import Plan
 from ._suspend import nudge
-from .stores._errortable import safe_text
 
 __all__ = ["SETTLED", "changed", "outcome", "park"]
 

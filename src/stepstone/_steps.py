@@ -18,7 +18,7 @@ from typing import Any
 
 from ._checkpoint import Checkpoint
 from ._effects import Effect
-from ._errors import InvalidWorkflow
+from ._errors import InvalidWorkflow, safe_text
 from ._plan import Plan
 
 __all__ = [
@@ -47,24 +47,6 @@ MAX_ATTEMPTS = 1_000_000
 
 class AttemptsExhausted(Exception):
     """The step's retry policy allows no more attempts (earlier ones died with the process)."""
-
-
-def safe_text(error: BaseException, limit: int = 2000) -> str:
-    """Return ``str(error)`` for a stored record: bounded, valid UTF-8, never raising.
-
-    An exception's ``__str__`` is user code and may itself raise; the run must still end
-    in ``StepFailed`` with its failure saved.
-    """
-    try:
-        text = str(error)
-    except Exception as exc:  # noqa: BLE001 - __str__ is user code, it may raise anything
-        try:
-            text = f"<{type(error).__qualname__}.__str__ raised {type(exc).__qualname__}>"
-        except Exception:  # noqa: BLE001 - even the type's name may fail to print
-            text = "<unprintable exception>"
-    if not isinstance(text, str):
-        text = "<__str__ returned a non-str>"
-    return text[:limit].encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _finite_number(name: str, value: object, low: float, high: float) -> float:
@@ -181,9 +163,6 @@ def check_name(name: object) -> str:
     except UnicodeEncodeError:
         raise InvalidWorkflow(f"step name {name!r} holds a lone surrogate") from None
     return name
-
-
-_check_name = check_name  # alias until the other modules switch
 
 
 @dataclass(frozen=True, slots=True)

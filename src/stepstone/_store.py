@@ -320,7 +320,7 @@ class Store(abc.ABC):
         --older-than`` treats migrated runs as it treated the originals.
 
         Raises:
-            The errors of ``save``.
+            StepstoneError: the errors of ``save``.
         """
         token = keep_times.set(True)
         try:

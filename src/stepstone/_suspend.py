@@ -409,9 +409,6 @@ def queued(
     )
 
 
-_queued = queued  # alias until the other modules switch
-
-
 def nudge(parent: str) -> Generator[Effect, Any, None]:
     """Tell a parent waiting on its children to look now (best effort; it also polls)."""
     for _ in range(5):

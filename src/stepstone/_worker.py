@@ -76,10 +76,6 @@ _CLAIM_BATCH = 100
 _MAX_PAGES = 10
 
 
-#: The claim decision's old name here, read by tests that predate ``_watch``.
-_Watch = Watch
-
-
 def _index(
     workflows: Iterable[Workflow] | Mapping[Any, Workflow],
 ) -> dict[tuple[str, str | None], Workflow]:

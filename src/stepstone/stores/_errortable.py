@@ -14,7 +14,7 @@ import contextlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
-from .._errors import StoreError
+from .._errors import StoreError, safe_text
 
 __all__ = ["ErrorRule", "map_exceptions", "safe_text", "translate"]
 
@@ -51,12 +51,9 @@ class ErrorRule:
         return any(t in lowered for t in self.text)
 
 
-def safe_text(exc: BaseException) -> str:
-    """Return ``str(exc)`` whitespace-collapsed, or a placeholder if ``__str__`` raises."""
-    try:
-        return " ".join(str(exc).split())
-    except Exception:  # noqa: BLE001 - a hostile __str__ must not hide the real error
-        return f"<{type(exc).__name__} whose message cannot be read>"
+def _collapsed(exc: BaseException) -> str:
+    """The driver's message on one line; safe when its ``__str__`` raises."""
+    return " ".join(safe_text(exc).split())
 
 
 def translate(
@@ -74,7 +71,7 @@ def translate(
     ``make`` builds the error when its class needs more than the message (a conflict's
     run id, a size); by default ``rule.error(message)``.
     """
-    text = scrub(safe_text(exc))
+    text = scrub(_collapsed(exc))
     names = {cls.__name__ for cls in type(exc).__mro__}
     lowered = text.lower()
     for rule in rules:

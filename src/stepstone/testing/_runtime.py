@@ -9,13 +9,10 @@ nothing, signals are applied exactly once. Each test runs in both forms (``ops``
 from __future__ import annotations
 
 from ._ownership import OwnershipContract
-from ._runtime_kit import Serving, until
+from ._runtime_kit import until
 from ._suspension import SuspensionContract
 
 __all__ = ["RuntimeContract", "until"]
-
-#: The old name, kept while tests/test_hardening_map.py imports it from here.
-_Serving = Serving
 
 
 class RuntimeContract(OwnershipContract, SuspensionContract):

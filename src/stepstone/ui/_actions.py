@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .._checkpoint import Checkpoint, evolve
-from .._control import Op, _cancel, _signal
+from .._control import Op, cancel_op, signal_op
 from .._core import Effect, Load, Save, step_through
 from .._errors import ConflictError, RunNotActive, RunNotFound, StepstoneError
 from .._store import RunInfo, Store, page_key
@@ -80,7 +80,7 @@ def cancel(store: Store, run_id: str, version: str) -> str:
         RunChanged: the run is not at ``version`` any more.
         RunNotActive: the run is done or cancelled.
     """
-    info: RunInfo = _pinned(_cancel(run_id), store, run_id, version)
+    info: RunInfo = _pinned(cancel_op(run_id), store, run_id, version)
     if info.status == "cancelled":
         return "cancelled the run"
     return "cancel requested: the run stops at its next step boundary"
@@ -103,7 +103,7 @@ def signal(store: Store, run_id: str, version: str, name: str, payload_text: str
         raise ValueError(
             f'the payload is not JSON ({exc}); e.g. {{"ok": true}}, or leave it empty for null'
         ) from None
-    sent: bool = _pinned(_signal(run_id, name, payload, sid), store, run_id, version)
+    sent: bool = _pinned(signal_op(run_id, name, payload, sid), store, run_id, version)
     if not sent:
         return f"signal {name!r} with this id was received before; nothing to do"
     return f"sent signal {name!r}"
