@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import abc
-import functools
 import heapq
 import os
 import time
@@ -145,6 +144,10 @@ class Store(abc.ABC):
     counts_requests: ClassVar[bool] = False
     #: ``aload``/``asave``/... use a native async driver rather than a thread.
     native_async: ClassVar[bool] = False
+    #: ``claimable``/``aclaimable`` take ``status=`` and ``skip=`` (one kind of run, paged).
+    #: False for a store written before paging: the worker then cuts pages from longer
+    #: answers (slower, never stuck). Every built-in backend declares True.
+    claims_by_kind: ClassVar[bool] = False
 
     @classmethod
     @abc.abstractmethod
@@ -181,6 +184,20 @@ class Store(abc.ABC):
             InvalidState: the state does not round-trip through JSON; nothing was stored.
             CheckpointTooLarge: the encoded checkpoint is over the backend's limit.
         """
+
+    def expire(self, run_id: str, ttl_seconds: int | None) -> bool:
+        """Let the backend delete the run by itself ``ttl_seconds`` after its last write.
+
+        Only where ``supports_ttl`` is True (Cosmos DB's native TTL); returns False if
+        there is no such run.
+
+        Raises:
+            StoreError: this backend has no native TTL (``supports_ttl`` is False).
+        """
+        raise StoreError(
+            f"the {self.scheme or type(self).__name__} store has no native TTL "
+            f"(cannot expire {run_id!r}); delete the run instead"
+        )
 
     @abc.abstractmethod
     def delete(self, run_id: str, *, expected_version: str | None = None) -> bool:
@@ -482,20 +499,6 @@ def check_page(status: object, skip: object) -> None:
         raise ValueError(f"skip must be an int >= 0, got {skip!r}")
 
 
-@functools.cache
-def pages(method: Callable[..., Any]) -> bool:
-    """Return whether a ``claimable``/``aclaimable`` takes ``status`` and ``skip``."""
-    import inspect  # noqa: PLC0415 - once per class, and only when a worker pages
-
-    try:
-        params = inspect.signature(method).parameters
-    except (TypeError, ValueError):
-        return False
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return True
-    return "status" in params and "skip" in params
-
-
 def claim_page(
     store: Store, now: datetime, limit: int, status: RunStatus | None, skip: int
 ) -> list[RunInfo]:
@@ -506,7 +509,7 @@ def claim_page(
     """
     if status is None and skip == 0:
         return store.claimable(now, limit)
-    if pages(type(store).claimable):
+    if store.claims_by_kind:
         return store.claimable(now, limit, status=status, skip=skip)
     check_page(status, skip)
     kind = [info for info in store.claimable(now, skip + limit) if info.status == status]
@@ -519,6 +522,6 @@ async def aclaim_page(
     """Async ``claim_page``: ``store.aclaimable``, or the sync page in a thread."""
     if status is None and skip == 0:
         return await store.aclaimable(now, limit)
-    if pages(type(store).aclaimable):
+    if store.claims_by_kind:
         return await store.aclaimable(now, limit, status=status, skip=skip)
     return await _to_thread(claim_page, store, now, limit, status, skip)

@@ -484,7 +484,7 @@ class Worker:
                 self.grace,
             )
 
-    def _abandon(self, timeout: float) -> list[str]:
+    def abandon(self, timeout: float) -> list[str]:
         """Give back the leases of runs still in a step after ``serve`` returned.
 
         Only for a process about to end at once (``stepstone worker`` calls this, then

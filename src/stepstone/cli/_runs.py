@@ -452,8 +452,7 @@ def _prune(args: argparse.Namespace) -> int:
     affected: list[str] = []
     kept: list[str] = []
     with opened(config) as store:
-        expire = getattr(store, "expire", None)
-        if args.ttl is not None and not callable(expire):
+        if args.ttl is not None and not store.supports_ttl:
             raise UsageError(
                 f"the {store.scheme or type(store).__name__} store has no native TTL; "
                 "prune without --ttl to delete the runs"
@@ -478,8 +477,8 @@ def _prune(args: argparse.Namespace) -> int:
             if not info_matches(RunInfo.of(cp), args.status, cutoff, None):
                 kept.append(info.run_id)
                 continue
-            if expire is not None and args.ttl is not None:
-                if expire(info.run_id, args.ttl) is not False:
+            if args.ttl is not None:
+                if store.expire(info.run_id, args.ttl) is not False:
                     affected.append(info.run_id)
                 continue
             try:

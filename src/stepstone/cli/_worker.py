@@ -186,8 +186,7 @@ def _worker(args: argparse.Namespace) -> int:
         # Runs still in a step after the grace: their threads would hold the process at
         # interpreter exit (and write into a closed store). Give their leases back and
         # end the process now, the store left open: each save is durable already.
-        abandon = getattr(worker, "_abandon", None)
-        stuck = abandon(_ABANDON_TIMEOUT) if abandon is not None else []
+        stuck = worker.abandon(_ABANDON_TIMEOUT)
         if stuck:
             _stopped(args, received, stuck)
             _exit_now(EXIT_OK)

@@ -57,6 +57,7 @@ class MemoryStore(Store):
     scheme: ClassVar[str] = "memory"
     durable: ClassVar[bool] = False
     native_async: ClassVar[bool] = True
+    claims_by_kind: ClassVar[bool] = True
 
     def __init__(self) -> None:
         # The saved checkpoints; ``state_json`` is the truth, ``state`` is never read back.

@@ -95,6 +95,7 @@ class CosmosStore(Admin):
     supports_ttl: ClassVar[bool] = True
     counts_requests: ClassVar[bool] = True
     native_async: ClassVar[bool] = True
+    claims_by_kind: ClassVar[bool] = True
 
     def __init__(
         self,

@@ -84,6 +84,7 @@ class FileStore(Store):
         }
     )
     native_async: ClassVar[bool] = False
+    claims_by_kind: ClassVar[bool] = True
 
     def __init__(
         self,
