@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-__all__ = ["fire", "install"]
+__all__ = ["fire", "install", "installed"]
 
 _hook: Callable[[str], None] | None = None
 
@@ -26,6 +26,11 @@ def install(hook: Callable[[str], None] | None) -> None:
     """Install ``hook`` (called with the point's name), or remove it with None."""
     global _hook  # noqa: PLW0603 - one process-wide test seam, on purpose
     _hook = hook
+
+
+def installed() -> Callable[[str], None] | None:
+    """Return the hook installed now (None if none), so a new one can chain to it."""
+    return _hook
 
 
 def fire(point: str) -> None:

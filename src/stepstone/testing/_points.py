@@ -18,19 +18,13 @@ from .. import _hooks
 __all__ = ["KillPoint", "kill_point"]
 
 
-def _installed() -> Callable[[str], None] | None:
-    """The hook installed now, so that a new one can chain to it and later restore it."""
-    # _hooks has no public getter (asked of the lead); this is the one place that reads it.
-    return _hooks._hook  # noqa: SLF001 - the only reader of the hook outside _hooks
-
-
 class KillPoint:
     """An action installed at one or more points; ``remove()`` or leaving ``with`` ends it."""
 
     def __init__(self, points: frozenset[str], action: Callable[[str], None]) -> None:
         self.points = points
         self.action = action
-        self._previous = _installed()
+        self._previous = _hooks.installed()
         self._removed = False
         _hooks.install(self._fire)
 
