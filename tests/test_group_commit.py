@@ -27,6 +27,7 @@ from stepstone import Checkpoint, CheckpointTooLarge, ConflictError, StoreError,
 from stepstone.stores._group import Pending
 from stepstone.stores._sql import ServerStore
 from stepstone.stores.sqlite import SQLiteStore
+from stepstone.testing import kill_point
 
 REPO = Path(__file__).resolve().parent.parent
 WAIT = 30.0  # seconds any wait below allows before failing, naming what hung
@@ -100,7 +101,7 @@ class HeldBatch:
             seen.append(threading.get_ident())
             try:
                 self.store.save(Checkpoint("leader", state={"n": 1}, version=base.version))
-            except BaseException as exc:
+            except BaseException as exc:  # noqa: BLE001 - kept for the test to assert on
                 self.leader_error = exc
 
         _hooks.install(hook)
@@ -137,7 +138,7 @@ def _in_threads(fns: list[Callable[[], Any]]) -> tuple[list[threading.Thread], l
     def call(i: int) -> None:
         try:
             results[i] = fns[i]()
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - each call's outcome, asserted after
             results[i] = exc
 
     threads = [threading.Thread(target=call, args=(i,), name=f"saver-{i}") for i in range(len(fns))]
@@ -314,15 +315,12 @@ def test_a_failed_commit_fails_every_save_of_its_batch(store: SQLiteStore) -> No
         fns: list[Callable[[], Any]] = [_bump(store, cp) for cp in firsts]
         threads, results = _in_threads(fns)
         held.queued(3)
-        inner = _hooks._hook
-        assert inner is not None
 
         def boom(point: str) -> None:
-            inner(point)
-            if point == "sqlite.in_transaction" and threading.current_thread().name != "leader":
+            if threading.current_thread().name != "leader":
                 raise RuntimeError("commit refused")
 
-        _hooks.install(boom)
+        kill_point("sqlite.in_transaction", boom)  # after HeldBatch's hook; removed below
     _join(threads, "the failing batch's saves")
     _hooks.install(None)
     for result in results:
@@ -358,12 +356,9 @@ def test_the_kill_point_sees_every_statement_executed_and_none_committed(
         fns: list[Callable[[], Any]] = [_bump(store, cp) for cp in firsts]
         threads, results = _in_threads(fns)
         held.queued(4)
-        inner = _hooks._hook
-        assert inner is not None
 
         def look(point: str) -> None:
-            inner(point)
-            if point == "sqlite.in_transaction" and threading.current_thread().name != "leader":
+            if threading.current_thread().name != "leader":
                 own = [
                     store._conn()
                     .execute(
@@ -374,7 +369,7 @@ def test_the_kill_point_sees_every_statement_executed_and_none_committed(
                 ]
                 seen.append((own, [_row(store.path, f"r{i}") for i in range(4)]))
 
-        _hooks.install(look)
+        kill_point("sqlite.in_transaction", look)  # after HeldBatch's hook; removed below
     _join(threads, "the batch's saves")
     _hooks.install(None)
     assert len(seen) == 1
@@ -537,7 +532,7 @@ def test_close_during_saves_finishes_them_or_raises_the_closed_error(db: str) ->
         try:
             while True:
                 cp = store.save(Checkpoint(f"r{i}", state={"n": 1}, version=cp.version))
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - the loop's end, asserted after
             outcomes[i] = exc
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(16)]
@@ -625,7 +620,7 @@ def server(request: pytest.FixtureRequest) -> Iterator[ServerStore]:
     table = f"t_group_{os.getpid()}_{threading.get_ident() % 10_000}"
     try:
         store = open_store(f"{SERVERS[request.param]}?table={table}")
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - a server that fails in any way is unavailable
         backend_unavailable(f"{request.param}: {type(exc).__name__}: {exc}")
     assert isinstance(store, ServerStore)
     try:

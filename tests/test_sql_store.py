@@ -56,7 +56,7 @@ def _admin(kind: str) -> Any:
         return pymysql.connect(
             host="127.0.0.1", user="root", database="test", autocommit=True, connect_timeout=3
         )
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - a server that fails in any way is unavailable
         backend_unavailable(f"{kind} on 127.0.0.1: {type(exc).__name__}: {exc}")
 
 
@@ -333,7 +333,7 @@ def _race(config: str, rounds: int, barrier: Any) -> list[str]:
                 outcomes.append("won")
             except ConflictError:
                 outcomes.append("lost")
-            except Exception as exc:  # reported to the parent, which fails the test
+            except Exception as exc:  # noqa: BLE001 - reported to the parent, which fails the test
                 outcomes.append(f"{type(exc).__name__}: {exc}")
     return outcomes
 
@@ -456,7 +456,7 @@ def _open_and_save(config: str, name: str, barrier: Any) -> str:
     try:
         with open_store(config) as s:
             s.save(_cp(name, by=name))
-    except Exception as exc:  # reported to the parent, which fails the test
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which fails the test
         return f"{type(exc).__name__}: {exc}"
     return "ok"
 
@@ -592,14 +592,14 @@ def test_each_thread_has_its_own_connection_and_close_ends_all(store: Any) -> No
 def _child_uses_inherited_store(store: Any) -> None:
     import gc
 
-    from stepstone.stores import _sql as sql
+    from stepstone.stores._sql import connections
 
     saved = store.load("r")
     assert saved is not None
     store.save(_cp("r", saved.version, by="child"))
     store.close()
     # What interpreter shutdown may do: finalize the inherited connections.
-    sql._inherited.clear()
+    connections.inherited.clear()
     gc.collect()
 
 
@@ -1078,17 +1078,6 @@ def test_a_save_stuck_on_a_lock_times_out_as_unavailable(
             _query(admin, "ROLLBACK")
         loaded = s.load("r")  # the store reconnects if the timeout dropped the connection
         assert loaded is not None and loaded.state in ({"n": 0}, {"n": 1})
-
-
-def test_the_deprecated_sql_module_opens_the_new_classes(kind: str, config: str) -> None:
-    """stepstone.stores.sql.SQLServerStore still opens a store, now of the URL's own class."""
-    from stepstone.stores import sql
-
-    expected = postgres_store.PostgresStore if kind == "postgresql" else mysql_store.MySQLStore
-    with sql.SQLServerStore.from_config(config) as s:
-        assert type(s) is expected and s.scheme == kind
-    module = postgres_store if kind == "postgresql" else mysql_store
-    assert sql.schema_ddl(kind) == module.schema_ddl()  # type: ignore[arg-type]
 
 
 def _child_uses_inherited_store_async(store: Any) -> None:

@@ -6,6 +6,7 @@ import multiprocessing
 import os
 import sqlite3
 import stat
+import sys
 import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -27,6 +28,12 @@ from stepstone import (
 from stepstone._checkpoint import DUE_NOW
 from stepstone.stores._sql import TABLE_SCHEMA
 from stepstone.stores.sqlite import SQLiteStore, schema_ddl
+
+TOOLS = str(Path(__file__).resolve().parent.parent / "tools")
+if TOOLS not in sys.path:  # the generator is repository tooling, outside the wheel
+    sys.path.insert(0, TOOLS)
+
+import sqlgen  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -219,7 +226,7 @@ def _open_and_save(path: str, name: str, barrier: Any) -> str:
     try:
         with SQLiteStore(path) as s:
             s.save(Checkpoint(name, state={"by": name}))
-    except Exception as exc:  # reported to the parent, which fails the test
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which fails the test
         return f"{type(exc).__name__}: {exc}"
     return "ok"
 
@@ -371,7 +378,7 @@ def _race(path: str, run_id: str, rounds: int, barrier: Any) -> list[str]:
                 outcomes.append("won")
             except ConflictError:
                 outcomes.append("lost")
-            except Exception as exc:  # e.g. "database is locked": reported, fails the test
+            except Exception as exc:  # noqa: BLE001 - e.g. "database is locked": reported, fails it
                 outcomes.append(f"{type(exc).__name__}: {exc}")
     return outcomes
 
@@ -520,7 +527,7 @@ def _open_only(path: str, barrier: Any) -> str:
     barrier.wait()
     try:
         SQLiteStore(path).close()
-    except Exception as exc:  # reported to the parent, which fails the test
+    except Exception as exc:  # noqa: BLE001 - reported to the parent, which fails the test
         return f"{type(exc).__name__}: {exc}"
     return "ok"
 
@@ -828,13 +835,31 @@ def test_importing_the_module_does_not_import_sqlalchemy() -> None:
 
 def test_the_checked_in_sql_equals_what_sqlalchemy_compiles() -> None:
     """stores/_sql_text.py holds exactly the statements SQLAlchemy compiles from the tables."""
-    from stepstone.stores import _sql, _sql_text
+    from stepstone.stores import _sql_text
 
     checked_in = _sql_text.STATEMENTS
-    assert _sql.generate() == checked_in, (
-        "regenerate: python -c 'from stepstone.stores._sql import write_generated; "
-        "write_generated()' && ruff format src/stepstone/stores/_sql_text.py"
-    )
+    assert sqlgen.generate() == checked_in, "regenerate: python tools/sqlgen.py --write"
+
+
+def test_the_generator_check_fails_when_the_text_drifts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``tools/sqlgen.py --check`` exits 0 on the checked-in text and 1 when it drifts."""
+    from stepstone.stores import _sql_text
+
+    assert sqlgen.main(["--check"]) == 0
+    drifted = {kind: {**texts, "load": "SELECT 1"} for kind, texts in _sql_text.STATEMENTS.items()}
+    monkeypatch.setattr(sqlgen, "STATEMENTS", drifted)
+    assert sqlgen.main(["--check"]) == 1
+
+
+def test_the_wheel_code_never_imports_the_generator() -> None:
+    """Nothing under src/ imports SQLAlchemy at module level: the generator lives in tools/."""
+    src = Path(__file__).resolve().parent.parent / "src" / "stepstone"
+    offenders = [
+        str(path.relative_to(src))
+        for path in src.rglob("*.py")
+        if "\nfrom sqlalchemy" in path.read_text() or "\nimport sqlalchemy" in path.read_text()
+    ]
+    assert offenders == []
 
 
 def test_a_fifo_at_the_path_is_refused_without_blocking(tmp_path: Path) -> None:

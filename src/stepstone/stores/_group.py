@@ -97,7 +97,7 @@ class GroupCommit:
             # A lone save, the common case, inlined: it commits at once, on this thread.
             try:
                 self._execute([item])
-            except BaseException as exc:
+            except BaseException as exc:  # noqa: BLE001 - the save's outcome: submit raises it
                 item.error = exc
             else:
                 self._committed([item])
@@ -149,7 +149,7 @@ class GroupCommit:
     def _lead(self, batch: list[Pending]) -> None:
         try:
             self._execute(batch)
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - every waiter of the batch raises it
             self._fail(batch, exc)
         else:
             self._committed(batch)
@@ -188,7 +188,7 @@ class GroupCommit:
         if isinstance(exc, Exception):
             try:
                 clone = copy.copy(exc)
-            except Exception:
+            except Exception:  # noqa: BLE001 - an error that cannot be copied is described
                 clone = StoreError(f"{self._where}: {type(exc).__name__}: {exc}")
         else:
             clone = StoreError(

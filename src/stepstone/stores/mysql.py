@@ -34,24 +34,28 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from types import MappingProxyType
 from typing import Any, ClassVar, Final, Self, cast
 
-from .._errors import CheckpointTooLarge, StoreError, StorePermissionError, StoreUnavailable
+from .._errors import (
+    CheckpointTooLarge,
+    ConfigError,
+    StoreError,
+    StorePermissionError,
+    StoreUnavailable,
+)
+from ._errortable import ErrorRule
 from ._sql import (
     DEFAULT_TABLE,
     PASSWORD_ENV,
-    TABLE_SCHEMA,
-    ErrorRule,
     Held,
     ServerStore,
     SQLText,
-    Statements,
     detach_socket,
-    server_tables,
     statements_of,
 )
+from ._sql.engine import check_engine, server_url_of
 
 __all__ = ["DEFAULT_TABLE", "ERRORS", "MySQLStore", "schema_ddl"]
 
@@ -70,67 +74,6 @@ _STATEMENT_OVERHEAD: Final = 16 * 1024
 _NO_SUCH_TABLE: Final = 1146
 
 # --- schema -----------------------------------------------------------------------------
-
-
-class _MyStatements(Statements):
-    def __init__(self, table: str) -> None:
-        import re  # noqa: PLC0415
-
-        from sqlalchemy import bindparam  # noqa: PLC0415
-        from sqlalchemy.dialects import mysql  # noqa: PLC0415
-        from sqlalchemy.dialects.mysql import pymysql as pymysql_dialect  # noqa: PLC0415
-        from sqlalchemy.schema import CreateIndex, CreateTable  # noqa: PLC0415
-
-        checkpoints, meta, due = server_tables(table)
-        c = checkpoints.c
-        # A no-op assignment: an existing row is left alone and reports 0 rows affected
-        # (without CLIENT.FOUND_ROWS), a new row 1.
-        insert = (
-            mysql.insert(checkpoints)
-            .values({col.name: bindparam(col.name) for col in c})
-            .on_duplicate_key_update(run_key=c.run_key)
-        )
-        seed = (
-            mysql.insert(meta)
-            .values(key="schema_version", value=str(TABLE_SCHEMA))
-            .on_duplicate_key_update(key=meta.c.key)
-        )
-        super().__init__(
-            pymysql_dialect.dialect(paramstyle="pyformat"),
-            checkpoints,
-            meta,
-            "run_key",
-            insert,
-            seed,
-        )
-
-        def inline(index: Any) -> str:
-            created = self.ddl(CreateIndex(index))
-            match = re.fullmatch(r"CREATE INDEX (\S+) ON \S+ (\(.*\))", created)
-            if match is None:  # pragma: no cover - a SQLAlchemy rendering change
-                raise AssertionError(f"unexpected index DDL: {created}")
-            return f"INDEX {match.group(1)} {match.group(2)}"
-
-        self.create: list[str] = []
-        for item in (checkpoints, meta):
-            create = self.ddl(CreateTable(item, if_not_exists=True))
-            indexes = sorted(item.indexes, key=lambda ix: str(ix.name))
-            if indexes:
-                # MySQL has no CREATE INDEX IF NOT EXISTS (MariaDB does): declare the
-                # indexes inside CREATE TABLE IF NOT EXISTS, one statement.
-                head, _, tail = create.rpartition("\n)")
-                lines = "".join(f",\n    {inline(ix)}" for ix in indexes)
-                create = head + lines + "\n)" + tail
-            self.create.append(create)
-        self.create.append(self.seed)
-        # Schema 1 -> 2, each statement committing by itself (MySQL DDL does); run under
-        # GET_LOCK, and each one tolerates having been done already (1060, 1061).
-        self.migrate_v1 = [
-            f"ALTER TABLE `{table}` ADD COLUMN due_at DATETIME(6) NULL AFTER updated_at",
-            f"ALTER TABLE `{table}` ADD COLUMN owner VARCHAR(1024) NULL AFTER due_at",
-            f"ALTER TABLE `{table}` ADD {inline(due)}",
-            self.bump,
-        ]
 
 
 def _statements(table: str) -> SQLText:
@@ -297,6 +240,69 @@ class MySQLStore(ServerStore):
         self._register()
 
     @classmethod
+    def from_engine(
+        cls, engine: Any, *, async_engine: Any = None, table: str = DEFAULT_TABLE
+    ) -> Self:
+        """Open a store on a SQLAlchemy ``Engine`` (``mysql+pymysql``): its pool, its hooks.
+
+        The engine opens every connection (its pool, TLS settings and ``do_connect``
+        events); the store borrows one per call, in autocommit mode, and restores the
+        mode when it gives it back (free with ``isolation_level="AUTOCOMMIT"``); the
+        engine's connect arguments bound connecting, reads and writes. SQLAlchemy asks
+        the server for ``CLIENT.FOUND_ROWS`` by default, which makes a lost
+        compare-and-swap look like a stored save: create the engine with
+        ``connect_args={"client_flag": 0}`` (the store refuses it otherwise).
+
+        ``async_engine``: an ``AsyncEngine`` (``mysql+aiomysql``, also with
+        ``client_flag`` 0) for the async methods, on its native async connections;
+        without it they run on threads.
+
+        Raises:
+            ConfigError: not a ``mysql+pymysql`` (``mysql+aiomysql``) engine, a bad
+                option, or the engine's connections use ``CLIENT.FOUND_ROWS``.
+            StoreUnavailable: the server cannot be reached.
+        """
+        check_engine(engine, "mysql", ("pymysql",))
+        if async_engine is not None:
+            check_engine(async_engine, "mysql", ("aiomysql",), is_async=True)
+        store = cls.__new__(cls)
+        # The class's own constructor, before __init__ opens the first connection.
+        store._engine, store._aengine = engine, async_engine  # noqa: SLF001
+        store.__init__(server_url_of(engine), table=table)  # type: ignore[misc]
+        return store
+
+    def _refuse_found_rows(self, client_flag: int) -> None:
+        if client_flag & self._driver.constants.CLIENT.FOUND_ROWS:
+            raise ConfigError(
+                f"{self.where}: the engine's connections use CLIENT.FOUND_ROWS (SQLAlchemy's "
+                "default), so a lost compare-and-swap would count as stored; create the "
+                'engine with connect_args={"client_flag": 0}'
+            )
+
+    def _engine_session(self, conn: Any) -> tuple[Any, Callable[[], None]]:
+        self._refuse_found_rows(conn.client_flag)
+        autocommit = conn.get_autocommit()
+        conn.autocommit(True)
+        cursor = conn.cursor()
+
+        def restore() -> None:
+            conn.autocommit(autocommit)
+
+        return cursor, restore
+
+    async def _aengine_session(self, conn: Any) -> tuple[Any, Callable[[], Awaitable[None]]]:
+        # aiomysql keeps the flags it connected with under a private name only.
+        self._refuse_found_rows(getattr(conn, "_client_flag", 0))
+        autocommit = conn.get_autocommit()
+        await conn.autocommit(True)
+        cursor = await self._apatched(conn).cursor()
+
+        async def restore() -> None:
+            await conn.autocommit(autocommit)
+
+        return cursor, restore
+
+    @classmethod
     def from_config(cls, config: str) -> Self:
         """Open ``mysql://...?table=&connect_timeout=&read_timeout=&write_timeout=``.
 
@@ -348,7 +354,7 @@ class MySQLStore(ServerStore):
     async def _aopen_connection(self) -> tuple[Any, Any]:
         import asyncio  # noqa: PLC0415
 
-        aiomysql = _aiomysql(self)
+        aiomysql = self._import_driver("aiomysql")
         args = self._connect_args
         # Not ``aiomysql.connect``: when the deadline cancels it, the connection it was
         # making is out of reach and its socket stays open until the loop closes.
@@ -376,17 +382,31 @@ class MySQLStore(ServerStore):
         return conn, cursor
 
     async def _ahandshake(self, conn: Any) -> Any:
-        await conn._connect()  # what ``aiomysql.connect`` awaits
+        await conn._connect()  # noqa: SLF001 - what ``aiomysql.connect`` awaits (see above)
+        return await self._asession(conn)
+
+    async def _asession(self, conn: Any) -> Any:
+        """Set up an aiomysql connection as the sync path's; return its cursor."""
+        # aiomysql takes no collation argument: set the one the sync path uses.
+        cursor = await self._apatched(conn).cursor()
+        await cursor.execute("SET NAMES utf8mb4 COLLATE utf8mb4_bin")
+        return cursor
+
+    @staticmethod
+    def _apatched(conn: Any) -> Any:
+        """``conn`` escaping bytes the way PyMySQL does."""
         # aiomysql (0.3) escapes bytes with a PyMySQL helper that PyMySQL 1.2 removed;
         # escape them as PyMySQL itself now does, as a hex literal.
         escape = conn.escape
-        conn.escape = lambda value: (
-            f"X'{value.hex()}'" if isinstance(value, bytes) else escape(value)
-        )
-        # aiomysql takes no collation argument: set the one the sync path uses.
-        cursor = await conn.cursor()
-        await cursor.execute("SET NAMES utf8mb4 COLLATE utf8mb4_bin")
-        return cursor
+        if getattr(escape, "patched", False):  # a user's pooled connection, borrowed again
+            return conn
+
+        def patched(value: Any) -> Any:
+            return f"X'{value.hex()}'" if isinstance(value, bytes) else escape(value)
+
+        patched.patched = True  # type: ignore[attr-defined]
+        conn.escape = patched
+        return conn
 
     async def _arun(self, held: Held, sql: str, params: Any) -> tuple[int, list[Any]]:
         import asyncio  # noqa: PLC0415
@@ -411,6 +431,9 @@ class MySQLStore(ServerStore):
         """
         import asyncio  # noqa: PLC0415
 
+        if self._aengine is not None:  # the user's pool keeps its connections open
+            await super().aclose()
+            return
         pool = self._apools.get(asyncio.get_running_loop())
         idle = list(pool.idle) if pool is not None else []
         writers = [w for w in (getattr(h.conn, "_writer", None) for h in idle) if w is not None]
@@ -418,7 +441,7 @@ class MySQLStore(ServerStore):
         for writer in writers:
             try:
                 await asyncio.wait_for(writer.wait_closed(), self.write_timeout)
-            except Exception:
+            except Exception:  # noqa: BLE001 - whatever stopped a clean close, end it hard
                 writer.transport.abort()
 
     def _is_broken(self, held: Held) -> bool:
@@ -527,9 +550,3 @@ class _HandshakeSocket(socket.socket):
         """Lift the cap: from now on the timeouts are the ones PyMySQL asked for."""
         self.deadline = None
         super().settimeout(self.asked)
-
-
-def _aiomysql(store: MySQLStore) -> Any:
-    from ._sql import import_driver  # noqa: PLC0415
-
-    return import_driver("aiomysql", store.kind, store._EXTRA)

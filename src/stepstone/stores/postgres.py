@@ -35,24 +35,22 @@ import contextlib
 import functools
 import hashlib
 import math
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from types import MappingProxyType
 from typing import Any, ClassVar, Final, Self
 
 from .._errors import CheckpointTooLarge, StoreError, StorePermissionError, StoreUnavailable
+from ._errortable import ErrorRule
 from ._sql import (
     DEFAULT_TABLE,
     PASSWORD_ENV,
-    TABLE_SCHEMA,
-    ErrorRule,
     Held,
     ServerStore,
     SQLText,
-    Statements,
     detach_socket,
-    server_tables,
     statements_of,
 )
+from ._sql.engine import check_engine, server_url_of
 
 __all__ = ["DEFAULT_TABLE", "ERRORS", "PostgresStore", "schema_ddl"]
 
@@ -69,41 +67,6 @@ _OPTIONS: Final = ("table", "connect_timeout", "read_timeout", "statement_timeou
 _MAX_BYTES: Final = (1 << 30) - 1
 
 # --- schema -----------------------------------------------------------------------------
-
-
-class _PgStatements(Statements):
-    def __init__(self, table: str) -> None:
-        from sqlalchemy import bindparam  # noqa: PLC0415
-        from sqlalchemy.dialects import postgresql  # noqa: PLC0415
-        from sqlalchemy.dialects.postgresql import psycopg as psycopg_dialect  # noqa: PLC0415
-        from sqlalchemy.schema import CreateIndex, CreateTable  # noqa: PLC0415
-
-        checkpoints, meta, due = server_tables(table)
-        c = checkpoints.c
-        insert = (
-            postgresql.insert(checkpoints)
-            .values({col.name: bindparam(col.name) for col in c})
-            .on_conflict_do_nothing(index_elements=[c.run_key])
-        )
-        seed = (
-            postgresql.insert(meta)
-            .values(key="schema_version", value=str(TABLE_SCHEMA))
-            .on_conflict_do_nothing()
-        )
-        dialect = psycopg_dialect.dialect(paramstyle="pyformat")  # type: ignore[no-untyped-call]
-        super().__init__(dialect, checkpoints, meta, "run_key", insert, seed)
-        self.create: list[str] = []
-        for item in (checkpoints, meta):
-            self.create.append(self.ddl(CreateTable(item, if_not_exists=True)))
-            for index in sorted(item.indexes, key=lambda ix: str(ix.name)):
-                self.create.append(self.ddl(CreateIndex(index, if_not_exists=True)))
-        self.create.append(self.seed)
-        self.migrate_v1 = [
-            f'ALTER TABLE "{table}" ADD COLUMN IF NOT EXISTS due_at TIMESTAMP WITH TIME ZONE',
-            f'ALTER TABLE "{table}" ADD COLUMN IF NOT EXISTS owner TEXT',
-            self.ddl(CreateIndex(due, if_not_exists=True)),
-            self.bump,
-        ]
 
 
 def _statements(table: str) -> SQLText:
@@ -197,7 +160,8 @@ def _connection_classes() -> tuple[type[Any], type[Any], type[Any]]:
     class ReadTimeout(psycopg.OperationalError):
         """The server sent no answer within read_timeout."""
 
-    wait_timeout: type[BaseException] = errors._WaitTimeout
+    # psycopg's own wait raises this private class on a timeout; nothing public names it.
+    wait_timeout: type[BaseException] = errors._WaitTimeout  # noqa: SLF001
 
     class Connection(psycopg.Connection[Any]):
         # psycopg waits for the server without a deadline; this one has one. After a
@@ -215,7 +179,13 @@ def _connection_classes() -> tuple[type[Any], type[Any], type[Any]]:
     class AsyncConnection(psycopg.AsyncConnection[Any]):
         read_timeout: float | None = None
 
-        async def wait(self, gen: Any, interval: float = 0.1, timeout: float | None = None) -> Any:
+        # psycopg's own signature, overridden: its ``timeout`` is psycopg's, not ours.
+        async def wait(
+            self,
+            gen: Any,
+            interval: float = 0.1,
+            timeout: float | None = None,  # noqa: ASYNC109
+        ) -> Any:
             try:
                 return await super().wait(
                     gen, interval=interval, timeout=timeout or self.read_timeout
@@ -327,6 +297,62 @@ class PostgresStore(ServerStore):
             self.close()
             raise
         self._register()
+
+    @classmethod
+    def from_engine(
+        cls,
+        engine: Any,
+        *,
+        async_engine: Any = None,
+        table: str = DEFAULT_TABLE,
+    ) -> Self:
+        """Open a store on a SQLAlchemy ``Engine`` (``postgresql+psycopg``): its pool, its hooks.
+
+        The engine opens every connection (its pool, TLS settings and ``do_connect``
+        events, such as one that sets an Entra ID token as the password); the store
+        borrows one per call, in autocommit mode, and restores the mode when it gives it
+        back (free with ``isolation_level="AUTOCOMMIT"``). The engine's connect
+        arguments bound connecting and statements (``connect_timeout``, ``options="-c
+        statement_timeout=30000"``); the store's own timeouts do not apply.
+
+        ``async_engine``: an ``AsyncEngine`` (``postgresql+psycopg``) for the async
+        methods, on its native async connections; without it they run on threads.
+
+        Raises:
+            ConfigError: not a ``postgresql+psycopg`` engine of the right kind, or a bad
+                option.
+            StoreUnavailable: the server cannot be reached.
+        """
+        check_engine(engine, "postgresql", ("psycopg",))
+        if async_engine is not None:
+            check_engine(async_engine, "postgresql", ("psycopg",), is_async=True)
+        store = cls.__new__(cls)
+        # The class's own constructor, before __init__ opens the first connection.
+        store._engine, store._aengine = engine, async_engine  # noqa: SLF001
+        store.__init__(server_url_of(engine), table=table)  # type: ignore[misc]
+        return store
+
+    def _engine_session(self, conn: Any) -> tuple[Any, Callable[[], None]]:
+        autocommit, threshold = conn.autocommit, conn.prepare_threshold
+        conn.autocommit = True
+        conn.prepare_threshold = None  # one round trip per statement, as on our own
+
+        def restore() -> None:
+            conn.prepare_threshold = threshold
+            conn.autocommit = autocommit
+
+        return conn.cursor(), restore
+
+    async def _aengine_session(self, conn: Any) -> tuple[Any, Callable[[], Awaitable[None]]]:
+        autocommit, threshold = conn.autocommit, conn.prepare_threshold
+        await conn.set_autocommit(True)
+        conn.prepare_threshold = None
+
+        async def restore() -> None:
+            conn.prepare_threshold = threshold
+            await conn.set_autocommit(autocommit)
+
+        return conn.cursor(), restore
 
     @classmethod
     def from_config(cls, config: str) -> Self:

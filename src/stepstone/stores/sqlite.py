@@ -6,7 +6,8 @@ hooks. Design, and why:
 - Statements run on raw ``sqlite3`` connections, one per thread, opened directly: a
   durable save is an fsync plus a few microseconds of Python, and a pool checkout per
   save would be most of those microseconds. SQLAlchemy only describes the schema and
-  compiles the statements, once, when the first store opens.
+  compiles the statements, in ``tools/sqlgen.py``: the store reads their checked-in
+  text (``_sql_text.py``) and never imports SQLAlchemy.
 - A save is ONE conditional statement inside an explicit transaction: a first save is
   ``INSERT ... ON CONFLICT DO NOTHING``, a later one ``UPDATE ... WHERE version =
   :expected``; ``rowcount`` 0 means the compare-and-swap lost. An update never inserts,
@@ -40,17 +41,14 @@ hooks. Design, and why:
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sqlite3
-import stat
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal, Self, cast
 from urllib.parse import unquote, urlsplit
 
-from .. import _hooks
 from .._checkpoint import Checkpoint
 from .._errors import (
     CheckpointTooLarge,
@@ -61,18 +59,14 @@ from .._errors import (
     StoreUnavailable,
 )
 from .._observe import logger
-from ._common import parse_options
+from ._errortable import ErrorRule
 from ._group import GroupCommit, Pending
-from ._sql import (
-    TABLE_SCHEMA,
-    ErrorRule,
-    Held,
-    SQLStore,
-    SQLText,
-    Statements,
-    _Undecodable,
-    statements_of,
-)
+from ._options import Option, parse, text
+from ._sql import Held, SQLStore, SQLText, statements_of
+from ._sql.engine import check_engine
+from ._sql.errors import Undecodable
+from ._sql.files import create_database_file
+from ._sql.transactions import rollback, run_batch
 
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
@@ -89,6 +83,18 @@ _SYNCHRONOUS: Final = ("full", "normal", "extra")
 DEFAULT_BUSY_TIMEOUT_MS: Final = 30_000
 #: Threads of a store's pool for async calls: how many tasks' saves can share a commit.
 ASYNC_THREADS: Final = 64
+
+
+def _milliseconds(raw: str) -> int:
+    if not raw.isdigit():
+        raise ValueError(raw)
+    return int(raw)
+
+
+_OPTIONS: Final[tuple[Option[Any], ...]] = (
+    text("synchronous", _SYNCHRONOUS),
+    Option("busy_timeout", _milliseconds, "a whole number of milliseconds"),
+)
 TABLE: Final = "stepstone_checkpoints"
 META: Final = "stepstone_meta"
 
@@ -97,71 +103,6 @@ META: Final = "stepstone_meta"
 
 def _statements() -> SQLText:
     return statements_of("sqlite")
-
-
-class _SQLiteStatements(Statements):
-    def __init__(self) -> None:
-        from sqlalchemy import Column, Index, Integer, MetaData, Table, Text, bindparam  # noqa: PLC0415
-        from sqlalchemy.dialects import sqlite as sqlite_dialect  # noqa: PLC0415
-        from sqlalchemy.schema import CreateIndex, CreateTable  # noqa: PLC0415
-
-        metadata = MetaData()
-        checkpoints = Table(
-            TABLE,
-            metadata,
-            # A rowid table, not WITHOUT ROWID: documents are often larger than the ~1/20
-            # of a page where SQLite recommends WITHOUT ROWID.
-            Column("run_id", Text, primary_key=True),
-            Column("version", Text, nullable=False),
-            Column("status", Text, nullable=False),
-            Column("step", Integer, nullable=False),
-            Column("total_steps", Integer),
-            Column("created_at", Text),
-            Column("updated_at", Text, nullable=False),
-            Column("due_at", Text),
-            Column("owner", Text),
-            # Last, so listing (which reads the columns before it) never touches
-            # overflow pages.
-            Column("document", Text, nullable=False),
-        )
-        # Listing and pruning by age, and finding failed runs, read only these;
-        # claimable reads (status, due_at).
-        Index(f"ix_{TABLE}_updated_at", checkpoints.c.updated_at)
-        Index(f"ix_{TABLE}_status", checkpoints.c.status, checkpoints.c.updated_at)
-        due = Index(f"ix_{TABLE}_due", checkpoints.c.status, checkpoints.c.due_at)
-        meta = Table(
-            META,
-            metadata,
-            Column("key", Text, primary_key=True),
-            Column("value", Text, nullable=False),
-        )
-        # A first save inserts or, if the run exists, changes nothing: rowcount 0.
-        insert = (
-            sqlite_dialect.insert(checkpoints)
-            .values({c.name: bindparam(c.name) for c in checkpoints.c})
-            .on_conflict_do_nothing(index_elements=[checkpoints.c.run_id])
-        )
-        seed = (
-            sqlite_dialect.insert(meta)
-            .values(key="schema_version", value=str(TABLE_SCHEMA))
-            .on_conflict_do_nothing()
-        )
-        super().__init__(
-            sqlite_dialect.dialect(paramstyle="named"), checkpoints, meta, "run_id", insert, seed
-        )
-        self.create: list[str] = []
-        for table in metadata.sorted_tables:
-            self.create.append(self.ddl(CreateTable(table, if_not_exists=True)))
-            for index in sorted(table.indexes, key=lambda ix: str(ix.name)):
-                self.create.append(self.ddl(CreateIndex(index, if_not_exists=True)))
-        self.create.append(self.seed)
-        # Schema 1 -> 2: the two columns and the index; run in one BEGIN IMMEDIATE.
-        self.migrate_v1 = [
-            f"ALTER TABLE {TABLE} ADD COLUMN due_at TEXT",
-            f"ALTER TABLE {TABLE} ADD COLUMN owner TEXT",
-            self.ddl(CreateIndex(due, if_not_exists=True)),
-            self.bump,
-        ]
 
 
 def schema_ddl() -> str:
@@ -306,10 +247,45 @@ class SQLiteStore(SQLStore):
                 self._ensure_schema(held)
             except sqlite3.Error as exc:
                 raise self._translate(exc) from exc
+            finally:
+                self._release(held)
         except BaseException:
             self.close()
             raise
         self._register()
+
+    @classmethod
+    def from_engine(
+        cls,
+        engine: Any,
+        synchronous: Synchronous = "full",
+        busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
+    ) -> Self:
+        """Open a store on a SQLAlchemy ``Engine`` (``sqlite+pysqlite``) of a database file.
+
+        The engine's pool and ``connect`` events open every connection the store uses;
+        the store borrows one per call and sets autocommit, WAL, ``synchronous`` and
+        ``busy_timeout`` on it (the pragmas stay; autocommit is restored).
+
+        Raises:
+            ConfigError: not a sync SQLite engine on a file, or bad arguments.
+        """
+        check_engine(engine, "sqlite", ("pysqlite",))
+        store = cls.__new__(cls)
+        store._engine = engine  # noqa: SLF001 - the class's own constructor, before __init__
+        store.__init__(engine.url.database or "", synchronous, busy_timeout_ms)  # type: ignore[misc]
+        return store
+
+    def _engine_session(self, conn: Any) -> tuple[Any, Callable[[], None]]:
+        level = conn.isolation_level
+        conn.isolation_level = None  # autocommit: we issue BEGIN IMMEDIATE where we write
+        conn.execute(f"PRAGMA busy_timeout = {self.busy_timeout_ms:d}")
+        self._set_pragmas(conn)
+
+        def restore() -> None:
+            conn.isolation_level = level
+
+        return conn, restore
 
     @classmethod
     def from_config(cls, config: str) -> Self:
@@ -336,18 +312,11 @@ class SQLiteStore(SQLStore):
                 f"sqlite store config {config!r} names no file: an in-memory SQLite database "
                 f"is not durable, use memory:// for that. Forms: {_FORMS}"
             )
-        options = parse_options(
-            parts.query, {"synchronous": _SYNCHRONOUS, "busy_timeout": None}, _FORMS
-        )
-        timeout = options.get("busy_timeout", str(DEFAULT_BUSY_TIMEOUT_MS))
-        if not timeout.isdigit():
-            raise ConfigError(
-                f"option busy_timeout={timeout!r} must be a whole number of milliseconds"
-            )
+        options = parse(parts.query, _OPTIONS, _FORMS)
         return cls(
             path,
             synchronous=cast(Synchronous, options.get("synchronous", "full")),
-            busy_timeout_ms=int(timeout),
+            busy_timeout_ms=cast(int, options.get("busy_timeout", DEFAULT_BUSY_TIMEOUT_MS)),
         )
 
     def __repr__(self) -> str:
@@ -356,45 +325,7 @@ class SQLiteStore(SQLStore):
     # --- files and connections ----------------------------------------------------------
 
     def _create_file(self) -> None:
-        # A symlink at the path (dangling or not) is refused: following it would create
-        # or write a database wherever its owner pointed it.
-        try:
-            info = os.lstat(self.path)
-        except FileNotFoundError:
-            info = None
-        except OSError as exc:
-            raise StoreError(f"{self.path}: cannot inspect the path: {exc}") from exc
-        if info is not None:
-            if stat.S_ISLNK(info.st_mode):
-                raise StoreError(
-                    f"{self.path}: is a symbolic link (to {os.readlink(self.path)!r}); "
-                    "refusing to follow it. Give the real path of the database"
-                )
-            if not stat.S_ISREG(info.st_mode):
-                raise StoreError(f"{self.path}: not a regular file; refusing to open it")
-            return
-        # Create the file ourselves with 0600 before SQLite does (it would use 0644): SQLite
-        # gives the -wal and -shm files the database file's permissions, so they follow.
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
-        try:
-            fd = os.open(self.path, flags, 0o600)
-        except FileExistsError:
-            return self._create_file()  # created meanwhile: inspect what is there now
-        except FileNotFoundError as exc:
-            raise StoreError(
-                f"{self.path}: cannot create the database: directory "
-                f"{os.path.dirname(self.path)} does not exist"
-            ) from exc
-        except PermissionError as exc:
-            raise StorePermissionError(
-                f"{self.path}: cannot create the database: permission denied"
-            ) from exc
-        except OSError as exc:
-            raise StoreError(f"{self.path}: cannot create the database: {exc}") from exc
-        os.close(fd)
-        if self.synchronous != "normal":
-            # The new directory entry must survive a power cut too, not just what is in it.
-            _fsync_dir(os.path.dirname(self.path))
+        create_database_file(self.path, durable=self.synchronous != "normal")
 
     def _raw_connection(self) -> sqlite3.Connection:
         conn = sqlite3.connect(
@@ -419,15 +350,7 @@ class SQLiteStore(SQLStore):
     def _first_connection(self) -> Held:
         """Refuse another application's file, then open the opening thread's connection."""
         self._check_foreign()
-        try:
-            conn, _ = self._open_connection()
-        except sqlite3.Error as exc:
-            raise self._translate(exc) from exc
-        held = Held(self, conn, conn)
-        with self._lock:
-            self._held.add(held)
-            self._local.held = held
-        return held
+        return self._connect()
 
     def _check_foreign(self) -> None:
         """Raise ``StoreError`` if the file has tables but no stepstone meta table.
@@ -484,104 +407,37 @@ class SQLiteStore(SQLStore):
         return cursor.rowcount, cursor.fetchall()
 
     def _run_batch(self, held: Held, items: list[Pending]) -> None:
+        run_batch(held.conn, items, self._statement_error)
+
+    # --- salvaging a listing after an undecodable row -----------------------------------
+
+    # SQLite's key *is* the run_id, the very text that may not decode: the keys are read
+    # as bytes, a run_id that is not UTF-8 is that run's error (logged), and each other
+    # row is read by itself, so one bad row hides no other run.
+
+    def _run_keys(self, held: Held, sql: str, params: Any) -> tuple[int, list[Any]]:
         conn: sqlite3.Connection = held.conn
-        if len(items) == 1:  # a lone save, the common case: no bookkeeping
-            item = items[0]
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                try:
-                    stored = item.stored = conn.execute(item.sql, item.params).rowcount
-                except (sqlite3.Error, UnicodeEncodeError) as exc:
-                    item.error = self._statement_error(exc)
-                    _rollback(conn)
-                    return
-                if stored == 1:
-                    _hooks.fire("sqlite.in_transaction")
-                    conn.commit()
-                else:
-                    conn.rollback()
-            except BaseException:
-                _rollback(conn)
-                raise
-            return
-        todo = items
-        while todo:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                todo = self._batch_statements(conn, todo)
-                if todo:
-                    continue  # SQLite rolled the transaction back: run the rest again
-                if any(item.stored == 1 for item in items):
-                    _hooks.fire("sqlite.in_transaction")
-                    conn.commit()
-                else:  # every swap lost or failed: nothing to make durable
-                    conn.rollback()
-            except BaseException:
-                _rollback(conn)
-                raise
+        conn.text_factory = bytes
+        try:
+            return self._run(held, sql, params)
+        finally:
+            conn.text_factory = str
 
-    def _batch_statements(self, conn: sqlite3.Connection, todo: list[Pending]) -> list[Pending]:
-        """Run each save's statement; return the saves to run again, if any.
+    def _salvage_key(self, raw: Any) -> Any:
+        try:
+            return raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
+        except UnicodeDecodeError as exc:
+            shown = raw.decode("utf-8", "backslashreplace")
+            logger.warning(
+                "skipping run %r in listing: %s: its run_id is not UTF-8 (%s); left untouched",
+                shown,
+                self.where,
+                exc,
+            )
+            return None
 
-        A statement that fails is undone by SQLite alone (the statement journal) and
-        fails its save alone. A few errors (disk full, I/O) roll back the whole
-        transaction instead: then the saves without an error of their own are returned,
-        to run again in a new transaction (each round removes the failed one, so this
-        ends).
-        """
-        for item in todo:
-            try:
-                item.stored = conn.execute(item.sql, item.params).rowcount
-            except (sqlite3.Error, UnicodeEncodeError) as exc:
-                item.error = self._statement_error(exc)
-                if not conn.in_transaction:
-                    again = [x for x in todo if x.error is None]
-                    for x in again:
-                        x.stored = None
-                    return again
-        return []
-
-    def _salvage(self, keys_sql: str, params: Any = None) -> list[Any]:
-        """Read rows one by one after an undecodable one broke a listing; skip the bad.
-
-        SQLite's key *is* the run_id, the very text that may not decode: the keys are
-        read as bytes, a run_id that is not UTF-8 is that run's error (logged), and each
-        other row is read by itself, so one bad row hides no other run.
-        """
-        held = self._thread_held()
-        with held.lock:
-            if self._closed:
-                raise self._closed_error()
-            conn: sqlite3.Connection = held.conn
-            conn.text_factory = bytes
-            try:
-                keys = conn.execute(keys_sql, params or ()).fetchall()
-            except sqlite3.Error as exc:
-                raise self._translate(exc) from exc
-            finally:
-                conn.text_factory = str
-        rows: list[Any] = []
-        for (raw,) in keys:
-            try:
-                run_id = raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
-            except UnicodeDecodeError as exc:
-                shown = raw.decode("utf-8", "backslashreplace")
-                logger.warning(
-                    "skipping run %r in listing: %s: its run_id is not UTF-8 (%s); left untouched",
-                    shown,
-                    self.where,
-                    exc,
-                )
-                continue
-            try:
-                _, found = self._exec(self._sql.info_one, {"run_key": run_id})
-            except _Undecodable as exc:
-                logger.warning(
-                    "skipping run %r in listing: %s", run_id, self._undecodable(run_id, exc)
-                )
-                continue
-            rows.extend(found)
-        return rows
+    def _skip_undecodable(self, key: Any, exc: Undecodable) -> None:
+        logger.warning("skipping run %r in listing: %s", key, self._undecodable(key, exc))
 
     # --- async ----------------------------------------------------------------------------
 
@@ -689,27 +545,5 @@ class SQLiteStore(SQLStore):
                     conn.execute(statement)
             conn.commit()
         except BaseException:
-            _rollback(conn)
+            rollback(conn)
             raise
-
-    def _close_connection(self, held: Held) -> None:
-        held.conn.close()
-
-
-def _rollback(conn: sqlite3.Connection) -> None:
-    # The original error matters more; SQLite rolls back on close anyway.
-    with contextlib.suppress(sqlite3.Error):
-        conn.rollback()
-
-
-def _fsync_dir(directory: str) -> None:
-    try:
-        fd = os.open(directory or ".", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some file systems cannot fsync a directory; nothing more we can do
-    finally:
-        os.close(fd)

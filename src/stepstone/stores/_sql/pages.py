@@ -1,0 +1,79 @@
+"""The dashboard's queries (``Store.list_page``, ``Store.count_by_status``) as SQL text.
+
+Built per call from the listing statement of the dialect: a status filter, a run-id
+prefix and a keyset cursor over (updated_at, run_id), newest first, on the indexes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+__all__ = ["count_query", "page_query", "prefix_clause"]
+
+
+def _param(scheme: str) -> Callable[[str], str]:
+    # The drivers' paramstyles: named (sqlite3), else pyformat.
+    if scheme == "sqlite":
+        return lambda name: f":{name}"
+    return lambda name: f"%({name})s"
+
+
+def prefix_clause(scheme: str, prefix: str) -> tuple[str, dict[str, Any]]:
+    """Return the condition "run_id starts with ``prefix``", case-sensitive."""
+    if scheme == "sqlite":
+        # SQLite's LIKE ignores ASCII case; a substring comparison does not.
+        return "substr(run_id, 1, :prefix_len) = :prefix", {
+            "prefix": prefix,
+            "prefix_len": len(prefix),
+        }
+    escaped = prefix.replace("!", "!!").replace("%", "!%").replace("_", "!_")
+    return "run_id LIKE %(prefix)s ESCAPE '!'", {"prefix": escaped + "%"}
+
+
+def page_query(
+    info_sql: str,
+    scheme: str,
+    db_time: Callable[[datetime], Any],
+    status: str | None,
+    prefix: str,
+    after: tuple[datetime, str] | None,
+    limit: int,
+) -> tuple[str, dict[str, Any]]:
+    """Return one page's statement and parameters."""
+    p = _param(scheme)
+    # Run ids compare as code points on every dialect (PostgreSQL's "C" collation,
+    # MySQL's utf8mb4_bin column, SQLite's BINARY), as the cursor does.
+    rid = 'run_id COLLATE "C"' if scheme == "postgresql" else "run_id"
+    where: list[str] = []
+    params: dict[str, Any] = {"limit": int(limit)}
+    if status is not None:
+        where.append(f"status = {p('status')}")
+        params["status"] = status
+    if prefix:
+        clause, values = prefix_clause(scheme, prefix)
+        where.append(clause)
+        params.update(values)
+    if after is not None:
+        where.append(
+            f"(updated_at < {p('after_at')} OR "
+            f"(updated_at = {p('after_at2')} AND {rid} < {p('after_id')}))"
+        )
+        params.update(after_at=db_time(after[0]), after_at2=db_time(after[0]), after_id=after[1])
+    sql = info_sql + (" WHERE " + " AND ".join(where) if where else "")
+    return sql + f" ORDER BY updated_at DESC, {rid} DESC LIMIT {p('limit')}", params
+
+
+def count_query(info_sql: str, scheme: str, prefix: str) -> tuple[str, dict[str, Any]] | None:
+    """Return the per-status count statement, or None if the listing's shape is unknown."""
+    found = re.search(r"\sFROM\s+(\S+)\s*\Z", info_sql)  # the listing's own table
+    if found is None:  # pragma: no cover - the generated statement has this shape
+        return None
+    sql = f"SELECT status, COUNT(*) FROM {found[1]}"
+    params: dict[str, Any] = {}
+    if prefix:
+        clause, params = prefix_clause(scheme, prefix)
+        sql += " WHERE " + clause
+    return sql + " GROUP BY status", params

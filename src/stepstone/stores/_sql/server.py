@@ -1,0 +1,208 @@
+"""What PostgresStore and MySQLStore share: URL, password, timeouts, hooks, init, doctor."""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime
+from typing import Any, ClassVar
+from urllib.parse import urlsplit
+
+from ... import _hooks
+from ..._errors import ConfigError, StoreError, StorePermissionError
+from ..._store import Diagnosis
+from .config import (
+    PASSWORD_ENV,
+    ServerURL,
+    check_table,
+    import_driver,
+    parse_server_url,
+    positive_seconds,
+    run_key,
+)
+from .connections import Held
+from .schema import TABLE_SCHEMA
+from .store import SQLStore
+
+__all__ = ["ServerStore"]
+
+
+class ServerStore(SQLStore):
+    """What PostgresStore and MySQLStore share: URL, password, timeouts, hooks."""
+
+    kind: str
+    _DRIVER: ClassVar[str]
+    _EXTRA: ClassVar[str]
+    _PORT: ClassVar[int]
+    _FORMS: ClassVar[str]
+
+    def _init_server(
+        self,
+        url: str,
+        table: str,
+        password: str | None,
+        timeouts: dict[str, float],
+    ) -> ServerURL:
+        parsed, options = parse_server_url(
+            url, self.kind, self._DRIVER, self._PORT, self._FORMS, ()
+        )
+        if options:  # pragma: no cover - parse_server_url refused them already
+            raise ConfigError(f"URL options are not allowed here; forms: {self._FORMS}")
+        self.table = check_table(table)
+        for name, value in timeouts.items():
+            setattr(self, name, positive_seconds(name, value))
+        self._driver = self._import_driver(self._DRIVER)
+        self._password: str | None = (
+            password
+            if password is not None
+            else parsed.password
+            if parsed.password is not None
+            else os.environ.get(PASSWORD_ENV)
+        )
+        secret = ":***" if self._password else ""
+        user = f"{parsed.user}{secret}@" if parsed.user else ""
+        host = f"[{parsed.host}]" if ":" in parsed.host else parsed.host
+        # No password in here, ever: what repr and messages show.
+        self.url = f"{self.kind}+{self._DRIVER}://{user}{host}:{parsed.port}/{parsed.database}"
+        self.where = f"{self.url} table {self.table}"
+        self._driver_error = self._driver.Error
+        self._setup()
+        return parsed
+
+    def _import_driver(self, module: str) -> Any:
+        return import_driver(module, self.kind, self._EXTRA)
+
+    @classmethod
+    def _config_options(cls, config: str, names: tuple[str, ...]) -> tuple[str, dict[str, Any]]:
+        _, options = parse_server_url(config, cls.kind, cls._DRIVER, cls._PORT, cls._FORMS, names)
+        bare = urlsplit(config)._replace(query="").geturl()
+        return bare, options
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r}, table={self.table!r})"
+
+    def _scrub(self, text: str) -> str:
+        password = self._password
+        return text.replace(password, "***") if password else text
+
+    def _key(self, run_id: str) -> Any:
+        return run_key(run_id)
+
+    def _fire_before(self) -> None:
+        _hooks.fire("sql.before_request")
+
+    def _fire_after(self) -> None:
+        _hooks.fire("sql.request_sent")
+
+    def _run_save(self, held: Held, sql: str, params: Any) -> int:
+        # One statement in autocommit mode: its own atomic transaction, one round trip.
+        # Nothing runs between the compare and the swap.
+        _hooks.fire("sql.before_request")
+        self._count()
+        held.cursor.execute(sql, params)
+        _hooks.fire("sql.request_sent")
+        return int(held.cursor.rowcount)
+
+    def _run(self, held: Held, sql: str, params: Any) -> tuple[int, list[Any]]:
+        cursor = held.cursor
+        self._count()
+        cursor.execute(sql, params)
+        rows = list(cursor.fetchall()) if cursor.description else []
+        return int(cursor.rowcount), rows
+
+    async def _arun(self, held: Held, sql: str, params: Any) -> tuple[int, list[Any]]:
+        cursor = held.cursor
+        self._count()
+        await cursor.execute(sql, params)
+        rows = list(await cursor.fetchall()) if cursor.description else []
+        return int(cursor.rowcount), rows
+
+    def _create_error(self, exc: BaseException) -> StoreError:
+        error = self._translate(exc)
+        if isinstance(error, StorePermissionError):
+            folder = "postgres" if self.kind == "postgresql" else "mysql"
+            return StorePermissionError(
+                f"{error}. These credentials may not create the tables: have an "
+                f"administrator run backends/{folder}/schema.sql (schema_ddl("
+                f"{self.table!r}) for this table name)"
+            )
+        return error
+
+    def init(self) -> list[str]:
+        """Create the checkpoint and meta tables if missing; report what is there.
+
+        Raises:
+            StorePermissionError: the credentials may not create tables.
+        """
+        held = self._thread_held()
+        with held.lock:
+            try:
+                self._create_schema(held)
+                found = self._schema_version(held)
+            except self._driver_error as exc:
+                raise self._create_error(exc) from exc
+            finally:
+                self._release(held)
+        return [
+            f"{self.kind} store {self.where}: tables {self.table} and {self.table}_meta "
+            f"ready (schema version {found})"
+        ]
+
+    def _durability(self, held: Held) -> tuple[bool, str]:
+        raise NotImplementedError
+
+    def _server_settings(self) -> tuple[str | None, bool, str]:
+        held = self._thread_held()
+        with held.lock:
+            try:
+                found = self._schema_version(held)
+                durable, setting = self._durability(held)
+            except self._driver_error as exc:
+                raise self._translate(exc) from exc
+            finally:
+                self._release(held)
+        return found, durable, setting
+
+    def doctor(self) -> list[Any]:
+        """The base probe checks, plus schema version and the server's durability settings."""
+        results = super().doctor()
+        try:
+            found, durable, setting = self._server_settings()
+        except Exception as exc:  # noqa: BLE001 - a diagnosis reports any failure, never raises
+            results.append(Diagnosis("server settings", False, f"{type(exc).__name__}: {exc}"))
+            return results
+        ok = found == str(TABLE_SCHEMA)
+        results.append(
+            Diagnosis(f"schema version {TABLE_SCHEMA}", ok, "ok" if ok else f"found {found!r}")
+        )
+        results.append(
+            Diagnosis(
+                "commits are flushed to disk",
+                durable,
+                setting if durable else f"{setting}: a server crash can lose returned saves",
+            )
+        )
+        return results
+
+    def _open(self) -> None:
+        held = self._thread_held()
+        with held.lock:
+            try:
+                self._ensure_schema(held)
+                self._after_open(held)
+            except self._driver_error as exc:
+                raise self._create_error(exc) from exc
+            finally:
+                self._release(held)
+
+    def _after_open(self, held: Held) -> None:
+        """Read server limits after the schema check (MySQL: max_allowed_packet)."""
+
+    def _db_time(self, value: datetime | None) -> Any:
+        return value
+
+    def _py_time(self, value: Any) -> datetime | None:
+        if value is None:
+            return None
+        if not isinstance(value, datetime):
+            raise ValueError(f"timestamp {value!r} is not a valid time")  # noqa: TRY004 - a bad value
+        return value.astimezone(UTC) if value.tzinfo is not None else value.replace(tzinfo=UTC)

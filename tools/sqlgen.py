@@ -1,0 +1,412 @@
+"""The SQL stores' statements, compiled from SQLAlchemy: ``python tools/sqlgen.py --check``.
+
+SQLAlchemy Core *describes* the tables and *builds* the statements, so the DDL in
+``backends/*/schema.sql`` and the SQL the stores run come from one definition. It runs
+here, in the repository, never in the wheel: its output is checked in as
+``src/stepstone/stores/_sql_text.py``, which the stores read.
+
+- ``--check`` (``scripts/test``): exit 1 when ``_sql_text.py`` differs from what the
+  definitions compile to.
+- ``--write``: regenerate ``_sql_text.py`` (then ``ruff format`` it) after changing a
+  table or a statement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pprint
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import (
+    Column,
+    DateTime,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+    bindparam,
+    delete,
+    literal_column,
+    select,
+    update,
+)
+from sqlalchemy.dialects import mysql as mysql_dialect
+from sqlalchemy.dialects import postgresql as postgresql_dialect
+from sqlalchemy.dialects import sqlite as sqlite_dialect
+from sqlalchemy.dialects.mysql import pymysql as pymysql_dialect
+from sqlalchemy.dialects.postgresql import psycopg as psycopg_dialect
+from sqlalchemy.schema import CreateIndex, CreateTable
+from sqlalchemy.sql.elements import quoted_name
+
+from stepstone.stores._sql import PLACEHOLDER, TABLE_SCHEMA
+from stepstone.stores._sql.schema import FIELDS
+from stepstone.stores._sql_text import STATEMENTS
+
+__all__ = ["generate", "main", "render"]
+
+GENERATED = Path(__file__).resolve().parent.parent / "src" / "stepstone" / "stores" / "_sql_text.py"
+#: The SQLite store's fixed table names.
+SQLITE_TABLE = "stepstone_checkpoints"
+SQLITE_META = "stepstone_meta"
+
+
+class Statements:
+    """Every statement a store runs, compiled for one dialect (the table a placeholder)."""
+
+    def __init__(
+        self,
+        dialect: Any,
+        checkpoints: Any,
+        meta: Any,
+        key: str,
+        insert: Any,
+        seed: Any,
+    ) -> None:
+
+        c = checkpoints.c
+        k = c[key]
+        self.dialect = dialect
+        run_key: Any = bindparam("run_key")
+        expected: Any = bindparam("expected")
+        self.insert = self.compile(insert)
+        self.update = self.compile(
+            update(checkpoints)
+            .where(k == run_key, c.version == expected)
+            .values(
+                {
+                    col.name: bindparam(col.name)
+                    for col in c
+                    if col.name not in ("run_key", "run_id")
+                }
+            )
+        )
+        self.load = self.compile(select(c.version, c.document).where(k == run_key))
+        self.version = self.compile(select(c.version).where(k == run_key))
+        self.delete = self.compile(delete(checkpoints).where(k == run_key))
+        self.delete_cas = self.compile(
+            delete(checkpoints).where(k == run_key, c.version == expected)
+        )
+        self.list = self.compile(select(c.run_id))
+        columns = (
+            c.run_id,
+            c.version,
+            c.status,
+            c.step,
+            c.total_steps,
+            c.updated_at,
+            c.due_at,
+            c.owner,
+        )
+        self.info = self.compile(select(*columns))
+        self.info_one = self.compile(select(*columns).where(k == run_key))
+        self.keys = self.compile(select(k))
+        now: Any = bindparam("now")
+
+        # Three index range scans on (status, due_at), never a finished run: running runs
+        # (the worker watches their leases), then queued and waiting runs that are due.
+        def status(name: str) -> Any:
+            return c.status == literal_column(f"'{name}'")
+
+        running = status("running")
+        queued = status("queued") & (c.due_at <= now)
+        waiting = status("waiting") & (c.due_at <= now)
+        # LIMIT and OFFSET take parameters; SQLAlchemy would rename them, so they are
+        # appended here. OFFSET pages past runs a worker leaves (``claimable(skip=)``).
+        limit = (
+            " LIMIT :limit OFFSET :skip"
+            if dialect.paramstyle == "named"
+            else " LIMIT %(limit)s OFFSET %(skip)s"
+        )
+        self.claims: list[tuple[str, str]] = [
+            (
+                self.compile(select(*columns).where(cond).order_by(c.due_at)) + limit,
+                self.compile(select(k).where(cond).order_by(c.due_at)) + limit,
+            )
+            for cond in (running, queued, waiting)
+        ]
+        self.schema_version = self.compile(
+            select(meta.c.value).where(meta.c.key == bindparam("key", "schema_version")),
+            literal=True,
+        )
+        self.seed = self.compile(seed, literal=True)
+        self.bump = self.compile(
+            update(meta)
+            .where(meta.c.key == "schema_version", meta.c.value == "1")
+            .values(value=str(TABLE_SCHEMA)),
+            literal=True,
+        )
+
+    def compile(self, statement: Any, literal: bool = False) -> str:
+        """Return ``statement`` as this dialect's SQL text, tidily indented."""
+        kwargs = {"literal_binds": True} if literal else {}
+        text = str(statement.compile(dialect=self.dialect, compile_kwargs=kwargs))
+        return "\n".join(line.rstrip().replace("\t", "    ") for line in text.strip().splitlines())
+
+    def ddl(self, statement: Any) -> str:
+        """Return a DDL element (``CreateTable``, ``CreateIndex``) as SQL text."""
+        return self.compile(statement)
+
+
+def server_tables(name: str) -> tuple[Any, Any, Any]:
+    """Return the checkpoint and meta ``Table`` objects and the due index, for servers."""
+
+    def time() -> Any:
+        # MySQL's DATETIME has no zone: UTC wall time is stored and read back as UTC.
+        return DateTime(timezone=True).with_variant(
+            mysql_dialect.DATETIME(fsp=6), "mysql", "mariadb"
+        )
+
+    my = ("mysql", "mariadb")
+    metadata = MetaData()
+    # Every name is quoted ("select", "user", "order" are valid table names): the
+    # generated text then holds the table name only inside quotes, for any name.
+    checkpoints = Table(
+        name,
+        metadata,
+        # SHA-256 of the UTF-8 run_id: a 1024-character run_id is up to 4096 bytes, over
+        # InnoDB's 3072-byte key limit and PostgreSQL's ~2700-byte btree tuple limit;
+        # hashing also makes keys byte-exact on MySQL whatever the collation.
+        Column(
+            "run_key", LargeBinary().with_variant(mysql_dialect.BINARY(32), *my), primary_key=True
+        ),
+        Column("run_id", Text().with_variant(mysql_dialect.VARCHAR(1024), *my), nullable=False),
+        Column("version", String(64), nullable=False),
+        Column("status", String(16), nullable=False),
+        Column("step", Integer, nullable=False),
+        Column("total_steps", Integer),
+        Column("created_at", time()),
+        Column("updated_at", time(), nullable=False),
+        Column("due_at", time()),
+        Column("owner", Text().with_variant(mysql_dialect.VARCHAR(1024), *my)),
+        # Last, so listing (which reads the columns before it) rarely touches it; large
+        # documents live out of line (TOAST / InnoDB overflow pages) anyway.
+        Column("document", Text().with_variant(mysql_dialect.LONGTEXT(), *my), nullable=False),
+        mysql_engine="InnoDB",
+        mysql_charset="utf8mb4",
+        mysql_collate="utf8mb4_bin",
+        quote=True,
+    )
+    Index(quoted_name(f"ix_{name}_updated_at", True), checkpoints.c.updated_at)
+    Index(quoted_name(f"ix_{name}_status", True), checkpoints.c.status, checkpoints.c.updated_at)
+    due = Index(quoted_name(f"ix_{name}_due", True), checkpoints.c.status, checkpoints.c.due_at)
+    meta = Table(
+        f"{name}_meta",
+        metadata,
+        Column("key", String(64), primary_key=True),
+        Column("value", Text, nullable=False),
+        mysql_engine="InnoDB",
+        mysql_charset="utf8mb4",
+        mysql_collate="utf8mb4_bin",
+        quote=True,
+    )
+    return checkpoints, meta, due
+
+
+class _SQLiteStatements(Statements):
+    def __init__(self) -> None:
+
+        metadata = MetaData()
+        checkpoints = Table(
+            SQLITE_TABLE,
+            metadata,
+            # A rowid table, not WITHOUT ROWID: documents are often larger than the ~1/20
+            # of a page where SQLite recommends WITHOUT ROWID.
+            Column("run_id", Text, primary_key=True),
+            Column("version", Text, nullable=False),
+            Column("status", Text, nullable=False),
+            Column("step", Integer, nullable=False),
+            Column("total_steps", Integer),
+            Column("created_at", Text),
+            Column("updated_at", Text, nullable=False),
+            Column("due_at", Text),
+            Column("owner", Text),
+            # Last, so listing (which reads the columns before it) never touches
+            # overflow pages.
+            Column("document", Text, nullable=False),
+        )
+        # Listing and pruning by age, and finding failed runs, read only these;
+        # claimable reads (status, due_at).
+        Index(f"ix_{SQLITE_TABLE}_updated_at", checkpoints.c.updated_at)
+        Index(f"ix_{SQLITE_TABLE}_status", checkpoints.c.status, checkpoints.c.updated_at)
+        due = Index(f"ix_{SQLITE_TABLE}_due", checkpoints.c.status, checkpoints.c.due_at)
+        meta = Table(
+            SQLITE_META,
+            metadata,
+            Column("key", Text, primary_key=True),
+            Column("value", Text, nullable=False),
+        )
+        # A first save inserts or, if the run exists, changes nothing: rowcount 0.
+        insert = (
+            sqlite_dialect.insert(checkpoints)
+            .values({c.name: bindparam(c.name) for c in checkpoints.c})
+            .on_conflict_do_nothing(index_elements=[checkpoints.c.run_id])
+        )
+        seed = (
+            sqlite_dialect.insert(meta)
+            .values(key="schema_version", value=str(TABLE_SCHEMA))
+            .on_conflict_do_nothing()
+        )
+        super().__init__(
+            sqlite_dialect.dialect(paramstyle="named"), checkpoints, meta, "run_id", insert, seed
+        )
+        self.create: list[str] = []
+        for table in metadata.sorted_tables:
+            self.create.append(self.ddl(CreateTable(table, if_not_exists=True)))
+            for index in sorted(table.indexes, key=lambda ix: str(ix.name)):
+                self.create.append(self.ddl(CreateIndex(index, if_not_exists=True)))
+        self.create.append(self.seed)
+        # Schema 1 -> 2: the two columns and the index; run in one BEGIN IMMEDIATE.
+        self.migrate_v1 = [
+            f"ALTER TABLE {SQLITE_TABLE} ADD COLUMN due_at TEXT",
+            f"ALTER TABLE {SQLITE_TABLE} ADD COLUMN owner TEXT",
+            self.ddl(CreateIndex(due, if_not_exists=True)),
+            self.bump,
+        ]
+
+
+class _PgStatements(Statements):
+    def __init__(self, table: str) -> None:
+
+        checkpoints, meta, due = server_tables(table)
+        c = checkpoints.c
+        insert = (
+            postgresql_dialect.insert(checkpoints)
+            .values({col.name: bindparam(col.name) for col in c})
+            .on_conflict_do_nothing(index_elements=[c.run_key])
+        )
+        seed = (
+            postgresql_dialect.insert(meta)
+            .values(key="schema_version", value=str(TABLE_SCHEMA))
+            .on_conflict_do_nothing()
+        )
+        dialect = psycopg_dialect.dialect(paramstyle="pyformat")  # type: ignore[no-untyped-call]
+        super().__init__(dialect, checkpoints, meta, "run_key", insert, seed)
+        self.create: list[str] = []
+        for item in (checkpoints, meta):
+            self.create.append(self.ddl(CreateTable(item, if_not_exists=True)))
+            for index in sorted(item.indexes, key=lambda ix: str(ix.name)):
+                self.create.append(self.ddl(CreateIndex(index, if_not_exists=True)))
+        self.create.append(self.seed)
+        self.migrate_v1 = [
+            f'ALTER TABLE "{table}" ADD COLUMN IF NOT EXISTS due_at TIMESTAMP WITH TIME ZONE',
+            f'ALTER TABLE "{table}" ADD COLUMN IF NOT EXISTS owner TEXT',
+            self.ddl(CreateIndex(due, if_not_exists=True)),
+            self.bump,
+        ]
+
+
+class _MyStatements(Statements):
+    def __init__(self, table: str) -> None:
+
+        checkpoints, meta, due = server_tables(table)
+        c = checkpoints.c
+        # A no-op assignment: an existing row is left alone and reports 0 rows affected
+        # (without CLIENT.FOUND_ROWS), a new row 1.
+        insert = (
+            mysql_dialect.insert(checkpoints)
+            .values({col.name: bindparam(col.name) for col in c})
+            .on_duplicate_key_update(run_key=c.run_key)
+        )
+        seed = (
+            mysql_dialect.insert(meta)
+            .values(key="schema_version", value=str(TABLE_SCHEMA))
+            .on_duplicate_key_update(key=meta.c.key)
+        )
+        super().__init__(
+            pymysql_dialect.dialect(paramstyle="pyformat"),
+            checkpoints,
+            meta,
+            "run_key",
+            insert,
+            seed,
+        )
+
+        def inline(index: Any) -> str:
+            created = self.ddl(CreateIndex(index))
+            match = re.fullmatch(r"CREATE INDEX (\S+) ON \S+ (\(.*\))", created)
+            if match is None:  # pragma: no cover - a SQLAlchemy rendering change
+                raise AssertionError(f"unexpected index DDL: {created}")
+            return f"INDEX {match.group(1)} {match.group(2)}"
+
+        self.create: list[str] = []
+        for item in (checkpoints, meta):
+            create = self.ddl(CreateTable(item, if_not_exists=True))
+            indexes = sorted(item.indexes, key=lambda ix: str(ix.name))
+            if indexes:
+                # MySQL has no CREATE INDEX IF NOT EXISTS (MariaDB does): declare the
+                # indexes inside CREATE TABLE IF NOT EXISTS, one statement.
+                head, _, tail = create.rpartition("\n)")
+                lines = "".join(f",\n    {inline(ix)}" for ix in indexes)
+                create = head + lines + "\n)" + tail
+            self.create.append(create)
+        self.create.append(self.seed)
+        # Schema 1 -> 2, each statement committing by itself (MySQL DDL does); run under
+        # GET_LOCK, and each one tolerates having been done already (1060, 1061).
+        self.migrate_v1 = [
+            f"ALTER TABLE `{table}` ADD COLUMN due_at DATETIME(6) NULL AFTER updated_at",
+            f"ALTER TABLE `{table}` ADD COLUMN owner VARCHAR(1024) NULL AFTER due_at",
+            f"ALTER TABLE `{table}` ADD {inline(due)}",
+            self.bump,
+        ]
+
+
+def generate() -> dict[str, dict[str, Any]]:
+    """Compile every statement from the definitions above (what ``_sql_text`` holds)."""
+    built: dict[str, Statements] = {
+        "sqlite": _SQLiteStatements(),
+        "postgresql": _PgStatements(PLACEHOLDER),
+        "mysql": _MyStatements(PLACEHOLDER),
+    }
+    return {
+        kind: {name: getattr(statements, name) for name in FIELDS}
+        for kind, statements in built.items()
+    }
+
+
+def render() -> str:
+    """Return the source of the ``_sql_text`` module (before ``ruff format``)."""
+    return (
+        '"""Generated by ``python tools/sqlgen.py --write``; do not edit by hand.\n\n'
+        "Every SQL statement the SQL stores run, compiled from the SQLAlchemy definitions in\n"
+        "``tools/sqlgen.py``; ``tools/sqlgen.py --check`` fails when it drifts.\n"
+        '"""\n\n'
+        "from typing import Any, Final\n\n"
+        "STATEMENTS: Final[dict[str, dict[str, Any]]] = "
+        + pprint.pformat(generate(), width=100, sort_dicts=True)
+        + "\n"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Check or write ``_sql_text.py``; return the exit status."""
+    parser = argparse.ArgumentParser(prog="tools/sqlgen.py", description=__doc__.splitlines()[0])
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--check", action="store_true", help="fail when _sql_text.py drifts")
+    mode.add_argument("--write", action="store_true", help="regenerate _sql_text.py")
+    args = parser.parse_args(argv)
+    if args.write:
+        GENERATED.write_text(render(), encoding="utf-8")
+        ruff = Path(sys.executable).with_name("ruff")
+        subprocess.run([str(ruff), "format", "-q", str(GENERATED)], check=True)
+        print(f"wrote {GENERATED}")
+        return 0
+    if generate() != STATEMENTS:
+        print(
+            f"{GENERATED} differs from the SQLAlchemy definitions in tools/sqlgen.py; "
+            "run: python tools/sqlgen.py --write",
+            file=sys.stderr,
+        )
+        return 1
+    print("tools/sqlgen.py: _sql_text.py matches the definitions")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
