@@ -61,6 +61,8 @@ _MIN: Final = datetime.min.replace(tzinfo=UTC)
 class SQLStore(Connections, Store):
     """The SQL store logic, once; subclasses supply the dialect hooks."""
 
+    claims_by_kind: ClassVar[bool] = True  # claimable(status=, skip=): an indexed page
+
     #: ``_db_time(t)`` is ``t.isoformat()`` for a UTC ``t``: the save reuses the text it
     #: formatted for the document instead of formatting each time twice.
     _ISO_TIMES: ClassVar[bool] = False
