@@ -1190,6 +1190,10 @@ class FakeWorker:
     def stop(self) -> None:
         """Nothing to stop."""
 
+    def abandon(self, timeout: float) -> list[str]:
+        """No run is left in a step."""
+        return []
+
 
 class FakeWorkflow:
     """Stands in for stepstone.Workflow."""
@@ -1264,6 +1268,8 @@ class Worker:
             threading.Event().wait(60)
     def stop(self):
         self.stopped.set()
+    def abandon(self, timeout):
+        return []
 
 stepstone.Worker = Worker
 stepstone.Workflow = Workflow
@@ -1615,3 +1621,46 @@ def test_runs_list_names_each_adapters_records() -> None:
     assert _kind("openai-agents:r/0/model:1") == "openai-agents"
     assert _kind("r/agent/pydantic-ai-journal") == "pydantic-ai"
     assert _kind("openai-agents") == "run"  # a plain run that merely has that name
+
+
+@needs_runtime
+def test_runs_start_queues_a_run_and_explains_what_it_cannot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """runs start: queued as stepstone.start does; bad JSON, unknown workflow, an
+    existing or bad run id are one clear line each."""
+    module = f"startflows_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{module}.py").write_text(
+        "from stepstone import Step, Workflow\n"
+        "WORKFLOWS = [Workflow('w', [Step('a', lambda s: {'a': 1})]),\n"
+        "             Workflow('v', [Step('a', lambda s: {})], version='1'),\n"
+        "             Workflow('v', [Step('b', lambda s: {})], version='2')]\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    url = store_url("sqlite", tmp_path)
+    flows = ("--workflows", f"{module}:WORKFLOWS", "--store", url)
+    queued = cli("runs", "start", "w", "r1", "--input", '{"n": 1}', *flows, cwd=tmp_path)
+    assert queued.returncode == 0, queued.stderr
+    assert "queued run 'r1' of workflow 'w'" in queued.stdout
+    assert shown(url, "r1")["status"] == "queued"
+    as_json = cli("runs", "start", "w", "r2", "--json", *flows, cwd=tmp_path)
+    assert as_json.returncode == 0, as_json.stderr
+    assert json.loads(as_json.stdout) == {
+        "run_id": "r2",
+        "workflow": "w",
+        "version": None,
+        "status": "queued",
+    }
+    picked = cli("runs", "start", "v", "r3", "--workflow-version", "2", *flows, cwd=tmp_path)
+    assert picked.returncode == 0, picked.stderr
+    for args, code, message in (
+        (("w", "r1"), 1, "run 'r1' exists already (status queued)"),
+        (("w", "r4", "--input", "{nope"), 2, "--input is not JSON"),
+        (("w", "r4", "--input", "[1]"), 2, "--input must be a JSON object, got a list"),
+        (("nope", "r4"), 2, "has no workflow 'nope'; it has 'v', 'w'"),
+        (("v", "r4"), 2, "say which with --workflow-version"),
+        (("w", ""), 2, "run_id must be"),
+    ):
+        bad = cli("runs", "start", *args, *flows, cwd=tmp_path)
+        assert (bad.returncode, bad.stdout) == (code, ""), (args, bad.stderr)
+        assert message in bad.stderr and bad.stderr.count("\n") == 1, (args, bad.stderr)

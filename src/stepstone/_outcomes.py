@@ -1,17 +1,20 @@
-"""How a worker's execution of a run ends: parked, settled or not, and in words.
+"""How a worker's execution of a run begins and ends: claimed or taken over, parked,
+settled or not, and the event each is told by.
 
 ``park`` is the one write a worker makes of its own (a run whose completed steps are
 not its workflow's); ``SETTLED`` says which ends leave a run settled and which give it
-back to be cooled off; ``outcome`` is the line the worker logs.
+back to be cooled off; ``claim_event`` and ``ending`` are the events the worker emits
+(``_observe.EVENTS``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
+from datetime import datetime
 from typing import Any
 
 from . import _lease
-from ._checkpoint import Failure, evolve, utcnow
+from ._checkpoint import Checkpoint, Failure, evolve, utcnow
 from ._checks import check_names
 from ._core import Interrupted, write
 from ._effects import Effect
@@ -21,13 +24,12 @@ from ._errors import (
     StepFailed,
     Suspended,
     WorkflowChanged,
-    safe_text,
 )
-from ._observe import logger
+from ._observe import RunEvent, first_line
 from ._plan import Plan
 from ._suspend import nudge
 
-__all__ = ["SETTLED", "changed", "outcome", "park"]
+__all__ = ["SETTLED", "changed", "claim_event", "ending", "park"]
 
 #: How an execution may end and leave its run settled: done, waiting, cancelled, handed
 #: over, failed (saved), parked, or another owner's. Any other end (a store error, a step
@@ -72,29 +74,117 @@ def park(plan: Plan, why: WorkflowChanged, owner: str) -> Generator[Effect, Any,
     # ``waiting_for`` cleared: a waiting run's status would hide the failure.
     parked = evolve(cp, failure=failure, attempt=0, waiting_for=None, wake_at=None)
     saved = yield from write(plan, cp, _lease.released(parked), "park")
-    logger.error("run %r: parked as failed: %s", plan.run_id, why)
     if saved.parent is not None:
         yield from nudge(saved.parent)  # a waiting parent learns of it at once
 
 
-#: What each settled end says in the worker's log, first match wins.
-_SAID: tuple[tuple[type[BaseException], Callable[[Any], str]], ...] = (
-    (Suspended, lambda exc: f"waiting for {exc.waiting_for}"),
-    (RunCancelled, lambda _exc: "cancelled"),
-    (Interrupted, lambda _exc: "handed over"),
-    (StepFailed, lambda exc: f"failed at step {exc.step_index} ({exc.step_name!r})"),
-    (WorkflowChanged, lambda _exc: "parked as failed: its completed steps are not this workflow's"),
-    (ConflictError, lambda exc: f"given up: {exc}"),
+Detail = dict[str, str | int | float | None]
+
+
+def _until(when: datetime | None) -> str | None:
+    return None if when is None else when.isoformat().replace("+00:00", "Z")
+
+
+def _suspended(exc: Suspended) -> Detail:
+    kind, _sep, rest = exc.waiting_for.partition(" ")
+    detail: Detail = {"waiting_for": exc.waiting_for, "until": _until(exc.wake_at)}
+    if kind == "signal":
+        detail["signal"] = rest
+    elif kind == "children":
+        detail["children"] = rest
+    return detail
+
+
+def _error(exc: BaseException) -> Detail:
+    # A step's failure is its cause's: StepFailed's own text only repeats where it was.
+    cause = exc.__cause__ if isinstance(exc, StepFailed) and exc.__cause__ else exc
+    return {"error_type": type(cause).__name__, "error": first_line(cause)}
+
+
+#: How each end of an execution is told, first match wins: its event and its details.
+#: LeaseLost (a ConflictError) and any other lost compare-and-swap mean the same to an
+#: operator: another worker holds the run now.
+_ENDS: tuple[tuple[type[BaseException], str, Callable[[Any], Detail]], ...] = (
+    (Suspended, "suspended", _suspended),
+    (RunCancelled, "cancelled", lambda _exc: {}),
+    (Interrupted, "handed_over", lambda _exc: {}),
+    (StepFailed, "failed", _error),
+    (WorkflowChanged, "parked", lambda exc: {"error": first_line(exc)}),
+    (ConflictError, "lease_lost", lambda exc: {"error": first_line(exc)}),
 )
 
 
-def outcome(exc: BaseException | None) -> str:
-    """Say how an execution that ended with ``exc`` (None: done) left its run."""
+def _steps_done(plan: Plan, exc: BaseException | None) -> int | None:
+    """Return how many steps this execution completed, when its end says (done, failed).
+
+    A run that suspends, is cancelled or handed over holds no record of this worker's
+    by then (``plan.current`` is cleared by the release), so its count is not known
+    without another read: None, and the steps counter leaves them out.
+    """
+    began = plan.preclaimed.step if plan.preclaimed is not None else -1
     if exc is None:
-        return "done"
-    for kind, say in _SAID:
-        if isinstance(exc, kind):
-            return say(exc)
-    # Any exception at all, from a step or a foreign store: its __str__ may raise, and
-    # this line is written in the driver's ``finally``, which must free the slot.
-    return f"stopped: {type(exc).__name__}: {safe_text(exc)}"
+        return max(plan.total - 1 - began, 0)
+    if isinstance(exc, StepFailed):
+        return max(exc.step_index - 1 - began, 0)
+    return None
+
+
+def _step_at(exc: BaseException | None) -> str | None:
+    """Return the name of the step the execution ended at, when its end says which."""
+    return exc.step_name if isinstance(exc, StepFailed) else None
+
+
+def ending(plan: Plan, exc: BaseException | None) -> RunEvent:
+    """Return the event telling how an execution of ``plan`` that ended with ``exc``
+    (None: the run is done) left its run."""
+    workflow, version = plan.workflow or (None, None)
+    event, detail = "given_back", _error(exc) if exc is not None else {}
+    if exc is None:
+        event = "finished"
+    else:
+        for kind, name, describe in _ENDS:
+            if isinstance(exc, kind):
+                event, detail = name, describe(exc)
+                break
+    return RunEvent(
+        event,
+        plan.run_id,
+        workflow,
+        version,
+        _step_at(exc),
+        {**detail, "steps": steps} if (steps := _steps_done(plan, exc)) is not None else detail,
+    )
+
+
+def _next_step(plan: Plan, cp: Checkpoint) -> str | None:
+    index = cp.step + 1
+    return plan.names[index] if 0 <= index < len(plan.names) else None
+
+
+def claim_event(plan: Plan, loaded: Checkpoint, claimed: Checkpoint) -> RunEvent:
+    """Return the event of a claim of ``loaded`` that landed as ``claimed``.
+
+    A claim of an owned run is a takeover (its owner's lease expired). Otherwise the
+    claim's latency is the seconds since the run was due: a timer's wake-up once past,
+    else its last write (queued, or a signal delivered). The two stamps are other hosts'
+    wall clocks: a skewed clock skews the histogram, never a decision.
+    """
+    workflow, version = plan.workflow or (None, None)
+    if loaded.owner is not None:
+        detail: Detail = {
+            "previous_owner": loaded.owner,
+            "lease": loaded.lease or _lease.DEFAULT_LEASE,
+            "epoch": claimed.epoch,
+        }
+        return RunEvent(
+            "taken_over", plan.run_id, workflow, version, _next_step(plan, loaded), detail
+        )
+    now = utcnow()
+    due = (
+        loaded.wake_at
+        if loaded.wake_at is not None and loaded.wake_at <= now
+        else loaded.updated_at
+    )
+    latency = None if due is None else round(max((now - due).total_seconds(), 0.0), 6)
+    detail = {"status": loaded.status, "epoch": claimed.epoch, "latency": latency}
+    return RunEvent("claimed", plan.run_id, workflow, version, _next_step(plan, loaded), detail)

@@ -30,6 +30,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Generator, Iterable, Mapping
+from dataclasses import replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -44,8 +45,8 @@ from ._errors import (
     StoreError,
     WorkflowChanged,
 )
-from ._observe import logger
-from ._outcomes import SETTLED, changed, outcome, park
+from ._observe import count_in_flight, emit, logger
+from ._outcomes import SETTLED, changed, claim_event, ending, park
 from ._plan import Plan
 from ._runner import make_plan
 from ._steps import Step, Workflow
@@ -252,18 +253,13 @@ class Worker:
             return None
         if not self._watch.expired(cp, now):
             return None
-        logger.warning(
-            "run %r: owner %r did not renew its %gs lease; taking it over",
-            cp.run_id,
-            cp.owner,
-            cp.lease or _lease.DEFAULT_LEASE,
-        )
-        return _lease.released(cp)
+        return _lease.released(cp)  # its owner did not renew its lease: taken over
 
     def _claim_record(self, cp: Checkpoint) -> Checkpoint:
         return _lease.claimed(cp, self.owner, self.lease)
 
-    def _finished(self, run_id: str, outcome: str, error: BaseException | None = None) -> None:
+    def _finished(self, plan: Plan, error: BaseException | None = None) -> None:
+        run_id = plan.run_id
         delay = 0.0
         with self._lock:
             self._plans.pop(run_id, None)
@@ -277,17 +273,24 @@ class Worker:
                 if len(self._cooling) >= 10_000:  # forget runs long since left alone
                     self._cooling = {k: v for k, v in self._cooling.items() if v[1] > now}
                 self._cooling[run_id] = (ends, now + delay)
-        logger.info("run %r: %s", run_id, outcome)
-        if delay:
-            logger.warning(
-                "run %r: not claimed again by this worker for %gs (%s)", run_id, delay, outcome
-            )
+        event = ending(plan, error)
+        if delay:  # not claimed again by this worker for that long
+            event = replace(event, detail={**event.detail, "cool_off": delay})
+        emit(event)
         self._wake.set()
 
     # --- the loop, shared by both drivers -----------------------------------------------
 
     def _serving(self, asynchronous: bool) -> Generator[Effect, Any, None]:
         """Claim runs into free slots and start driving them, until ``stop`` is called."""
+        # The runs-in-flight gauge (under OpenTelemetry) reads this worker while it serves.
+        count_in_flight(id(self), lambda: len(self._plans))
+        try:
+            yield from self._claiming(asynchronous)
+        finally:
+            count_in_flight(id(self), None)
+
+    def _claiming(self, asynchronous: bool) -> Generator[Effect, Any, None]:
         while not self._stopping.is_set():
             free = self.concurrency - len(self._busy())
             plans: list[Plan] = []
@@ -373,7 +376,8 @@ class Worker:
             # The time *before* the read: the version it returns was current at some
             # moment after this, so a lease counted from here is never too short.
             began = time.monotonic()
-            cp = self._claimable((yield Load(info.run_id)), began)
+            loaded = yield Load(info.run_id)
+            cp = self._claimable(loaded, began)
             if cp is None:
                 return None
             plan = self._plan_for(cp, asynchronous=asynchronous)
@@ -386,6 +390,7 @@ class Worker:
             logger.warning("run %r: not claimed: %s", info.run_id, exc)
             return None
         self._adopt(plan, claimed)
+        emit(claim_event(plan, loaded, claimed))
         return plan
 
     def _adopt(self, plan: Plan, claimed: Checkpoint) -> None:
@@ -464,7 +469,7 @@ class Worker:
             error = self._ended(plan, exc)
         finally:
             # Always: a run this worker no longer drives is claimable again, its slot free.
-            self._finished(plan.run_id, outcome(error), error)
+            self._finished(plan, error)
 
     def _drain(self, futures: set[Future[None]]) -> None:
         deadline = time.monotonic() + self.grace
@@ -584,4 +589,4 @@ class Worker:
             error = self._ended(plan, exc)
         finally:
             wake.set()
-            self._finished(plan.run_id, outcome(error), error)
+            self._finished(plan, error)

@@ -1,7 +1,7 @@
 """The ``stepstone`` command: run workers, inspect, signal, cancel and prune runs, and
 manage stores.
 
-One module per command group: ``_runs`` (``runs list|show|delete|prune|cancel|signal``),
+One module per command group: ``_runs`` (``runs start|list|show|delete|prune|cancel|signal``),
 ``_store_cmds`` (``init``, ``doctor``, ``migrate``), ``_worker`` (``worker``),
 ``_demo_bench`` (``demo``, ``bench``), ``_ui`` (``ui``, the dashboard); ``_common`` holds
 exit codes, argument types and store opening, ``_output`` everything printed (secrets

@@ -25,6 +25,7 @@ from ._common import (
     ttl_arg,
 )
 from ._output import age, emit_json, iso, out, safe, safe_lines, span, table, when
+from ._worker import add_start_parser
 
 __all__ = ["EXIT_ALREADY_DELIVERED", "add_parsers"]
 
@@ -35,7 +36,9 @@ EXIT_ALREADY_DELIVERED = 3
 
 def add_parsers(commands: Any, store: argparse.ArgumentParser, parser_class: type) -> None:
     """Add ``runs`` and its actions to the ``commands`` subparsers."""
-    runs = commands.add_parser("runs", help="list, show, cancel, signal, delete and prune runs")
+    runs = commands.add_parser(
+        "runs", help="start, list, show, cancel, signal, delete and prune runs"
+    )
     actions = runs.add_subparsers(dest="runs_command", metavar="ACTION", parser_class=parser_class)
     actions.required = True
 
@@ -63,6 +66,8 @@ def add_parsers(commands: Any, store: argparse.ArgumentParser, parser_class: typ
     )
     ls.add_argument("--limit", type=positive_int, metavar="N", help="show at most N runs")
     ls.set_defaults(handler=_list)
+
+    add_start_parser(actions, store)
 
     show = actions.add_parser(
         "show", parents=[store], help="show one run: status, lease, what it waits for, state"

@@ -6,12 +6,20 @@ finish within the grace period, release the leases, exit 0). Steps still running
 the grace are abandoned: their runs' leases are given back and the process exits 0 at
 once, without waiting for their threads. A second signal exits at once; the runs it
 held are then recovered by other workers like a crashed worker's.
+
+Each run event (``stepstone._observe.EVENTS``) is one log line, at INFO (``-q``: the
+warnings and errors only), or one JSON object a line on stdout with ``--json``.
+
+``stepstone runs start`` is here too: it loads ``--workflows`` as the worker does, and
+queues a run of one of them (``stepstone.start``) for a worker to run.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
+import logging
 import os
 import signal
 import sys
@@ -21,11 +29,12 @@ from types import FrameType
 from typing import Any, NoReturn
 
 from .. import _lease
+from .._observe import RunEvent, escape
 from ._common import EXIT_OK, OperationalError, UsageError, bounded_int, opened, seconds_arg
 from ._common import store_config as _store_config
 from ._output import PROG, emit_json, out, safe
 
-__all__ = ["add_parsers", "load_workflows"]
+__all__ = ["add_parsers", "add_start_parser", "load_workflows"]
 
 #: Longest lease and grace period accepted: longer is a typo, and a lease that long
 #: would leave a crashed worker's runs stranded for days.
@@ -46,7 +55,10 @@ def add_parsers(commands: Any, store: argparse.ArgumentParser) -> None:
             "SIGTERM or SIGINT stops claiming, lets steps in flight finish within "
             "--grace, releases the leases and exits 0; steps still running after --grace "
             "are abandoned (their leases given back, to run again on another worker) and "
-            "the process exits 0 without waiting for them; a second signal exits at once."
+            "the process exits 0 without waiting for them; a second signal exits at once. "
+            "Each run event (claimed, taken over, suspended, finished, failed, lease lost) "
+            "is one line on stderr; -q keeps only warnings and errors; --json prints each "
+            "event as one JSON object per line on stdout."
         ),
     )
     worker.add_argument(
@@ -76,7 +88,47 @@ def add_parsers(commands: Any, store: argparse.ArgumentParser) -> None:
         help="on SIGTERM/SIGINT, how long steps in flight may take to finish; then the "
         "process exits and the steps still running are abandoned (default: the Worker's)",
     )
+    worker.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="log only warnings and errors, not each run claimed, suspended or finished",
+    )
     worker.set_defaults(handler=_worker)
+
+
+def add_start_parser(actions: Any, store: argparse.ArgumentParser) -> None:
+    """Add ``start`` to the ``runs`` actions: queue a run for a worker."""
+    start = actions.add_parser(
+        "start",
+        parents=[store],
+        help="queue a run of a workflow for a worker (as stepstone.start)",
+        description=(
+            "Record a new run RUN_ID of WORKFLOW (a name among the workflows MODULE:ATTR "
+            "names) as queued, with --input as its input, for `stepstone worker` to run."
+        ),
+    )
+    start.add_argument("workflow", metavar="WORKFLOW", help="the workflow's name")
+    start.add_argument("run_id", metavar="RUN_ID")
+    start.add_argument(
+        "--workflows",
+        metavar="MODULE:ATTR",
+        required=True,
+        help="where the workflow is defined, as for `stepstone worker`",
+    )
+    start.add_argument(
+        "--workflow-version",
+        metavar="VERSION",
+        default=None,
+        help="the workflow's version, when MODULE:ATTR holds more than one of its name",
+    )
+    start.add_argument(
+        "--input",
+        metavar="JSON",
+        default="{}",
+        help="the run's input, a JSON object, e.g. '{\"order\": 42}' (default: {})",
+    )
+    start.set_defaults(handler=_start)
 
 
 def load_workflows(spec: str) -> list[Any]:
@@ -167,11 +219,12 @@ def _worker(args: argparse.Namespace) -> int:
         if getattr(args, name) is not None
     }
     config = _store_config(args)
+    _log_events(args)
     names = ", ".join(safe(getattr(w, "name", repr(w))) for w in workflows)
     with opened(config) as store:
         worker = worker_type(store, workflows, **options)
         if args.json:
-            emit_json(
+            _json_line(
                 {
                     "event": "serving",
                     "workflows": [getattr(w, "name", None) for w in workflows],
@@ -200,7 +253,7 @@ _ABANDON_TIMEOUT = 5.0
 
 def _stopped(args: argparse.Namespace, received: list[int], stuck: list[str]) -> None:
     if args.json:
-        emit_json({"event": "stopped", "signals": len(received), "abandoned": stuck})
+        _json_line({"event": "stopped", "signals": len(received), "abandoned": stuck})
     elif stuck:
         shown = ", ".join(safe(repr(run_id)) for run_id in stuck[:5])
         more = f" and {len(stuck) - 5} more" if len(stuck) > 5 else ""
@@ -217,3 +270,118 @@ def _exit_now(code: int) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+# --- the run events' lines ----------------------------------------------------------------
+
+
+def _json_line(value: dict[str, Any]) -> None:
+    """Print ``value`` as one line of JSON (JSON Lines: one object per line), masked.
+
+    ASCII only: every control, C1 and bidirectional character is a ``\\u`` escape.
+    """
+    out(json.dumps(value, ensure_ascii=True, separators=(",", ":"), default=str))
+    sys.stdout.flush()
+
+
+class _EventLines(logging.Handler):
+    """Prints each run event (a record carrying ``stepstone_event``) as a JSON line."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        event = getattr(record, "stepstone_event", None)
+        if isinstance(event, RunEvent):
+            try:
+                _json_line(event.as_json())
+            except (OSError, ValueError):  # stdout closed: the worker goes on
+                self.handleError(record)
+
+
+def _is_event(record: logging.LogRecord) -> bool:
+    return isinstance(getattr(record, "stepstone_event", None), RunEvent)
+
+
+def _event_or_warning(record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.WARNING or _is_event(record)
+
+
+def _json_elsewhere(record: logging.LogRecord) -> bool:
+    """Keep on stderr the warnings and errors that are not events (those are JSON)."""
+    return record.levelno >= logging.WARNING and not _is_event(record)
+
+
+def _log_events(args: argparse.Namespace) -> None:
+    """Log each run event at INFO (``-q``: warnings and errors only); ``--json``: as
+    JSON lines on stdout, the other log lines staying on stderr."""
+    logger = logging.getLogger("stepstone")
+    if not args.verbose:  # --verbose: every record on stderr already, events among them
+        logger.setLevel(logging.WARNING if args.quiet else logging.INFO)
+        for handler in logger.handlers:
+            # One line per run event: the engine's own INFO lines (starting, waiting
+            # for, done after) say the same things again; its warnings and errors stay.
+            handler.addFilter(_json_elsewhere if args.json else _event_or_warning)
+    if args.json:
+        logger.addHandler(_EventLines())
+
+
+# --- runs start ---------------------------------------------------------------------------
+
+
+def _pick(workflows: list[Any], name: str, version: str | None, spec: str) -> Any:
+    """Return the workflow named ``name`` (and ``version``) among ``workflows``."""
+    named = [w for w in workflows if w.name == name]
+    if version is not None:
+        named = [w for w in named if w.version == version]
+    if not named:
+        known = ", ".join(sorted({safe(repr(w.name)) for w in workflows}))
+        wanted = f"{name!r}" + ("" if version is None else f" version {version!r}")
+        raise UsageError(f"--workflows {spec!r} has no workflow {wanted}; it has {known}")
+    versions = {w.version for w in named}
+    if len(versions) > 1:
+        shown = ", ".join(sorted(repr(v) for v in versions))
+        raise UsageError(
+            f"--workflows {spec!r} has workflow {name!r} in versions {shown}: "
+            "say which with --workflow-version"
+        )
+    return named[0]
+
+
+def _input(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise UsageError(f"--input is not JSON ({exc}): e.g. --input '{{\"order\": 42}}'") from None
+    if not isinstance(value, dict):
+        raise UsageError(f"--input must be a JSON object, got a {type(value).__name__}")
+    return value
+
+
+def _start(args: argparse.Namespace) -> int:
+    workflows = load_workflows(args.workflows)
+    workflow = _pick(workflows, args.workflow, args.workflow_version, args.workflows)
+    payload = _input(args.input)
+    import stepstone  # noqa: PLC0415  (the package imports this module's parent)
+
+    with opened(_store_config(args)) as store:
+        existing = store.load(args.run_id)  # a bad run id fails here: InvalidRunId, exit 2
+        if existing is not None:
+            raise OperationalError(
+                f"run {args.run_id!r} exists already (status {existing.status}): pick another "
+                f"RUN_ID, or see it with `{PROG} runs show {args.run_id}`"
+            )
+        info = stepstone.start(store, workflow, args.run_id, payload)
+    if args.json:
+        emit_json(
+            {
+                "run_id": info.run_id,
+                "workflow": workflow.name,
+                "version": workflow.version,
+                "status": info.status,
+            }
+        )
+    else:
+        out(
+            f"queued run {escape(info.run_id)} of workflow {escape(workflow.name)} version "
+            f"{escape(workflow.version)} (status {info.status}): a worker serving it runs it, "
+            f"e.g. {PROG} worker --workflows {safe(args.workflows)}"
+        )
+    return EXIT_OK
