@@ -4,6 +4,12 @@ The same core as ``run`` (``_core.execute``), driven with awaits: ``async def`` 
 are awaited, plain ones run in a worker thread, and each step's lease is renewed from a
 timer on the event loop. Kept apart from ``_runner`` so that ``import stepstone`` and
 sync users never import asyncio.
+
+What a step costs beyond ``run``'s is kept to what asynchrony needs (issue 20: at most
+1.3x ``run``'s instructions per step on the memory store, ``benchmarks/bench_arun.py``):
+a save runs in a shielded task only when it can suspend (a save cut short by our
+cancellation must still land whole), and a step gets a renewal timer only once it
+suspends (before that the loop cannot run a timer anyway).
 """
 
 from __future__ import annotations
@@ -11,7 +17,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import Coroutine
+import types
+from collections.abc import Coroutine, Generator
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -90,51 +97,128 @@ async def _landed(coro: Coroutine[Any, Any, T]) -> T:
     return task.result()
 
 
+def _never_suspends(store: Store) -> bool:
+    """Whether ``store.asave`` is a coroutine that never suspends (the memory store's).
+
+    Declared by the backend (``Store.asave_never_suspends``) for the ``asave`` its own
+    class defines: a cancellation, delivered only where a coroutine suspends, cannot
+    land inside it. A subclass that inherits it, or a test that replaces ``asave`` on
+    the instance, gets the guarded path.
+    """
+    cls = type(store)
+    asave = store.asave
+    return (
+        cls.asave_never_suspends
+        and isinstance(asave, types.MethodType)
+        and asave.__func__ is vars(cls).get("asave")
+    )
+
+
+async def _asave(effect: Save, plan: Plan, store: Store) -> Checkpoint:
+    asave = store.asave
+    if _never_suspends(store):
+        # No task and no shield: nothing can interrupt it (see ``_never_suspends``).
+        saved = await asave(effect.cp)
+        if effect.owned:
+            plan.current = saved if saved.owner == plan.owner else None
+            plan.written_at = time.monotonic()
+        return saved
+    owned = effect.owned
+
+    async def save() -> Checkpoint:
+        saved = await asave(effect.cp)
+        if owned:
+            # As in ``_runner._perform``.
+            plan.current = saved if saved.owner == plan.owner else None
+            plan.written_at = time.monotonic()
+        return saved
+
+    return await _landed(save())
+
+
+async def _acall(effect: Call, plan: Plan, store: Store) -> Any:
+    """Call the step; renew the lease from a timer once it suspends (``_AsyncRenewal``)."""
+    step = effect.step
+    args = (effect.state,) if effect.ctx is None else (effect.state, effect.ctx)
+    started = time.monotonic()
+    renewal: _AsyncRenewal | None = None
+    try:
+        try:
+            if step.is_async:
+                steps = step.fn(*args).__await__()
+                try:
+                    # Up to its first suspension in our task. A step that returns before
+                    # it (no I/O) gave the loop no chance to run a renewal: it needs no
+                    # timer. One that suspends is awaited on, in this task, as ``await``
+                    # would, with the timer due a third of the lease after it started.
+                    yielded = steps.send(None)
+                except StopIteration as returned:
+                    update = returned.value
+                else:
+                    renewal = _AsyncRenewal(
+                        plan, store, plan.lease / 3 - (time.monotonic() - started)
+                    )
+                    update = await _resumed(steps, yielded)
+            else:
+                renewal = _AsyncRenewal(plan, store)
+                update = await asyncio.to_thread(_in_thread, step.fn, *args)
+                if inspect.isawaitable(update):
+                    # A plain callable returning a coroutine (``lambda s: client.call(s)``).
+                    update = await update
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # we are being cancelled: the run stops here, nothing saved
+            # The step raised CancelledError itself, nobody cancelled us: a failure.
+            raise RuntimeError(
+                f"step {step.name!r} raised CancelledError without being cancelled"
+            ) from exc
+    finally:
+        lost = await renewal.stop() if renewal is not None else None
+    if lost is not None:
+        raise lost
+    return update
+
+
+@types.coroutine
+def _resumed(steps: Generator[Any, Any, T], yielded: Any) -> Generator[Any, Any, T]:
+    """Go on awaiting ``steps``, which has just yielded ``yielded``: ``await``'s own protocol.
+
+    What ``yield from`` does (PEP 380): what the task sends or throws goes to ``steps``,
+    what ``steps`` yields goes to the task, so cancellation and the step's own errors
+    reach the step exactly as if it had been awaited from the start.
+    """
+    while True:
+        try:
+            sent = yield yielded
+        except GeneratorExit:
+            steps.close()
+            raise
+        except BaseException as exc:  # noqa: BLE001 - not handled: passed on to the step
+            try:
+                yielded = steps.throw(exc)
+            except StopIteration as returned:
+                result: T = returned.value
+                return result
+        else:
+            try:
+                yielded = steps.send(sent)
+            except StopIteration as returned:
+                result = returned.value
+                return result
+
+
 async def _aperform(effect: Effect, plan: Plan, store: Store) -> Any:
     kind = type(effect)
     if kind is Save:
         assert isinstance(effect, Save)
-        owned = effect.owned
-
-        async def save() -> Checkpoint:
-            saved = await store.asave(effect.cp)
-            if owned:
-                # As in ``_runner._perform``.
-                plan.current = saved if saved.owner == plan.owner else None
-                plan.written_at = time.monotonic()
-            return saved
-
-        return await _landed(save())
+        return await _asave(effect, plan, store)
     if kind is Load:
         assert isinstance(effect, Load)
         return await store.aload(effect.run_id)
     if kind is Call:
         assert isinstance(effect, Call)
-        step = effect.step
-        renewal = _AsyncRenewal(plan, store)
-        try:
-            args = (effect.state,) if effect.ctx is None else (effect.state, effect.ctx)
-            try:
-                if step.is_async:
-                    update = await step.fn(*args)
-                else:
-                    update = await asyncio.to_thread(_in_thread, step.fn, *args)
-                    if inspect.isawaitable(update):
-                        # A plain callable returning a coroutine (``lambda s: client.call(s)``).
-                        update = await update
-            except asyncio.CancelledError as exc:
-                task = asyncio.current_task()
-                if task is not None and task.cancelling():
-                    raise  # we are being cancelled: the run stops here, nothing saved
-                # The step raised CancelledError itself, nobody cancelled us: a failure.
-                raise RuntimeError(
-                    f"step {step.name!r} raised CancelledError without being cancelled"
-                ) from exc
-        finally:
-            lost = await renewal.stop()
-        if lost is not None:
-            raise lost
-        return update
+        return await _acall(effect, plan, store)
     if kind is Renewing:
         assert isinstance(effect, Renewing)
         holding = _AsyncRenewal(plan, store)
@@ -190,13 +274,13 @@ class _AsyncRenewal:
 
     __slots__ = ("handle", "lost", "plan", "store", "task")
 
-    def __init__(self, plan: Plan, store: Store) -> None:
+    def __init__(self, plan: Plan, store: Store, delay: float | None = None) -> None:
         self.plan = plan
         self.store = store
         self.lost: BaseException | None = None
         self.task: asyncio.Task[None] | None = None
         self.handle: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(
-            plan.lease / 3, self._tick
+            plan.lease / 3 if delay is None else max(0.0, delay), self._tick
         )
 
     def _tick(self) -> None:

@@ -148,6 +148,9 @@ class Store(abc.ABC):
     #: False for a store written before paging: the worker then cuts pages from longer
     #: answers (slower, never stuck). Every built-in backend declares True.
     claims_by_kind: ClassVar[bool] = False
+    #: The ``asave`` this class defines never suspends (it awaits nothing), so ``arun``
+    #: needs no shielded task per save: a cancellation cannot land inside it.
+    asave_never_suspends: ClassVar[bool] = False
 
     @classmethod
     @abc.abstractmethod

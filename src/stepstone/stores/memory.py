@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 from .._checkpoint import Checkpoint, RunStatus, check_run_id, evolve, utcnow
 from .._codec import encode_state
 from .._errors import ConfigError, ConflictError
-from .._store import RunInfo, Store
+from .._store import RunInfo, Store, check_page
 from ._common import new_version
 from ._listing import IndexedRuns
 
@@ -58,6 +58,7 @@ class MemoryStore(Store):
     durable: ClassVar[bool] = False
     native_async: ClassVar[bool] = True
     claims_by_kind: ClassVar[bool] = True
+    asave_never_suspends: ClassVar[bool] = True  # asave calls save; it awaits nothing
 
     def __init__(self) -> None:
         # The saved checkpoints; ``state_json`` is the truth, ``state`` is never read back.
@@ -133,7 +134,31 @@ class MemoryStore(Store):
     aclaimable = _on_the_loop(Store.claimable)
     aclose = _on_the_loop(Store.close)
 
-    # -- the dashboard's listing, from the index ``IndexedRuns`` keeps ------------------
+    # -- the claims and the dashboard's listing, from the indexes ``IndexedRuns`` keeps --
+
+    def claimable(
+        self,
+        now: datetime,
+        limit: int = 100,
+        *,
+        status: RunStatus | None = None,
+        skip: int = 0,
+    ) -> list[RunInfo]:
+        """Return the running runs and the queued/waiting ones due by ``now`` (indexed).
+
+        With ``status``, one page of that kind only (``Store.claimable``). Binary
+        searches in the (status, due_at) index: the cost does not grow with finished runs.
+
+        Raises:
+            ValueError: ``status`` is not an active status, or ``skip`` is negative.
+        """
+        check_page(status, skip)
+        if type(limit) is not int or limit < 0:
+            # A negative limit slices from the end of the scan's lists: its answer, as is.
+            return super().claimable(now, limit, status=status, skip=skip)
+        with self._lock:
+            found = self._runs.claims(now, limit, status, skip)
+        return [RunInfo.of(cp) for cp in found]
 
     def list_page(
         self,
