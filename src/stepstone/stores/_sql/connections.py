@@ -324,7 +324,11 @@ class Connections:
     ) -> tuple[int, list[Any]]:
         """Run one statement on this thread's connection, translating errors."""
         held = self._thread_held()
-        with self._calling(held):
+        # ``_calling``, written out: this runs once per statement, and a generator-based
+        # context manager costs more than the rest of the wrapper.
+        with held.lock:
+            if self._closed:
+                raise self._closed_error()
             try:
                 if save:
                     return self._run_save(held, sql, params), []
@@ -336,6 +340,24 @@ class Connections:
             except UnicodeDecodeError as exc:
                 self._drop(held)  # the driver stopped mid-result
                 raise Undecodable(str(exc)) from exc
+            except self._driver_error as exc:
+                raise self._failed(held, exc) from exc
+            except (InvalidState, Undecodable):
+                raise  # the call's own verdict on a value: the connection is fine
+            except BaseException:
+                self._drop(held)  # see ``_calling``
+                raise
+            finally:
+                if held.doomed or held.lease is not None:
+                    self._drop(held)
+
+    def _failed(self, held: Held, exc: BaseException) -> Exception:
+        """The stepstone error for driver error ``exc``; drop ``held`` if it broke it."""
+        if self._decoding_error(exc):
+            return Undecodable(str(exc))
+        if self._is_broken(held):
+            self._drop(held)
+        return self._translate(exc)
 
     @contextlib.contextmanager
     def _calling(self, held: Held) -> Iterator[None]:
@@ -346,11 +368,7 @@ class Connections:
             try:
                 yield
             except self._driver_error as exc:
-                if self._decoding_error(exc):
-                    raise Undecodable(str(exc)) from exc
-                if self._is_broken(held):
-                    self._drop(held)
-                raise self._translate(exc) from exc
+                raise self._failed(held, exc) from exc
             except (InvalidState, Undecodable):
                 raise  # the call's own verdict on a value: the connection is fine
             except BaseException:

@@ -9,9 +9,8 @@ primitive, ``adrive`` awaits the async one: the pattern of ``_core.step_through`
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Generator, Iterator
-from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from collections.abc import Awaitable, Callable, Generator
+from typing import Any, NamedTuple, TypeVar
 
 __all__ = ["Exec", "Plan", "Result", "adrive", "drive"]
 
@@ -20,13 +19,13 @@ T = TypeVar("T")
 Result = tuple[int, list[Any]]
 
 
-@dataclass(frozen=True, slots=True)
-class Exec:
+class Exec(NamedTuple):
     """Run one statement.
 
     ``save``: the statement of a save (its kill-point hooks fire around it, and a store
     with group commit batches it). ``keys``: it reads keys that may not decode as text
-    (SQLite's run_id key), so read them raw.
+    (SQLite's run_id key), so read them raw. A NamedTuple, not a frozen dataclass: one
+    is made per statement, on every save and load, and a tuple is the cheapest record.
     """
 
     sql: str
@@ -39,58 +38,45 @@ class Exec:
 Plan = Generator[Exec, Result, T]
 
 
-class _Steps(Generic[T]):
-    """The plan's side of a driver: iterating yields effects, ``outcome`` answers each."""
-
-    __slots__ = ("outcome", "plan", "value")
-
-    def __init__(self, plan: Plan[T]) -> None:
-        self.plan = plan
-        self.outcome: Result | Exception | None = None
-        self.value: T
-
-    def __iter__(self) -> Iterator[Exec]:
-        try:
-            while True:
-                outcome, self.outcome = self.outcome, None
-                try:
-                    if isinstance(outcome, Exception):
-                        effect = self.plan.throw(outcome)
-                    else:
-                        effect = self.plan.send(outcome)  # type: ignore[arg-type]
-                except StopIteration as stop:
-                    self.value = stop.value
-                    return
-                yield effect
-        finally:
-            self.plan.close()
-
-
-def _now(perform: Callable[[Exec], Result], effect: Exec) -> Result | Exception:
-    try:
-        return perform(effect)
-    except Exception as exc:  # noqa: BLE001 - thrown back into the plan, which decides
-        return exc
-
-
-async def _later(perform: Callable[[Exec], Awaitable[Result]], effect: Exec) -> Result | Exception:
-    try:
-        return await perform(effect)
-    except Exception as exc:  # noqa: BLE001 - thrown back into the plan, which decides
-        return exc
+# The drivers are written out flat, not through a shared iterator: they run on every
+# store call, and each layer of calls between the plan and the I/O is paid per statement.
 
 
 def drive(plan: Plan[T], perform: Callable[[Exec], Result]) -> T:
-    """Run ``plan`` to its end, performing each effect with ``perform``."""
-    steps = _Steps(plan)
-    for effect in steps:
-        steps.outcome = _now(perform, effect)
-    return steps.value
+    """Run ``plan`` to its end, performing each effect with ``perform``.
+
+    An error of ``perform`` is thrown into the plan at its ``yield``: the plan decides
+    what it means (a conflict peek, a salvage) or lets it propagate.
+    """
+    try:
+        effect = plan.send(None)  # type: ignore[arg-type]
+        while True:
+            try:
+                result = perform(effect)
+            except Exception as exc:  # noqa: BLE001 - thrown back into the plan, which decides
+                effect = plan.throw(exc)
+            else:
+                effect = plan.send(result)
+    except StopIteration as stop:
+        value: T = stop.value
+        return value
+    finally:
+        plan.close()
 
 
 async def adrive(plan: Plan[T], perform: Callable[[Exec], Awaitable[Result]]) -> T:
     """``drive`` for an async ``perform``: the same plan, each effect awaited."""
-    steps = _Steps(plan)
-    for effect in steps:
-        steps.outcome = await _later(perform, effect)
-    return steps.value
+    try:
+        effect = plan.send(None)  # type: ignore[arg-type]
+        while True:
+            try:
+                result = await perform(effect)
+            except Exception as exc:  # noqa: BLE001 - thrown back into the plan, which decides
+                effect = plan.throw(exc)
+            else:
+                effect = plan.send(result)
+    except StopIteration as stop:
+        value: T = stop.value
+        return value
+    finally:
+        plan.close()
