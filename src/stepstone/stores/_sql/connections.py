@@ -324,8 +324,9 @@ class Connections:
     ) -> tuple[int, list[Any]]:
         """Run one statement on this thread's connection, translating errors."""
         held = self._thread_held()
-        # ``_calling``, written out: this runs once per statement, and a generator-based
-        # context manager costs more than the rest of the wrapper.
+        # No context manager: this runs once per statement, and a generator-based one
+        # costs more than the rest of the wrapper. ``_commit_batch`` is the other caller
+        # of the same rule (``_settle``).
         with held.lock:
             if self._closed:
                 raise self._closed_error()
@@ -335,51 +336,38 @@ class Connections:
                 if keys:
                     return self._run_keys(held, sql, params)
                 return self._run(held, sql, params)
-            except UnicodeEncodeError as exc:  # a lone surrogate in the state's strings
-                raise invalid_text(exc) from exc
-            except UnicodeDecodeError as exc:
-                self._drop(held)  # the driver stopped mid-result
-                raise Undecodable(str(exc)) from exc
-            except self._driver_error as exc:
-                raise self._failed(held, exc) from exc
-            except (InvalidState, Undecodable):
-                raise  # the call's own verdict on a value: the connection is fine
-            except BaseException:
-                self._drop(held)  # see ``_calling``
-                raise
-            finally:
-                if held.doomed or held.lease is not None:
-                    self._drop(held)
-
-    def _failed(self, held: Held, exc: BaseException) -> Exception:
-        """The stepstone error for driver error ``exc``; drop ``held`` if it broke it."""
-        if self._decoding_error(exc):
-            return Undecodable(str(exc))
-        if self._is_broken(held):
-            self._drop(held)
-        return self._translate(exc)
-
-    @contextlib.contextmanager
-    def _calling(self, held: Held) -> Iterator[None]:
-        """Hold ``held`` for one call; translate driver errors, drop what it may have broken."""
-        with held.lock:
-            if self._closed:
-                raise self._closed_error()
-            try:
-                yield
-            except self._driver_error as exc:
-                raise self._failed(held, exc) from exc
-            except (InvalidState, Undecodable):
-                raise  # the call's own verdict on a value: the connection is fine
-            except BaseException:
-                # Anything else (a kill-point hook, KeyboardInterrupt) may have left the
-                # connection mid-statement or mid-transaction: never reuse it.
-                self._drop(held)
-                raise
+            except BaseException as exc:
+                error = self._settle(held, exc)
+                if error is exc:
+                    raise
+                raise error from exc
             finally:
                 # A user's engine gets its connection back after each call.
                 if held.doomed or held.lease is not None:
                     self._drop(held)
+
+    def _settle(self, held: Held, exc: BaseException) -> BaseException:
+        """Return what to raise for ``exc`` raised while ``held`` ran a call.
+
+        Driver errors are translated (``held`` dropped if they broke it); a value the call
+        refused leaves the connection fine; anything else (a kill-point hook,
+        KeyboardInterrupt) may have left it mid-statement or mid-transaction: it is
+        dropped, never reused.
+        """
+        if isinstance(exc, UnicodeEncodeError):  # a lone surrogate in the state's strings
+            return invalid_text(exc)
+        if isinstance(exc, UnicodeDecodeError):
+            self._drop(held)  # the driver stopped mid-result
+            return Undecodable(str(exc))
+        if isinstance(exc, self._driver_error):
+            if self._decoding_error(exc):
+                return Undecodable(str(exc))
+            if self._is_broken(held):
+                self._drop(held)
+            return self._translate(exc)
+        if not isinstance(exc, (InvalidState, Undecodable)):
+            self._drop(held)
+        return exc
 
     def _group_save(self, group: GroupCommit, sql: str, params: Any) -> int:
         """Submit one save to the group commit; return its rowcount once committed."""
@@ -394,8 +382,19 @@ class Connections:
     def _commit_batch(self, items: list[Pending]) -> None:
         """Run a batch of saves on this thread's connection (the group's ``execute``)."""
         held = self._thread_held()
-        with self._calling(held):
-            self._run_batch(held, items)
+        with held.lock:
+            if self._closed:
+                raise self._closed_error()
+            try:
+                self._run_batch(held, items)
+            except BaseException as exc:
+                error = self._settle(held, exc)
+                if error is exc:
+                    raise
+                raise error from exc
+            finally:
+                if held.doomed or held.lease is not None:
+                    self._drop(held)
 
     # --- async --------------------------------------------------------------------------
 

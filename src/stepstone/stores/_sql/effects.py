@@ -60,8 +60,9 @@ def drive(plan: Plan[T], perform: Callable[[Exec], Result]) -> T:
     except StopIteration as stop:
         value: T = stop.value
         return value
-    finally:
-        plan.close()
+    except BaseException:
+        plan.close()  # a finished plan needs no close; one cut short by an error does
+        raise
 
 
 async def adrive(plan: Plan[T], perform: Callable[[Exec], Awaitable[Result]]) -> T:
@@ -78,5 +79,6 @@ async def adrive(plan: Plan[T], perform: Callable[[Exec], Awaitable[Result]]) ->
     except StopIteration as stop:
         value: T = stop.value
         return value
-    finally:
-        plan.close()
+    except BaseException:
+        plan.close()  # a finished plan needs no close; one cut short by an error does
+        raise
