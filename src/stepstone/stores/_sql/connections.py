@@ -22,7 +22,7 @@ import os
 import threading
 import weakref
 from collections.abc import Awaitable, Callable, Iterator
-from typing import TYPE_CHECKING, Any, ClassVar, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final, TypeVar
 
 from ..._errors import InvalidState, StoreError, StoreUnavailable
 from .._errortable import ErrorRule
@@ -55,6 +55,9 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+_T = TypeVar("_T")
 
 
 class Held:
@@ -323,19 +326,22 @@ class Connections:
         self, sql: str, params: Any = None, *, save: bool = False, keys: bool = False
     ) -> tuple[int, list[Any]]:
         """Run one statement on this thread's connection, translating errors."""
+        if save:
+            return self._on_held(self._run_save, sql, params), []
+        return self._on_held(self._run_keys if keys else self._run, sql, params)
+
+    def _on_held(self, call: Callable[..., _T], *args: Any) -> _T:
+        """Run ``call(held, *args)`` on this thread's connection, holding it; settle errors.
+
+        No context manager: this runs once per statement, and a generator-based one
+        costs more than the rest of the wrapper.
+        """
         held = self._thread_held()
-        # No context manager: this runs once per statement, and a generator-based one
-        # costs more than the rest of the wrapper. ``_commit_batch`` is the other caller
-        # of the same rule (``_settle``).
         with held.lock:
             if self._closed:
                 raise self._closed_error()
             try:
-                if save:
-                    return self._run_save(held, sql, params), []
-                if keys:
-                    return self._run_keys(held, sql, params)
-                return self._run(held, sql, params)
+                return call(held, *args)
             except BaseException as exc:
                 error = self._settle(held, exc)
                 if error is exc:
@@ -381,20 +387,7 @@ class Connections:
 
     def _commit_batch(self, items: list[Pending]) -> None:
         """Run a batch of saves on this thread's connection (the group's ``execute``)."""
-        held = self._thread_held()
-        with held.lock:
-            if self._closed:
-                raise self._closed_error()
-            try:
-                self._run_batch(held, items)
-            except BaseException as exc:
-                error = self._settle(held, exc)
-                if error is exc:
-                    raise
-                raise error from exc
-            finally:
-                if held.doomed or held.lease is not None:
-                    self._drop(held)
+        self._on_held(self._run_batch, items)
 
     # --- async --------------------------------------------------------------------------
 
