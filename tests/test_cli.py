@@ -1664,3 +1664,13 @@ def test_runs_start_queues_a_run_and_explains_what_it_cannot(
         bad = cli("runs", "start", *args, *flows, cwd=tmp_path)
         assert (bad.returncode, bad.stdout) == (code, ""), (args, bad.stderr)
         assert message in bad.stderr and bad.stderr.count("\n") == 1, (args, bad.stderr)
+
+
+def test_bench_masks_every_secret_of_the_store_url() -> None:
+    """bench names the store it could not open with the key and password masked."""
+    key = "bench-secret-key-0123456789abcdef"
+    proc = cli("bench", "--store", f"cosmos://127.0.0.1:1/db/c?key={key}&verify=false")
+    assert proc.returncode == 2, proc.stderr
+    assert "cannot open store" in proc.stderr
+    assert key not in proc.stderr + proc.stdout
+    assert "key=***" in proc.stderr

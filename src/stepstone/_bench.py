@@ -54,6 +54,7 @@ from ._bench_workload import (
 )
 from ._checkpoint import Checkpoint
 from ._codec import encode_state
+from ._redact import redact_url
 from ._registry import open_store
 from ._runner import run
 from ._store import Store
@@ -387,7 +388,7 @@ def render(config: str, result: StoreBench, machine: Mapping[str, Any]) -> str:
     width = max(len(name) for name, _ in rows)
     disk = machine.get("disk") or {}
     lines = [
-        f"stepstone bench: {_redact(config)}",
+        f"stepstone bench: {redact_url(config)}",
         f"  {result.state_bytes}-byte state, {STEPS} steps per run, "
         f"{len(result.save.values) if result.save else 0} repeats; "
         f"{machine.get('nproc')} CPUs, Python {machine.get('python')}"
@@ -402,15 +403,6 @@ def render(config: str, result: StoreBench, machine: Mapping[str, Any]) -> str:
         "  machine vary: compare ratios, and rerun before drawing conclusions.",
     ]
     return "\n".join(lines)
-
-
-def _redact(config: str) -> str:
-    """Hide a password or key that a config string may carry."""
-    scheme, sep, rest = config.partition("://")
-    if not sep or "@" not in rest.split("/", 1)[0]:
-        return config
-    creds, _, host = rest.partition("@")
-    return f"{scheme}://{creds.split(':', 1)[0]}:***@{host}"
 
 
 def main(argv: list[str]) -> int:
@@ -436,7 +428,7 @@ def main(argv: list[str]) -> int:
     try:
         store = open_store(config)
     except Exception as exc:  # noqa: BLE001 - the command's answer to any failure: a line, exit 2
-        print(f"stepstone bench: cannot open store {_redact(config)}: {exc}", file=sys.stderr)
+        print(f"stepstone bench: cannot open store {redact_url(config)}: {exc}", file=sys.stderr)
         return 2
     try:
         result = bench_store(store, repeats=repeats, target_s=target_s)
@@ -450,7 +442,7 @@ def main(argv: list[str]) -> int:
     finally:
         store.close()
     if args.json:
-        out = {"store": _redact(config), "backend": type(store).scheme, "machine": machine}
+        out = {"store": redact_url(config), "backend": type(store).scheme, "machine": machine}
         out.update(result.to_json())
         print(json.dumps(out, indent=2))
     else:
