@@ -97,21 +97,34 @@ async def _landed(coro: Coroutine[Any, Any, T]) -> T:
     return task.result()
 
 
+#: Per store class: the ``asave`` it runs, when that one never suspends; else None.
+_QUIET_ASAVE: dict[type[Store], object] = {}
+
+
+def _quiet_asave(cls: type[Store]) -> object:
+    # The class that defines the asave this class runs must itself declare the flag: a
+    # subclass that overrides asave (to await something) does not inherit the promise.
+    for klass in cls.__mro__:
+        own = vars(klass)
+        if "asave" in own:
+            return own["asave"] if own.get("asave_never_suspends") is True else None
+    return None
+
+
 def _never_suspends(store: Store) -> bool:
     """Whether ``store.asave`` is a coroutine that never suspends (the memory store's).
 
-    Declared by the backend (``Store.asave_never_suspends``) for the ``asave`` its own
-    class defines: a cancellation, delivered only where a coroutine suspends, cannot
-    land inside it. A subclass that inherits it, or a test that replaces ``asave`` on
+    Declared by the backend (``Store.asave_never_suspends``) in the class that defines
+    that ``asave``: a cancellation, delivered only where a coroutine suspends, cannot
+    land inside it. A subclass that overrides ``asave``, or a test that replaces it on
     the instance, gets the guarded path.
     """
     cls = type(store)
+    quiet = _QUIET_ASAVE.get(cls, _QUIET_ASAVE)
+    if quiet is _QUIET_ASAVE:
+        quiet = _QUIET_ASAVE[cls] = _quiet_asave(cls)
     asave = store.asave
-    return (
-        cls.asave_never_suspends
-        and isinstance(asave, types.MethodType)
-        and asave.__func__ is vars(cls).get("asave")
-    )
+    return quiet is not None and isinstance(asave, types.MethodType) and asave.__func__ is quiet
 
 
 async def _asave(effect: Save, plan: Plan, store: Store) -> Checkpoint:

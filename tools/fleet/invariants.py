@@ -362,7 +362,8 @@ def _check_workers(report: Report, faults: list[Fault], logdir: Path, workers: i
     killed = {f.pid for f in faults if f.kind == "kill"}
     for path in sorted(logdir.glob("worker-*.err")):
         text = path.read_text(errors="replace")
-        report.takeovers += text.count("taking it over")
+        # The worker's `taken_over` event line (stepstone._observe.EVENTS).
+        report.takeovers += text.count("taken over from an owner whose lease expired")
         report.leases_lost += text.count("lease lost")
         report.known_bug += text.count(KNOWN_BUG)
         # Drop the known bug's tracebacks (pinned by an xfail test) before looking.
