@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from .._errors import StoreError, safe_text
 
-__all__ = ["ErrorRule", "map_exceptions", "safe_text", "translate"]
+__all__ = ["ErrorRule", "map_exceptions", "translate"]
 
 
 @dataclass(frozen=True, slots=True)

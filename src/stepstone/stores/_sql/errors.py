@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..._errors import InvalidState, StoreError
-from .._errortable import ErrorRule, safe_text, translate
+from ..._errors import InvalidState, StoreError, safe_text
+from .._errortable import ErrorRule, translate
 
 __all__ = ["Undecodable", "invalid_text", "store_error"]
 
