@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -29,6 +30,27 @@ def pytest_terminal_summary(
     reasons = {str(r.longrepr[2]) for r in skipped if "BACKEND UNAVAILABLE" in str(r.longrepr)}
     for reason in sorted(reasons):
         terminalreporter.write_line(f"!!! {reason}", red=True, bold=True)
+
+
+@pytest.fixture(autouse=True)
+def _no_event_loop_left_running(request: pytest.FixtureRequest) -> None:
+    """Fail at once, naming the cause, when a test starts inside a leaked running loop.
+
+    A loop left "running" in the main thread (Playwright's sync API while open, a loop
+    whose run was cut) makes every later ``asyncio.run`` fail with a message that names
+    none of it; hundreds of tests then fail far from the cause. The browser tests run
+    inside Playwright's loop on purpose.
+    """
+    if "chromium" in request.fixturenames:
+        return
+    leaked = asyncio.events._get_running_loop()
+    if leaked is not None:
+        pytest.fail(
+            f"an event loop ({leaked!r}) is left running in the main thread by an earlier "
+            "test or fixture (Playwright's sync API open past its module?); this test "
+            "cannot call asyncio.run",
+            pytrace=False,
+        )
 
 
 @pytest.fixture(scope="session")

@@ -87,12 +87,14 @@ def test_every_backend_readme_is_a_page() -> None:
         assert f'--8<-- "{readme.as_posix()}"' in page.read_text(), f"docs/{readme}"
 
 
-@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(DOCS)) for p in PAGES])
-def test_included_files_exist(page: Path) -> None:
+# The parameter is ``doc``, not ``page``: a test asking for ``page`` would be taken for a
+# browser test by any Playwright pytest plugin (and grouped with the browser tests).
+@pytest.mark.parametrize("doc", PAGES, ids=[str(p.relative_to(DOCS)) for p in PAGES])
+def test_included_files_exist(doc: Path) -> None:
     """Every file a page includes exists, and a named section is marked in it."""
-    for path, section in _SNIPPET.findall(page.read_text()):
+    for path, section in _SNIPPET.findall(doc.read_text()):
         target = REPO / path
-        assert target.is_file(), f"{page.name} includes {path}, which does not exist"
+        assert target.is_file(), f"{doc.name} includes {path}, which does not exist"
         if section:
             text = target.read_text()
             for edge in ("start", "end"):
@@ -103,11 +105,11 @@ def _python_blocks(text: str) -> list[str]:
     return re.findall(r"^ *```python\n(.*?)^ *```", text, re.S | re.M)
 
 
-@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(DOCS)) for p in PAGES])
-def test_python_examples_compile(page: Path) -> None:
+@pytest.mark.parametrize("doc", PAGES, ids=[str(p.relative_to(DOCS)) for p in PAGES])
+def test_python_examples_compile(doc: Path) -> None:
     """Every ```python block on a page is valid Python (top-level ``await`` allowed)."""
-    for block in _python_blocks(page.read_text()):
-        compile(block, str(page), "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+    for block in _python_blocks(doc.read_text()):
+        compile(block, str(doc), "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
 
 
 def test_python_examples_are_found() -> None:

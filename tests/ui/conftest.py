@@ -41,7 +41,9 @@ def store(store_config: str) -> Iterator[Store]:
         yield opened
 
 
-@pytest.fixture(scope="session")
+# Module scope, not session: Playwright's sync API runs an asyncio loop in the main
+# thread while it is open, and every later test calling asyncio.run would fail.
+@pytest.fixture(scope="module")
 def chromium() -> Iterator[Any]:
     """Debian's Chromium, headless, driven by Playwright (its own download is unreachable)."""
     if not os.path.exists(CHROMIUM):
