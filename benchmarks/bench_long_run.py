@@ -1,0 +1,243 @@
+"""A long chat run: instructions, growth and bytes written as the state grows (issue 19).
+
+    .venv/bin/python benchmarks/bench_long_run.py [--n 25,50,100,200,400]
+        [--stores memory,file,sqlite] [--src DIR] [--profile N] [--json]
+
+The workload: a workflow of ``n`` steps run by ``stepstone.run``; each step appends one
+message of ~2 KB (``{"role": "assistant", "content": "turn i: lorem ipsum ..."}``, the
+turn ``bench_langgraph.py`` gives LangGraph) to ``state["messages"]``, so the state after
+step ``i`` holds ``i`` messages and every save is of a larger state.
+
+Figures, per store (``memory://``, ``file://`` at its default durability, ``sqlite://``
+with ``synchronous=full``):
+
+- instructions of the whole run of ``n`` steps (valgrind's callgrind, user space): one
+  process per store, collecting only inside ``operator.call`` (which nothing on the
+  measured path calls) and dumping after each call, so imports, the store's opening and
+  a warm-up run are never counted; PYTHONHASHSEED=0;
+- the growth exponent ``k`` of instructions ~ n^k, a least-squares fit of log(instructions)
+  on log(n) over every ``n`` measured;
+- bytes written per step: what the process handed to ``write()`` during the run (``wchar``
+  in /proc/self/io: the store's files, WAL and journal), divided by ``n``, and that
+  against the JSON size of one step's update (the message it appended). The memory store
+  writes nothing; its row shows the state text it encoded per step instead.
+
+``--src DIR`` puts ``DIR`` first on the measured processes' ``PYTHONPATH`` (a ``git
+archive REV src`` of an earlier tree, for a before/after). ``--profile N`` prints the top
+C functions of an ``N``-step run by their own instructions (``callgrind_annotate``), per
+store, instead of the figures above.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import operator
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+MESSAGE = "lorem ipsum dolor sit amet " * 76  # ~2 KB per turn, as bench_langgraph.py
+STORES = ("memory", "file", "sqlite")
+WARMUP_STEPS = 5
+
+
+def _message(i: int) -> dict[str, Any]:
+    return {"role": "assistant", "content": f"turn {i}: {MESSAGE}"}
+
+
+def _steps(n: int) -> list[Any]:
+    from stepstone import Step
+
+    def turn(state: dict[str, Any]) -> dict[str, Any]:
+        messages: list[Any] = state["messages"]
+        return {"messages": [*messages, _message(len(messages))]}
+
+    return [Step(f"turn-{i}", turn) for i in range(n)]
+
+
+def _config(store: str, directory: str) -> str:
+    return {
+        "memory": "memory://",
+        "file": f"file://{directory}/runs",
+        "sqlite": f"sqlite:///{directory}/runs.db?synchronous=full",
+    }[store]
+
+
+def _wchar() -> int:
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("wchar:"):
+            return int(line.split()[1])
+    raise RuntimeError("no wchar in /proc/self/io")
+
+
+def one_run(store: Any, run_id: str, n: int) -> dict[str, Any]:
+    """Run the chat for ``n`` steps on ``store``; return bytes written and encoded."""
+    from stepstone import run
+
+    steps = _steps(n)
+    before = _wchar()
+    final = run(run_id, steps, store, input={"messages": []})
+    written = _wchar() - before
+    assert len(final["messages"]) == n, len(final["messages"])
+    # What each save encoded: the state after step i, for i = 1..n (the messages differ
+    # only in their turn number, so the size grows by one message per step).
+    one = len(json.dumps(_message(n), ensure_ascii=False, separators=(",", ":")))
+    encoded = sum(len('{"messages":[]}') + i * (one + 1) for i in range(1, n + 1))
+    return {"n": n, "bytes_written": written, "bytes_encoded": encoded, "update_bytes": one}
+
+
+def _child(store_name: str, ns: list[int], directory: str) -> None:
+    """Under callgrind: a warm-up run, then each ``n`` inside ``operator.call``."""
+    from stepstone import open_store
+
+    store = open_store(_config(store_name, directory))
+    try:
+        one_run(store, "warm-up", WARMUP_STEPS)
+        results = [operator.call(one_run, store, f"chat-{n}", n) for n in ns]
+    finally:
+        store.close()
+    print(json.dumps(results))
+
+
+def _callgrind(store: str, ns: list[int], src: str | None, profile: bool) -> tuple[list[int], Any]:
+    """Return the instructions of each run of ``ns`` on ``store``, and the child's output."""
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    if src:
+        env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if "PYTHONPATH" in env else "")
+    with tempfile.TemporaryDirectory(dir=_tmp()) as tmp:
+        out = Path(tmp) / "cg.out"
+        data = Path(tmp) / "data"
+        data.mkdir()
+        proc = subprocess.run(
+            [
+                "valgrind",
+                "--tool=callgrind",
+                "--collect-atstart=no",
+                "--toggle-collect=_operator_call",
+                "--dump-after=_operator_call",
+                f"--callgrind-out-file={out}",
+                sys.executable,
+                __file__,
+                "--child",
+                store,
+                "--n",
+                ",".join(map(str, ns)),
+                "--dir",
+                str(data),
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+            env=env,
+        )
+        dumps = sorted(
+            (p for p in Path(tmp).iterdir() if re.fullmatch(r"cg\.out\.\d+", p.name)),
+            key=lambda p: int(p.name.rsplit(".", 1)[1]),
+        )
+        counts = []
+        for dump in dumps:
+            text = dump.read_text(encoding="utf-8", errors="replace")
+            match = re.search(r"^(?:summary|totals):\s*(\d+)", text, re.M)
+            assert match is not None, f"no totals in {dump.name}"
+            counts.append(int(match.group(1)))
+        assert len(counts) == len(ns), f"{len(counts)} callgrind dumps for {len(ns)} runs"
+        top = _annotate(dumps[-1]) if profile else None
+        return counts, (json.loads(proc.stdout.strip().splitlines()[-1]), top)
+
+
+def _annotate(dump: Path, limit: int = 15) -> list[tuple[int, str]]:
+    """The top functions of a callgrind dump by their own instructions."""
+    out = subprocess.run(
+        ["callgrind_annotate", "--threshold=100", str(dump)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    rows = []
+    for line in out.splitlines():
+        match = re.match(r"^\s*([\d,]+)\s+\([\s\d.]+%\)\s+(\S.*)$", line)
+        if match and "PROGRAM TOTALS" not in line:
+            rows.append((int(match.group(1).replace(",", "")), match.group(2).strip()))
+    return rows[:limit]
+
+
+def _tmp() -> str:
+    # On the real disk, beside the other benchmarks' stores (tmpfs makes fsync free).
+    path = Path(__file__).resolve().parent / ".tmp"
+    path.mkdir(exist_ok=True)
+    return str(path)
+
+
+def growth(ns: list[int], counts: list[int]) -> float:
+    """The least-squares slope of log(count) on log(n): counts ~ n^slope."""
+    xs = [math.log(n) for n in ns]
+    ys = [math.log(c) for c in counts]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum(
+        (x - mx) ** 2 for x in xs
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", default="25,50,100,200,400", help="step counts, comma-separated")
+    parser.add_argument("--stores", default=",".join(STORES), help="memory,file,sqlite")
+    parser.add_argument("--src", help="a stepstone src dir to measure instead of the installed")
+    parser.add_argument("--profile", type=int, help="top functions of one N-step run")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--dir", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    ns = [int(v) for v in args.n.split(",")]
+    if args.child:
+        _child(args.child, ns, args.dir)
+        return
+    stores = args.stores.split(",")
+    if args.profile:
+        report: dict[str, Any] = {}
+        for store in stores:
+            counts, (_, top) = _callgrind(store, [args.profile], args.src, profile=True)
+            report[store] = {"instructions": counts[0], "top": top}
+        if args.json:
+            print(json.dumps({"profile_steps": args.profile, "stores": report}, indent=2))
+            return
+        for store, r in report.items():
+            print(f"{store}: {args.profile}-step run, {r['instructions']:,} instructions; top:")
+            for own, name in r["top"]:
+                print(f"  {own:>14,} {own / r['instructions']:6.1%}  {name[:110]}")
+        return
+    results: dict[str, Any] = {}
+    for store in stores:
+        counts, (runs, _) = _callgrind(store, ns, args.src, profile=False)
+        results[store] = {
+            "instructions": dict(zip(map(str, ns), counts, strict=True)),
+            "growth": growth(ns, counts) if len(ns) > 1 else None,
+            "bytes_per_step": {str(r["n"]): r["bytes_written"] / r["n"] for r in runs},
+            "encoded_per_step": {str(r["n"]): r["bytes_encoded"] / r["n"] for r in runs},
+            "update_bytes": runs[0]["update_bytes"],
+        }
+    if args.json:
+        print(json.dumps({"src": args.src or "installed", "stores": results}, indent=2))
+        return
+    print(f"chat run, ~2 KB appended per step; src: {args.src or 'installed stepstone'}")
+    header = "".join(f"{'n=' + str(n):>14}" for n in ns)
+    print(f"  instructions per run{header}   growth")
+    for store, r in results.items():
+        cells = "".join(f"{r['instructions'][str(n)]:>14,}" for n in ns)
+        print(f"  {store:<20}{cells}   n^{r['growth']:.2f}")
+    print(f"  bytes written per step / update ({results[stores[0]]['update_bytes']:,} B)")
+    for store, r in results.items():
+        key = "encoded_per_step" if store == "memory" else "bytes_per_step"
+        cells = "".join(f"{r[key][str(n)] / r['update_bytes']:>13.1f}x" for n in ns)
+        label = f"{store} (encoded)" if store == "memory" else store
+        print(f"  {label:<20}{cells}")
+
+
+if __name__ == "__main__":
+    main()
