@@ -460,3 +460,24 @@ def test_each_end_of_an_execution_is_its_event() -> None:
     assert (done.event, done.detail["steps"], done.step) == ("finished", 2, None)
     odd = ending(plan, _Unprintable())
     assert odd.event == "given_back" and odd.detail["error_type"] == "_Unprintable"
+
+
+def test_a_claims_latency_counts_from_the_write_that_made_it_due_not_from_1970() -> None:
+    """A signalled or nudged run is due at the "due now" mark near 1970; its latency is not."""
+    from datetime import timedelta
+
+    from stepstone import Checkpoint
+    from stepstone.stores.memory import MemoryStore
+    from stepstone._checkpoint import DUE_NOW, utcnow
+    from stepstone._checks import make_plan
+    from stepstone._outcomes import claim_event
+
+    wf = Workflow("w", [Step("a", lambda s: s)])
+    plan = make_plan("r", wf, MemoryStore(), input=None, lease=None, asynchronous=False)
+    written = utcnow() - timedelta(seconds=2)
+    for wake_at in (DUE_NOW, DUE_NOW + timedelta(seconds=3)):
+        loaded = Checkpoint("r", wake_at=wake_at, updated_at=written)
+        event = claim_event(plan, loaded, loaded)
+        latency = event.detail["latency"]
+        assert isinstance(latency, float)
+        assert 1.0 <= latency < 3600, f"latency {latency} s for a run written 2 s ago"

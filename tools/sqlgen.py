@@ -57,6 +57,124 @@ SQLITE_TABLE = "stepstone_checkpoints"
 SQLITE_META = "stepstone_meta"
 
 
+def _kinds(due: str, cancelled: str) -> list[tuple[str, str, str]]:
+    """The three kinds ``claim_ready`` claims: (status, its due test, its extra test).
+
+    One branch each, every one an index range scan on (status, due_at) that stops at
+    ``limit`` matches: an ``OR`` of the statuses would sort every due run (and parse
+    each one's metadata) before the ``LIMIT``. Waiting runs first (resumed work), then
+    runs given back, then new runs; the union is cut to ``limit`` by due_at.
+    """
+    return [("waiting", due, ""), ("running", "", ""), ("queued", due, cancelled)]
+
+
+def claim_ready(dialect: str, table: str) -> str:
+    """Return the one statement of ``Store.claim_ready`` for ``dialect``; "" for none.
+
+    It claims what needs no judgement (unowned; queued and not cancel-requested,
+    waiting and due, or running with its lease given back; of a served workflow) and
+    returns the claimed rows. The document is left as the store wrote it and the claim's
+    fields are appended to its first line (the metadata): a JSON object's last value of
+    a key wins (``json.loads``), so it loads as ``_lease.claimed`` saved would, and the
+    state's text is never re-encoded by the database. The next save of the owner writes
+    the document afresh. Only the metadata line is parsed (for the filters and the
+    epoch), never the state.
+
+    Parameters: ``owner``; ``fields`` (the appended JSON text up to the epoch's value);
+    ``token`` (the new versions' random part); ``now`` (what is due by then), ``stamp``
+    (the claim's updated_at), ``due_running``, ``due_now`` (column times); ``limit``;
+    ``served`` and ``exclude`` (see ``SQLStore``).
+    PostgreSQL skips rows another claim has locked (``FOR UPDATE SKIP LOCKED``), so
+    workers spread over the queue; SQLite has one writer, the statement is atomic.
+    MySQL and MariaDB have no ``UPDATE ... RETURNING``: "" (the worker's per-run path).
+    """
+    if dialect == "sqlite":
+        meta = "(substr(document, 1, instr(document, char(10)) - 2) || '}')"
+        key = (
+            f"COALESCE(json_extract({meta}, '$.workflow'), '') || char(31) || "
+            f"COALESCE(char(30) || json_extract({meta}, '$.workflow_version'), '')"
+        )
+        cancelled = (
+            f"\n                AND COALESCE(json_extract({meta}, '$.cancel_requested'), 0) = 0"
+        )
+        head = (
+            "CASE WHEN instr(version, '.') > 0 "
+            "THEN substr(version, 1, instr(version, '.') - 1) ELSE version END"
+        )
+        return (
+            f"UPDATE {table} SET\n"
+            "    owner = :owner,\n"
+            f"    version = CASE WHEN ({head}) <> '' AND ({head}) NOT GLOB '*[^0-9]*'\n"
+            f"        THEN CAST(({head}) AS INTEGER) + 1 ELSE 1 END || '.' || :token,\n"
+            "    status = CASE status WHEN 'waiting' THEN 'waiting' ELSE 'running' END,\n"
+            "    due_at = CASE status WHEN 'waiting' THEN :due_now ELSE :due_running END,\n"
+            "    updated_at = :stamp,\n"
+            "    document = substr(document, 1, instr(document, char(10)) - 1) || :fields\n"
+            f"        || (COALESCE(json_extract({meta}, '$.epoch'), 0) + 1) || ','\n"
+            "        || substr(document, instr(document, char(10)))\n"
+            "WHERE run_id IN (\n"
+            "    SELECT run_id FROM (\n"
+            + "\n        UNION ALL\n".join(
+                f"        SELECT run_id, due_at FROM (SELECT run_id, due_at FROM {table}\n"
+                f"            WHERE status = '{status}' AND owner IS NULL{due}\n"
+                "                AND document LIKE '{\"stepstone\":%'\n"
+                f"                AND instr(document, char(10)) > 2{cancel}\n"
+                f"                AND {key} IN (SELECT value FROM json_each(:served))\n"
+                "                AND run_id NOT IN (SELECT value FROM json_each(:exclude))\n"
+                "            ORDER BY due_at LIMIT :limit)"
+                for status, due, cancel in _kinds(" AND due_at <= :now", cancelled)
+            )
+            + "\n    )\n"
+            "    ORDER BY due_at\n"
+            "    LIMIT :limit\n"
+            ")\n"
+            "RETURNING run_id, version, document"
+        )
+    if dialect == "postgresql":
+        quoted = f'"{table}"'
+        meta = "(left(c.document, strpos(c.document, chr(10)) - 2) || '}')::jsonb"
+        pmeta = "(left(document, strpos(document, chr(10)) - 2) || '}')::jsonb"
+        key = (
+            f"COALESCE({pmeta} ->> 'workflow', '') || chr(31) || "
+            f"COALESCE(chr(30) || ({pmeta} ->> 'workflow_version'), '')"
+        )
+        cancelled = (
+            f"\n            AND NOT COALESCE(({pmeta} ->> 'cancel_requested')::boolean, false)"
+        )
+        head = "split_part(c.version, '.', 1)"
+        return (
+            f"UPDATE {quoted} AS c SET\n"
+            "    owner = %(owner)s,\n"
+            f"    version = CASE WHEN {head} ~ '^[0-9]+$'\n"
+            f"        THEN ({head}::numeric + 1)::text ELSE '1' END || '.' || %(token)s,\n"
+            "    status = CASE WHEN c.status = 'waiting' THEN 'waiting' ELSE 'running' END,\n"
+            "    due_at = CASE WHEN c.status = 'waiting'\n"
+            "        THEN %(due_now)s ELSE %(due_running)s END,\n"
+            "    updated_at = %(stamp)s,\n"
+            "    document = left(c.document, strpos(c.document, chr(10)) - 1) || %(fields)s\n"
+            f"        || (COALESCE(({meta} ->> 'epoch')::bigint, 0) + 1)::text || ','\n"
+            "        || substr(c.document, strpos(c.document, chr(10)))\n"
+            "FROM (\n"
+            + "\n    UNION ALL\n".join(
+                f"    SELECT * FROM (SELECT run_key, version AS was, due_at FROM {quoted}\n"
+                f"        WHERE status = '{status}' AND owner IS NULL{due}\n"
+                "            AND document LIKE '{\"stepstone\":%%'\n"
+                f"            AND strpos(document, chr(10)) > 2{cancel}\n"
+                f"            AND {key} = ANY(%(served)s::text[])\n"
+                "            AND run_id <> ALL(%(exclude)s::text[])\n"
+                "        ORDER BY due_at LIMIT %(limit)s\n"
+                f"        FOR UPDATE SKIP LOCKED) AS {status}"
+                for status, due, cancel in _kinds(" AND due_at <= %(now)s", cancelled)
+            )
+            + "\n    ORDER BY due_at\n"
+            "    LIMIT %(limit)s\n"
+            ") AS picked\n"
+            "WHERE c.run_key = picked.run_key\n"
+            "RETURNING c.run_id, c.version, c.document, picked.was"
+        )
+    return ""
+
+
 class Statements:
     """Every statement a store runs, compiled for one dialect (the table a placeholder)."""
 
@@ -136,6 +254,7 @@ class Statements:
             literal=True,
         )
         self.seed = self.compile(seed, literal=True)
+        self.claim_ready = claim_ready(dialect.name, str(checkpoints.name))
         self.bump = self.compile(
             update(meta)
             .where(meta.c.key == "schema_version", meta.c.value == "1")

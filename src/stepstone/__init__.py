@@ -5,7 +5,8 @@ Where things live: the rules of a run in ``_core.py`` (a generator of the effect
 driven by ``run`` in ``_runner.py`` and ``arun`` in ``_arunner.py``; one execution's
 ``Plan`` in ``_plan.py``; steps, workflows and the base of suspending steps in
 ``_steps.py``; ``WaitFor``, ``Sleep`` and ``Map`` in ``_suspend.py``; leases in
-``_lease.py``; start, cancel and signal in ``_control.py``;
+``_lease.py``; start, cancel and signal in ``_control.py``; moving runs onto a
+newer workflow version in ``_upgrade.py``;
 the worker in ``_worker.py``; the Store contract in ``_store.py``; config strings in
 ``_registry.py``; errors in ``_errors.py``; each backend in ``stores/``; the contract
 suite in ``testing/``; the command line in ``cli``.
@@ -47,6 +48,7 @@ if TYPE_CHECKING:  # what the names below are, for type checkers; imported on fi
     from ._steps import AttemptsExhausted, RetryPolicy, Step, StepContext, Workflow
     from ._store import Diagnosis, RunInfo, Store
     from ._suspend import ChildFailed, Map, Sleep, WaitFor, WaitTimeout
+    from ._upgrade import aupgrade, upgrade
     from ._worker import Worker
 
 # ``import stepstone`` imports only the error tree; every other public name is imported
@@ -78,6 +80,7 @@ _LAZY: dict[str, str] = {
     "arun": "._arunner",
     "asignal": "._control",
     "astart": "._control",
+    "aupgrade": "._upgrade",
     "cancel": "._control",
     "check_run_id": "._checkpoint",
     "open_store": "._registry",
@@ -86,6 +89,7 @@ _LAZY: dict[str, str] = {
     "schemes": "._registry",
     "signal": "._control",
     "start": "._control",
+    "upgrade": "._upgrade",
 }
 
 
@@ -148,6 +152,7 @@ __all__ = [
     "arun",
     "asignal",
     "astart",
+    "aupgrade",
     "cancel",
     "check_run_id",
     "open_store",
@@ -156,5 +161,6 @@ __all__ = [
     "schemes",
     "signal",
     "start",
+    "upgrade",
 ]
 __version__ = "0.1.0"

@@ -25,11 +25,12 @@ from typing import Any, TypeVar
 from ._checkpoint import Checkpoint
 from ._checks import Steps, make_plan
 from ._core import execute, renew
-from ._effects import Call, Effect, Load, Pause, Renewing, Save, astep_through
+from ._effects import Announce, Call, Effect, Load, Pause, Renewing, Save, astep_through
 from ._errors import ConflictError
 from ._observe import logger
 from ._plan import Plan, to_release
 from ._store import Store
+from ._wake import aannounce
 
 __all__ = ["adrive", "arenew_once", "arun"]
 
@@ -242,6 +243,9 @@ async def _aperform(effect: Effect, plan: Plan, store: Store) -> Any:
         if lost is not None:
             raise lost
         return result
+    if kind is Announce:
+        await aannounce(store)
+        return None
     assert isinstance(effect, Pause)
     pausing = _AsyncRenewal(plan, store) if effect.base is not None else None
     try:

@@ -18,7 +18,7 @@ from typing import Any
 from ._checkpoint import DUE_NOW, Checkpoint, Signal, check_run_id, evolve, utcnow
 from ._checks import check_input
 from ._codec import encode_state
-from ._effects import Effect, Load, Save, astep_through, step_through
+from ._effects import Announce, Effect, Load, Save, astep_through, step_through
 from ._errors import (
     ConflictError,
     InputMismatch,
@@ -31,6 +31,7 @@ from ._observe import logger
 from ._steps import Workflow
 from ._store import RunInfo, Store
 from ._suspend import nudge, queued
+from ._wake import aannounce, announce
 
 # cancel_op / signal_op: the operations as effect generators, for callers that drive them
 # with their own compare-and-swap (the dashboard pins the version its page showed).
@@ -58,6 +59,8 @@ def _sync(gen: Op, store: Store) -> Any:
     def perform(effect: Effect) -> Any:
         if isinstance(effect, Save):
             return store.save(effect.cp)
+        if isinstance(effect, Announce):
+            return announce(store)
         assert isinstance(effect, Load)
         return store.load(effect.run_id)
 
@@ -68,6 +71,8 @@ async def _async(gen: Op, store: Store) -> Any:
     async def perform(effect: Effect) -> Any:
         if isinstance(effect, Save):
             return await store.asave(effect.cp)
+        if isinstance(effect, Announce):
+            return await aannounce(store)
         assert isinstance(effect, Load)
         return await store.aload(effect.run_id)
 
@@ -94,6 +99,7 @@ def _start(workflow: Workflow, run_id: str, input: dict[str, Any] | None) -> Op:
                 saved: Checkpoint = yield Save(fresh, "start")
             except ConflictError:
                 continue
+            yield Announce()  # a worker may claim it now
             logger.info("run %r: queued (workflow %r)", run_id, workflow.name)
             return RunInfo.of(saved)
         if (cp.workflow, cp.workflow_version) != workflow.key:
@@ -241,12 +247,17 @@ def signal_op(run_id: str, name: str, payload: Any, signal_id: str | None) -> Op
             logger.info("run %r: signal id %r already received; nothing to do", run_id, signal_id)
             return False
         new = evolve(cp, signals=(*cp.signals, Signal(name, signal_id, payload, utcnow())))
-        if status == "waiting" and cp.owner is None and cp.waiting_for == f"signal {name}":
+        wakes = status == "waiting" and cp.owner is None and cp.waiting_for == f"signal {name}"
+        if wakes:
             new = evolve(new, wake_at=DUE_NOW)  # due now, by any clock: a worker resumes it
         try:
             yield Save(new, f"signal {name}")
         except ConflictError:
             continue
+        if wakes:
+            # Only then is there work: a run someone holds reads the signal at its next
+            # save, and one waiting for something else, or queued, is not due sooner.
+            yield Announce()
         logger.info("run %r: signal %r received (id %r)", run_id, name, signal_id)
         return True
     raise _too_busy(run_id)

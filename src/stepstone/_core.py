@@ -31,6 +31,7 @@ from ._checks import check_input, check_names, check_workflow, first_difference
 from ._codec import pristine
 from ._control import cancel_children
 from ._effects import (
+    Announce,
     Call,
     Effect,
     Load,
@@ -133,6 +134,7 @@ def execute(plan: Plan) -> Run:
                 yield from _finish_cancelled(plan, cp)
             if plan.stop_requested:
                 yield from write(plan, cp, _lease.released(cp), "hand-over")
+                yield Announce()  # another worker may take it now
                 logger.info("run %r: handed over at step %d (worker stopping)", run_id, index)
                 raise Interrupted(run_id)
             step = plan.steps[index]
@@ -522,5 +524,9 @@ def _run_suspending(
                     yield from _finish_cancelled(plan, cp)
                 resumed = True
                 continue
+            if saved.wake_at is not None and saved.wake_at <= utcnow():
+                # Given back already due (a child finished while we looked, and we left
+                # the rest to a worker): nobody else will announce it.
+                yield Announce()
             logger.info("run %r: waiting for %s", plan.run_id, outcome.waiting_for)
             raise Suspended(plan.run_id, outcome.waiting_for, outcome.wake_at)

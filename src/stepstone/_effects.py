@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from ._checkpoint import Checkpoint
 
 __all__ = [
+    "Announce",
     "Call",
     "Callee",
     "Effect",
@@ -116,6 +117,17 @@ class Pause(Effect):
     def __init__(self, seconds: float, base: Checkpoint | None) -> None:
         self.seconds = seconds
         self.base = base
+
+
+class Announce(Effect):
+    """Tell the workers sharing the store that there is work (``_wake.announce``).
+
+    Yielded after a write that makes work for a worker has landed (a run started, a
+    signal, a parent nudged, a lease given back), never after a plain step's save. The
+    result is None; it never fails (a lost announcement only delays, the poll runs).
+    """
+
+    __slots__ = ()
 
 
 def step_through(gen: Generator[Effect, Any, Any], perform: Callable[[Effect], Any]) -> Any:

@@ -27,7 +27,7 @@ from ._errors import (
 )
 from ._observe import RunEvent, first_line
 from ._plan import Plan
-from ._suspend import nudge
+from ._suspend import DUE_NOW_UNTIL, nudge
 
 __all__ = ["SETTLED", "changed", "claim_event", "ending", "park"]
 
@@ -180,9 +180,11 @@ def claim_event(plan: Plan, loaded: Checkpoint, claimed: Checkpoint) -> RunEvent
             "taken_over", plan.run_id, workflow, version, _next_step(plan, loaded), detail
         )
     now = utcnow()
+    # A "due now" mark (a signal, a nudge: near 1970 on purpose) is no time it was due
+    # at: the last write, which set it, is.
     due = (
         loaded.wake_at
-        if loaded.wake_at is not None and loaded.wake_at <= now
+        if loaded.wake_at is not None and DUE_NOW_UNTIL <= loaded.wake_at <= now
         else loaded.updated_at
     )
     latency = None if due is None else round(max((now - due).total_seconds(), 0.0), 6)

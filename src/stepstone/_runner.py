@@ -22,7 +22,7 @@ from typing import Any
 
 from ._checks import Steps, make_plan
 from ._core import execute, renew
-from ._effects import Call, Effect, Load, Pause, Renewing, Save, step_through
+from ._effects import Announce, Call, Effect, Load, Pause, Renewing, Save, step_through
 from ._errors import ConflictError
 from ._observe import logger
 from ._plan import Plan, to_release
@@ -34,6 +34,7 @@ from ._steps import (
     idempotency_key,
 )
 from ._store import Store
+from ._wake import announce
 
 __all__ = [
     "AttemptsExhausted",
@@ -150,6 +151,9 @@ def _perform(effect: Effect, plan: Plan, store: Store) -> Any:
         if lost is not None:
             raise lost
         return result
+    if kind is Announce:
+        announce(store)
+        return None
     assert isinstance(effect, Pause)
     pause_ticket = _renewer.enter(plan, store) if effect.base is not None else None
     try:

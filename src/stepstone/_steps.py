@@ -14,6 +14,7 @@ import random
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from types import MappingProxyType
 from typing import Any
 
 from ._checkpoint import Checkpoint
@@ -282,12 +283,22 @@ class Workflow:
     """A named, optionally versioned list of steps: what workers serve and ``start`` queues.
 
     A run started from a workflow records its name and version; a worker runs it only
-    with a workflow of that very name and version, never with other steps.
+    with a workflow of that very name and version, never with other steps, or with one
+    that declares an upgrade from that version: ``upgrades={"2": fn}`` moves a run of
+    version "2" onto this one at a step boundary, its state replaced by ``fn(state)``
+    (``stepstone.upgrade``; the rules are in ``_upgrade``).
     """
 
-    __slots__ = ("name", "steps", "version")
+    __slots__ = ("name", "steps", "upgrades", "version")
 
-    def __init__(self, name: str, steps: Sequence[Any], *, version: str | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        steps: Sequence[Any],
+        *,
+        version: str | None = None,
+        upgrades: Mapping[str | None, Callable[[dict[str, Any]], dict[str, Any]]] | None = None,
+    ) -> None:
         if not isinstance(name, str) or not name or len(name) > 200:
             raise InvalidWorkflow(
                 f"a workflow name must be a str of 1-200 characters, got {name!r}"
@@ -298,6 +309,9 @@ class Workflow:
         self.name = name
         self.version = version
         self.steps: tuple[Any, ...] = tuple(check_steps(steps))
+        self.upgrades: Mapping[str | None, Callable[[dict[str, Any]], dict[str, Any]]] = (
+            _check_upgrades(name, version, upgrades)
+        )
 
     @property
     def key(self) -> tuple[str, str | None]:
@@ -306,7 +320,48 @@ class Workflow:
 
     def __repr__(self) -> str:
         shown = "" if self.version is None else f", version={self.version!r}"
+        if self.upgrades:
+            shown += f", upgrades from {', '.join(repr(v) for v in self.upgrades)}"
         return f"Workflow({self.name!r}, {len(self.steps)} steps{shown})"
+
+
+def _check_upgrades(
+    name: str, version: str | None, upgrades: object
+) -> Mapping[str | None, Callable[[dict[str, Any]], dict[str, Any]]]:
+    """Return ``upgrades`` as a read-only mapping, or raise ``InvalidWorkflow`` saying why."""
+    if upgrades is None:
+        return MappingProxyType({})
+    if not isinstance(upgrades, Mapping):
+        raise InvalidWorkflow(
+            f"workflow {name!r}: upgrades must be a dict of old version -> function of the "
+            f"state, got {type(upgrades).__name__}"
+        )
+    if upgrades and version is None:
+        raise InvalidWorkflow(
+            f"workflow {name!r} declares upgrades but has no version: give it one "
+            "(version=...), the version the upgraded runs are moved to"
+        )
+    table: dict[str | None, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+    for old, fn in upgrades.items():
+        if old is not None and (not isinstance(old, str) or not old):
+            raise InvalidWorkflow(
+                f"workflow {name!r}: an upgrade's key is the old version, a non-empty str "
+                f"(or None for runs started unversioned), got {old!r}"
+            )
+        if old == version:
+            raise InvalidWorkflow(
+                f"workflow {name!r}: version {version!r} cannot upgrade from itself; "
+                "upgrades name older versions"
+            )
+        # A coroutine function would return a coroutine, not a state: the upgrade runs
+        # inside the claim, where nothing is awaited.
+        if not callable(fn) or inspect.iscoroutinefunction(fn):
+            raise InvalidWorkflow(
+                f"workflow {name!r}: the upgrade from version {old!r} must be a plain "
+                "function of the state returning the new state (not async)"
+            )
+        table[old] = fn
+    return MappingProxyType(table)
 
 
 def check_steps(steps: object) -> list[Any]:

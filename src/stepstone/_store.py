@@ -9,16 +9,17 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from types import MappingProxyType, TracebackType
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Self, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol, Self, TypeVar
 
 from ._checkpoint import ACTIVE_STATUSES, STATUSES, Checkpoint, keep_times
 from ._errors import CorruptCheckpoint, StoreError
 from ._observe import logger
+from ._wake import Doorbell
 
 if TYPE_CHECKING:
     from ._checkpoint import RunStatus
 
-__all__ = ["Diagnosis", "RunInfo", "Store", "page_key"]
+__all__ = ["Claim", "Diagnosis", "Listener", "RunInfo", "Store", "page_key"]
 
 T = TypeVar("T")
 _NEVER = datetime(1970, 1, 1, tzinfo=UTC)
@@ -40,6 +41,24 @@ async def _to_thread(fn: Callable[..., T], *args: Any) -> T:
     import asyncio  # noqa: PLC0415 - deferred (~40 ms), see above
 
     return await asyncio.to_thread(fn, *args)
+
+
+class Listener(Protocol):
+    """What ``Store.listen`` returns: hears other processes' announcements until closed."""
+
+    def close(self) -> None:
+        """Stop listening and release what the listener holds. Closing twice is allowed."""
+        ...
+
+
+class Claim(NamedTuple):
+    """One run claimed by ``Store.claim_ready``: its record before and as now stored.
+
+    ``before.version`` is None where the database does not return the replaced version.
+    """
+
+    before: Checkpoint
+    claimed: Checkpoint
 
 
 class Diagnosis(NamedTuple):
@@ -122,6 +141,16 @@ class Store(abc.ABC):
     Async counterparts (``aload``, ``asave``, ...) sit beside the sync methods with the
     same names plus an ``a`` prefix; by default they run the sync method in a thread,
     and a backend with a native async driver overrides them.
+
+    Wake-ups (``stepstone._wake``): after a write that makes work for a worker (a run
+    started, a signal, a child's completion, a lease given back) the writer rings the
+    store object's ``doorbell``, which wakes every worker of this process serving it,
+    and calls ``announce``, which tells other processes. A worker subscribes to the
+    doorbell and calls ``listen`` while it serves. A backend that can push across
+    processes overrides ``announce`` (PostgreSQL: ``NOTIFY``) and ``listen`` (``LISTEN``)
+    and declares ``pushes_wakeups``; the defaults do nothing and return None, and the
+    worker then looks quickly after activity and backs off to its poll interval when
+    idle. Either way a lost notification only delays work until the next poll.
     """
 
     #: The config-string scheme that selects this backend, e.g. ``"sqlite"``.
@@ -148,9 +177,17 @@ class Store(abc.ABC):
     #: False for a store written before paging: the worker then cuts pages from longer
     #: answers (slower, never stuck). Every built-in backend declares True.
     claims_by_kind: ClassVar[bool] = False
+    #: ``claim_ready``/``aclaim_ready`` claim the runs that need no judgement (unowned,
+    #: due, of a served workflow) in one call, returning the claimed records: workers
+    #: then load nothing to claim them. False: the worker loads and saves each one.
+    claims_in_one_call: ClassVar[bool] = False
     #: The ``asave`` this class defines never suspends (it awaits nothing), so ``arun``
     #: needs no shielded task per save: a cancellation cannot land inside it.
     asave_never_suspends: ClassVar[bool] = False
+    #: ``listen`` returns a ``Listener`` that hears ``announce`` from other processes, so
+    #: a worker may sleep its whole poll interval between looks (PostgreSQL's
+    #: ``LISTEN``/``NOTIFY``). False: ``listen`` returns None and workers back off.
+    pushes_wakeups: ClassVar[bool] = False
 
     @classmethod
     @abc.abstractmethod
@@ -389,6 +426,57 @@ class Store(abc.ABC):
                 check("delete the probe run", lambda: self.delete(probe))
         return results
 
+    # --- wake-ups (``stepstone._wake``) -------------------------------------------------
+
+    @property
+    def doorbell(self) -> Doorbell:
+        """The ``Doorbell`` of this store object: rung after writes that make work.
+
+        Created on first use, one per store object; every worker of this process
+        serving this object subscribes to it. Not shared by two objects opened on the
+        same data (they ring across with ``announce``/``listen``, as processes do).
+        """
+        bell: Doorbell | None = self.__dict__.get("_stepstone_doorbell")
+        if bell is None:
+            # setdefault is atomic: two threads asking at once get the same doorbell.
+            bell = self.__dict__.setdefault("_stepstone_doorbell", Doorbell())
+        return bell
+
+    def announce(self) -> None:
+        """Tell workers in other processes to look at the claim index now.
+
+        Called (through ``stepstone._wake.announce``) after a write that makes work for
+        a worker has landed. The default does nothing: this backend has no push across
+        processes. A backend that has one sends a small notification and returns; a
+        failure may raise any ``StoreError``, which the caller logs at DEBUG and
+        ignores (workers find the work at their next poll).
+
+        Raises:
+            StoreError: the notification could not be sent.
+        """
+        return  # nothing to tell: this backend has no push across processes
+
+    async def aannounce(self) -> None:
+        """Async ``announce``; same contract. Nothing to await unless ``announce`` does work."""
+        if type(self).announce is not Store.announce:
+            await _to_thread(self.announce)
+
+    def listen(self, ring: Callable[[], None]) -> Listener | None:
+        """Call ``ring`` whenever another process announces work, until the result is closed.
+
+        ``ring`` is cheap and thread-safe (it sets an event); it may be called from a
+        thread of the listener's own, spuriously, or more than once per announcement.
+        The default returns None: this backend has no push across processes, and the
+        worker falls back to an adaptive back-off (quick looks after activity, its
+        poll interval when idle). Announcements a listener misses (its connection
+        lost, say) only delay work until the worker's next poll; one that gets its
+        connection back should ring once, since it may have missed some.
+
+        Raises:
+            StoreError: listening could not be set up; the worker logs it and polls.
+        """
+        return None
+
     def __enter__(self) -> Self:
         return self
 
@@ -452,6 +540,54 @@ class Store(abc.ABC):
     ) -> list[RunInfo]:
         """Async ``claimable``."""
         return await _to_thread(claim_page, self, now, limit, status, skip)
+
+    def claim_ready(
+        self,
+        owner: str,
+        lease: float,
+        limit: int,
+        served: frozenset[tuple[str, str | None]],
+        now: datetime,
+        *,
+        exclude: frozenset[str] = frozenset(),
+    ) -> list[Claim]:
+        """Claim up to ``limit`` runs that need no judgement, in one call; return them.
+
+        Only where ``claims_in_one_call`` is True. A run qualifies when nobody owns it,
+        its (workflow, workflow_version) is in ``served``, its run_id is not in
+        ``exclude``, and it is queued (not cancel-requested), waiting and due by ``now``
+        (a timer passed, a signal it waits for arrived), or running with its lease given
+        back; earliest due first. Each is stored as ``_lease.claimed(cp, owner, lease)``
+        would be saved by compare-and-swap on the version it had (a new version, the
+        epoch bumped, ``renewed_at`` and ``updated_at`` set), and workers claiming at
+        once never claim one run twice: on a server, runs another claim holds are
+        skipped, not waited for. Runs with an owner (takeovers) are left to ``claimable``.
+
+        Returns:
+            One ``Claim`` per run claimed: the record as it was and as it is now stored.
+
+        Raises:
+            StoreError: this backend does not claim in one call.
+        """
+        raise StoreError(
+            f"the {self.scheme or type(self).__name__} store does not claim in one call "
+            "(claims_in_one_call is False); load and save each run instead"
+        )
+
+    async def aclaim_ready(
+        self,
+        owner: str,
+        lease: float,
+        limit: int,
+        served: frozenset[tuple[str, str | None]],
+        now: datetime,
+        *,
+        exclude: frozenset[str] = frozenset(),
+    ) -> list[Claim]:
+        """Async ``claim_ready``; same contract, same errors."""
+        return await _to_thread(
+            lambda: self.claim_ready(owner, lease, limit, served, now, exclude=exclude)
+        )
 
     async def aclose(self) -> None:
         """Async ``close``."""

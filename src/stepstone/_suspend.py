@@ -22,7 +22,7 @@ from typing import Any
 from . import _hooks
 from ._checkpoint import DUE_NOW, MAX_RUN_ID_LENGTH, Checkpoint, Signal, evolve, utcnow
 from ._codec import encode_state, pristine
-from ._effects import Call, Effect, Load, Renewing, Save
+from ._effects import Announce, Call, Effect, Load, Renewing, Save
 from ._errors import ConflictError, InvalidState, InvalidWorkflow, LeaseLost, StoreError
 from ._observe import logger
 from ._plan import Plan
@@ -39,6 +39,7 @@ from ._steps import (
 )
 
 __all__ = [
+    "DUE_NOW_UNTIL",
     "ChildFailed",
     "Complete",
     "Map",
@@ -60,6 +61,8 @@ _MISSING: Any = object()
 CHILD_POLL = 10.0
 #: How often a Map tries to create (or re-queue) one child that others keep changing.
 _CHILD_TRIES = 5
+#: Nudged parents are due at ``DUE_NOW`` plus a second per nudge (``_due_again``), below this.
+DUE_NOW_UNTIL = DUE_NOW + timedelta(days=365)
 
 
 class WaitTimeout(TimeoutError):
@@ -344,6 +347,8 @@ class Map(SuspendingStep):
             # A fresh attempt re-queues the children that failed before: only those run again.
             for position, child in enumerate(children):
                 children[position] = yield from _requeue(child)
+        if any(child.status == "queued" and child.owner is None for child in children):
+            yield Announce()  # workers claim the children now, not at their next poll
         return children
 
     def _child(
@@ -409,6 +414,20 @@ def queued(
     )
 
 
+def _due_again(wake_at: datetime | None) -> datetime:
+    """Return a due-now time (by any clock, as ``DUE_NOW``) unlike ``wake_at``.
+
+    An owned parent's owner keeps a nudge only if ``wake_at`` changed under it
+    (``_lease.rebase``); a parent claimed after an earlier child's nudge already holds
+    a due-now time, and the same value again would read as no nudge at all, the wake-up
+    lost until the parent's own poll. So each nudge moves it one second further from
+    the epoch: still decades before any clock's now.
+    """
+    if wake_at is not None and DUE_NOW <= wake_at < DUE_NOW_UNTIL:
+        return wake_at + timedelta(seconds=1)
+    return DUE_NOW
+
+
 def nudge(parent: str) -> Generator[Effect, Any, None]:
     """Tell a parent waiting on its children to look now (best effort; it also polls)."""
     for _ in range(5):
@@ -422,9 +441,17 @@ def nudge(parent: str) -> Generator[Effect, Any, None]:
             # written anyway: it may be saving itself waiting on what it saw before.
             if cp.owner is None and cp.wake_at is not None and cp.wake_at <= utcnow():
                 return
-            yield Save(evolve(cp, wake_at=DUE_NOW), f"wake parent {parent}", owned=False)
+            yield Save(
+                evolve(cp, wake_at=_due_again(cp.wake_at)), f"wake parent {parent}", owned=False
+            )
         except ConflictError:
             continue
         except StoreError as exc:
             logger.warning("could not wake parent run %r: %s (it polls)", parent, exc)
+            return
+        if cp.owner is None:
+            # A worker resumes the parent now, not at its next poll. An owned parent
+            # needs none: its owner's next save keeps the due time and, if it gives
+            # the run back due, announces that itself (``_core``).
+            yield Announce()
         return

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from ._checkpoint import Checkpoint, RunStatus
     from ._store import RunInfo
 
-__all__ = ["FORGET", "KINDS", "RECHECK", "Seen", "Watch"]
+__all__ = ["FORGET", "KINDS", "RECHECK", "Seen", "Watch", "lease_hint"]
 
 #: Seconds before a run of a workflow this worker does not serve is loaded again.
 RECHECK = 60.0
@@ -25,6 +25,27 @@ FORGET = 600.0
 #: The claim index's kinds, in the order a worker reads them: takeovers, runs resumed
 #: (a signal, a timer, children done), new runs.
 KINDS: tuple[RunStatus, ...] = ("running", "waiting", "queued")
+
+
+def lease_hint(info: RunInfo) -> float | None:
+    """Return the lease a running run's index entry shows, or None if it shows none.
+
+    Its due_at is the owner's ``renewed_at`` plus its lease, and its updated_at the
+    time of that same write (a claim, a renewal or a save), both by the owner's clock:
+    their difference is the lease, a little short, with no clock of ours compared.
+    So a worker need not load every run it sees held to learn its lease (with many
+    workers, a load by each for every run claimed): it loads one once the hinted lease
+    has passed unrenewed, and ``expired`` then judges by the lease recorded.
+    """
+    if info.status != "running" or info.due_at is None or info.updated_at is None:
+        return None
+    try:
+        seconds = (info.due_at - info.updated_at).total_seconds()
+    except TypeError:  # one naive, one aware: a foreign store's times
+        return None
+    if not _lease.MIN_LEASE / 2 <= seconds <= _lease.MAX_LEASE:
+        return None
+    return seconds
 
 
 class Seen:
@@ -81,8 +102,10 @@ class Watch:
             mark = (info.owner, info.due_at, info.step, info.status)
             seen = self.seen.get(run_id)
             if seen is None:
-                self.seen[run_id] = Seen(mark, None, now, None)
-                picked.append(info)  # loaded once, to learn the owner's lease
+                hint = lease_hint(info)
+                self.seen[run_id] = Seen(mark, None, now, hint)
+                if hint is None:
+                    picked.append(info)  # loaded once, to learn the owner's lease
                 continue
             seen.sighted = now
             if seen.info_mark != mark:
@@ -118,6 +141,22 @@ class Watch:
             seen.cp_mark, seen.since = mark, now
             return False
         return bool(now - seen.since >= lease)
+
+    def next_expiry(self, after: float) -> float | None:
+        """Return the earliest monotonic time after ``after`` at which a watched lease runs out.
+
+        That is when a run another owner holds is worth loading again (``pick``), if
+        the index shows no write of its owner's before. Only runs whose lease a load
+        told; a time at or before ``after`` is left out (the look then covered it).
+        """
+        soonest: float | None = None
+        for seen in self.seen.values():
+            if seen.lease is None:
+                continue
+            at = seen.since + seen.lease
+            if at > after and (soonest is None or at < soonest):
+                soonest = at
+        return soonest
 
     def leave(self, run_id: str, now: float) -> None:
         """Remember that ``run_id`` is of a workflow this worker does not serve."""

@@ -27,14 +27,15 @@ generators of effects (``_serving``, ``_claim_some``, ``_claim_one``, ``_executi
 from __future__ import annotations
 
 import contextlib
+import heapq
 import threading
 import time
-from collections.abc import Generator, Iterable, Mapping
+from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from . import _hooks, _lease
+from . import _hooks, _lease, _upgrade, _wake
 from ._acquire import ready
 from ._checkpoint import Checkpoint, utcnow
 from ._effects import Effect, Load, Save, astep_through, step_through
@@ -43,27 +44,43 @@ from ._errors import (
     InvalidWorkflow,
     StepstoneError,
     StoreError,
+    Suspended,
     WorkflowChanged,
+    safe_text,
 )
 from ._observe import count_in_flight, emit, logger
 from ._outcomes import SETTLED, changed, claim_event, ending, park
 from ._plan import Plan
 from ._runner import make_plan
 from ._steps import Step, Workflow
-from ._store import RunInfo, Store
+from ._store import Listener, RunInfo, Store
 from ._suspend import Map
-from ._watch import KINDS, Watch
-from ._worker_io import Execute, Page, Rest, Spawn, aperform, perform
+from ._watch import KINDS, RECHECK, Watch
+from ._worker_io import ClaimReady, Execute, Page, Rest, Spawn, aperform, perform
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
+
+    from ._checkpoint import RunStatus
 
 
 __all__ = ["DEFAULT_CONCURRENCY", "DEFAULT_GRACE", "DEFAULT_POLL", "Worker"]
 
 DEFAULT_CONCURRENCY = 8
-#: Seconds between looks at the claim index when there is nothing to do.
+#: Seconds between looks at the claim index when there is nothing to do and nothing
+#: rings: the fallback for wake-ups that are lost or never sent.
 DEFAULT_POLL = 1.0
+#: Without a listener (``Store.listen`` returned None) nothing tells the worker of
+#: another process's writes, so it looks again this soon after activity (a run
+#: claimed, a ring) and doubles the rest per idle look, up to ``poll``: work arriving
+#: in bursts is found within tens of milliseconds, and an idle worker settles at one
+#: look per ``poll`` about 1.5 s later (0.05 + 0.1 + ... + 0.8, at the default poll).
+_QUICK = 0.05
+#: Seconds past a known due time before the look that finds it: the due time was
+#: turned from wall-clock into monotonic time, and a store may round what it stores.
+_DUE_SLACK = 0.005
+#: Due times remembered (of runs this worker suspended); beyond that, the poll finds them.
+_MAX_DUE = 10_000
 #: Seconds a stopping worker lets steps in flight finish before it gives up on them.
 DEFAULT_GRACE = 30.0
 #: Seconds (at least; doubled per repeat, up to ``_COOL_MAX``) a run whose execution
@@ -75,6 +92,11 @@ _CLAIM_BATCH = 100
 #: Pages of one kind a worker reads per look at the claim index: runs it must leave
 #: (other workflows, versions) and running runs to watch, beyond that, wait for its next.
 _MAX_PAGES = 10
+
+
+def _next_idle(rest: float, active: bool, poll: float) -> float:
+    """Return the back-off's next rest: ``_QUICK`` after activity, else doubled, to ``poll``."""
+    return min(_QUICK if active else rest * 2, poll)
 
 
 def _index(
@@ -102,7 +124,8 @@ def _index(
             pending.extend(step.workflow for step in workflow.steps if isinstance(step, Map))
     if not table:
         raise InvalidWorkflow("a worker needs at least one Workflow to serve")
-    return table
+    # Plus the older versions they upgrade: (name, "2") -> version 3, upgrading from 2.
+    return _upgrade.routes(table)
 
 
 class Worker:
@@ -117,7 +140,12 @@ class Worker:
         lease: Seconds (or ``timedelta``) of each claim; renewed every third of it while
             a step runs. Shorter moves a dead worker's runs sooner; longer renews less
             often. Default 30.
-        poll: Seconds between looks at the store when idle. Default 1.
+        poll: Seconds between looks at the store when idle: the fallback. The worker
+            is woken sooner by a ring (a run started, signalled, or a child done, in
+            this process or, where the store can push, ``Store.listen``, in another)
+            and by the due time of a run it suspended (a ``Sleep``, a timeout). Where
+            the store cannot push, it looks quickly after activity and backs off to
+            ``poll`` when idle. Default 1.
         grace: Seconds ``stop`` lets steps in flight finish. Default 30.
     """
 
@@ -161,9 +189,15 @@ class Worker:
         self._plans: dict[str, Plan] = {}
         self._lock = threading.Lock()
         self._async_wake: tuple[Any, Any] | None = None
+        # Monotonic due times (a heap) of runs this worker suspended with a timer.
+        self._due: list[float] = []
+        # Whether the store's listener hears other processes (then no back-off).
+        self._pushed = False
         self.completed = 0
         # run_id -> (unexpected ends in a row, monotonic time until which it is left).
         self._cooling: dict[str, tuple[int, float]] = {}
+        # Monotonic time of the last look at the owned runs (``_claim_some``).
+        self._owned_at = -float("inf")
 
     def __repr__(self) -> str:
         return f"Worker(owner={self.owner!r}, concurrency={self.concurrency}, lease={self.lease:g})"
@@ -207,6 +241,24 @@ class Worker:
     def _plan_for(self, cp: Checkpoint, asynchronous: bool) -> Plan | None:
         """Return the plan to drive ``cp`` by, or None if this worker must leave it."""
         workflow = self.workflows.get((cp.workflow or "", cp.workflow_version))
+        if workflow is not None and workflow.version != cp.workflow_version:
+            # A version this one upgrades: the upgraded record is what the claim saves,
+            # one compare-and-swap, so a crash leaves the old run or the upgraded one.
+            try:
+                cp = _upgrade.upgraded(cp, workflow)
+            except StepstoneError as exc:
+                # Left untouched for a worker serving its version, and not loaded (nor
+                # claimed in one call: cooled) again for a while: a refused upgrade is
+                # refused again until the code changes.
+                now = time.monotonic()
+                self._watch.leave(cp.run_id, now)
+                with self._lock:
+                    self._cooling[cp.run_id] = (0, now + RECHECK)
+                logger.warning("run %r: not upgraded, left as it is: %s", cp.run_id, exc)
+                return None
+            upgrading: Checkpoint | None = cp
+        else:
+            upgrading = None
         if workflow is None:
             key = (cp.workflow, cp.workflow_version)
             if key not in self._watch.unserved:
@@ -233,6 +285,9 @@ class Worker:
         cooling = self._cooling.get(cp.run_id)
         if cooling is not None and time.monotonic() < cooling[1]:
             return None  # it ended in an unexpected error a moment ago: not yet again
+        # The record to claim from when it is not the one loaded (``_claim_one``);
+        # ``_adopt`` replaces it with the claimed record.
+        plan.preclaimed = upgrading
         return plan
 
     def _claimable(self, cp: Checkpoint | None, now: float) -> Checkpoint | None:
@@ -273,11 +328,22 @@ class Worker:
                 if len(self._cooling) >= 10_000:  # forget runs long since left alone
                     self._cooling = {k: v for k, v in self._cooling.items() if v[1] > now}
                 self._cooling[run_id] = (ends, now + delay)
+        if isinstance(error, Suspended) and error.wake_at is not None:
+            self._remember_due(error.wake_at)
         event = ending(plan, error)
         if delay:  # not claimed again by this worker for that long
             event = replace(event, detail={**event.detail, "cool_off": delay})
         emit(event)
         self._wake.set()
+
+    def _remember_due(self, wake_at: datetime) -> None:
+        """Look at the claim index when ``wake_at`` (a run's timer) is due, not at the poll."""
+        left = (wake_at - utcnow()).total_seconds()
+        if left <= 0:
+            return  # due already: the look that ``_finished`` wakes finds it
+        with self._lock:
+            if len(self._due) < _MAX_DUE:
+                heapq.heappush(self._due, time.monotonic() + left + _DUE_SLACK)
 
     # --- the loop, shared by both drivers -----------------------------------------------
 
@@ -291,7 +357,9 @@ class Worker:
             count_in_flight(id(self), None)
 
     def _claiming(self, asynchronous: bool) -> Generator[Effect, Any, None]:
+        idle = min(_QUICK, self.poll)  # the back-off's next rest (no listener only)
         while not self._stopping.is_set():
+            began = time.monotonic()
             free = self.concurrency - len(self._busy())
             plans: list[Plan] = []
             failed = False
@@ -305,8 +373,30 @@ class Worker:
                 yield Spawn(plan)
             if failed:
                 yield from self._back_off()
-            else:
-                yield Rest(self.poll)
+                continue
+            _hooks.fire("worker.resting")  # tests: the look is over, the rest begins
+            fallback = self.poll if self._pushed else idle
+            woken = yield Rest(self._rest(began, fallback))
+            idle = _next_idle(idle, bool(plans or woken), self.poll)
+
+    def _rest(self, began: float, fallback: float) -> float:
+        """Return the seconds to rest after the look that began at ``began`` (monotonic).
+
+        Until the earliest of ``fallback`` and a due time this worker knows: the timer
+        of a run it suspended, or the lease of a run another owner holds running out
+        by our watch (``Watch.next_expiry``). A due time at or before ``began`` was
+        covered by that look. A ring (``Rest``'s wake) cuts any rest short.
+        """
+        soonest = self._watch.next_expiry(began)
+        with self._lock:
+            due = self._due
+            while due and due[0] <= began:
+                heapq.heappop(due)
+            if due and (soonest is None or due[0] < soonest):
+                soonest = due[0]
+        if soonest is None:
+            return fallback
+        return max(0.0, min(fallback, soonest - time.monotonic()))
 
     def _claim_failed(self) -> None:
         # Not a StoreError (those are logged where they happen): a store outside the
@@ -333,9 +423,33 @@ class Worker:
         The first page of every kind comes from one call when the worker starts from the
         earliest due (the usual case); further pages, one kind at a time. Claimed runs
         go into ``plans`` at once: an error later on must not lose them.
+
+        A store that claims in one call (``Store.claims_in_one_call``) is asked for the
+        runs that need no judgement (unowned, due, of a workflow served here), as many
+        as there are slots left, and returns them claimed: nothing is loaded to claim
+        them, and on a server workers skip each other's picks instead of racing for the
+        head of the queue. Only the owned runs are read page by page, first, for
+        takeovers of owners whose lease ran out (what claiming in one call leaves).
         """
         self._watch.prune()
         now = utcnow()
+        if self.store.claims_in_one_call:
+            # Owned runs only: running ones, and waiting ones re-claimed to act on a signal.
+            # At most once per poll interval, not after every run that ends: a takeover
+            # waits a whole lease anyway, and a mark seen later only starts that later.
+            moment = time.monotonic()
+            if moment - self._owned_at >= self.poll:
+                self._owned_at = moment
+                owned: tuple[RunStatus, ...] = ("running", "waiting")
+                going = yield from self._claim_pages(
+                    owned, {}, now, free, plans, asynchronous, True
+                )
+                if not going or len(plans) >= free:
+                    return
+            claimed = yield from self._claim_ready(free - len(plans), plans, now, asynchronous)
+            if not claimed:  # the store refused: run by run, as any store
+                yield from self._claim_pages(KINDS, {}, now, free, plans, asynchronous, False)
+            return
         first: dict[str, tuple[list[RunInfo], bool]] = {}
         try:
             if self._watch.at_start():
@@ -344,21 +458,39 @@ class Worker:
         except StoreError as exc:
             logger.warning("%r: cannot read the claim index: %s", self, exc)
             return
-        for status in KINDS:
+        yield from self._claim_pages(KINDS, first, now, free, plans, asynchronous, False)
+
+    def _claim_pages(
+        self,
+        kinds: tuple[RunStatus, ...],
+        first: dict[str, tuple[list[RunInfo], bool]],
+        now: datetime,
+        free: int,
+        plans: list[Plan],
+        asynchronous: bool,
+        owned_only: bool,
+    ) -> Generator[Effect, Any, bool]:
+        """Claim run by run from pages of ``kinds``; return False if stopped or the index failed.
+
+        ``owned_only``: the unowned runs a page shows are left to ``claim_ready``
+        (loading them would race other workers for them).
+        """
+        for status in kinds:
             page = first.get(status)
             for count in range(_MAX_PAGES):
                 if self._stopping.is_set():
-                    return
+                    return False
                 if page is None:
                     try:
                         infos = yield Page(now, _CLAIM_BATCH, status, self._watch.skip[status])
                     except StoreError as exc:
                         logger.warning("%r: cannot read the claim index: %s", self, exc)
-                        return
+                        return False
                     page = (infos, len(infos) >= _CLAIM_BATCH)
                 infos, more = page
                 taken = 0
-                for info in self._watch.pick(infos, self._busy(), time.monotonic()):
+                listed = [i for i in infos if i.owner is not None] if owned_only else infos
+                for info in self._watch.pick(listed, self._busy(), time.monotonic()):
                     if len(plans) >= free or self._stopping.is_set():
                         break
                     plan = yield from self._claim_one(info, asynchronous)
@@ -369,6 +501,60 @@ class Worker:
                 if not self._watch.turn(status, len(infos), taken, more, filled, capped):
                     break
                 page = None
+        return True
+
+    def _claim_ready(
+        self, free: int, plans: list[Plan], now: datetime, asynchronous: bool
+    ) -> Generator[Effect, Any, bool]:
+        """Claim up to ``free`` runs in one call (``Store.claim_ready``); False if refused."""
+        moment = time.monotonic()
+        with self._lock:
+            # Runs that ended in an unexpected error a moment ago: not yet again. And the
+            # runs still in flight here: one given back has no owner, but until
+            # ``_finished`` records how it ended (one lock hold) it is not claimed again.
+            cooling = frozenset(k for k, (_, until) in self._cooling.items() if until > moment)
+            cooling |= frozenset(self._plans)
+        served = frozenset(self.workflows)
+        try:
+            claims = yield ClaimReady(self.owner, self.lease, free, served, now, cooling)
+        except StoreError as exc:
+            logger.warning("%r: cannot claim in one call, claiming run by run: %s", self, exc)
+            return False
+        for before, claimed in claims:
+            plan = yield from self._take(before, claimed, asynchronous)
+            if plan is not None:
+                plans.append(plan)
+        return True
+
+    def _take(
+        self, before: Checkpoint, claimed: Checkpoint, asynchronous: bool
+    ) -> Generator[Effect, Any, Plan | None]:
+        """Drive a run ``claim_ready`` claimed, or give it back; return its plan, or None."""
+        plan = self._plan_for(claimed, asynchronous=asynchronous)
+        try:
+            if plan is None:
+                # Not for this worker now after all (its step's own readiness rule, a
+                # refused upgrade): given back at once, for whoever may run it, and
+                # not claimed by this worker again for a while (else the next look,
+                # 50 ms later under the back-off, claims and gives it back again).
+                moment = time.monotonic()
+                with self._lock:
+                    ends, until = self._cooling.get(claimed.run_id, (0, 0.0))
+                    pause = max(until, moment + max(self.poll, _COOL_FIRST))
+                    self._cooling[claimed.run_id] = (ends, pause)
+                yield Save(_lease.released(claimed), "claim", owned=False)
+                return None
+            if plan.preclaimed is not None:
+                # An older version this worker upgrades: the upgrade is the claim's
+                # second write, on the version the claim made.
+                claimed = yield Save(plan.preclaimed, "claim", owned=False)
+        except StepstoneError as exc:
+            # Held by us and not driven: another worker takes it over after the lease.
+            logger.warning("run %r: claimed, then left to its lease: %s", claimed.run_id, exc)
+            return None
+        self._adopt(plan, claimed)
+        emit(claim_event(plan, before, claimed))
+        return plan
 
     def _claim_one(self, info: RunInfo, asynchronous: bool) -> Generator[Effect, Any, Plan | None]:
         """Claim ``info``'s run if it needs this worker now; return its plan, or None."""
@@ -383,7 +569,7 @@ class Worker:
             plan = self._plan_for(cp, asynchronous=asynchronous)
             if plan is None:
                 return None
-            claimed = yield Save(self._claim_record(cp), "claim", owned=False)
+            claimed = yield Save(self._claim_record(plan.preclaimed or cp), "claim", owned=False)
         except ConflictError:
             return None  # another worker won this claim
         except StepstoneError as exc:
@@ -445,17 +631,56 @@ class Worker:
                 futures.add(pool.submit(self._drive, effect.plan))
                 return None
             if isinstance(effect, Rest):
-                self._wake.wait(effect.seconds)
+                # Cleared as the rest ends, just before the next look: a ring during
+                # that look sets it again, and the rest after it returns at once.
+                woken = self._wake.wait(effect.seconds)
                 self._wake.clear()
-                return None
+                return woken
             return self._io(effect)
 
+        ring = self._wake.set
+        unsubscribe = self.store.doorbell.subscribe(ring)
+        listener: Listener | None = None
         try:
+            listener = self._listen(ring)
             step_through(self._serving(asynchronous=False), perform)
             self._drain(futures)
         finally:
+            unsubscribe()
+            self._unlisten(listener)
             pool.shutdown(wait=False, cancel_futures=True)
         logger.info("%r: stopped", self)
+
+    def _listen(self, ring: Callable[[], None]) -> Listener | None:
+        """Start hearing other processes' announcements (``Store.listen``), if the store can."""
+
+        def heard() -> None:
+            if not _wake.dropped():  # a test dropping rings drops these too
+                ring()
+
+        try:
+            listener = self.store.listen(heard)
+        except Exception as exc:  # noqa: BLE001 - without it the worker only polls sooner
+            logger.warning(
+                "%r: cannot listen for other processes' wake-ups (%s: %s); looking at the "
+                "store after activity and every %gs",
+                self,
+                type(exc).__name__,
+                safe_text(exc, 300),
+                self.poll,
+            )
+            listener = None
+        self._pushed = listener is not None
+        return listener
+
+    def _unlisten(self, listener: Listener | None) -> None:
+        self._pushed = False
+        if listener is None:
+            return
+        try:
+            listener.close()
+        except Exception as exc:  # noqa: BLE001 - the worker is leaving; nothing else to do
+            logger.warning("%r: closing the wake-up listener failed: %s", self, safe_text(exc, 300))
 
     def _io(self, effect: Effect) -> Any:
         """Perform one of the claim's or an execution's effects with a plain call."""
@@ -505,6 +730,7 @@ class Worker:
         plans = list(self._plans.copy().values())
 
         def release() -> None:
+            given = False
             for plan in plans:
                 plan.stop_requested = True
                 current = plan.current
@@ -513,8 +739,11 @@ class Worker:
                 try:
                     self.store.save(_lease.released(_lease.as_stored(current)))
                     logger.warning("run %r: step abandoned, lease given back", plan.run_id)
+                    given = True
                 except Exception as exc:  # noqa: BLE001 - it expires by itself; takeover waits one lease
                     logger.warning("run %r: lease left to expire: %s", plan.run_id, exc)
+            if given:
+                _wake.announce(self.store)  # other workers may take them now
 
         if plans:
             thread = threading.Thread(target=release, name="stepstone-abandon", daemon=True)
@@ -544,15 +773,33 @@ class Worker:
                 task.add_done_callback(tasks.discard)
                 return None
             if isinstance(effect, Rest):
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wake.wait(), timeout=effect.seconds)
+                # Cleared as the rest ends, just before the next look (as in ``serve``).
+                woken = wake.is_set()
+                if not woken and effect.seconds > 0:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(wake.wait(), timeout=effect.seconds)
+                        woken = True
                 wake.clear()
-                return None
+                return woken
             return await self._aio(effect)
+
+        def ring() -> None:
+            # RuntimeError: the loop is closed, aserve has returned already.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(wake.set)
 
         with self._lock:
             self._async_wake = (loop, wake)
+        unsubscribe = self.store.doorbell.subscribe(ring)
+        listener: Listener | None = None
         try:
+            # In a thread: listening may connect to a server, the loop must not wait.
+            opening = asyncio.ensure_future(asyncio.to_thread(self._listen, ring))
+            try:
+                listener = await asyncio.shield(opening)
+            except asyncio.CancelledError:
+                opening.add_done_callback(self._unlisten_opened)
+                raise
             await astep_through(self._serving(asynchronous=True), perform)
             if tasks:
                 _done, pending = await asyncio.wait(tasks, timeout=self.grace)
@@ -561,14 +808,24 @@ class Worker:
                 if pending:
                     await asyncio.wait(pending, timeout=10)
         finally:
+            unsubscribe()
             for task in tasks:
                 task.cancel()
-            if tasks:
-                # Let each cancelled run give its lease back before the loop goes away.
-                await asyncio.wait(tasks, timeout=10)
-            with self._lock:
-                self._async_wake = None
+            try:
+                if tasks:
+                    # Let each cancelled run give its lease back before the loop goes away.
+                    await asyncio.wait(tasks, timeout=10)
+            finally:
+                with self._lock:
+                    self._async_wake = None
+                if listener is not None:
+                    await asyncio.to_thread(self._unlisten, listener)
         logger.info("%r: stopped", self)
+
+    def _unlisten_opened(self, opening: Any) -> None:
+        """Close what ``listen`` opened in ``opening`` (aserve was cancelled meanwhile)."""
+        if not opening.cancelled() and opening.exception() is None:
+            self._unlisten(opening.result())
 
     async def _aio(self, effect: Effect) -> Any:
         """Perform one of the claim's or an execution's effects, awaited."""

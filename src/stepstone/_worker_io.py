@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from ._effects import Effect, Load, Save
+from ._effects import Announce, Effect, Load, Save
 from ._runner import drive
 from ._store import aclaim_page, claim_page
+from ._wake import aannounce, announce
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     from ._plan import Plan
     from ._store import Store
 
-__all__ = ["Execute", "Page", "Rest", "Spawn", "aperform", "perform"]
+__all__ = ["ClaimReady", "Execute", "Page", "Rest", "Spawn", "aperform", "perform"]
 
 
 class Page(Effect):
@@ -33,6 +34,25 @@ class Page(Effect):
 
     def __init__(self, now: datetime, limit: int, status: RunStatus | None, skip: int) -> None:
         self.args = (now, limit, status, skip)
+
+
+class ClaimReady(Effect):
+    """Claim what needs no judgement in one call (``Store.claim_ready``); the result is
+    its ``Claim``s."""
+
+    __slots__ = ("args", "exclude")
+
+    def __init__(
+        self,
+        owner: str,
+        lease: float,
+        limit: int,
+        served: frozenset[tuple[str, str | None]],
+        now: datetime,
+        exclude: frozenset[str],
+    ) -> None:
+        self.args = (owner, lease, limit, served, now)
+        self.exclude = exclude
 
 
 class Execute(Effect):
@@ -54,7 +74,10 @@ class Spawn(Effect):
 
 
 class Rest(Effect):
-    """Wait up to ``seconds`` for the loop to be woken (a run ended, ``stop``), then re-arm."""
+    """Wait up to ``seconds`` for the loop to be woken, then re-arm; the result: whether woken.
+
+    Woken by a ring (work announced, ``_wake``), a run ending, or ``stop``.
+    """
 
     __slots__ = ("seconds",)
 
@@ -82,6 +105,11 @@ _IO: dict[
         lambda store, e: aclaim_page(store, *e.args),
     ),
     Execute: (lambda store, e: drive(e.plan, store), lambda store, e: _adrive(e.plan, store)),
+    ClaimReady: (
+        lambda store, e: store.claim_ready(*e.args, exclude=e.exclude),
+        lambda store, e: store.aclaim_ready(*e.args, exclude=e.exclude),
+    ),
+    Announce: (lambda store, e: announce(store), lambda store, e: aannounce(store)),
 }
 
 

@@ -12,6 +12,14 @@ the stated bound, no fenced write landed, signals exactly once, repeated side ef
 covered by faults. Backends: file, sqlite, postgresql and mysql (loopback servers, a
 fresh table dropped after), cosmos (the session's emulator, fewer runs); a missing one
 calls ``backend_unavailable`` (a skip locally, a failure under CI).
+
+Three campaigns: every backend with ``serve`` workers (threads); sqlite, postgresql
+and mysql with ``aserve`` workers (``asyncio.run(worker.aserve())``); and on
+sqlite and postgresql the lost-notification fault: workers alternately ``serve`` and
+``aserve`` at the default poll (1 s, so a lost wake-up costs something) and each drops
+half of its wake-ups at random (``WakeupDropped`` at ``wake.ring``). The invariants
+and the drain bound (3 leases + 2 polls + the child poll + a tail: polls only, no
+wake-up counted) are the same for all three.
 Size: ``STEPSTONE_FLEET_RUNS`` (default 100; Cosmos gets 40% of it).
 """
 
@@ -42,6 +50,7 @@ from fleet.backends import (  # noqa: E402
 )
 from fleet.invariants import Report, _check_effects  # noqa: E402
 from fleet.report import README_BEGIN, README_END  # noqa: E402
+from fleet.worker import WakeupDropped  # noqa: E402
 
 from stepstone import Step, Worker, open_store, start  # noqa: E402
 from stepstone import Workflow as Flow  # noqa: E402
@@ -57,6 +66,18 @@ REPO = Path(__file__).resolve().parents[2]
 RUNS = int(os.environ.get("STEPSTONE_FLEET_RUNS", "100"))
 #: Cosmos costs ~20-50 ms per request on the emulator: fewer runs keep it under a minute.
 RUNS_SHARE = {"cosmos": 0.4}
+#: Backends whose fleet also runs with ``aserve`` workers: the two with push wake-ups
+#: across processes, and MySQL (its own claim statement). Not all five: each campaign
+#: costs 10-30 s of CI.
+ASERVE = ("sqlite", "postgresql", "mysql")
+#: Backends whose fleet also runs with half the wake-ups lost.
+LOST_RINGS = ("sqlite", "postgresql")
+#: (backend, serving mode, fraction of wake-ups dropped, worker poll): each a campaign.
+CAMPAIGNS = [
+    *(pytest.param(b, "threads", 0.0, 0.05, id=b) for b in BACKENDS),
+    *(pytest.param(b, "async", 0.0, 0.05, id=f"{b}-aserve") for b in ASERVE),
+    *(pytest.param(b, "mixed", 0.5, 1.0, id=f"{b}-lost-wakeups") for b in LOST_RINGS),
+]
 
 
 @pytest.fixture
@@ -85,8 +106,10 @@ def fleet_config(
     return cosmos_config(emu)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_fleet(backend: str, fleet_config: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("backend", "mode", "drop", "poll"), CAMPAIGNS)
+def test_fleet(
+    backend: str, mode: str, drop: float, poll: float, fleet_config: str, tmp_path: Path
+) -> None:
     """Four workers drain the runs through kills and freezes with every invariant intact."""
     runs = max(20, int(RUNS * RUNS_SHARE.get(backend, 1.0)))
     opts = Options(
@@ -96,6 +119,9 @@ def test_fleet(backend: str, fleet_config: str, tmp_path: Path) -> None:
         seed=int(uuid.uuid4().int % 10_000),
         timeout=150,
         workdir=str(tmp_path / "fleet"),
+        mode=mode,
+        poll=poll,
+        drop_rings=drop,
     )
     result = run_fleet(fleet_config, opts, backend)
     summary = result.summary()
@@ -105,6 +131,10 @@ def test_fleet(backend: str, fleet_config: str, tmp_path: Path) -> None:
     # least one of each kind must have hit.
     assert summary["kills"] >= 1 and summary["freezes"] >= 1, f"seed {opts.seed}: {summary}"
     assert summary["takeovers"] > 0, f"seed {opts.seed}: {summary}"
+    if drop and WakeupDropped is not None:
+        # The fault is real: workers were woken, and lost some of those wake-ups.
+        assert result.rings_dropped > 0, f"seed {opts.seed}: no wake-up dropped: {summary}"
+        assert result.rings > result.rings_dropped, f"seed {opts.seed}: {summary}"
 
 
 def test_checker_sees_a_fenced_write(tmp_path: Path) -> None:

@@ -67,6 +67,12 @@ def _parser() -> argparse.ArgumentParser:
         "--skew", type=float, default=d.skew, help="seconds of wall-clock skew between workers"
     )
     p.add_argument(
+        "--drop-rings",
+        type=float,
+        default=d.drop_rings,
+        help="fraction of each worker's wake-ups dropped at random (lost notifications)",
+    )
+    p.add_argument(
         "--step-max",
         type=float,
         default=d.step_max,
@@ -118,6 +124,8 @@ def main(argv: list[str]) -> int:
     for mode in modes:
         if mode not in MODES:
             raise SystemExit(f"unknown mode {mode!r}; choose from {', '.join(MODES)}")
+    if not 0 <= args.drop_rings <= 1:
+        raise SystemExit(f"--drop-rings must be a fraction from 0 to 1, got {args.drop_rings:g}")
     runs_of = {}
     for item in args.runs_of:
         name, _, n = item.partition("=")
@@ -129,6 +137,7 @@ def main(argv: list[str]) -> int:
             opts = Options(
                 mode=mode,
                 skew=args.skew,
+                drop_rings=args.drop_rings,
                 runs=runs_of.get(backend, args.runs),
                 workers=args.workers,
                 concurrency=args.concurrency,

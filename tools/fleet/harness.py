@@ -20,6 +20,10 @@
    finish every run, stops the workers with SIGTERM, and checks the invariants
    (``invariants.check``) on the stored runs, the side-effect logs and the fault log.
 
+With ``options.drop_rings`` every worker also loses that fraction of its wake-ups at
+random (``worker.drop_rings``: lost notifications); the same invariants, and the same
+drain bound, which counts polls and never a wake-up, must hold.
+
 Every death and freeze is recorded with its monotonic times (the same clock the steps
 write into their side-effect lines: ``CLOCK_MONOTONIC`` is one clock for the host).
 """
@@ -101,6 +105,9 @@ class Options:
     #: Seconds of wall-clock skew between workers: worker k's clock reads
     #: ``SKEWS[k % 4] * skew`` seconds off the host's (ahead, exact, behind, half ahead).
     skew: float = 0.0
+    #: Fraction (0 to 1) of each worker's wake-ups dropped at random (the runtime point
+    #: ``wake.ring``): lost notifications, which must only delay work until a poll.
+    drop_rings: float = 0.0
 
 
 #: The runtime's named points a worker may be armed to die at (see ``stepstone._hooks``):
@@ -143,6 +150,11 @@ class Result:
     workers_started: int
     #: Points armed that the worker never passed within ``arm_wait`` (killed anyway).
     unreached: int = 0
+    #: Wake-ups the workers saw at ``wake.ring`` while ``drop_rings`` was set, and of
+    #: those the ones dropped (counted by each worker; a killed worker's last few may
+    #: be missing).
+    rings: int = 0
+    rings_dropped: int = 0
 
     @property
     def ok(self) -> bool:
@@ -157,6 +169,7 @@ class Result:
             "backend": self.backend,
             "mode": self.options.mode,
             "skew s": round(self.options.skew, 1),
+            "dropped wake-ups": f"{self.rings_dropped}/{self.rings}",
             "runs": self.options.runs,
             "child runs": self.report.children,
             "workers": self.options.workers,
@@ -222,6 +235,9 @@ class _Fleet:
             "step_max": self.opts.step_max,
             "mode": worker_mode(self.opts, self.started),
             "skew": SKEWS[self.started % len(SKEWS)] * self.opts.skew,
+            "drop_rings": self.opts.drop_rings,
+            # Each worker its own random drops, repeatable from the campaign's seed.
+            "seed": self.opts.seed * 1000 + self.started,
         }
         number = self.started
         self.started += 1
@@ -426,6 +442,16 @@ def _deliver(store: Store, run_id: str, sid: str, payload: Any) -> str:
     return "error"
 
 
+def _rings(logdir: Path) -> tuple[int, int]:
+    """(wake-ups seen, wake-ups dropped) by the workers, from their ``rings-PID.log``."""
+    seen = lost = 0
+    for path in logdir.glob("rings-*.log"):
+        data = path.read_bytes()
+        seen += len(data)
+        lost += data.count(b"d")
+    return seen, lost
+
+
 def _statuses(store: Store) -> Counter[str]:
     return Counter(info.status for info in store.list_info())
 
@@ -565,6 +591,7 @@ def run_fleet(config: str, opts: Options, backend: str = "?") -> Result:  # noqa
     finally:
         fleet.stop()
         store.close()
+    rings, rings_dropped = _rings(logdir)
     return Result(
         backend=backend,
         options=opts,
@@ -576,6 +603,8 @@ def run_fleet(config: str, opts: Options, backend: str = "?") -> Result:  # noqa
         signals_repeated=repeated,
         workers_started=fleet.started,
         unreached=len(fleet.unreached),
+        rings=rings,
+        rings_dropped=rings_dropped,
     )
 
 

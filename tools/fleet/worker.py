@@ -8,6 +8,12 @@ is ``async``) until SIGTERM (``stop``: hand the runs over) or SIGKILL.
 A spec ``skew`` of S seconds makes every wall-clock reading stepstone takes in this
 process S seconds off the host's (``utcnow``, as imported by each stepstone module), the
 way a host whose clock is wrong would write its records.
+
+A spec ``drop_rings`` of F (0 to 1) loses that fraction of this worker's wake-ups at
+random: at the runtime point ``wake.ring`` the hook raises ``WakeupDropped``, and the
+ring is dropped as a lost notification would be; the worker must still find the work
+by its poll. Each ring seen is one byte in ``rings-PID.log`` (``r`` rung, ``d``
+dropped), for the fleet's report.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import asyncio
 import json
 import logging
 import os
+import random
 import signal
 import sys
 import time
@@ -28,7 +35,15 @@ from stepstone import Worker, _hooks, open_store
 
 from .workload import SERVED, Process
 
-__all__ = ["arm_points", "skew_clock", "worker_main"]
+__all__ = ["WakeupDropped", "arm_points", "drop_rings", "skew_clock", "worker_main"]
+
+try:
+    from stepstone._wake import WakeupDropped
+except ImportError:  # a tree without push wake-ups: nothing rings, nothing to drop
+    WakeupDropped = None  # type: ignore[assignment,misc]
+
+#: The runtime point where a wake-up is delivered (``stepstone._wake``).
+RING = "wake.ring"
 
 
 def arm_points(logdir: str) -> None:
@@ -54,6 +69,32 @@ def arm_points(logdir: str) -> None:
             os.kill(pid, signal.SIGKILL)
 
     signal.signal(signal.SIGUSR1, arm)
+    _hooks.install(hook)
+
+
+def drop_rings(fraction: float, logdir: str, seed: int) -> None:
+    """Drop ``fraction`` of this process's wake-ups at random (lost notifications).
+
+    Chains to the hook installed before (``arm_points``), so a point kill still fires.
+    Without ``stepstone._wake`` nothing rings and this installs nothing.
+    """
+    if not fraction or WakeupDropped is None:
+        return
+    dropped = WakeupDropped
+    rng = random.Random(seed)
+    before = _hooks.installed()
+    path = os.path.join(logdir, f"rings-{os.getpid()}.log")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def hook(point: str) -> None:
+        if before is not None:
+            before(point)
+        if point == RING:
+            lose = rng.random() < fraction
+            os.write(fd, b"d" if lose else b"r")
+            if lose:
+                raise dropped(f"fleet fault: {fraction:.0%} of wake-ups dropped")
+
     _hooks.install(hook)
 
 
@@ -103,6 +144,7 @@ def worker_main(spec: dict[str, Any]) -> int:
     Process.log_fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     skew_clock(float(spec.get("skew", 0.0)))
     arm_points(spec["logdir"])
+    drop_rings(float(spec.get("drop_rings", 0.0)), spec["logdir"], int(spec.get("seed", 0)))
     signal.signal(signal.SIGTERM, lambda *_: worker.stop())
     # The harness reads this line to learn that the worker is up, and as whom.
     print(json.dumps({"pid": os.getpid(), "owner": worker.owner}), flush=True)

@@ -25,6 +25,7 @@ from ._common import (
     ttl_arg,
 )
 from ._output import age, emit_json, iso, out, safe, safe_lines, span, table, when
+from ._upgrade import add_upgrade_parser
 from ._worker import add_start_parser
 
 __all__ = ["EXIT_ALREADY_DELIVERED", "add_parsers"]
@@ -68,6 +69,7 @@ def add_parsers(commands: Any, store: argparse.ArgumentParser, parser_class: typ
     ls.set_defaults(handler=_list)
 
     add_start_parser(actions, store)
+    add_upgrade_parser(actions, store)
 
     show = actions.add_parser(
         "show", parents=[store], help="show one run: status, lease, what it waits for, state"

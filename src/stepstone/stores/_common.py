@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-__all__ = ["new_version"]
+__all__ = ["new_version", "version_token"]
 
 # Not ``secrets``: a token only has to differ from the tokens a run had before it was
 # deleted, not be unguessable, and a system call per save costs more than the rest of
@@ -24,3 +24,9 @@ def new_version(previous: str | None) -> str:
         if head.isdigit():
             count = int(head) + 1
     return f"{count}.{_randbits(48):012x}"
+
+
+def version_token() -> str:
+    """Return the random part of a version token (``new_version``), for a store that
+    counts in the database: one per claim statement, unique within each run's history."""
+    return f"{_randbits(48):012x}"

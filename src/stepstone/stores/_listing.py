@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_left, bisect_right, insort
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from itertools import islice
 from typing import Any
@@ -246,6 +246,18 @@ class IndexedRuns(dict[str, Checkpoint]):
         # A running run is always claimable (its lease is watched, whatever due_at says).
         end = len(entries) if status == "running" else _due_end(entries, now)
         return [self[entry[2]] for entry in entries[skip : min(end, skip + limit)]]
+
+    def ready(self, now: datetime) -> Iterator[Checkpoint]:
+        """Yield what ``Store.claim_ready`` may claim by ``now``, earliest due first.
+
+        The queued and waiting runs due by ``now`` and every running run, merged by
+        (due_at, arrival); the caller keeps the unowned ones. Lazy: a claim of a few
+        runs reads a few entries. Nothing may be written while it is iterated.
+        """
+        due = self._due if self._due is not None else self._build_claims()
+        kinds = [due[status][: _due_end(due[status], now)] for status in ("queued", "waiting")]
+        for entry in heapq.merge(*kinds, due["running"]):
+            yield self[entry[2]]
 
 
 def _due_end(entries: list[_Due], now: datetime) -> int:

@@ -9,10 +9,11 @@ from datetime import datetime
 from typing import Any, ClassVar, Concatenate, ParamSpec, Self, TypeVar
 from urllib.parse import urlsplit
 
+from .. import _lease
 from .._checkpoint import Checkpoint, RunStatus, check_run_id, evolve, utcnow
 from .._codec import encode_state
 from .._errors import ConfigError, ConflictError
-from .._store import RunInfo, Store, check_page
+from .._store import Claim, RunInfo, Store, check_page
 from ._common import new_version
 from ._listing import IndexedRuns
 
@@ -59,6 +60,7 @@ class MemoryStore(Store):
     native_async: ClassVar[bool] = True
     claims_by_kind: ClassVar[bool] = True
     asave_never_suspends: ClassVar[bool] = True  # asave calls save; it awaits nothing
+    claims_in_one_call: ClassVar[bool] = True  # claim_ready: one hold of the lock
 
     def __init__(self) -> None:
         # The saved checkpoints; ``state_json`` is the truth, ``state`` is never read back.
@@ -159,6 +161,58 @@ class MemoryStore(Store):
         with self._lock:
             found = self._runs.claims(now, limit, status, skip)
         return [RunInfo.of(cp) for cp in found]
+
+    def claim_ready(
+        self,
+        owner: str,
+        lease: float,
+        limit: int,
+        served: frozenset[tuple[str, str | None]],
+        now: datetime,
+        *,
+        exclude: frozenset[str] = frozenset(),
+    ) -> list[Claim]:
+        """Claim up to ``limit`` unowned, due runs of ``served`` workflows, under the lock.
+
+        See ``Store.claim_ready``: each is stored exactly as ``save`` stores
+        ``_lease.claimed`` of its loaded record, all in one hold of the lock.
+        """
+        if type(limit) is not int or limit <= 0:
+            return []
+        claims: list[Claim] = []
+        with self._lock:
+            picked: list[Checkpoint] = []
+            for cp in self._runs.ready(now):
+                if len(picked) >= limit:
+                    break
+                if (
+                    cp.owner is None
+                    and (cp.workflow or "", cp.workflow_version) in served
+                    and cp.run_id not in exclude
+                    and not (cp.queued and cp.cancel_requested)
+                ):
+                    picked.append(cp)
+            for found in picked:  # written after the walk: a write moves the index
+                before = evolve(found, state=json.loads(found.state_json or "{}"))
+                claim = _lease.claimed(before, owner, lease)
+                text, copy = encode_state(claim.state)
+                saved = claim.stored(copy, text, new_version(found.version), utcnow())
+                self._runs[found.run_id] = saved
+                claims.append(Claim(before, saved))
+        return claims
+
+    async def aclaim_ready(
+        self,
+        owner: str,
+        lease: float,
+        limit: int,
+        served: frozenset[tuple[str, str | None]],
+        now: datetime,
+        *,
+        exclude: frozenset[str] = frozenset(),
+    ) -> list[Claim]:
+        """Async ``claim_ready``: on the loop, as every method of this store."""
+        return self.claim_ready(owner, lease, limit, served, now, exclude=exclude)
 
     def list_page(
         self,

@@ -183,6 +183,7 @@ class MySQLStore(ServerStore):
     )
     counts_requests: ClassVar[bool] = True
     native_async: ClassVar[bool] = True
+    # No push wake-ups (listen: None, workers back off): no LISTEN/NOTIFY; a table is a poll.
     _ERRORS: ClassVar[tuple[ErrorRule, ...]] = ERRORS
     _DRIVER: ClassVar[str] = "pymysql"
     _EXTRA: ClassVar[str] = "mysql"

@@ -27,6 +27,9 @@ creation and migration. Design, and why:
   raises ``StoreUnavailable`` instead of blocking forever; TCP keepalives and
   ``tcp_user_timeout`` let the kernel notice a dead peer too. A save that timed out may
   or may not have committed: the next save's compare-and-swap tells.
+- Wake-ups: ``announce`` sends ``NOTIFY`` on the table's channel, ``listen`` holds a
+  ``LISTEN`` connection in a thread (``_sql.listen_pg``), so a worker in another process
+  wakes when a run is started or signalled instead of at its next poll.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from ._sql import (
     statements_of,
 )
 from ._sql.engine import check_engine, server_url_of
+from ._sql.listen_pg import PostgresListener, channel_of
 
 __all__ = ["DEFAULT_TABLE", "ERRORS", "PostgresStore", "schema_ddl"]
 
@@ -63,6 +67,8 @@ _FORMS: Final = (
     f"password in {PASSWORD_ENV} (or PGPASSWORD) rather than in the URL"
 )
 _OPTIONS: Final = ("table", "connect_timeout", "read_timeout", "statement_timeout")
+# The channel is a parameter, never spliced into the text.
+_NOTIFY: Final = "SELECT pg_notify(%(channel)s, '')"
 # A 1 GiB text value is PostgreSQL's hard limit (MaxAllocSize - 1).
 _MAX_BYTES: Final = (1 << 30) - 1
 
@@ -231,6 +237,9 @@ class PostgresStore(ServerStore):
     """
 
     scheme: ClassVar[str] = "postgresql"
+    #: One UPDATE over a FOR UPDATE SKIP LOCKED pick, RETURNING the claimed rows.
+    claims_in_one_call: ClassVar[bool] = True
+    _LIST_PARAMS: ClassVar[bool] = True
     kind: ClassVar[str] = "postgresql"  # type: ignore[misc]
     durability_levels: ClassVar[tuple[str, ...]] = ()
     kill_points: ClassVar[Mapping[str, bool]] = MappingProxyType(
@@ -238,6 +247,7 @@ class PostgresStore(ServerStore):
     )
     counts_requests: ClassVar[bool] = True
     native_async: ClassVar[bool] = True
+    pushes_wakeups: ClassVar[bool] = True
     _ERRORS: ClassVar[tuple[ErrorRule, ...]] = ERRORS
     _DRIVER: ClassVar[str] = "psycopg"
     _EXTRA: ClassVar[str] = "postgres"
@@ -363,6 +373,55 @@ class PostgresStore(ServerStore):
         """
         bare, kwargs = cls._config_options(config, _OPTIONS)
         return cls(bare, **kwargs)
+
+    # --- wake-ups (``_sql.listen_pg``) -------------------------------------------------
+
+    def announce(self) -> None:
+        """Send a ``NOTIFY`` on this table's channel: listening workers look now.
+
+        Raises:
+            StoreUnavailable: the server cannot be reached.
+        """
+        self._exec(_NOTIFY, {"channel": channel_of(self.table)})
+
+    async def aannounce(self) -> None:
+        """Async ``announce``, on this loop's connections."""
+        await self._aexec(_NOTIFY, {"channel": channel_of(self.table)})
+
+    def listen(self, ring: Callable[[], None]) -> PostgresListener | None:
+        """``LISTEN`` on this table's channel in a thread; call ``ring`` on each ``NOTIFY``.
+
+        None for a store on a user's SQLAlchemy engine: its credentials may come from the
+        engine's hooks (an Entra ID token), which a connection of our own would not have,
+        and holding one of its pool's connections for ever would starve the pool.
+
+        Raises:
+            StoreError: the store is closed.
+        """
+        if self._closed:
+            raise self._closed_error()
+        if self._engine is not None:
+            return None
+        listener = PostgresListener(
+            ring,
+            where=self.where,
+            table=self.table,
+            connect_args=self._connect_args,
+            read_timeout=self.read_timeout,
+            scrub=self._scrub,
+            own=self._backend_pids,
+        )
+        listener.start()
+        return listener
+
+    def _backend_pids(self) -> set[int]:
+        """The server pids of this store's connections (their NOTIFYs rang here already)."""
+        try:
+            with self._lock:
+                held = [*self._held, *(h for pool in self._apools.values() for h in pool.all)]
+            return {int(h.conn.info.backend_pid) for h in held}
+        except Exception:  # noqa: BLE001 - changed meanwhile: ring rather than guess
+            return set()
 
     # --- connections --------------------------------------------------------------------
 

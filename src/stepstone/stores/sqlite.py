@@ -35,6 +35,10 @@ hooks. Design, and why:
   front, so it would add a hop and a dependency and remove nothing. A cancelled
   ``asave`` lets its thread finish: the transaction commits whole or rolls back, never
   torn.
+- Wake-ups: ``listen`` watches ``PRAGMA data_version`` (``_sql.listen_sqlite``), which
+  changes whenever another connection commits, looking when inotify reports a write to
+  the WAL, so a worker wakes within milliseconds of a start or signal from another
+  process and an idle one costs nothing.
 - Foreign files are never modified: a file that has tables but no ``stepstone_meta``
   is refused before its journal mode is touched; a symlink at the path is refused.
 """
@@ -66,6 +70,7 @@ from ._sql import Held, SQLStore, SQLText, statements_of
 from ._sql.engine import check_engine
 from ._sql.errors import Undecodable
 from ._sql.files import create_database_file
+from ._sql.listen_sqlite import SQLiteListener
 from ._sql.transactions import rollback, run_batch
 
 if TYPE_CHECKING:
@@ -200,10 +205,12 @@ class SQLiteStore(SQLStore):
     """
 
     scheme: ClassVar[str] = "sqlite"
+    claims_in_one_call: ClassVar[bool] = True  # one UPDATE ... RETURNING (one writer)
     durability_levels: ClassVar[tuple[str, ...]] = _SYNCHRONOUS
     kill_points: ClassVar[Mapping[str, bool]] = MappingProxyType({"sqlite.in_transaction": False})
     counts_requests: ClassVar[bool] = False
     native_async: ClassVar[bool] = False
+    pushes_wakeups: ClassVar[bool] = True
     _ERRORS: ClassVar[tuple[ErrorRule, ...]] = ERRORS
     _ISO_TIMES: ClassVar[bool] = True
 
@@ -480,6 +487,26 @@ class SQLiteStore(SQLStore):
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=False)
+
+    def listen(self, ring: Callable[[], None]) -> SQLiteListener:
+        """Watch the file for commits by other connections; call ``ring`` after each.
+
+        A thread reads ``PRAGMA data_version`` on a connection of its own when inotify
+        reports a write to the ``-wal`` file (without inotify: every 25 ms);
+        ``_sql.listen_sqlite`` says why that and not a notification table. Nothing to
+        ``announce``: a commit is the announcement.
+
+        Raises:
+            StoreError: the store is closed, or the file cannot be read.
+        """
+        if self._closed:
+            raise self._closed_error()
+        try:
+            listener = SQLiteListener(self.path, self.busy_timeout_ms, ring)
+        except sqlite3.Error as exc:
+            raise self._translate(exc) from exc
+        listener.start()
+        return listener
 
     def _forget_connections(self) -> None:
         # A forked child has none of the pool's threads: it starts its own when needed.

@@ -17,8 +17,10 @@ from typing import Any
 from .._checkpoint import Checkpoint, evolve
 from .._control import Op, cancel_op, signal_op
 from .._core import Effect, Load, Save, step_through
+from .._effects import Announce
 from .._errors import ConflictError, RunNotActive, RunNotFound, StepstoneError
 from .._store import RunInfo, Store, page_key
+from .._wake import announce
 
 __all__ = [
     "BULK_ACTIONS",
@@ -61,6 +63,8 @@ def _pinned(gen: Op, store: Store, run_id: str, version: str) -> Any:
     def perform(effect: Effect) -> Any:
         if isinstance(effect, Save):
             return store.save(effect.cp)
+        if isinstance(effect, Announce):
+            return announce(store)
         assert isinstance(effect, Load)
         cp = store.load(effect.run_id)
         if effect.run_id == run_id and (cp is None or cp.version != version):
@@ -127,6 +131,7 @@ def _retry(run_id: str) -> Op:
     # Queued again with a fresh attempt budget: a worker claims it and runs the failed
     # step again. The failure stays on record until that step succeeds.
     saved: Checkpoint = yield Save(evolve(cp, queued=True, attempt=0), "retry")
+    yield Announce()  # a worker claims it now, not at its next poll
     return saved
 
 

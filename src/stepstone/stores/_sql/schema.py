@@ -28,6 +28,7 @@ PLACEHOLDER: Final = "stepstone__table__"
 #: The statements of each dialect, by name.
 FIELDS: Final = (
     "bump",
+    "claim_ready",
     "claims",
     "create",
     "delete",
@@ -50,6 +51,8 @@ class SQLText:
     """The statements of one store as text, with its table's name filled in."""
 
     bump: str
+    #: ``Store.claim_ready`` in one statement; "" where the dialect cannot.
+    claim_ready: str
     claims: list[tuple[str, str]]
     create: list[str]
     delete: str

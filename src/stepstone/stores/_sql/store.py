@@ -25,11 +25,12 @@ created and migrated under that server's locking rules.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, Final, TypeVar
 
-from ..._checkpoint import STATUSES, Checkpoint, check_run_id, utcnow
+from ..._checkpoint import DUE_NOW, STATUSES, Checkpoint, check_run_id, evolve, utcnow
 from ..._codec import (
     checkpoint_from_doc,
     decode_document,
@@ -39,8 +40,8 @@ from ..._codec import (
 )
 from ..._errors import ConflictError, CorruptCheckpoint, StoreError
 from ..._observe import logger
-from ..._store import RunInfo, Store, check_page
-from .._common import new_version
+from ..._store import Claim, RunInfo, Store, check_page
+from .._common import new_version, version_token
 from .connections import Connections, Held
 from .effects import Exec, Plan, Result, adrive, drive
 from .errors import Undecodable
@@ -58,10 +59,19 @@ _CLAIM_KINDS: Final = ("running", "queued", "waiting")
 _MIN: Final = datetime.min.replace(tzinfo=UTC)
 
 
+def _served_key(name: str, version: str | None) -> str:
+    """The text ``claim_ready``'s statement builds from a document's workflow fields."""
+    return f"{name}\x1f" if version is None else f"{name}\x1f\x1e{version}"
+
+
 class SQLStore(Connections, Store):
     """The SQL store logic, once; subclasses supply the dialect hooks."""
 
     claims_by_kind: ClassVar[bool] = True  # claimable(status=, skip=): an indexed page
+
+    #: ``claim_ready``'s lists (served workflows, excluded runs) are passed as arrays
+    #: (PostgreSQL), not as JSON text (SQLite's ``json_each``).
+    _LIST_PARAMS: ClassVar[bool] = False
 
     #: ``_db_time(t)`` is ``t.isoformat()`` for a UTC ``t``: the save reuses the text it
     #: formatted for the document instead of formatting each time twice.
@@ -329,6 +339,95 @@ class SQLStore(Connections, Store):
         due = sorted(queued + waiting, key=lambda info: info.due_at or _MIN)
         return running[:limit] + due[:limit]
 
+    def _claim_ready(
+        self,
+        owner: str,
+        lease: float,
+        limit: int,
+        served: frozenset[tuple[str, str | None]],
+        now: datetime,
+        exclude: frozenset[str],
+    ) -> Plan[list[Claim]]:
+        """Claim what needs no judgement in the one statement ``_sql.claim_ready``."""
+        sql = self._sql.claim_ready
+        if not sql:
+            raise StoreError(
+                f"{self.where}: this database cannot claim in one statement; load and save "
+                "each run instead"
+            )
+        if type(limit) is not int or limit <= 0 or not served:
+            return []
+        stamp = utcnow()  # renewed_at and updated_at, as the claim's save would set them
+        stamp_text = stamp.isoformat()
+        # The claim's fields (``_lease.claimed``, then ``save``), appended to the
+        # metadata line; the statement adds the epoch's value and a comma.
+        head = json.dumps(
+            {
+                "owner": owner,
+                "lease": float(lease),
+                "renewed_at": stamp_text,
+                "updated_at": stamp_text,
+                "queued": False,
+            },
+            ensure_ascii=False,
+            separators=(",", ":"),
+        )
+        fields = head[1:-1] + ',"epoch":'
+        keys = sorted(_served_key(name, version) for name, version in served)
+        skipped = sorted(exclude)
+        params = {
+            "owner": owner,
+            "fields": fields,
+            "token": version_token(),
+            "now": self._db_time(now),
+            "stamp": self._db_time(stamp),
+            "due_running": self._db_time(stamp + timedelta(seconds=float(lease))),
+            "due_now": self._db_time(DUE_NOW),
+            "limit": limit,
+            "served": keys if self._LIST_PARAMS else json.dumps(keys),
+            "exclude": skipped if self._LIST_PARAMS else json.dumps(skipped),
+        }
+        try:
+            _, rows = yield Exec(sql, params)
+        except Undecodable as exc:
+            raise StoreError(f"{self.where}: a claimed row is not UTF-8 ({exc})") from exc
+        claims: list[Claim] = []
+        for row in rows:
+            claim = self._claimed(row, fields)
+            if claim is not None:
+                claims.append(claim)
+        # In the order claimed (earliest due first): RETURNING's order is the table's.
+        claims.sort(key=lambda claim: claim.before.due_at or _MIN)
+        return claims
+
+    def _claimed(self, row: Any, fields: str) -> Claim | None:
+        """Return the ``Claim`` of one row ``claim_ready`` returned; None (logged) if unreadable."""
+        run_id, version, document = row[0], row[1], row[2]
+        was = row[3] if len(row) > 3 else None
+        source = self._source(run_id)
+        try:
+            claimed = checkpoint_from_doc(
+                decode_document(document, source), version, source, run_id
+            )
+            cut = document.index("\n")
+            appended = f"{fields}{claimed.epoch},"
+            line = document[:cut]
+            if not line.endswith(appended):
+                raise CorruptCheckpoint(f"{source}: the claim's fields are not where written")
+            # The record as it was: its metadata line without what the claim appended.
+            old = decode_document(line[: -len(appended) - 1] + "}", source)
+            old["state"] = claimed.state
+            before = checkpoint_from_doc(old, was, source, run_id)
+        except (CorruptCheckpoint, ValueError) as exc:
+            # Owned by us now, and never driven: another worker takes it over after the
+            # lease, and its load then reports the document as corrupt.
+            logger.warning("run %r: claimed, but its document is unreadable: %s", run_id, exc)
+            return None
+        rest = document[cut + 1 :]
+        if rest.startswith('"state":') and rest.endswith("}\n"):
+            claimed = evolve(claimed, state_json=rest[8:-2])
+        return Claim(before, claimed)
+
     # --- the Store contract -------------------------------------------------------------
 
     def load(self, run_id: str) -> Checkpoint | None:
@@ -396,6 +495,27 @@ class SQLStore(Connections, Store):
         """
         return drive(self._claimable(now, limit, status, skip), self._perform)
 
+    def claim_ready(
+        self,
+        owner: str,
+        lease: float,
+        limit: int,
+        served: frozenset[tuple[str, str | None]],
+        now: datetime,
+        *,
+        exclude: frozenset[str] = frozenset(),
+    ) -> list[Claim]:
+        """Claim up to ``limit`` unowned, due runs of ``served`` workflows in one statement.
+
+        See ``Store.claim_ready``. PostgreSQL: ``UPDATE ... FROM (SELECT ... FOR UPDATE
+        SKIP LOCKED LIMIT n) RETURNING``; SQLite: one ``UPDATE ... RETURNING``.
+
+        Raises:
+            StoreError: the dialect cannot claim in one statement (MySQL, MariaDB).
+            StoreUnavailable: the database cannot be reached, or timed out.
+        """
+        return drive(self._claim_ready(owner, lease, limit, served, now, exclude), self._perform)
+
     # --- async (native backends; the others run the sync methods on a thread) ----------
 
     async def aload(self, run_id: str) -> Checkpoint | None:
@@ -443,6 +563,23 @@ class SQLStore(Connections, Store):
         if not self._aio():
             return await super().aclaimable(now, limit, status=status, skip=skip)
         return await adrive(self._claimable(now, limit, status, skip), self._aperform)
+
+    async def aclaim_ready(
+        self,
+        owner: str,
+        lease: float,
+        limit: int,
+        served: frozenset[tuple[str, str | None]],
+        now: datetime,
+        *,
+        exclude: frozenset[str] = frozenset(),
+    ) -> list[Claim]:
+        """Async ``claim_ready``; same contract, same errors."""
+        if not self._aio():
+            return await super().aclaim_ready(owner, lease, limit, served, now, exclude=exclude)
+        return await adrive(
+            self._claim_ready(owner, lease, limit, served, now, exclude), self._aperform
+        )
 
     async def aclose(self) -> None:
         """Async ``close``: the sync close never waits on the loop's own connections."""

@@ -96,6 +96,7 @@ class CosmosStore(Admin):
     counts_requests: ClassVar[bool] = True
     native_async: ClassVar[bool] = True
     claims_by_kind: ClassVar[bool] = True
+    # No push wake-ups (listen: None, workers back off): the change feed is a paid poll.
 
     def __init__(
         self,

@@ -14,7 +14,8 @@ import errno
 import fcntl
 import logging
 import os
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from types import MappingProxyType
 from typing import Any, ClassVar, Self
@@ -40,6 +41,7 @@ from ._errors import too_large, translating
 from ._index import drop_orphan, has_marker, mark, marker_run, open_index, unmark
 from ._locking import Handles
 from ._names import ACTIVE, HASHED_NAME, decode_name, encode_name, hashed, join, run_of
+from ._notify import DirectoryListener, listen_directory
 from ._trust import check_opened, check_trust, make_dirs
 
 __all__ = ["MAX_DOCUMENT_BYTES", "FileStore"]
@@ -85,6 +87,8 @@ class FileStore(Store):
     )
     native_async: ClassVar[bool] = False
     claims_by_kind: ClassVar[bool] = True
+    #: inotify on the store's directory (``_notify``): Linux only.
+    pushes_wakeups: ClassVar[bool] = sys.platform.startswith("linux")
 
     def __init__(
         self,
@@ -547,6 +551,22 @@ class FileStore(Store):
             logger.debug("could not clean temp files in %s: %s", self._path, exc)
             return
         remove_stale_temps(dir_fd, self._path, names)
+
+    def listen(self, ring: Callable[[], None]) -> DirectoryListener | None:
+        """Watch the store's directory with inotify; call ``ring`` when a run is saved.
+
+        The directory watched is the one this store holds open and judged when it was
+        opened (``_notify`` says why the directory and not only ``.active/``). None on
+        systems without inotify: the worker polls.
+
+        Raises:
+            StoreError: the store is closed.
+        """
+        dir_fd = self._handles.begin()
+        try:
+            return listen_directory(dir_fd, self._path, ring)
+        finally:
+            self._handles.end()
 
     def close(self) -> None:
         self._handles.close()

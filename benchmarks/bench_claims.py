@@ -1,0 +1,240 @@
+"""Claims in one call (issue 20): loads per claim across worker processes, and instructions.
+
+    python benchmarks/bench_claims.py [--runs 400] [--n 40] [--no-sql] [--no-callgrind]
+        [--json]
+
+1. **Loads per successful claim**: RUNS queued runs of a one-step workflow, drained by
+   1 and by 4 worker processes (``Worker``, concurrency 4, poll 0.02 s) on SQLite and
+   on PostgreSQL; each process counts its ``Store.load`` calls and the runs it
+   finished. ``one call`` is the store as shipped (``claims_in_one_call``); ``per run``
+   the same store with the capability switched off on the instance (load and save each
+   run, as before). Target: at most 1.2 with 4 processes.
+2. **Instructions per run** (callgrind, like ``bench_arun.py``): a worker at
+   concurrency 1 draining N queued runs of a 10-step workflow, against a loop of N
+   ``run`` calls of the same steps, on the same SQLite store (``synchronous=normal``).
+   ``worker`` counts the worker alone (the runs were queued before), ``start+worker``
+   also the ``start`` calls. (count(2N) - count(N)) / N per run: start-up and warm-up
+   cancel out. Target: worker at most 1.2x the ``run`` loop. Needs valgrind.
+
+``--child ...`` is a measured process itself. Absolute times are not printed: only
+counts and ratios, which do not move with the machine's load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from bench_arun import callgrind_count
+
+from stepstone import Step, Store, Worker, Workflow, open_store, run, start
+from stepstone._bench_workload import make_steps, state_of_size
+
+HERE = Path(__file__).resolve().parent
+POSTGRES = os.environ.get("STEPSTONE_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
+WARMUP = 5
+
+
+def _one_step() -> Workflow:
+    return Workflow("bench", [Step("work", lambda state: {"ok": True})], version="1")
+
+
+def _ten_steps() -> Workflow:
+    return Workflow("bench10", make_steps(state_of_size(1024)), version="1")
+
+
+def _counting(store: Store) -> list[int]:
+    cell = [0]
+    load = store.load
+
+    def counted(run_id: str) -> Any:
+        cell[0] += 1
+        return load(run_id)
+
+    store.load = counted  # type: ignore[method-assign]
+    return cell
+
+
+def loads_child(config: str, runs: int, one_call: bool, out: str) -> None:
+    """One worker process: serve until every run is done; write its loads and runs."""
+    store = open_store(config)
+    if not one_call:
+        setattr(store, "claims_in_one_call", False)  # noqa: B010 - on the instance only
+    loads = _counting(store)
+    worker = Worker(store, [_one_step()], concurrency=4, poll=0.02)
+    thread = threading.Thread(target=worker.serve, daemon=True)
+    thread.start()
+    with open_store(config) as probe:
+        deadline = time.monotonic() + 600
+        while probe.count_by_status()["done"] < runs and time.monotonic() < deadline:
+            time.sleep(0.05)
+    worker.stop()
+    thread.join(60)
+    store.close()
+    Path(out).write_text(json.dumps({"loads": loads[0], "runs": worker.completed}))
+
+
+def loads_per_claim(config: str, runs: int, processes: int, one_call: bool) -> float:
+    """Drain ``runs`` queued runs with ``processes`` workers; return loads per run claimed."""
+    with open_store(config) as store:
+        for index in range(runs):
+            start(store, _one_step(), f"b{index}")
+    directory = Path(tempfile.mkdtemp(dir=HERE / ".tmp"))
+    try:
+        outs = [directory / f"{i}.json" for i in range(processes)]
+        argv = [__file__, "--child", "loads", config, str(runs), str(int(one_call))]
+        procs = [subprocess.Popen([sys.executable, *argv, str(out)]) for out in outs]
+        for proc in procs:
+            if proc.wait(timeout=900) != 0:
+                raise SystemExit(f"a worker process failed: exit {proc.returncode}")
+        results = [json.loads(out.read_text()) for out in outs]
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    claimed: int = sum(r["runs"] for r in results)
+    loads: int = sum(r["loads"] for r in results)
+    return loads / max(claimed, 1)
+
+
+class _Drain(Worker):
+    """A worker that stops itself once it has finished ``target`` runs."""
+
+    target = 0
+
+    def _finished(self, plan: Any, error: BaseException | None = None) -> None:
+        super()._finished(plan, error)
+        if self.completed >= self.target:
+            self.stop()
+
+
+def cg_child(mode: str, n: int, directory: str) -> None:
+    """The measured process of figure 2: WARMUP + n runs by ``mode``."""
+    store = open_store(f"sqlite:///{directory}/cg.db?synchronous=normal")
+    workflow = _ten_steps()
+    total = WARMUP + n
+    if mode == "run":
+        for index in range(total):
+            run(f"cg-{index}", workflow.steps, store)
+    else:  # "start+worker": queue them, then drain them with one worker
+        for index in range(total):
+            start(store, workflow, f"cg-{index}")
+        worker = _Drain(store, [workflow], concurrency=1, poll=5)
+        worker.target = total
+        worker.serve()
+        assert worker.completed == total, worker.completed
+    store.close()
+
+
+def _cg(mode: str, n: int) -> int:
+    directory = tempfile.mkdtemp(dir=HERE / ".tmp")
+    try:
+        return callgrind_count([__file__, "--child", "cg", mode, str(n), directory])
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def per_run(mode: str, n: int) -> int:
+    """Instructions per run of ``mode``: (count(2N) - count(N)) / N."""
+    return (_cg(mode, 2 * n) - _cg(mode, n)) // n
+
+
+def _pg_config() -> tuple[str, Any] | None:
+    try:
+        import psycopg
+
+        conn: Any = psycopg.connect(POSTGRES, autocommit=True, connect_timeout=3)
+    except Exception as exc:  # noqa: BLE001 - any failure means: skip PostgreSQL, say why
+        print(f"postgresql skipped: {type(exc).__name__}: {exc}")
+        return None
+    table = f"stepstone_bench_claims_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    return f"{POSTGRES}?table={table}", (conn, table)
+
+
+def _drop(handle: Any) -> None:
+    conn, table = handle
+    with conn.cursor() as cursor:
+        cursor.execute(f'DROP TABLE IF EXISTS "{table}", "{table}_meta"')
+    conn.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=400)
+    parser.add_argument("--n", type=int, default=40)
+    parser.add_argument("--no-sql", action="store_true")
+    parser.add_argument("--no-callgrind", action="store_true")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    (HERE / ".tmp").mkdir(exist_ok=True)
+    figures: dict[str, Any] = {"loads_per_claim": {}, "instructions_per_run": {}}
+    backends: list[str] = ["sqlite"] + ([] if args.no_sql else ["postgresql"])
+    for backend in backends:
+        for one_call in (True, False):
+            for processes in (1, 4):
+                handle = None
+                if backend == "sqlite":
+                    directory = tempfile.mkdtemp(dir=HERE / ".tmp")
+                    config = f"sqlite:///{directory}/claims.db"
+                else:
+                    made = _pg_config()
+                    if made is None:
+                        break
+                    config, handle = made
+                try:
+                    ratio = loads_per_claim(config, args.runs, processes, one_call)
+                finally:
+                    if handle is not None:
+                        _drop(handle)
+                    else:
+                        shutil.rmtree(directory, ignore_errors=True)
+                label = f"{backend} {'one call' if one_call else 'per run'} x{processes}"
+                figures["loads_per_claim"][label] = round(ratio, 3)
+                print(f"loads per claim, {label}: {ratio:.3f}", flush=True)
+    if not args.no_callgrind and shutil.which("valgrind"):
+        worker_all = per_run("start+worker", args.n)
+        starts = per_run("start", args.n)
+        looped = per_run("run", args.n)
+        worker = worker_all - starts
+        figures["instructions_per_run"] = {
+            "run loop": looped,
+            "worker": worker,
+            "start+worker": worker_all,
+            "worker / run": round(worker / looped, 3),
+            "start+worker / run": round(worker_all / looped, 3),
+        }
+        for name, value in figures["instructions_per_run"].items():
+            print(f"instructions per run (sqlite, 10 steps), {name}: {value}", flush=True)
+    elif not args.no_callgrind:
+        print("callgrind skipped: valgrind is not installed")
+    if args.json:
+        print(json.dumps(figures))
+
+
+def _child(argv: list[str]) -> None:
+    if argv[0] == "loads":
+        loads_child(argv[1], int(argv[2]), argv[3] == "1", argv[4])
+    elif argv[1] == "start":
+        directory = argv[3]
+        store = open_store(f"sqlite:///{directory}/cg.db?synchronous=normal")
+        workflow = _ten_steps()
+        for index in range(WARMUP + int(argv[2])):
+            start(store, workflow, f"cg-{index}")
+        store.close()
+    else:
+        cg_child(argv[1], int(argv[2]), argv[3])
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "--child":
+        _child(sys.argv[2:])
+    else:
+        main()

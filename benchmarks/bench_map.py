@@ -1,0 +1,199 @@
+"""A ``Map`` of N children against the same work as one run's N steps, under a worker.
+
+One worker process at its defaults (``concurrency=8``, ``poll=1``) serves two
+workflows: ``map`` (one ``Map`` over N items, each child a one-step workflow) and
+``steps`` (one run of N steps). Each step does the same work (it merges one small key;
+``--work-ms`` adds a sleep, as a step that waits on I/O). Both begin and end with a step
+that stamps ``time.monotonic_ns()`` into the state, and the figure is end - begin: the
+fan-out, the children's claims and the parent's wake-up, without the wait for the
+first claim (``bench_wakeups.py`` measures that). This process starts one run of each
+kind in turn, order alternating round by round, and waits for each to be done; the
+ratio map/steps is taken per round, then its median. SQLite (``synchronous=full``) and
+PostgreSQL.
+
+    .venv/bin/python benchmarks/bench_map.py [--quick] [--json] [--no-sql]
+        [--children 100] [--rounds 5] [--work-ms 0]
+
+Target (issue 20): the Map at most 1.5x the steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import multiprocessing as mp
+import statistics
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from _common import emit, progress, scratch, sql_config, table
+
+from stepstone import Map, Step, Worker, Workflow, open_store, start
+from stepstone._store import Store
+
+BACKENDS = ("sqlite", "postgresql")
+
+
+def _work_step(work_s: float) -> Any:
+    def work(state: dict[str, Any]) -> dict[str, Any]:
+        if work_s:
+            time.sleep(work_s)
+        return {"n": int(state.get("n", 0)) + 1}
+
+    return work
+
+
+def _begin(state: dict[str, Any]) -> dict[str, Any]:
+    return {"begin_ns": time.monotonic_ns()}
+
+
+def _end(state: dict[str, Any]) -> dict[str, Any]:
+    return {"end_ns": time.monotonic_ns()}
+
+
+def workflows(children: int, work_ms: float) -> tuple[Workflow, Workflow]:
+    """The two workflows of the figure: (a Map of ``children``, ``children`` steps)."""
+    work = _work_step(work_ms / 1e3)
+    child = Workflow(f"bench-map-child-{children}", [Step("w", work)])
+
+    def items(state: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{"i": i} for i in range(children)]
+
+    begin, end = Step("begin", _begin), Step("end", _end)
+    mapped = Workflow(f"bench-map-{children}", [begin, Map("kids", child, items), end])
+    stepped = Workflow(
+        f"bench-map-steps-{children}",
+        [begin, *(Step(f"s{i}", work) for i in range(children)), end],
+    )
+    return mapped, stepped
+
+
+def _serve(config: str, children: int, work_ms: float, ready: Any, stop: Any) -> None:
+    """The worker process: serve both workflows at default settings until ``stop``."""
+    store = open_store(config)
+    worker = Worker(store, list(workflows(children, work_ms)))
+    thread = threading.Thread(target=worker.serve, name="bench-serve", daemon=True)
+    thread.start()
+    ready.set()
+    stop.wait()
+    worker.stop()
+    thread.join(timeout=60)
+    store.close()
+
+
+@contextlib.contextmanager
+def _worker_process(config: str, children: int, work_ms: float) -> Iterator[None]:
+    ctx = mp.get_context("spawn")
+    ready, stop = ctx.Event(), ctx.Event()
+    proc = ctx.Process(target=_serve, args=(config, children, work_ms, ready, stop), daemon=True)
+    proc.start()
+    try:
+        if not ready.wait(60):
+            raise RuntimeError("the worker process did not come up within 60 s")
+        time.sleep(1.5)  # past its first look at the (empty) store
+        yield
+    finally:
+        stop.set()
+        proc.join(timeout=90)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+
+
+def _time_run(store: Store, workflow: Workflow, run_id: str, timeout: float) -> float:
+    """Seconds from the run's first step to its last (stamped by them)."""
+    start(store, workflow, run_id)
+    deadline = time.monotonic() + timeout
+    while True:
+        cp = store.load(run_id)
+        if cp is not None and cp.status == "done":
+            return (int(cp.state["end_ns"]) - int(cp.state["begin_ns"])) / 1e9
+        if cp is not None and cp.status in ("failed", "cancelled"):
+            raise RuntimeError(f"run {run_id!r} ended {cp.status}")
+        if time.monotonic() > deadline:
+            status = None if cp is None else cp.status
+            raise RuntimeError(f"run {run_id!r} not done within {timeout:g} s ({status})")
+        time.sleep(0.01)
+
+
+def measure(config: str, children: int, rounds: int, work_ms: float) -> dict[str, Any]:
+    """Both kinds, ``rounds`` times each, order alternating; the per-round ratios."""
+    mapped, stepped = workflows(children, work_ms)
+    store = open_store(config)
+    seconds: dict[str, list[float]] = {"map": [], "steps": []}
+    ratios: list[float] = []
+    try:
+        with _worker_process(config, children, work_ms):
+            for r in range(rounds):
+                kinds = [("map", mapped), ("steps", stepped)]
+                if r % 2:
+                    kinds.reverse()
+                got = {
+                    name: _time_run(store, wf, f"{name}-{r}", 120 + children) for name, wf in kinds
+                }
+                for name, value in got.items():
+                    seconds[name].append(value)
+                ratios.append(got["map"] / got["steps"])
+    finally:
+        store.close()
+    return {
+        name: {"median": statistics.median(v), "min": min(v), "max": max(v)}
+        for name, v in (*seconds.items(), ("ratio", ratios))
+    }
+
+
+@contextlib.contextmanager
+def _config(backend: str) -> Iterator[tuple[str | None, str]]:
+    if backend == "sqlite":
+        with scratch("map") as path:
+            yield f"sqlite:///{path}/runs.db", "benchmarks/.tmp"
+    else:
+        with sql_config(backend, "map") as found:
+            yield found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="3 rounds")
+    parser.add_argument("--json", action="store_true", help="print one JSON object only")
+    parser.add_argument("--no-sql", action="store_true", help="skip PostgreSQL")
+    parser.add_argument("--children", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=None, help="rounds (default 5)")
+    parser.add_argument("--work-ms", type=float, default=0.0, help="sleep in each step")
+    args = parser.parse_args()
+    rounds = args.rounds or (3 if args.quick else 5)
+    payload: dict[str, Any] = {"children": args.children, "rounds": rounds}
+    rows: list[list[str]] = []
+    skipped: list[str] = []
+    for backend in BACKENDS:
+        if args.no_sql and backend != "sqlite":
+            continue
+        with _config(backend) as (config, about):
+            if config is None:
+                skipped.append(f"{backend} skipped: {about}")
+                continue
+            progress(args, f"map: {backend}, {rounds} rounds of {args.children}...")
+            got = measure(config, args.children, rounds, args.work_ms)
+        payload[backend] = got
+        m, s, x = got["map"], got["steps"], got["ratio"]
+        rows.append(
+            [
+                backend,
+                f"{m['median']:.2f} [{m['min']:.2f}-{m['max']:.2f}]",
+                f"{s['median']:.2f} [{s['min']:.2f}-{s['max']:.2f}]",
+                f"{x['median']:.2f}x [{x['min']:.2f}-{x['max']:.2f}]",
+            ]
+        )
+    head = (
+        f"Map of {args.children} children vs one run of {args.children} steps "
+        f"(s, first step to last, median [min-max] of {rounds} rounds; "
+        f"work {args.work_ms:g} ms/step)"
+    )
+    text = [head, table(["backend", "map s", "steps s", "map/steps"], rows), *skipped]
+    emit(args, payload, "\n".join(text))
+
+
+if __name__ == "__main__":
+    main()
