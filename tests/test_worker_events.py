@@ -467,10 +467,10 @@ def test_a_claims_latency_counts_from_the_write_that_made_it_due_not_from_1970()
     from datetime import timedelta
 
     from stepstone import Checkpoint
-    from stepstone.stores.memory import MemoryStore
     from stepstone._checkpoint import DUE_NOW, utcnow
     from stepstone._checks import make_plan
     from stepstone._outcomes import claim_event
+    from stepstone.stores.memory import MemoryStore
 
     wf = Workflow("w", [Step("a", lambda s: s)])
     plan = make_plan("r", wf, MemoryStore(), input=None, lease=None, asynchronous=False)
