@@ -8,7 +8,8 @@
    on PostgreSQL; each process counts its ``Store.load`` calls and the runs it
    finished. ``one call`` is the store as shipped (``claims_in_one_call``); ``per run``
    the same store with the capability switched off on the instance (load and save each
-   run, as before). Target: at most 1.2 with 4 processes.
+   run, as before). Target: at most 1.2 with 4 processes. Also on MySQL/MariaDB
+   (``STEPSTONE_BENCH_MYSQL``), unless ``--no-sql``.
 2. **Instructions per run** (callgrind, like ``bench_arun.py``): a worker at
    concurrency 1 draining N queued runs of a 10-step workflow, against a loop of N
    ``run`` calls of the same steps, on the same SQLite store (``synchronous=normal``).
@@ -16,8 +17,14 @@
    also the ``start`` calls. (count(2N) - count(N)) / N per run: start-up and warm-up
    cancel out. Target: worker at most 1.2x the ``run`` loop. Needs valgrind.
 
+3. **Throughput** (PostgreSQL): RUNS queued runs of the 10-step workflow drained by 4
+   worker processes, and by 1, each at concurrency 1: runs per second from the first
+   process's start of ``serve`` to the last one seeing every run done, and the ratio.
+   Target: 4 processes at least 2x one. ``--no-throughput`` skips it.
+
 ``--child ...`` is a measured process itself. Absolute times are not printed: only
-counts and ratios, which do not move with the machine's load.
+counts and ratios, which do not move with the machine's load (figure 3's runs per
+second do; its ratio is the figure).
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from stepstone._bench_workload import make_steps, state_of_size
 
 HERE = Path(__file__).resolve().parent
 POSTGRES = os.environ.get("STEPSTONE_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
+MYSQL = os.environ.get("STEPSTONE_BENCH_MYSQL", "mysql://root@127.0.0.1:3306/test")
 WARMUP = 5
 
 
@@ -103,6 +111,85 @@ def loads_per_claim(config: str, runs: int, processes: int, one_call: bool) -> f
     claimed: int = sum(r["runs"] for r in results)
     loads: int = sum(r["loads"] for r in results)
     return loads / max(claimed, 1)
+
+
+def rate_child(config: str, runs: int, concurrency: int, out: str) -> None:
+    """One worker process of figure 3: serve until every run is done; write its times."""
+    store = open_store(config)
+    worker = Worker(store, [_ten_steps()], concurrency=concurrency, poll=0.02)
+    thread = threading.Thread(target=worker.serve, daemon=True)
+    with open_store(config) as probe:
+        # Every process set up before any serves: start-up is not in the figure.
+        Path(f"{out}.ready").touch()
+        go = Path(out).with_name("go")
+        while not go.exists():
+            time.sleep(0.005)
+        began = time.time()  # wall clock: compared across processes
+        cpu = time.process_time()
+        thread.start()
+        deadline = time.monotonic() + 600
+        while probe.count_by_status()["done"] < runs and time.monotonic() < deadline:
+            time.sleep(0.01)
+        ended = time.time()
+        cpu = time.process_time() - cpu
+    worker.stop()
+    thread.join(60)
+    store.close()
+    result = {"runs": worker.completed, "began": began, "ended": ended, "cpu": cpu}
+    Path(out).write_text(json.dumps(result))
+
+
+def runs_per_second(config: str, runs: int, processes: int) -> tuple[float, float]:
+    """Drain ``runs`` queued 10-step runs with ``processes`` workers at concurrency 1.
+
+    Returns runs per second and the workers' CPU in cores (CPU seconds per second).
+    """
+    with open_store(config) as store:
+        for index in range(runs):
+            start(store, _ten_steps(), f"t{index}")
+    directory = Path(tempfile.mkdtemp(dir=HERE / ".tmp"))
+    try:
+        outs = [directory / f"{i}.json" for i in range(processes)]
+        argv = [__file__, "--child", "rate", config, str(runs), "1"]
+        procs = [subprocess.Popen([sys.executable, *argv, str(out)]) for out in outs]
+        deadline = time.monotonic() + 120
+        while not all(Path(f"{out}.ready").exists() for out in outs):
+            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                raise SystemExit("throughput: a worker process did not get ready")
+            time.sleep(0.01)
+        (directory / "go").touch()
+        for proc in procs:
+            if proc.wait(timeout=900) != 0:
+                raise SystemExit(f"a worker process failed: exit {proc.returncode}")
+        results = [json.loads(out.read_text()) for out in outs]
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    if sum(r["runs"] for r in results) != runs:
+        raise SystemExit(f"throughput: {sum(r['runs'] for r in results)} runs for {runs}")
+    seconds: float = max(r["ended"] for r in results) - min(r["began"] for r in results)
+    seconds = max(seconds, 1e-9)
+    return runs / seconds, sum(r["cpu"] for r in results) / seconds
+
+
+def _my_config() -> tuple[str, Any] | None:
+    try:
+        import pymysql
+
+        conn: Any = pymysql.connect(
+            host="127.0.0.1", port=3306, user="root", database="test", connect_timeout=3
+        )
+    except Exception as exc:  # noqa: BLE001 - any failure means: skip MySQL, say why
+        print(f"mysql skipped: {type(exc).__name__}: {exc}")
+        return None
+    table = f"stepstone_bench_claims_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    return f"{MYSQL}?table={table}", (conn, table)
+
+
+def _my_drop(handle: Any) -> None:
+    conn, table = handle
+    with conn.cursor() as cursor:
+        cursor.execute(f"DROP TABLE IF EXISTS `{table}`, `{table}_meta`")
+    conn.close()
 
 
 class _Drain(Worker):
@@ -173,10 +260,11 @@ def main() -> None:
     parser.add_argument("--no-sql", action="store_true")
     parser.add_argument("--no-callgrind", action="store_true")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--no-throughput", action="store_true")
     args = parser.parse_args()
     (HERE / ".tmp").mkdir(exist_ok=True)
     figures: dict[str, Any] = {"loads_per_claim": {}, "instructions_per_run": {}}
-    backends: list[str] = ["sqlite"] + ([] if args.no_sql else ["postgresql"])
+    backends: list[str] = ["sqlite"] + ([] if args.no_sql else ["postgresql", "mysql"])
     for backend in backends:
         for one_call in (True, False):
             for processes in (1, 4):
@@ -185,7 +273,7 @@ def main() -> None:
                     directory = tempfile.mkdtemp(dir=HERE / ".tmp")
                     config = f"sqlite:///{directory}/claims.db"
                 else:
-                    made = _pg_config()
+                    made = _pg_config() if backend == "postgresql" else _my_config()
                     if made is None:
                         break
                     config, handle = made
@@ -193,12 +281,14 @@ def main() -> None:
                     ratio = loads_per_claim(config, args.runs, processes, one_call)
                 finally:
                     if handle is not None:
-                        _drop(handle)
+                        (_drop if backend == "postgresql" else _my_drop)(handle)
                     else:
                         shutil.rmtree(directory, ignore_errors=True)
                 label = f"{backend} {'one call' if one_call else 'per run'} x{processes}"
                 figures["loads_per_claim"][label] = round(ratio, 3)
                 print(f"loads per claim, {label}: {ratio:.3f}", flush=True)
+    if not (args.no_sql or args.no_throughput):
+        figures["throughput"] = throughput(args.runs)
     if not args.no_callgrind and shutil.which("valgrind"):
         worker_all = per_run("start+worker", args.n)
         starts = per_run("start", args.n)
@@ -219,9 +309,34 @@ def main() -> None:
         print(json.dumps(figures))
 
 
+def throughput(runs: int) -> dict[str, float]:
+    """Figure 3: runs per second on PostgreSQL, 4 processes and 1, and their ratio."""
+    rates: dict[str, float] = {}
+    for processes in (1, 4):
+        made = _pg_config()
+        if made is None:
+            return {}
+        config, handle = made
+        try:
+            rate, cores = runs_per_second(config, runs, processes)
+        finally:
+            _drop(handle)
+        rates[f"x{processes}"], rates[f"x{processes} cores"] = rate, round(cores, 2)
+        print(
+            f"throughput, postgresql 10-step runs, {processes} process(es) at concurrency "
+            f"1: {rate:.1f} runs/s (workers' CPU: {cores:.2f} cores)",
+            flush=True,
+        )
+    rates["x4 / x1"] = round(rates["x4"] / rates["x1"], 2)
+    print(f"throughput, postgresql, 4 processes / 1: {rates['x4 / x1']:.2f}x", flush=True)
+    return rates
+
+
 def _child(argv: list[str]) -> None:
     if argv[0] == "loads":
         loads_child(argv[1], int(argv[2]), argv[3] == "1", argv[4])
+    elif argv[0] == "rate":
+        rate_child(argv[1], int(argv[2]), int(argv[3]), argv[4])
     elif argv[1] == "start":
         directory = argv[3]
         store = open_store(f"sqlite:///{directory}/cg.db?synchronous=normal")

@@ -6,9 +6,9 @@
 - Only unowned runs that need no judgement are claimed: queued (not cancel-requested),
   waiting and due, or running with the lease given back; of a served workflow; at most
   ``limit``, earliest due first; never a run in ``exclude``.
-- Workers claiming at once (threads; four processes on PostgreSQL) never claim one run
-  twice, and load at most 1.2 runs per run they claim.
-- Backends without the capability (file, MySQL/MariaDB, Cosmos) refuse the call and
+- Workers claiming at once (threads; four processes on PostgreSQL and on MySQL/MariaDB)
+  never claim one run twice, and load at most 1.2 runs per run they claim.
+- Backends without the capability (file, Cosmos) refuse the call and
   keep the per-run path.
 """
 
@@ -29,7 +29,17 @@ from typing import Any
 
 import pytest
 
-from stepstone import ConflictError, Step, Store, StoreError, Worker, Workflow, _lease, open_store
+from stepstone import (
+    ConflictError,
+    Step,
+    Store,
+    StoreError,
+    Worker,
+    Workflow,
+    _lease,
+    open_store,
+    start,
+)
 from stepstone._checkpoint import Checkpoint, Signal, evolve, utcnow
 from stepstone._store import Claim
 from stepstone.testing._barrier import WAIT_TIMEOUT
@@ -38,7 +48,7 @@ from test_contract import fresh_table
 
 BACKENDS = ("memory", "file", "sqlite", "postgresql", "mysql", "cosmos")
 #: The backends that declare ``claims_in_one_call``.
-ONE_CALL = frozenset({"memory", "sqlite", "postgresql"})
+ONE_CALL = frozenset({"memory", "sqlite", "postgresql", "mysql"})
 MODES = ("sync", "async")
 OWNER = "worker:test:1:-:00000000"
 LEASE = 30.0
@@ -408,11 +418,12 @@ with open(out, "w") as f:
 """
 
 
-def test_four_processes_on_postgresql_spread_over_the_queue(
-    request: pytest.FixtureRequest, tmp_path: Path
+@pytest.mark.parametrize("server", ["postgresql", "mysql"])
+def test_four_processes_spread_over_the_queue(
+    server: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
-    """Four worker processes on one PostgreSQL table: no run twice, <= 1.2 loads per claim."""
-    config = _config("postgresql", request, tmp_path)
+    """Four worker processes on one server table: no run twice, <= 1.2 loads per claim."""
+    config = _config(server, request, tmp_path)
     runs = 200
     from stepstone import start
 
@@ -439,3 +450,95 @@ def test_four_processes_on_postgresql_spread_over_the_queue(
     loads = sum(r["loads"] for r in results)
     assert loads <= 1.2 * runs, f"{loads} loads for {runs} claims"
     assert sum(1 for r in results if r["done"]) >= 2, "one process took every run"
+
+
+@pytest.mark.parametrize(
+    ("version", "able"),
+    [
+        ("5.7.44-log", False),
+        ("8.0.20", False),
+        ("8.0.21", True),
+        ("8.4.3", True),
+        ("10.5.22-MariaDB", False),
+        ("10.6.0-MariaDB-log", True),
+        ("10.11.19-MariaDB-0+deb12u1", True),
+        ("5.5.5-10.11.6-MariaDB", True),
+        ("5.5.5-10.5.1-MariaDB", False),
+        ("unknown", False),
+    ],
+)
+def test_mysql_claims_in_one_call_from_8_0_21_and_mariadb_10_6(version: str, able: bool) -> None:
+    """Only servers with SKIP LOCKED, JSON_TABLE and JSON_VALUE claim in one call."""
+    from stepstone.stores.mysql import one_call_reason
+
+    reason = one_call_reason(version)
+    assert (reason is None) is able, reason
+
+
+def test_an_old_mysql_server_keeps_the_per_run_path(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server too old to claim in one call is logged, refuses the call, and still serves."""
+    from stepstone import start
+    from stepstone.stores import mysql
+
+    monkeypatch.setattr(mysql, "one_call_reason", lambda version: f"{version} is too old")
+    config = _config("mysql", request, tmp_path)
+    done: list[str] = []
+    workflow = _workflow(done, threading.Lock())
+    with open_store(config) as store:
+        assert not store.claims_in_one_call
+        assert type(store).claims_in_one_call
+        with pytest.raises(StoreError, match="cannot claim in one"):
+            store.claim_ready(OWNER, LEASE, 1, SERVED, utcnow())
+        for index in range(5):
+            start(store, workflow, f"o{index}", {"id": f"o{index}"})
+        worker = Worker(store, [workflow], concurrency=2, poll=0.02)
+        thread = threading.Thread(target=worker.serve, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + WAIT_TIMEOUT
+        while worker.completed < 5:
+            assert time.monotonic() < deadline, f"worker hung: {worker.completed} of 5"
+            time.sleep(0.02)
+        worker.stop()
+        thread.join(WAIT_TIMEOUT)
+        assert not thread.is_alive(), "the worker did not stop"
+    assert sorted(done) == [f"o{i}" for i in range(5)]
+
+
+def test_a_run_whose_workflow_name_holds_nul_fails_no_claim(
+    kind: str, store: Store, mode: str
+) -> None:
+    """A stored name with NUL (SQL cannot compare it) neither breaks the claim nor is taken."""
+    if not one_call(kind, store):
+        return
+    base = Checkpoint(run_id="x", total_steps=1, workflow=WF[0], workflow_version=WF[1])
+    store.save(evolve(base, run_id="odd", queued=True, workflow="nul\x00name"))
+    store.save(evolve(base, run_id="plain", queued=True))
+    assert [c.claimed.run_id for c in claim(store, mode)] == ["plain"]
+    odd = store.load("odd")
+    assert odd is not None and odd.owner is None
+
+
+def test_a_worker_serving_a_nul_name_claims_run_by_run(kind: str, store: Store) -> None:
+    """A worker whose workflow name holds NUL drives its runs through the per-run path."""
+    done: list[str] = []
+
+    def a(state: dict[str, Any]) -> dict[str, Any]:
+        done.append("a")
+        return {"a": 1}
+
+    wf = Workflow("nul\x00name", [Step("a", a)])
+    start(store, wf, "r")
+    worker = Worker(store, [wf], poll=0.05)
+    thread = threading.Thread(target=worker.serve, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while (cp := store.load("r")) is None or cp.status != "done":
+            assert time.monotonic() < deadline, "the NUL-named run never finished"
+            time.sleep(0.01)
+    finally:
+        worker.stop()
+        thread.join(30)
+    assert done == ["a"] and not thread.is_alive()

@@ -86,10 +86,15 @@ def claim_ready(dialect: str, table: str) -> str:
     ``served`` and ``exclude`` (see ``SQLStore``).
     PostgreSQL skips rows another claim has locked (``FOR UPDATE SKIP LOCKED``), so
     workers spread over the queue; SQLite has one writer, the statement is atomic.
-    MySQL and MariaDB have no ``UPDATE ... RETURNING``: "" (the worker's per-run path).
+    MySQL and MariaDB have no ``UPDATE ... RETURNING``: their text is a transaction's
+    statements, separated by ``MY_SEPARATOR`` (see ``_mysql_claim``).
     """
     if dialect == "sqlite":
         meta = "(substr(document, 1, instr(document, char(10)) - 2) || '}')"
+        # A metadata line holding an escaped NUL (a workflow name may) is skipped: SQLite's
+        # text functions stop at NUL, so it could not be compared (such a worker claims
+        # run by run).
+        nul = "instr(substr(document, 1, instr(document, char(10))), char(92) || 'u0000')"
         key = (
             f"COALESCE(json_extract({meta}, '$.workflow'), '') || char(31) || "
             f"COALESCE(char(30) || json_extract({meta}, '$.workflow_version'), '')"
@@ -119,6 +124,7 @@ def claim_ready(dialect: str, table: str) -> str:
                 f"            WHERE status = '{status}' AND owner IS NULL{due}\n"
                 "                AND document LIKE '{\"stepstone\":%'\n"
                 f"                AND instr(document, char(10)) > 2{cancel}\n"
+                f"                AND {nul} = 0\n"
                 f"                AND {key} IN (SELECT value FROM json_each(:served))\n"
                 "                AND run_id NOT IN (SELECT value FROM json_each(:exclude))\n"
                 "            ORDER BY due_at LIMIT :limit)"
@@ -134,12 +140,17 @@ def claim_ready(dialect: str, table: str) -> str:
         quoted = f'"{table}"'
         meta = "(left(c.document, strpos(c.document, chr(10)) - 2) || '}')::jsonb"
         pmeta = "(left(document, strpos(document, chr(10)) - 2) || '}')::jsonb"
+        # jsonb refuses an escaped NUL (a workflow name may hold one): such a metadata line
+        # is never cast (CASE keeps the order; a plain AND would not), so one odd run
+        # cannot fail every worker's claim.
+        nul = "strpos(left(document, strpos(document, chr(10))), chr(92) || 'u0000')"
         key = (
             f"COALESCE({pmeta} ->> 'workflow', '') || chr(31) || "
             f"COALESCE(chr(30) || ({pmeta} ->> 'workflow_version'), '')"
         )
         cancelled = (
-            f"\n            AND NOT COALESCE(({pmeta} ->> 'cancel_requested')::boolean, false)"
+            f"\n            AND NOT COALESCE((CASE WHEN {nul} = 0\n"
+            f"                THEN {pmeta} ->> 'cancel_requested' END)::boolean, false)"
         )
         head = "split_part(c.version, '.', 1)"
         return (
@@ -160,7 +171,7 @@ def claim_ready(dialect: str, table: str) -> str:
                 f"        WHERE status = '{status}' AND owner IS NULL{due}\n"
                 "            AND document LIKE '{\"stepstone\":%%'\n"
                 f"            AND strpos(document, chr(10)) > 2{cancel}\n"
-                f"            AND {key} = ANY(%(served)s::text[])\n"
+                f"            AND (CASE WHEN {nul} = 0 THEN {key} END) = ANY(%(served)s::text[])\n"
                 "            AND run_id <> ALL(%(exclude)s::text[])\n"
                 "        ORDER BY due_at LIMIT %(limit)s\n"
                 f"        FOR UPDATE SKIP LOCKED) AS {status}"
@@ -172,7 +183,73 @@ def claim_ready(dialect: str, table: str) -> str:
             "WHERE c.run_key = picked.run_key\n"
             "RETURNING c.run_id, c.version, c.document, picked.was"
         )
+    if dialect == "mysql":
+        return _mysql_claim(table)
     return ""
+
+
+#: Between the statements of MySQL's ``claim_ready`` transaction.
+MY_SEPARATOR = "\n;\n"
+
+
+def _mysql_claim(table: str) -> str:
+    """Return MySQL's ``claim_ready``: the statements of one transaction (MySQL 8.0.21+,
+    MariaDB 10.6+: ``SKIP LOCKED``, ``JSON_TABLE``, ``JSON_VALUE``).
+
+    One ``SELECT ... FOR UPDATE SKIP LOCKED`` per kind (workers spread over the queue),
+    then one ``UPDATE`` of the rows picked (``{picked}``: their keys, filled in by the
+    store) that appends the claim's fields as the other dialects do, then a read of the
+    rows as written (no ``RETURNING``). The lists are JSON text read with ``JSON_TABLE``
+    (MariaDB's ``JSON_CONTAINS`` does not match ``\\u`` escapes).
+    """
+    quoted = f"`{table}`"
+    newline = "CHAR(10 USING utf8mb4)"
+    meta = f"CONCAT(LEFT(document, LOCATE({newline}, document) - 2), '}}')"
+    key = (
+        f"CONCAT(COALESCE(JSON_VALUE({meta}, '$.workflow'), ''), CHAR(31 USING utf8mb4), "
+        f"COALESCE(CONCAT(CHAR(30 USING utf8mb4), JSON_VALUE({meta}, '$.workflow_version')), ''))"
+    )
+    # JSON_VALUE of a boolean: 'true'/'false' (MySQL), '1'/'0' (MariaDB).
+    cancelled = (
+        f"\n    AND COALESCE(JSON_VALUE({meta}, '$.cancel_requested'), 'false') IN ('false', '0')"
+    )
+
+    def listed(param: str, size: int) -> str:
+        return (
+            f"(SELECT v FROM JSON_TABLE(%({param})s, '$[*]' COLUMNS (v VARCHAR({size}) "
+            "CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$')) AS j)"
+        )
+
+    picks = [
+        f"SELECT run_key, version, due_at FROM {quoted}\n"
+        f"WHERE status = '{status}' AND owner IS NULL{due}\n"
+        "    AND document LIKE '{\"stepstone\":%%'\n"
+        f"    AND LOCATE({newline}, document) > 2{cancel}\n"
+        "    AND LOCATE(CONCAT(CHAR(92), 'u0000'),\n"
+        f"        LEFT(document, LOCATE({newline}, document))) = 0\n"
+        f"    AND {key} IN {listed('served', 4096)}\n"
+        f"    AND run_id NOT IN {listed('exclude', 1024)}\n"
+        "ORDER BY due_at LIMIT %(limit)s\n"
+        "FOR UPDATE SKIP LOCKED"
+        for status, due, cancel in _kinds(" AND due_at <= %(now)s", cancelled)
+    ]
+    head = "SUBSTRING_INDEX(version, '.', 1)"
+    # MySQL assigns left to right, later ones seeing the earlier: due_at before status.
+    update = (
+        f"UPDATE {quoted} SET\n"
+        "    owner = %(owner)s,\n"
+        f"    version = CONCAT(CASE WHEN {head} REGEXP '^[0-9]+$'\n"
+        f"        THEN CAST({head} AS UNSIGNED) + 1 ELSE 1 END, '.', %(token)s),\n"
+        "    due_at = CASE WHEN status = 'waiting' THEN %(due_now)s ELSE %(due_running)s END,\n"
+        "    status = CASE WHEN status = 'waiting' THEN 'waiting' ELSE 'running' END,\n"
+        "    updated_at = %(stamp)s,\n"
+        f"    document = CONCAT(LEFT(document, LOCATE({newline}, document) - 1), %(fields)s,\n"
+        f"        CAST(COALESCE(JSON_VALUE({meta}, '$.epoch'), '0') AS SIGNED) + 1, ',',\n"
+        f"        SUBSTRING(document, LOCATE({newline}, document)))\n"
+        "WHERE run_key IN ({picked})"
+    )
+    read = f"SELECT run_key, run_id, version, document FROM {quoted} WHERE run_key IN ({{picked}})"
+    return MY_SEPARATOR.join([*picks, update, read])
 
 
 class Statements:

@@ -144,7 +144,7 @@ def execute(plan: Plan) -> Run:
                 cp, working = yield from _run_suspending(plan, index, cp, working)
             index = cp.step + 1
         if cp.parent is not None:
-            yield from nudge(cp.parent)
+            yield from nudge(cp.parent, done=cp.run_id)
         logger.info("run %r: done after %d steps", run_id, plan.total)
         run_span.set_attribute("outcome", "done")
         return working

@@ -19,8 +19,9 @@ second coordinator: workers on many hosts share one store and nothing else.
 
 The claim decision is ``_watch.Watch`` (no I/O). The claim loop is written once, as
 generators of effects (``_serving``, ``_claim_some``, ``_claim_one``, ``_execution``):
-``serve`` drives them with plain calls and runs each claimed run in a thread (``drive``),
-``aserve`` with awaits and runs each as a task (``adrive``). Only the effects' calls
+``serve`` drives them with plain calls and runs each claimed run in a thread (``drive``;
+at concurrency 1, in the loop's own thread: no hand-off per run), ``aserve`` with
+awaits and runs each as a task (``adrive``). Only the effects' calls
 (``_worker_io``), the spawning and the resting differ.
 """
 
@@ -89,6 +90,7 @@ DEFAULT_GRACE = 30.0
 _COOL_FIRST = 1.0
 _COOL_MAX = 30.0
 _CLAIM_BATCH = 100
+_NONE: frozenset[str] = frozenset()
 #: Pages of one kind a worker reads per look at the claim index: runs it must leave
 #: (other workflows, versions) and running runs to watch, beyond that, wait for its next.
 _MAX_PAGES = 10
@@ -198,6 +200,14 @@ class Worker:
         self._cooling: dict[str, tuple[int, float]] = {}
         # Monotonic time of the last look at the owned runs (``_claim_some``).
         self._owned_at = -float("inf")
+        # The (workflow, version) pairs served, as ``claim_ready`` takes them.
+        self._served = frozenset(self.workflows)
+        # A name holding NUL cannot be compared in SQL (SQLite's text functions stop at
+        # it, PostgreSQL's jsonb refuses it; the statements skip such rows): a worker
+        # serving one claims run by run, which compares in Python.
+        self._one_call = store.claims_in_one_call and not any(
+            "\x00" in name or "\x00" in (version or "") for name, version in self._served
+        )
 
     def __repr__(self) -> str:
         return f"Worker(owner={self.owner!r}, concurrency={self.concurrency}, lease={self.lease:g})"
@@ -360,7 +370,7 @@ class Worker:
         idle = min(_QUICK, self.poll)  # the back-off's next rest (no listener only)
         while not self._stopping.is_set():
             began = time.monotonic()
-            free = self.concurrency - len(self._busy())
+            free = self.concurrency - len(self._plans)  # one C call: no lock, no copy
             plans: list[Plan] = []
             failed = False
             if free > 0:
@@ -433,7 +443,7 @@ class Worker:
         """
         self._watch.prune()
         now = utcnow()
-        if self.store.claims_in_one_call:
+        if self._one_call:
             # Owned runs only: running ones, and waiting ones re-claimed to act on a signal.
             # At most once per poll interval, not after every run that ends: a takeover
             # waits a whole lease anyway, and a mark seen later only starts that later.
@@ -512,11 +522,16 @@ class Worker:
             # Runs that ended in an unexpected error a moment ago: not yet again. And the
             # runs still in flight here: one given back has no owner, but until
             # ``_finished`` records how it ended (one lock hold) it is not claimed again.
-            cooling = frozenset(k for k, (_, until) in self._cooling.items() if until > moment)
-            cooling |= frozenset(self._plans)
-        served = frozenset(self.workflows)
+            # (Usually neither: no set built then.)
+            cooling = (
+                frozenset(k for k, (_, until) in self._cooling.items() if until > moment)
+                if self._cooling
+                else _NONE
+            )
+            if self._plans:
+                cooling |= frozenset(self._plans)
         try:
-            claims = yield ClaimReady(self.owner, self.lease, free, served, now, cooling)
+            claims = yield ClaimReady(self.owner, self.lease, free, self._served, now, cooling)
         except StoreError as exc:
             logger.warning("%r: cannot claim in one call, claiming run by run: %s", self, exc)
             return False
@@ -617,10 +632,47 @@ class Worker:
                         f"workflow {workflow.name!r} has the async step {step.name!r}: "
                         "serve it with `await worker.aserve()`, not worker.serve()"
                     )
+        logger.info("%r: serving %d workflows", self, len(self.workflows))
+        ring = self._wake.set
+        unsubscribe = self.store.doorbell.subscribe(ring)
+        opened: list[Listener | None] = []
+        worked = [False]  # a run was spawned since the last rest
+
+        def rest(effect: Rest) -> bool:
+            if not opened and not worked[0] and not self._stopping.is_set():
+                # The listener is opened at the first rest after a look that claimed
+                # nothing, not before: a worker draining a backlog needs no wake-ups,
+                # and SQLite's listener looks at every commit, the worker's own
+                # included (0.4 M instructions a run of 10 steps). No rest now: the
+                # look right after it covers what was committed before it opened.
+                opened.append(self._listen(ring))
+                return True
+            worked[0] = False
+            # Cleared as the rest ends, just before the next look: a ring during that
+            # look sets it again, and the rest after it returns at once.
+            woken = self._wake.wait(effect.seconds)
+            self._wake.clear()
+            return woken
+
+        def spawned() -> None:
+            worked[0] = True
+
+        try:
+            if self.concurrency == 1:
+                self._serve_alone(rest, spawned)
+            else:
+                self._serve_pooled(rest, spawned)
+        finally:
+            unsubscribe()
+            for listener in opened:
+                self._unlisten(listener)
+        logger.info("%r: stopped", self)
+
+    def _serve_pooled(self, rest: Callable[[Rest], bool], spawned: Callable[[], None]) -> None:
+        """Claim in this thread; drive each claimed run in a thread of a pool."""
         # Imported here: a process that only starts runs or calls the CLI never pays for it.
         from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
 
-        logger.info("%r: serving %d workflows", self, len(self.workflows))
         pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="stepstone-worker")
         futures: set[Future[None]] = set()
 
@@ -629,27 +681,64 @@ class Worker:
             if isinstance(effect, Spawn):
                 futures = {f for f in futures if not f.done()}
                 futures.add(pool.submit(self._drive, effect.plan))
+                spawned()
                 return None
             if isinstance(effect, Rest):
-                # Cleared as the rest ends, just before the next look: a ring during
-                # that look sets it again, and the rest after it returns at once.
-                woken = self._wake.wait(effect.seconds)
-                self._wake.clear()
-                return woken
+                return rest(effect)
             return self._io(effect)
 
-        ring = self._wake.set
-        unsubscribe = self.store.doorbell.subscribe(ring)
-        listener: Listener | None = None
         try:
-            listener = self._listen(ring)
             step_through(self._serving(asynchronous=False), perform)
             self._drain(futures)
         finally:
-            unsubscribe()
-            self._unlisten(listener)
             pool.shutdown(wait=False, cancel_futures=True)
-        logger.info("%r: stopped", self)
+
+    def _serve_alone(self, rest: Callable[[Rest], bool], spawned: Callable[[], None]) -> None:
+        """Concurrency 1: claim and drive in one thread of ours, each run where it was claimed.
+
+        With one slot the loop has nothing to do while a run is driven (it could claim
+        nothing), so handing each run to another thread would only add hand-offs a
+        plain loop of ``run`` calls has none of. The loop runs in its own thread, not
+        the caller's, so that ``stop`` keeps its meaning: the caller waits for the
+        stop, then at most ``grace`` for the run in flight to hand over, and returns
+        (the thread goes on, as a pool's thread would, and hands over at its next step
+        boundary). Leases are renewed as under the pool (``_renewer``, its own thread).
+        """
+        failure: list[BaseException] = []
+
+        def perform(effect: Effect) -> Any:
+            if isinstance(effect, Spawn):
+                spawned()
+                self._drive(effect.plan)
+                return None
+            if isinstance(effect, Rest):
+                return rest(effect)
+            return self._io(effect)
+
+        def loop() -> None:
+            try:
+                step_through(self._serving(asynchronous=False), perform)
+            except BaseException as exc:  # noqa: BLE001 - raised again by serve, below
+                failure.append(exc)
+                self._stopping.set()  # wakes the caller, which raises it
+
+        # A daemon only if the caller is one: a worker served from the main thread holds
+        # the exit with a run still in a step, as a pool's thread does; one served from
+        # a daemon thread and never stopped must not hold it for ever (its loop would
+        # not, under the pool: it ran in that daemon thread).
+        daemon = threading.current_thread().daemon
+        thread = threading.Thread(target=loop, name="stepstone-worker_0", daemon=daemon)
+        thread.start()
+        try:
+            self._stopping.wait()  # interruptible: a signal handler may call stop
+        except BaseException:
+            self.stop()  # KeyboardInterrupt here: no more claims, the run hands over
+            raise
+        thread.join(self.grace)
+        if failure:
+            raise failure[0]
+        if thread.is_alive():
+            self._drain(set())  # logs the run still in a step
 
     def _listen(self, ring: Callable[[], None]) -> Listener | None:
         """Start hearing other processes' announcements (``Store.listen``), if the store can."""

@@ -28,15 +28,24 @@ hooks. Design, and why:
   are bounded by ``read_timeout`` as a whole. After a timeout the call raises
   ``StoreUnavailable`` and the connection is dropped. A save that timed out may or may
   not have committed: the next save's compare-and-swap tells.
+- Claims in one call (``claim_ready``; MySQL 8.0.21+, MariaDB 10.6+): one READ COMMITTED
+  transaction on one connection: a ``SELECT ... FOR UPDATE SKIP LOCKED LIMIT n`` per
+  kind, so workers spread over the queue, then one ``UPDATE`` of the picked rows that
+  appends the claim's fields to the metadata line as the other dialects do, and a read
+  of the rows as written (there is no ``UPDATE ... RETURNING``). READ COMMITTED: no gap
+  locks, so a concurrent ``start`` never waits on a claim. Older servers keep the
+  per-run path; the store logs why when it opens.
 """
 
 from __future__ import annotations
 
+import re
 import socket
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Generator, Mapping
+from datetime import UTC, datetime
 from types import MappingProxyType
-from typing import Any, ClassVar, Final, Self, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Self, cast
 
 from .._errors import (
     CheckpointTooLarge,
@@ -45,6 +54,7 @@ from .._errors import (
     StorePermissionError,
     StoreUnavailable,
 )
+from .._observe import logger
 from ._errortable import ErrorRule
 from ._sql import (
     DEFAULT_TABLE,
@@ -56,6 +66,10 @@ from ._sql import (
     statements_of,
 )
 from ._sql.engine import check_engine, server_url_of
+
+if TYPE_CHECKING:
+    from .._store import Claim
+    from ._sql.effects import Plan
 
 __all__ = ["DEFAULT_TABLE", "ERRORS", "MySQLStore", "schema_ddl"]
 
@@ -72,6 +86,35 @@ _OPTIONS: Final = ("table", "connect_timeout", "read_timeout", "write_timeout")
 # run_id escaped, the key, the other columns and the SQL text).
 _STATEMENT_OVERHEAD: Final = 16 * 1024
 _NO_SUCH_TABLE: Final = 1146
+#: Between the statements of ``claim_ready``'s transaction (``tools/sqlgen.py``).
+_SEPARATOR: Final = "\n;\n"
+#: The oldest servers with SKIP LOCKED, JSON_TABLE and JSON_VALUE.
+_ONE_CALL_MYSQL: Final = (8, 0, 21)
+_ONE_CALL_MARIADB: Final = (10, 6, 0)
+_MIN_DUE: Final = datetime.min.replace(tzinfo=UTC)
+#: A claim transaction's steps: (statement, parameters) out, (rowcount, rows) in.
+_Steps = Generator[tuple[str, Any], tuple[int, list[Any]], list[Any]]
+
+
+def one_call_reason(version: str) -> str | None:
+    """Return why a server of ``version`` (``SELECT VERSION()``) cannot claim in one call.
+
+    None when it can (MySQL 8.0.21+, MariaDB 10.6+).
+    """
+    # Through old clients' protocol, MariaDB calls itself "5.5.5-10.x.y-MariaDB".
+    match = re.match(r"(?:5\.5\.5-(?=\d+\.\d+\.\d+-MariaDB))?(\d+)\.(\d+)\.(\d+)", version)
+    if match is None:
+        return f"server version {version!r} is not understood"
+    found = tuple(int(part) for part in match.groups())
+    least = _ONE_CALL_MARIADB if "mariadb" in version.lower() else _ONE_CALL_MYSQL
+    if found < least:
+        name = "MariaDB" if least == _ONE_CALL_MARIADB else "MySQL"
+        return (
+            f"{name} {version} has no SKIP LOCKED / JSON_TABLE / JSON_VALUE "
+            f"(needs {'.'.join(map(str, least))}+)"
+        )
+    return None
+
 
 # --- schema -----------------------------------------------------------------------------
 
@@ -183,6 +226,9 @@ class MySQLStore(ServerStore):
     )
     counts_requests: ClassVar[bool] = True
     native_async: ClassVar[bool] = True
+    # One transaction (SELECT ... FOR UPDATE SKIP LOCKED, UPDATE); False on the instance
+    # of a server too old for it (``_after_open``).
+    claims_in_one_call: ClassVar[bool] = True
     # No push wake-ups (listen: None, workers back off): no LISTEN/NOTIFY; a table is a poll.
     _ERRORS: ClassVar[tuple[ErrorRule, ...]] = ERRORS
     _DRIVER: ClassVar[str] = "pymysql"
@@ -414,8 +460,13 @@ class MySQLStore(ServerStore):
 
         # aiomysql has no socket timeouts: bound the whole call instead. A timeout
         # cancels the call, and the base drops the connection.
+        call = (
+            self._arun_claim(held, params)
+            if sql is self._sql.claim_ready
+            else super()._arun(held, sql, params)
+        )
         try:
-            return await asyncio.wait_for(super()._arun(held, sql, params), self.read_timeout)
+            return await asyncio.wait_for(call, self.read_timeout)
         except TimeoutError:
             raise self._driver.err.OperationalError(
                 2013, f"Lost connection to server (no answer within {self.read_timeout} s)"
@@ -482,8 +533,110 @@ class MySQLStore(ServerStore):
     # --- schema -------------------------------------------------------------------------
 
     def _after_open(self, held: Held) -> None:
-        _, rows = self._run(held, "SELECT @@max_allowed_packet", None)
+        _, rows = self._run(held, "SELECT @@max_allowed_packet, VERSION()", None)
         self._max_bytes = max(0, int(rows[0][0]) - _STATEMENT_OVERHEAD)
+        reason = one_call_reason(str(rows[0][1]))
+        if reason is not None:
+            logger.info("%s: claiming run by run: %s", self.where, reason)
+            # Shadows the class's declaration for this store only (the worker reads it).
+            self.__dict__["claims_in_one_call"] = False
+
+    # --- claims in one call -------------------------------------------------------------
+
+    def _claim_ready(
+        self,
+        owner: str,
+        lease: float,
+        limit: int,
+        served: frozenset[tuple[str, str | None]],
+        now: datetime,
+        exclude: frozenset[str],
+    ) -> Plan[list[Claim]]:
+        if not self.claims_in_one_call:
+            raise StoreError(
+                f"{self.where}: this server cannot claim in one statement (see the log of "
+                "its opening); load and save each run instead"
+            )
+        return super()._claim_ready(owner, lease, limit, served, now, exclude)
+
+    def _claim_steps(self, params: dict[str, Any]) -> _Steps:
+        """The claim's statements inside its transaction, as the other dialects' one.
+
+        Returns rows shaped as their ``RETURNING``: run_id, version, document, the
+        version it replaced.
+        """
+        *picks, update, read = self._sql.claim_ready.split(_SEPARATOR)
+        found: list[Any] = []
+        for sql in picks:
+            _, rows = yield sql, params
+            found.extend(rows)
+        # The kinds' pages, cut to ``limit`` earliest due first (a UNION's ORDER BY).
+        found.sort(key=lambda row: row[2] or _MIN_DUE)
+        was = {bytes(row[0]): row[1] for row in found[: params["limit"]]}
+        if not was:
+            return []
+        marks = ", ".join(f"%(k{i})s" for i in range(len(was)))
+        keyed = {**params, **{f"k{i}": key for i, key in enumerate(was)}}
+        yield update.replace("{picked}", marks), keyed
+        _, rows = yield read.replace("{picked}", marks), keyed
+        return [(row[1], row[2], row[3], was[bytes(row[0])]) for row in rows]
+
+    def _run(self, held: Held, sql: str, params: Any) -> tuple[int, list[Any]]:
+        if sql is not self._sql.claim_ready:
+            return super()._run(held, sql, params)
+        cursor = held.cursor
+        steps = self._claim_steps(params)
+        try:
+            for statement in _BEGIN:
+                self._count()
+                cursor.execute(statement)
+            sql, args = next(steps)
+            while True:
+                self._count()
+                cursor.execute(sql, args)
+                rows = list(cursor.fetchall()) if cursor.description else []
+                try:
+                    sql, args = steps.send((int(cursor.rowcount), rows))
+                except StopIteration as stop:
+                    claimed: list[Any] = stop.value
+                    break
+            self._count()
+            cursor.execute("COMMIT")
+        except BaseException:
+            try:
+                cursor.execute("ROLLBACK")
+            except Exception:  # noqa: BLE001 - the first error is the one to raise
+                held.conn.close()  # a transaction may be open: never reuse it
+            raise
+        return len(claimed), claimed
+
+    async def _arun_claim(self, held: Held, params: Any) -> tuple[int, list[Any]]:
+        cursor = held.cursor
+        steps = self._claim_steps(params)
+        try:
+            for statement in _BEGIN:
+                self._count()
+                await cursor.execute(statement)
+            sql, args = next(steps)
+            while True:
+                self._count()
+                await cursor.execute(sql, args)
+                rows = list(await cursor.fetchall()) if cursor.description else []
+                try:
+                    sql, args = steps.send((int(cursor.rowcount), rows))
+                except StopIteration as stop:
+                    claimed: list[Any] = stop.value
+                    break
+            self._count()
+            await cursor.execute("COMMIT")
+        except Exception:
+            try:
+                await cursor.execute("ROLLBACK")
+            except Exception:  # noqa: BLE001 - the first error is the one to raise
+                held.conn.close()  # a transaction may be open: never reuse it
+            raise
+        # Cancelled (a timeout): the caller drops the connection; the server rolls back.
+        return len(claimed), claimed
 
     def _schema_version(self, held: Held) -> str | None:
         try:
@@ -523,6 +676,10 @@ class MySQLStore(ServerStore):
         _, rows = self._run(held, "SELECT @@innodb_flush_log_at_trx_commit", None)
         flush = int(rows[0][0])
         return flush == 1, f"innodb_flush_log_at_trx_commit={flush}"
+
+
+#: Before the claim's statements: no gap locks (a ``start`` never waits on a claim).
+_BEGIN: Final = ("SET TRANSACTION ISOLATION LEVEL READ COMMITTED", "START TRANSACTION")
 
 
 class _HandshakeSocket(socket.socket):

@@ -508,10 +508,13 @@ class SQLStore(Connections, Store):
         """Claim up to ``limit`` unowned, due runs of ``served`` workflows in one statement.
 
         See ``Store.claim_ready``. PostgreSQL: ``UPDATE ... FROM (SELECT ... FOR UPDATE
-        SKIP LOCKED LIMIT n) RETURNING``; SQLite: one ``UPDATE ... RETURNING``.
+        SKIP LOCKED LIMIT n) RETURNING``; SQLite: one ``UPDATE ... RETURNING``; MySQL and
+        MariaDB: one transaction (``SELECT ... FOR UPDATE SKIP LOCKED LIMIT n``, then an
+        ``UPDATE`` of those rows and a read of them).
 
         Raises:
-            StoreError: the dialect cannot claim in one statement (MySQL, MariaDB).
+            StoreError: the server cannot claim in one call (MySQL before 8.0.21,
+                MariaDB before 10.6).
             StoreUnavailable: the database cannot be reached, or timed out.
         """
         return drive(self._claim_ready(owner, lease, limit, served, now, exclude), self._perform)
