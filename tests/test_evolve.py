@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 import stepstone._checkpoint
-from stepstone._checkpoint import Checkpoint, Failure, Signal, evolve
+from stepstone._checkpoint import Checkpoint, Failure, Signal, Stored, evolve
 
 FIELDS = dataclasses.fields(Checkpoint)
 
@@ -94,6 +94,8 @@ def test_evolve_changes_only_what_it_is_given() -> None:
         "consumed": {"s": 1},
         "parent": "p",
         "children": ("c",),
+        "history": True,
+        "stored_state": Stored(1, "r", "v9", 3, None, None, None, None),
     }
     assert set(samples) == {f.name for f in FIELDS}
     for name, value in samples.items():

@@ -17,12 +17,14 @@ __all__ = [
     "DUE_NOW",
     "MAX_RUN_ID_LENGTH",
     "READABLE_SCHEMAS",
+    "SCHEMA_PIECES",
     "SCHEMA_VERSION",
     "STATUSES",
     "Checkpoint",
     "Failure",
     "RunStatus",
     "Signal",
+    "Stored",
     "check_run_id",
     "evolve",
     "keep_times",
@@ -35,7 +37,11 @@ __all__ = [
 #: the runtime fields (input, workflow, ownership, suspension); a schema 1 document is
 #: a schema 2 document with every one of them at its default, so both are read.
 SCHEMA_VERSION = 2
-READABLE_SCHEMAS = frozenset({1, 2})
+#: A document whose state is kept in pieces (``_statelog``): a release that reads only
+#: schema 2 refuses it with "upgrade stepstone" instead of misreading it. Documents with
+#: the state inline are still written as schema 2, so a mixed fleet shares small runs.
+SCHEMA_PIECES = 3
+READABLE_SCHEMAS = frozenset({1, 2, 3})
 
 MAX_RUN_ID_LENGTH = 1024
 
@@ -99,6 +105,25 @@ class Signal:
     at: datetime
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class Stored:
+    """What a store knows of a saved state, carried by the checkpoint it returned.
+
+    ``store`` is the store object that wrote or read it: a checkpoint carried to another
+    store (a migration) is saved there whole, never as a change to pieces only the first
+    store holds. ``version`` is the document version it belongs to.
+    """
+
+    store: int  # the store object's serial (``_statelog.serial``)
+    run_id: str
+    version: str | None
+    gen: int
+    ref: dict[str, Any] | None  # None: the state is inline
+    private: dict[str, Any] | None  # the decoded stored state (chunked states only)
+    handed: dict[str, Any] | None  # the state handed out beside it
+    history: str | None = None  # the key of the run's latest history record, if kept
+
+
 @dataclass(frozen=True, slots=True)
 class Checkpoint:
     """The saved progress of one run.
@@ -139,6 +164,8 @@ class Checkpoint:
         consumed: How many signals of each name ``WaitFor`` steps have consumed.
         parent: The run_id of the parent run, for a ``Map`` child.
         children: The child run_ids of the ``Map`` step the run is at, while it runs.
+        history: Every save of the run is kept (``stepstone.history``, ``fork``,
+            ``rerun``); set when the run starts, kept by every later save.
     """
 
     run_id: str
@@ -171,9 +198,18 @@ class Checkpoint:
     consumed: dict[str, int] = field(default_factory=dict)
     parent: str | None = None
     children: tuple[str, ...] = ()
+    history: bool = False
+    # What the store that produced this object knows of the stored state (``_statelog``):
+    # lets the next save of a long run write only what changed. Never compared or shown.
+    stored_state: Stored | None = field(default=None, repr=False, compare=False)
 
     def stored(
-        self, state: dict[str, Any], state_json: str, version: str, now: datetime
+        self,
+        state: dict[str, Any],
+        state_json: str | None,
+        version: str,
+        now: datetime,
+        stored_state: Stored | None = None,
     ) -> Checkpoint:
         """Return this checkpoint as a store saved it (a helper for backends).
 
@@ -182,7 +218,9 @@ class Checkpoint:
         """
         if self.updated_at is not None and keep_times.get():
             now = self.updated_at
-        return _stored_copy(self, state, version, self.created_at or now, now, state_json)
+        return _stored_copy(
+            self, state, version, self.created_at or now, now, state_json, stored_state
+        )
 
     @property
     def status(self) -> RunStatus:
@@ -336,6 +374,8 @@ if TYPE_CHECKING:
         consumed: dict[str, int] = ...,
         parent: str | None = ...,
         children: tuple[str, ...] = ...,
+        history: bool = ...,
+        stored_state: Stored | None = ...,
     ) -> Checkpoint:
         """Return a copy of ``cp`` with the fields given changed, like ``dataclasses.replace``."""
         ...
@@ -343,7 +383,7 @@ if TYPE_CHECKING:
 else:
     evolve = _make_evolve()
 
-_STORED_FIELDS = ("state", "version", "created_at", "updated_at", "state_json")
+_STORED_FIELDS = ("state", "version", "created_at", "updated_at", "state_json", "stored_state")
 
 
 def _make_stored_copy() -> Any:
@@ -356,9 +396,9 @@ def _make_stored_copy() -> Any:
     return _compile("stored_copy", "self, " + ", ".join(_STORED_FIELDS), values, {})
 
 
-_stored_copy: Callable[[Checkpoint, dict[str, Any], str, datetime, datetime, str], Checkpoint] = (
-    _make_stored_copy()
-)
+_stored_copy: Callable[
+    [Checkpoint, dict[str, Any], str, datetime, datetime, str | None, Stored | None], Checkpoint
+] = _make_stored_copy()
 
 
 class _Factory:

@@ -16,19 +16,26 @@ from typing import Any
 
 from ._checkpoint import (
     READABLE_SCHEMAS,
+    SCHEMA_PIECES,
     SCHEMA_VERSION,
     Checkpoint,
     Failure,
     Signal,
+    Stored,
     invalid_state,
 )
 from ._errors import CorruptCheckpoint, InvalidState
 
 __all__ = [
+    "MAX_DEPTH",
+    "REF_KEY",
+    "PiecesNeeded",
     "check_document",
     "checkpoint_from_doc",
     "checkpoint_meta",
     "decode_document",
+    "decode_json",
+    "dump_json",
     "encode_document",
     "encode_state",
     "format_created",
@@ -37,6 +44,24 @@ __all__ = [
 
 _dumps = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode
 _loads = json.loads
+#: The stored JSON form (compact, UTF-8 as is, no NaN) and its reader, for ``_statelog``.
+dump_json = _dumps
+decode_json = _loads
+#: The document's key naming a state kept in pieces (schema 3), instead of ``state``.
+REF_KEY = "state_ref"
+
+
+class PiecesNeeded(Exception):
+    """The document keeps its state in pieces: the store must fetch them (``_statelog``).
+
+    Internal: raised by ``checkpoint_from_doc`` when it is not handed the state, so a
+    load path that forgets the pieces fails loudly instead of returning an empty state.
+    """
+
+    def __init__(self, ref: Any) -> None:
+        super().__init__("the state is kept in pieces")
+        self.ref = ref
+
 
 _UNSET: Any = object()
 #: orjson (the optional extra ``stepstone[fast]``), None without it; imported on the
@@ -322,6 +347,8 @@ def _add_runtime_meta(cp: Checkpoint, meta: dict[str, Any]) -> None:  # noqa: C9
         meta["cancelled"] = True
     if cp.cancel_requested:
         meta["cancel_requested"] = True
+    if cp.history:
+        meta["history"] = True
     if cp.owner is not None:
         meta["owner"] = cp.owner
     if cp.epoch:
@@ -376,11 +403,14 @@ def _meta_json(cp: Checkpoint, meta: dict[str, Any]) -> str:
 
 def encode_document(
     cp: Checkpoint,
-    state_text: str,
+    state_text: str | None,
     extra: dict[str, Any] | None = None,
     *,
     created_at: str | None = _UNSET,
     updated_at: str | None = _UNSET,
+    ref: dict[str, Any] | None = None,
+    gen: int = 0,
+    history_head: str | None = None,
 ) -> str:
     """Return the stored JSON document for ``cp``: a line of metadata, then a line of state.
 
@@ -393,6 +423,14 @@ def encode_document(
     meta = checkpoint_meta(cp, created_at, updated_at)
     if extra:
         meta.update(extra)
+    if ref is not None:
+        # The state lives in pieces (``_statelog``): the document names them instead.
+        meta["stepstone"] = SCHEMA_PIECES
+        return f'{_meta_json(cp, meta)[:-1]},\n"{REF_KEY}":{_dumps(ref)}}}\n'
+    if gen:
+        meta["state_gen"] = gen
+    if history_head is not None:
+        meta["history_head"] = history_head
     return f'{_meta_json(cp, meta)[:-1]},\n"state":{state_text}}}\n'
 
 
@@ -430,7 +468,7 @@ def _parse_time(value: Any) -> datetime | None:
     return None if value is None else datetime.fromisoformat(value)
 
 
-_FLAGS = ("queued", "cancelled", "cancel_requested")
+_FLAGS = ("queued", "cancelled", "cancel_requested", "history")
 
 
 def _runtime_fields(doc: dict[str, Any]) -> dict[str, Any]:  # noqa: C901 - see above
@@ -505,12 +543,21 @@ def _aware(value: datetime) -> datetime:
 
 
 def checkpoint_from_doc(
-    doc: dict[str, Any], version: str | None, source: str, run_id: str | None = None
+    doc: dict[str, Any],
+    version: str | None,
+    source: str,
+    run_id: str | None = None,
+    *,
+    state: dict[str, Any] | None = None,
+    stored: Stored | None = None,
 ) -> Checkpoint:
     """Build a ``Checkpoint`` from a decoded document; ``CorruptCheckpoint`` if malformed.
 
     With ``run_id``, also refuse a document that belongs to another run: an encoding bug
     or a hand-copied file must not hand one run's state to another.
+
+    A document whose state is kept in pieces raises ``PiecesNeeded`` unless ``state``
+    (assembled by ``_statelog.checkpoint_with_pieces``) is given.
     """
     if run_id is not None and doc.get("run_id") != run_id:
         raise CorruptCheckpoint(
@@ -518,7 +565,18 @@ def checkpoint_from_doc(
         )
     try:
         failure = doc.get("failure")
-        state = doc["state"]
+        if state is None:
+            if REF_KEY in doc:
+                raise PiecesNeeded(doc[REF_KEY])
+            state = doc["state"]
+            gen = doc.get("state_gen")
+            if gen is not None and stored is None:
+                if type(gen) is not int or gen < 0:
+                    raise TypeError("state_gen is not a non-negative integer")
+                head = doc.get("history_head")
+                if head is not None and not isinstance(head, str):
+                    raise TypeError("history_head is not a string")
+                stored = Stored(0, doc["run_id"], version, gen, None, None, None, head)
         step = doc["step"]
         names = doc["step_names"]
         if (
@@ -548,6 +606,7 @@ def checkpoint_from_doc(
             ),
             created_at=_parse_time(doc.get("created_at")),
             updated_at=_parse_time(doc.get("updated_at")),
+            stored_state=stored,
             **_runtime_fields(doc),
         )
     except (KeyError, TypeError, ValueError) as exc:

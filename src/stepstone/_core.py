@@ -349,7 +349,12 @@ def _run_step(
             _hooks.fire("runner.after_save")
             step_span.set_attribute("outcome", "ok")
             # The stored copy is ours alone; hand it on rather than copying again.
-            next_working = saved.state if saved.state_json is not None else pristine(saved)
+            # (A long state's store hands back a state of its own too: ``stored_state``.)
+            next_working = (
+                saved.state
+                if saved.state_json is not None or saved.stored_state is not None
+                else pristine(saved)
+            )
             return saved, next_working
 
 

@@ -6,7 +6,7 @@ import abc
 import heapq
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol, Self, TypeVar
@@ -18,6 +18,7 @@ from ._wake import Doorbell
 
 if TYPE_CHECKING:
     from ._checkpoint import RunStatus
+    from ._statelog import Piece
 
 __all__ = ["Claim", "Diagnosis", "Listener", "RunInfo", "Store", "page_key"]
 
@@ -188,6 +189,11 @@ class Store(abc.ABC):
     #: a worker may sleep its whole poll interval between looks (PostgreSQL's
     #: ``LISTEN``/``NOTIFY``). False: ``listen`` returns None and workers back off.
     pushes_wakeups: ClassVar[bool] = False
+    #: A state past ``_statelog.INLINE_MAX`` is kept in immutable pieces beside the run's
+    #: document, which names them (``stepstone._statelog``); ``piece_keys``, ``pieces``
+    #: and ``put_pieces`` reach them. False: the state is always inside the document (a
+    #: store written before pieces), and the piece methods raise ``NotImplementedError``.
+    holds_pieces: ClassVar[bool] = False
 
     @classmethod
     @abc.abstractmethod
@@ -592,6 +598,32 @@ class Store(abc.ABC):
     async def aclose(self) -> None:
         """Async ``close``."""
         await _to_thread(self.close)
+
+    # --- the pieces of long states (``stepstone._statelog``) ------------------------------
+
+    def piece_keys(self, run_id: str) -> list[str]:
+        """Every piece key stored for ``run_id``, sorted (history, migration, checks)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no pieces")
+
+    def pieces(self, run_id: str, keys: Sequence[str]) -> dict[str, bytes]:
+        """The data of those of ``keys`` stored for ``run_id``; absent keys are absent."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no pieces")
+
+    def put_pieces(self, run_id: str, pieces: Sequence[Piece]) -> None:
+        """Store ``pieces`` for ``run_id`` (immutable: a key is written once)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no pieces")
+
+    async def apiece_keys(self, run_id: str) -> list[str]:
+        """Async ``piece_keys``."""
+        return await _to_thread(self.piece_keys, run_id)
+
+    async def apieces(self, run_id: str, keys: Sequence[str]) -> dict[str, bytes]:
+        """Async ``pieces``."""
+        return await _to_thread(self.pieces, run_id, keys)
+
+    async def aput_pieces(self, run_id: str, pieces: Sequence[Piece]) -> None:
+        """Async ``put_pieces``."""
+        await _to_thread(self.put_pieces, run_id, pieces)
 
 
 def _delete(store: Store, run_id: str, expected_version: str | None) -> bool:

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from datetime import datetime
 from typing import Any, ClassVar, Concatenate, ParamSpec, Self, TypeVar
 from urllib.parse import urlsplit
 
-from .. import _lease
+from .. import _lease, _statelog
 from .._checkpoint import Checkpoint, RunStatus, check_run_id, evolve, utcnow
-from .._codec import encode_state
 from .._errors import ConfigError, ConflictError
 from .._store import Claim, RunInfo, Store, check_page
 from ._common import new_version
@@ -61,11 +60,14 @@ class MemoryStore(Store):
     claims_by_kind: ClassVar[bool] = True
     asave_never_suspends: ClassVar[bool] = True  # asave calls save; it awaits nothing
     claims_in_one_call: ClassVar[bool] = True  # claim_ready: one hold of the lock
+    holds_pieces: ClassVar[bool] = True
 
     def __init__(self) -> None:
         # The saved checkpoints; ``state_json`` is the truth, ``state`` is never read back.
         # A dict that keeps the dashboard's listing index in step (``_listing.py``).
         self._runs = IndexedRuns()
+        # The pieces of the runs whose state is long (``_statelog``): run_id -> key -> piece.
+        self._pieces: dict[str, dict[str, _statelog.Piece]] = {}
         self._lock = threading.Lock()
 
     @classmethod
@@ -83,15 +85,34 @@ class MemoryStore(Store):
 
     def load(self, run_id: str) -> Checkpoint | None:
         check_run_id(run_id)
-        found = self._runs.get(run_id)
-        if found is None:
-            return None
-        # ``found.state`` may be a dict the runner has since mutated: only the text counts.
+        with self._lock:
+            found = self._runs.get(run_id)
+            if found is None:
+                return None
+            return self._loaded(found)
+
+    def _loaded(self, found: Checkpoint) -> Checkpoint:
+        """The stored checkpoint with a state of its own (under the lock)."""
+        # ``found.state`` may be a dict the runner has since mutated: only the text, or
+        # the pieces, count.
+        handle = found.stored_state
+        if found.state_json is None and handle is not None and handle.ref is not None:
+            held = self._pieces.get(found.run_id, {})
+            pieces = {key: held[key].data for key in _statelog.pieces_of(handle.ref) if key in held}
+            state, stored = _statelog.assemble(
+                self,
+                found.run_id,
+                found.version,
+                handle.ref,
+                pieces,
+                f"memory run {found.run_id!r}",
+            )
+            return evolve(found, state=state, stored_state=stored)
         return evolve(found, state=json.loads(found.state_json or "{}"))
 
     def save(self, checkpoint: Checkpoint) -> Checkpoint:
         run_id = check_run_id(checkpoint.run_id)
-        text, copy = encode_state(checkpoint.state)
+        prepared = _statelog.prepare_save(self, checkpoint)
         with self._lock:
             current = self._runs.get(run_id)
             current_version = None if current is None else current.version
@@ -101,8 +122,29 @@ class MemoryStore(Store):
                     f"stored {current_version!r}",
                     run_id,
                 )
-            saved = checkpoint.stored(copy, text, new_version(current_version), utcnow())
-            self._runs[run_id] = saved
+            saved = self._store(checkpoint, prepared, new_version(current_version))
+        return saved
+
+    def _store(
+        self, checkpoint: Checkpoint, prepared: _statelog.Prepared, version: str
+    ) -> Checkpoint:
+        """Keep a planned save (under the lock): its pieces and checkpoint at once."""
+        run_id = checkpoint.run_id
+        if prepared.pieces:
+            held = self._pieces.setdefault(run_id, {})
+            for piece in prepared.pieces:
+                held[piece.key] = piece
+        below = prepared.collect_below
+        if below is not None and run_id in self._pieces:
+            kept = {k: p for k, p in self._pieces[run_id].items() if p.gen >= below}
+            if kept:
+                self._pieces[run_id] = kept
+            else:
+                del self._pieces[run_id]
+        saved = checkpoint.stored(
+            prepared.state, prepared.state_text, version, utcnow(), prepared.bind(version)
+        )
+        self._runs[run_id] = saved
         return saved
 
     def delete(self, run_id: str, *, expected_version: str | None = None) -> bool:
@@ -118,7 +160,23 @@ class MemoryStore(Store):
                     run_id,
                 )
             del self._runs[run_id]
+            self._pieces.pop(run_id, None)
             return True
+
+    def piece_keys(self, run_id: str) -> list[str]:
+        with self._lock:
+            return sorted(self._pieces.get(run_id, ()))
+
+    def pieces(self, run_id: str, keys: Sequence[str]) -> dict[str, bytes]:
+        with self._lock:
+            held = self._pieces.get(run_id, {})
+            return {key: held[key].data for key in keys if key in held}
+
+    def put_pieces(self, run_id: str, pieces: Sequence[_statelog.Piece]) -> None:
+        with self._lock:
+            held = self._pieces.setdefault(run_id, {})
+            for piece in pieces:
+                held.setdefault(piece.key, piece)
 
     def list_runs(self) -> Iterator[str]:
         with self._lock:
@@ -135,6 +193,9 @@ class MemoryStore(Store):
     adelete = _on_the_loop(Store.delete)
     aclaimable = _on_the_loop(Store.claimable)
     aclose = _on_the_loop(Store.close)
+    apiece_keys = _on_the_loop(Store.piece_keys)
+    apieces = _on_the_loop(Store.pieces)
+    aput_pieces = _on_the_loop(Store.put_pieces)
 
     # -- the claims and the dashboard's listing, from the indexes ``IndexedRuns`` keeps --
 
@@ -193,11 +254,10 @@ class MemoryStore(Store):
                 ):
                     picked.append(cp)
             for found in picked:  # written after the walk: a write moves the index
-                before = evolve(found, state=json.loads(found.state_json or "{}"))
+                before = self._loaded(found)
                 claim = _lease.claimed(before, owner, lease)
-                text, copy = encode_state(claim.state)
-                saved = claim.stored(copy, text, new_version(found.version), utcnow())
-                self._runs[found.run_id] = saved
+                prepared = _statelog.prepare_save(self, claim)
+                saved = self._store(claim, prepared, new_version(found.version))
                 claims.append(Claim(before, saved))
         return claims
 
