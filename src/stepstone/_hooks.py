@@ -6,8 +6,14 @@ points are ``runner.before_step``, ``runner.after_step`` (the step returned, its
 checkpoint not saved), ``runner.after_save`` and ``runner.backoff`` (a retry is
 waiting). The runtime's: ``worker.claimed`` (a worker's claim landed, the run not yet
 driven), ``lease.renewed`` (a renewal landed), ``wait.consumed`` (a ``WaitFor`` chose
-its signal, the consumption not yet saved) and ``map.child_created`` (a child record
-landed, its parent not yet saved); the fleet harness kills workers there. Each
+its signal, the consumption not yet saved), ``map.child_created`` (a child record
+landed, its parent not yet saved), ``worker.resting`` (a worker found nothing and is
+about to sleep), ``wake.ring`` (a doorbell is rung: the lost-wake-up faults drop it
+there) and ``upgrade.transformed`` (an upgrade's function returned, the run not yet
+saved); the fleet harness kills workers there. A long state's save
+(``stepstone._statelog``) fires ``pieces.written`` (its pieces are stored, the
+document not yet swapped) and ``pieces.collect`` (the document swapped, older pieces
+not yet collected) in every backend that keeps pieces. Each
 backend's points inside a save are declared once, on the backend class, as
 ``Store.kill_points`` (point -> whether the new checkpoint survives a kill there); the
 contract suite and the chaos harness read them from there.

@@ -82,7 +82,7 @@ __all__ = [
 ]
 
 #: A state whose JSON text is at most this many bytes stays in the run's document.
-INLINE_MAX = 32 * 1024
+INLINE_MAX = 8 * 1024
 #: The largest piece a store is handed by default; a store may ask for smaller.
 PIECE_MAX = 1 << 20
 #: A new base is written once the log holds this many times the base's bytes...
