@@ -166,6 +166,10 @@ class Store(abc.ABC):
     #: Hook points inside a save (``stepstone._hooks``) mapped to whether the new
     #: checkpoint is visible after the process is killed there.
     kill_points: ClassVar[Mapping[str, bool]] = MappingProxyType({})
+    #: The same for the points inside the save of a long state only (its pieces are
+    #: written, then the document swapped, then old pieces collected: ``_statelog``),
+    #: kept apart because a small state's save never reaches them.
+    piece_kill_points: ClassVar[Mapping[str, bool]] = MappingProxyType({})
     #: The checkpoints outlive the process (False only for ``memory://``).
     durable: ClassVar[bool] = True
     #: The backend can expire runs by itself (``expire``, Cosmos TTL).
