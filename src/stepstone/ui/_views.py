@@ -78,16 +78,49 @@ def pretty_json(value: Any, fallback: str | None = None, limit: int = MAX_JSON_S
 
     ``fallback`` (the stored JSON text) is shown when the value is nested too deeply for
     ``json.dumps``.
+
+    The indented text is produced lazily and only up to ``limit``: a long run's state
+    (tens of MB) costs what is shown, not the whole state in the pure-Python indenting
+    encoder. What is left is counted in C, from the compact encoding.
     """
     try:
-        text = json.dumps(value, ensure_ascii=False, indent=2)
+        chunks = _indenting.iterencode(value)
+        parts: list[str] = []
+        size = 0
+        for chunk in chunks:
+            parts.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                break
+        text = "".join(parts)
+        more = 0
+        if size > limit:
+            # How much is not shown, in characters of the indented form, estimated from
+            # the compact form's length (C speed) and the share of the indentation seen.
+            compact = len(_compact(value))
+            shown_compact = len(_compact_prefix(text))
+            more = max(int((compact - shown_compact) * len(text) / max(shown_compact, 1)), 1)
     except (RecursionError, TypeError, ValueError):
         text = fallback if fallback is not None else "(cannot be shown: nested too deeply)"
+        more = 0
     cut = ""
+    about = "about " if more else ""
     if len(text) > limit:
-        cut = f"\n... ({len(text) - limit:,} more characters not shown)"
+        more += len(text) - limit
         text = text[:limit]
+    if more:
+        cut = f"\n... ({about}{more:,} more characters not shown)"
     return _UNSAFE_IN_JSON.sub(lambda m: f"\\u{ord(m[0]):04x}", _UNSAFE.sub(_escape, text)) + cut
+
+
+_indenting = json.JSONEncoder(ensure_ascii=False, indent=2)
+_compact = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+_INDENT = re.compile(r"\n *")
+
+
+def _compact_prefix(text: str) -> str:
+    """The indented prefix ``text`` with its line breaks and indentation taken out."""
+    return _INDENT.sub("", text).replace('": ', '":')
 
 
 def display_name(run_id: str) -> tuple[str | None, str]:
