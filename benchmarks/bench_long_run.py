@@ -1,7 +1,7 @@
 """A long chat run: instructions, growth and bytes written as the state grows (issue 19).
 
     .venv/bin/python benchmarks/bench_long_run.py [--n 25,50,100,200,400]
-        [--stores memory,file,sqlite] [--src DIR] [--profile N] [--json]
+        [--stores memory,file,sqlite[,postgresql,mysql]] [--src DIR] [--profile N] [--json]
 
 The workload: a workflow of ``n`` steps run by ``stepstone.run``; each step appends one
 message of ~2 KB (``{"role": "assistant", "content": "turn i: lorem ipsum ..."}``, the
@@ -9,7 +9,8 @@ turn ``bench_langgraph.py`` gives LangGraph) to ``state["messages"]``, so the st
 step ``i`` holds ``i`` messages and every save is of a larger state.
 
 Figures, per store (``memory://``, ``file://`` at its default durability, ``sqlite://``
-with ``synchronous=full``):
+with ``synchronous=full``; ``postgresql://`` and ``mysql://`` on the local servers, a
+table of their own, when named in ``--stores``):
 
 - instructions of the whole run of ``n`` steps (valgrind's callgrind, user space): one
   process per store, collecting only inside ``operator.call`` (which nothing on the
@@ -65,6 +66,17 @@ def _steps(n: int) -> list[Any]:
 
 
 def _config(store: str, directory: str) -> str:
+    # The servers' stores get a table of their own per measurement (the directory's name
+    # is unique), so runs of earlier measurements are never in the way.
+    table = "bench_long_" + Path(directory).parent.name.replace("-", "_").replace(".", "_")
+    servers = {
+        "postgresql": os.environ.get(
+            "STEPSTONE_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test"
+        ),
+        "mysql": os.environ.get("STEPSTONE_BENCH_MYSQL", "mysql://root@127.0.0.1:3306/test"),
+    }
+    if store in servers:
+        return f"{servers[store]}?table={table[:40]}"
     return {
         "memory": "memory://",
         "file": f"file://{directory}/runs",
@@ -214,7 +226,9 @@ def growth(ns: list[int], counts: list[int]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", default="25,50,100,200,400", help="step counts, comma-separated")
-    parser.add_argument("--stores", default=",".join(STORES), help="memory,file,sqlite")
+    parser.add_argument(
+        "--stores", default=",".join(STORES), help="memory,file,sqlite,postgresql,mysql"
+    )
     parser.add_argument("--src", help="a stepstone src dir to measure instead of the installed")
     parser.add_argument("--profile", type=int, help="top functions of one N-step run")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -267,8 +281,8 @@ def main() -> None:
         print(f"  {store:<20}{cells}")
     print("  bytes the process wrote per step (files, WAL, journal) / update")
     for store, r in results.items():
-        if store == "memory":
-            continue
+        if store in ("memory", "postgresql", "mysql"):
+            continue  # nothing written by this process (the server writes)
         cells = "".join(f"{r['bytes_per_step'][str(n)] / r['update_bytes']:>13.1f}x" for n in ns)
         print(f"  {store:<20}{cells}")
 
