@@ -136,11 +136,11 @@ def _stored_bytes(store: Any, run_id: str, n: int) -> int:
             total += len(prepared.state_text.encode("utf-8"))
         return prepared
 
-    _statelog.prepare_save = counting  # type: ignore[assignment]
+    _statelog.prepare_save = counting
     try:
         one_run(store, run_id, n)
     finally:
-        _statelog.prepare_save = plan  # type: ignore[assignment]
+        _statelog.prepare_save = plan
     return total
 
 

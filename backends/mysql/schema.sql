@@ -26,3 +26,5 @@ CREATE TABLE IF NOT EXISTS `stepstone_checkpoints_meta` (
 )ENGINE=InnoDB CHARSET=utf8mb4 COLLATE utf8mb4_bin;
 
 INSERT INTO `stepstone_checkpoints_meta` (`key`, value) VALUES ('schema_version', '2') ON DUPLICATE KEY UPDATE `key` = `stepstone_checkpoints_meta`.`key`;
+
+CREATE TABLE IF NOT EXISTS `stepstone_checkpoints_pieces` (run_key BINARY(32) NOT NULL, piece_key VARCHAR(64) NOT NULL, gen BIGINT NOT NULL, data LONGBLOB NOT NULL, PRIMARY KEY (run_key, piece_key));

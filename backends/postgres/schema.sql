@@ -29,3 +29,5 @@ CREATE TABLE IF NOT EXISTS "stepstone_checkpoints_meta" (
 );
 
 INSERT INTO "stepstone_checkpoints_meta" (key, value) VALUES ('schema_version', '2') ON CONFLICT DO NOTHING;
+
+CREATE TABLE IF NOT EXISTS "stepstone_checkpoints_pieces" (run_key BYTEA NOT NULL, piece_key TEXT NOT NULL, gen BIGINT NOT NULL, data BYTEA NOT NULL, PRIMARY KEY (run_key, piece_key));

@@ -31,6 +31,7 @@ __all__ = [
     "REF_KEY",
     "PiecesNeeded",
     "check_document",
+    "copy_containers",
     "checkpoint_from_doc",
     "checkpoint_meta",
     "decode_document",
@@ -224,7 +225,23 @@ def pristine(cp: Checkpoint) -> dict[str, Any]:
     if cp.state_json is not None:
         loaded: dict[str, Any] = _loads(cp.state_json)
         return loaded
+    stored = cp.stored_state
+    if stored is not None and stored.private is not None and stored.version == cp.version:
+        # A long state: its store's private copy is what is stored (``cp.state`` is the
+        # working copy a failed step may have changed in place).
+        copy: dict[str, Any] = copy_containers(stored.private)
+        return copy
     return encode_state(cp.state)[1]
+
+
+def copy_containers(value: Any) -> Any:
+    """A copy of ``value``'s dicts and lists, sharing its (immutable) scalars."""
+    kind = type(value)
+    if kind is dict:
+        return {key: copy_containers(item) for key, item in value.items()}
+    if kind is list:
+        return [copy_containers(item) for item in value]
+    return value
 
 
 def _check_depth(copy: dict[str, Any], text: str) -> None:

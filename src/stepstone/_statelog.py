@@ -56,6 +56,7 @@ from ._codec import (
     REF_KEY,
     PiecesNeeded,
     checkpoint_from_doc,
+    copy_containers,
     decode_json,
     dump_json,
     encode_state,
@@ -389,12 +390,7 @@ def _containers(value: Any) -> Any:
     The private copy shares strings with the handed state on purpose: the next save's
     equality test then finds them identical at once instead of comparing their text.
     """
-    kind = type(value)
-    if kind is dict:
-        return {key: _containers(item) for key, item in value.items()}
-    if kind is list:
-        return [_containers(item) for item in value]
-    return value
+    return copy_containers(value)
 
 
 _MISSING: Any = object()

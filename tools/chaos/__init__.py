@@ -27,6 +27,8 @@ from .backends import (
     drop_sql_tables,
     kill_points,
     new_table_name,
+    piece_kill_points,
+    save_kill_points,
     sql_config,
     sql_server,
 )
@@ -51,6 +53,8 @@ __all__ = [
     "drop_sql_tables",
     "expected_states",
     "kill_points",
+    "piece_kill_points",
+    "save_kill_points",
     "make_workflow",
     "new_table_name",
     "parse_table",

@@ -37,6 +37,8 @@ __all__ = [
     "drop_sql_tables",
     "kill_points",
     "new_table_name",
+    "piece_kill_points",
+    "save_kill_points",
     "sql_config",
     "sql_server",
 ]
@@ -68,6 +70,19 @@ def kill_points(backend: str) -> Mapping[str, bool]:
     order they fire. A subclass (a test's lossy store, say) inherits its base's points.
     """
     return backend_class(backend).kill_points
+
+
+def piece_kill_points(backend: str) -> Mapping[str, bool]:
+    """Return ``backend``'s kill points inside a long state's save (``Store.piece_kill_points``).
+
+    Reached only by a save whose state is kept in pieces (the long-state cases).
+    """
+    return backend_class(backend).piece_kill_points
+
+
+def save_kill_points(backend: str) -> dict[str, bool]:
+    """Every kill point inside ``backend``'s saves: ``kill_points`` and ``piece_kill_points``."""
+    return {**kill_points(backend), **piece_kill_points(backend)}
 
 
 def check_durable(backend: str) -> None:

@@ -191,7 +191,9 @@ def _arun() -> Callable[..., Awaitable[dict[str, Any]]]:
 def child_main(spec: dict[str, Any], wf: Workflow | None = None) -> tuple[int, dict[str, Any]]:
     """Run one child's share of a single case; return (exit status, result)."""
     if wf is None:
-        wf = make_workflow(spec["seed"], spec["case"], spec["budget"], spec["max_deaths"])
+        wf = make_workflow(
+            spec["seed"], spec["case"], spec["budget"], spec["max_deaths"], spec.get("long")
+        )
     mode = spec.get("mode", "sync")
     killer = Killer(spec)
     _hooks.install(killer)
@@ -231,7 +233,7 @@ def worker_main(
     """
     if wfs is None:
         wfs = [
-            make_workflow(spec["seed"], case, spec["budget"], spec["max_deaths"])
+            make_workflow(spec["seed"], case, spec["budget"], spec["max_deaths"], spec.get("long"))
             for case in spec["cases"]
         ]
     killer = Killer(spec)

@@ -97,6 +97,12 @@ def cli(argv: list[str]) -> int:
     )
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2, help="parallel drivers")
     parser.add_argument("--big", action="store_true", help="states near each backend's limit")
+    parser.add_argument(
+        "--long",
+        choices=("mixed", "all", "none"),
+        default="mixed",
+        help="long-state cases (a growing transcript kept in pieces): half, all or none",
+    )
     parser.add_argument("--spawn", action="store_true", help="fresh interpreters, not fork")
     parser.add_argument("--max-deaths", type=int, default=8, help="deaths per case at most")
     parser.add_argument("--workdir", help="where stores and effects go (default: a temp dir)")
@@ -148,6 +154,10 @@ def cli(argv: list[str]) -> int:
     return 1  # unreachable
 
 
+#: ``--long`` to ``Options.long``.
+_LONG: dict[str, bool | None] = {"mixed": None, "all": True, "none": False}
+
+
 def _cli_case(args: Any, pairs: list[tuple[str, str]], servers: Servers, workdir: str) -> int:
     total = 0
     for backend, mode in pairs:
@@ -162,6 +172,7 @@ def _cli_case(args: Any, pairs: list[tuple[str, str]], servers: Servers, workdir
             verbose=True,
             mode=mode,
             lease=args.lease,
+            long=_LONG[args.long],
         )
         os.makedirs(opts.workdir, exist_ok=True)
         print(f"{backend} {mode}: case {args.case} (seed {args.seed}), store {opts.config}")
@@ -202,6 +213,7 @@ def _cli_run(
                 shard=shard,
                 mode=mode,
                 lease=args.lease,
+                long=_LONG[args.long],
             )
             target = -(-deaths // shards)
             procs.append(((backend, mode), _start_shard(opts, (shard, 10**9, shards), target)))

@@ -45,7 +45,7 @@ from typing import Any
 from stepstone._registry import open_store
 from stepstone._store import Store
 
-from .backends import BIG_BUDGET, REPO, kill_points
+from .backends import BIG_BUDGET, REPO, kill_points, piece_kill_points, save_kill_points
 from .child import ERROR_EXIT, MODES, STEP_FAILED_EXIT, child_main, read_lines, worker_main
 from .invariants import (
     check_checkpoint,
@@ -243,6 +243,9 @@ class Options:
     #: process wait this long for the dead owner's lease to expire. Short, so deaths stay
     #: cheap; long enough that a live worker renews it on a busy machine.
     lease: float = LEASE
+    #: Long-state cases (a growing transcript saved in pieces): None, half the cases
+    #: (seeded); True, every case; False, none (the cases as they were before pieces).
+    long: bool | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -271,6 +274,11 @@ def _plan_kill(
     ]
     saves = n + sum(1 for s in remaining if s.max_attempts is not None)
     points += [(p, saves) for p in kill_points(opts.backend)]
+    if wf.grow:
+        # Only a long state's saves reach these, and a collection only the saves that
+        # write a new base: the first occurrence, twice the weight, so a small run
+        # still dies at each of them.
+        points += [(p, 1) for p in piece_kill_points(opts.backend)] * 2
     attempt = 0 if cp is None else cp.attempt
     fails = sum(
         max(0, s.fail - (attempt if s is remaining[0] else 0)) for s in remaining if s.max_attempts
@@ -297,8 +305,8 @@ def run_case(  # noqa: C901 - one branch per kill point of a case, read top to b
     if case % CONCURRENT_EVERY == CONCURRENT_EVERY - 1:
         return _run_concurrent(opts, case, store, watch)
     res = CaseResult(opts.backend, opts.seed, case, "single", mode=opts.mode, lease=opts.lease)
-    save_points = kill_points(opts.backend)
-    wf = make_workflow(opts.seed, case, opts.budget, opts.max_deaths)
+    save_points = save_kill_points(opts.backend)
+    wf = make_workflow(opts.seed, case, opts.budget, opts.max_deaths, opts.long)
     expected = expected_states(wf)
     rng = random.Random(f"stepstone-chaos:{opts.seed}:{case}:kills")
     effects = os.path.join(opts.workdir, f"effects-{case}.log")
@@ -344,6 +352,7 @@ def run_case(  # noqa: C901 - one branch per kill point of a case, read top to b
             "seed": opts.seed,
             "case": case,
             "budget": opts.budget,
+            "long": opts.long,
             "max_deaths": opts.max_deaths,
             "length": length,
             "effects": effects,
@@ -436,7 +445,7 @@ def _run_concurrent(  # noqa: C901 - one branch per racing writer's outcome, rea
     budget = min(opts.budget, 64 * 1024)
     # Generous attempt budgets: racing workers each begin attempts of the same step.
     wf_cases = [case * 100 + j for j in range(n_runs)]
-    wfs = [make_workflow(opts.seed, c, budget, max_deaths=200) for c in wf_cases]
+    wfs = [make_workflow(opts.seed, c, budget, 200, opts.long) for c in wf_cases]
     wfs = [dataclasses.replace(wf, run_id=f"{wf.run_id}/c{case}") for wf in wfs]
     expected = [expected_states(wf) for wf in wfs]
     effects = os.path.join(opts.workdir, f"effects-{case}.log")
@@ -455,7 +464,7 @@ def _run_concurrent(  # noqa: C901 - one branch per racing writer's outcome, rea
         "runner.after_step",
         "runner.after_save",
         "runner.backoff",
-        *kill_points(opts.backend),
+        *save_kill_points(opts.backend),
     ]
 
     def start() -> None:
@@ -469,6 +478,7 @@ def _run_concurrent(  # noqa: C901 - one branch per racing writer's outcome, rea
             "seed": opts.seed,
             "cases": wf_cases,
             "budget": budget,
+            "long": opts.long,
             "max_deaths": 200,
             "effects": effects,
             "notes": notes,
@@ -645,7 +655,7 @@ def run_shard(
                     for extra in res.violations[1:5]:
                         log(f"    also: {extra}")
             elif res.kind == "single":
-                wf = make_workflow(opts.seed, case, opts.budget, opts.max_deaths)
+                wf = make_workflow(opts.seed, case, opts.budget, opts.max_deaths, opts.long)
                 finished[wf.run_id] = snapshot(store, wf.run_id)
                 # Recent finished runs join the bystanders watched after every death.
                 bystanders[wf.run_id] = finished[wf.run_id]

@@ -26,6 +26,13 @@ __all__ = [
 
 #: Largest state a default (CI) run generates; ``--big`` goes near each backend's limit.
 DEFAULT_BUDGET = 256 * 1024
+#: A long-state case (``Workflow.grow``): its first step writes a transcript this long,
+#: above ``stepstone._statelog.INLINE_MAX`` many times over, so every save of the run keeps
+#: its state in pieces and reaches the backend's ``piece_kill_points``...
+LONG_SEED = 40 * 1024
+#: ... and every step appends an entry of up to this many characters to it (a log piece,
+#: and every few steps a new base, which collects the old pieces).
+LONG_GROW = 6 * 1024
 SLOTS = 3  # state keys the big payloads rotate through, so the state stays within budget
 
 
@@ -49,6 +56,8 @@ class Workflow:
     steps: tuple[StepSpec, ...]
     stages: tuple[int, ...]  # step counts passed to run(); the last is len(steps)
     run_id: str
+    #: Characters each step appends to the ``transcript`` list (0: no transcript).
+    grow: int = 0
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -60,9 +69,18 @@ _RUN_ID_SHAPES = ("chaos/{k}", "Chaos {k}", "../chaos-{k}", "é-{k}-日本", "{k
 
 
 def make_workflow(
-    seed: int, case: int, budget: int = DEFAULT_BUDGET, max_deaths: int = 8
+    seed: int,
+    case: int,
+    budget: int = DEFAULT_BUDGET,
+    max_deaths: int = 8,
+    long: bool | None = None,
 ) -> Workflow:
-    """Return the workflow of ``(seed, case)``: the same one in every process, every time."""
+    """Return the workflow of ``(seed, case)``: the same one in every process, every time.
+
+    ``long``: the run also keeps a growing transcript (``Workflow.grow``), a long state
+    saved in pieces; None: half the cases, chosen by their own seeded draw (so the steps
+    of a case are the same either way), True: every case, False: none.
+    """
     rng = random.Random(f"stepstone-chaos:{seed}:{case}:workflow")
     count = rng.randint(1, 12)
     slot_size = max(1, int(budget * 0.9) // SLOTS - 64)
@@ -88,7 +106,10 @@ def make_workflow(
     stages = sorted({rng.randint(1, count) for _ in range(rng.randint(0, 2))} | {count})
     shape = rng.choice(_RUN_ID_SHAPES)
     run_id = shape.format(k=f"{seed}-{case}", long=f"{seed}-{case}-" + "L" * 600)
-    return Workflow(f"{seed}:{case}", tuple(steps), tuple(stages), run_id)
+    if long is None:
+        long = random.Random(f"stepstone-chaos:{seed}:{case}:long").random() < 0.5
+    grow = random.Random(f"stepstone-chaos:{seed}:{case}:grow").randint(512, LONG_GROW)
+    return Workflow(f"{seed}:{case}", tuple(steps), tuple(stages), run_id, grow if long else 0)
 
 
 def payload(key: str, size: int) -> str:
@@ -107,12 +128,23 @@ def step_output(wf: Workflow, index: int, state: dict[str, Any]) -> dict[str, An
     # that let it round them would change the state across a resume (found here; fixed
     # in 39a5ecd, test_regressions.py: test_cosmos_rounds_integers_beyond_2_53_silently).
     acc = (acc * 1_000_003 + (index + 1) * 7919 + len(state)) % (2**61 - 1)
-    return {
+    out: dict[str, Any] = {
         "acc": acc,
         "last": spec.name,
         f"n{index}": [index, spec.size],
         f"slot{spec.slot}": payload(f"{wf.key}:{index}", spec.size),
     }
+    if wf.grow:
+        # A new list whose head is the incoming one: an append, as a chat step does.
+        transcript = state.get("transcript")
+        if not isinstance(transcript, list):
+            transcript = [payload(f"{wf.key}:seed", LONG_SEED)]
+        size = wf.grow // 2 + (index * 997) % (wf.grow // 2 + 1)
+        out["transcript"] = [
+            *transcript,
+            {"step": index, "text": payload(f"{wf.key}:t{index}", size)},
+        ]
+    return out
 
 
 def expected_states(wf: Workflow) -> list[dict[str, Any]]:

@@ -20,6 +20,7 @@ With ``POWERCUT_NO_FSYNC=1`` the saving side never fsyncs at all (what
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -32,6 +33,20 @@ from stepstone._errors import StepstoneError
 
 RUNS = ("run-0", "run-1", "Run/ü-2", "long-" + "x" * 300)
 STEPS = 1000
+#: The run whose state is long (``stepstone._statelog``): a transcript that starts at
+#: LONG_SEED characters and grows by an entry per save, so its saves are kept in pieces
+#: (a base, then log pieces, then new bases that collect the old ones) and the file
+#: store's piece writes are cut by the power too.
+LONG_RUN = RUNS[0]
+LONG_SEED = 40 * 1024
+
+
+def _long_state(cp: Checkpoint | None, step: int, c: int, rng: random.Random) -> dict[str, object]:
+    """The long run's next state: the loaded transcript plus one entry (a fresh one at step 0)."""
+    transcript: list[object] = ["t" * LONG_SEED]
+    if cp is not None and step > 0 and isinstance(cp.state.get("transcript"), list):
+        transcript = [*cp.state["transcript"], {"c": c, "text": "e" * rng.randrange(500, 4000)}]
+    return {"c": c, "transcript": transcript}
 
 
 def save(config: str, seed: int) -> None:
@@ -69,13 +84,21 @@ def save(config: str, seed: int) -> None:
             step = -1 if cp is None or cp.status == "done" else cp.step + 1
             finish = step >= 0 and rng.random() < 0.15
             total = step + 1 if finish else STEPS
-            state = {"c": c, "pad": "p" * rng.randrange(0, 9000)}
+            state: dict[str, object] = {"c": c, "pad": "p" * rng.randrange(0, 9000)}
+            if run_id == LONG_RUN:
+                state = _long_state(cp, step, c, rng)
             names = tuple(f"s{n}" for n in range(step + 1))
             version = None if cp is None else cp.version
             out.write(f"begin save {run_id} {c}\n")
             out.flush()
-            current[run_id] = store.save(
-                Checkpoint(
+            if cp is not None and run_id == LONG_RUN:
+                # The loaded checkpoint carried on (as the runner does): only the change
+                # is written, the pieces' kill points are reached.
+                nxt = dataclasses.replace(
+                    cp, step=step, state=state, step_names=names, total_steps=total
+                )
+            else:
+                nxt = Checkpoint(
                     run_id,
                     step=step,
                     state=state,
@@ -83,7 +106,7 @@ def save(config: str, seed: int) -> None:
                     step_names=names,
                     total_steps=total,
                 )
-            )
+            current[run_id] = store.save(nxt)
             out.write(f"save {run_id} {c}\n")
         out.flush()
 

@@ -66,6 +66,7 @@ from ._sql import (
     statements_of,
 )
 from ._sql.engine import check_engine, server_url_of
+from ._sql.pieces import piece_sql
 
 if TYPE_CHECKING:
     from .._store import Claim
@@ -134,7 +135,10 @@ def schema_ddl(table: str = DEFAULT_TABLE) -> str:
         "-- When the table is missing, MySQLStore runs these statements one by one\n"
         "-- (MySQL commits each DDL statement by itself).\n"
     )
-    return header + "\n\n".join(f"{s};" for s in _statements(table).create) + "\n"
+    # The pieces table (a long run's state, ``_sql/pieces.py``) is created when the
+    # tables are, and on first need in tables an earlier release made.
+    statements = [*_statements(table).create, piece_sql("mysql", table).create]
+    return header + "\n\n".join(f"{s};" for s in statements) + "\n"
 
 
 # --- errors -----------------------------------------------------------------------------
@@ -219,6 +223,7 @@ class MySQLStore(ServerStore):
     """
 
     scheme: ClassVar[str] = "mysql"
+    _DIALECT: ClassVar[str] = "mysql"
     kind: ClassVar[str] = "mysql"  # type: ignore[misc]
     durability_levels: ClassVar[tuple[str, ...]] = ()
     kill_points: ClassVar[Mapping[str, bool]] = MappingProxyType(
@@ -650,7 +655,7 @@ class MySQLStore(ServerStore):
     def _create_schema(self, held: Held) -> None:
         # Each DDL statement commits by itself; CREATE TABLE IF NOT EXISTS waits on the
         # metadata lock of a concurrent creator, then does nothing.
-        for statement in self._sql.create:
+        for statement in [*self._sql.create, self._pieces_sql.create]:
             self._run(held, statement, None)
 
     def _migrate(self, held: Held, found: int) -> None:
@@ -663,7 +668,8 @@ class MySQLStore(ServerStore):
         try:
             if self._schema_version(held) != "1":
                 return
-            for statement in self._sql.migrate_v1:
+            # The pieces table first: the version bump, last, marks the whole migration.
+            for statement in [self._pieces_sql.create, *self._sql.migrate_v1]:
                 try:
                     self._run(held, statement, None)
                 except self._driver_error as exc:

@@ -55,6 +55,7 @@ from ._sql import (
 )
 from ._sql.engine import check_engine, server_url_of
 from ._sql.listen_pg import PostgresListener, channel_of
+from ._sql.pieces import piece_sql
 
 __all__ = ["DEFAULT_TABLE", "ERRORS", "PostgresStore", "schema_ddl"]
 
@@ -90,7 +91,10 @@ def schema_ddl(table: str = DEFAULT_TABLE) -> str:
         "-- When the table is missing, PostgresStore runs these statements in one "
         "transaction,\n-- holding an advisory lock on the table name.\n"
     )
-    return header + "\n\n".join(f"{s};" for s in _statements(table).create) + "\n"
+    # The pieces table (a long run's state, ``_sql/pieces.py``) is created when the
+    # tables are, and on first need in tables an earlier release made.
+    statements = [*_statements(table).create, piece_sql("postgresql", table).create]
+    return header + "\n\n".join(f"{s};" for s in statements) + "\n"
 
 
 # --- errors -----------------------------------------------------------------------------
@@ -237,6 +241,7 @@ class PostgresStore(ServerStore):
     """
 
     scheme: ClassVar[str] = "postgresql"
+    _DIALECT: ClassVar[str] = "postgresql"
     #: One UPDATE over a FOR UPDATE SKIP LOCKED pick, RETURNING the claimed rows.
     claims_in_one_call: ClassVar[bool] = True
     _LIST_PARAMS: ClassVar[bool] = True
@@ -497,10 +502,10 @@ class PostgresStore(ServerStore):
                     self._run(held, statement, None)
 
     def _create_schema(self, held: Held) -> None:
-        self._locked(held, self._sql.create, None)
+        self._locked(held, [*self._sql.create, self._pieces_sql.create], None)
 
     def _migrate(self, held: Held, found: int) -> None:
-        self._locked(held, self._sql.migrate_v1, "1")
+        self._locked(held, [self._pieces_sql.create, *self._sql.migrate_v1], "1")
 
     def _durability(self, held: Held) -> tuple[bool, str]:
         _, rows = self._run(

@@ -71,6 +71,7 @@ from ._sql.engine import check_engine
 from ._sql.errors import Undecodable
 from ._sql.files import create_database_file
 from ._sql.listen_sqlite import SQLiteListener
+from ._sql.pieces import piece_sql
 from ._sql.transactions import rollback, run_batch
 
 if TYPE_CHECKING:
@@ -116,7 +117,10 @@ def schema_ddl() -> str:
         "-- Generated from stepstone.stores.sqlite (schema_ddl()); do not edit by hand.\n"
         "-- SQLiteStore runs these statements in one BEGIN IMMEDIATE transaction on open.\n"
     )
-    return header + "\n\n".join(f"{s};" for s in _statements().create) + "\n"
+    # The pieces table (a long run's state, ``_sql/pieces.py``) is created when the
+    # tables are, and on first need in tables an earlier release made.
+    statements = [*_statements().create, piece_sql("sqlite", None).create]
+    return header + "\n\n".join(f"{s};" for s in statements) + "\n"
 
 
 # --- errors -----------------------------------------------------------------------------
@@ -205,6 +209,7 @@ class SQLiteStore(SQLStore):
     """
 
     scheme: ClassVar[str] = "sqlite"
+    _DIALECT: ClassVar[str] = "sqlite"
     claims_in_one_call: ClassVar[bool] = True  # one UPDATE ... RETURNING (one writer)
     durability_levels: ClassVar[tuple[str, ...]] = _SYNCHRONOUS
     kill_points: ClassVar[Mapping[str, bool]] = MappingProxyType({"sqlite.in_transaction": False})
@@ -556,12 +561,12 @@ class SQLiteStore(SQLStore):
     def _create_schema(self, held: Held) -> None:
         # Concurrent openers of a new file serialize on the write lock; IF NOT EXISTS and
         # ON CONFLICT DO NOTHING make the loser's statements no-ops.
-        self._in_transaction(held, self._sql.create, None)
+        self._in_transaction(held, [*self._sql.create, self._pieces_sql.create], None)
 
     def _migrate(self, held: Held, found: int) -> None:
         # Under the write lock, re-read the version: a concurrent opener may have
         # migrated already, and ALTER TABLE ADD COLUMN must run exactly once.
-        self._in_transaction(held, self._sql.migrate_v1, "1")
+        self._in_transaction(held, [self._pieces_sql.create, *self._sql.migrate_v1], "1")
 
     def _in_transaction(self, held: Held, statements: list[str], only_at: str | None) -> None:
         conn: sqlite3.Connection = held.conn

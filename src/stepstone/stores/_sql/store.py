@@ -26,16 +26,18 @@ created and migrated under that server's locking rules.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar, Final, TypeVar
 
+from ... import _hooks, _statelog
 from ..._checkpoint import DUE_NOW, STATUSES, Checkpoint, check_run_id, evolve, utcnow
 from ..._codec import (
+    PiecesNeeded,
     checkpoint_from_doc,
     decode_document,
     encode_document,
-    encode_state,
     format_created,
 )
 from ..._errors import ConflictError, CorruptCheckpoint, StoreError
@@ -46,6 +48,7 @@ from .connections import Connections, Held
 from .effects import Exec, Plan, Result, adrive, drive
 from .errors import Undecodable
 from .pages import count_query, page_query
+from .pieces import IN_MAX, PieceSQL, piece_sql
 from .schema import MIGRATABLE, TABLE_SCHEMA, SQLText
 
 if TYPE_CHECKING:
@@ -78,6 +81,34 @@ class SQLStore(Connections, Store):
     _ISO_TIMES: ClassVar[bool] = False
 
     _sql: SQLText
+
+    holds_pieces: ClassVar[bool] = True
+    piece_kill_points: ClassVar[Mapping[str, bool]] = MappingProxyType(
+        {"pieces.written": False, "pieces.collect": True}
+    )
+    #: The dialect of the pieces table (``pieces.py``): "sqlite", "postgresql", "mysql".
+    _DIALECT: ClassVar[str] = ""
+    _pieces_text: PieceSQL | None = None
+    #: Whether the pieces table is known to exist: this store created or migrated the
+    #: tables, or ran the pieces DDL once. A table an earlier release made gains it on
+    #: the first statement that needs it, so opening a store costs no extra round trip.
+    _pieces_ready: bool = False
+
+    @property
+    def _pieces_sql(self) -> PieceSQL:
+        text = self._pieces_text
+        if text is None:
+            text = self._pieces_text = piece_sql(self._DIALECT, getattr(self, "table", None))
+        return text
+
+    @property
+    def _piece_max(self) -> int:
+        """The largest piece this store is handed: under every packet and value limit."""
+        limit = getattr(self, "_max_bytes", None)
+        if isinstance(limit, int) and limit > 0:
+            # Escaped on the wire at most twice over, with room for the statement.
+            return max(min(_statelog.PIECE_MAX, limit // 4), 4096)
+        return _statelog.PIECE_MAX
 
     # --- dialect hooks ------------------------------------------------------------------
 
@@ -133,19 +164,30 @@ class SQLStore(Connections, Store):
 
     # --- rows and documents -------------------------------------------------------------
 
-    def _save_plan(self, checkpoint: Checkpoint) -> tuple[Checkpoint, str, dict[str, Any]]:
-        """Return the checkpoint as it will be stored, the statement and its parameters."""
+    def _save_plan(
+        self, checkpoint: Checkpoint
+    ) -> tuple[Checkpoint, str, dict[str, Any], _statelog.Prepared]:
+        """Return the checkpoint as it will be stored, the statement, its parameters and
+        the state's plan (its pieces, written first)."""
         run_id = check_run_id(checkpoint.run_id)
-        text, copy = encode_state(checkpoint.state)
+        prepared = _statelog.prepare_save(self, checkpoint, piece_max=self._piece_max)
+        text, copy = prepared.state_text, prepared.state
         expected = checkpoint.version
-        saved = checkpoint.stored(copy, text, new_version(expected), utcnow())
+        version = new_version(expected)
+        saved = checkpoint.stored(copy, text, version, utcnow(), prepared.bind(version))
         # Each time is formatted once, for the document and (when the text is the same)
         # the columns: ``stored`` sets both, and a first save shares one object.
         updated_at: datetime = saved.updated_at  # type: ignore[assignment]
         created_at: datetime = saved.created_at  # type: ignore[assignment]
         updated_text = updated_at.isoformat()
         created_text = updated_text if created_at is updated_at else format_created(created_at)
-        document = encode_document(saved, text, created_at=created_text, updated_at=updated_text)
+        document = encode_document(
+            saved,
+            text,
+            created_at=created_text,
+            updated_at=updated_text,
+            **prepared.document_fields(),
+        )
         self._check_size(run_id, document)
         iso = self._ISO_TIMES
         updated = updated_text if iso and updated_at.tzinfo is UTC else self._db_time(updated_at)
@@ -168,7 +210,7 @@ class SQLStore(Connections, Store):
             "document": document,
             "expected": expected,
         }
-        return saved, self._sql.insert if expected is None else self._sql.update, params
+        return saved, self._sql.insert if expected is None else self._sql.update, params, prepared
 
     def _conflict(self, run_id: str, expected: str | None, rows: list[Any] | None) -> ConflictError:
         if rows is None:
@@ -220,12 +262,15 @@ class SQLStore(Connections, Store):
 
     def _ensure_schema(self, held: Held) -> int:
         found = self._schema_version(held)
+        found_missing = migrated = False
         if found is None:
             self._create_schema(held)
+            found_missing = True
             found = self._schema_version(held)
         number = self._schema_number(found)
         if number < TABLE_SCHEMA and number in MIGRATABLE:
             self._migrate(held, number)
+            migrated = True
             number = self._schema_number(self._schema_version(held))
         if number > TABLE_SCHEMA:
             raise StoreError(
@@ -237,7 +282,16 @@ class SQLStore(Connections, Store):
                 f"{self.where}: schema version {number} is older than this stepstone "
                 f"({TABLE_SCHEMA}) and no migration is known for it"
             )
+        # ``_create_schema`` and ``_migrate`` make the pieces table with the others (in
+        # one transaction where the database has them).
+        self._pieces_ready = self._pieces_ready or found_missing or migrated
         return number
+
+    def _pieces_table(self) -> Plan[None]:
+        """Create the pieces table (``IF NOT EXISTS``) unless this store knows it is there."""
+        if not self._pieces_ready:
+            yield Exec(self._pieces_sql.create, None)
+            self._pieces_ready = True
 
     def _schema_number(self, found: str | None) -> int:
         try:
@@ -260,15 +314,124 @@ class SQLStore(Connections, Store):
             return None
         version, document = rows[0]
         source = self._source(run_id)
-        return checkpoint_from_doc(decode_document(document, source), version, source, run_id)
+        doc = decode_document(document, source)
+        return (yield from self._checkpoint(run_id, doc, version, source))
 
     def _save(self, checkpoint: Checkpoint) -> Plan[Checkpoint]:
-        saved, sql, params = self._save_plan(checkpoint)
+        saved, sql, params, prepared = self._save_plan(checkpoint)
+        key = params["run_key"]
+        if prepared.pieces:
+            # Immutable and under keys nobody else uses: written before the document
+            # names them, each its own statement (within every packet limit).
+            yield from self._pieces_table()
+            pieces = self._pieces_sql
+            for piece in prepared.pieces:
+                yield Exec(
+                    pieces.insert,
+                    {"run_key": key, "piece_key": piece.key, "gen": piece.gen, "data": piece.data},
+                )
+            _hooks.fire("pieces.written")
+        # If this raises, whether the document landed is unknown: its pieces stay (a later
+        # base collects them if it did not).
         stored, _ = yield Exec(sql, params, save=True)
         if stored != 1:
+            if prepared.pieces:
+                yield from self._drop_pieces(key, prepared.piece_keys)
             rows = yield from self._peek(saved.run_id)
             raise self._conflict(saved.run_id, checkpoint.version, rows)
+        below = prepared.collect_below
+        if below is not None:
+            _hooks.fire("pieces.collect")
+            try:
+                yield Exec(self._pieces_sql.delete_below, {"run_key": key, "gen": below})
+            except StoreError as exc:
+                logger.warning(
+                    "run %r: saved; its superseded pieces are left for the next base: %s",
+                    saved.run_id,
+                    exc,
+                )
         return saved
+
+    def _drop_pieces(self, key: Any, keys: list[str]) -> Plan[None]:
+        """Delete exactly these pieces (a lost save's own); a failure only leaves garbage."""
+        pieces = self._pieces_sql
+        for start in range(0, len(keys), IN_MAX):
+            part = keys[start : start + IN_MAX]
+            params = {"run_key": key, **{f"k{n}": k for n, k in enumerate(part)}}
+            try:
+                yield Exec(pieces.delete_keys(len(part)), params)
+            except StoreError as exc:
+                logger.warning("pieces of a lost save left behind: %s", exc)
+                return
+
+    def _fetch_pieces(self, key: Any, keys: Sequence[str]) -> Plan[dict[str, bytes]]:
+        pieces = self._pieces_sql
+        found: dict[str, bytes] = {}
+        wanted = list(dict.fromkeys(keys))
+        for start in range(0, len(wanted), IN_MAX):
+            part = wanted[start : start + IN_MAX]
+            params = {"run_key": key, **{f"k{n}": k for n, k in enumerate(part)}}
+            _, rows = yield Exec(pieces.select(len(part)), params)
+            for piece_key, data in rows:
+                found[str(piece_key)] = bytes(data)
+        return found
+
+    def _checkpoint(
+        self, run_id: str, doc: dict[str, Any], version: str | None, source: str
+    ) -> Plan[Checkpoint]:
+        """The checkpoint of a decoded document, its pieces fetched when it has them."""
+        try:
+            return checkpoint_from_doc(doc, version, source, run_id)
+        except PiecesNeeded as need:
+            ref = need.ref
+        key = self._key(run_id)
+        for attempt in range(3):
+            try:
+                keys = _statelog.pieces_of(ref)
+            except (KeyError, TypeError, ValueError) as exc:
+                raise CorruptCheckpoint(
+                    f"{source}: malformed state_ref ({exc}); left untouched"
+                ) from exc
+            pieces = yield from self._fetch_pieces(key, keys)
+            try:
+                return _statelog.checkpoint_with_pieces(self, doc, version, source, run_id, pieces)
+            except _statelog.PiecesMissing as missing:
+                # A newer save collected them: read the document again.
+                _, rows = yield Exec(self._sql.load, {"run_key": key})
+                if not rows:
+                    raise CorruptCheckpoint(f"{source}: deleted while being read") from None
+                again, document = rows[0]
+                if again == version or attempt == 2:
+                    raise _statelog.missing_error(source, missing) from None
+                version = again
+                doc = decode_document(document, source)
+                try:
+                    return checkpoint_from_doc(doc, version, source, run_id)
+                except PiecesNeeded as need:
+                    ref = need.ref
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _piece_keys(self, run_id: str) -> Plan[list[str]]:
+        check_run_id(run_id)
+        yield from self._pieces_table()
+        _, rows = yield Exec(self._pieces_sql.keys, {"run_key": self._key(run_id)})
+        return [str(row[0]) for row in rows]
+
+    def _pieces_of(self, run_id: str, keys: Sequence[str]) -> Plan[dict[str, bytes]]:
+        check_run_id(run_id)
+        return (yield from self._fetch_pieces(self._key(run_id), keys))
+
+    def _put_pieces(self, run_id: str, pieces: Sequence[_statelog.Piece]) -> Plan[None]:
+        check_run_id(run_id)
+        key = self._key(run_id)
+        have = set((yield from self._piece_keys(run_id)))
+        for piece in pieces:
+            if piece.key in have:
+                continue
+            yield Exec(
+                self._pieces_sql.insert,
+                {"run_key": key, "piece_key": piece.key, "gen": piece.gen, "data": piece.data},
+            )
 
     def _peek(self, run_id: str) -> Plan[list[Any] | None]:
         # Only on a losing path: read what is there, for the message or the outcome.
@@ -283,9 +446,14 @@ class SQLStore(Connections, Store):
         key = self._key(run_id)
         if expected is None:
             deleted, _ = yield Exec(self._sql.delete, {"run_key": key})
+            # Always: a run deleted by an earlier call that died here left its pieces.
+            yield from self._pieces_table()
+            yield Exec(self._pieces_sql.delete_all, {"run_key": key})
             return deleted > 0
         deleted, _ = yield Exec(self._sql.delete_cas, {"run_key": key, "expected": expected})
         if deleted:
+            yield from self._pieces_table()
+            yield Exec(self._pieces_sql.delete_all, {"run_key": key})
             return True
         rows = yield from self._peek(run_id)
         if rows == []:
@@ -393,21 +561,21 @@ class SQLStore(Connections, Store):
             raise StoreError(f"{self.where}: a claimed row is not UTF-8 ({exc})") from exc
         claims: list[Claim] = []
         for row in rows:
-            claim = self._claimed(row, fields)
+            claim = yield from self._claimed(row, fields)
             if claim is not None:
                 claims.append(claim)
         # In the order claimed (earliest due first): RETURNING's order is the table's.
         claims.sort(key=lambda claim: claim.before.due_at or _MIN)
         return claims
 
-    def _claimed(self, row: Any, fields: str) -> Claim | None:
+    def _claimed(self, row: Any, fields: str) -> Plan[Claim | None]:
         """Return the ``Claim`` of one row ``claim_ready`` returned; None (logged) if unreadable."""
         run_id, version, document = row[0], row[1], row[2]
         was = row[3] if len(row) > 3 else None
         source = self._source(run_id)
         try:
-            claimed = checkpoint_from_doc(
-                decode_document(document, source), version, source, run_id
+            claimed = yield from self._checkpoint(
+                run_id, decode_document(document, source), version, source
             )
             cut = document.index("\n")
             appended = f"{fields}{claimed.epoch},"
@@ -417,7 +585,7 @@ class SQLStore(Connections, Store):
             # The record as it was: its metadata line without what the claim appended.
             old = decode_document(line[: -len(appended) - 1] + "}", source)
             old["state"] = claimed.state
-            before = checkpoint_from_doc(old, was, source, run_id)
+            before = checkpoint_from_doc(old, was, source, run_id, state=claimed.state)
         except (CorruptCheckpoint, ValueError) as exc:
             # Owned by us now, and never driven: another worker takes it over after the
             # lease, and its load then reports the document as corrupt.
@@ -518,6 +686,37 @@ class SQLStore(Connections, Store):
             StoreUnavailable: the database cannot be reached, or timed out.
         """
         return drive(self._claim_ready(owner, lease, limit, served, now, exclude), self._perform)
+
+    def piece_keys(self, run_id: str) -> list[str]:
+        """Every piece key stored for ``run_id``, sorted."""
+        return drive(self._piece_keys(run_id), self._perform)
+
+    def pieces(self, run_id: str, keys: Sequence[str]) -> dict[str, bytes]:
+        """The data of those of ``keys`` stored for ``run_id``."""
+        return drive(self._pieces_of(run_id, keys), self._perform)
+
+    def put_pieces(self, run_id: str, pieces: Sequence[_statelog.Piece]) -> None:
+        """Store ``pieces`` for ``run_id``; a key already stored is kept as it is."""
+        drive(self._put_pieces(run_id, pieces), self._perform)
+
+    async def apiece_keys(self, run_id: str) -> list[str]:
+        """Async ``piece_keys``."""
+        if not self._aio():
+            return await super().apiece_keys(run_id)
+        return await adrive(self._piece_keys(run_id), self._aperform)
+
+    async def apieces(self, run_id: str, keys: Sequence[str]) -> dict[str, bytes]:
+        """Async ``pieces``."""
+        if not self._aio():
+            return await super().apieces(run_id, keys)
+        return await adrive(self._pieces_of(run_id, keys), self._aperform)
+
+    async def aput_pieces(self, run_id: str, pieces: Sequence[_statelog.Piece]) -> None:
+        """Async ``put_pieces``."""
+        if not self._aio():
+            return await super().aput_pieces(run_id, pieces)
+        await adrive(self._put_pieces(run_id, pieces), self._aperform)
+        return None
 
     # --- async (native backends; the others run the sync methods on a thread) ----------
 

@@ -6,9 +6,10 @@ On disk
 ``_codec.encode_document``) plus a top-level ``"version"`` key holding the version token.
 ``<name>`` encodes the run_id (``_names``). ``DIR/.tmp-*`` are files being written.
 ``DIR/.active/<name>`` marks a run that may be queued, running or waiting (the index
-``claimable`` reads, ``_index``). Nothing else is written, and files this store did not
-write are never modified or deleted (except by ``delete`` of the run whose name they
-carry). ``backends/file/README.md`` has the details.
+``claimable`` reads, ``_index``). ``DIR/.pieces/<name>/<key>`` hold the pieces of a long
+state (``_pieces``; schema-3 documents name them). Nothing else is written, and files
+this store did not write are never modified or deleted (except by ``delete`` of the
+run whose name they carry). ``backends/file/README.md`` has the details.
 
 The package, one concern a module, each importing only those above it:
 
@@ -20,6 +21,7 @@ The package, one concern a module, each importing only those above it:
 - ``_documents``: opening and parsing a run's document, refusing what is not ours;
 - ``_locking``: the descriptors a store holds open, and ``flock`` on a run's document;
 - ``_index``: the ``.active/`` index of runs a worker may claim;
+- ``_pieces``: the pieces of long states, beside the documents;
 - ``_store``: ``FileStore``, putting these together.
 
 Guarantees

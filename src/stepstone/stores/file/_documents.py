@@ -13,7 +13,7 @@ import stat
 from typing import Any
 
 from ..._checkpoint import ACTIVE_STATUSES
-from ..._codec import checkpoint_from_doc, decode_document
+from ..._codec import PiecesNeeded, checkpoint_from_doc, decode_document
 from ..._errors import CheckpointTooLarge, CorruptCheckpoint
 from ._disk import O_READ, read_all
 from ._errors import translating
@@ -102,6 +102,11 @@ def parse(
 def doc_active(doc: dict[str, Any]) -> bool:
     """Whether a parsed document's run is queued, running or waiting."""
     try:
-        return checkpoint_from_doc(doc, None, source="").status in ACTIVE_STATUSES
+        try:
+            cp = checkpoint_from_doc(doc, None, source="")
+        except PiecesNeeded:
+            # A long state is in pieces (schema 3): the status is in the metadata alone.
+            cp = checkpoint_from_doc(doc, None, source="", state={})
+        return cp.status in ACTIVE_STATUSES
     except CorruptCheckpoint:
         return True  # unknown: keep (or create) the marker; claimable re-checks it

@@ -15,13 +15,14 @@ import fcntl
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
 from types import MappingProxyType
 from typing import Any, ClassVar, Self
 
+from ... import _statelog
 from ..._checkpoint import ACTIVE_STATUSES, Checkpoint, RunStatus, check_run_id, utcnow
-from ..._codec import checkpoint_from_doc, encode_document, encode_state
+from ..._codec import PiecesNeeded, checkpoint_from_doc, encode_document
 from ..._errors import ConflictError, CorruptCheckpoint, StoreError, StorePermissionError
 from ..._hooks import fire
 from ..._store import RunInfo, Store, check_page
@@ -42,6 +43,7 @@ from ._index import drop_orphan, has_marker, mark, marker_run, open_index, unmar
 from ._locking import Handles
 from ._names import ACTIVE, HASHED_NAME, decode_name, encode_name, hashed, join, run_of
 from ._notify import DirectoryListener, listen_directory
+from ._pieces import PieceDir, check_key, open_root, open_run, remove_run
 from ._trust import check_opened, check_trust, make_dirs
 
 __all__ = ["MAX_DOCUMENT_BYTES", "FileStore"]
@@ -49,8 +51,12 @@ __all__ = ["MAX_DOCUMENT_BYTES", "FileStore"]
 logger = logging.getLogger("stepstone.stores.file")
 
 #: Largest document a save writes (and a load reads): far above any sane checkpoint, low
-#: enough that a runaway state fails loudly instead of filling the disk.
+#: enough that a runaway state fails loudly instead of filling the disk. A long state's
+#: document names its pieces instead of holding it, so this bounds the document and each
+#: piece, not the state.
 MAX_DOCUMENT_BYTES = 64 * 1024 * 1024
+#: Reads of a run's document when the pieces it names were collected by a newer save.
+_READS = 3
 
 
 class FileStore(Store):
@@ -74,6 +80,9 @@ class FileStore(Store):
     Saves of one run are serialised across threads and processes by ``flock`` on the
     run's document; saves of different runs run in parallel. Documents over 64 MiB are
     refused with ``CheckpointTooLarge``. POSIX, local file systems only.
+
+    A state over ``_statelog.INLINE_MAX`` is kept in pieces under ``.pieces/<name>/``
+    (``_pieces``), written durably before the document naming them, in both modes.
     """
 
     scheme: ClassVar[str] = "file"
@@ -89,6 +98,10 @@ class FileStore(Store):
     claims_by_kind: ClassVar[bool] = True
     #: inotify on the store's directory (``_notify``): Linux only.
     pushes_wakeups: ClassVar[bool] = sys.platform.startswith("linux")
+    holds_pieces: ClassVar[bool] = True
+    piece_kill_points: ClassVar[Mapping[str, bool]] = MappingProxyType(
+        {"pieces.written": False, "pieces.collect": True}
+    )
 
     def __init__(
         self,
@@ -101,6 +114,7 @@ class FileStore(Store):
         self._handles = Handles(self._path)
         self._index_error = "the file store is closed"
         self._durable = durability == "full"
+        self._strict = trust == "strict"
         self.durability: Durability = durability
         self.trust: Trust = trust
         with translating(self._path):
@@ -155,7 +169,12 @@ class FileStore(Store):
         return self._load(encode_name(run_id), run_id, keep=True)
 
     def _load(self, name: str, run_id: str | None, keep: bool) -> Checkpoint | None:
-        """Load ``<name>.json``; ``run_id`` None for a hashed name found by listing."""
+        """Load ``<name>.json``; ``run_id`` None for a hashed name found by listing.
+
+        ``keep``: a load for the caller, whose document stays open for the next save.
+        False: a look at the metadata (a listing, the index), which closes the document
+        again and does not read a state kept in pieces (its state is then empty).
+        """
         dir_fd = self._handles.begin()
         try:
             return self._load_in(dir_fd, name, run_id, keep)
@@ -164,24 +183,42 @@ class FileStore(Store):
 
     def _load_in(self, dir_fd: int, name: str, run_id: str | None, keep: bool) -> Checkpoint | None:
         file_name = name + ".json"
-        # No lock: the rename that publishes a document is atomic.
-        opened = open_document(dir_fd, self._path, file_name)
-        if opened is None:
-            return None
-        fd, st = opened
-        try:
-            doc, version = self._parse(fd, st.st_size, file_name, run_id)
-            if run_id is None:
-                found = doc.get("run_id")
-                if not isinstance(found, str) or hashed(found) != name:
-                    raise CorruptCheckpoint(
-                        f"{self._file(file_name)}: its run_id {found!r} does not hash to its "
-                        "name; left untouched"
-                    )
-            cp = checkpoint_from_doc(doc, version, source=self._file(file_name))
-        except BaseException:
-            os.close(fd)
-            raise
+        source = self._file(file_name)
+        missed: str | None = None  # the version whose pieces were missing
+        for attempt in range(_READS):
+            # No lock: the rename that publishes a document is atomic.
+            opened = open_document(dir_fd, self._path, file_name)
+            if opened is None:
+                return None
+            fd, st = opened
+            try:
+                doc, version = self._parse(fd, st.st_size, file_name, run_id)
+                if run_id is None:
+                    found = doc.get("run_id")
+                    if not isinstance(found, str) or hashed(found) != name:
+                        raise CorruptCheckpoint(
+                            f"{source}: its run_id {found!r} does not hash to its "
+                            "name; left untouched"
+                        )
+                try:
+                    cp = checkpoint_from_doc(doc, version, source=source)
+                except PiecesNeeded as need:
+                    if not keep:
+                        cp = checkpoint_from_doc(doc, version, source=source, state={})
+                    else:
+                        cp = self._assemble(dir_fd, name, doc, version, source, need)
+            except _statelog.PiecesMissing as exc:
+                os.close(fd)
+                # A newer save collected them: its document names pieces that are there.
+                # The same document missing them twice is damage, not a race.
+                if version == missed or attempt == _READS - 1:
+                    raise _statelog.missing_error(source, exc) from None
+                missed = version
+                continue
+            except BaseException:
+                os.close(fd)
+                raise
+            break
         if keep:
             # Keeping it open lets the next save of this run skip reading it again.
             self._handles.track(fd)
@@ -190,17 +227,62 @@ class FileStore(Store):
             os.close(fd)
         return cp
 
+    def _assemble(
+        self,
+        dir_fd: int,
+        name: str,
+        doc: dict[str, Any],
+        version: str,
+        source: str,
+        need: PiecesNeeded,
+    ) -> Checkpoint:
+        """The checkpoint of a schema-3 document, its state read from its pieces.
+
+        Raises:
+            PiecesMissing: a piece it names is not stored (read the document again).
+            CorruptCheckpoint: the reference or a piece is malformed.
+        """
+        try:
+            keys = _statelog.pieces_of(need.ref)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CorruptCheckpoint(
+                f"{source}: malformed state_ref ({type(exc).__name__}: {exc}); left untouched"
+            ) from exc
+        run = self._piece_dir(dir_fd, name, create=False, lock=False)
+        if run is None:
+            found: dict[str, bytes] = {}
+        else:
+            try:
+                found = run.read(keys, MAX_DOCUMENT_BYTES)
+            finally:
+                run.close()
+        return _statelog.checkpoint_with_pieces(
+            self, doc, version, source, doc.get("run_id"), found
+        )
+
+    def _piece_dir(self, dir_fd: int, name: str, *, create: bool, lock: bool) -> PieceDir | None:
+        """Open the run's directory of pieces (``_pieces``); None if absent and not ``create``."""
+        root = open_root(dir_fd, self._path, create=create, strict=self._strict)
+        if root is None:
+            return None
+        try:
+            return open_run(root, self._path, name, create=create, strict=self._strict, lock=lock)
+        finally:
+            os.close(root)
+
     # -- writing ------------------------------------------------------------------------
 
     def save(self, checkpoint: Checkpoint) -> Checkpoint:
         run_id = check_run_id(checkpoint.run_id)
-        text, copy = encode_state(checkpoint.state)
-        if len(text) > MAX_DOCUMENT_BYTES:  # characters <= bytes: refuse before any I/O
+        prepared = _statelog.prepare_save(self, checkpoint)
+        text = prepared.state_text
+        if text is not None and len(text) > MAX_DOCUMENT_BYTES:
+            # Characters <= bytes: refuse before any I/O.
             size = len(text.encode("utf-8", "backslashreplace"))
             raise too_large(run_id, size, MAX_DOCUMENT_BYTES)
         dir_fd = self._handles.begin()
         try:
-            return self._save_in(dir_fd, checkpoint, run_id, text, copy)
+            return self._save_in(dir_fd, checkpoint, run_id, prepared)
         finally:
             self._handles.end()
 
@@ -229,37 +311,108 @@ class FileStore(Store):
         return lock_fd, version, doc_active(doc)
 
     def _save_in(
-        self, dir_fd: int, checkpoint: Checkpoint, run_id: str, text: str, copy: dict[str, Any]
+        self, dir_fd: int, checkpoint: Checkpoint, run_id: str, prepared: _statelog.Prepared
     ) -> Checkpoint:
         name = encode_name(run_id)
-        lock_fd, current_version, was_active = self._current(dir_fd, name, run_id)
+        run: PieceDir | None = None
         try:
-            if current_version != checkpoint.version:
-                raise ConflictError(
-                    f"run {run_id!r}: expected version {checkpoint.version!r}, "
-                    f"stored {current_version!r}",
-                    run_id,
+            lock_fd, current_version, was_active = self._current(dir_fd, name, run_id)
+            try:
+                if current_version != checkpoint.version:
+                    raise ConflictError(
+                        f"run {run_id!r}: expected version {checkpoint.version!r}, "
+                        f"stored {current_version!r}",
+                        run_id,
+                    )
+                version = new_version(current_version)
+                text = prepared.state_text
+                saved = checkpoint.stored(
+                    prepared.state, text, version, utcnow(), prepared.bind(version)
                 )
-            version = new_version(current_version)
-            saved = checkpoint.stored(copy, text, version, utcnow())
-            document = encode_document(saved, text, extra={"version": version})
-            # JSON text can hold lone surrogates, which UTF-8 cannot; they only occur inside
-            # string literals, where the \\udXXX that backslashreplace writes is the JSON
-            # escape for the same character, so the document still round-trips exactly.
-            data = document.encode("utf-8", "backslashreplace")
-            if len(data) > MAX_DOCUMENT_BYTES:
-                raise too_large(run_id, len(data), MAX_DOCUMENT_BYTES)
-            active = saved.status in ACTIVE_STATUSES
-            if active and not was_active:
-                self._mark(name, saved.status)  # before the save, so no active run is unindexed
-            new_fd = self._publish(
-                dir_fd, name, data, create=current_version is None, unmark=was_active and not active
-            )
+                document = encode_document(
+                    saved, text, extra={"version": version}, **prepared.document_fields()
+                )
+                # JSON text can hold lone surrogates, which UTF-8 cannot; they only occur
+                # inside string literals, where the \\udXXX that backslashreplace writes is
+                # the JSON escape for the same character, so the document round-trips.
+                data = document.encode("utf-8", "backslashreplace")
+                if len(data) > MAX_DOCUMENT_BYTES:
+                    raise too_large(run_id, len(data), MAX_DOCUMENT_BYTES)
+                active = saved.status in ACTIVE_STATUSES
+                if active and not was_active:
+                    self._mark(name, saved.status)  # before the save: no active run unindexed
+                if prepared.pieces or prepared.collect_below is not None:
+                    # Held shared until the old pieces are collected: a delete of the run
+                    # waits (``_pieces``).
+                    run = self._piece_dir(dir_fd, name, create=bool(prepared.pieces), lock=True)
+                new_fd = self._write(
+                    dir_fd,
+                    name,
+                    data,
+                    prepared,
+                    run,
+                    create=current_version is None,
+                    unmark=was_active and not active,
+                )
+            finally:
+                if lock_fd is not None:
+                    self._handles.release(lock_fd)
+            self._handles.keep(name, Known(new_fd, version, active))
+            if prepared.collect_below is not None:
+                fire("pieces.collect")
+                if run is not None:
+                    self._collect(dir_fd, run, prepared.collect_below)
         finally:
-            if lock_fd is not None:
-                self._handles.release(lock_fd)
-        self._handles.keep(name, Known(new_fd, version, active))
+            if run is not None:
+                run.close()
         return saved
+
+    def _write(
+        self,
+        dir_fd: int,
+        name: str,
+        data: bytes,
+        prepared: _statelog.Prepared,
+        run: PieceDir | None,
+        *,
+        create: bool,
+        unmark: bool,
+    ) -> int:
+        """Write the save's pieces, then its document; return the document's open fd.
+
+        Pieces a save wrote are removed again if its document never landed: the
+        compare-and-swap lost, or anything failed before the document was written.
+        (A failure inside ``_publish`` may come after the rename: those pieces stay,
+        for the next new base to collect.)
+        """
+        try:
+            if prepared.pieces:
+                assert run is not None
+                run.write(prepared.pieces)
+                fire("pieces.written")
+        except BaseException:
+            if run is not None and prepared.pieces:
+                run.remove(prepared.piece_keys)
+            raise
+        try:
+            return self._publish(dir_fd, name, data, create=create, unmark=unmark)
+        except ConflictError:
+            if run is not None and prepared.pieces:
+                run.remove(prepared.piece_keys)
+            raise
+
+    def _collect(self, dir_fd: int, run: PieceDir, below: int) -> None:
+        """Delete the run's pieces below generation ``below``; a failure is only logged."""
+        try:
+            if not self._durable:
+                # The document naming the new pieces must outlast a power cut before the
+                # pieces the one it replaced named go: else the cut can bring that one
+                # back, torn.
+                with translating(self._path):
+                    sync(dir_fd)
+            run.collect(below)
+        except (OSError, StoreError) as exc:
+            logger.warning("could not collect old pieces in %s: %s", run.path, exc)
 
     def _publish(self, dir_fd: int, name: str, data: bytes, *, create: bool, unmark: bool) -> int:
         """Atomically put ``data`` at ``<name>.json``; return the new document's open fd.
@@ -389,6 +542,7 @@ class FileStore(Store):
             except FileNotFoundError:
                 return False
         self._unmark(name)
+        self._drop_pieces(dir_fd, name)
         return True
 
     def _delete_locked(self, dir_fd: int, name: str) -> None:
@@ -407,6 +561,35 @@ class FileStore(Store):
             self._unmark(name)
         # Lock files of releases before this index existed: their run is gone.
         unlink_quietly(dir_fd, name + ".lock")
+        self._drop_pieces(dir_fd, name)
+
+    def _drop_pieces(self, dir_fd: int, name: str) -> None:
+        """Remove a deleted run's pieces, after its document; a failure is only logged."""
+        try:
+            root = open_root(dir_fd, self._path, create=False, strict=self._strict)
+        except StoreError as exc:
+            logger.warning("could not remove the pieces of run %r: %s", run_of(name), exc)
+            return
+        if root is None:
+            return
+
+        def still_gone() -> bool:
+            try:
+                os.stat(name + ".json", dir_fd=dir_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                pass
+            else:
+                return False  # saved again since: a new run, whose pieces these are
+            if not self._durable:
+                # The document's removal must outlast a power cut before its pieces go:
+                # else the cut can bring the run back without them.
+                sync(dir_fd)
+            return True
+
+        try:
+            remove_run(root, self._path, name, self._strict, still_gone=still_gone)
+        finally:
+            os.close(root)
 
     # -- listing and housekeeping -------------------------------------------------------
 
@@ -451,7 +634,7 @@ class FileStore(Store):
                     yield run_id
                 continue
             try:
-                cp = self._load(stem, None, keep=False)
+                cp = self._load(stem, None, keep=False)  # its run_id only
             except CorruptCheckpoint as exc:
                 logger.warning("skipping %s in list_runs: %s", self._file(file_name), exc)
                 continue
@@ -502,6 +685,7 @@ class FileStore(Store):
                 logger.warning("skipping %s: not an index marker", self._file(f"{ACTIVE}/{name}"))
                 continue
             try:
+                # The metadata only: a long state's pieces are not read to list it.
                 cp = self._load(name, run_id, keep=False)
             except CorruptCheckpoint as exc:
                 logger.warning("skipping run %r in claimable: %s", run_id or name, exc)
@@ -551,6 +735,79 @@ class FileStore(Store):
             logger.debug("could not clean temp files in %s: %s", self._path, exc)
             return
         remove_stale_temps(dir_fd, self._path, names)
+
+    # -- the pieces of long states (``_pieces``) ---------------------------------------
+
+    def piece_keys(self, run_id: str) -> list[str]:
+        """Every piece key stored for ``run_id``, sorted (history, migration, checks).
+
+        Raises:
+            StoreError: something not ours is where the run's pieces go, or a call failed.
+        """
+        check_run_id(run_id)
+        dir_fd = self._handles.begin()
+        try:
+            run = self._piece_dir(dir_fd, encode_name(run_id), create=False, lock=False)
+            if run is None:
+                return []
+            try:
+                return run.keys()
+            finally:
+                run.close()
+        finally:
+            self._handles.end()
+
+    def pieces(self, run_id: str, keys: Sequence[str]) -> dict[str, bytes]:
+        """The data of those of ``keys`` stored for ``run_id``; absent keys are absent.
+
+        Raises:
+            ValueError: a key is not a piece key (``_pieces.KEY``).
+            CorruptCheckpoint: something not ours is at a key.
+            StoreError: something not ours is where the run's pieces go, or a call failed.
+        """
+        check_run_id(run_id)
+        wanted = [check_key(key) for key in keys]
+        dir_fd = self._handles.begin()
+        try:
+            run = self._piece_dir(dir_fd, encode_name(run_id), create=False, lock=False)
+            if run is None:
+                return {}
+            try:
+                return run.read(wanted, MAX_DOCUMENT_BYTES)
+            finally:
+                run.close()
+        finally:
+            self._handles.end()
+
+    def put_pieces(self, run_id: str, pieces: Sequence[_statelog.Piece]) -> None:
+        """Store ``pieces`` for ``run_id`` durably; a key already stored keeps its data.
+
+        Raises:
+            ValueError: a key is not a piece key, or does not start with its generation.
+            CheckpointTooLarge: a piece is over ``MAX_DOCUMENT_BYTES``.
+            StoreError: something not ours is where the run's pieces go, or a call failed.
+        """
+        check_run_id(run_id)
+        for piece in pieces:
+            check_key(piece.key)
+            if _statelog.gen_of(piece.key) != piece.gen:
+                raise ValueError(f"piece {piece.key!r} says generation {piece.gen}")
+            if not isinstance(piece.data, bytes):
+                raise TypeError(f"piece {piece.key!r}: data must be bytes")
+            if len(piece.data) > MAX_DOCUMENT_BYTES:
+                raise too_large(run_id, len(piece.data), MAX_DOCUMENT_BYTES)
+        if not pieces:
+            return
+        dir_fd = self._handles.begin()
+        try:
+            run = self._piece_dir(dir_fd, encode_name(run_id), create=True, lock=True)
+            assert run is not None
+            try:
+                run.write(pieces)
+            finally:
+                run.close()
+        finally:
+            self._handles.end()
 
     def listen(self, ring: Callable[[], None]) -> DirectoryListener | None:
         """Watch the store's directory with inotify; call ``ring`` when a run is saved.

@@ -1,0 +1,344 @@
+"""The pieces of long states (``stepstone._statelog``): ``DIR/.pieces/<name>/<key>``.
+
+``<name>`` is the run's name (``_names.encode_name``), ``<key>`` the piece key itself
+(``<gen>.<token>.<n>``, lowercase ASCII: checked, so a key read from a document can
+never name a path outside the run's directory). A piece is written once: a temp file
+in the run's directory, fsynced, linked to its key, then the directory fsynced, all
+before the document that names it is written, in both durability modes: with
+``durability=none`` a document's rename may survive a power cut, and pieces it names
+that did not would leave the run torn, which that mode promises never happens.
+
+Nothing is followed: ``.pieces`` and a run's directory are opened ``O_NOFOLLOW |
+O_DIRECTORY`` relative to the store's directory fd, pieces ``O_NOFOLLOW`` relative to
+their directory's fd, and with ``trust=strict`` both directories must be this user's
+(or root's) and not writable by everyone, as the store's own directory.
+
+A run's directory is ``flock``ed: shared by a save from before its pieces are written
+until it has collected the old ones, exclusive by ``delete`` while it removes them. So
+a delete never removes the pieces of a save of the same run_id under way (a run deleted
+and started again at once), and a save never writes into a directory a delete removed
+(it re-opens the directory until the one it locked is still the one at the name).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import re
+import stat
+import time
+from collections.abc import Callable, Iterable, Sequence
+
+from ..._errors import CorruptCheckpoint, StoreError, StorePermissionError
+from ..._statelog import Piece
+from ._disk import STALE_SECONDS, open_subdir, open_temp, read_all, scan, sync, write_all
+from ._errors import translating
+from ._names import TEMP_PREFIX, join
+from ._trust import OPT_OUT, who
+
+__all__ = [
+    "KEY",
+    "PIECES",
+    "PieceDir",
+    "check_key",
+    "open_root",
+    "open_run",
+    "remove_run",
+]
+
+logger = logging.getLogger("stepstone.stores.file")
+
+PIECES = ".pieces"
+#: A piece key as ``_statelog`` makes them: a generation, a dot, then lowercase ASCII.
+KEY = re.compile(r"[0-9]{1,18}\.[a-z0-9_-][a-z0-9_.-]{0,180}")
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+# O_NONBLOCK: a FIFO planted at a key fails the open instead of waiting for a writer.
+_O_READ = os.O_RDONLY | _O_CLOEXEC | _O_NOFOLLOW | os.O_NONBLOCK
+
+
+def check_key(key: object) -> str:
+    """Return ``key`` if it is a piece key this store can keep, else raise ``ValueError``."""
+    if not isinstance(key, str) or KEY.fullmatch(key) is None:
+        raise ValueError(
+            f"piece key {key!r} is not '<generation>.<lowercase letters, digits, _ - .>' "
+            "(at most 200 characters), as stepstone._statelog makes them"
+        )
+    return key
+
+
+def _foreign(path: str, what: str, exc: OSError) -> StoreError:
+    kind = "a symlink" if exc.errno == errno.ELOOP else "not a directory"
+    return StoreError(
+        f"{path}: {kind}, not the directory the file store keeps {what} in; refusing to "
+        "follow or use it, so nothing was read or written there. Move it away"
+    )
+
+
+def _check_dir(fd: int, path: str, strict: bool) -> None:
+    """With ``trust=strict``, refuse a pieces directory another user could change."""
+    if not strict:
+        return
+    st = os.fstat(fd)
+    if st.st_uid not in (0, os.geteuid()) or st.st_mode & stat.S_IWOTH:
+        raise StorePermissionError(
+            f"{path}: refusing this directory of pieces: owned by {who(st.st_uid)} with "
+            f"mode {stat.S_IMODE(st.st_mode):04o}, so another user could forge or remove "
+            f"the pieces of long states; {OPT_OUT}"
+        )
+
+
+def _open_dir(parent_fd: int, name: str, path: str, what: str, create: bool) -> int | None:
+    """Open the directory ``name`` in ``parent_fd`` (creating it, durably, with ``create``)."""
+    with translating(path):
+        for _ in range(3):
+            try:
+                return open_subdir(parent_fd, name)
+            except FileNotFoundError:
+                if not create:
+                    return None
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise _foreign(path, what, exc) from exc
+                raise
+            try:
+                os.mkdir(name, 0o700, dir_fd=parent_fd)
+            except FileExistsError:
+                continue  # made meanwhile by another saver: open it
+            # The new entry lives in the parent: durable before any piece in it is
+            # named by a document, in both modes.
+            sync(parent_fd)
+        raise StoreError(f"{path}: created and removed again three times; try again")
+
+
+def open_root(dir_fd: int, directory: str, *, create: bool, strict: bool) -> int | None:
+    """Open ``DIR/.pieces``; None if absent and not ``create``.
+
+    Raises:
+        StoreError: a symlink or a file is there (never followed), or the open failed.
+        StorePermissionError: with ``strict``, another user could change it.
+    """
+    path = join(directory, PIECES)
+    fd = _open_dir(dir_fd, PIECES, path, "the pieces of long states", create)
+    if fd is not None:
+        try:
+            _check_dir(fd, path, strict)
+        except BaseException:
+            os.close(fd)
+            raise
+    return fd
+
+
+class PieceDir:
+    """A run's directory of pieces, open (and, for writers, ``flock``ed)."""
+
+    __slots__ = ("fd", "path")
+
+    def __init__(self, fd: int, path: str) -> None:
+        self.fd = fd
+        self.path = path
+
+    def close(self) -> None:
+        """Close the directory (which releases its ``flock``)."""
+        os.close(self.fd)
+
+    def read(self, keys: Iterable[str], limit: int) -> dict[str, bytes]:
+        """The data of those of ``keys`` stored here; absent keys absent.
+
+        Raises:
+            CorruptCheckpoint: a key is malformed, or something not ours is at it.
+        """
+        found: dict[str, bytes] = {}
+        for key in keys:
+            if not isinstance(key, str) or KEY.fullmatch(key) is None:
+                raise CorruptCheckpoint(
+                    f"{self.path}: the document names the piece {key!r}, which is not a "
+                    "piece key; left untouched"
+                )
+            data = self._read_one(key, limit)
+            if data is not None:
+                found[key] = data
+        return found
+
+    def _read_one(self, key: str, limit: int) -> bytes | None:
+        where = join(self.path, key)
+        with translating(self.path, key):
+            try:
+                fd = os.open(key, _O_READ, dir_fd=self.fd)
+            except FileNotFoundError:
+                return None
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENXIO):
+                    raise CorruptCheckpoint(
+                        f"{where}: not a piece the file store wrote (a symlink or FIFO); "
+                        "refusing to follow it; left untouched"
+                    ) from exc
+                raise
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    raise CorruptCheckpoint(
+                        f"{where}: not a regular file, so not a piece the file store wrote; "
+                        "left untouched"
+                    )
+                return read_all(fd, st.st_size, limit)
+            finally:
+                os.close(fd)
+
+    def write(self, pieces: Sequence[Piece]) -> None:
+        """Store ``pieces`` durably: each whole under its key, or not at all.
+
+        A key already stored keeps what it holds (keys are written once).
+        """
+        for piece in pieces:
+            temp_fd, temp = open_temp(self.fd, self.path)
+            try:
+                with translating(self.path, temp):
+                    try:
+                        write_all(temp_fd, piece.data)
+                        sync(temp_fd)
+                    finally:
+                        os.close(temp_fd)
+                # link, not rename: a key that exists is never replaced.
+                with translating(self.path, piece.key), contextlib.suppress(FileExistsError):
+                    os.link(
+                        temp,
+                        piece.key,
+                        src_dir_fd=self.fd,
+                        dst_dir_fd=self.fd,
+                        follow_symlinks=False,
+                    )
+            finally:
+                with contextlib.suppress(OSError):
+                    os.unlink(temp, dir_fd=self.fd)
+        with translating(self.path):
+            sync(self.fd)
+
+    def names(self) -> list[str]:
+        """Every entry of the directory (keys, temps, and whatever else is there)."""
+        with translating(self.path):
+            return [entry.name for entry in scan(self.fd, ".")]
+
+    def keys(self) -> list[str]:
+        """Every piece key stored here, sorted."""
+        return sorted(name for name in self.names() if KEY.fullmatch(name) is not None)
+
+    def remove(self, keys: Iterable[str]) -> None:
+        """Remove these pieces if present; best effort (a piece left is only garbage)."""
+        for key in keys:
+            try:
+                os.unlink(key, dir_fd=self.fd)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                logger.warning("could not remove piece %s: %s", join(self.path, key), exc)
+
+    def collect(self, below: int) -> None:
+        """Remove the pieces of generations below ``below``, and stale temp files."""
+        cutoff = time.time() - STALE_SECONDS
+        doomed: list[str] = []
+        for name in self.names():
+            if KEY.fullmatch(name) is not None:
+                if int(name.split(".", 1)[0]) < below:
+                    doomed.append(name)
+            elif name.startswith(TEMP_PREFIX):
+                with contextlib.suppress(OSError):
+                    st = os.stat(name, dir_fd=self.fd, follow_symlinks=False)
+                    if st.st_mtime < cutoff and stat.S_ISREG(st.st_mode):
+                        doomed.append(name)
+            else:
+                logger.warning(
+                    "leaving %s: not a piece the file store wrote", join(self.path, name)
+                )
+        self.remove(doomed)
+
+
+def _lock(fd: int, path: str, shared: bool) -> None:
+    with translating(path):
+        fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+
+
+def _same(fd: int, parent_fd: int, name: str) -> bool:
+    """Whether the directory open at ``fd`` is still the one at ``name``."""
+    try:
+        there = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return os.path.samestat(there, os.fstat(fd))
+
+
+def open_run(
+    root_fd: int, directory: str, name: str, *, create: bool, strict: bool, lock: bool
+) -> PieceDir | None:
+    """Open the run's directory of pieces; None if absent and not ``create``.
+
+    With ``lock``, hold it shared (a saver's lock; see the module docstring), re-opening
+    it until the directory locked is the one at the name.
+
+    Raises:
+        StoreError: a symlink or a file is there (never followed), or a call failed.
+        StorePermissionError: with ``strict``, another user could change it.
+    """
+    path = join(join(directory, PIECES), name)
+    for _ in range(100):
+        fd = _open_dir(root_fd, name, path, "a run's pieces", create)
+        if fd is None:
+            return None
+        try:
+            _check_dir(fd, path, strict)
+            if not lock:
+                return PieceDir(fd, path)
+            _lock(fd, path, shared=True)
+            with translating(path):
+                if _same(fd, root_fd, name):
+                    return PieceDir(fd, path)
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)  # removed by a delete while we waited: start over
+    raise StoreError(f"{path}: removed under this save 100 times; try again")
+
+
+def remove_run(
+    root_fd: int, directory: str, name: str, strict: bool, *, still_gone: Callable[[], bool]
+) -> None:
+    """Remove a deleted run's pieces and their directory; best effort, logged.
+
+    ``still_gone()`` is asked once the directory is locked exclusively: False means the
+    run was saved again meanwhile (a new run under the same run_id), whose pieces stay.
+    """
+    path = join(join(directory, PIECES), name)
+    try:
+        fd = open_subdir(root_fd, name)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            # Planted at the run's name: delete is the operator's explicit request, so the
+            # entry goes, never what it points to.
+            logger.warning("removing %s: not a directory the file store made", path)
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=root_fd)
+            return
+        logger.warning("could not remove the pieces in %s: %s", path, exc)
+        return
+    run = PieceDir(fd, path)
+    try:
+        _check_dir(fd, path, strict)
+        _lock(fd, path, shared=False)
+        if not still_gone():
+            return
+        # Under the exclusive lock no saver is in the directory: every temp is a leftover.
+        ours = [n for n in run.names() if KEY.fullmatch(n) or n.startswith(TEMP_PREFIX)]
+        run.remove(ours)
+        try:
+            os.rmdir(name, dir_fd=root_fd)
+        except OSError as exc:
+            logger.warning("leaving %s: %s (files the file store did not write?)", path, exc)
+    except (OSError, StoreError) as exc:
+        logger.warning("could not remove the pieces in %s: %s", path, exc)
+    finally:
+        run.close()

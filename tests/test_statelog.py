@@ -1,0 +1,449 @@
+"""Unit tests of ``stepstone._statelog`` on ``memory://``: change detection, refusals, bases.
+
+A long state (JSON above ``INLINE_MAX``) is kept as a base plus a log of changes. Each
+test saves checkpoints straight through the store and compares what a fresh load
+returns with what was saved, and, where it matters, with the same state saved whole.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+import stepstone
+from stepstone import CorruptCheckpoint, InvalidState, Step, open_store
+from stepstone import _statelog as sl
+from stepstone._checkpoint import Checkpoint, Stored
+from stepstone._codec import MAX_DEPTH, dump_json
+from stepstone.stores.memory import MemoryStore
+
+State = dict[str, Any]
+
+
+def _store() -> MemoryStore:
+    return MemoryStore()
+
+
+def _long(n: int = 0) -> State:
+    """A state well above INLINE_MAX: a transcript of messages."""
+    return {
+        "messages": [{"i": i, "text": "m" * 200} for i in range(sl.INLINE_MAX // 100 + n)],
+        "meta": {"a": 1, "b": {"c": [1, 2]}},
+    }
+
+
+def _save(store: MemoryStore, cp: Checkpoint, state: State | None = None) -> Checkpoint:
+    """Save ``cp`` (with ``state`` if given) as the runner would: the next step."""
+    if state is not None:
+        cp = replace(cp, state=state, step=cp.step + 1)
+    return store.save(cp)
+
+
+def _first(store: MemoryStore, state: State) -> Checkpoint:
+    return store.save(Checkpoint(f"r-{uuid.uuid4().hex[:8]}", state=state))
+
+
+def _loaded(store: MemoryStore, run_id: str) -> State:
+    cp = store.load(run_id)
+    assert cp is not None
+    return cp.state
+
+
+def _decode(data: bytes) -> Any:
+    from stepstone._codec import decode_json
+
+    return decode_json(data)
+
+
+def _newest_ops(store: MemoryStore, cp: Checkpoint) -> list[Any]:
+    handle = cp.stored_state
+    assert isinstance(handle, Stored) and handle.ref is not None
+    keys = sl.pieces_of(handle.ref)[len(handle.ref["base"]) :]
+    assert keys, "no log piece: the save was written whole"
+    ops: list[Any] = _decode(store.pieces(cp.run_id, [keys[-1]])[keys[-1]])
+    return ops
+
+
+def _ref(cp: Checkpoint) -> dict[str, Any]:
+    handle = cp.stored_state
+    assert isinstance(handle, Stored) and handle.ref is not None
+    return handle.ref
+
+
+# -- change detection ----------------------------------------------------------------------
+
+
+def test_an_append_in_place_is_logged_as_its_tail_only() -> None:
+    """Appending to the handed list in place writes one "x" op with the new item only."""
+    store = _store()
+    cp = _first(store, _long())
+    state = cp.state
+    state["messages"].append({"i": -1, "text": "new"})
+    cp = _save(store, cp, state)
+    assert _newest_ops(store, cp) == [["x", ["messages"], [{"i": -1, "text": "new"}]]]
+    assert _loaded(store, cp.run_id) == state
+
+
+def test_an_append_by_a_new_list_is_logged_as_its_tail_only() -> None:
+    """A new list whose head is the handed list's items is an append too."""
+    store = _store()
+    cp = _first(store, _long())
+    state = dict(cp.state)
+    state["messages"] = [*cp.state["messages"], {"i": -2}]
+    cp = _save(store, cp, state)
+    assert _newest_ops(store, cp) == [["x", ["messages"], [{"i": -2}]]]
+    assert _loaded(store, cp.run_id) == state
+
+
+def test_an_item_replaced_in_place_inside_the_stored_prefix_is_detected() -> None:
+    """Changing an item of the stored prefix in place is seen (== with the private copy)."""
+    store = _store()
+    cp = _first(store, _long())
+    state = cp.state
+    state["messages"][3]["text"] = "changed"
+    state["messages"].append({"i": -3})
+    cp = _save(store, cp, state)
+    loaded = _loaded(store, cp.run_id)
+    assert loaded["messages"][3]["text"] == "changed"
+    assert loaded == state
+
+
+def test_nested_keys_set_and_deleted() -> None:
+    """Setting and deleting keys deep in dicts is logged and replayed exactly."""
+    store = _store()
+    cp = _first(store, _long())
+    state = cp.state
+    state["meta"]["b"]["new"] = {"x": [1, {"y": None}]}
+    del state["meta"]["a"]
+    state["top"] = "t"
+    cp = _save(store, cp, state)
+    ops = _newest_ops(store, cp)
+    assert ["d", ["meta", "a"]] in ops
+    assert _loaded(store, cp.run_id) == state
+    state = cp.state
+    del state["meta"]
+    cp = _save(store, cp, state)
+    assert _newest_ops(store, cp) == [["d", ["meta"]]]
+    assert _loaded(store, cp.run_id) == state
+
+
+def test_an_equal_value_of_another_type_is_saved_as_the_new_type() -> None:
+    """A key set from 1 to True (equal in Python) is stored as True."""
+    store = _store()
+    base = _long()
+    base["flag"] = 1
+    base["ratio"] = 2
+    cp = _first(store, base)
+    state = cp.state
+    state["flag"] = True
+    state["ratio"] = 2.0
+    cp = _save(store, cp, state)
+    loaded = _loaded(store, cp.run_id)
+    assert loaded["flag"] is True
+    assert type(loaded["ratio"]) is float
+
+
+def test_an_unchanged_state_writes_no_piece() -> None:
+    """A save that changes nothing keeps naming the same pieces."""
+    store = _store()
+    cp = _first(store, _long())
+    before = store.piece_keys(cp.run_id)
+    cp = _save(store, cp, cp.state)
+    assert store.piece_keys(cp.run_id) == before
+    assert _loaded(store, cp.run_id) == _long()
+
+
+def test_mutating_the_handed_state_after_the_save_changes_nothing_stored() -> None:
+    """A step that changes the state it was handed after the save does not change the store."""
+    store = _store()
+    cp = _first(store, _long())
+    state = cp.state
+    state["messages"].append({"i": "after"})
+    cp = _save(store, cp, state)
+    expected = _loaded(store, cp.run_id)
+    cp.state["messages"].append({"i": "later"})
+    cp.state["messages"][0]["text"] = "rewritten"
+    cp.state["meta"]["a"] = 99
+    state["messages"].clear()
+    assert _loaded(store, cp.run_id) == expected
+    # And the next save sees those late changes as changes.
+    again = _save(store, cp, cp.state)
+    assert _loaded(store, again.run_id) == cp.state
+
+
+def test_the_saved_state_shares_no_container_with_the_private_copy() -> None:
+    """No list or dict of the returned state is one of the handle's private copy."""
+    store = _store()
+    cp = _first(store, _long())
+    state = cp.state
+    state["messages"].append({"i": 0})
+    cp = _save(store, cp, state)
+    handle = cp.stored_state
+    assert isinstance(handle, Stored) and handle.private is not None
+
+    def containers(value: Any, out: set[int]) -> set[int]:
+        if isinstance(value, dict):
+            out.add(id(value))
+            for item in value.values():
+                containers(item, out)
+        elif isinstance(value, list):
+            out.add(id(value))
+            for item in value:
+                containers(item, out)
+        return out
+
+    assert not containers(cp.state, set()) & containers(handle.private, set())
+    loaded = store.load(cp.run_id)
+    assert loaded is not None and isinstance(loaded.stored_state, Stored)
+    assert loaded.stored_state.private is not None
+    assert not containers(loaded.state, set()) & containers(loaded.stored_state.private, set())
+
+
+# -- refusals ------------------------------------------------------------------------------
+
+
+def _refusal(state: State) -> str:
+    with pytest.raises(InvalidState) as caught:
+        MemoryStore().save(Checkpoint("whole", state=state))
+    return str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {1, 2},
+        float("nan"),
+        (1, 2),
+        {1: "int key"},
+        "\ud800",
+        object(),
+    ],
+    ids=["set", "nan", "tuple", "int-key", "surrogate", "object"],
+)
+def test_a_non_json_value_in_a_delta_is_refused_as_a_whole_save_would(bad: Any) -> None:
+    """A bad value added to a long state is refused with the whole save's message and path."""
+    store = _store()
+    cp = _first(store, _long())
+    state = cp.state
+    state["meta"]["b"]["bad"] = bad
+    with pytest.raises(InvalidState) as caught:
+        _save(store, cp, state)
+    whole = dict(_long())
+    whole["meta"] = {"a": 1, "b": {"c": [1, 2], "bad": bad}}
+    assert str(caught.value) == _refusal(whole)
+    assert _loaded(store, cp.run_id) == _long()
+
+
+def _nested(levels: int) -> Any:
+    value: Any = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("extra", [-2, -1, 0, 1, 2])
+def test_the_depth_limit_is_as_strict_in_a_delta_as_in_a_whole_save(extra: int) -> None:
+    """Deep nesting added to a long state is accepted or refused exactly as saved whole."""
+    levels = MAX_DEPTH - 3 + extra  # under meta.b: the value's own levels start at 4
+    whole = _long()
+    whole["meta"]["b"]["deep"] = _nested(levels)
+    try:
+        MemoryStore().save(Checkpoint("whole", state=whole))
+        refused_whole: str | None = None
+    except InvalidState as exc:
+        refused_whole = str(exc)
+    store = _store()
+    cp = _first(store, _long())
+    state = cp.state
+    state["meta"]["b"]["deep"] = _nested(levels)
+    try:
+        cp = _save(store, cp, state)
+        refused_delta: str | None = None
+    except InvalidState as exc:
+        refused_delta = str(exc)
+    assert refused_delta == refused_whole, (levels, refused_whole, refused_delta)
+    if refused_delta is None:
+        assert _loaded(store, cp.run_id) == whole
+
+
+def test_the_depth_boundary_is_exercised_on_both_sides() -> None:
+    """Of the depths tried above, at least one is accepted and one refused (the test can fail)."""
+    outcomes = set()
+    for extra in (-2, -1, 0, 1, 2):
+        whole = _long()
+        whole["meta"]["b"]["deep"] = _nested(MAX_DEPTH - 3 + extra)
+        try:
+            MemoryStore().save(Checkpoint("whole", state=whole))
+            outcomes.add("accepted")
+        except InvalidState:
+            outcomes.add("refused")
+    assert outcomes == {"accepted", "refused"}
+
+
+# -- bases and logs ------------------------------------------------------------------------
+
+
+def test_a_new_base_when_the_log_exceeds_log_factor_times_the_base() -> None:
+    """Appending until the log outgrows LOG_FACTOR x base writes a new base, collecting the old."""
+    store = _store()
+    cp = _first(store, _long())
+    first_base = _ref(cp)["base"]
+    base_bytes = _ref(cp)["base_bytes"]
+    chunk = "z" * 4000
+    rebased_at = None
+    for n in range(200):
+        state = cp.state
+        state["messages"].append({"n": n, "text": chunk})
+        cp = _save(store, cp, state)
+        ref = _ref(cp)
+        if ref["base"] != first_base:
+            rebased_at = n
+            break
+        assert ref["log_bytes"] <= sl.LOG_FACTOR * max(base_bytes, sl.INLINE_MAX)
+    assert rebased_at is not None
+    assert _ref(cp)["log"] == [] and _ref(cp)["log_count"] == 0
+    # Just past the limit: the rebasing save is the first whose log would exceed it.
+    assert rebased_at * 4000 > (sl.LOG_FACTOR - 1) * base_bytes
+    assert not set(first_base) & set(store.piece_keys(cp.run_id))
+    assert _loaded(store, cp.run_id) == cp.state
+
+
+def test_a_new_base_after_log_max_pieces() -> None:
+    """Tiny changes: the log holds at most LOG_MAX pieces, then a new base is written."""
+    store = _store()
+    big = _long()
+    big["pad"] = "p" * (sl.LOG_MAX * 200)  # a base large enough that bytes never decide
+    cp = _first(store, big)
+    counts = []
+    for n in range(sl.LOG_MAX + 2):
+        state = cp.state
+        state["counter"] = n
+        cp = _save(store, cp, state)
+        counts.append(_ref(cp)["log_count"])
+    assert max(counts) == sl.LOG_MAX
+    assert counts[sl.LOG_MAX] == 0  # the (LOG_MAX + 1)th change: a new base
+    assert _loaded(store, cp.run_id)["counter"] == sl.LOG_MAX + 1
+    assert len(store.piece_keys(cp.run_id)) <= sl.LOG_MAX + 2
+
+
+def test_a_run_loads_what_run_returned() -> None:
+    """stepstone.run with a growing state: the loaded state equals run()'s result."""
+    store = open_store(f"memory://statelog-{uuid.uuid4().hex}")
+
+    def grow(state: State) -> State:
+        items = state.get("items", [])
+        items.append({"n": len(items), "text": "q" * 2000})
+        return {**state, "items": items}
+
+    steps = [Step(f"s{i}", grow) for i in range(40)]
+    final = stepstone.run("grow", steps, store)
+    cp = store.load("grow")
+    assert cp is not None and cp.state == final
+    assert len(final["items"]) == 40
+    # Collection works: only the pieces the document names are kept, and they hold at
+    # most about LOG_FACTOR + 1 times the state (never the run's history).
+    ref = _ref(cp)
+    assert store.piece_keys("grow") == sorted(sl.pieces_of(ref))
+    held = sum(map(len, store.pieces("grow", store.piece_keys("grow")).values()))
+    assert held <= (sl.LOG_FACTOR + 1) * len(dump_json(final)) + sl.INLINE_MAX
+
+
+# -- migration, corruption, missing pieces -------------------------------------------------
+
+
+def test_a_checkpoint_from_another_store_is_written_whole() -> None:
+    """A checkpoint loaded from store A and saved to store B carries no delta to B."""
+    a, b = _store(), _store()
+    cp = _first(a, _long())
+    state = cp.state
+    state["messages"].append({"i": "a"})
+    cp = _save(a, cp, state)
+    loaded = a.load(cp.run_id)
+    assert loaded is not None
+    moved = b.save(replace(loaded, version=None))
+    ref = _ref(moved)
+    assert ref["log"] == []
+    assert b.piece_keys(cp.run_id) == sorted(ref["base"])
+    assert _loaded(b, cp.run_id) == loaded.state
+
+
+def _tamper(store: MemoryStore, run_id: str, key: str, data: bytes) -> None:
+    piece = store._pieces[run_id][key]  # the test plays a damaged disk
+    store._pieces[run_id][key] = sl.Piece(key, piece.gen, data)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not-json", "log-not-json"])
+def test_a_tampered_piece_gives_corrupt_checkpoint_naming_the_run(damage: str) -> None:
+    """A truncated or invalid piece is CorruptCheckpoint, naming the run, never a wrong state."""
+    store = _store()
+    cp = _first(store, _long())
+    state = cp.state
+    state["messages"].append({"i": "x"})
+    cp = _save(store, cp, state)
+    ref = _ref(cp)
+    if damage == "truncated":
+        key = ref["base"][0]
+        data = store.pieces(cp.run_id, [key])[key][:-5]
+    elif damage == "not-json":
+        key = ref["base"][0]
+        data = b"{" + store.pieces(cp.run_id, [key])[key][1:-1] + b"x"
+    else:
+        key = sl.pieces_of(ref)[-1]
+        data = b'[["x", oops'
+    _tamper(store, cp.run_id, key, data)
+    with pytest.raises(CorruptCheckpoint) as caught:
+        store.load(cp.run_id)
+    assert repr(cp.run_id) in str(caught.value) or cp.run_id in str(caught.value)
+
+
+def test_assemble_raises_pieces_missing_and_missing_error_names_the_key() -> None:
+    """A document naming a collected piece: PiecesMissing, then CorruptCheckpoint with its key."""
+    store = _store()
+    cp = _first(store, _long())
+    ref = _ref(cp)
+    keys = sl.pieces_of(ref)
+    held = store.pieces(cp.run_id, keys)
+    del held[keys[0]]
+    with pytest.raises(sl.PiecesMissing) as caught:
+        sl.assemble(store, cp.run_id, cp.version, ref, held, f"memory run {cp.run_id!r}")
+    assert caught.value.keys == [keys[0]]
+    error = sl.missing_error(f"memory run {cp.run_id!r}", caught.value)
+    assert isinstance(error, CorruptCheckpoint)
+    assert keys[0] in str(error) and cp.run_id in str(error)
+
+
+def test_gen_of_and_pieces_of_agree_with_the_keys_written() -> None:
+    """Every piece key starts with its generation, and the ref names them in order."""
+    store = _store()
+    cp = _first(store, _long())
+    state = cp.state
+    state["messages"].append({"i": 1})
+    cp = _save(store, cp, state)
+    ref = _ref(cp)
+    keys = sl.pieces_of(ref)
+    assert sorted(keys) == store.piece_keys(cp.run_id)
+    assert [sl.gen_of(k) for k in keys] == sorted(sl.gen_of(k) for k in keys)
+    assert sl.gen_of(keys[-1]) == ref["gen"]
+
+
+def test_a_failed_step_that_dirtied_its_long_state_stores_the_state_before_it() -> None:
+    """A step that changes its handed long state in place, then fails: the old state is kept."""
+    store = open_store(f"memory://statelog-{uuid.uuid4().hex}")
+
+    def first(state: State) -> State:
+        return {"transcript": ["x" * (2 * sl.INLINE_MAX)], "a": 1}
+
+    def dirty(state: State) -> State:
+        state["junk"] = 1
+        state["a"] = "dirty"
+        state["transcript"].append("half")
+        raise RuntimeError("boom")
+
+    with pytest.raises(stepstone.StepFailed):
+        stepstone.run("dirty", [Step("first", first), Step("dirty", dirty)], store)
+    cp = store.load("dirty")
+    assert cp is not None and cp.step == 0
+    assert cp.state == {"transcript": ["x" * (2 * sl.INLINE_MAX)], "a": 1}
