@@ -22,7 +22,6 @@ from typing import Any
 import pytest
 
 from stepstone import (
-    CheckpointTooLarge,
     ConfigError,
     ConflictError,
     CorruptCheckpoint,

@@ -6,7 +6,8 @@ driven by ``run`` in ``_runner.py`` and ``arun`` in ``_arunner.py``; one executi
 ``Plan`` in ``_plan.py``; steps, workflows and the base of suspending steps in
 ``_steps.py``; ``WaitFor``, ``Sleep`` and ``Map`` in ``_suspend.py``; leases in
 ``_lease.py``; start, cancel and signal in ``_control.py``; moving runs onto a
-newer workflow version in ``_upgrade.py``;
+newer workflow version in ``_upgrade.py``; a run's kept saves, ``fork`` and ``rerun`` in
+``_history.py``;
 the worker in ``_worker.py``; the Store contract in ``_store.py``; config strings in
 ``_registry.py``; errors in ``_errors.py``; each backend in ``stores/``; the contract
 suite in ``testing/``; the command line in ``cli``.
@@ -20,6 +21,7 @@ from ._errors import (
     ConfigError,
     ConflictError,
     CorruptCheckpoint,
+    HistoryNotKept,
     InputMismatch,
     InvalidRunId,
     InvalidState,
@@ -30,6 +32,7 @@ from ._errors import (
     RunNotFound,
     RunOwned,
     StepFailed,
+    StepNotKept,
     StepstoneError,
     StoreError,
     StorePermissionError,
@@ -42,6 +45,7 @@ if TYPE_CHECKING:  # what the names below are, for type checkers; imported on fi
     from ._arunner import arun
     from ._checkpoint import SCHEMA_VERSION, Checkpoint, Failure, RunStatus, Signal, check_run_id
     from ._control import acancel, asignal, astart, cancel, signal, start
+    from ._history import HistoryEntry, afork, ahistory, arerun, fork, history, rerun
     from ._lease import DEFAULT_LEASE
     from ._registry import DEFAULT_STORE, open_store, register_store, schemes
     from ._runner import run
@@ -62,6 +66,7 @@ _LAZY: dict[str, str] = {
     "DEFAULT_STORE": "._registry",
     "Diagnosis": "._store",
     "Failure": "._checkpoint",
+    "HistoryEntry": "._history",
     "Map": "._suspend",
     "RetryPolicy": "._steps",
     "RunInfo": "._store",
@@ -77,14 +82,20 @@ _LAZY: dict[str, str] = {
     "Worker": "._worker",
     "Workflow": "._steps",
     "acancel": "._control",
+    "afork": "._history",
+    "ahistory": "._history",
+    "arerun": "._history",
     "arun": "._arunner",
     "asignal": "._control",
     "astart": "._control",
     "aupgrade": "._upgrade",
     "cancel": "._control",
     "check_run_id": "._checkpoint",
+    "fork": "._history",
+    "history": "._history",
     "open_store": "._registry",
     "register_store": "._registry",
+    "rerun": "._history",
     "run": "._runner",
     "schemes": "._registry",
     "signal": "._control",
@@ -118,6 +129,8 @@ __all__ = [
     "DEFAULT_STORE",
     "Diagnosis",
     "Failure",
+    "HistoryEntry",
+    "HistoryNotKept",
     "InputMismatch",
     "InvalidRunId",
     "InvalidState",
@@ -137,6 +150,7 @@ __all__ = [
     "Step",
     "StepContext",
     "StepFailed",
+    "StepNotKept",
     "StepstoneError",
     "Store",
     "StoreError",
@@ -149,14 +163,20 @@ __all__ = [
     "Workflow",
     "WorkflowChanged",
     "acancel",
+    "afork",
+    "ahistory",
+    "arerun",
     "arun",
     "asignal",
     "astart",
     "aupgrade",
     "cancel",
     "check_run_id",
+    "fork",
+    "history",
     "open_store",
     "register_store",
+    "rerun",
     "run",
     "schemes",
     "signal",

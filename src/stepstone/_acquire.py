@@ -96,6 +96,7 @@ def _create(plan: Plan) -> Generator[Effect, Any, Checkpoint | None]:
         input=encode_state(state)[1] if plan.input is not None else None,
         workflow=workflow,
         workflow_version=version,
+        history=plan.history,
     )
     try:
         cp: Checkpoint = yield Save(_lease.claimed(fresh, plan.owner, plan.lease), "start")

@@ -72,6 +72,7 @@ def make_plan(
         lease=seconds,
         on=tracing(),
         preclaimed=preclaimed,
+        history=isinstance(steps, Workflow) and steps.history,
     )
 
 

@@ -161,6 +161,24 @@ class RunNotActive(StepstoneError, ValueError):
         self.status = status
 
 
+class HistoryNotKept(StepstoneError, ValueError):
+    """The run keeps no history: not started with ``Workflow(history=True)``, or its store
+    holds no pieces (Cosmos DB). ``history``, ``fork`` and ``rerun`` need one."""
+
+    def __init__(self, message: str, run_id: str) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+
+
+class StepNotKept(StepstoneError, ValueError):
+    """``fork``/``rerun`` named a step the run's history holds no save for (or no step)."""
+
+    def __init__(self, message: str, run_id: str, step: object) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+        self.step = step
+
+
 class StoreError(StepstoneError):
     """A store could not do what was asked."""
 

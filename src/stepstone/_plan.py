@@ -29,6 +29,7 @@ class Plan:
 
     __slots__ = (
         "current",
+        "history",
         "input",
         "lease",
         "names",
@@ -55,6 +56,7 @@ class Plan:
         lease: float,
         on: bool,
         preclaimed: Checkpoint | None = None,
+        history: bool = False,
     ) -> None:
         # --- the run's inputs, fixed -------------------------------------------------
         self.run_id: Final = run_id
@@ -63,6 +65,8 @@ class Plan:
         self.total: Final = len(steps)
         self.input: Final = input
         self.workflow: Final = workflow
+        #: A new run keeps every save (``Workflow(history=True)``).
+        self.history: Final = history
         self.owner: Final = owner
         self.lease: Final = lease
         #: Whether spans are recorded (an OpenTelemetry SDK is configured).

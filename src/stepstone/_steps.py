@@ -287,9 +287,13 @@ class Workflow:
     that declares an upgrade from that version: ``upgrades={"2": fn}`` moves a run of
     version "2" onto this one at a step boundary, its state replaced by ``fn(state)``
     (``stepstone.upgrade``; the rules are in ``_upgrade``).
+
+    ``history=True``: each run keeps every save, not only its latest, so that
+    ``stepstone.history`` lists them and ``fork``/``rerun`` start again from any step
+    (on a backend that holds pieces: memory, file, SQLite, PostgreSQL, MySQL).
     """
 
-    __slots__ = ("name", "steps", "upgrades", "version")
+    __slots__ = ("history", "name", "steps", "upgrades", "version")
 
     def __init__(
         self,
@@ -298,7 +302,10 @@ class Workflow:
         *,
         version: str | None = None,
         upgrades: Mapping[str | None, Callable[[dict[str, Any]], dict[str, Any]]] | None = None,
+        history: bool = False,
     ) -> None:
+        if not isinstance(history, bool):
+            raise InvalidWorkflow(f"workflow {name!r}: history must be True or False")
         if not isinstance(name, str) or not name or len(name) > 200:
             raise InvalidWorkflow(
                 f"a workflow name must be a str of 1-200 characters, got {name!r}"
@@ -308,6 +315,8 @@ class Workflow:
             raise InvalidWorkflow(f"workflow {name!r}: version must be a non-empty str or None")
         self.name = name
         self.version = version
+        #: Every save of its runs is kept (``stepstone.history``, ``fork``, ``rerun``).
+        self.history = history
         self.steps: tuple[Any, ...] = tuple(check_steps(steps))
         self.upgrades: Mapping[str | None, Callable[[dict[str, Any]], dict[str, Any]]] = (
             _check_upgrades(name, version, upgrades)
@@ -322,6 +331,8 @@ class Workflow:
         shown = "" if self.version is None else f", version={self.version!r}"
         if self.upgrades:
             shown += f", upgrades from {', '.join(repr(v) for v in self.upgrades)}"
+        if self.history:
+            shown += ", history kept"
         return f"Workflow({self.name!r}, {len(self.steps)} steps{shown})"
 
 

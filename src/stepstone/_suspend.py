@@ -415,6 +415,7 @@ def queued(
         workflow_version=workflow.version,
         queued=True,
         parent=parent,
+        history=workflow.history,
     )
 
 

@@ -1,4 +1,4 @@
-"""``stepstone runs ...``: list, show, delete, prune, cancel and signal runs."""
+"""``stepstone runs ...``: list, show, history, fork, rerun, delete, prune, cancel, signal."""
 
 from __future__ import annotations
 
@@ -76,6 +76,46 @@ def add_parsers(commands: Any, store: argparse.ArgumentParser, parser_class: typ
     )
     show.add_argument("run_id", metavar="RUN_ID")
     show.set_defaults(handler=_show)
+
+    hist = actions.add_parser(
+        "history",
+        parents=[store],
+        help="list a run's kept saves (runs of Workflow(history=True))",
+        description=(
+            "List every kept save of a run, oldest first: step, time, attempt, status, "
+            "state size and what the save changed."
+        ),
+    )
+    hist.add_argument("run_id", metavar="RUN_ID")
+    hist.set_defaults(handler=_history)
+
+    fork = actions.add_parser(
+        "fork",
+        parents=[store],
+        help="start a new run from the state a run had after a step",
+        description=(
+            "Write NEW_RUN_ID with the state RUN_ID had after step AT_STEP (-1: its input); "
+            "it continues at the next step. RUN_ID is not changed."
+        ),
+    )
+    fork.add_argument("run_id", metavar="RUN_ID")
+    fork.add_argument("at_step", metavar="AT_STEP", type=int)
+    fork.add_argument("new_run_id", metavar="NEW_RUN_ID")
+    fork.set_defaults(handler=_fork)
+
+    rerun = actions.add_parser(
+        "rerun",
+        parents=[store],
+        help="rewind a run to before a step, to run it again from there",
+        description=(
+            "Rewind RUN_ID to the state it had before step FROM_STEP (its failure and "
+            "attempts cleared), optionally updated with --patch, a JSON object."
+        ),
+    )
+    rerun.add_argument("run_id", metavar="RUN_ID")
+    rerun.add_argument("from_step", metavar="FROM_STEP", type=int)
+    rerun.add_argument("--patch", metavar="JSON", help="a JSON object merged into the state")
+    rerun.set_defaults(handler=_rerun)
 
     delete = actions.add_parser("delete", parents=[store], help="delete one run")
     delete.add_argument("run_id", metavar="RUN_ID")
@@ -423,6 +463,74 @@ def _show(args: argparse.Namespace) -> int:
     # json escapes C0 controls; safe() the rest (C1, bidi), line by line.
     for line in text.split("\n"):
         out(safe(line))
+    return EXIT_OK
+
+
+def _history(args: argparse.Namespace) -> int:
+    history = _runtime("history")
+    with opened(store_config(args)) as store:
+        entries = history(store, args.run_id)
+    if args.json:
+        emit_json(
+            [
+                {
+                    "step": e.step,
+                    "step_name": e.step_names[-1] if e.step_names else None,
+                    "at": iso(e.at),
+                    "attempt": e.attempt,
+                    "status": e.status,
+                    "size": e.size,
+                    "changes": list(e.changes),
+                }
+                for e in entries
+            ]
+        )
+        return EXIT_OK
+    rows = [
+        [
+            str(e.step),
+            safe(e.step_names[-1]) if e.step_names else "-",
+            when(e.at),
+            str(e.attempt),
+            e.status,
+            str(e.size),
+            safe(", ".join(e.changes))[:60],
+        ]
+        for e in entries
+    ]
+    for line in table(["STEP", "NAME", "AT", "ATTEMPT", "STATUS", "BYTES", "CHANGED"], rows):
+        out(line)
+    return EXIT_OK
+
+
+def _fork(args: argparse.Namespace) -> int:
+    fork = _runtime("fork")
+    with opened(store_config(args)) as store:
+        cp = fork(store, args.run_id, args.at_step, args.new_run_id)
+    if args.json:
+        emit_json({"run_id": cp.run_id, "step": cp.step, "status": cp.status})
+    else:
+        out(f"forked {safe(repr(args.run_id))} after step {args.at_step}: {safe(repr(cp.run_id))}")
+        out(f"  {cp.status}, continues at step {cp.step + 1}")
+    return EXIT_OK
+
+
+def _rerun(args: argparse.Namespace) -> int:
+    rerun = _runtime("rerun")
+    patch = None
+    if args.patch is not None:
+        try:
+            patch = json.loads(args.patch)
+        except ValueError as exc:
+            raise UsageError(f"--patch is not JSON ({exc}); give a JSON object") from None
+        if not isinstance(patch, dict):
+            raise UsageError(f"--patch must be a JSON object, got {type(patch).__name__}")
+    with opened(store_config(args)) as store:
+        cp = rerun(store, args.run_id, args.from_step, patch=patch)
+    if args.json:
+        emit_json({"run_id": cp.run_id, "step": cp.step, "status": cp.status})
+    else:
+        out(f"rewound {safe(repr(cp.run_id))}: {cp.status}, runs again from step {cp.step + 1}")
     return EXIT_OK
 
 
