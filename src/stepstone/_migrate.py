@@ -14,7 +14,9 @@ What is copied is a snapshot of each source run at the moment it is read: migrat
 no worker runs, or re-run afterwards (runs advanced meanwhile then show as conflicts).
 Everything a resumed run depends on is copied (state, progress, failure, input,
 workflow, cancellation, suspension, signals, parent); the lease is not: a copied run
-has no owner, so the destination's workers can claim it at once.
+has no owner, so the destination's workers can claim it at once. A run that keeps
+history (``Workflow(history=True)``) has its pieces copied first, so its history
+carries over (between backends that hold pieces; Cosmos DB gets the latest only).
 
 Timestamps: every write goes through ``_write``, which calls ``Store.import_checkpoint``:
 compare-and-swap like ``save``, but the copy keeps the source's ``created_at`` and
@@ -30,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+from . import _statelog
 from ._checkpoint import Checkpoint, Failure
 from ._errors import (
     CheckpointTooLarge,
@@ -172,6 +175,26 @@ def _copy(cp: Checkpoint, version: str | None) -> Checkpoint:
     )
 
 
+def _copy_history(src: Store, dst: Store, cp: Checkpoint) -> None:
+    """Copy a history run's pieces first, so the copy's first record chains onto them.
+
+    Pieces are immutable and their keys unique to the run: ``put_pieces`` skips those
+    already there, so a re-run migration copies nothing twice. Written before the
+    checkpoint that names them, as every save does. A destination that holds no pieces
+    (Cosmos DB) gets the latest checkpoint only.
+    """
+    if not (cp.history and type(src).holds_pieces and type(dst).holds_pieces):
+        return
+    keys = src.piece_keys(cp.run_id)
+    for start in range(0, len(keys), 64):
+        part = keys[start : start + 64]
+        data = src.pieces(cp.run_id, part)
+        dst.put_pieces(
+            cp.run_id,
+            [_statelog.Piece(k, _statelog.gen_of(k), data[k]) for k in part if k in data],
+        )
+
+
 def _write(dst: Store, cp: Checkpoint) -> None:
     """Write one copied run, keeping its created_at and updated_at.
 
@@ -211,6 +234,7 @@ def _migrate_one(
     if dry_run:
         return "copied", "", overwrite
     try:
+        _copy_history(src, dst, cp)
         _write(dst, _copy(cp, None if existing is None else existing.version))
     except ConflictError:
         # Someone wrote the run meanwhile: another migration of the same data, most
