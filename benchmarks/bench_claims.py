@@ -196,7 +196,7 @@ def _my_config() -> tuple[str, Any] | None:
 def _my_drop(handle: Any) -> None:
     conn, table = handle
     with conn.cursor() as cursor:
-        cursor.execute(f"DROP TABLE IF EXISTS `{table}`, `{table}_meta`")
+        cursor.execute(f"DROP TABLE IF EXISTS `{table}`, `{table}_meta`, `{table}_pieces`")
     conn.close()
 
 
@@ -257,7 +257,7 @@ def _pg_config() -> tuple[str, Any] | None:
 def _drop(handle: Any) -> None:
     conn, table = handle
     with conn.cursor() as cursor:
-        cursor.execute(f'DROP TABLE IF EXISTS "{table}", "{table}_meta"')
+        cursor.execute(f'DROP TABLE IF EXISTS "{table}", "{table}_meta", "{table}_pieces"')
     conn.close()
 
 

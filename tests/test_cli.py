@@ -145,7 +145,7 @@ def sql_table(request: pytest.FixtureRequest, kind: str) -> str:
 
     def drop() -> None:
         with conn.cursor() as cursor:
-            cursor.execute(f"DROP TABLE IF EXISTS {table}, {table}_meta")
+            cursor.execute(f"DROP TABLE IF EXISTS {table}, {table}_meta, {table}_pieces")
         conn.close()
 
     request.addfinalizer(drop)

@@ -80,7 +80,7 @@ def fresh_table(request: pytest.FixtureRequest, config: str) -> str:
 
     def drop() -> None:
         with conn.cursor() as cursor:
-            cursor.execute(f"DROP TABLE IF EXISTS {table}, {table}_meta")
+            cursor.execute(f"DROP TABLE IF EXISTS {table}, {table}_meta, {table}_pieces")
         conn.close()
 
     request.addfinalizer(drop)

@@ -626,7 +626,7 @@ def server(request: pytest.FixtureRequest) -> Iterator[ServerStore]:
     try:
         yield store
     finally:
-        store._exec(f"DROP TABLE IF EXISTS {table}, {table}_meta")
+        store._exec(f"DROP TABLE IF EXISTS {table}, {table}_meta, {table}_pieces")
         store.close()
 
 

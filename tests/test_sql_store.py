@@ -81,7 +81,7 @@ def admin(kind: str) -> Iterator[Any]:
 def table(admin: Any) -> Iterator[str]:
     name = f"t_{uuid.uuid4().hex}"
     yield name
-    _query(admin, f"DROP TABLE IF EXISTS {name}, {name}_meta")
+    _query(admin, f"DROP TABLE IF EXISTS {name}, {name}_meta, {name}_pieces")
 
 
 @pytest.fixture
@@ -433,6 +433,29 @@ def test_schema_ddl_run_by_hand_gives_a_usable_store(kind: str, admin: Any, tabl
         assert s.requests_sent == 1 + (kind == "mysql")  # version check (+ packet size)
         s.save(_cp("r", a=1))
         assert s.load("r") is not None
+
+
+def test_tables_an_earlier_release_made_gain_the_pieces_table_on_first_need(
+    kind: str, admin: Any, table: str
+) -> None:
+    """Tables without the pieces table open as cheaply as before; a long save creates it."""
+    module = postgres_store if kind == "postgresql" else mysql_store
+    statements = module.schema_ddl(table).split(";\n")[:-1]
+    assert "_pieces" in statements[-1]  # the pieces table comes last
+    for statement in statements[:-1]:  # what the previous release's DDL made
+        lines = [line for line in statement.splitlines() if not line.startswith("--")]
+        _query(admin, "\n".join(lines))
+    base = PG if kind == "postgresql" else MY
+    with open_store(f"{base}?table={table}") as s:
+        assert isinstance(s, ServerStore)
+        assert s.requests_sent == 1 + (kind == "mysql")  # no pieces DDL on open
+        s.save(_cp("short", a=1))
+        long = s.save(_cp("long", blob="x" * 20_000))
+        loaded = s.load("long")
+        assert loaded is not None and loaded.state == long.state
+        assert s.piece_keys("long")
+    rows = _query(admin, f"SELECT COUNT(*) FROM {table}_pieces")
+    assert rows[0][0] >= 1
 
 
 def test_newer_schema_version_is_refused(store: Any, admin: Any, table: str) -> None:

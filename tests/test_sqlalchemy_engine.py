@@ -87,7 +87,7 @@ def table(kind: str, engine: Any) -> Iterator[str]:
     yield name
     if kind != "sqlite":
         with engine.begin() as conn:
-            conn.exec_driver_sql(f"DROP TABLE IF EXISTS {name}, {name}_meta")
+            conn.exec_driver_sql(f"DROP TABLE IF EXISTS {name}, {name}_meta, {name}_pieces")
 
 
 @pytest.fixture
@@ -178,7 +178,7 @@ def test_a_token_hook_sets_the_password_of_each_connection(tmp_path: Path) -> No
         assert hook.calls >= 1
     finally:
         with engine.begin() as conn:
-            conn.exec_driver_sql(f"DROP TABLE IF EXISTS {table}, {table}_meta")
+            conn.exec_driver_sql(f"DROP TABLE IF EXISTS {table}, {table}_meta, {table}_pieces")
         engine.dispose()
 
 
@@ -265,7 +265,7 @@ def test_an_async_engine_serves_the_async_methods(server: str, tmp_path: Path) -
         asyncio.run(main())
     finally:
         with engine.begin() as conn:
-            conn.exec_driver_sql(f"DROP TABLE IF EXISTS {table}, {table}_meta")
+            conn.exec_driver_sql(f"DROP TABLE IF EXISTS {table}, {table}_meta, {table}_pieces")
         engine.dispose()
 
 
@@ -303,7 +303,7 @@ def test_a_cancelled_async_call_leaves_no_connection_in_use(server: str, tmp_pat
         asyncio.run(main())
     finally:
         with engine.begin() as conn:
-            conn.exec_driver_sql(f"DROP TABLE IF EXISTS {table}, {table}_meta")
+            conn.exec_driver_sql(f"DROP TABLE IF EXISTS {table}, {table}_meta, {table}_pieces")
         engine.dispose()
 
 
@@ -418,7 +418,7 @@ def _fresh_server_table(request: pytest.FixtureRequest, kind: str, tmp_path: Pat
 
     def drop() -> None:
         with engine.begin() as conn:
-            conn.exec_driver_sql(f"DROP TABLE IF EXISTS {table}, {table}_meta")
+            conn.exec_driver_sql(f"DROP TABLE IF EXISTS {table}, {table}_meta, {table}_pieces")
         engine.dispose()
 
     request.addfinalizer(drop)

@@ -79,7 +79,7 @@ def pg_admin() -> Iterator[Any]:
 def pg_config(pg_admin: Any) -> Iterator[str]:
     table = f"w_{uuid.uuid4().hex}"
     yield f"{PG}?table={table}&connect_timeout=2"
-    pg_admin.execute(f"DROP TABLE IF EXISTS {table}, {table}_meta")
+    pg_admin.execute(f"DROP TABLE IF EXISTS {table}, {table}_meta, {table}_pieces")
 
 
 @pytest.fixture(params=["postgresql", "sqlite", "file"])

@@ -161,7 +161,7 @@ def drop_sql_tables(backend: str, tables: list[str]) -> None:
         return
     with _sql_admin(backend) as conn, conn.cursor() as cursor:
         for table in tables:
-            cursor.execute(f"DROP TABLE IF EXISTS {table}, {table}_meta")
+            cursor.execute(f"DROP TABLE IF EXISTS {table}, {table}_meta, {table}_pieces")
 
 
 def load_cosmos_emulator_module() -> Any:

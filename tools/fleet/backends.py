@@ -94,7 +94,7 @@ def check_sql(backend: str) -> None:
 def drop_table(backend: str, table: str) -> None:
     """Drop a fleet table and its meta table (the only DDL the fleet runs)."""
     with _admin(backend) as conn, conn.cursor() as cursor:
-        cursor.execute(f"DROP TABLE IF EXISTS {table}, {table}_meta")
+        cursor.execute(f"DROP TABLE IF EXISTS {table}, {table}_meta, {table}_pieces")
 
 
 def cosmos_config(emulator: Any) -> str:

@@ -290,7 +290,13 @@ class SQLStore(Connections, Store):
     def _pieces_table(self) -> Plan[None]:
         """Create the pieces table (``IF NOT EXISTS``) unless this store knows it is there."""
         if not self._pieces_ready:
-            yield Exec(self._pieces_sql.create, None)
+            try:
+                yield Exec(self._pieces_sql.create, None)
+            except StoreError as exc:
+                # Two processes creating it at once can collide even with IF NOT EXISTS
+                # (PostgreSQL's catalog): the statement that follows says if it is there.
+                logger.info("%s: creating the pieces table: %s", self.where, exc)
+                return
             self._pieces_ready = True
 
     def _schema_number(self, found: str | None) -> int:
