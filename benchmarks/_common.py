@@ -262,7 +262,8 @@ def sql_config(kind: str, purpose: str) -> Iterator[tuple[str | None, str]]:
     finally:
         _SQL_BASES.pop(table, None)
         with contextlib.suppress(Exception), conn.cursor() as cursor:
-            cursor.execute(f"DROP TABLE IF EXISTS {table}, {table}_meta, {table}_pieces, {table}_floor")
+            tables = f"{table}, {table}_meta, {table}_pieces, {table}_floor"
+            cursor.execute(f"DROP TABLE IF EXISTS {tables}")
         with contextlib.suppress(Exception):
             conn.close()
 
