@@ -24,7 +24,7 @@ from typing import Any
 from . import _statelog
 from ._checkpoint import Checkpoint, Stored, check_run_id, evolve
 from ._codec import decode_json, encode_state
-from ._effects import Effect, Load, Save, astep_through, step_through
+from ._effects import Announce, Effect, Load, Save, astep_through, step_through
 from ._errors import (
     ConflictError,
     CorruptCheckpoint,
@@ -89,10 +89,6 @@ class _Pieces(Effect):
         self.keys = keys
 
 
-class _Announce(Effect):
-    __slots__ = ()
-
-
 Op = Generator[Effect, Any, Any]
 
 
@@ -102,7 +98,7 @@ def _perform(store: Store) -> Any:
             return store.pieces(effect.run_id, effect.keys)
         if isinstance(effect, Save):
             return store.save(effect.cp)
-        if isinstance(effect, _Announce):
+        if isinstance(effect, Announce):
             return announce(store)
         assert isinstance(effect, Load)
         return store.load(effect.run_id)
@@ -116,7 +112,7 @@ def _aperform(store: Store) -> Any:
             return await store.apieces(effect.run_id, effect.keys)
         if isinstance(effect, Save):
             return await store.asave(effect.cp)
-        if isinstance(effect, _Announce):
+        if isinstance(effect, Announce):
             return await aannounce(store)
         assert isinstance(effect, Load)
         return await store.aload(effect.run_id)
@@ -287,7 +283,7 @@ def _fork(store: Store, run_id: str, at_step: int, new_run_id: str) -> Op:
             f"run {new_run_id!r} already exists; fork into a new run_id", new_run_id
         ) from None
     if saved.queued:
-        yield _Announce()
+        yield Announce()
     return saved
 
 
@@ -358,7 +354,7 @@ def _rerun(
             run_id,
         ) from None
     if saved.queued:
-        yield _Announce()
+        yield Announce()
     return saved
 
 
