@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from types import MappingProxyType
@@ -351,13 +352,34 @@ class SQLiteStore(SQLStore):
         return conn
 
     def _set_pragmas(self, conn: sqlite3.Connection) -> None:
-        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()
+        mode = self._switch_to_wal(conn)
         if mode is None or str(mode[0]).lower() != "wal":
             raise StoreError(
                 f"{self.path}: SQLite refused WAL journal mode (got {mode!r}); is the file on "
                 "a network file system? Use a local disk"
             )
         conn.execute(f"PRAGMA synchronous = {self.synchronous.upper()}")
+
+    def _switch_to_wal(self, conn: sqlite3.Connection) -> Any:
+        """Run ``PRAGMA journal_mode = WAL``, retrying SQLite's deadlock refusal.
+
+        Switching a rollback-journal file needs its exclusive lock. When two processes
+        switch at once, each holds a shared lock and one asks for more: SQLite refuses
+        that one at once ("database is locked") without calling the busy handler, since
+        waiting could deadlock. The refusal drops its lock, so retrying is safe; keep
+        trying for the whole busy_timeout, as a busy handler would.
+        """
+        deadline = time.monotonic() + self.busy_timeout_ms / 1000
+        pause = 0.001
+        while True:
+            try:
+                return conn.execute("PRAGMA journal_mode = WAL").fetchone()
+            except sqlite3.OperationalError as exc:
+                locked = "database is locked" in str(exc)
+                if not locked or time.monotonic() + pause > deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
 
     def _first_connection(self) -> Held:
         """Refuse another application's file, then open the opening thread's connection."""
