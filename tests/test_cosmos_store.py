@@ -19,6 +19,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -577,7 +578,8 @@ def test_stale_version_is_conflict_error(store: CosmosStore) -> None:
 
 
 def test_oversized_checkpoint_is_refused_before_any_request(store: CosmosStore) -> None:
-    """Over 2 MB: CheckpointTooLarge with size and limit, no request, stored item unchanged."""
+    """An item over 2 MB (its input: a long state goes to pieces): CheckpointTooLarge with
+    size and limit, no request, stored item unchanged."""
     kept = store.save(_cp("big"))
     events: list[str] = []
     _hooks.install(events.append)
@@ -585,7 +587,7 @@ def test_oversized_checkpoint_is_refused_before_any_request(store: CosmosStore) 
         before = store.requests_sent
         with pytest.raises(CheckpointTooLarge) as info:
             store.save(
-                _cp("big", step=1, state={"blob": "x" * MAX_ITEM_BYTES}, version=kept.version)
+                _cp("big", step=1, input={"blob": "x" * MAX_ITEM_BYTES}, version=kept.version)
             )
         assert store.requests_sent == before
     finally:
@@ -596,7 +598,7 @@ def test_oversized_checkpoint_is_refused_before_any_request(store: CosmosStore) 
     assert store.load("big") == kept
     # Just under the limit is accepted by the service: the client check is not too strict.
     fits = MAX_ITEM_BYTES - 2000
-    store.save(_cp("big", step=1, state={"blob": "y" * fits}, version=kept.version))
+    store.save(_cp("big", step=1, input={"blob": "y" * fits}, version=kept.version))
 
 
 def test_save_fires_both_hooks_in_order(store: CosmosStore) -> None:
@@ -721,6 +723,65 @@ def test_ttl_option_is_written_on_every_save(cosmos_env: Any, config: str) -> No
         store.save(_cp("t"))
         raw = _raw_container(cosmos_env, store)
         assert raw.read_item(item_id("t"), partition_key=item_id("t"))["ttl"] == 86400
+
+
+def _piece_ttls(raw: Any, run_id: str) -> dict[str, Any]:
+    rows = raw.query_items(
+        "SELECT c.key, c.ttl FROM c WHERE c.piece_of = @of",
+        parameters=[{"name": "@of", "value": item_id(run_id)}],
+        enable_cross_partition_query=True,
+    )
+    return {row["key"]: row.get("ttl") for row in rows}
+
+
+def test_ttl_pieces_outlive_the_item_that_names_them(
+    cosmos_env: Any, config: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ttl=N: pieces get 2N, and a base older than N/2 is rewritten, never logged against.
+
+    So every piece an item names expires at least N/2 after that item does.
+    """
+    from stepstone import _statelog
+
+    with open_store(config + "&ttl=600") as store:
+        assert isinstance(store, CosmosStore)
+        raw = _raw_container(cosmos_env, store)
+        cp = store.save(_cp("long", state={"log": ["x" * 5000, "y" * 5000]}))
+        cp = store.save(
+            replace(
+                cp, step=1, step_names=("s0", "s1"), state={"log": [*cp.state["log"], "z" * 100]}
+            )
+        )
+        ttls = _piece_ttls(raw, "long")
+        handle = cp.stored_state
+        assert handle is not None and handle.ref is not None
+        assert sorted(ttls) == sorted(_statelog.pieces_of(handle.ref))
+        assert set(ttls.values()) == {1200}
+        assert len(handle.ref["log"]) == 1  # the second save logged its change
+        base = list(handle.ref["base"])
+        now = time.time()
+        monkeypatch.setattr(_statelog.time, "time", lambda: now + 301)
+        cp = store.save(
+            replace(
+                cp,
+                step=2,
+                step_names=("s0", "s1", "s2"),
+                state={"log": [*cp.state["log"], "w" * 100]},
+            )
+        )
+        handle = cp.stored_state
+        assert handle is not None and handle.ref is not None
+        assert handle.ref["log"] == [] and handle.ref["base"] != base  # rewritten whole
+        assert sorted(_piece_ttls(raw, "long")) == sorted(handle.ref["base"])
+        assert store.load("long") == cp
+        # expire(): the item gets the ttl, its pieces twice it, after the item.
+        assert store.expire("long", 60)
+        assert set(_piece_ttls(raw, "long").values()) == {120}
+        assert raw.read_item(item_id("long"), partition_key=item_id("long"))["ttl"] == 60
+        assert store.expire("long", -1)
+        assert set(_piece_ttls(raw, "long").values()) == {-1}
+        loaded = store.load("long")
+        assert loaded is not None and loaded.state == cp.state
 
 
 def test_list_info_reads_status_without_states(store: CosmosStore) -> None:
@@ -1184,12 +1245,14 @@ def test_async_exactly_one_request_per_save_and_load(config: str) -> None:
                 before = store.requests_sent
                 assert await store.aload("one") == cp
                 counts.append(store.requests_sent - before)
-            before = store.requests_sent
+            deletes_before = store.requests_sent
             assert await store.adelete("one", expected_version=cp.version)
-            counts.append(store.requests_sent - before)
+            deleted = store.requests_sent - deletes_before
             before = store.requests_sent
             assert await store.aload("one") is None
             counts.append(store.requests_sent - before)
+            # The delete, then one query for the run's piece items (a long state's).
+            counts.append(deleted - 1)
             return counts
 
     counts = _arun(body())
@@ -1197,7 +1260,8 @@ def test_async_exactly_one_request_per_save_and_load(config: str) -> None:
 
 
 def test_sync_delete_with_expected_version(store: CosmosStore) -> None:
-    """A stale expected_version deletes nothing (ConflictError); each delete is 1 request."""
+    """A stale expected_version deletes nothing (ConflictError, 1 request); a delete that
+    deletes is 2 (the item, then one query for its piece items)."""
     first = store.save(_cp("d/1"))
     second = store.save(_cp("d/1", step=1, version=first.version))
     before = store.requests_sent
@@ -1207,7 +1271,7 @@ def test_sync_delete_with_expected_version(store: CosmosStore) -> None:
     assert store.load("d/1") == second
     before = store.requests_sent
     assert store.delete("d/1", expected_version=second.version)
-    assert store.requests_sent - before == 1
+    assert store.requests_sent - before == 2
     assert store.delete("d/1", expected_version=second.version) is False
     assert store.load("d/1") is None
 
@@ -1426,10 +1490,15 @@ def test_cancelled_asave_leaves_the_item_whole(
                 async with proxied as store:
                     assert await store.aload("cancel/1") == old  # warm the connection
                     proxy.arm(mode)
-                    # Larger than the proxy's threshold, so its answer is told apart.
+                    # Larger than the proxy's threshold, so its answer is told apart; in
+                    # the input, which the item holds (a state this long goes to pieces).
                     blob = "x" * (2 * _HoldingProxy.BIG)
                     new = _cp(
-                        "cancel/1", step=1, state={"v": "new", "blob": blob}, version=old.version
+                        "cancel/1",
+                        step=1,
+                        state={"v": "new"},
+                        input={"blob": blob},
+                        version=old.version,
                     )
                     task = asyncio.create_task(store.asave(new))
                     held = await asyncio.to_thread(proxy.held.wait, 20)
@@ -1448,7 +1517,8 @@ def test_cancelled_asave_leaves_the_item_whole(
 
             after, final = _arun(body(), f"asave cancelled with its {mode} held")
         blob = "x" * (2 * _HoldingProxy.BIG)
-        assert after.state == ({"v": "new", "blob": blob} if lands else {"v": "old"})
+        assert after.state == ({"v": "new"} if lands else {"v": "old"})
+        assert after.input == ({"blob": blob} if lands else None)
         assert after.step == (1 if lands else 0)
         assert direct.load("cancel/1") == final
 
@@ -1756,7 +1826,7 @@ def test_init_adds_the_claim_index_to_an_older_container(cosmos_env: Any) -> Non
     policy["includedPaths"] = [
         p
         for p in policy["includedPaths"]
-        if p["path"] not in ("/status/?", "/due_at/?", "/owner/?")
+        if p["path"] not in ("/status/?", "/due_at/?", "/owner/?", "/piece_of/?", "/gen/?")
     ]
     name = f"old-{uuid.uuid4().hex[:8]}"
     client = CosmosClient(cosmos_env.endpoint, cosmos_env.key, **cosmos_env.client_kwargs())
@@ -1768,9 +1838,11 @@ def test_init_adds_the_claim_index_to_an_older_container(cosmos_env: Any) -> Non
         checks = {c.check: c for c in store.doctor()}
         assert not checks["claim index (status, due_at)"].ok
         assert "container.json" in checks["claim index (status, due_at)"].detail
+        assert not checks["piece paths indexed (/piece_of, /gen)"].ok
         lines = store.init()
         assert any("claim index" in line and "added" in line for line in lines), lines
         assert {c.check: c for c in store.doctor()}["claim index (status, due_at)"].ok
+        assert {c.check: c for c in store.doctor()}["piece paths indexed (/piece_of, /gen)"].ok
         assert not any("added" in line for line in store.init())  # once is enough
     properties = database.get_container_client(name).read()
     assert properties["defaultTtl"] == -1

@@ -38,7 +38,7 @@ from stepstone import (
 
 SRC = str(Path(stepstone.__file__).resolve().parents[1])
 TESTS = str(Path(__file__).resolve().parent)
-BACKENDS = ("memory", "file", "sqlite", "postgresql", "mysql")
+BACKENDS = ("memory", "file", "sqlite", "postgresql", "mysql", "cosmos")
 State = dict[str, Any]
 
 pytestmark = pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")
@@ -281,16 +281,6 @@ def test_a_run_killed_mid_way_keeps_its_history(config: str) -> None:
         assert stepstone.run("crash", workflow(), store, lease=0.5) == _expected(3)
         steps = [e.step for e in stepstone.history(store, "crash")]
         assert steps[:3] == [-1, 0, 1] and steps[-2:] == [2, 3]
-
-
-def test_cosmos_keeps_no_history(request: pytest.FixtureRequest, tmp_path: Path) -> None:
-    """Cosmos DB holds no pieces: a history run still runs, and ``history`` says why not."""
-    from test_upgrades import _config
-
-    with open_store(_config("cosmos", request, tmp_path)) as store:
-        assert stepstone.run("r", workflow(), store) == _expected(3)
-        with pytest.raises(HistoryNotKept, match="holds no pieces"):
-            stepstone.history(store, "r")
 
 
 def test_migrate_carries_the_history_over(config: str, tmp_path: Path) -> None:

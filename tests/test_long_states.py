@@ -36,11 +36,8 @@ from stepstone._codec import dump_json
 
 SRC = str(Path(stepstone.__file__).resolve().parents[1])
 TESTS = str(Path(__file__).resolve().parent)
-# Cosmos DB does not hold pieces yet (``CosmosStore.holds_pieces`` is False): its state
-# stays inline, under the 2 MB item limit, and a longer one is refused before any request
-# (``test_cosmos_refuses_a_state_over_its_item_limit`` below). Left out on purpose, not
-# skipped: every backend listed here must hold pieces.
-BACKENDS = ("memory", "file", "sqlite", "postgresql", "mysql")
+# Every built-in backend holds pieces (Cosmos DB as piece items beside the run's item).
+BACKENDS = ("memory", "file", "sqlite", "postgresql", "mysql", "cosmos")
 DURABLE = BACKENDS[1:]
 MODES = ("sync", "async")
 State = dict[str, Any]
@@ -375,16 +372,40 @@ def test_a_kill_inside_a_long_save_leaves_a_whole_state(
         assert keys == sorted(sl.pieces_of(end_ref))
 
 
-def test_cosmos_refuses_a_state_over_its_item_limit(
+def test_cosmos_keeps_a_long_state_in_items_under_its_limit(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
-    """Cosmos keeps states inline: one over 2 MB is refused, the stored checkpoint kept."""
+    """Cosmos: a 3 MB state goes to piece items, none over 2 MB; a 3 MB input is refused.
+
+    The input is in the run's item itself (only the state moves to pieces): over the
+    item limit it is refused before any request, and the stored checkpoint is kept.
+    """
     from stepstone import CheckpointTooLarge
+    from stepstone.stores.cosmos import CosmosStore
+    from stepstone.stores.cosmos._wire import MAX_ITEM_BYTES, NOT_PIECE
 
     with open_store(_config("cosmos", request, tmp_path)) as store:
-        assert type(store).holds_pieces is False
+        assert isinstance(store, CosmosStore)
         first = store.save(Checkpoint("r", state={"n": 1}))
+        big = store.save(_next(first, {"n": 2, "blob": "x" * (3 * 1024 * 1024)}))
+        assert store.load("r") == big
+        container = store._ensure_open()
+        sizes = [
+            row["size"]
+            for row in container.query_items(
+                "SELECT c.id, LENGTH(c.data) AS size FROM c WHERE c.piece_of = 'r'",
+                enable_cross_partition_query=True,
+            )
+        ]
+        assert len(sizes) >= 3 and max(sizes) < MAX_ITEM_BYTES, sizes
+        listed = list(
+            container.query_items(
+                f"SELECT c.id FROM c WHERE {NOT_PIECE}", enable_cross_partition_query=True
+            )
+        )
+        assert [row["id"] for row in listed] == ["r"]
         with pytest.raises(CheckpointTooLarge) as info:
-            store.save(_next(first, {"n": 2, "blob": "x" * (2 * 1024 * 1024)}))
-        assert info.value.size > info.value.limit > 0
-        assert store.load("r") == first
+            store.save(replace(_next(big), input={"huge": "y" * (3 * 1024 * 1024)}))
+        assert info.value.size > info.value.limit == MAX_ITEM_BYTES
+        assert store.load("r") == big
+        assert [info.run_id for info in store.list_info()] == ["r"]

@@ -127,6 +127,13 @@ resource container 'Microsoft.DocumentDB/databaseAccounts/sqlDatabases/container
           {
             path: '/owner/?'
           }
+          // A long run's state pieces (items of their own): found by run and generation.
+          {
+            path: '/piece_of/?'
+          }
+          {
+            path: '/gen/?'
+          }
         ]
         excludedPaths: [
           {

@@ -141,7 +141,7 @@ def _current(store: Store, run_id: str) -> Generator[Effect, Any, Checkpoint]:
     if not type(store).holds_pieces:
         raise HistoryNotKept(
             f"run {run_id!r}: {type(store).__name__} keeps no history (it holds no "
-            "pieces); use the memory, file, SQLite, PostgreSQL or MySQL store",
+            "pieces); use one of the built-in stores",
             run_id,
         )
     return cp

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import itertools
 import secrets
+import time
 from dataclasses import dataclass, replace
 from itertools import islice
 from operator import is_
@@ -198,7 +199,12 @@ def _handle(cp: Checkpoint) -> Stored | None:
 
 
 def prepare_save(
-    store: object, cp: Checkpoint, *, piece_max: int = PIECE_MAX, history: object = None
+    store: object,
+    cp: Checkpoint,
+    *,
+    piece_max: int = PIECE_MAX,
+    history: object = None,
+    max_base_age: float | None = None,
 ) -> Prepared:
     """Plan the save of ``cp`` on ``store``: inline, a new base, or one log piece.
 
@@ -206,8 +212,12 @@ def prepare_save(
     A run that keeps history (``cp.history``) also gets a history record per save, and
     nothing of it is ever collected (until the run is deleted). ``history`` is ignored
     (the checkpoint says whether the run keeps history).
+
+    ``max_base_age``: seconds after which a base is rewritten rather than logged
+    against, for a store whose pieces expire (Cosmos DB's TTL): the base records when
+    it was written (``at``), and no document names a piece older than this.
     """
-    planned = _plan(store, cp, piece_max, cp.history)
+    planned = _plan(store, cp, piece_max, cp.history, max_base_age)
     if not cp.history:
         return planned
     handle = _handle(cp)
@@ -250,7 +260,9 @@ def _recorded(planned: Prepared, cp: Checkpoint, prev: str | None) -> Prepared:
     )
 
 
-def _plan(store: object, cp: Checkpoint, piece_max: int, history: bool) -> Prepared:
+def _plan(
+    store: object, cp: Checkpoint, piece_max: int, history: bool, max_base_age: float | None
+) -> Prepared:
     handle = _handle(cp)
     if (
         handle is not None
@@ -259,6 +271,7 @@ def _plan(store: object, cp: Checkpoint, piece_max: int, history: bool) -> Prepa
         and handle.store == serial(store)
         and handle.run_id == cp.run_id
         and handle.version == cp.version
+        and (max_base_age is None or time.time() - handle.ref.get("at", 0) <= max_base_age)
     ):
         planned = _delta(store, cp, handle, piece_max)
         if planned is not None:
@@ -288,6 +301,8 @@ def _plan(store: object, cp: Checkpoint, piece_max: int, history: bool) -> Prepa
         "log_bytes": 0,
         "log_count": 0,
     }
+    if max_base_age is not None:
+        ref["at"] = round(time.time(), 3)
     private: dict[str, Any] = _containers(copy)
     # Collected even when the run had no pieces: a crashed writer's are swept too.
     collect = None if history else gen
@@ -368,6 +383,8 @@ def _delta(store: object, cp: Checkpoint, known: Stored, piece_max: int) -> Prep
         "log_bytes": log_bytes,
         "log_count": ref["log_count"] + 1,
     }
+    if "at" in ref:
+        next_ref["at"] = ref["at"]
     piece = Piece(f"{prefix}0", gen, data)
     changes = [f"{op} {'.'.join(path)}" for path, op, _ in changed]
     return Prepared(

@@ -6,6 +6,7 @@ and the rest) are ``CosmosStore``'s, declared here for the type checker.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterator
 from datetime import datetime
@@ -21,17 +22,23 @@ from ..._checkpoint import (
     RunStatus,
     check_run_id,
 )
+from ..._codec import PiecesNeeded
 from ..._errors import ConflictError, StoreError, StorePermissionError
 from ..._observe import logger
 from ..._store import Diagnosis, RunInfo, Store
 from ._config import Settings
-from ._effects import OPEN, Send, Steps
+from ._effects import OPEN, Query, Send, Steps
 from ._errors import Call
-from ._setup import create_resources, index_diagnosis, listing_indexed, upgrade_indexing
-from ._wire import infos, item_id, page_query, time_text
+from ._setup import (
+    create_resources,
+    index_diagnosis,
+    listing_indexed,
+    pieces_indexed,
+    upgrade_indexing,
+)
+from ._wire import NOT_PIECE, infos, item_id, page_query, piece_ttl, time_text
 
 if TYPE_CHECKING:
-    import contextlib
 
     from azure.cosmos import ContainerProxy, CosmosClient
 
@@ -76,6 +83,8 @@ class Admin(Store):
         ``-1`` keeps it forever, None falls back to the store's ``ttl`` / the container's
         default. Read plus conditional replace, retried if a save lands in between; the
         run's version changes, so meant for finished runs. Returns False if no such run.
+        The pieces of a long state (and its history) get twice that ttl, after the item,
+        so none expires before the item that names it.
 
         Raises:
             ValueError: ``ttl_seconds`` is not >= 1, -1 or None.
@@ -95,7 +104,9 @@ class Admin(Store):
                 except CosmosResourceNotFoundError as exc:
                     self._item_missing(exc)
                     return False
-                self._checkpoint(doc, run_id)  # refuse to touch what is not ours
+                # Refuse to touch what is not ours (a state in pieces is ours too).
+                with contextlib.suppress(PiecesNeeded):
+                    self._checkpoint(doc, run_id)
                 body = {k: v for k, v in doc.items() if not k.startswith("_")}
                 if ttl_seconds is None:
                     body.pop("ttl", None)
@@ -107,6 +118,22 @@ class Admin(Store):
                     if exc.status_code in (404, 412):
                         continue  # a save or delete landed in between: look again
                     raise
+                # Then its pieces (a long state, history), after the item, with twice its
+                # ttl (``piece_ttl``): none expires before the item that names it.
+                ttl = piece_ttl(self.settings.ttl if ttl_seconds is None else ttl_seconds)
+                rows = yield Query(
+                    container,
+                    "SELECT * FROM c WHERE c.piece_of = @of",
+                    [{"name": "@of", "value": doc_id}],
+                    self.settings.timeout,
+                )
+                for row in rows:
+                    piece = {k: v for k, v in row.items() if not k.startswith("_")}
+                    if ttl is None:
+                        piece.pop("ttl", None)
+                    else:
+                        piece["ttl"] = ttl
+                    yield Send(container, "upsert_item", (piece,))
                 return True
         raise ConflictError(f"run {run_id!r}: kept changing while setting its ttl", run_id)
 
@@ -155,8 +182,9 @@ class Admin(Store):
         try:
             foreign = self._run(
                 self._query(
-                    "SELECT TOP 5 c.id, c.stepstone FROM c "
-                    f"WHERE NOT IS_DEFINED(c.stepstone) OR NOT (c.stepstone IN ({readable}))"
+                    "SELECT TOP 5 c.id, c.stepstone FROM c WHERE "
+                    f"{NOT_PIECE} AND (NOT IS_DEFINED(c.stepstone) OR NOT (c.stepstone IN "
+                    f"({readable})))"
                 )
             )
         except Exception as exc:  # noqa: BLE001 - doctor reports every failure as a finding
@@ -250,6 +278,7 @@ def _container_findings(properties: Any) -> list[Diagnosis]:
     paths = properties.get("partitionKey", {}).get("paths")
     policy = properties.get("indexingPolicy") or {}
     listed = listing_indexed(policy)
+    pieces = pieces_indexed(policy)
     default_ttl = properties.get("defaultTtl")
     return [
         Diagnosis(
@@ -266,6 +295,15 @@ def _container_findings(properties: Any) -> list[Diagnosis]:
             else "the container lacks the composite indexes the dashboard's listing "
             "orders by (it scans instead); run `stepstone init` or update its indexing "
             "policy to backends/cosmos/container.json",
+        ),
+        Diagnosis(
+            "piece paths indexed (/piece_of, /gen)",
+            pieces,
+            "ok"
+            if pieces
+            else "the container does not index the paths a long state's pieces are found "
+            "by (loads and collection scan instead); run `stepstone init` or update its "
+            "indexing policy to backends/cosmos/container.json",
         ),
         Diagnosis(
             "TTL enabled (defaultTtl set)",

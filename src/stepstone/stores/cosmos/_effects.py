@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
@@ -26,6 +27,7 @@ __all__ = [
     "Open",
     "Query",
     "Send",
+    "Sleep",
     "Steps",
     "adrive",
     "aperform",
@@ -88,6 +90,13 @@ class Gather(Effect):
     """Perform each of ``effects`` (concurrently where async); the result: their results."""
 
     effects: tuple[Effect, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Sleep(Effect):
+    """Wait ``seconds`` (``asyncio.sleep`` on the aio SDK): a short back-off between reads."""
+
+    seconds: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +174,9 @@ def perform(effect: Effect, meter: Meter, open_: Callable[[], Any]) -> Any:
         return open_()
     if isinstance(effect, Gather):
         return [perform(each, meter, open_) for each in effect.effects]
+    if isinstance(effect, Sleep):
+        time.sleep(effect.seconds)
+        return None
     with sdk_call(meter, _saving(effect)):
         if isinstance(effect, Query):
             return list(effect.rows(enable_cross_partition_query=True))
@@ -178,6 +190,9 @@ async def aperform(effect: Effect, meter: Meter, open_: Callable[[], Awaitable[A
     if isinstance(effect, Gather):
         # Each in its own task, which marks itself for the meter (a task is a caller).
         return await asyncio.gather(*(aperform(each, meter, open_) for each in effect.effects))
+    if isinstance(effect, Sleep):
+        await asyncio.sleep(effect.seconds)
+        return None
     with sdk_call(meter, _saving(effect)):
         if isinstance(effect, Query):
             return [row async for row in effect.rows()]

@@ -24,6 +24,7 @@ __all__ = [
     "create_resources",
     "index_diagnosis",
     "listing_indexed",
+    "pieces_indexed",
     "read_container",
     "upgrade_indexing",
 ]
@@ -33,6 +34,8 @@ __all__ = [
 #:
 #: - partition key ``/id``: one logical partition per run, so a load is a point read and
 #:   a save touches one partition; runs spread evenly over physical partitions.
+#: - a long state is kept in *piece* items (``^...`` ids, ``piece_of`` = the run's item
+#:   id), each in its own partition too, under the 2 MB limit; the run's item names them.
 #: - indexing: ``/*`` and ``/state/*`` excluded: states are large and never queried, and
 #:   every indexed path costs RUs on every write. Only the fields ``stepstone runs`` /
 #:   ``prune`` / ``claimable`` filter on are indexed.
@@ -59,6 +62,10 @@ CONTAINER_DEFINITION: Final[dict[str, Any]] = {
             {"path": "/status/?"},
             {"path": "/due_at/?"},
             {"path": "/owner/?"},
+            # A long run's state is kept in piece items (``_statelog``) beside its item:
+            # a load and a collection find them by run and generation.
+            {"path": "/piece_of/?"},
+            {"path": "/gen/?"},
         ],
         "excludedPaths": [{"path": "/state/*"}, {"path": "/*"}],
         "compositeIndexes": [
@@ -202,6 +209,15 @@ def listing_indexed(policy: Mapping[str, Any]) -> bool:
     return all(_norm(want) in have for want in _LISTING_INDEXES)
 
 
+_PIECE_PATHS: Final = ("/piece_of/?", "/gen/?")
+
+
+def pieces_indexed(policy: Mapping[str, Any]) -> bool:
+    """Whether the container indexes the paths a long state's pieces are found by."""
+    have = {p.get("path") for p in policy.get("includedPaths") or [] if isinstance(p, Mapping)}
+    return "/*" in have or all(path in have for path in _PIECE_PATHS)
+
+
 def upgrade_indexing(settings: Settings, client: Any) -> Steps[list[str]]:
     """Give a container made by an older stepstone the claim and listing indexes.
 
@@ -217,6 +233,7 @@ def upgrade_indexing(settings: Settings, client: Any) -> Steps[list[str]]:
         for what, ok in (
             ("claim index on (status, due_at)", index_diagnosis(policy).ok),
             ("listing indexes on (status, updated_at, run_id)", listing_indexed(policy)),
+            ("piece paths /piece_of and /gen", pieces_indexed(policy)),
         )
         if not ok
     ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from datetime import datetime
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar, cast
@@ -20,9 +20,11 @@ from azure.core.pipeline.transport import AsyncHttpTransport, HttpTransport, Req
 from azure.cosmos import CosmosClient
 from azure.cosmos.exceptions import CosmosResourceNotFoundError
 
-from ... import _hooks
+from ... import _hooks, _statelog
 from ..._checkpoint import Checkpoint, RunStatus, check_run_id
-from ..._errors import ConflictError, StoreError
+from ..._codec import PiecesNeeded
+from ..._errors import ConflictError, CorruptCheckpoint, StoreError
+from ..._observe import logger
 from ..._store import RunInfo
 from ._admin import Admin
 from ._aio import AioClient, aclose_quietly, close_elsewhere, new_async_client
@@ -41,6 +43,7 @@ from ._effects import (
     Gather,
     Query,
     Send,
+    Sleep,
     Steps,
     adrive,
     aperform,
@@ -60,6 +63,10 @@ from ._wire import (
     encode,
     infos,
     item_id,
+    piece_data,
+    piece_id,
+    piece_item,
+    piece_ttl,
     saved,
     source,
 )
@@ -73,6 +80,10 @@ if TYPE_CHECKING:
 __all__ = ["CosmosStore"]
 
 T = TypeVar("T")
+
+#: How many times a load reads a long state's item and pieces before it calls a piece
+#: that stays missing corrupt (back-off 50, 100, 200, 400 ms between reads).
+_READ_AGAIN = 5
 
 
 class CosmosStore(Admin):
@@ -91,6 +102,10 @@ class CosmosStore(Admin):
     durability_levels: ClassVar[tuple[str, ...]] = ()
     kill_points: ClassVar[Mapping[str, bool]] = MappingProxyType(
         {"cosmos.before_request": False, "cosmos.request_sent": True}
+    )
+    holds_pieces: ClassVar[bool] = True
+    piece_kill_points: ClassVar[Mapping[str, bool]] = MappingProxyType(
+        {"pieces.written": False, "pieces.collect": True}
     )
     supports_ttl: ClassVar[bool] = True
     counts_requests: ClassVar[bool] = True
@@ -366,7 +381,7 @@ class CosmosStore(Admin):
 
     def _plan(self, checkpoint: Checkpoint) -> Plan:
         """Encode and check a save before any request (InvalidState, CheckpointTooLarge)."""
-        return plan_save(checkpoint, self.settings.ttl)
+        return plan_save(self, checkpoint, self.settings.ttl)
 
     @staticmethod
     def _saved(plan: Plan, checkpoint: Checkpoint, result: Any) -> Checkpoint:
@@ -384,25 +399,145 @@ class CosmosStore(Admin):
 
     # -- the rules -------------------------------------------------------------------
 
-    def _load(self, run_id: str) -> Steps[Checkpoint | None]:
-        doc_id = item_id(check_run_id(run_id))
-        container = yield OPEN
+    def _read(self, container: Any, doc_id: str, run_id: str) -> Steps[Any]:
+        """The run's item as the service answers it, or None."""
         with self._translate(Call("load", run_id)):
             try:
-                doc = yield Send(
-                    container,
-                    "read_item",
-                    (doc_id,),
-                    {"partition_key": doc_id, "timeout": self.settings.timeout},
+                return (
+                    yield Send(
+                        container,
+                        "read_item",
+                        (doc_id,),
+                        {"partition_key": doc_id, "timeout": self.settings.timeout},
+                    )
                 )
             except CosmosResourceNotFoundError as exc:
                 self._item_missing(exc)
                 return None
-        return self._checkpoint(doc, run_id)
+
+    def _load(self, run_id: str) -> Steps[Checkpoint | None]:
+        doc_id = item_id(check_run_id(run_id))
+        container = yield OPEN
+        doc = yield from self._read(container, doc_id, run_id)
+        if doc is None:
+            return None
+        try:
+            return self._checkpoint(doc, run_id)
+        except PiecesNeeded as need:
+            ref = need.ref
+        # The state is in pieces: fetch the ones the item names. A piece missing means a
+        # newer save collected it (read the item again), or, on an account whose reads
+        # may lag (Session or Eventual consistency, another writer's session), that this
+        # replica has not seen it yet: the same item is read again after a back-off.
+        where = self._source(doc_id)
+        for attempt in range(_READ_AGAIN):
+            try:
+                keys = _statelog.pieces_of(ref)
+            except (KeyError, TypeError, ValueError) as exc:
+                raise CorruptCheckpoint(
+                    f"{where}: malformed state_ref ({exc}); left untouched"
+                ) from exc
+            found = yield from self._fetch(container, doc_id, run_id, keys)
+            try:
+                return self._with_pieces(doc, run_id, found)
+            except _statelog.PiecesMissing as missing:
+                if attempt == _READ_AGAIN - 1:
+                    raise _statelog.missing_error(where, missing) from None
+            yield Sleep(0.05 * 2**attempt)
+            doc = yield from self._read(container, doc_id, run_id)
+            if doc is None:
+                raise CorruptCheckpoint(f"{where}: deleted while being read") from None
+            try:
+                return self._checkpoint(doc, run_id)
+            except PiecesNeeded as need:
+                ref = need.ref
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _with_pieces(self, doc: Any, run_id: str, found: dict[str, bytes]) -> Checkpoint:
+        """The checkpoint of an item whose state is in ``found`` (``PiecesMissing``)."""
+        where = self._source(doc.get("id") if isinstance(doc, Mapping) else None)
+        return decode(doc, run_id, where, self, found)
+
+    def _fetch(
+        self, container: Any, doc_id: str, run_id: str, keys: Sequence[str]
+    ) -> Steps[dict[str, bytes]]:
+        """The pieces of ``keys`` there are: one query, from the oldest generation named.
+
+        (Pieces above it that no item names, a racing writer's, come back too and are
+        ignored; a query costs one request per page where a point read per piece would
+        cost one each.)
+        """
+        if not keys:
+            return {}
+        wanted = set(keys)
+        rows = yield from self._query(
+            "SELECT c.key, c.data FROM c WHERE c.piece_of = @of AND c.gen >= @gen",
+            [
+                {"name": "@of", "value": doc_id},
+                {"name": "@gen", "value": min(map(_statelog.gen_of, keys))},
+            ],
+        )
+        where = self._where()
+        found: dict[str, bytes] = {}
+        for row in rows:
+            key, data = piece_data(row, where)
+            if key in wanted:
+                found[key] = data
+        return found
+
+    def _piece_ids(self, container: Any, doc_id: str, below: int | None) -> Steps[list[str]]:
+        """The item ids of the run's pieces (those below generation ``below`` if given)."""
+        query = "SELECT c.id, c.key FROM c WHERE c.piece_of = @of"
+        params: list[dict[str, Any]] = [{"name": "@of", "value": doc_id}]
+        if below is not None:
+            query += " AND c.gen < @gen"
+            params.append({"name": "@gen", "value": below})
+        with self._translate(Call("list the pieces of", doc_id)):
+            rows = yield Query(container, query, params, self.settings.timeout)
+        return [row["id"] for row in rows if isinstance(row, dict) and "id" in row]
+
+    def _drop(self, container: Any, ids: Sequence[str], run_id: str) -> Steps[None]:
+        """Delete these piece items; one already gone is fine (a racing collection)."""
+        with self._translate(Call("delete the pieces of", run_id)):
+            for ident in ids:
+                try:
+                    yield Send(
+                        container,
+                        "delete_item",
+                        (ident,),
+                        {"partition_key": ident, "timeout": self.settings.timeout},
+                    )
+                except CosmosResourceNotFoundError as exc:
+                    self._item_missing(exc)
+
+    def _put(
+        self, container: Any, doc_id: str, pieces: Sequence[_statelog.Piece], run_id: str
+    ) -> Steps[None]:
+        """Write ``pieces`` (upserts: a piece is immutable, a retry writes the same bytes)."""
+        ttl = piece_ttl(self.settings.ttl)
+        timeout = self.settings.timeout
+        with self._translate(Call("write the pieces of", run_id)):
+            yield Gather(
+                tuple(
+                    Send(
+                        container,
+                        "upsert_item",
+                        (piece_item(doc_id, piece, ttl),),
+                        {"timeout": timeout},
+                    )
+                    for piece in pieces
+                )
+            )
 
     def _save(self, checkpoint: Checkpoint) -> Steps[Checkpoint]:
         plan = self._plan(checkpoint)
         container = yield OPEN
+        prepared = plan.prepared
+        if prepared.pieces:
+            # Immutable and under keys nobody else uses: written before the item names
+            # them; the save's commit point is still the one conditional write below.
+            yield from self._put(container, plan.doc_id, prepared.pieces, plan.run_id)
+            _hooks.fire("pieces.written")
         _hooks.fire("cosmos.before_request")
         version = checkpoint.version
         if version is None:
@@ -410,29 +545,113 @@ class CosmosStore(Admin):
         else:
             args = (plan.doc_id, plan.item)
             write = Send(container, "replace_item", args, self._cas(version), saving=True)
-        with self._translate(Call("save", plan.run_id, plan.size)):
+        try:
+            with self._translate(Call("save", plan.run_id, plan.size)):
+                try:
+                    result = yield write
+                except CosmosResourceNotFoundError as exc:
+                    self._item_missing(exc)
+                    raise ConflictError(
+                        f"run {plan.run_id!r}: the checkpoint was deleted since it was "
+                        "loaded; nothing was stored",
+                        plan.run_id,
+                    ) from exc
+        except ConflictError:
+            # Lost: this save's own pieces are garbage. (After any other error whether the
+            # item landed is unknown, so they stay; a later base collects them if not.)
+            if prepared.pieces:
+                yield from self._drop_quietly(container, plan.doc_id, prepared, plan.run_id)
+            raise
+        stored = self._saved(plan, checkpoint, result)
+        below = prepared.collect_below
+        if below is not None:
+            _hooks.fire("pieces.collect")
             try:
-                result = yield write
-            except CosmosResourceNotFoundError as exc:
-                self._item_missing(exc)
-                raise ConflictError(
-                    f"run {plan.run_id!r}: the checkpoint was deleted since it was loaded; "
-                    "nothing was stored",
+                ids = yield from self._piece_ids(container, plan.doc_id, below)
+                yield from self._drop(container, ids, plan.run_id)
+            except StoreError as exc:
+                logger.warning(
+                    "run %r: saved; its superseded pieces are left for the next base: %s",
                     plan.run_id,
-                ) from exc
-        return self._saved(plan, checkpoint, result)
+                    exc,
+                )
+        return stored
+
+    def _drop_quietly(
+        self, container: Any, doc_id: str, prepared: _statelog.Prepared, run_id: str
+    ) -> Steps[None]:
+        try:
+            yield from self._drop(
+                container, [piece_id(doc_id, key) for key in prepared.piece_keys], run_id
+            )
+        except StoreError as exc:
+            logger.warning("pieces of a lost save left behind: %s", exc)
 
     def _delete(self, run_id: str, expected_version: str | None) -> Steps[bool]:
         doc_id = item_id(check_run_id(run_id))
         container = yield OPEN
         kwargs = {"partition_key": doc_id, **self._cas(expected_version)}
+        deleted = True
         with self._translate(Call("delete", run_id)):
             try:
                 yield Send(container, "delete_item", (doc_id,), kwargs)
             except CosmosResourceNotFoundError as exc:
                 self._item_missing(exc)
-                return False
-        return True
+                deleted = False
+        if deleted or expected_version is None:
+            # Always without a version: a delete that died here left its pieces.
+            ids = yield from self._piece_ids(container, doc_id, None)
+            yield from self._drop(container, ids, run_id)
+        return deleted
+
+    # -- the pieces, for history and migration (``Store.piece_keys`` and the rest) ------
+
+    def _keys(self, run_id: str) -> Steps[list[str]]:
+        doc_id = item_id(check_run_id(run_id))
+        container = yield OPEN
+        with self._translate(Call("list the pieces of", run_id)):
+            rows = yield Query(
+                container,
+                "SELECT c.key FROM c WHERE c.piece_of = @of",
+                [{"name": "@of", "value": doc_id}],
+                self.settings.timeout,
+            )
+        return sorted(row["key"] for row in rows if isinstance(row, dict) and "key" in row)
+
+    def _pieces_named(self, run_id: str, keys: Sequence[str]) -> Steps[dict[str, bytes]]:
+        doc_id = item_id(check_run_id(run_id))
+        container = yield OPEN
+        return (yield from self._fetch(container, doc_id, run_id, list(keys)))
+
+    def _put_pieces(self, run_id: str, pieces: Sequence[_statelog.Piece]) -> Steps[None]:
+        doc_id = item_id(check_run_id(run_id))
+        container = yield OPEN
+        if pieces:
+            yield from self._put(container, doc_id, pieces, run_id)
+
+    def piece_keys(self, run_id: str) -> list[str]:
+        """Every piece key stored for ``run_id``, sorted (one query)."""
+        return self._run(self._keys(run_id))
+
+    async def apiece_keys(self, run_id: str) -> list[str]:
+        """Async ``piece_keys``."""
+        return await self._arun(self._keys(run_id))
+
+    def pieces(self, run_id: str, keys: Sequence[str]) -> dict[str, bytes]:
+        """The bytes of those of ``keys`` that are stored (one query)."""
+        return self._run(self._pieces_named(run_id, keys))
+
+    async def apieces(self, run_id: str, keys: Sequence[str]) -> dict[str, bytes]:
+        """Async ``pieces``."""
+        return await self._arun(self._pieces_named(run_id, keys))
+
+    def put_pieces(self, run_id: str, pieces: Sequence[_statelog.Piece]) -> None:
+        """Store ``pieces`` for ``run_id`` (upserts: a key always holds the same bytes)."""
+        self._run(self._put_pieces(run_id, pieces))
+
+    async def aput_pieces(self, run_id: str, pieces: Sequence[_statelog.Piece]) -> None:
+        """Async ``put_pieces``."""
+        await self._arun(self._put_pieces(run_id, pieces))
 
     def _query(self, query: str, parameters: list[dict[str, Any]] | None = None) -> Steps[Any]:
         container = yield OPEN

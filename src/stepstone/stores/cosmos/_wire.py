@@ -13,9 +13,11 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Final, NamedTuple, cast
 
+from ... import _statelog
 from ..._checkpoint import (
     ACTIVE_STATUSES,
     READABLE_SCHEMAS,
+    SCHEMA_PIECES,
     STATUSES,
     Checkpoint,
     RunStatus,
@@ -23,7 +25,7 @@ from ..._checkpoint import (
     run_status,
     utcnow,
 )
-from ..._codec import check_document, checkpoint_from_doc, checkpoint_meta, encode_state
+from ..._codec import REF_KEY, check_document, checkpoint_from_doc, checkpoint_meta
 from ..._errors import CheckpointTooLarge, CorruptCheckpoint, InvalidState, StoreError
 from ..._observe import logger
 from ..._store import RunInfo, check_page
@@ -33,6 +35,8 @@ __all__ = [
     "CLAIM_RUNNING",
     "LIST_QUERY",
     "MAX_ITEM_BYTES",
+    "NOT_PIECE",
+    "PIECE_MARK",
     "Plan",
     "claim_queries",
     "claimed",
@@ -41,6 +45,9 @@ __all__ = [
     "infos",
     "item_id",
     "page_query",
+    "piece_id",
+    "piece_item",
+    "piece_ttl",
     "plan",
     "saved",
     "sortable_time",
@@ -62,12 +69,19 @@ _MAX_B64_ID: Final = 250
 #: state, because Cosmos keeps numbers as IEEE doubles (see ``encode``).
 _TEXT_FIELDS: Final = ("input", "signals")
 
+#: The first character of a piece item's id (``piece_id``): no run's item id starts with
+#: it (``item_id`` uses ``[A-Za-z0-9_.:-]``, ``~`` and ``!``), so the two never collide.
+PIECE_MARK: Final = "^"
+#: The filter that keeps piece items out of a listing: only they have ``piece_of``
+#: (an indexed path, so the filter reads index entries, not items).
+NOT_PIECE: Final = "NOT IS_DEFINED(c.piece_of)"
+
 #: What listings and claims read of an item: never the state.
 _INFO_FIELDS: Final = (
     "c.id, c.run_id, c.stepstone, c.step, c.total_steps, c.failure, c.updated_at, "
     "c.status, c.owner, c.due_at, c._etag"
 )
-LIST_QUERY: Final = f"SELECT {_INFO_FIELDS} FROM c"
+LIST_QUERY: Final = f"SELECT {_INFO_FIELDS} FROM c WHERE {NOT_PIECE}"
 #: One equality query per active status: the shape Cosmos documents a composite index
 #: (status, due_at) serving for both the filter and the ORDER BY (an equality on the first
 #: path, the ORDER BY naming both). One ``status IN (...)`` query ordered by due_at alone
@@ -145,21 +159,32 @@ def _parse_time(value: Any) -> datetime | None:
 
 
 class Plan(NamedTuple):
-    """A save, prepared and checked before any request: what to send, what to return."""
+    """A save, prepared and checked before any request: what to send, what to return.
+
+    ``prepared`` is the state's plan (``_statelog``): its ``pieces`` are written before
+    the item, which names them, and ``collect_below`` says what to delete after.
+    """
 
     run_id: str
     doc_id: str
     item: dict[str, Any]
     size: int
-    text: str
-    copy: dict[str, Any]
+    prepared: _statelog.Prepared
     now: datetime
 
 
 def encode(
-    cp: Checkpoint, doc_id: str, state_text: str, ttl: int | None
+    cp: Checkpoint,
+    doc_id: str,
+    state_text: str | None,
+    ttl: int | None,
+    prepared: _statelog.Prepared | None = None,
 ) -> tuple[dict[str, Any], int]:
-    """Return the item for ``cp`` and its size in bytes as the SDK will send it."""
+    """Return the item for ``cp`` and its size in bytes as the SDK will send it.
+
+    With a ``prepared`` plan whose state is in pieces, the item holds its ``state_ref``
+    (as JSON text, schema 3) instead of the state.
+    """
     meta: dict[str, Any] = {"id": doc_id, **checkpoint_meta(cp)}
     # The state, the input and signal payloads go in as JSON *text*, not nested.
     # Cosmos DB keeps numbers as IEEE doubles: an int above 2**53 would lose digits,
@@ -182,30 +207,48 @@ def encode(
         meta["due_at"] = sortable_time(due)
     if ttl is not None:
         meta["ttl"] = ttl
-    item = {**meta, "state": state_text}
+    if prepared is not None and prepared.ref is not None:
+        meta["stepstone"] = SCHEMA_PIECES
+        item = {**meta, REF_KEY: json.dumps(prepared.ref, separators=(",", ":"))}
+    else:
+        if prepared is not None:
+            if prepared.gen:
+                meta["state_gen"] = prepared.gen
+            if prepared.history is not None:
+                meta["history_head"] = prepared.history
+        item = {**meta, "state": state_text}
     # The SDK sends json.dumps(item, separators=(",", ":")) (ASCII, so characters
     # are bytes): measure exactly that.
     size = len(json.dumps(item, separators=(",", ":")))
     return item, size
 
 
-def plan(checkpoint: Checkpoint, ttl: int | None) -> Plan:
-    """Encode and check a save before any request (InvalidState, CheckpointTooLarge)."""
+def plan(
+    store: object, checkpoint: Checkpoint, ttl: int | None, piece_ttl: int | None = None
+) -> Plan:
+    """Encode and check a save before any request (InvalidState, CheckpointTooLarge).
+
+    A state past ``_statelog.INLINE_MAX`` goes to pieces (each its own item, under the
+    2 MB limit). With a ``ttl``, a base older than half of it is rewritten rather than
+    logged against (``piece_ttl``): no item may name a piece that expires before it.
+    """
     run_id = check_run_id(checkpoint.run_id)
-    text, copy = encode_state(checkpoint.state)
+    max_age = None if ttl is None or ttl < 0 else ttl / 2
+    prepared = _statelog.prepare_save(store, checkpoint, max_base_age=max_age)
     now = utcnow()
-    stored = checkpoint.stored(copy, text, "", now)
+    stored = checkpoint.stored(prepared.state, prepared.state_text, "", now)
     doc_id = item_id(run_id)
-    item, size = encode(stored, doc_id, text, ttl)
+    item, size = encode(stored, doc_id, prepared.state_text, ttl, prepared)
     if size > MAX_ITEM_BYTES:
         raise CheckpointTooLarge(
             f"run {run_id!r}: the checkpoint is {size:,} bytes as a Cosmos DB item, over "
-            f"the {MAX_ITEM_BYTES:,}-byte limit; nothing was sent. Keep large data "
-            "elsewhere (e.g. Blob Storage) and put its reference in the state",
+            f"the {MAX_ITEM_BYTES:,}-byte limit without its state (the input or signal "
+            "payloads); nothing was sent. Keep large data elsewhere (e.g. Blob Storage) "
+            "and put its reference in the input",
             size,
             MAX_ITEM_BYTES,
         )
-    return Plan(run_id, doc_id, item, size, text, copy, now)
+    return Plan(run_id, doc_id, item, size, prepared, now)
 
 
 def saved(plan: Plan, checkpoint: Checkpoint, result: Any) -> Checkpoint:
@@ -213,11 +256,82 @@ def saved(plan: Plan, checkpoint: Checkpoint, result: Any) -> Checkpoint:
     etag = result.get("_etag") if isinstance(result, Mapping) else None
     if not isinstance(etag, str):
         raise StoreError(f"run {plan.run_id!r}: Cosmos DB answered the save without an _etag")
-    return checkpoint.stored(plan.copy, plan.text, etag, plan.now)
+    prepared = plan.prepared
+    return checkpoint.stored(
+        prepared.state, prepared.state_text, etag, plan.now, prepared.bind(etag)
+    )
 
 
-def decode(answer: Any, run_id: str, source: str) -> Checkpoint:
-    """Return the checkpoint an item holds, refusing one that is not ``run_id``'s."""
+# -- pieces: a long state's immutable parts, one item each ------------------------------
+
+
+def piece_id(doc_id: str, key: str) -> str:
+    """The item id of a run's piece: ``^`` + the run's item id + ``^`` + the piece key.
+
+    A run item id longer than fits (Cosmos ids are at most 255 characters) is replaced
+    by its SHA-256; the item also carries ``piece_of`` (the run's item id), which is
+    what queries select by.
+    """
+    whole = f"{PIECE_MARK}{doc_id}{PIECE_MARK}{key}"
+    if len(whole) <= 255:
+        return whole
+    digest = hashlib.sha256(doc_id.encode("utf-8")).hexdigest()
+    return f"{PIECE_MARK}#{digest}{PIECE_MARK}{key}"
+
+
+def piece_ttl(ttl: int | None) -> int | None:
+    """The ``ttl`` a piece gets under a run item ``ttl``: twice it (None/-1: the same).
+
+    A save rewrites a base once it is older than half the ``ttl`` (``plan``), so every
+    piece an item names outlives the item by at least half the ``ttl``, clock skew
+    between writers included up to that much.
+    """
+    if ttl is None or ttl < 0:
+        return ttl
+    return ttl * 2
+
+
+def piece_item(doc_id: str, piece: _statelog.Piece, ttl: int | None) -> dict[str, Any]:
+    """The item holding ``piece``: its bytes as base64 text (4/3 of them, under 2 MB)."""
+    item: dict[str, Any] = {
+        "id": piece_id(doc_id, piece.key),
+        "piece_of": doc_id,
+        "key": piece.key,
+        "gen": piece.gen,
+        "data": base64.b64encode(piece.data).decode("ascii"),
+    }
+    if ttl is not None:
+        item["ttl"] = ttl
+    return item
+
+
+def piece_data(row: Any, where: str) -> tuple[str, bytes]:
+    """(key, bytes) of a piece row read back; ``CorruptCheckpoint`` if malformed."""
+    try:
+        key, data = row["key"], row["data"]
+        if not isinstance(key, str) or not isinstance(data, str):
+            raise TypeError("key or data is not text")
+        return key, base64.b64decode(data, validate=True)
+    except (KeyError, TypeError, ValueError) as exc:
+        ident = row.get("id") if isinstance(row, dict) else None
+        raise CorruptCheckpoint(
+            f"{source(ident, where)}: a malformed piece item ({type(exc).__name__}: {exc}); "
+            "left untouched"
+        ) from exc
+
+
+def decode(
+    answer: Any,
+    run_id: str,
+    source: str,
+    store: object = None,
+    pieces: dict[str, bytes] | None = None,
+) -> Checkpoint:
+    """Return the checkpoint an item holds, refusing one that is not ``run_id``'s.
+
+    An item whose state is in pieces raises ``PiecesNeeded`` (its ``state_ref``), unless
+    ``pieces`` holds them (then ``PiecesMissing`` if some are not there).
+    """
     if not isinstance(answer, Mapping):
         raise CorruptCheckpoint(
             f"{source}: the service returned {type(answer).__name__}, not an item"
@@ -232,7 +346,7 @@ def decode(answer: Any, run_id: str, source: str) -> Checkpoint:
     etag = doc.get("_etag")
     if not isinstance(etag, str):
         raise CorruptCheckpoint(f"{source}: the service returned no _etag")
-    for name in ("state", *_TEXT_FIELDS):
+    for name in ("state", REF_KEY, *_TEXT_FIELDS):
         text = doc.get(name)
         if isinstance(text, str):  # see encode: stored as JSON text
             try:
@@ -241,6 +355,8 @@ def decode(answer: Any, run_id: str, source: str) -> Checkpoint:
                 raise CorruptCheckpoint(
                     f"{source}: the {name} is not valid JSON text ({exc}); left untouched"
                 ) from exc
+    if pieces is not None and REF_KEY in doc:
+        return _statelog.checkpoint_with_pieces(store, doc, etag, source, run_id, pieces)
     return checkpoint_from_doc(doc, etag, source)
 
 
@@ -377,6 +493,8 @@ def page_query(
     if after is not None:
         where.append("(c.updated_at < @at OR (c.updated_at = @at AND c.run_id < @after))")
         params += [{"name": "@at", "value": after[0]}, {"name": "@after", "value": after[1]}]
+    if status is None:
+        where.append(NOT_PIECE)
     query = f"SELECT TOP @limit {_INFO_FIELDS} FROM c"
     if where:
         query += " WHERE " + " AND ".join(where)
