@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import stepstone
-from stepstone import CorruptCheckpoint, InvalidState, Step, open_store
+from stepstone import ConflictError, CorruptCheckpoint, InvalidState, Step, open_store
 from stepstone import _statelog as sl
 from stepstone._checkpoint import Checkpoint, Stored
 from stepstone._codec import MAX_DEPTH, dump_json
@@ -416,17 +416,61 @@ def test_assemble_raises_pieces_missing_and_missing_error_names_the_key() -> Non
 
 
 def test_gen_of_and_pieces_of_agree_with_the_keys_written() -> None:
-    """Every piece key starts with its generation, and the ref names them in order."""
+    """Every piece key starts with its generation (a log piece: its base's), and the ref
+    names them in order; one writer's log on one base is one run, however long."""
     store = _store()
     cp = _first(store, _long())
-    state = cp.state
-    state["messages"].append({"i": 1})
-    cp = _save(store, cp, state)
+    base_gen = ref_gen = _ref(cp)["gen"]
+    for i in range(5):
+        state = cp.state
+        state["messages"].append({"i": i})
+        cp = _save(store, cp, state)
+        ref_gen += 1
     ref = _ref(cp)
     keys = sl.pieces_of(ref)
     assert sorted(keys) == store.piece_keys(cp.run_id)
-    assert [sl.gen_of(k) for k in keys] == sorted(sl.gen_of(k) for k in keys)
-    assert sl.gen_of(keys[-1]) == ref["gen"]
+    assert {sl.gen_of(k) for k in keys} == {base_gen}
+    assert ref["gen"] == ref_gen
+    assert len(ref["log"]) == 1 and ref["log"][0][1:] == [0, 5], ref["log"]
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "file"])
+def test_two_saves_racing_from_one_handle_write_different_keys(kind: str, tmp_path: Any) -> None:
+    """Two saves of one checkpoint (one wins, one conflicts) never share a piece key, and
+    the winner's next save still names only pieces that are stored.
+
+    (A store writes the pieces before its compare-and-swap and drops a loser's: with one
+    key for both, the loser would overwrite or drop the winner's piece.)
+    """
+    config = {"memory": "memory://", "sqlite": f"sqlite:///{tmp_path}/r.db"}.get(
+        kind, f"file://{tmp_path}/runs"
+    )
+    store = open_store(config)
+    cp = store.save(Checkpoint("r", state=_long()))
+    one = replace(
+        cp,
+        step=cp.step + 1,
+        step_names=(*cp.step_names, "a"),
+        state={**cp.state, "messages": [*cp.state["messages"], {"a": 1}]},
+    )
+    two = replace(one, state={**cp.state, "messages": [*cp.state["messages"], {"b": 2}]})
+    won = store.save(one)
+    with pytest.raises(ConflictError):
+        store.save(two)
+    third = replace(
+        won,
+        step=won.step + 1,
+        step_names=(*won.step_names, "c"),
+        state={**won.state, "messages": [*won.state["messages"], {"c": 3}]},
+    )
+    saved = store.save(third)
+    keys = sl.pieces_of(_ref(saved))
+    assert len(set(keys)) == len(keys)
+    assert set(keys) <= set(store.piece_keys(cp.run_id))
+    loaded = store.load(cp.run_id)
+    assert loaded is not None and loaded.state == saved.state
+    assert loaded.state["messages"][-2:] == [{"a": 1}, {"c": 3}]
+    store.close()
 
 
 def test_a_failed_step_that_dirtied_its_long_state_stores_the_state_before_it() -> None:

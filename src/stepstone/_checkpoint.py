@@ -122,6 +122,9 @@ class Stored:
     private: dict[str, Any] | None  # the decoded stored state (chunked states only)
     handed: dict[str, Any] | None  # the state handed out beside it
     history: str | None = None  # the key of the run's latest history record, if kept
+    #: The log chain this writer appends to (``_statelog``): its piece-key prefix and
+    #: counter, shared by the handles of one writer's successive saves on one base.
+    chain: Any = None
 
 
 @dataclass(frozen=True, slots=True)

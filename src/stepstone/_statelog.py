@@ -23,7 +23,13 @@ names them. A reader that finds a piece missing has read a document that a newer
 save superseded (and whose pieces it collected): it reads the document again.
 
 Every piece key starts with its *generation* (``"<gen>.<token>.<n>"``): each save's
-document has a generation one above the document it replaced. After a save that
+document has a generation one above the document it replaced. A base's pieces have the
+generation of the document that wrote it; a log piece has its base's generation, and a
+writer that keeps appending to one base numbers its pieces under one prefix
+(``<base gen>.<token>.0``, ``.1``...), so the document names them as one run
+``[prefix, first, count]``: its reference stays a few runs long, not one entry per
+save. The numbers come from a counter the writer's handles share, so two saves racing
+from one handle never write the same key. After a save that
 wrote a new base (generation ``g``), no document from then on names a piece below
 ``g``, so the store deletes the run's pieces below ``g``: the superseded base and
 log, and whatever a crashed or out-raced writer left behind (a writer still racing
@@ -140,6 +146,8 @@ class Prepared:
     changes: list[str] | None = None
     #: The key of the run's newest history record (a run that keeps history), or None.
     history: str | None = None
+    #: The log chain a log piece was numbered in (``_Chain``), handed to the next save.
+    chain: Any = None
 
     def bind(self, version: str) -> Stored | None:
         """The handle of the saved checkpoint, once its version is known.
@@ -152,7 +160,15 @@ class Prepared:
             return None
         handed = dict(self.state) if self.ref is not None else None
         return Stored(
-            self.store, self.run_id, version, self.gen, self.ref, self.private, handed, self.history
+            self.store,
+            self.run_id,
+            version,
+            self.gen,
+            self.ref,
+            self.private,
+            handed,
+            self.history,
+            self.chain,
         )
 
     def document_fields(self) -> dict[str, Any]:
@@ -328,7 +344,16 @@ def _delta(store: object, cp: Checkpoint, known: Stored, piece_max: int) -> Prep
     if not changed:
         # Nothing changed: the document keeps naming the same pieces.
         return Prepared(
-            None, ref, [], None, next_state, known.gen, private, serial(store), cp.run_id
+            None,
+            ref,
+            [],
+            None,
+            next_state,
+            known.gen,
+            private,
+            serial(store),
+            cp.run_id,
+            chain=known.chain,
         )
     texts: list[str] = []
     next_private: dict[str, Any] = private
@@ -372,9 +397,17 @@ def _delta(store: object, cp: Checkpoint, known: Stored, piece_max: int) -> Prep
     ):
         return None
     gen = known.gen + 1
-    prefix = f"{gen}.{_token()}."
+    base_gen = gen_of(ref["base"][0])
+    chain = known.chain
+    if not isinstance(chain, _Chain) or chain.base != ref["base"][0]:
+        chain = _Chain(ref["base"][0], f"{base_gen}.{_token()}.", itertools.count())
+    n = next(chain.numbers)  # atomic in CPython: racing saves get different numbers
     log = [list(run) for run in ref["log"]]
-    log.append([prefix, 0, 1])
+    last = log[-1] if log else None
+    if last is not None and last[0] == chain.prefix and last[1] + last[2] == n:
+        last[2] += 1
+    else:
+        log.append([chain.prefix, n, 1])
     next_ref = {
         "gen": gen,
         "base": ref["base"],
@@ -385,7 +418,7 @@ def _delta(store: object, cp: Checkpoint, known: Stored, piece_max: int) -> Prep
     }
     if "at" in ref:
         next_ref["at"] = ref["at"]
-    piece = Piece(f"{prefix}0", gen, data)
+    piece = Piece(f"{chain.prefix}{n}", base_gen, data)
     changes = [f"{op} {'.'.join(path)}" for path, op, _ in changed]
     return Prepared(
         None,
@@ -398,7 +431,17 @@ def _delta(store: object, cp: Checkpoint, known: Stored, piece_max: int) -> Prep
         serial(store),
         cp.run_id,
         changes,
+        chain=chain,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class _Chain:
+    """One writer's log on one base: the key prefix and the numbers it hands out."""
+
+    base: str  # the base's first piece key: which base the chain appends to
+    prefix: str
+    numbers: Any  # itertools.count
 
 
 def _containers(value: Any) -> Any:
