@@ -39,7 +39,6 @@ from ._setup import (
 from ._wire import NOT_PIECE, infos, item_id, page_query, piece_ttl, time_text
 
 if TYPE_CHECKING:
-
     from azure.cosmos import ContainerProxy, CosmosClient
 
 __all__ = ["Admin"]
