@@ -271,7 +271,8 @@ def main() -> None:
     print(f"  instructions per run{header}   growth")
     for store, r in results.items():
         cells = "".join(f"{r['instructions'][str(n)]:>14,}" for n in ns)
-        print(f"  {store:<20}{cells}   n^{r['growth']:.2f}")
+        grown = "" if r["growth"] is None else f"   n^{r['growth']:.2f}"
+        print(f"  {store:<20}{cells}{grown}")
     print(
         "  state bytes handed to the store per step / update "
         f"({results[stores[0]]['update_bytes']:,} B)"
