@@ -244,7 +244,10 @@ async def _aperform(effect: Effect, plan: Plan, store: Store) -> Any:
             raise lost
         return result
     if kind is Announce:
-        await aannounce(store)
+        if effect.local:  # type: ignore[attr-defined]
+            store.doorbell.ring()
+        else:
+            await aannounce(store)
         return None
     assert isinstance(effect, Pause)
     pausing = _AsyncRenewal(plan, store) if effect.base is not None else None

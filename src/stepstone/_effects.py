@@ -125,9 +125,13 @@ class Announce(Effect):
     Yielded after a write that makes work for a worker has landed (a run started, a
     signal, a parent nudged, a lease given back), never after a plain step's save. The
     result is None; it never fails (a lost announcement only delays, the poll runs).
+    ``local``: ring only the workers of this process (no notification to others).
     """
 
-    __slots__ = ()
+    __slots__ = ("local",)
+
+    def __init__(self, local: bool = False) -> None:
+        self.local = local
 
 
 def step_through(gen: Generator[Effect, Any, Any], perform: Callable[[Effect], Any]) -> Any:

@@ -152,7 +152,10 @@ def _perform(effect: Effect, plan: Plan, store: Store) -> Any:
             raise lost
         return result
     if kind is Announce:
-        announce(store)
+        if effect.local:  # type: ignore[attr-defined]
+            store.doorbell.ring()
+        else:
+            announce(store)
         return None
     assert isinstance(effect, Pause)
     pause_ticket = _renewer.enter(plan, store) if effect.base is not None else None

@@ -56,6 +56,9 @@ __all__ = [
 ]
 
 _MISSING: Any = object()
+#: While a Map makes its children, it tells the workers after the first and then after
+#: every this many more, so they claim and run them while the rest are made.
+ANNOUNCE_EVERY = 8
 #: How often a parent waiting on children looks at them even if no child told it
 #: (a child's nudge can be lost to a crash; this bounds the delay, never strands it).
 CHILD_POLL = 10.0
@@ -331,8 +334,16 @@ class Map(SuspendingStep):
         step, and the lease is renewed meanwhile in the same way.
         """
         children: list[Checkpoint] = []
+        created = 0
         for child_id, item in zip(ids, inputs, strict=True):
             child = yield from self._child(cp, child_id, item)
+            if child.queued and child.owner is None and child.step == -1:
+                created += 1
+                # This process's workers start on the first children while the rest
+                # are made, instead of waiting for the last (then every ANNOUNCE_EVERY
+                # more); the others are told once, below.
+                if created == 1 or created % ANNOUNCE_EVERY == 0:
+                    yield Announce(local=True)
             if child.parent != cp.run_id or (child.workflow, child.workflow_version) != (
                 self.workflow.name,
                 self.workflow.version,
