@@ -217,6 +217,41 @@ def test_delete_removes_every_piece(store: Store, mode: str) -> None:
     assert _keys(store, run_id, mode) == []
 
 
+def test_put_pieces_racing_copies_both_succeed_and_keep_the_first(
+    store_config: str, mode: str
+) -> None:
+    """Two store objects putting the same pieces at once (a migration run twice) both
+    succeed; a key already stored keeps its bytes."""
+    pieces = [sl.Piece(f"1.race.b{n}", 1, f"piece {n}".encode() * 50) for n in range(12)]
+    with open_store(store_config) as a, open_store(store_config) as b:
+        barrier = threading.Barrier(2)
+        errors: list[BaseException] = []
+
+        def put(store: Store) -> None:
+            try:
+                barrier.wait(30)
+                if mode == "async":
+                    asyncio.run(store.aput_pieces("race", pieces))
+                else:
+                    store.put_pieces("race", pieces)
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=put, args=(s,)) for s in (a, b)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+            assert not thread.is_alive(), "put_pieces hung"
+        assert errors == []
+        # (Two memory:// objects are two stores: each holds what it was given.)
+        for store in (a, b):
+            store.put_pieces("race", [sl.Piece("1.race.b0", 1, b"other bytes")])
+            got = store.pieces("race", [p.key for p in pieces])
+            assert got == {p.key: p.data for p in pieces}
+            assert store.piece_keys("race") == sorted(p.key for p in pieces)
+
+
 def test_a_reader_never_sees_a_half_state(store_config: str) -> None:
     """A second store object loads while the first keeps writing new bases: always whole."""
     rounds = 40

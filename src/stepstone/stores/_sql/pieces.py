@@ -26,6 +26,8 @@ class PieceSQL:
 
     create: str
     insert: str
+    #: ``insert``, keeping a row already there (a piece is immutable: same key, same bytes).
+    insert_new: str
     keys: str
     delete_below: str
     delete_all: str
@@ -79,12 +81,19 @@ def piece_sql(dialect: str, table: str | None) -> PieceSQL:
     def p(name: str) -> str:
         return f":{name}" if style == "named" else f"%({name})s"
 
+    insert = (
+        f"INSERT INTO {quoted} ({key}, piece_key, gen, data) "
+        f"VALUES ({p('run_key')}, {p('piece_key')}, {p('gen')}, {p('data')})"
+    )
+    keep = (
+        " ON DUPLICATE KEY UPDATE piece_key = piece_key"
+        if dialect == "mysql"
+        else " ON CONFLICT DO NOTHING"
+    )
     return PieceSQL(
         create=create,
-        insert=(
-            f"INSERT INTO {quoted} ({key}, piece_key, gen, data) "
-            f"VALUES ({p('run_key')}, {p('piece_key')}, {p('gen')}, {p('data')})"
-        ),
+        insert=insert,
+        insert_new=insert + keep,
         keys=f"SELECT piece_key FROM {quoted} WHERE {key} = {p('run_key')} ORDER BY piece_key",
         delete_below=f"DELETE FROM {quoted} WHERE {key} = {p('run_key')} AND gen < {p('gen')}",
         delete_all=f"DELETE FROM {quoted} WHERE {key} = {p('run_key')}",

@@ -430,12 +430,12 @@ class SQLStore(Connections, Store):
     def _put_pieces(self, run_id: str, pieces: Sequence[_statelog.Piece]) -> Plan[None]:
         check_run_id(run_id)
         key = self._key(run_id)
-        have = set((yield from self._piece_keys(run_id)))
+        yield from self._pieces_table()
+        # One statement per piece that keeps a row already there: two copies racing (a
+        # migration run twice at once) both succeed, where checking first would not.
         for piece in pieces:
-            if piece.key in have:
-                continue
             yield Exec(
-                self._pieces_sql.insert,
+                self._pieces_sql.insert_new,
                 {"run_key": key, "piece_key": piece.key, "gen": piece.gen, "data": piece.data},
             )
 

@@ -87,9 +87,14 @@ class Query(Effect):
 
 @dataclass(frozen=True, slots=True)
 class Gather(Effect):
-    """Perform each of ``effects`` (concurrently where async); the result: their results."""
+    """Perform each of ``effects`` (concurrently where async); the result: their results.
+
+    ``settle``: an effect's exception is its result (each one performed) instead of
+    being raised at once.
+    """
 
     effects: tuple[Effect, ...]
+    settle: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +178,15 @@ def perform(effect: Effect, meter: Meter, open_: Callable[[], Any]) -> Any:
     if isinstance(effect, Open):
         return open_()
     if isinstance(effect, Gather):
-        return [perform(each, meter, open_) for each in effect.effects]
+        if not effect.settle:
+            return [perform(each, meter, open_) for each in effect.effects]
+        results: list[Any] = []
+        for each in effect.effects:
+            try:
+                results.append(perform(each, meter, open_))
+            except Exception as exc:  # noqa: BLE001 - settled: the rule looks at each
+                results.append(exc)
+        return results
     if isinstance(effect, Sleep):
         time.sleep(effect.seconds)
         return None
@@ -189,7 +202,10 @@ async def aperform(effect: Effect, meter: Meter, open_: Callable[[], Awaitable[A
         return await open_()
     if isinstance(effect, Gather):
         # Each in its own task, which marks itself for the meter (a task is a caller).
-        return await asyncio.gather(*(aperform(each, meter, open_) for each in effect.effects))
+        return await asyncio.gather(
+            *(aperform(each, meter, open_) for each in effect.effects),
+            return_exceptions=effect.settle,
+        )
     if isinstance(effect, Sleep):
         await asyncio.sleep(effect.seconds)
         return None
