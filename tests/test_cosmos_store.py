@@ -760,7 +760,7 @@ def test_ttl_pieces_outlive_the_item_that_names_them(
         assert len(handle.ref["log"]) == 1  # the second save logged its change
         base = list(handle.ref["base"])
         now = time.time()
-        monkeypatch.setattr(_statelog.time, "time", lambda: now + 301)
+        monkeypatch.setattr(time, "time", lambda: now + 301)
         cp = store.save(
             replace(
                 cp,

@@ -116,6 +116,30 @@ def test_every_save_is_listed_oldest_first(store: Store, mode: str) -> None:
     assert all(t is not None for t in times) and times == sorted(times)  # type: ignore[type-var]
 
 
+def test_a_long_history_is_read_in_a_few_round_trips(store: Store) -> None:
+    """300 saves kept: ``history`` lists the keys once and fetches the records in
+    batches of ``RECORD_BATCH``, not one request per record."""
+    from stepstone import _history
+
+    steps = [Step(f"t{i}", _step(100 + i)) for i in range(300)]
+    stepstone.run("many", Workflow("many", steps, history=True), store)
+    calls: list[int] = []
+    fetch = store.pieces
+
+    def counting(run_id: str, keys: Any) -> dict[str, bytes]:
+        calls.append(len(keys))
+        return fetch(run_id, keys)
+
+    store.pieces = counting  # type: ignore[method-assign]
+    try:
+        entries = stepstone.history(store, "many")
+    finally:
+        del store.pieces
+    assert [e.step for e in entries] == list(range(-1, 300))
+    batches = -(-len(entries) // _history.RECORD_BATCH)
+    assert len(calls) == batches and max(calls) <= _history.RECORD_BATCH, calls
+
+
 def test_fork_starts_a_new_run_from_the_state_after_a_step(store: Store, mode: str) -> None:
     """The fork holds the state after step 1 and runs steps 2 and 3 only; r is untouched."""
     _run(store, "r", mode)

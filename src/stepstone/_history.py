@@ -89,13 +89,27 @@ class _Pieces(Effect):
         self.keys = keys
 
 
+class _Keys(Effect):
+    """List a run's piece keys; the result is a sorted list."""
+
+    __slots__ = ("run_id",)
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+
+
 Op = Generator[Effect, Any, Any]
+
+#: How many history records one fetch asks for (records are small: a save's changes).
+RECORD_BATCH = 256
 
 
 def _perform(store: Store) -> Any:
     def perform(effect: Effect) -> Any:
         if isinstance(effect, _Pieces):
             return store.pieces(effect.run_id, effect.keys)
+        if isinstance(effect, _Keys):
+            return store.piece_keys(effect.run_id)
         if isinstance(effect, Save):
             return store.save(effect.cp)
         if isinstance(effect, Announce):
@@ -110,6 +124,8 @@ def _aperform(store: Store) -> Any:
     async def perform(effect: Effect) -> Any:
         if isinstance(effect, _Pieces):
             return await store.apieces(effect.run_id, effect.keys)
+        if isinstance(effect, _Keys):
+            return await store.apiece_keys(effect.run_id)
         if isinstance(effect, Save):
             return await store.asave(effect.cp)
         if isinstance(effect, Announce):
@@ -154,11 +170,20 @@ def _records(store: Store, run_id: str, cp: Checkpoint) -> Op:
     source = _source(store, run_id)
     found: list[tuple[str, dict[str, Any]]] = []
     seen: set[str] = set()
+    # Every record at once, in batches (a round trip each, not one per record); the
+    # chain is then walked in memory. A record the listing missed is fetched alone.
+    fetched: dict[str, bytes] = {}
+    if key is not None:
+        listed: list[str] = yield _Keys(run_id)
+        records = [k for k in listed if ".h." in k]
+        for start in range(0, len(records), RECORD_BATCH):
+            part: dict[str, bytes] = yield _Pieces(run_id, records[start : start + RECORD_BATCH])
+            fetched.update(part)
     while key is not None:
         if key in seen or len(found) >= MAX_RECORDS:
             raise CorruptCheckpoint(f"{source}: the records loop at {key!r}; left untouched")
         seen.add(key)
-        got: dict[str, bytes] = yield _Pieces(run_id, [key])
+        got: dict[str, bytes] = fetched if key in fetched else (yield _Pieces(run_id, [key]))
         if key not in got:
             raise CorruptCheckpoint(f"{source}: record {key!r} is not stored; left untouched")
         try:

@@ -461,20 +461,20 @@ class CosmosStore(Admin):
     def _fetch(
         self, container: Any, doc_id: str, run_id: str, keys: Sequence[str]
     ) -> Steps[dict[str, bytes]]:
-        """The pieces of ``keys`` there are: one query, from the oldest generation named.
-
-        (Pieces above it that no item names, a racing writer's, come back too and are
-        ignored; a query costs one request per page where a point read per piece would
-        cost one each.)
+        """The pieces of ``keys`` there are: one query (a request per page, where point
+        reads would cost one per piece), on the run and the oldest generation named
+        (indexed), the keys checked on those items only.
         """
         if not keys:
             return {}
         wanted = set(keys)
         rows = yield from self._query(
-            "SELECT c.key, c.data FROM c WHERE c.piece_of = @of AND c.gen >= @gen",
+            "SELECT c.key, c.data FROM c WHERE c.piece_of = @of AND c.gen >= @gen "
+            "AND ARRAY_CONTAINS(@keys, c.key)",
             [
                 {"name": "@of", "value": doc_id},
                 {"name": "@gen", "value": min(map(_statelog.gen_of, keys))},
+                {"name": "@keys", "value": sorted(wanted)},
             ],
         )
         where = self._where()
