@@ -133,3 +133,79 @@ def test_a_failed_child_resumes_its_parent_at_once(config: str) -> None:
         parent = store.load("p")
         assert parent is not None and parent.status == "waiting"
         assert parent.wake_at is not None and parent.wake_at <= utcnow(), "parent not told"
+
+
+class _Overlapping:
+    """Wraps a store's ``save``/``asave``: the most child creations seen in flight at once.
+
+    Each creation waits (up to 10 s) until four are in flight, so a Map that makes its
+    children one or two at a time shows 1 or 2 (after the waits time out), one that
+    makes a batch at once 4 or more.
+    """
+
+    def __init__(self, store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+        import threading
+
+        self.lock = threading.Lock()
+        self.in_flight = 0
+        self.most = 0
+        self.second = threading.Event()
+        save, asave = store.save, store.asave
+
+        def enter(cp: Checkpoint) -> bool:
+            if cp.version is not None or cp.parent != "p":
+                return False
+            with self.lock:
+                self.in_flight += 1
+                self.most = max(self.most, self.in_flight)
+                if self.in_flight >= 4:
+                    self.second.set()
+            return True
+
+        def leave() -> None:
+            with self.lock:
+                self.in_flight -= 1
+
+        def counted(cp: Checkpoint) -> Checkpoint:
+            if not enter(cp):
+                return save(cp)
+            try:
+                self.second.wait(10)
+                return save(cp)
+            finally:
+                leave()
+
+        async def acounted(cp: Checkpoint) -> Checkpoint:
+            import asyncio
+
+            if not enter(cp):
+                return await asave(cp)
+            try:
+                await asyncio.to_thread(self.second.wait, 10)
+                return await asave(cp)
+            finally:
+                leave()
+
+        monkeypatch.setattr(store, "save", counted)
+        monkeypatch.setattr(store, "asave", acounted)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_map_makes_its_children_concurrently(
+    config: str, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The children are created several at once (``Together``): one flush for many."""
+    import asyncio
+
+    from stepstone import arun
+
+    with open_store(config) as store:
+        seen = _Overlapping(store, monkeypatch)
+        with pytest.raises(Suspended):
+            if mode == "async":
+                asyncio.run(arun("p", PARENT, store))
+            else:
+                run("p", PARENT, store)
+        assert seen.most >= 4, f"the Map made at most {seen.most} children at once"
+        children = [store.load(child_run_id("p", "kids", n)) for n in range(SIZE)]
+        assert all(c is not None and c.status == "queued" for c in children)

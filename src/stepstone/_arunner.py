@@ -25,7 +25,17 @@ from typing import Any, TypeVar
 from ._checkpoint import Checkpoint
 from ._checks import Steps, make_plan
 from ._core import execute, renew
-from ._effects import Announce, Call, Effect, Load, Pause, Renewing, Save, astep_through
+from ._effects import (
+    Announce,
+    Call,
+    Effect,
+    Load,
+    Pause,
+    Renewing,
+    Save,
+    Together,
+    astep_through,
+)
 from ._errors import ConflictError
 from ._observe import logger
 from ._plan import Plan, to_release
@@ -249,6 +259,9 @@ async def _aperform(effect: Effect, plan: Plan, store: Store) -> Any:
         else:
             await aannounce(store)
         return None
+    if kind is Together:
+        assert isinstance(effect, Together)
+        return list(await asyncio.gather(*(_aone(each, store) for each in effect.effects)))
     assert isinstance(effect, Pause)
     pausing = _AsyncRenewal(plan, store) if effect.base is not None else None
     try:
@@ -330,3 +343,13 @@ class _AsyncRenewal:
 
 async def _wait(task: asyncio.Task[None]) -> None:
     await task
+
+
+async def _aone(effect: Load | Save, store: Store) -> Any:
+    """One effect of a ``Together``: its result, or the exception it raised."""
+    try:
+        if isinstance(effect, Load):
+            return await store.aload(effect.run_id)
+        return await store.asave(effect.cp)
+    except Exception as exc:  # noqa: BLE001 - handed back: the rule decides
+        return exc

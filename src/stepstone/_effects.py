@@ -26,6 +26,7 @@ __all__ = [
     "Renewing",
     "Save",
     "State",
+    "Together",
     "astep_through",
     "step_through",
 ]
@@ -74,6 +75,25 @@ class Save(Effect):
         self.cp = cp
         self.what = what
         self.owned = owned
+
+
+class Together(Effect):
+    """Perform ``effects`` (each a ``Load``, or a ``Save`` that is not ``owned``) at once.
+
+    The result is one value per effect, in order: its result, or the exception it
+    raised (every one is performed). The sync driver runs them on a small shared thread
+    pool, the async one gathers them: a Map makes and reads its children this way, so a
+    store that groups concurrent commits (SQLite) or a server that flushes concurrent
+    commits together (PostgreSQL, MySQL) pays one flush for many children.
+    """
+
+    __slots__ = ("effects",)
+
+    def __init__(self, effects: list[Load | Save]) -> None:
+        for effect in effects:
+            if isinstance(effect, Save) and effect.owned:
+                raise ValueError("Together performs Load and unowned Save effects only")
+        self.effects = effects
 
 
 class Call(Effect):

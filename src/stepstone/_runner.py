@@ -17,12 +17,23 @@ from __future__ import annotations
 import heapq
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
 from ._checks import Steps, make_plan
 from ._core import execute, renew
-from ._effects import Announce, Call, Effect, Load, Pause, Renewing, Save, step_through
+from ._effects import (
+    Announce,
+    Call,
+    Effect,
+    Load,
+    Pause,
+    Renewing,
+    Save,
+    Together,
+    step_through,
+)
 from ._errors import ConflictError
 from ._observe import logger
 from ._plan import Plan, to_release
@@ -157,6 +168,9 @@ def _perform(effect: Effect, plan: Plan, store: Store) -> Any:
         else:
             announce(store)
         return None
+    if kind is Together:
+        assert isinstance(effect, Together)
+        return together(effect, store)
     assert isinstance(effect, Pause)
     pause_ticket = _renewer.enter(plan, store) if effect.base is not None else None
     try:
@@ -166,6 +180,41 @@ def _perform(effect: Effect, plan: Plan, store: Store) -> Any:
     if lost is not None:
         raise lost
     return None
+
+
+#: Threads the sync driver performs a ``Together`` on (shared by every run of the
+#: process; each makes or reads one child at a time, so a handful is enough).
+TOGETHER_THREADS = 8
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _shared_pool() -> ThreadPoolExecutor:
+    global _pool  # noqa: PLW0603 - one pool per process, made on first use
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(TOGETHER_THREADS, thread_name_prefix="stepstone-together")
+        return _pool
+
+
+def _one(effect: Load | Save, store: Store) -> Any:
+    """One effect of a ``Together``: its result, or the exception it raised."""
+    try:
+        if isinstance(effect, Load):
+            return store.load(effect.run_id)
+        return store.save(effect.cp)
+    except Exception as exc:  # noqa: BLE001 - handed back: the rule decides
+        return exc
+
+
+def together(effect: Together, store: Store) -> list[Any]:
+    """Perform a ``Together``: each effect on the shared pool, results in order."""
+    effects = effect.effects
+    if len(effects) <= 1:
+        return [_one(each, store) for each in effects]
+    pool = _shared_pool()
+    futures = [pool.submit(_one, each, store) for each in effects]
+    return [future.result() for future in futures]
 
 
 def _release(plan: Plan, store: Store) -> None:

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from . import _hooks
 from ._checkpoint import DUE_NOW, MAX_RUN_ID_LENGTH, Checkpoint, Signal, evolve, utcnow
 from ._codec import encode_state, pristine
-from ._effects import Announce, Call, Effect, Load, Renewing, Save
+from ._effects import Announce, Call, Effect, Load, Renewing, Save, Together
 from ._errors import ConflictError, InvalidState, InvalidWorkflow, LeaseLost, StoreError
 from ._observe import logger
 from ._plan import Plan
@@ -56,9 +56,9 @@ __all__ = [
 ]
 
 _MISSING: Any = object()
-#: While a Map makes its children, it tells the workers after the first and then after
-#: every this many more, so they claim and run them while the rest are made.
-ANNOUNCE_EVERY = 8
+#: A Map reads and makes its children this many at a time (``Together``), and rings
+#: this process's workers after each batch made, so they run children meanwhile.
+TOGETHER_BATCH = 16
 #: How often a parent waiting on children looks at them even if no child told it
 #: (a child's nudge can be lost to a crash; this bounds the delay, never strands it).
 CHILD_POLL = 10.0
@@ -334,30 +334,12 @@ class Map(SuspendingStep):
         step, and the lease is renewed meanwhile in the same way.
         """
         children: list[Checkpoint] = []
-        created = 0
-        for child_id, item in zip(ids, inputs, strict=True):
-            child = yield from self._child(cp, child_id, item)
-            if child.queued and child.owner is None and child.step == -1:
-                created += 1
-                # This process's workers start on the first children while the rest
-                # are made, instead of waiting for the last (then every ANNOUNCE_EVERY
-                # more); the others are told once, below.
-                if created == 1 or created % ANNOUNCE_EVERY == 0:
-                    yield Announce(local=True)
-            if child.parent != cp.run_id or (child.workflow, child.workflow_version) != (
-                self.workflow.name,
-                self.workflow.version,
-            ):
-                # Never adopt a run that happens to have a child's id: its state would be
-                # merged as if this Map had produced it.
-                raise ChildFailed(
-                    f"run {child_id!r} exists but is not a child of run {cp.run_id!r} "
-                    f"running workflow {self.workflow.name!r} (it has parent "
-                    f"{child.parent!r}, workflow {child.workflow!r}); rename the Map step "
-                    "or remove that run",
-                    child_id,
-                )
-            children.append(child)
+        for start in range(0, len(ids), TOGETHER_BATCH):
+            batch_ids = ids[start : start + TOGETHER_BATCH]
+            batch = yield from self._batch(cp, batch_ids, inputs[start : start + TOGETHER_BATCH])
+            for child_id, child in zip(batch_ids, batch, strict=True):
+                self._check_child(cp, child_id, child)
+            children.extend(batch)
         if first:
             # A fresh attempt re-queues the children that failed before: only those run again.
             for position, child in enumerate(children):
@@ -365,6 +347,54 @@ class Map(SuspendingStep):
         if any(child.status == "queued" and child.owner is None for child in children):
             yield Announce()  # workers claim the children now, not at their next poll
         return children
+
+    def _check_child(self, cp: Checkpoint, child_id: str, child: Checkpoint) -> None:
+        if child.parent != cp.run_id or (child.workflow, child.workflow_version) != (
+            self.workflow.name,
+            self.workflow.version,
+        ):
+            # Never adopt a run that happens to have a child's id: its state would be
+            # merged as if this Map had produced it.
+            raise ChildFailed(
+                f"run {child_id!r} exists but is not a child of run {cp.run_id!r} "
+                f"running workflow {self.workflow.name!r} (it has parent "
+                f"{child.parent!r}, workflow {child.workflow!r}); rename the Map step "
+                "or remove that run",
+                child_id,
+            )
+
+    def _batch(
+        self, cp: Checkpoint, ids: list[str], inputs: list[dict[str, Any]]
+    ) -> Generator[Effect, Any, list[Checkpoint]]:
+        """Load a batch of children at once, then create the missing ones at once.
+
+        A child another writer created meanwhile (a conflict) is loaded by ``_child``,
+        one at a time; a store error raises. This process's workers are rung after
+        each batch made, so they run children while the next batch is made.
+        """
+        loads: list[Load | Save] = [Load(child_id) for child_id in ids]
+        loaded: list[Any] = yield Together(loads)
+        _raise_first(loaded)
+        missing = [n for n, child in enumerate(loaded) if child is None]
+        if missing:
+            saves: list[Load | Save] = [
+                Save(
+                    queued(self.workflow, ids[n], inputs[n], parent=cp.run_id),
+                    f"start child {ids[n]}",
+                    owned=False,
+                )
+                for n in missing
+            ]
+            made: list[Any] = yield Together(saves)
+            for n, result in zip(missing, made, strict=True):
+                if isinstance(result, ConflictError):
+                    loaded[n] = yield from self._child(cp, ids[n], inputs[n])
+                elif not isinstance(result, Exception):
+                    loaded[n] = result
+                    _hooks.fire("map.child_created")
+            _raise_first(made, ConflictError)
+            yield Announce(local=True)
+        return cast(list[Checkpoint], loaded)
 
     def _child(
         self, cp: Checkpoint, child_id: str, item: dict[str, Any]
@@ -386,6 +416,13 @@ class Map(SuspendingStep):
             f"child run {child_id!r} was deleted {_CHILD_TRIES} times as it was created",
             child_id,
         )
+
+
+def _raise_first(results: list[Any], *allowed: type[Exception]) -> None:
+    """Raise the first exception among ``results`` that is not one of ``allowed``."""
+    for result in results:
+        if isinstance(result, Exception) and not isinstance(result, allowed):
+            raise result
 
 
 def _requeue(child: Checkpoint) -> Generator[Effect, Any, Checkpoint]:
