@@ -395,16 +395,17 @@ def test_cli_lists_checkpoints_beside_runs(
 
 
 @pytest.mark.parametrize("config", ["cosmos"], indirect=True)
-def test_a_checkpoint_over_the_item_limit_is_refused_whole(config: str) -> None:
-    """On Cosmos (2 MB items) a checkpoint too large is refused before sending; none is stored."""
-    from stepstone import CheckpointTooLarge
+def test_a_checkpoint_over_the_item_limit_is_stored_in_pieces(config: str) -> None:
+    """On Cosmos (2 MB items) a 2.2 MB checkpoint is kept in piece items: saved, listed
+    and loaded back whole."""
 
     async def scenario() -> None:
         big = checkpoint(at="2026-01-01T10:00:00+00:00", state={"blob": "x" * 2_200_000})
         async with StepstoneCheckpointStorage(config) as storage:
-            with pytest.raises(CheckpointTooLarge):
-                await storage.save(big)
-            assert await storage.list_checkpoint_ids(workflow_name=WORKFLOW) == []
+            await storage.save(big)
+            ids = await storage.list_checkpoint_ids(workflow_name=WORKFLOW)
+            assert ids == [big.checkpoint_id]
+            assert await storage.load(big.checkpoint_id) == big
 
     run(scenario())
 

@@ -36,8 +36,8 @@ where it has one. What it does that MAF's own storages do not:
   record written with ``encoding="maf"`` is refused by a storage opened without it.
 
 Record ids (the scheme the CLI, the dashboard and the other adapters match on): each
-checkpoint is one stepstone record, so Cosmos' 2 MB item limit applies per checkpoint
-(``CheckpointTooLarge`` otherwise), with no index record beside it::
+checkpoint is one stepstone record (a long one kept in pieces, so no backend's item
+limit applies, Cosmos' 2 MB included), with no index record beside it::
 
     maf/<workflow name>/<checkpoint id>
 

@@ -9,7 +9,7 @@
         graph.invoke(inputs, {"configurable": {"thread_id": "chat-42"}})
 
 What is stored, one stepstone record per item (so no record grows with a thread's
-history, and Cosmos DB's 2 MB item limit applies to one checkpoint, not to a thread):
+history; a long checkpoint is kept in pieces, under Cosmos DB's 2 MB item limit):
 
 - ``{prefix}/{thread}/{ns}/{checkpoint_id}``: one LangGraph checkpoint: its parent id,
   its metadata (as JSON when it is JSON, else serialized), the checkpoint's fields, and
