@@ -491,3 +491,39 @@ def test_a_failed_step_that_dirtied_its_long_state_stores_the_state_before_it() 
     cp = store.load("dirty")
     assert cp is not None and cp.step == 0
     assert cp.state == {"transcript": ["x" * (2 * sl.INLINE_MAX)], "a": 1}
+
+
+def test_a_copied_or_forked_handle_starts_a_chain_of_its_own() -> None:
+    """A handle copied (deepcopy, pickle) or inherited by a forked child never hands out
+    the log numbers its original will: their pieces would share keys."""
+    import copy
+    import os
+    import pickle
+
+    store = _store()
+    cp = _first(store, _long())
+    cp = _save(store, cp, {**cp.state, "messages": [*cp.state["messages"], {"a": 1}]})
+    step = {**cp.state, "messages": [*cp.state["messages"], {"b": 2}]}
+
+    def next_key(checkpoint: Checkpoint) -> str:
+        prepared = sl.prepare_save(store, replace(checkpoint, state=step, step=cp.step + 1))
+        assert len(prepared.pieces) == 1, "not a log save"
+        return prepared.pieces[0].key
+
+    keys = {next_key(cp)}
+    for twin in (copy.deepcopy(cp), pickle.loads(pickle.dumps(cp))):
+        key = next_key(twin)
+        assert key not in keys
+        keys.add(key)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: one key, through the pipe, then out at once
+        try:
+            os.write(write, next_key(cp).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    child = os.read(read, 200).decode()
+    os.close(read)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert child and child not in keys | {next_key(cp)}

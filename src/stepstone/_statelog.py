@@ -50,6 +50,7 @@ list handed out, unchanged, gained only its tail; anything else is re-encoded
 from __future__ import annotations
 
 import itertools
+import os
 import secrets
 import time
 from dataclasses import dataclass, replace
@@ -399,8 +400,12 @@ def _delta(store: object, cp: Checkpoint, known: Stored, piece_max: int) -> Prep
     gen = known.gen + 1
     base_gen = gen_of(ref["base"][0])
     chain = known.chain
-    if not isinstance(chain, _Chain) or chain.base != ref["base"][0]:
-        chain = _Chain(ref["base"][0], f"{base_gen}.{_token()}.", itertools.count())
+    if (
+        not isinstance(chain, _Chain)
+        or chain.base != ref["base"][0]
+        or chain.process != _process_token
+    ):
+        chain = _Chain(ref["base"][0], f"{base_gen}.{_token()}.", itertools.count(), _process_token)
     n = next(chain.numbers)  # atomic in CPython: racing saves get different numbers
     log = [list(run) for run in ref["log"]]
     last = log[-1] if log else None
@@ -437,11 +442,30 @@ def _delta(store: object, cp: Checkpoint, known: Stored, piece_max: int) -> Prep
 
 @dataclass(frozen=True, slots=True)
 class _Chain:
-    """One writer's log on one base: the key prefix and the numbers it hands out."""
+    """One writer's log on one base: the key prefix and the numbers it hands out.
+
+    Valid in the process that made it only (``process``): a handle pickled to another
+    process, or inherited by a forked child, would hand out the same numbers there,
+    and two writers' pieces would share keys. There it starts a chain of its own.
+    """
 
     base: str  # the base's first piece key: which base the chain appends to
     prefix: str
     numbers: Any  # itertools.count
+    process: str
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A copy (pickle, copy, deepcopy) is a spent chain: it would repeat numbers.
+        return (_Chain, (self.base, self.prefix, itertools.count(), ""))
+
+
+def _new_process_token() -> None:
+    global _process_token  # noqa: PLW0603 - one per process, renewed in a forked child
+    _process_token = secrets.token_hex(8)
+
+
+_process_token = secrets.token_hex(8)
+os.register_at_fork(after_in_child=_new_process_token)
 
 
 def _containers(value: Any) -> Any:
