@@ -223,9 +223,7 @@ def encode(
     return item, size
 
 
-def plan(
-    store: object, checkpoint: Checkpoint, ttl: int | None, piece_ttl: int | None = None
-) -> Plan:
+def plan(store: object, checkpoint: Checkpoint, ttl: int | None) -> Plan:
     """Encode and check a save before any request (InvalidState, CheckpointTooLarge).
 
     A state past ``_statelog.INLINE_MAX`` goes to pieces (each its own item, under the
