@@ -254,7 +254,8 @@ async def _aperform(effect: Effect, plan: Plan, store: Store) -> Any:
             raise lost
         return result
     if kind is Announce:
-        if effect.local:  # type: ignore[attr-defined]
+        assert isinstance(effect, Announce)
+        if effect.local:
             store.doorbell.ring()
         else:
             await aannounce(store)

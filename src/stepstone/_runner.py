@@ -163,7 +163,8 @@ def _perform(effect: Effect, plan: Plan, store: Store) -> Any:
             raise lost
         return result
     if kind is Announce:
-        if effect.local:  # type: ignore[attr-defined]
+        assert isinstance(effect, Announce)
+        if effect.local:
             store.doorbell.ring()
         else:
             announce(store)

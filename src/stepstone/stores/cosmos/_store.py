@@ -485,16 +485,26 @@ class CosmosStore(Admin):
                 found[key] = data
         return found
 
-    def _piece_ids(self, container: Any, doc_id: str, below: int | None) -> Steps[list[str]]:
-        """The item ids of the run's pieces (those below generation ``below`` if given)."""
+    def _piece_rows(
+        self, container: Any, doc_id: str, run_id: str, below: int | None
+    ) -> Steps[list[dict[str, Any]]]:
+        """``{id, key}`` of the run's piece items (those below generation ``below``)."""
         query = "SELECT c.id, c.key FROM c WHERE c.piece_of = @of"
         params: list[dict[str, Any]] = [{"name": "@of", "value": doc_id}]
         if below is not None:
             query += " AND c.gen < @gen"
             params.append({"name": "@gen", "value": below})
-        with self._translate(Call("list the pieces of", doc_id)):
+        with self._translate(Call("list the pieces of", run_id)):
             rows = yield Query(container, query, params, self.settings.timeout)
-        return [row["id"] for row in rows if isinstance(row, dict) and "id" in row]
+        return [row for row in rows if isinstance(row, dict) and "id" in row and "key" in row]
+
+    def _piece_ids(
+        self, container: Any, doc_id: str, run_id: str, below: int | None
+    ) -> Steps[list[str]]:
+        """The item ids of the run's pieces (those below generation ``below`` if given)."""
+        return [
+            row["id"] for row in (yield from self._piece_rows(container, doc_id, run_id, below))
+        ]
 
     def _drop(self, container: Any, ids: Sequence[str], run_id: str) -> Steps[None]:
         """Delete these piece items; one already gone is fine (a racing collection)."""
@@ -576,7 +586,7 @@ class CosmosStore(Admin):
         if below is not None:
             _hooks.fire("pieces.collect")
             try:
-                ids = yield from self._piece_ids(container, plan.doc_id, below)
+                ids = yield from self._piece_ids(container, plan.doc_id, plan.run_id, below)
                 yield from self._drop(container, ids, plan.run_id)
             except StoreError as exc:
                 logger.warning(
@@ -609,7 +619,7 @@ class CosmosStore(Admin):
                 deleted = False
         if deleted or expected_version is None:
             # Always without a version: a delete that died here left its pieces.
-            ids = yield from self._piece_ids(container, doc_id, None)
+            ids = yield from self._piece_ids(container, doc_id, run_id, None)
             yield from self._drop(container, ids, run_id)
         return deleted
 
@@ -618,14 +628,8 @@ class CosmosStore(Admin):
     def _keys(self, run_id: str) -> Steps[list[str]]:
         doc_id = item_id(check_run_id(run_id))
         container = yield OPEN
-        with self._translate(Call("list the pieces of", run_id)):
-            rows = yield Query(
-                container,
-                "SELECT c.key FROM c WHERE c.piece_of = @of",
-                [{"name": "@of", "value": doc_id}],
-                self.settings.timeout,
-            )
-        return sorted(row["key"] for row in rows if isinstance(row, dict) and "key" in row)
+        rows = yield from self._piece_rows(container, doc_id, run_id, None)
+        return sorted(row["key"] for row in rows)
 
     def _pieces_named(self, run_id: str, keys: Sequence[str]) -> Steps[dict[str, bytes]]:
         doc_id = item_id(check_run_id(run_id))
