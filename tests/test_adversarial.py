@@ -43,6 +43,7 @@ from stepstone import (
     Worker,
     Workflow,
     WorkflowChanged,
+    _hooks,
     arun,
     cancel,
     open_store,
@@ -1605,6 +1606,50 @@ def test_cancelling_aserve_frees_the_runs_in_flight(
     until("the lease to be given back", lambda: _loaded(store, "r").owner is None)
     cp = _loaded(store, "r")
     assert (cp.step, cp.state) == (0, {"a": 1})
+
+
+def test_cancelling_aserve_as_its_rest_is_woken_still_stops_it(store: Store) -> None:
+    """A cancel that lands just as the rest's wake event is set is not lost.
+
+    On Python 3.11 ``asyncio.wait_for`` returns normally when cancelled in the same turn
+    as the awaited event is set; a rest written with it swallowed the cancel and the
+    worker served on (a flaky hang of the test above on SQLite, whose listener rings on
+    every commit). Here the two are made to coincide on purpose.
+    """
+    resting = threading.Event()
+    previous = _hooks.installed()
+
+    def hook(point: str) -> None:
+        if point == "worker.resting":
+            resting.set()
+        if previous is not None:
+            previous(point)
+
+    async def main() -> None:
+        worker = Worker(store, [Workflow("w", [Step("a", lambda s: None)])], poll=30)
+        task = asyncio.create_task(worker.aserve())
+        deadline = time.monotonic() + WAIT
+        while not resting.is_set():
+            assert time.monotonic() < deadline, "the worker never began to rest"
+            await asyncio.sleep(0.01)
+        for _ in range(5):  # let the rest reach its await on the wake event
+            await asyncio.sleep(0)
+        wake = worker._async_wake  # the event the rest awaits
+        assert wake is not None, "aserve published no wake event"
+        wake[1].set()
+        task.cancel()  # in the same turn: the rest's await has not resumed yet
+        done, _ = await asyncio.wait({task}, timeout=WAIT)
+        if not done:
+            worker.stop()
+            await asyncio.wait({task}, timeout=WAIT)
+            pytest.fail("aserve lost its cancel: it kept serving after task.cancel()")
+        assert task.cancelled(), "aserve ended without raising CancelledError"
+
+    _hooks.install(hook)
+    try:
+        arun_in_time("aserve cancelled during a wake-up", main(), WAIT * 3)
+    finally:
+        _hooks.install(previous)
 
 
 def test_serve_returns_after_grace_with_a_stuck_step(store: Store) -> None:

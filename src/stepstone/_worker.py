@@ -865,8 +865,12 @@ class Worker:
                 # Cleared as the rest ends, just before the next look (as in ``serve``).
                 woken = wake.is_set()
                 if not woken and effect.seconds > 0:
+                    # asyncio.timeout, not wait_for: on 3.11 wait_for returns normally
+                    # when it is cancelled just as the event is set, and the cancel of
+                    # aserve would be lost (the worker serving on, never stopped).
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(wake.wait(), timeout=effect.seconds)
+                        async with asyncio.timeout(effect.seconds):
+                            await wake.wait()
                         woken = True
                 wake.clear()
                 return woken

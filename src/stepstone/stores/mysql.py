@@ -424,7 +424,10 @@ class MySQLStore(ServerStore):
         try:
             # One deadline for the TCP connect, the greeting, the login and SET NAMES:
             # aiomysql bounds only the TCP connect by connect_timeout.
-            cursor = await asyncio.wait_for(self._ahandshake(conn), self.connect_timeout)
+            # asyncio.timeout, not wait_for: wait_for loses a cancel that arrives as the
+            # call completes (3.11), and the caller's task would not stop.
+            async with asyncio.timeout(self.connect_timeout):
+                cursor = await self._ahandshake(conn)
         except TimeoutError as exc:
             conn.close()
             raise self._connect_timed_out(exc) from None
@@ -471,7 +474,8 @@ class MySQLStore(ServerStore):
             else super()._arun(held, sql, params)
         )
         try:
-            return await asyncio.wait_for(call, self.read_timeout)
+            async with asyncio.timeout(self.read_timeout):  # not wait_for: see _aopen_connection
+                return await call
         except TimeoutError:
             raise self._driver.err.OperationalError(
                 2013, f"Lost connection to server (no answer within {self.read_timeout} s)"
@@ -497,7 +501,8 @@ class MySQLStore(ServerStore):
         await super().aclose()
         for writer in writers:
             try:
-                await asyncio.wait_for(writer.wait_closed(), self.write_timeout)
+                async with asyncio.timeout(self.write_timeout):
+                    await writer.wait_closed()
             except Exception:  # noqa: BLE001 - whatever stopped a clean close, end it hard
                 writer.transport.abort()
 

@@ -166,6 +166,7 @@ async def within(
 ) -> T:
     """Await ``awaitable``; fail saying ``what`` did not finish in time."""
     try:
-        return await asyncio.wait_for(awaitable, timeout)
+        async with asyncio.timeout(timeout):  # not wait_for: it can lose a cancel (3.11)
+            return await awaitable
     except TimeoutError:
         raise AssertionError(f"{what} did not finish within {timeout:.0f}s") from None
