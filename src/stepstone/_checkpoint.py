@@ -125,6 +125,9 @@ class Stored:
     #: The log chain this writer appends to (``_statelog``): its piece-key prefix and
     #: counter, shared by the handles of one writer's successive saves on one base.
     chain: Any = None
+    #: The run's incarnation (``_statelog``), which every piece key of its lineage
+    #: starts with; None: none yet, or a legacy lineage (keys without one).
+    inc: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -428,6 +428,7 @@ def encode_document(
     ref: dict[str, Any] | None = None,
     gen: int = 0,
     history_head: str | None = None,
+    inc: str | None = None,
 ) -> str:
     """Return the stored JSON document for ``cp``: a line of metadata, then a line of state.
 
@@ -446,6 +447,8 @@ def encode_document(
         return f'{_meta_json(cp, meta)[:-1]},\n"{REF_KEY}":{_dumps(ref)}}}\n'
     if gen:
         meta["state_gen"] = gen
+        if inc is not None:
+            meta["state_inc"] = inc
     if history_head is not None:
         meta["history_head"] = history_head
     return f'{_meta_json(cp, meta)[:-1]},\n"state":{state_text}}}\n'
@@ -593,7 +596,10 @@ def checkpoint_from_doc(
                 head = doc.get("history_head")
                 if head is not None and not isinstance(head, str):
                     raise TypeError("history_head is not a string")
-                stored = Stored(0, doc["run_id"], version, gen, None, None, None, head)
+                inc = doc.get("state_inc")
+                if inc is not None and not isinstance(inc, str):
+                    raise TypeError("state_inc is not a string")
+                stored = Stored(0, doc["run_id"], version, gen, None, None, None, head, None, inc)
         step = doc["step"]
         names = doc["step_names"]
         if (

@@ -22,7 +22,8 @@ uses, and the save is still the one compare-and-swap of the run's document, whic
 names them. A reader that finds a piece missing has read a document that a newer
 save superseded (and whose pieces it collected): it reads the document again.
 
-Every piece key starts with its *generation* (``"<gen>.<token>.<n>"``): each save's
+Every piece key starts with its run's *incarnation* and its *generation*
+(``"<inc>:<gen>.<token>.<n>"``, history records ``"<inc>:<gen>.h.<token>"``). Each save's
 document has a generation one above the document it replaced. A base's pieces have the
 generation of the document that wrote it; a log piece has its base's generation, and a
 writer that keeps appending to one base numbers its pieces under one prefix
@@ -36,6 +37,35 @@ log, and whatever a crashed or out-raced writer left behind (a writer still raci
 has read a document of generation ``g - 1`` or later, so it writes at ``g`` or
 later and is never collected under it). With history kept, old pieces are never
 collected (history records name them), until the run is deleted.
+
+The incarnation (``inc``, ``new_inc``) ties pieces to one lineage of documents: a run
+deleted and started again under the same id is a new incarnation, and nothing done
+for one incarnation touches another's pieces. Its 16 characters are the unix seconds
+it was made at (8 hex digits, the writing host's clock) and 8 random hex digits, so its
+age can be read from any of its keys. The rules:
+
+- a save that creates the document (no expected version) starts a new incarnation;
+- a save that replaces a document keeps the incarnation of its handle (``Stored.inc``,
+  read from the document's ``state_ref.inc`` or ``state_inc``), for the whole life of
+  the document's lineage: its history records name pieces of that incarnation;
+- a save that replaces a document but has no handle of that run (a checkpoint built by
+  hand) cannot know it without a read, so it starts a new incarnation. Nothing is lost
+  by that: the pieces of the older incarnation are never collected by this lineage's
+  base collections (which delete only their own incarnation's pieces), nor by
+  ``delete`` (the document's incarnation only); they become orphans, collected once
+  older than the safe age by a base collection of a run that keeps no history (whose
+  document then names none of them) or by ``collect_orphans`` once the run is deleted;
+- a document written by an earlier release has no incarnation: its keys have no ``:``
+  and its lineage keeps writing such *legacy* keys (``inc`` None), collected as before
+  but among legacy keys only, until the run is deleted and started again.
+
+The store's rules follow: a base collection deletes only its incarnation's pieces below
+``g``; ``delete`` reads the document, deletes it by compare-and-swap on the version
+read, then deletes exactly that document's incarnation's pieces (none if there was no
+document: a first save in flight may have written its pieces already). Pieces of an
+incarnation that no document names, older than a safe age (``ORPHAN_AGE``, by default
+a day, so no save in flight is ever touched), are *orphans* (``is_orphan``): a writer
+killed between its pieces and its document leaves them.
 
 Change detection never scans text. The saved checkpoint carries a private
 ``Stored`` handle: the stored state as decoded (``private``: shared with nobody)
@@ -75,6 +105,8 @@ __all__ = [
     "INLINE_MAX",
     "LOG_FACTOR",
     "LOG_MAX",
+    "ORPHAN_AGE",
+    "Orphan",
     "PIECE_MAX",
     "REF_KEY",
     "Piece",
@@ -85,6 +117,11 @@ __all__ = [
     "checkpoint_with_pieces",
     "missing_error",
     "gen_of",
+    "inc_cutoff",
+    "inc_of",
+    "inc_of_doc",
+    "is_orphan",
+    "new_inc",
     "pieces_of",
     "prepare_save",
     "serial",
@@ -98,6 +135,10 @@ PIECE_MAX = 1 << 20
 LOG_FACTOR = 3
 #: ... or this many pieces (a load fetches each).
 LOG_MAX = 256
+#: Seconds after which pieces of an incarnation no document names are collected.
+ORPHAN_AGE = 24 * 3600.0
+#: An incarnation's length: 8 hex digits of unix seconds, 8 random hex digits.
+INC_LEN = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +148,16 @@ class Piece:
     key: str
     gen: int
     data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Orphan:
+    """A piece ``collect_orphans`` deleted: its run (id, or how the store names it),
+    key and size in bytes."""
+
+    run: str
+    key: str
+    size: int
 
 
 class PiecesMissing(Exception):
@@ -149,6 +200,8 @@ class Prepared:
     history: str | None = None
     #: The log chain a log piece was numbered in (``_Chain``), handed to the next save.
     chain: Any = None
+    #: The run's incarnation (``new_inc``); None: a legacy lineage (keys without one).
+    inc: str | None = None
 
     def bind(self, version: str) -> Stored | None:
         """The handle of the saved checkpoint, once its version is known.
@@ -170,13 +223,14 @@ class Prepared:
             handed,
             self.history,
             self.chain,
+            self.inc,
         )
 
     def document_fields(self) -> dict[str, Any]:
         """``encode_document``'s keywords for this save's document (``ref``, ``gen``, ...)."""
         if self.ref is not None:
             return {"ref": self.ref}
-        return {"gen": self.gen, "history_head": self.history}
+        return {"gen": self.gen, "history_head": self.history, "inc": self.inc}
 
     @property
     def piece_keys(self) -> list[str]:
@@ -184,8 +238,55 @@ class Prepared:
 
 
 def gen_of(key: str) -> int:
-    """The generation a piece key starts with."""
-    return int(key.split(".", 1)[0])
+    """The generation of a piece key (``<inc>:<gen>.`` or, legacy, ``<gen>.``)."""
+    return int(key.rpartition(":")[2].split(".", 1)[0])
+
+
+def inc_of(key: str) -> str | None:
+    """The incarnation a piece key starts with; None for a legacy key (no ``:``)."""
+    inc, colon, _ = key.partition(":")
+    return inc if colon else None
+
+
+def new_inc(now: float | None = None) -> str:
+    """A new incarnation: 8 hex digits of unix seconds (``now``), 8 random hex digits."""
+    seconds = int(time.time() if now is None else now)
+    return f"{max(seconds, 0) & 0xFFFFFFFF:08x}{secrets.token_hex(4)}"
+
+
+def inc_cutoff(min_age: float, now: float | None = None) -> str:
+    """The incarnations made more than ``min_age`` seconds ago sort below this string."""
+    seconds = int((time.time() if now is None else now) - min_age)
+    return f"{max(seconds, 0):08x}"
+
+
+def is_orphan(key: str, live: str | None, min_age: float, now: float | None = None) -> bool:
+    """Whether ``key`` is an orphan: of an incarnation other than ``live`` (the run's
+    document's, None: no document), made more than ``min_age`` seconds ago.
+
+    Legacy keys (no incarnation) are never orphans: their age cannot be told.
+    """
+    inc = inc_of(key)
+    if inc is None or inc == live or len(inc) != INC_LEN:
+        return False
+    return inc[:8] < inc_cutoff(min_age, now)
+
+
+def _key(inc: str | None, rest: str) -> str:
+    return rest if inc is None else f"{inc}:{rest}"
+
+
+def inc_of_doc(doc: dict[str, Any]) -> tuple[bool, str | None]:
+    """``(has_pieces, inc)`` of a decoded document: whether its lineage may have pieces,
+    and its incarnation (None: legacy, or none)."""
+    ref = doc.get(REF_KEY)
+    if isinstance(ref, dict):
+        inc = ref.get("inc")
+        return True, inc if isinstance(inc, str) else None
+    inc = doc.get("state_inc")
+    if isinstance(inc, str):
+        return True, inc
+    return doc.get("state_gen") is not None, None
 
 
 def pieces_of(ref: dict[str, Any]) -> list[str]:
@@ -238,16 +339,32 @@ def prepare_save(
     if not cp.history:
         return planned
     handle = _handle(cp)
-    return _recorded(planned, cp, handle.history if handle is not None else None)
+    return _recorded(planned, cp, handle)
 
 
-def _recorded(planned: Prepared, cp: Checkpoint, prev: str | None) -> Prepared:
+def _inc_for(cp: Checkpoint, handle: Stored | None) -> str | None:
+    """The incarnation a whole save of ``cp`` writes under (the module docstring's rules)."""
+    if cp.version is None:
+        return new_inc()
+    if handle is not None and handle.run_id == cp.run_id:
+        if handle.inc is not None:
+            return handle.inc
+        if handle.gen or handle.ref is not None:
+            return None  # a legacy lineage keeps its legacy keys
+    return new_inc()
+
+
+def _recorded(planned: Prepared, cp: Checkpoint, handle: Stored | None) -> Prepared:
     """``planned`` plus a history record naming the state it saves (``_history``)."""
+    prev = handle.history if handle is not None else None
     gen = planned.gen if planned.pieces else planned.gen + 1
-    key = f"{gen}.h.{_token()}"
+    inc = planned.inc if planned.inc is not None or planned.gen else _inc_for(cp, handle)
+    key = _key(inc, f"{gen}.h.{_token()}")
     ref = planned.ref
     if ref is not None:
         ref = {**ref, "gen": gen, "history": key}
+        if inc is not None:
+            ref["inc"] = inc
     record: dict[str, Any] = {
         "gen": gen,
         "prev": prev,
@@ -274,6 +391,7 @@ def _recorded(planned: Prepared, cp: Checkpoint, prev: str | None) -> Prepared:
         pieces=[*planned.pieces, Piece(key, gen, data)],
         collect_below=None,
         history=key,
+        inc=inc,
     )
 
 
@@ -300,14 +418,20 @@ def _plan(
     had_pieces = handle is not None and handle.ref is not None
     if len(text) <= INLINE_MAX // 4 or len(data := text.encode("utf-8")) <= INLINE_MAX:
         if not had_pieces:
-            return Prepared(text, None, [], None, copy, base_gen, None, serial(store), cp.run_id)
+            # Most runs: no pieces ever, so no incarnation to make (it costs a syscall).
+            inc = _inc_for(cp, handle) if base_gen else None
+            return Prepared(
+                text, None, [], None, copy, base_gen, None, serial(store), cp.run_id, inc=inc
+            )
         gen = base_gen + 1
         collect = None if history else gen
-        return Prepared(text, None, [], collect, copy, gen, None, serial(store), cp.run_id)
+        inc = _inc_for(cp, handle)
+        return Prepared(text, None, [], collect, copy, gen, None, serial(store), cp.run_id, inc=inc)
     gen = base_gen + 1
     token = _token()
+    inc = _inc_for(cp, handle)
     pieces = [
-        Piece(f"{gen}.{token}.b{n}", gen, data[start : start + piece_max])
+        Piece(_key(inc, f"{gen}.{token}.b{n}"), gen, data[start : start + piece_max])
         for n, start in enumerate(range(0, len(data), piece_max))
     ]
     ref = {
@@ -318,12 +442,16 @@ def _plan(
         "log_bytes": 0,
         "log_count": 0,
     }
+    if inc is not None:
+        ref["inc"] = inc
     if max_base_age is not None:
         ref["at"] = round(time.time(), 3)
     private: dict[str, Any] = _containers(copy)
     # Collected even when the run had no pieces: a crashed writer's are swept too.
     collect = None if history else gen
-    return Prepared(None, ref, pieces, collect, copy, gen, private, serial(store), cp.run_id)
+    return Prepared(
+        None, ref, pieces, collect, copy, gen, private, serial(store), cp.run_id, inc=inc
+    )
 
 
 def _token() -> str:
@@ -355,6 +483,7 @@ def _delta(store: object, cp: Checkpoint, known: Stored, piece_max: int) -> Prep
             serial(store),
             cp.run_id,
             chain=known.chain,
+            inc=known.inc,
         )
     texts: list[str] = []
     next_private: dict[str, Any] = private
@@ -399,13 +528,7 @@ def _delta(store: object, cp: Checkpoint, known: Stored, piece_max: int) -> Prep
         return None
     gen = known.gen + 1
     base_gen = gen_of(ref["base"][0])
-    chain = known.chain
-    if (
-        not isinstance(chain, _Chain)
-        or chain.base != ref["base"][0]
-        or chain.process != _process_token
-    ):
-        chain = _Chain(ref["base"][0], f"{base_gen}.{_token()}.", itertools.count(), _process_token)
+    chain = _chain_for(known.chain, ref["base"][0], base_gen)
     n = next(chain.numbers)  # atomic in CPython: racing saves get different numbers
     log = [list(run) for run in ref["log"]]
     last = log[-1] if log else None
@@ -421,6 +544,8 @@ def _delta(store: object, cp: Checkpoint, known: Stored, piece_max: int) -> Prep
         "log_bytes": log_bytes,
         "log_count": ref["log_count"] + 1,
     }
+    if "inc" in ref:
+        next_ref["inc"] = ref["inc"]
     if "at" in ref:
         next_ref["at"] = ref["at"]
     piece = Piece(f"{chain.prefix}{n}", base_gen, data)
@@ -437,7 +562,16 @@ def _delta(store: object, cp: Checkpoint, known: Stored, piece_max: int) -> Prep
         cp.run_id,
         changes,
         chain=chain,
+        inc=known.inc,
     )
+
+
+def _chain_for(chain: Any, base: str, base_gen: int) -> _Chain:
+    """``chain`` if this process may go on numbering log pieces in it, else a new one."""
+    if isinstance(chain, _Chain) and chain.base == base and chain.process == _process_token:
+        return chain
+    prefix = _key(inc_of(base), f"{base_gen}.{_token()}.")
+    return _Chain(base, prefix, itertools.count(), _process_token)
 
 
 @dataclass(frozen=True, slots=True)
@@ -662,8 +796,11 @@ def assemble(
     # No list or dict shared with the state (which is the caller's); strings shared.
     private = _containers(state)
     history = ref.get("history")
+    inc = ref.get("inc")
+    if inc is not None and not isinstance(inc, str):
+        raise CorruptCheckpoint(f"{source}: state_ref's inc is not a string; left untouched")
     return state, Stored(
-        serial(store), run_id, version, int(gen), ref, private, dict(state), history
+        serial(store), run_id, version, int(gen), ref, private, dict(state), history, None, inc
     )
 
 

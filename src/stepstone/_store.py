@@ -14,11 +14,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol, Self, Typ
 from ._checkpoint import ACTIVE_STATUSES, STATUSES, Checkpoint, keep_times
 from ._errors import CorruptCheckpoint, StoreError
 from ._observe import logger
+from ._statelog import ORPHAN_AGE
 from ._wake import Doorbell
 
 if TYPE_CHECKING:
     from ._checkpoint import RunStatus
-    from ._statelog import Piece
+    from ._statelog import Orphan, Piece
 
 __all__ = ["Claim", "Diagnosis", "Listener", "RunInfo", "Store", "page_key"]
 
@@ -628,6 +629,23 @@ class Store(abc.ABC):
     async def aput_pieces(self, run_id: str, pieces: Sequence[Piece]) -> None:
         """Async ``put_pieces``."""
         await _to_thread(self.put_pieces, run_id, pieces)
+
+    def collect_orphans(self, min_age: float = ORPHAN_AGE) -> list[Orphan]:
+        """Delete orphaned pieces: those of a run with no document, of an incarnation
+        made more than ``min_age`` seconds ago (``stepstone._statelog``); return them.
+
+        A writer killed between a first save's pieces and its document leaves such
+        pieces. ``min_age`` (by the writing host's clock) keeps any save in flight safe.
+        The default: nothing to collect (a store whose saves cannot leave orphans).
+
+        Raises:
+            StoreError: the store failed or is unreachable.
+        """
+        return []
+
+    async def acollect_orphans(self, min_age: float = ORPHAN_AGE) -> list[Orphan]:
+        """Async ``collect_orphans``."""
+        return await _to_thread(self.collect_orphans, min_age)
 
 
 def _delete(store: Store, run_id: str, expected_version: str | None) -> bool:

@@ -60,6 +60,8 @@ T = TypeVar("T")
 
 _CLAIM_KINDS: Final = ("running", "queued", "waiting")
 _MIN: Final = datetime.min.replace(tzinfo=UTC)
+#: How many times ``delete`` reads a document that keeps changing before giving up.
+DELETE_TRIES: Final = 50
 
 
 def _served_key(name: str, version: str | None) -> str:
@@ -349,7 +351,7 @@ class SQLStore(Connections, Store):
         if below is not None:
             _hooks.fire("pieces.collect")
             try:
-                yield Exec(self._pieces_sql.delete_below, {"run_key": key, "gen": below})
+                yield self._collect_below(key, below, prepared.inc)
             except StoreError as exc:
                 logger.warning(
                     "run %r: saved; its superseded pieces are left for the next base: %s",
@@ -357,6 +359,25 @@ class SQLStore(Connections, Store):
                     exc,
                 )
         return saved
+
+    def _collect_below(self, key: Any, below: int, inc: str | None) -> Exec:
+        """The statement that collects after a new base: this incarnation's pieces below
+        ``below``, and orphans of other incarnations (``_statelog.is_orphan``). Never
+        another incarnation's young pieces: the run may have been deleted and started
+        again since this save's document landed."""
+        sql = self._pieces_sql
+        if inc is None:
+            params = {"run_key": key, "gen": below, "any_inc": "%:%"}
+            return Exec(sql.delete_below_legacy, params)
+        cutoff = _statelog.inc_cutoff(_statelog.ORPHAN_AGE)
+        params = {
+            "run_key": key,
+            "gen": below,
+            "inc_like": f"{inc}:%",
+            "any_inc": "%:%",
+            "cutoff": cutoff,
+        }
+        return Exec(sql.delete_below, params)
 
     def _drop_pieces(self, key: Any, keys: list[str]) -> Plan[None]:
         """Delete exactly these pieces (a lost save's own); a failure only leaves garbage."""
@@ -448,23 +469,75 @@ class SQLStore(Connections, Store):
         return rows
 
     def _delete(self, run_id: str, expected: str | None) -> Plan[bool]:
+        """Read the document, delete it by compare-and-swap on the version read, then
+        delete exactly its incarnation's pieces (``_statelog``). No document: no pieces
+        deleted, for a first save in flight may have written its own already."""
         check_run_id(run_id)
         key = self._key(run_id)
+        for _ in range(DELETE_TRIES):
+            try:
+                _, rows = yield Exec(self._sql.load, {"run_key": key})
+            except Undecodable:
+                return (yield from self._delete_blind(key, run_id, expected))
+            if not rows:
+                return False
+            version, document = rows[0]
+            if expected is not None and version != expected:
+                raise self._conflict(run_id, expected, [(version,)])
+            try:
+                has, inc = _statelog.inc_of_doc(decode_document(document, self._source(run_id)))
+            except CorruptCheckpoint:
+                # Deletable all the same; its pieces, if any, are left for collect_orphans.
+                has, inc = False, None
+            deleted, _ = yield Exec(self._sql.delete_cas, {"run_key": key, "expected": version})
+            if not deleted:
+                continue  # saved (or deleted) in between: read it again
+            if has:
+                yield from self._pieces_table()
+                sql = self._pieces_sql
+                if inc is None:
+                    yield Exec(sql.delete_legacy, {"run_key": key, "any_inc": "%:%"})
+                else:
+                    yield Exec(sql.delete_inc, {"run_key": key, "inc_like": f"{inc}:%"})
+            return True
+        raise ConflictError(
+            f"run {run_id!r}: changed under each of {DELETE_TRIES} attempts to delete it; "
+            "nothing was deleted, try again",
+            run_id,
+        )
+
+    def _delete_blind(self, key: Any, run_id: str, expected: str | None) -> Plan[bool]:
+        """Delete a document that cannot be read (not UTF-8), leaving its pieces alone."""
         if expected is None:
             deleted, _ = yield Exec(self._sql.delete, {"run_key": key})
-            # Always: a run deleted by an earlier call that died here left its pieces.
-            yield from self._pieces_table()
-            yield Exec(self._pieces_sql.delete_all, {"run_key": key})
             return deleted > 0
         deleted, _ = yield Exec(self._sql.delete_cas, {"run_key": key, "expected": expected})
         if deleted:
-            yield from self._pieces_table()
-            yield Exec(self._pieces_sql.delete_all, {"run_key": key})
             return True
         rows = yield from self._peek(run_id)
         if rows == []:
             return False
         raise self._conflict(run_id, expected, rows)
+
+    def _collect_orphans(self, min_age: float) -> Plan[list[_statelog.Orphan]]:
+        """Delete the pieces of runs with no document, of incarnations made more than
+        ``min_age`` seconds ago; return what was deleted."""
+        yield from self._pieces_table()
+        sql = self._pieces_sql
+        params = {"any_inc": "%:%", "cutoff": _statelog.inc_cutoff(min_age)}
+        _, rows = yield Exec(sql.orphans, params)
+        found: list[_statelog.Orphan] = []
+        for run_key, listed, size in rows:
+            piece = str(listed)
+            if not _statelog.is_orphan(piece, None, min_age):
+                continue
+            # Re-checked in the statement: a run started again since keeps its pieces
+            # (those are of a new incarnation anyway, too young to be listed).
+            deleted, _ = yield Exec(sql.delete_orphan, {"run_key": run_key, "piece_key": piece})
+            if deleted:
+                run = run_key if isinstance(run_key, str) else "key " + bytes(run_key).hex()
+                found.append(_statelog.Orphan(run, piece, int(size)))
+        return found
 
     def _listing(self, sql: str, params: Any = None, keys: str | None = None) -> Plan[list[Any]]:
         """Rows of a listing; after an undecodable row, the others one by one."""
@@ -704,6 +777,25 @@ class SQLStore(Connections, Store):
     def put_pieces(self, run_id: str, pieces: Sequence[_statelog.Piece]) -> None:
         """Store ``pieces`` for ``run_id``; a key already stored is kept as it is."""
         drive(self._put_pieces(run_id, pieces), self._perform)
+
+    def collect_orphans(self, min_age: float = _statelog.ORPHAN_AGE) -> list[_statelog.Orphan]:
+        """Delete orphaned pieces older than ``min_age`` seconds (``Store.collect_orphans``).
+
+        A run with no document is named by its id on SQLite, by ``key <hex>`` (the hash
+        the table is keyed by) elsewhere.
+
+        Raises:
+            StoreError: the database failed or is unreachable.
+        """
+        return drive(self._collect_orphans(min_age), self._perform)
+
+    async def acollect_orphans(
+        self, min_age: float = _statelog.ORPHAN_AGE
+    ) -> list[_statelog.Orphan]:
+        """Async ``collect_orphans``."""
+        if not self._aio():
+            return await super().acollect_orphans(min_age)
+        return await adrive(self._collect_orphans(min_age), self._aperform)
 
     async def apiece_keys(self, run_id: str) -> list[str]:
         """Async ``piece_keys``."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import threading
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from datetime import datetime
@@ -22,7 +23,7 @@ from azure.cosmos.exceptions import CosmosHttpResponseError, CosmosResourceNotFo
 
 from ... import _hooks, _statelog
 from ..._checkpoint import Checkpoint, RunStatus, check_run_id
-from ..._codec import PiecesNeeded
+from ..._codec import REF_KEY, PiecesNeeded
 from ..._errors import ConflictError, CorruptCheckpoint, StoreError
 from ..._observe import logger
 from ..._store import RunInfo
@@ -498,14 +499,6 @@ class CosmosStore(Admin):
             rows = yield Query(container, query, params, self.settings.timeout)
         return [row for row in rows if isinstance(row, dict) and "id" in row and "key" in row]
 
-    def _piece_ids(
-        self, container: Any, doc_id: str, run_id: str, below: int | None
-    ) -> Steps[list[str]]:
-        """The item ids of the run's pieces (those below generation ``below`` if given)."""
-        return [
-            row["id"] for row in (yield from self._piece_rows(container, doc_id, run_id, below))
-        ]
-
     def _drop(self, container: Any, ids: Sequence[str], run_id: str) -> Steps[None]:
         """Delete these piece items; one already gone is fine (a racing collection)."""
         with self._translate(Call("delete the pieces of", run_id)):
@@ -586,7 +579,10 @@ class CosmosStore(Admin):
         if below is not None:
             _hooks.fire("pieces.collect")
             try:
-                ids = yield from self._piece_ids(container, plan.doc_id, plan.run_id, below)
+                # Only this incarnation's pieces below the base, and old orphans: never a
+                # newer incarnation's (the run deleted and started again since).
+                rows = yield from self._piece_rows(container, plan.doc_id, plan.run_id, None)
+                ids = _collectable(rows, below, prepared.inc)
                 yield from self._drop(container, ids, plan.run_id)
             except StoreError as exc:
                 logger.warning(
@@ -607,21 +603,39 @@ class CosmosStore(Admin):
             logger.warning("pieces of a lost save left behind: %s", exc)
 
     def _delete(self, run_id: str, expected_version: str | None) -> Steps[bool]:
+        """Read the item, delete it on its ETag, then exactly its incarnation's pieces.
+
+        No item: no pieces deleted (a first save in flight may have written its own).
+        """
         doc_id = item_id(check_run_id(run_id))
         container = yield OPEN
-        kwargs = {"partition_key": doc_id, **self._cas(expected_version)}
-        deleted = True
-        with self._translate(Call("delete", run_id)):
+        for _ in range(_DELETE_TRIES):
+            doc = yield from self._read(container, doc_id, run_id)
+            if doc is None:
+                return False
+            etag = doc.get("_etag") if isinstance(doc, Mapping) else None
+            if expected_version is not None and etag != expected_version:
+                raise ConflictError(
+                    f"run {run_id!r}: expected version {expected_version!r}, stored {etag!r}",
+                    run_id,
+                )
+            has, inc = _item_inc(doc)
+            kwargs = {"partition_key": doc_id, **self._cas(etag)}
             try:
-                yield Send(container, "delete_item", (doc_id,), kwargs)
-            except CosmosResourceNotFoundError as exc:
-                self._item_missing(exc)
-                deleted = False
-        if deleted or expected_version is None:
-            # Always without a version: a delete that died here left its pieces.
-            ids = yield from self._piece_ids(container, doc_id, run_id, None)
-            yield from self._drop(container, ids, run_id)
-        return deleted
+                with self._translate(Call("delete", run_id)):
+                    yield Send(container, "delete_item", (doc_id,), kwargs)
+            except (ConflictError, CosmosResourceNotFoundError):
+                continue  # saved or deleted in between: read it again
+            if has:
+                rows = yield from self._piece_rows(container, doc_id, run_id, None)
+                ids = [row["id"] for row in rows if _statelog.inc_of(str(row["key"])) == inc]
+                yield from self._drop(container, ids, run_id)
+            return True
+        raise ConflictError(
+            f"run {run_id!r}: changed under each of {_DELETE_TRIES} attempts to delete it; "
+            "nothing was deleted, try again",
+            run_id,
+        )
 
     # -- the pieces, for history and migration (``Store.piece_keys`` and the rest) ------
 
@@ -641,6 +655,48 @@ class CosmosStore(Admin):
         container = yield OPEN
         if pieces:
             yield from self._put(container, doc_id, pieces, run_id)
+
+    def _orphans(self, min_age: float) -> Steps[list[_statelog.Orphan]]:
+        """Delete the piece items of runs with no item, of old incarnations."""
+        container = yield OPEN
+        rows = yield from self._query(
+            "SELECT c.id, c.key, c.piece_of, LENGTH(c.data) AS size FROM c "
+            "WHERE IS_DEFINED(c.piece_of)"
+        )
+        by_run: dict[str, list[dict[str, Any]]] = {}
+        for row in rows:
+            key = row.get("key") if isinstance(row, dict) else None
+            if isinstance(key, str) and _statelog.is_orphan(key, None, min_age):
+                by_run.setdefault(str(row["piece_of"]), []).append(row)
+        found: list[_statelog.Orphan] = []
+        for doc_id, pieces in by_run.items():
+            doc = yield from self._read(container, doc_id, doc_id)
+            if doc is not None:
+                continue  # a run with an item: its own saves collect its orphans
+            yield from self._drop(container, [row["id"] for row in pieces], doc_id)
+            # Base64 text: about 3 bytes per 4 characters.
+            found.extend(
+                _statelog.Orphan(doc_id, row["key"], int(row.get("size") or 0) * 3 // 4)
+                for row in pieces
+            )
+        return found
+
+    def collect_orphans(self, min_age: float = _statelog.ORPHAN_AGE) -> list[_statelog.Orphan]:
+        """Delete orphaned piece items older than ``min_age`` (``Store.collect_orphans``).
+
+        One cross-partition query over the piece items, then a point read per run found.
+
+        Raises:
+            StoreUnavailable: the service cannot be reached, throttles or times out.
+            StorePermissionError: the credentials were refused or are missing.
+        """
+        return self._run(self._orphans(min_age))
+
+    async def acollect_orphans(
+        self, min_age: float = _statelog.ORPHAN_AGE
+    ) -> list[_statelog.Orphan]:
+        """Async ``collect_orphans``."""
+        return await self._arun(self._orphans(min_age))
 
     def piece_keys(self, run_id: str) -> list[str]:
         """Every piece key stored for ``run_id``, sorted (one query)."""
@@ -811,3 +867,37 @@ class CosmosStore(Admin):
         if aio is not None:
             await aclose_quietly(aio.client, aio.credential)
         self.close()
+
+
+#: How many times ``delete`` reads an item that keeps changing before giving up.
+_DELETE_TRIES = 50
+
+
+def _item_inc(doc: Any) -> tuple[bool, str | None]:
+    """``_statelog.inc_of_doc`` of a run's item, whose ``state_ref`` is JSON text."""
+    if not isinstance(doc, Mapping):
+        return False, None
+    ref = doc.get(REF_KEY)
+    if isinstance(ref, str):
+        try:
+            ref = json.loads(ref)
+        except ValueError:
+            ref = None
+    fields = {"state_gen": doc.get("state_gen"), "state_inc": doc.get("state_inc")}
+    if isinstance(ref, dict):
+        fields[REF_KEY] = ref
+    return _statelog.inc_of_doc(fields)
+
+
+def _collectable(rows: list[dict[str, Any]], below: int, inc: str | None) -> list[str]:
+    """The ids of the piece items a new base of incarnation ``inc`` at ``below`` collects."""
+    ids = []
+    for row in rows:
+        key = str(row["key"])
+        try:
+            mine = _statelog.inc_of(key) == inc and _statelog.gen_of(key) < below
+        except ValueError:
+            continue  # not a key stepstone wrote: left alone
+        if mine or _statelog.is_orphan(key, inc, _statelog.ORPHAN_AGE):
+            ids.append(row["id"])
+    return ids

@@ -214,6 +214,8 @@ def encode(
         if prepared is not None:
             if prepared.gen:
                 meta["state_gen"] = prepared.gen
+                if prepared.inc is not None:
+                    meta["state_inc"] = prepared.inc
             if prepared.history is not None:
                 meta["history_head"] = prepared.history
         item = {**meta, "state": state_text}

@@ -1,12 +1,13 @@
 """The pieces of long states (``stepstone._statelog``): ``DIR/.pieces/<name>/<key>``.
 
 ``<name>`` is the run's name (``_names.encode_name``), ``<key>`` the piece key itself
-(``<gen>.<token>.<n>``, lowercase ASCII: checked, so a key read from a document can
-never name a path outside the run's directory). A piece is written once: a temp file
-in the run's directory, fsynced, linked to its key, then the directory fsynced, all
-before the document that names it is written, in both durability modes: with
-``durability=none`` a document's rename may survive a power cut, and pieces it names
-that did not would leave the run torn, which that mode promises never happens.
+(``<inc>:<gen>.<token>.<n>``, or legacy ``<gen>.<token>.<n>``, lowercase ASCII:
+checked, so a key read from a document can never name a path outside the run's
+directory). A piece is written once: a temp file in the run's directory, fsynced,
+linked to its key, then the directory fsynced, all before the document that names it
+is written, in both durability modes: with ``durability=none`` a document's rename may
+survive a power cut, and pieces it names that did not would leave the run torn, which
+that mode promises never happens.
 
 Nothing is followed: ``.pieces`` and a run's directory are opened ``O_NOFOLLOW |
 O_DIRECTORY`` relative to the store's directory fd, pieces ``O_NOFOLLOW`` relative to
@@ -33,7 +34,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 
 from ..._errors import CorruptCheckpoint, StoreError, StorePermissionError
-from ..._statelog import Piece
+from ..._statelog import ORPHAN_AGE, Piece, gen_of, inc_of, is_orphan
 from ._disk import STALE_SECONDS, open_subdir, open_temp, read_all, scan, sync, write_all
 from ._errors import translating
 from ._names import TEMP_PREFIX, join
@@ -52,8 +53,9 @@ __all__ = [
 logger = logging.getLogger("stepstone.stores.file")
 
 PIECES = ".pieces"
-#: A piece key as ``_statelog`` makes them: a generation, a dot, then lowercase ASCII.
-KEY = re.compile(r"[0-9]{1,18}\.[a-z0-9_-][a-z0-9_.-]{0,180}")
+#: A piece key as ``_statelog`` makes them: an incarnation and a colon (none in a legacy
+#: key), a generation, a dot, then lowercase ASCII.
+KEY = re.compile(r"(?:[0-9a-f]{16}:)?[0-9]{1,18}\.[a-z0-9_-][a-z0-9_.-]{0,180}")
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 # O_NONBLOCK: a FIFO planted at a key fails the open instead of waiting for a writer.
@@ -64,7 +66,8 @@ def check_key(key: object) -> str:
     """Return ``key`` if it is a piece key this store can keep, else raise ``ValueError``."""
     if not isinstance(key, str) or KEY.fullmatch(key) is None:
         raise ValueError(
-            f"piece key {key!r} is not '<generation>.<lowercase letters, digits, _ - .>' "
+            f"piece key {key!r} is not '[<incarnation>:]<generation>.<lowercase letters, "
+            "digits, _ - .>' "
             "(at most 200 characters), as stepstone._statelog makes them"
         )
     return key
@@ -236,13 +239,16 @@ class PieceDir:
             except OSError as exc:
                 logger.warning("could not remove piece %s: %s", join(self.path, key), exc)
 
-    def collect(self, below: int) -> None:
-        """Remove the pieces of generations below ``below``, and stale temp files."""
+    def collect(self, below: int, inc: str | None, orphan_age: float = ORPHAN_AGE) -> None:
+        """Remove incarnation ``inc``'s pieces of generations below ``below`` (legacy keys
+        for None), orphans older than ``orphan_age`` and stale temp files."""
         cutoff = time.time() - STALE_SECONDS
         doomed: list[str] = []
         for name in self.names():
             if KEY.fullmatch(name) is not None:
-                if int(name.split(".", 1)[0]) < below:
+                if (inc_of(name) == inc and gen_of(name) < below) or is_orphan(
+                    name, inc, orphan_age
+                ):
                     doomed.append(name)
             elif name.startswith(TEMP_PREFIX):
                 with contextlib.suppress(OSError):

@@ -361,7 +361,7 @@ class FileStore(Store):
             if prepared.collect_below is not None:
                 fire("pieces.collect")
                 if run is not None:
-                    self._collect(dir_fd, run, prepared.collect_below)
+                    self._collect(dir_fd, run, prepared.collect_below, prepared.inc)
         finally:
             if run is not None:
                 run.close()
@@ -401,8 +401,9 @@ class FileStore(Store):
                 run.remove(prepared.piece_keys)
             raise
 
-    def _collect(self, dir_fd: int, run: PieceDir, below: int) -> None:
-        """Delete the run's pieces below generation ``below``; a failure is only logged."""
+    def _collect(self, dir_fd: int, run: PieceDir, below: int, inc: str | None) -> None:
+        """Delete incarnation ``inc``'s pieces below generation ``below``, and the run's
+        orphans (``_statelog.is_orphan``); a failure is only logged."""
         try:
             if not self._durable:
                 # The document naming the new pieces must outlast a power cut before the
@@ -410,7 +411,7 @@ class FileStore(Store):
                 # back, torn.
                 with translating(self._path):
                     sync(dir_fd)
-            run.collect(below)
+            run.collect(below, inc)
         except (OSError, StoreError) as exc:
             logger.warning("could not collect old pieces in %s: %s", run.path, exc)
 
