@@ -45,6 +45,7 @@ __all__ = [
     "PIECES",
     "PieceDir",
     "check_key",
+    "collect_orphans",
     "open_root",
     "open_run",
     "remove_run",
@@ -348,3 +349,47 @@ def remove_run(
         logger.warning("could not remove the pieces in %s: %s", path, exc)
     finally:
         run.close()
+
+
+def collect_orphans(
+    root_fd: int,
+    directory: str,
+    name: str,
+    strict: bool,
+    min_age: float,
+    *,
+    still_gone: Callable[[], bool],
+) -> list[tuple[str, int]]:
+    """Remove the orphans (``_statelog.is_orphan``) of a run with no document:
+    ``(key, bytes)`` of each; the directory too once empty. Best effort, logged.
+
+    ``still_gone()`` is asked under the directory's exclusive lock, as by ``remove_run``.
+    """
+    path = join(join(directory, PIECES), name)
+    try:
+        fd = open_subdir(root_fd, name)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR):
+            logger.warning("could not look for orphans in %s: %s", path, exc)
+        return []
+    run = PieceDir(fd, path)
+    found: list[tuple[str, int]] = []
+    try:
+        _check_dir(fd, path, strict)
+        _lock(fd, path, shared=False)
+        if not still_gone():
+            return []
+        names = run.names()
+        for key in names:
+            if KEY.fullmatch(key) is not None and is_orphan(key, None, min_age):
+                size = os.stat(key, dir_fd=fd, follow_symlinks=False).st_size
+                run.remove([key])
+                found.append((key, size))
+        if len(found) == len(names):
+            with contextlib.suppress(OSError):
+                os.rmdir(name, dir_fd=root_fd)
+    except (OSError, StoreError) as exc:
+        logger.warning("could not collect the orphans in %s: %s", path, exc)
+    finally:
+        run.close()
+    return found

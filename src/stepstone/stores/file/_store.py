@@ -43,7 +43,15 @@ from ._index import drop_orphan, has_marker, mark, marker_run, open_index, unmar
 from ._locking import Handles
 from ._names import ACTIVE, HASHED_NAME, decode_name, encode_name, hashed, join, run_of
 from ._notify import DirectoryListener, listen_directory
-from ._pieces import PieceDir, check_key, open_root, open_run, remove_run
+from ._pieces import (
+    PIECES,
+    PieceDir,
+    check_key,
+    collect_orphans,
+    open_root,
+    open_run,
+    remove_run,
+)
 from ._trust import check_opened, check_trust, make_dirs
 
 __all__ = ["MAX_DOCUMENT_BYTES", "FileStore"]
@@ -591,6 +599,44 @@ class FileStore(Store):
             remove_run(root, self._path, name, self._strict, still_gone=still_gone)
         finally:
             os.close(root)
+
+    def collect_orphans(self, min_age: float = _statelog.ORPHAN_AGE) -> list[_statelog.Orphan]:
+        """Delete orphaned pieces older than ``min_age`` (``Store.collect_orphans``): of
+        runs with no document, each run's directory locked as ``delete`` locks it.
+
+        Raises:
+            StoreError: the store's directory cannot be read.
+        """
+        dir_fd = self._handles.begin()
+        try:
+            root = open_root(dir_fd, self._path, create=False, strict=self._strict)
+            if root is None:
+                return []
+            try:
+                with translating(self._path, PIECES):
+                    names = sorted(entry.name for entry in scan(root, "."))
+                found: list[_statelog.Orphan] = []
+                for name in names:
+
+                    def still_gone(name: str = name) -> bool:
+                        try:
+                            os.stat(name + ".json", dir_fd=dir_fd, follow_symlinks=False)
+                        except FileNotFoundError:
+                            return True
+                        return False
+
+                    if not still_gone():
+                        continue
+                    pieces = collect_orphans(
+                        root, self._path, name, self._strict, min_age, still_gone=still_gone
+                    )
+                    run_id = run_of(name)
+                    found.extend(_statelog.Orphan(run_id, k, size) for k, size in pieces)
+                return found
+            finally:
+                os.close(root)
+        finally:
+            self._handles.end()
 
     # -- listing and housekeeping -------------------------------------------------------
 

@@ -1,0 +1,328 @@
+"""Pieces tied to one incarnation of a run (issue 29, items 1, 2 and 4).
+
+- a delete between a first save's pieces and its document leaves the save whole;
+- a delete and a new first save of the same id between a save's document and its
+  collection leave the new run whole;
+- two processes, one deleting ids in a loop, one making first long saves of them:
+  every run that is there at the end loads;
+- a writer killed between a first save's pieces and its document leaves orphans, which
+  ``collect_orphans`` deletes once older than its minimum age, and not before, and
+  which the next base of the same id collects once old;
+- a run written by the previous release (keys without an incarnation) still loads,
+  saves, collects and deletes.
+
+Backends as in ``tests/test_long_states.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_long_states import (
+    SRC,
+    TESTS,
+    _config,
+    _keys,
+    _load,
+    _named,
+    _next,
+    _ref,
+    _save,
+)
+
+from stepstone import ConflictError, Store, open_store
+from stepstone import _statelog as sl
+from stepstone._checkpoint import Checkpoint
+from stepstone.testing import kill_point
+
+#: Where a save and a delete can interleave (file and memory lock the run instead).
+RACING = ("sqlite", "postgresql", "mysql", "cosmos")
+DURABLE = ("file", "sqlite", "postgresql", "mysql", "cosmos")
+MODES = ("sync", "async")
+State = dict[str, Any]
+
+pytestmark = pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")
+
+
+@pytest.fixture(params=RACING)
+def racing_config(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh store of each backend whose saves and deletes interleave."""
+    return _config(str(request.param), request, tmp_path)
+
+
+@pytest.fixture(params=DURABLE)
+def durable_config(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh store of each backend another process can open."""
+    return _config(str(request.param), request, tmp_path)
+
+
+@pytest.fixture(params=MODES)
+def mode(request: pytest.FixtureRequest) -> str:
+    """``sync``: save/load/delete; ``async``: their ``a`` twins."""
+    return str(request.param)
+
+
+def _state(tag: str, size: int = 12_000) -> State:
+    """A state past ``INLINE_MAX``: kept in pieces."""
+    return {"tag": tag, "text": "x" * size}
+
+
+def _delete(store: Store, run_id: str, mode: str) -> bool:
+    if mode == "async":
+        return asyncio.run(store.adelete(run_id))
+    return store.delete(run_id)
+
+
+@pytest.fixture
+def two(racing_config: str) -> Iterator[tuple[Store, Store]]:
+    """Two store objects on one store: a saver and another client."""
+    with open_store(racing_config) as a, open_store(racing_config) as b:
+        yield a, b
+
+
+def test_a_delete_between_a_first_saves_pieces_and_document_keeps_the_save(
+    two: tuple[Store, Store], mode: str
+) -> None:
+    """A delete that finds no document deletes no pieces: the first save it raced loads."""
+    saver, other = two
+    run_id = f"first-{mode}"
+    deleted: list[bool] = []
+
+    def act(point: str) -> None:
+        if not deleted:
+            deleted.append(other.delete(run_id))
+
+    with kill_point("pieces.written", act):
+        saved = _save(saver, Checkpoint(run_id, state=_state("a")), mode)
+    assert deleted == [False]
+    assert _load(other, run_id, mode).state == saved.state == _state("a")
+
+
+def test_a_restart_between_a_saves_document_and_collection_keeps_the_new_run(
+    two: tuple[Store, Store], mode: str
+) -> None:
+    """A run deleted and started again before a new base's collection keeps its pieces."""
+    saver, other = two
+    run_id = f"restart-{mode}"
+    first = _save(saver, Checkpoint(run_id, state=_state("old")), mode)
+    restarted: list[bool] = []
+
+    def act(point: str) -> None:
+        if not restarted:  # once: the new run's own save fires this point too
+            restarted.append(other.delete(run_id))
+            other.save(Checkpoint(run_id, state=_state("new", 20_000)))
+
+    with kill_point("pieces.collect", act):
+        _save(saver, _next(first, _state("old2", 60_000)), mode)
+    assert restarted == [True]
+    loaded = _load(other, run_id, mode)
+    assert loaded.state == _state("new", 20_000)
+    assert _keys(other, run_id, mode) == _named(loaded)
+    # The new run goes on: a delete then removes exactly its pieces.
+    assert _delete(other, run_id, mode)
+    assert _keys(other, run_id, mode) == []
+
+
+def test_a_delete_with_an_expected_version_removes_its_incarnations_pieces(
+    two: tuple[Store, Store], mode: str
+) -> None:
+    """``delete(expected_version=...)`` deletes the document and its pieces; a stale
+    version is a conflict that deletes nothing."""
+    saver, other = two
+    run_id = f"expected-{mode}"
+    first = _save(saver, Checkpoint(run_id, state=_state("a")), mode)
+    second = _save(saver, _next(first, _state("b", 60_000)), mode)
+    with pytest.raises(ConflictError):
+        other.delete(run_id, expected_version=first.version)
+    assert _load(other, run_id, mode).state == second.state
+    assert other.delete(run_id, expected_version=second.version)
+    assert _keys(other, run_id, mode) == []
+
+
+# -- two processes -------------------------------------------------------------------------
+
+_DELETER = textwrap.dedent(
+    """
+    import os, sys
+    from stepstone import open_store
+
+    config, stop, ids = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    print("ready", flush=True)
+    with open_store(config) as store:
+        n = 0
+        while not os.path.exists(stop):
+            store.delete(f"race-{n % ids}")
+            n += 1
+    print(n, flush=True)
+    """
+)
+RACE_IDS = 6
+RACE_SAVES = 120
+
+
+@pytest.mark.crash
+def test_two_processes_deleting_and_first_saving_the_same_ids_lose_no_save(
+    racing_config: str, tmp_path: Path
+) -> None:
+    """One process deletes ids in a loop while this one makes first long saves of them
+    and a new base each: every run there at the end loads."""
+    stop = tmp_path / "stop"
+    child = subprocess.Popen(
+        [sys.executable, "-c", _DELETER, racing_config, str(stop), str(RACE_IDS)],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([SRC, TESTS])},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    acknowledged = 0
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "ready", "the deleting process never started"
+        with open_store(racing_config) as store:
+            for n in range(RACE_SAVES):
+                run_id = f"race-{n % RACE_IDS}"
+                try:
+                    cp = store.save(Checkpoint(run_id, state=_state(f"{n}")))
+                    acknowledged += 1
+                    store.save(_next(cp, _state(f"{n}b", 16_000)))
+                except ConflictError:
+                    continue  # still there, or deleted under the second save
+    finally:
+        stop.touch()
+        out, err = child.communicate(timeout=300)
+    assert child.returncode == 0, err[-3000:]
+    assert acknowledged, "no first save was acknowledged"
+    with open_store(racing_config) as store:
+        for k in range(RACE_IDS):
+            store.load(f"race-{k}")  # raises CorruptCheckpoint if pieces were lost
+
+
+# -- orphans -------------------------------------------------------------------------------
+
+_KILLED = textwrap.dedent(
+    """
+    import os, sys, time
+    from stepstone import open_store, _statelog as sl
+    from stepstone._checkpoint import Checkpoint
+    from stepstone.testing import kill_point
+
+    config, run_id, age = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    made = sl.new_inc
+    sl.new_inc = lambda now=None: made(time.time() - age)  # an incarnation made long ago
+
+    def die(point):
+        os._exit(9)
+
+    with open_store(config) as store, kill_point("pieces.written", die):
+        store.save(Checkpoint(run_id, state={"text": "k" * 300_000}))
+    """
+)
+
+
+def _kill_a_first_save(config: str, run_id: str, age: float) -> None:
+    """A process makes a first long save of ``run_id`` and dies after its pieces."""
+    child = subprocess.run(
+        [sys.executable, "-c", _KILLED, config, run_id, str(age)],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([SRC, TESTS])},
+        timeout=300,
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    assert child.returncode == 9, child.stderr[-3000:]
+
+
+def _collect(store: Store, min_age: float, mode: str) -> list[sl.Orphan]:
+    if mode == "async":
+        return asyncio.run(store.acollect_orphans(min_age))
+    return store.collect_orphans(min_age)
+
+
+@pytest.mark.crash
+def test_orphans_of_a_killed_first_save_are_collected_once_old_enough(
+    durable_config: str, mode: str
+) -> None:
+    """Pieces of a first save killed before its document: kept while younger than the
+    minimum age, collected by ``collect_orphans`` once older; a live run is untouched."""
+    _kill_a_first_save(durable_config, "orphaned", 2 * 3600)
+    with open_store(durable_config) as store:
+        live = store.save(Checkpoint("live", state=_state("live")))
+        left = _keys(store, "orphaned", mode)
+        assert left, "the killed save left no pieces"
+        assert store.load("orphaned") is None
+        assert _collect(store, 3 * 3600, mode) == []
+        assert _keys(store, "orphaned", mode) == left
+        collected = _collect(store, 3600, mode)
+        assert sorted(o.key for o in collected) == left
+        assert sum(o.size for o in collected) >= 300_000
+        assert _keys(store, "orphaned", mode) == []
+        assert _load(store, "live", mode).state == live.state
+
+
+@pytest.mark.crash
+def test_a_new_base_collects_old_orphans_of_its_id_only(durable_config: str) -> None:
+    """A killed first save's old orphans go at the next base under that id; young ones
+    (a save that may be in flight) stay."""
+    _kill_a_first_save(durable_config, "again", 2 * sl.ORPHAN_AGE)
+    with open_store(durable_config) as store:
+        old = store.piece_keys("again")
+        cp = store.save(Checkpoint("again", state=_state("a")))
+        assert not set(old) & set(store.piece_keys("again"))
+        assert store.piece_keys("again") == _named(cp)
+    _kill_a_first_save(durable_config, "young", 0)
+    with open_store(durable_config) as store:
+        young = store.piece_keys("young")
+        assert young
+        assert store.collect_orphans() == []
+        assert store.piece_keys("young") == young
+
+
+# -- the previous release's runs ---------------------------------------------------------
+
+
+def test_a_run_with_legacy_keys_loads_saves_and_deletes(
+    racing_config: str, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run saved as the previous release did (no incarnation) loads, saves deltas and
+    new bases under legacy keys, collects them, and is deleted with its pieces."""
+    with open_store(racing_config) as store:
+        with monkeypatch.context() as patch:
+            patch.setattr(sl, "_inc_for", lambda cp, handle: None)
+            legacy = _save(store, Checkpoint("legacy", state=_state("a")), mode)
+        assert all(":" not in key for key in _keys(store, "legacy", mode))
+        assert "inc" not in _ref(legacy)
+        loaded = _load(store, "legacy", mode)
+        assert loaded.state == _state("a")
+        loaded.state["more"] = [1, 2, 3]
+        delta = _save(store, _next(loaded), mode)
+        rebased = _save(store, _next(delta, _state("b", 60_000)), mode)
+        assert "inc" not in _ref(rebased)
+        assert _keys(store, "legacy", mode) == _named(rebased)
+        assert _load(store, "legacy", mode).state == _state("b", 60_000)
+        assert _delete(store, "legacy", mode)
+        assert _keys(store, "legacy", mode) == []
+
+
+def test_an_incarnation_is_made_once_per_document_lineage() -> None:
+    """A first save starts an incarnation; every later save of the lineage keeps it,
+    and its age is readable from it."""
+    from stepstone.stores.memory import MemoryStore
+
+    store = MemoryStore()
+    first = store.save(Checkpoint("lineage", state=_state("a")))
+    inc = _ref(first)["inc"]
+    assert len(inc) == sl.INC_LEN and abs(int(inc[:8], 16) - time.time()) < 3600
+    later = store.save(_next(first, {"small": 1}))
+    assert store.save(_next(later, _state("c", 50_000)))
+    assert {sl.inc_of(key) for key in store.piece_keys("lineage")} == {inc}
+    assert sl.gen_of(f"{inc}:12.abc.0") == 12 and sl.gen_of("7.abc.b0") == 7
+    assert sl.inc_of("7.abc.b0") is None
