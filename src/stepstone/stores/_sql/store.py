@@ -64,6 +64,10 @@ _MIN: Final = datetime.min.replace(tzinfo=UTC)
 DELETE_TRIES: Final = 50
 
 
+class _Deleted(CorruptCheckpoint):
+    """A run deleted while its pieces were read: ``load`` answers None."""
+
+
 def _served_key(name: str, version: str | None) -> str:
     """The text ``claim_ready``'s statement builds from a document's workflow fields."""
     return f"{name}\x1f" if version is None else f"{name}\x1f\x1e{version}"
@@ -323,7 +327,10 @@ class SQLStore(Connections, Store):
         version, document = rows[0]
         source = self._source(run_id)
         doc = decode_document(document, source)
-        return (yield from self._checkpoint(run_id, doc, version, source))
+        try:
+            return (yield from self._checkpoint(run_id, doc, version, source))
+        except _Deleted:
+            return None  # a delete landed while its pieces were read: the run is gone
 
     def _save(self, checkpoint: Checkpoint) -> Plan[Checkpoint]:
         saved, sql, params, prepared = self._save_plan(checkpoint)
@@ -426,7 +433,7 @@ class SQLStore(Connections, Store):
                 # A newer save collected them: read the document again.
                 _, rows = yield Exec(self._sql.load, {"run_key": key})
                 if not rows:
-                    raise CorruptCheckpoint(f"{source}: deleted while being read") from None
+                    raise _Deleted(f"{source}: deleted while being read") from None
                 again, document = rows[0]
                 if again == version or attempt == 2:
                     raise _statelog.missing_error(source, missing) from None
