@@ -27,6 +27,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from stepstone import ConflictError, CorruptCheckpoint, Store, open_store
+from stepstone import _statelog as sl
+from stepstone._checkpoint import Checkpoint
+from stepstone.testing import kill_point
 from test_long_states import (
     SRC,
     TESTS,
@@ -38,11 +43,6 @@ from test_long_states import (
     _ref,
     _save,
 )
-
-from stepstone import ConflictError, CorruptCheckpoint, Store, open_store
-from stepstone import _statelog as sl
-from stepstone._checkpoint import Checkpoint
-from stepstone.testing import kill_point
 
 #: Where a save and a delete can interleave (file and memory lock the run instead).
 RACING = ("sqlite", "postgresql", "mysql", "cosmos")
@@ -337,3 +337,26 @@ def test_an_incarnation_is_made_once_per_document_lineage() -> None:
     assert {sl.inc_of(key) for key in store.piece_keys("lineage")} == {inc}
     assert sl.gen_of(f"{inc}:12.abc.0") == 12 and sl.gen_of("7.abc.b0") == 7
     assert sl.inc_of("7.abc.b0") is None
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize("kind", ["file", "sqlite"])
+def test_doctor_fix_collects_old_orphans_and_says_what(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """``stepstone doctor --fix`` deletes orphans older than ``--min-age`` and prints the
+    run, pieces and bytes; younger ones stay and nothing is printed for them."""
+    from test_cli import cli
+
+    config = _config(kind, request, tmp_path)
+    _kill_a_first_save(config, "orphaned", 2 * 3600)
+    young = cli("doctor", "--fix", "--min-age", str(3 * 3600), "--store", config)
+    assert young.returncode == 0, young.stderr
+    assert "collected run" not in young.stdout
+    with open_store(config) as store:
+        assert store.piece_keys("orphaned")
+    fixed = cli("doctor", "--fix", "--min-age", "3600", "--store", config)
+    assert fixed.returncode == 0, fixed.stderr
+    assert "collected run orphaned: 1 pieces, " in fixed.stdout, fixed.stdout
+    with open_store(config) as store:
+        assert store.piece_keys("orphaned") == []

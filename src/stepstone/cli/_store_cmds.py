@@ -10,7 +10,8 @@ from typing import Any, TextIO
 
 from .._errors import ConfigError, StoreError, StorePermissionError
 from .._redact import redact_url
-from .._store import Diagnosis
+from .._statelog import ORPHAN_AGE, Orphan
+from .._store import Diagnosis, Store
 from ._common import EXIT_ERROR, EXIT_OK, OperationalError, UsageError, opened, store_config
 from ._output import REDACT, emit_json, out, safe
 
@@ -52,6 +53,24 @@ def add_parsers(
 
     doctor = commands.add_parser(
         "doctor", parents=[store], help="check connectivity, permissions and schema"
+    )
+    doctor.add_argument(
+        "--fix",
+        action="store_true",
+        help=(
+            "also delete orphaned pieces of long states: those of runs with no checkpoint "
+            "(a writer killed during a first save), older than --min-age"
+        ),
+    )
+    doctor.add_argument(
+        "--min-age",
+        type=float,
+        default=ORPHAN_AGE,
+        metavar="SECONDS",
+        help=(
+            "with --fix, only pieces of an incarnation made at least this long ago, by the "
+            "writing host's clock, so no save in flight is touched (default: %(default)s)"
+        ),
     )
     doctor.set_defaults(handler=_doctor)
 
@@ -159,11 +178,38 @@ def _init(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _collected(orphans: list[Orphan]) -> list[dict[str, Any]]:
+    """What ``collect_orphans`` deleted, per run: ``{run, pieces, bytes}``."""
+    runs: dict[str, dict[str, Any]] = {}
+    for orphan in orphans:
+        entry = runs.setdefault(orphan.run, {"run": orphan.run, "pieces": 0, "bytes": 0})
+        entry["pieces"] += 1
+        entry["bytes"] += orphan.size
+    return list(runs.values())
+
+
+def _fix(store: Store, min_age: float) -> tuple[Diagnosis, list[dict[str, Any]]]:
+    if min_age < 0:
+        raise UsageError(f"--min-age must be at least 0 seconds, not {min_age}")
+    try:
+        collected = _collected(store.collect_orphans(min_age))
+    except StoreError as exc:
+        return Diagnosis("collect orphaned pieces", False, f"{type(exc).__name__}: {exc}"), []
+    pieces = sum(entry["pieces"] for entry in collected)
+    size = sum(entry["bytes"] for entry in collected)
+    detail = f"{pieces} pieces ({size} bytes) of {len(collected)} runs" if collected else "ok"
+    return Diagnosis("collect orphaned pieces", True, detail), collected
+
+
 def _doctor(args: argparse.Namespace) -> int:
     config = store_config(args)
+    collected: list[dict[str, Any]] = []
     try:
         with opened(config) as store:
             results = store.doctor()
+            if args.fix:
+                fixed, collected = _fix(store, args.min_age)
+                results.append(fixed)
     except ConfigError:
         raise
     except (StoreError, OSError) as exc:
@@ -178,6 +224,7 @@ def _doctor(args: argparse.Namespace) -> int:
                 "store": redact_url(config),
                 "ok": not failed,
                 "checks": [{"check": d.check, "ok": d.ok, "detail": d.detail} for d in results],
+                **({"collected": collected} if args.fix else {}),
             }
         )
         return code
@@ -185,5 +232,7 @@ def _doctor(args: argparse.Namespace) -> int:
     for d in results:
         detail = "" if d.ok and d.detail == "ok" else f": {safe(' '.join(d.detail.split()))}"
         out(f"{'ok' if d.ok else 'FAIL':<6}{d.check}{detail}")
+    for entry in collected:
+        out(f"collected run {safe(entry['run'])}: {entry['pieces']} pieces, {entry['bytes']} bytes")
     out(f"{len(results) - len(failed)} checks passed, {len(failed)} failed")
     return code
