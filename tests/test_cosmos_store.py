@@ -1261,7 +1261,7 @@ def test_async_exactly_one_request_per_save_and_load(config: str) -> None:
 
 def test_sync_delete_with_expected_version(store: CosmosStore) -> None:
     """A stale expected_version deletes nothing (ConflictError, 1 request); a delete that
-    deletes is 2 (the item, then one query for its piece items)."""
+    deletes is 2 (a read of the item, then its delete; a run in pieces one query more)."""
     first = store.save(_cp("d/1"))
     second = store.save(_cp("d/1", step=1, version=first.version))
     before = store.requests_sent

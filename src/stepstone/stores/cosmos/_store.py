@@ -616,7 +616,8 @@ class CosmosStore(Admin):
             etag = doc.get("_etag") if isinstance(doc, Mapping) else None
             if expected_version is not None and etag != expected_version:
                 raise ConflictError(
-                    f"run {run_id!r}: expected version {expected_version!r}, stored {etag!r}",
+                    f"run {run_id!r}: expected version {expected_version!r}, stored {etag!r}; "
+                    "nothing was deleted",
                     run_id,
                 )
             has, inc = _item_inc(doc)
