@@ -100,8 +100,21 @@ from ._codec import (
     encode_state,
 )
 from ._errors import CorruptCheckpoint
+from ._incarnation import (
+    INC_LEN,
+    ORPHAN_AGE,
+    Orphan,
+    gen_of,
+    inc_cutoff,
+    inc_of,
+    inc_of_doc,
+    is_orphan,
+    key_in,
+    new_inc,
+)
 
 __all__ = [
+    "INC_LEN",
     "INLINE_MAX",
     "LOG_FACTOR",
     "LOG_MAX",
@@ -135,10 +148,6 @@ PIECE_MAX = 1 << 20
 LOG_FACTOR = 3
 #: ... or this many pieces (a load fetches each).
 LOG_MAX = 256
-#: Seconds after which pieces of an incarnation no document names are collected.
-ORPHAN_AGE = 24 * 3600.0
-#: An incarnation's length: 8 hex digits of unix seconds, 8 random hex digits.
-INC_LEN = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,16 +157,6 @@ class Piece:
     key: str
     gen: int
     data: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class Orphan:
-    """A piece ``collect_orphans`` deleted: its run (id, or how the store names it),
-    key and size in bytes."""
-
-    run: str
-    key: str
-    size: int
 
 
 class PiecesMissing(Exception):
@@ -237,58 +236,6 @@ class Prepared:
         return [piece.key for piece in self.pieces]
 
 
-def gen_of(key: str) -> int:
-    """The generation of a piece key (``<inc>:<gen>.`` or, legacy, ``<gen>.``)."""
-    return int(key.rpartition(":")[2].split(".", 1)[0])
-
-
-def inc_of(key: str) -> str | None:
-    """The incarnation a piece key starts with; None for a legacy key (no ``:``)."""
-    inc, colon, _ = key.partition(":")
-    return inc if colon else None
-
-
-def new_inc(now: float | None = None) -> str:
-    """A new incarnation: 8 hex digits of unix seconds (``now``), 8 random hex digits."""
-    seconds = int(time.time() if now is None else now)
-    return f"{max(seconds, 0) & 0xFFFFFFFF:08x}{secrets.token_hex(4)}"
-
-
-def inc_cutoff(min_age: float, now: float | None = None) -> str:
-    """The incarnations made more than ``min_age`` seconds ago sort below this string."""
-    seconds = int((time.time() if now is None else now) - min_age)
-    return f"{max(seconds, 0):08x}"
-
-
-def is_orphan(key: str, live: str | None, min_age: float, now: float | None = None) -> bool:
-    """Whether ``key`` is an orphan: of an incarnation other than ``live`` (the run's
-    document's, None: no document), made more than ``min_age`` seconds ago.
-
-    Legacy keys (no incarnation) are never orphans: their age cannot be told.
-    """
-    inc = inc_of(key)
-    if inc is None or inc == live or len(inc) != INC_LEN:
-        return False
-    return inc[:8] < inc_cutoff(min_age, now)
-
-
-def _key(inc: str | None, rest: str) -> str:
-    return rest if inc is None else f"{inc}:{rest}"
-
-
-def inc_of_doc(doc: dict[str, Any]) -> tuple[bool, str | None]:
-    """``(has_pieces, inc)`` of a decoded document: whether its lineage may have pieces,
-    and its incarnation (None: legacy, or none)."""
-    ref = doc.get(REF_KEY)
-    if isinstance(ref, dict):
-        inc = ref.get("inc")
-        return True, inc if isinstance(inc, str) else None
-    inc = doc.get("state_inc")
-    if isinstance(inc, str):
-        return True, inc
-    return doc.get("state_gen") is not None, None
-
-
 def pieces_of(ref: dict[str, Any]) -> list[str]:
     """Every piece key a ``state_ref`` names, base first, in order."""
     keys: list[str] = list(ref["base"])
@@ -359,7 +306,7 @@ def _recorded(planned: Prepared, cp: Checkpoint, handle: Stored | None) -> Prepa
     prev = handle.history if handle is not None else None
     gen = planned.gen if planned.pieces else planned.gen + 1
     inc = planned.inc if planned.inc is not None or planned.gen else _inc_for(cp, handle)
-    key = _key(inc, f"{gen}.h.{_token()}")
+    key = key_in(inc, f"{gen}.h.{_token()}")
     ref = planned.ref
     if ref is not None:
         ref = {**ref, "gen": gen, "history": key}
@@ -431,7 +378,7 @@ def _plan(
     token = _token()
     inc = _inc_for(cp, handle)
     pieces = [
-        Piece(_key(inc, f"{gen}.{token}.b{n}"), gen, data[start : start + piece_max])
+        Piece(key_in(inc, f"{gen}.{token}.b{n}"), gen, data[start : start + piece_max])
         for n, start in enumerate(range(0, len(data), piece_max))
     ]
     ref = {
@@ -570,7 +517,7 @@ def _chain_for(chain: Any, base: str, base_gen: int) -> _Chain:
     """``chain`` if this process may go on numbering log pieces in it, else a new one."""
     if isinstance(chain, _Chain) and chain.base == base and chain.process == _process_token:
         return chain
-    prefix = _key(inc_of(base), f"{base_gen}.{_token()}.")
+    prefix = key_in(inc_of(base), f"{base_gen}.{_token()}.")
     return _Chain(base, prefix, itertools.count(), _process_token)
 
 

@@ -13,13 +13,14 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol, Self, Typ
 
 from ._checkpoint import ACTIVE_STATUSES, STATUSES, Checkpoint, keep_times
 from ._errors import CorruptCheckpoint, StoreError
+from ._incarnation import ORPHAN_AGE
 from ._observe import logger
-from ._statelog import ORPHAN_AGE
 from ._wake import Doorbell
 
 if TYPE_CHECKING:
     from ._checkpoint import RunStatus
-    from ._statelog import Orphan, Piece
+    from ._incarnation import Orphan
+    from ._statelog import Piece
 
 __all__ = ["Claim", "Diagnosis", "Listener", "RunInfo", "Store", "page_key"]
 
