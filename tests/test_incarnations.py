@@ -360,3 +360,24 @@ def test_doctor_fix_collects_old_orphans_and_says_what(
     assert "collected run orphaned: 1 pieces, " in fixed.stdout, fixed.stdout
     with open_store(config) as store:
         assert store.piece_keys("orphaned") == []
+
+
+def test_a_save_without_a_handle_starts_an_incarnation_and_loses_nothing(
+    racing_config: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A save built by hand (an expected version, no handle) writes under a new
+    incarnation; the older one's pieces are left to orphan collection, and it loads."""
+    made = sl.new_inc
+    with open_store(racing_config) as store:
+        with monkeypatch.context() as patch:
+            patch.setattr(sl, "new_inc", lambda now=None: made(time.time() - 2 * 3600))
+            first = store.save(Checkpoint("by-hand", state=_state("a")))
+        old = set(store.piece_keys("by-hand"))
+        by_hand = Checkpoint("by-hand", state=_state("b", 30_000), version=first.version)
+        second = store.save(by_hand)
+        assert _ref(second)["inc"] != _ref(first)["inc"]
+        assert old <= set(store.piece_keys("by-hand")), "young pieces of the old one went"
+        assert store.load("by-hand") == second
+        assert store.delete("by-hand")
+        assert set(store.piece_keys("by-hand")) == old
+        assert [o.key for o in store.collect_orphans(3600)] == sorted(old)
