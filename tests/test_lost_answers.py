@@ -14,6 +14,9 @@ a failure under CI.
 from __future__ import annotations
 
 import asyncio
+import select
+import socket
+import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -171,3 +174,157 @@ def test_a_retry_of_a_save_that_did_not_land_writes_it(
     saved = _save(store, cp0, mode)
     loaded = _load(store, run_id, mode)
     assert loaded.version == saved.version and loaded.state == state
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"], indirect=True)
+@pytest.mark.parametrize("nth", [1, 2])
+def test_the_langgraph_saver_absorbs_a_lost_answer(
+    store: Store, kind: str, mode: str, nth: int
+) -> None:
+    """A put whose record (1st write) or head (2nd) landed unanswered succeeds and extends."""
+    pytest.importorskip("langgraph")
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    from stepstone.adapters.langgraph import StepstoneSaver
+
+    saver = StepstoneSaver(store, prefix=f"lost{nth}{mode}")
+    config: Any = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+    meta: Any = {"source": "input", "step": -1, "parents": {}}
+    seen: list[str] = []
+
+    def lose(name: str) -> None:
+        seen.append(name)
+        if len(seen) == nth:
+            raise StoreUnavailable(f"test: the answer of write {nth} was lost at {name}")
+
+    def put(config: Any, meta: Any) -> Any:
+        if mode == "async":
+            return asyncio.run(saver.aput(config, empty_checkpoint(), meta, {}))
+        return saver.put(config, empty_checkpoint(), meta, {})
+
+    with kill_point(LANDED[kind], lose):
+        first = put(config, meta)  # the adapter saved the same object again
+    assert len(seen) >= nth, f"the put never reached write {nth}"
+    stored = saver.get_tuple(config)
+    assert stored is not None and stored.config == first
+    # The thread goes on from it: the head is the put's checkpoint.
+    second = put(first, {"source": "loop", "step": 0, "parents": {}})
+    head = saver.get_tuple(config)
+    assert head is not None and head.config == second
+
+
+class _DroppingProxy:
+    """A TCP proxy to PostgreSQL that can lose one answer, as a dropped network would.
+
+    Armed, it forwards the client's next ``UPDATE``, waits for the server's answer (the
+    statement has then committed: PostgreSQL commits before it answers), discards it
+    and closes the client's connection.
+    """
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self.listener.getsockname()[1]
+        self.armed = threading.Event()
+        self.dropped = threading.Event()
+        self.closing = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.closing:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.target)
+            threading.Thread(target=self._pump, args=(client, server), daemon=True).start()
+
+    def _pump(self, client: socket.socket, server: socket.socket) -> None:
+        dropping = False
+        try:
+            while True:
+                ready, _, _ = select.select([client, server], [], [])
+                if client in ready:
+                    data = client.recv(65536)
+                    if not data:
+                        return
+                    # The save's compare-and-swap (its pieces, if any, went before).
+                    if self.armed.is_set() and b"UPDATE " in data:
+                        self.armed.clear()
+                        dropping = True
+                    server.sendall(data)
+                if server in ready:
+                    data = server.recv(65536)
+                    if not data:
+                        return
+                    if dropping:
+                        self.dropped.set()
+                        return  # the answer is lost with the connection
+                    client.sendall(data)
+        except OSError:
+            return
+        finally:
+            client.close()
+            server.close()
+
+    def close(self) -> None:
+        self.closing = True
+        self.listener.close()
+
+
+@pytest.mark.parametrize("size", ["small", "long"])
+def test_a_postgresql_answer_lost_on_the_network_is_retried(
+    request: pytest.FixtureRequest, mode: str, size: str
+) -> None:
+    """A save whose answer a proxy drops after COMMIT fails unavailable; its retry succeeds."""
+    from test_contract import fresh_table
+
+    proxy = _DroppingProxy(("127.0.0.1", 5432))
+    request.addfinalizer(proxy.close)
+    config = fresh_table(request, f"postgresql://postgres@127.0.0.1:{proxy.port}/test")
+    run_id = f"net-{mode}-{size}"
+    state: State = {"a": 1} if size == "small" else _long(40, "n")
+    first = Checkpoint(run_id, state={"a": 0}, total_steps=5)
+
+    def sync(store: Store) -> tuple[Checkpoint, Checkpoint]:
+        cp = _next(store.save(first), state)
+        proxy.armed.set()  # on the connection the next save uses (it is pooled)
+        with pytest.raises(StoreUnavailable):
+            store.save(cp)
+        saved = store.save(cp)
+        loaded = store.load(run_id)
+        assert loaded is not None
+        return saved, loaded
+
+    async def in_one_loop(store: Store) -> tuple[Checkpoint, Checkpoint]:
+        # One loop throughout: its connections are opened by the first save.
+        cp = _next(await store.asave(first), state)
+        proxy.armed.set()
+        with pytest.raises(StoreUnavailable):
+            await store.asave(cp)
+        saved = await store.asave(cp)
+        loaded = await store.aload(run_id)
+        assert loaded is not None
+        return saved, loaded
+
+    with open_store(config) as store:
+        saved, loaded = asyncio.run(in_one_loop(store)) if mode == "async" else sync(store)
+    assert proxy.dropped.is_set(), "the proxy dropped no answer"
+    assert loaded.version == saved.version and loaded.state == state
+
+
+def test_unanswered_saves_are_matched_by_identity_and_bounded() -> None:
+    """Only the very object kept gets its plan back, once; past LIMIT runs the oldest goes."""
+    from stepstone.stores._common import Unanswered
+
+    kept = Unanswered()
+    cp = Checkpoint("r0")
+    kept.keep(cp, "r0", "plan-0")
+    assert kept.take(replace(cp), "r0") is None  # equal, but another save
+    assert kept.take(cp, "r0") == "plan-0"
+    assert kept.take(cp, "r0") is None  # taken: a later failure keeps it again
+    objects = [Checkpoint(f"r{i}") for i in range(Unanswered.LIMIT + 1)]
+    for i, obj in enumerate(objects):
+        kept.keep(obj, obj.run_id, f"plan-{i}")
+    assert kept.take(objects[0], "r0") is None
+    assert kept.take(objects[-1], objects[-1].run_id) == f"plan-{Unanswered.LIMIT}"

@@ -47,13 +47,14 @@ class Unanswered:
     writes one. The success path pays one test of an empty dict.
 
     Bounded: past ``LIMIT`` runs the oldest is forgotten (its retry then conflicts, as
-    before). Thread-safe: single dict operations, atomic under the GIL.
+    before); a plan holds its record and pieces until retried or forgotten, so the bound
+    is small. Thread-safe: single dict operations, atomic under the GIL.
     """
 
     __slots__ = ("_held",)
 
-    #: Saves kept at most (one per run): each holds its record until retried.
-    LIMIT = 1024
+    #: Saves kept at most (one per run).
+    LIMIT = 256
 
     def __init__(self) -> None:
         self._held: dict[str, tuple[object, Any]] = {}
