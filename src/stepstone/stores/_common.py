@@ -64,7 +64,10 @@ class Unanswered:
         held = self._held
         if not held:
             return None
-        entry = held.get(run_id)
+        try:
+            entry = held.get(run_id)
+        except TypeError:  # not a str: the save's own check says what is wrong
+            return None
         if entry is None or entry[0] is not checkpoint:
             return None
         held.pop(run_id, None)
