@@ -22,7 +22,7 @@ from ._observe import logger
 from ._plan import Plan
 from ._steps import Step
 
-__all__ = ["acquire", "ready"]
+__all__ = ["acquire", "ready", "watch_lease"]
 
 
 def acquire(plan: Plan) -> Generator[Effect, Any, Checkpoint]:
@@ -50,7 +50,7 @@ def acquire(plan: Plan) -> Generator[Effect, Any, Checkpoint]:
         if status == "queued" and cp.cancel_requested:
             raise RunCancelled(run_id)
         if cp.owner is not None and cp.owner != plan.owner:
-            found = yield from _watch_lease(plan, cp)
+            found = yield from watch_lease(run_id, cp)
             continue
         if status == "waiting" and not ready(plan, cp):
             raise Suspended(run_id, cp.waiting_for or "?", cp.wake_at)
@@ -106,13 +106,23 @@ def _create(plan: Plan) -> Generator[Effect, Any, Checkpoint | None]:
     return cp
 
 
-def _watch_lease(plan: Plan, cp: Checkpoint) -> Generator[Effect, Any, Checkpoint]:
+#: What ``RunOwned`` tells a second ``run`` of a run whose owner is alive.
+_RUN_ADVICE = (
+    "a second execution was refused. Wait for it, cancel it with stepstone.cancel, or let "
+    "a worker take it over if its owner dies"
+)
+
+
+def watch_lease(
+    run_id: str, cp: Checkpoint, advice: str = _RUN_ADVICE
+) -> Generator[Effect, Any, Checkpoint]:
     """Wait until ``cp``'s owner has not renewed for a whole lease, by our own clock.
 
-    Returns the record to claim. A record that changes while we watch means a live
-    owner: refused with ``RunOwned`` (or, if it finished meanwhile, returned as is).
+    Returns the record to claim, its lease given back (an owner known dead on this
+    machine at once). A record that changes while we watch means a live owner: refused
+    with ``RunOwned``, whose message ends with ``advice`` (or, if the run finished
+    meanwhile, returned as is). ``run`` and ``rerun`` both take over this way.
     """
-    run_id = plan.run_id
     lease = cp.lease or _lease.DEFAULT_LEASE
     if _lease.dead_here(cp.owner):
         logger.warning(
@@ -151,9 +161,7 @@ def _watch_lease(plan: Plan, cp: Checkpoint) -> Generator[Effect, Any, Checkpoin
             holder = cp.owner if now is None else now.owner
             raise RunOwned(
                 f"run {run_id!r} is being executed by {holder!r} (its lease of {lease:g}s "
-                "is live: the record changed while we watched); a second execution was "
-                "refused. Wait for it, cancel it with stepstone.cancel, or let a worker "
-                "take it over if its owner dies",
+                f"is live: the record changed while we watched); {advice}",
                 run_id,
                 holder or "?",
             )

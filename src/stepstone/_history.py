@@ -16,21 +16,22 @@ once as effect generators (``_effects``) for the sync and the async API.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from . import _statelog
+from ._acquire import watch_lease
 from ._checkpoint import Checkpoint, Stored, check_run_id, evolve
 from ._codec import decode_json, encode_state
-from ._effects import Announce, Effect, Load, Save, astep_through, step_through
+from ._effects import Announce, Effect, Load, Pause, Save, astep_through, step_through
 from ._errors import (
     ConflictError,
     CorruptCheckpoint,
     HistoryNotKept,
     RunNotFound,
-    RunOwned,
     StepNotKept,
 )
 from ._store import Store
@@ -114,6 +115,9 @@ def _perform(store: Store) -> Any:
             return store.save(effect.cp)
         if isinstance(effect, Announce):
             return announce(store)
+        if isinstance(effect, Pause):  # watching a lease (``watch_lease``): renews nothing
+            time.sleep(effect.seconds)
+            return None
         assert isinstance(effect, Load)
         return store.load(effect.run_id)
 
@@ -130,6 +134,11 @@ def _aperform(store: Store) -> Any:
             return await store.asave(effect.cp)
         if isinstance(effect, Announce):
             return await aannounce(store)
+        if isinstance(effect, Pause):
+            import asyncio  # noqa: PLC0415 - only async callers pay for asyncio
+
+            await asyncio.sleep(effect.seconds)
+            return None
         assert isinstance(effect, Load)
         return await store.aload(effect.run_id)
 
@@ -312,6 +321,13 @@ def _fork(store: Store, run_id: str, at_step: int, new_run_id: str) -> Op:
     return saved
 
 
+#: What ``RunOwned`` tells a ``rerun`` of a run whose owner is alive.
+_RERUN_ADVICE = (
+    "rerun it once it has stopped: wait for it to finish or fail, or cancel it with "
+    "stepstone.cancel (the owner stops at its next step boundary) and rerun then"
+)
+
+
 def _rerun(
     store: Store,
     run_id: str,
@@ -341,12 +357,10 @@ def _rerun(
             from_step,
         )
     if cp.owner is not None and cp.status == "running":
-        raise RunOwned(
-            f"run {run_id!r} is held by {cp.owner!r}; rerun it once it has stopped "
-            "(or cancel it first)",
-            run_id,
-            cp.owner,
-        )
+        # Only a live lease blocks: an owner that wrote nothing for a whole lease (by our
+        # clock), or is known dead on this machine, is taken over, as ``run`` does. The
+        # rewind's compare-and-swap then fences it: its next write conflicts.
+        cp = yield from watch_lease(run_id, cp, _RERUN_ADVICE)
     if input is not None:
         before: State = encode_state(input)[1]
         names: tuple[str, ...] = ()
@@ -447,8 +461,12 @@ def rerun(
     counts of those consumed. One compare-and-swap: a run that changes meanwhile is left
     as it is (``ConflictError``).
 
+    A run whose owner holds a lease is watched for up to that lease: an owner that
+    writes nothing meanwhile (a dead one) is taken over, as ``run`` does; one known dead
+    on this machine at once.
+
     Raises:
-        RunOwned: a live owner is running it.
+        RunOwned: a live owner is running it (it renewed its lease while watched).
         StepNotKept: ``from_step`` out of range, or no kept save before it.
         HistoryNotKept, RunNotFound: as ``history``.
     """

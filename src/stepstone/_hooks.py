@@ -13,7 +13,9 @@ there) and ``upgrade.transformed`` (an upgrade's function returned, the run not 
 saved); the fleet harness kills workers there. A long state's save
 (``stepstone._statelog``) fires ``pieces.written`` (its pieces are stored, the
 document not yet swapped) and ``pieces.collect`` (the document swapped, older pieces
-not yet collected) in every backend that keeps pieces. Each
+not yet collected) in every backend that keeps pieces. ``memory.saved`` and
+``sqlite.committed`` follow a save's commit (the tests of lost answers raise there;
+``tests/test_lost_answers.py``). Each
 backend's points inside a save are declared once, on the backend class, as
 ``Store.kill_points`` (point -> whether the new checkpoint survives a kill there); the
 contract suite and the chaos harness read them from there.

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, TypeAlias, TypeVar
 
 from .._checkpoint import Checkpoint
+from .._errors import StoreUnavailable
 from .._store import Store
 
 __all__ = [
@@ -29,8 +30,10 @@ __all__ = [
     "Scan",
     "adrive",
     "aiterate",
+    "asave",
     "drive",
     "iterate",
+    "save",
 ]
 
 T = TypeVar("T")
@@ -56,10 +59,32 @@ class Save:
     checkpoint: Checkpoint
 
     def perform(self, store: Store) -> Checkpoint:
-        return store.save(self.checkpoint)
+        return save(store, self.checkpoint)
 
     async def aperform(self, store: Store) -> Checkpoint:
-        return await store.asave(self.checkpoint)
+        return await asave(store, self.checkpoint)
+
+
+def save(store: Store, checkpoint: Checkpoint) -> Checkpoint:
+    """``store.save``, once more with the same object if its answer may have been lost.
+
+    A ``StoreUnavailable`` save may have landed (a timeout after COMMIT). Saved again,
+    the same object is recognised by the built-in stores as that save's retry: its
+    success if the first write landed, else it is written now; a conflict only if
+    another writer came between. A second failure is raised.
+    """
+    try:
+        return store.save(checkpoint)
+    except StoreUnavailable:
+        return store.save(checkpoint)
+
+
+async def asave(store: Store, checkpoint: Checkpoint) -> Checkpoint:
+    """Async ``save``: ``store.asave``, once more with the same object after a lost answer."""
+    try:
+        return await store.asave(checkpoint)
+    except StoreUnavailable:
+        return await store.asave(checkpoint)
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,11 +9,11 @@ from datetime import datetime
 from typing import Any, ClassVar, Concatenate, ParamSpec, Self, TypeVar
 from urllib.parse import urlsplit
 
-from .. import _lease, _statelog
+from .. import _hooks, _lease, _statelog
 from .._checkpoint import Checkpoint, RunStatus, check_run_id, evolve, utcnow
 from .._errors import ConfigError, ConflictError
 from .._store import Claim, RunInfo, Store, check_page
-from ._common import new_version
+from ._common import Unanswered, new_version
 from ._listing import IndexedRuns
 
 __all__ = ["FORMS", "MemoryStore"]
@@ -69,6 +69,8 @@ class MemoryStore(Store):
         # The pieces of the runs whose state is long (``_statelog``): run_id -> key -> piece.
         self._pieces: dict[str, dict[str, _statelog.Piece]] = {}
         self._lock = threading.Lock()
+        # Saves whose answer was lost (only a hook loses one here), for their retry.
+        self._unanswered = Unanswered()
 
     @classmethod
     def from_config(cls, config: str) -> Self:
@@ -112,17 +114,27 @@ class MemoryStore(Store):
 
     def save(self, checkpoint: Checkpoint) -> Checkpoint:
         run_id = check_run_id(checkpoint.run_id)
-        prepared = _statelog.prepare_save(self, checkpoint)
+        # A retry of a save whose answer was lost writes what that save planned.
+        again: tuple[_statelog.Prepared, str] | None = self._unanswered.take(checkpoint, run_id)
+        prepared = _statelog.prepare_save(self, checkpoint) if again is None else again[0]
         with self._lock:
             current = self._runs.get(run_id)
             current_version = None if current is None else current.version
             if current_version != checkpoint.version:
+                if again is not None and current is not None and current_version == again[1]:
+                    return current  # the retried save's own write: it landed
                 raise ConflictError(
                     f"run {run_id!r}: expected version {checkpoint.version!r}, "
                     f"stored {current_version!r}",
                     run_id,
                 )
-            saved = self._store(checkpoint, prepared, new_version(current_version))
+            version = new_version(current_version) if again is None else again[1]
+            saved = self._store(checkpoint, prepared, version)
+        try:
+            _hooks.fire("memory.saved")  # tests: the answer of a save that landed is lost
+        except BaseException:
+            self._unanswered.keep(checkpoint, run_id, (prepared, version))
+            raise
         return saved
 
     def _store(

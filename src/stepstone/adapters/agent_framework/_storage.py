@@ -21,6 +21,7 @@ from ..._errors import (
 from ..._observe import logger
 from ..._registry import open_store
 from ..._store import Store
+from .._drive import asave
 from .._lifetime import StoreOwner
 from ._encoding import decode_json, encode_json, maf_codec
 from ._records import (
@@ -235,7 +236,7 @@ class StepstoneCheckpointStorage(StoreOwner):
         # run index orders checkpoints by MAF's timestamp without loading them.
         token = keep_times.set(True)
         try:
-            await self.store.asave(record)
+            await asave(self.store, record)  # a lost answer: the same object again
         except ConflictError:
             existing = await self.store.aload(rid)
             if existing is None or existing.state != document:

@@ -10,6 +10,7 @@ from typing import Any
 from ..._checkpoint import Checkpoint, evolve
 from ..._errors import ConflictError, InvalidWorkflow
 from ..._store import Store
+from .._drive import asave
 from ._journal import (
     FORMAT,
     MAX_TRIES,
@@ -104,7 +105,7 @@ class StepstoneSession:
         """Save ``state`` as the head over ``cp``; return False on a conflict (retry)."""
         intended = done_record(self.head_id, state) if cp is None else evolve(cp, state=state)
         try:
-            await self.store.asave(intended)
+            await asave(self.store, intended)  # a lost answer: the same object again
         except ConflictError:
             self.conflicts += 1
             return False

@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, ClassVar, Final, TypeVar
 
 from ..._errors import InvalidState, StoreError, StoreUnavailable
+from .._common import Unanswered
 from .._errortable import ErrorRule
 from .._group import GroupCommit, Pending
 from .engine import AsyncLease, Lease
@@ -151,6 +152,8 @@ class Connections:
         self._closed = False
         #: Set by dialects that batch concurrent saves (``_run_batch``).
         self._group: GroupCommit | None = None
+        #: Saves whose answer was lost, for their retry (``stores._common.Unanswered``).
+        self._unanswered = Unanswered()
 
     def _register(self) -> None:
         _forgetters[id(self)] = weakref.WeakMethod(self._forget_connections)

@@ -333,27 +333,40 @@ class SQLStore(Connections, Store):
             return None  # a delete landed while its pieces were read: the run is gone
 
     def _save(self, checkpoint: Checkpoint) -> Plan[Checkpoint]:
-        saved, sql, params, prepared = self._save_plan(checkpoint)
+        # A retry of a save whose answer was lost writes what that save planned: the
+        # same version token, document and pieces (``Unanswered``).
+        again = self._unanswered.take(checkpoint, checkpoint.run_id)
+        plan = self._save_plan(checkpoint) if again is None else again
+        saved, sql, params, prepared = plan
         key = params["run_key"]
         if prepared.pieces:
             # Immutable and under keys nobody else uses: written before the document
             # names them, each its own statement (within every packet limit).
             yield from self._pieces_table()
             pieces = self._pieces_sql
+            # A retry's pieces may be there already: keep them.
+            insert = pieces.insert if again is None else pieces.insert_new
             for piece in prepared.pieces:
                 yield Exec(
-                    pieces.insert,
+                    insert,
                     {"run_key": key, "piece_key": piece.key, "gen": piece.gen, "data": piece.data},
                 )
             _hooks.fire("pieces.written")
         # If this raises, whether the document landed is unknown: its pieces stay (a later
-        # base collects them if it did not).
-        stored, _ = yield Exec(sql, params, save=True)
+        # base collects them if it did not), and its plan is kept for a retry.
+        try:
+            stored, _ = yield Exec(sql, params, save=True)
+        except BaseException:
+            self._unanswered.keep(checkpoint, saved.run_id, plan)
+            raise
         if stored != 1:
-            if prepared.pieces:
-                yield from self._drop_pieces(key, prepared.piece_keys)
             rows = yield from self._peek(saved.run_id)
-            raise self._conflict(saved.run_id, checkpoint.version, rows)
+            if again is None or not rows or rows[0][0] != saved.version:
+                if prepared.pieces:
+                    yield from self._drop_pieces(key, prepared.piece_keys)
+                raise self._conflict(saved.run_id, checkpoint.version, rows)
+            # The retried save's own write landed (nobody else writes its random
+            # token): this is its success, and its pieces are the stored document's.
         below = prepared.collect_below
         if below is not None:
             _hooks.fire("pieces.collect")

@@ -46,8 +46,11 @@ def run_batch(
         except BaseException:
             rollback(conn)
             raise
+        if stored == 1:
+            _hooks.fire("sqlite.committed")  # tests: a save's answer lost after its COMMIT
         return
     todo = items
+    committed = False
     while todo:
         conn.execute("BEGIN IMMEDIATE")
         try:
@@ -57,11 +60,14 @@ def run_batch(
             if any(item.stored == 1 for item in items):
                 _hooks.fire("sqlite.in_transaction")
                 conn.commit()
+                committed = True
             else:  # every swap lost or failed: nothing to make durable
                 conn.rollback()
         except BaseException:
             rollback(conn)
             raise
+    if committed:
+        _hooks.fire("sqlite.committed")
 
 
 def _statements(

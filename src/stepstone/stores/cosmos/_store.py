@@ -27,6 +27,7 @@ from ..._codec import REF_KEY, PiecesNeeded
 from ..._errors import ConflictError, CorruptCheckpoint, StoreError
 from ..._observe import logger
 from ..._store import RunInfo
+from .._common import Unanswered
 from ._admin import Admin
 from ._aio import AioClient, aclose_quietly, close_elsewhere, new_async_client
 from ._config import (
@@ -85,6 +86,8 @@ T = TypeVar("T")
 #: How many times a load reads a long state's item and pieces before it calls a piece
 #: that stays missing corrupt (back-off 50, 100, 200, 400 ms between reads).
 _READ_AGAIN = 5
+#: A field an item lacks (``_own``): unequal to any value, None included.
+_ABSENT = object()
 
 
 class CosmosStore(Admin):
@@ -175,6 +178,8 @@ class CosmosStore(Admin):
         self._async_credential = async_credential
         self._secret = credential if isinstance(credential, str) else None
         self._meter = Meter()
+        # Saves whose answer was lost, for their retry (``stores._common.Unanswered``).
+        self._unanswered = Unanswered()
         self._wire = Wire(
             transport
             if transport is not None
@@ -542,7 +547,10 @@ class CosmosStore(Admin):
                     raise result
 
     def _save(self, checkpoint: Checkpoint) -> Steps[Checkpoint]:
-        plan = self._plan(checkpoint)
+        # A retry of a save whose answer was lost sends what that save planned: the same
+        # item, to the field (``Unanswered``).
+        again: Plan | None = self._unanswered.take(checkpoint, checkpoint.run_id)
+        plan = self._plan(checkpoint) if again is None else again
         container = yield OPEN
         prepared = plan.prepared
         if prepared.pieces:
@@ -569,10 +577,26 @@ class CosmosStore(Admin):
                         plan.run_id,
                     ) from exc
         except ConflictError:
-            # Lost: this save's own pieces are garbage. (After any other error whether the
-            # item landed is unknown, so they stay; a later base collects them if not.)
-            if prepared.pieces:
-                yield from self._drop_quietly(container, plan.doc_id, prepared, plan.run_id)
+            ours = None
+            if again is not None:
+                # The ETag is the server's, so the item itself tells: the one stored is
+                # this plan's, field for field (its updated_at to the microsecond
+                # included), only if the first attempt landed.
+                try:
+                    ours = yield from self._own(container, plan)
+                except BaseException:
+                    self._unanswered.keep(checkpoint, plan.run_id, plan)
+                    raise
+            if ours is None:
+                # Lost: this save's own pieces are garbage. (After any other error whether
+                # the item landed is unknown, so they stay; a later base collects them.)
+                if prepared.pieces:
+                    yield from self._drop_quietly(container, plan.doc_id, prepared, plan.run_id)
+                raise
+            result = ours
+        except BaseException:
+            # Whether the item landed is unknown: keep the plan for a retry.
+            self._unanswered.keep(checkpoint, plan.run_id, plan)
             raise
         stored = self._saved(plan, checkpoint, result)
         below = prepared.collect_below
@@ -591,6 +615,16 @@ class CosmosStore(Admin):
                     exc,
                 )
         return stored
+
+    def _own(self, container: Any, plan: Plan) -> Steps[Any]:
+        """The stored item if it is the one ``plan`` wrote (a retry's landed write), else None."""
+        found = yield from self._read(container, plan.doc_id, plan.run_id)
+        if not isinstance(found, Mapping):
+            return None
+        item = plan.item
+        if any(found.get(name, _ABSENT) != value for name, value in item.items()):
+            return None
+        return found
 
     def _drop_quietly(
         self, container: Any, doc_id: str, prepared: _statelog.Prepared, run_id: str

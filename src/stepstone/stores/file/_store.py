@@ -26,7 +26,7 @@ from ..._codec import PiecesNeeded, checkpoint_from_doc, encode_document
 from ..._errors import ConflictError, CorruptCheckpoint, StoreError, StorePermissionError
 from ..._hooks import fire
 from ..._store import RunInfo, Store, check_page
-from .._common import new_version
+from .._common import Unanswered, new_version
 from ._config import Durability, Trust, check_settings, parse_config
 from ._disk import (
     O_DIRECTORY,
@@ -121,6 +121,8 @@ class FileStore(Store):
         self._path = check_settings(path, durability, trust)
         self._handles = Handles(self._path)
         self._index_error = "the file store is closed"
+        # Saves whose answer was lost, for their retry (``Unanswered``).
+        self._unanswered = Unanswered()
         self._durable = durability == "full"
         self._strict = trust == "strict"
         self.durability: Durability = durability
@@ -282,15 +284,33 @@ class FileStore(Store):
 
     def save(self, checkpoint: Checkpoint) -> Checkpoint:
         run_id = check_run_id(checkpoint.run_id)
-        prepared = _statelog.prepare_save(self, checkpoint)
-        text = prepared.state_text
-        if text is not None and len(text) > MAX_DOCUMENT_BYTES:
-            # Characters <= bytes: refuse before any I/O.
-            size = len(text.encode("utf-8", "backslashreplace"))
-            raise too_large(run_id, size, MAX_DOCUMENT_BYTES)
+        # A retry of a save whose answer was lost writes what that save planned.
+        again: tuple[_statelog.Prepared, Checkpoint] | None = self._unanswered.take(
+            checkpoint, run_id
+        )
+        if again is None:
+            prepared = _statelog.prepare_save(self, checkpoint)
+            text = prepared.state_text
+            if text is not None and len(text) > MAX_DOCUMENT_BYTES:
+                # Characters <= bytes: refuse before any I/O.
+                size = len(text.encode("utf-8", "backslashreplace"))
+                raise too_large(run_id, size, MAX_DOCUMENT_BYTES)
+            # The count is the stored one's plus one; the swap fails unless that is ours.
+            version = new_version(checkpoint.version)
+            saved = checkpoint.stored(
+                prepared.state, text, version, utcnow(), prepared.bind(version)
+            )
+        else:
+            prepared, saved = again
         dir_fd = self._handles.begin()
         try:
-            return self._save_in(dir_fd, checkpoint, run_id, prepared)
+            return self._save_in(dir_fd, checkpoint, run_id, prepared, saved, again is not None)
+        except ConflictError:
+            raise
+        except BaseException:
+            # Whether the document landed is unknown (a failure after the rename, say).
+            self._unanswered.keep(checkpoint, run_id, (prepared, saved))
+            raise
         finally:
             self._handles.end()
 
@@ -319,24 +339,29 @@ class FileStore(Store):
         return lock_fd, version, doc_active(doc)
 
     def _save_in(
-        self, dir_fd: int, checkpoint: Checkpoint, run_id: str, prepared: _statelog.Prepared
+        self,
+        dir_fd: int,
+        checkpoint: Checkpoint,
+        run_id: str,
+        prepared: _statelog.Prepared,
+        saved: Checkpoint,
+        retry: bool,
     ) -> Checkpoint:
         name = encode_name(run_id)
         run: PieceDir | None = None
+        version: str = saved.version  # type: ignore[assignment]  # a stored copy has one
         try:
             lock_fd, current_version, was_active = self._current(dir_fd, name, run_id)
             try:
                 if current_version != checkpoint.version:
+                    if retry and current_version == version:
+                        return saved  # the retried save's own write: it landed
                     raise ConflictError(
                         f"run {run_id!r}: expected version {checkpoint.version!r}, "
                         f"stored {current_version!r}",
                         run_id,
                     )
-                version = new_version(current_version)
                 text = prepared.state_text
-                saved = checkpoint.stored(
-                    prepared.state, text, version, utcnow(), prepared.bind(version)
-                )
                 document = encode_document(
                     saved, text, extra={"version": version}, **prepared.document_fields()
                 )
