@@ -285,8 +285,9 @@ class StepstoneCheckpointStorage(StoreOwner):
                 # the modules this process has imported.
                 raise AgentFrameworkCheckpointError(
                     f"MAF checkpoint record {rid!r} has a pending request whose type is "
-                    f"not loaded in this process ({exc}); import the module that defines "
-                    "it before loading the checkpoint"
+                    f"not loaded in this process ({exc}); declare it in "
+                    "allowed_checkpoint_types, or import the module that defines it before "
+                    "loading the checkpoint"
                 ) from exc
             except (TypeError, ValueError, KeyError, WorkflowCheckpointException) as exc:
                 raise CorruptCheckpoint(
