@@ -219,7 +219,7 @@ def test_unknown_settings_key_refused() -> None:
         with pytest.raises(InvalidWorkflow, match="Unknown session settings: limitt"):
             StepstoneSession("s", store, session_settings={"limitt": 1})
         with pytest.raises(TypeError, match="SessionSettings"):
-            StepstoneSession("s", store, session_settings=3)
+            StepstoneSession("s", store, session_settings=3)  # type: ignore[arg-type]
 
 
 @synchronously

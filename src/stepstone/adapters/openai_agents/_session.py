@@ -97,7 +97,7 @@ class StepstoneSession:
         # As the SDK's own sessions do: a dict becomes ``SessionSettings`` (unknown keys
         # refused), and None the default ``SessionSettings()``, which the SDK's runner
         # reads (and ``resolve``s against ``RunConfig.session_settings``) on every turn.
-        self.session_settings: SessionSettings = _settings(session_settings)
+        self.session_settings: SessionSettings | None = _settings(session_settings)
         self.head_id = _session_head_id(session_id)
         #: Compare-and-swap conflicts met (and retried) by this object's writes.
         self.conflicts = 0
