@@ -20,9 +20,11 @@ import importlib.metadata
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import urllib.error
 import urllib.request
 import uuid
@@ -48,6 +50,7 @@ SDK_INDEX = "https://pypi.org/simple/openai-agents/"
 SDK_FILE = f"openai_agents-{SDK_VERSION}.tar.gz"
 SDK_TESTS = ("tests/memory/test_session.py", "tests/memory/test_session_limit.py")
 CHILD_TIMEOUT = 300.0
+INI = "stepstone-pytest.ini"
 
 P = ParamSpec("P")
 
@@ -89,22 +92,30 @@ def sdk_root(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
             f"openai-agents {installed} is installed but the SDK tests are pinned to "
             f"{SDK_VERSION}: install the dev group's pin, or bump SDK_VERSION and SDK_SHA256"
         )
-    cache = request.config.cache
+    # getattr: the cache is absent under ``-p no:cacheprovider``.
+    cache = getattr(request.config, "cache", None)
     base = (
         cache.mkdir(f"openai-agents-{SDK_VERSION}")
         if cache is not None
         else tmp_path_factory.mktemp("openai-agents")
     )
     root = base / f"openai_agents-{SDK_VERSION}"
-    done = base / "extracted"
-    if not done.exists():
+    if not (root / INI).exists():
+        # Extracted beside, then renamed into place: parallel test processes sharing the
+        # cache never see half a tree.
+        staging = Path(tempfile.mkdtemp(dir=base))
         with tarfile.open(fileobj=io.BytesIO(_download()), mode="r:gz") as tar:
             members = [m for m in tar.getmembers() if m.name.startswith(f"{root.name}/tests/")]
-            tar.extractall(base, members=members, filter="data")
-        # An empty ini of our own: the SDK's pyproject.toml is not in the sdist's
-        # extracted part, and its options need plugins this project does not install.
-        (base / "pytest.ini").write_text("[pytest]\n", encoding="utf-8")
-        done.write_text(SDK_SHA256, encoding="utf-8")
+            tar.extractall(staging, members=members, filter="data")
+        # An empty ini of our own: the SDK's pyproject.toml is not extracted, and its
+        # options need plugins this project does not install.
+        (staging / root.name / INI).write_text("[pytest]\n", encoding="utf-8")
+        try:
+            (staging / root.name).rename(root)
+        except OSError:  # another process got there first (or a stale partial tree)
+            if not (root / INI).exists():
+                raise
+        shutil.rmtree(staging, ignore_errors=True)
     return root
 
 
@@ -128,7 +139,7 @@ def test_sdk_session_tests_pass(sdk_root: Path, tmp_path: Path, backend: str) ->
             "-m",
             "pytest",
             "-c",
-            str(sdk_root.parent / "pytest.ini"),
+            str(sdk_root / INI),
             "--rootdir",
             str(sdk_root),
             "-p",
