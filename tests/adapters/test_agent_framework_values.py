@@ -128,6 +128,9 @@ VALUES: dict[str, Any] = {
     "ordered": collections.OrderedDict([("b", 1), ("a", 2)]),
     "counter": collections.Counter("abca"),
     "deque": collections.deque([1, 2], maxlen=5),
+    "defaultdict": collections.defaultdict(list, {"k": [1]}),
+    "range": range(1, 10, 3),
+    "slice": slice(None, 5),
     "enum": Color.RED,
     "namedtuple": Point(1, 2),
     "dataclass": Ask("ok?", datetime(2026, 1, 1, tzinfo=UTC), ("a",), {"n": {1, 2}}),
@@ -220,6 +223,7 @@ def test_values_and_declared_types_round_trip(
         assert math.isnan(loaded.state["nan"]["nan"])
         assert loaded.metadata == {"when": VALUES["utc"]}
         assert loaded.state["values"]["deque"].maxlen == 5
+        assert loaded.state["values"]["defaultdict"].default_factory is list
         assert loaded.state["values"]["offset"].tzinfo.tzname(None) == "EST"
 
     run(scenario())

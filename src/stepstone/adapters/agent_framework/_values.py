@@ -5,9 +5,10 @@ rebuilt on load as the same type, for three kinds of type only, so stored data c
 pick the code that runs:
 
 * the standard value types MAF's restricted unpickler allows by default (tuple, set,
-  frozenset, bytes, bytearray, complex, non-finite floats, dicts with non-str keys,
-  datetime, date, time, timedelta, timezone, ``ZoneInfo`` zones, UUID, Decimal,
-  OrderedDict, Counter, deque), from a fixed table;
+  frozenset, bytes, bytearray, complex, range, slice, non-finite floats, dicts with
+  non-str keys, datetime, date, time, timedelta, timezone, ``ZoneInfo`` zones, UUID,
+  Decimal, OrderedDict, Counter, deque, defaultdict of a builtin type), from a fixed
+  table;
 * Agent Framework's own types (``WorkflowMessage``, ``WorkflowEvent``, chat
   ``Message``s by their ``to_dict``, its dataclasses and enums);
 * types the application declares (``allowed_checkpoint_types``, or MAF's
@@ -151,6 +152,31 @@ def _tz(value: Any) -> dt.tzinfo | None:
     return dt.timezone(dt.timedelta(seconds=value["offset"]), value["name"])
 
 
+#: The default factories a stored defaultdict may name: builtin types, never code.
+_FACTORIES: Final[dict[str, type]] = {
+    t.__name__: t for t in (list, dict, set, frozenset, tuple, int, float, str, bytes, bool)
+}
+
+
+def _mapping_json(value: Any, path: str, types: Types) -> dict[str, Any]:
+    """A dict (with keys JSON cannot hold) or a dict subclass, as key-value pairs."""
+    pairs = [
+        [to_json(k, f"{path}[key {k!r}]", types), to_json(v, f"{path}[{k!r}]", types)]
+        for k, v in value.items()
+    ]
+    encoded: dict[str, Any] = {TYPE_KEY: type_key(type(value)), "items": pairs}
+    if type(value) is collections.defaultdict:
+        factory = value.default_factory
+        if factory is not None and factory not in _FACTORIES.values():
+            raise Refused(
+                path,
+                f"a defaultdict whose default_factory is {factory!r}; only None or one of "
+                f"{sorted(_FACTORIES)} can be stored as JSON",
+            )
+        encoded["factory"] = None if factory is None else factory.__name__
+    return encoded
+
+
 def _std_json(value: Any, path: str, types: Types) -> Any:
     """Encode a standard value type, or return ``NotImplemented``."""
     kind = type(value)
@@ -165,12 +191,10 @@ def _std_json(value: Any, path: str, types: Types) -> Any:
     if kind in (set, frozenset):
         items = [to_json(v, f"{path}[{i}]", types) for i, v in enumerate(value)]
         return {TYPE_KEY: key, "value": sorted(items, key=_canonical)}
-    if kind in (dict, collections.OrderedDict, collections.Counter):
-        pairs = [
-            [to_json(k, f"{path}[key {k!r}]", types), to_json(v, f"{path}[{k!r}]", types)]
-            for k, v in value.items()
-        ]
-        return {TYPE_KEY: key, "items": pairs}
+    if kind in (dict, collections.OrderedDict, collections.Counter, collections.defaultdict):
+        return _mapping_json(value, path, types)
+    if kind in (range, slice):
+        return {TYPE_KEY: key, "value": [value.start, value.stop, value.step]}
     if kind in (bytes, bytearray):
         return {TYPE_KEY: key, "value": base64.b64encode(value).decode("ascii")}
     if kind is complex:
@@ -199,7 +223,19 @@ def _dict_from_items(cls: type, value: dict[str, Any], types: Types) -> Any:
     return cls({from_json(k, types): from_json(v, types) for k, v in value["items"]})
 
 
+def _defaultdict(value: dict[str, Any], types: Types) -> Any:
+    name = value["factory"]
+    built: collections.defaultdict[Any, Any] = collections.defaultdict(
+        None if name is None else _FACTORIES[name]
+    )
+    built.update(_dict_from_items(dict, value, types))
+    return built
+
+
 _STD: Final[dict[str, Callable[[dict[str, Any], Types], Any]]] = {
+    "collections:defaultdict": _defaultdict,
+    "builtins:range": lambda v, t: range(*v["value"]),
+    "builtins:slice": lambda v, t: slice(*v["value"]),
     "builtins:float": lambda v, t: float(v["value"]),
     "builtins:tuple": lambda v, t: tuple(from_json(i, t) for i in v["value"]),
     "collections:deque": lambda v, t: collections.deque(
