@@ -68,6 +68,18 @@ class StepstoneSession:
     per run (a replay neither sees the history its crashed attempt added nor adds it
     again).
 
+    Args:
+        session_id: The conversation's id (a non-empty str).
+        store: The stepstone store that keeps it.
+        page_bytes: JSON size of the head's items past which older items move to a page.
+        session_settings: As for the SDK's own sessions: a ``SessionSettings`` or a dict
+            of its fields (``{"limit": 20}``), ``SessionSettings()`` when None; its
+            ``limit`` applies to ``get_items()`` called without one.
+
+    Raises:
+        InvalidWorkflow: a bad argument, or a ``session_settings`` dict with an unknown
+            key (also a ``TypeError``, as the SDK raises).
+
     Example:
         ``session = StepstoneSession("chat-42", store)``, then
         ``StepstoneRunner.run(store, run_id, agent, text, session=session)`` or the SDK's own
