@@ -23,17 +23,23 @@ where it has one. What it does that MAF's own storages do not:
 - **JSON only, by default.** A checkpoint is stored as plain JSON. Agent Framework's
   own types are written in their own JSON forms: ``WorkflowMessage`` field by field,
   pending ``request_info`` events (human in the loop) as ``WorkflowEvent.to_dict`` writes
-  them (request and response types by name, resolved on load only among modules already
-  imported), chat ``Message``s and other ``SerializationMixin`` types by their
-  ``to_dict``, its dataclasses (``AgentExecutorResponse``) field by field and its enums by
-  value, each tagged ``{"__stepstone_maf_type__": "module:qualname", ...}``; a stored tag
-  is only ever resolved to a type of Agent Framework's own packages. Everything else
-  must already be JSON. A value that is not (your dataclass, a tuple, a datetime) is
-  refused with ``InvalidState`` naming its path, e.g.
-  ``checkpoint['messages']['upper'][0]['data']``. MAF's storages pickle such values
-  to base64; opt in to exactly that with ``encoding="maf"``, and only then does ``load``
-  ever unpickle, through MAF's restricted unpickler and ``allowed_checkpoint_types``. A
-  record written with ``encoding="maf"`` is refused by a storage opened without it.
+  them (request and response types by name, resolved on load among the declared types,
+  then among modules already imported), chat ``Message``s and other
+  ``SerializationMixin`` types by their ``to_dict``, its dataclasses
+  (``AgentExecutorResponse``) field by field and its enums by value. What MAF's own
+  storages load back loads back equal here too: plain values where MAF puts its types,
+  the standard value types its restricted unpickler allows (tuple, set, bytes, datetime,
+  UUID, Decimal, ...), and the application's declared types (``allowed_checkpoint_types``
+  or MAF's ``register_checkpoint_type``: dataclasses, enums, NamedTuples, pydantic
+  models), each tagged ``{"__stepstone_maf_type__": "module:qualname", ...}``; a stored
+  tag is only ever resolved to one of those types. Any other value is refused at
+  ``save`` with ``InvalidState`` naming its path, e.g.
+  ``checkpoint['messages']['upper'][0]['data']``, and ``save`` decodes what it is about
+  to store, so it never accepts a checkpoint that ``load`` would refuse. MAF's storages
+  pickle such values to base64; opt in to exactly that with ``encoding="maf"``, and only
+  then does ``load`` ever unpickle, through MAF's restricted unpickler and
+  ``allowed_checkpoint_types``. A record written with ``encoding="maf"`` is refused by a
+  storage opened without it.
 
 Record ids (the scheme the CLI, the dashboard and the other adapters match on): each
 checkpoint is one stepstone record (a long one kept in pieces, so no backend's item

@@ -23,7 +23,7 @@ from ..._registry import open_store
 from ..._store import Store
 from .._drive import asave
 from .._lifetime import StoreOwner
-from ._encoding import decode_json, encode_json, maf_codec
+from ._encoding import Types, decode_json, encode_json, maf_codec
 from ._records import (
     ENCODINGS,
     FORMAT,
@@ -47,16 +47,21 @@ class StepstoneCheckpointStorage(StoreOwner):
         store: An open ``Store`` (left open by ``close``), or a config string such as
             ``"sqlite:///agents.db"`` (opened here and closed by ``close``); None reads
             ``STEPSTONE_STORE``, as ``stepstone.open_store`` does.
-        encoding: ``"json"`` (default): store JSON, Agent Framework's own types in
-            their JSON forms, and refuse anything else (see the module docstring).
-            ``"maf"``: Agent Framework's own encoding, which pickles non-JSON values;
-            only a storage opened with it unpickles on ``load``.
-        allowed_checkpoint_types: With ``encoding="maf"``, the extra ``"module:qualname"``
-            types MAF's restricted unpickler may build (as for MAF's own storages).
+        encoding: ``"json"`` (default): store JSON, with the standard value types,
+            Agent Framework's own types and the declared types tagged so that they load
+            back as themselves, and refuse anything else at ``save`` (see the module
+            docstring). ``"maf"``: Agent Framework's own encoding, which pickles
+            non-JSON values; only a storage opened with it unpickles on ``load``.
+        allowed_checkpoint_types: The application's own types a checkpoint may hold
+            (classes, or ``"module:qualname"`` strings, as for MAF's own storages). With
+            ``"json"``: dataclasses, enums, NamedTuples and pydantic models, stored field
+            by field and rebuilt on load; no other type is ever built from stored data.
+            With ``"maf"``: the extra types MAF's restricted unpickler may build. Types
+            registered with MAF's ``register_checkpoint_type`` count as declared too.
 
     Raises:
-        ConfigError: a bad config string, an unknown ``encoding``, or
-            ``allowed_checkpoint_types`` without ``encoding="maf"``.
+        ConfigError: a bad config string, an unknown ``encoding``, or an entry of
+            ``allowed_checkpoint_types`` that is neither a class nor ``"module:qualname"``.
     """
 
     def __init__(
@@ -64,16 +69,13 @@ class StepstoneCheckpointStorage(StoreOwner):
         store: Store | str | None = None,
         *,
         encoding: Encoding = "json",
-        allowed_checkpoint_types: Iterable[str] = (),
+        allowed_checkpoint_types: Iterable[str | type] = (),
     ) -> None:
         if encoding not in ENCODINGS:
             raise ConfigError(f"encoding must be one of {ENCODINGS}, got {encoding!r}")
-        allowed = frozenset(allowed_checkpoint_types)
-        if allowed and encoding != "maf":
-            raise ConfigError(
-                "allowed_checkpoint_types only applies to encoding='maf' (JSON checkpoints "
-                "are never unpickled)"
-            )
+        if isinstance(allowed_checkpoint_types, (str, type)):
+            allowed_checkpoint_types = [allowed_checkpoint_types]
+        self._types = Types(allowed_checkpoint_types)
         if store is None or isinstance(store, str):
             self.store: Store = open_store(store)
             self.owns_store = True
@@ -81,7 +83,7 @@ class StepstoneCheckpointStorage(StoreOwner):
             self.store = store
             self.owns_store = False
         self.encoding: Encoding = encoding
-        self._allowed_types = allowed
+        self._allowed_types = frozenset(self._types.keys)
         # checkpoint id -> record id, for ids this object saved or listed: load and
         # delete by id then skip the scan of the store's ids.
         self._known: dict[str, str] = {}
@@ -198,7 +200,17 @@ class StepstoneCheckpointStorage(StoreOwner):
                 f"save takes a WorkflowCheckpoint, got {type(checkpoint).__name__}", "checkpoint"
             )
         if self.encoding == "json":
-            fields = encode_json(checkpoint)
+            fields = encode_json(checkpoint, self._types)
+            # Refuse at save what could not be loaded back (as MAF's own storages do), so
+            # that no checkpoint is accepted that every load would then refuse.
+            try:
+                decode_json(fields, self._types)
+            except Exception as exc:
+                raise InvalidState(
+                    f"MAF checkpoint {checkpoint.checkpoint_id!r} would not load back: "
+                    f"{type(exc).__name__}: {exc}",
+                    "checkpoint",
+                ) from exc
         else:
             codec = maf_codec()
             try:
@@ -268,14 +280,15 @@ class StepstoneCheckpointStorage(StoreOwner):
             )
         if encoding == "json":
             try:
-                checkpoint = decode_json(fields)
+                checkpoint = decode_json(fields, self._types)
             except (ImportError, AttributeError) as exc:
                 # A request_info event names its types; MAF resolves them only among
                 # the modules this process has imported.
                 raise AgentFrameworkCheckpointError(
                     f"MAF checkpoint record {rid!r} has a pending request whose type is "
-                    f"not loaded in this process ({exc}); import the module that defines "
-                    "it before loading the checkpoint"
+                    f"not loaded in this process ({exc}); declare it in "
+                    "allowed_checkpoint_types, or import the module that defines it before "
+                    "loading the checkpoint"
                 ) from exc
             except (TypeError, ValueError, KeyError, WorkflowCheckpointException) as exc:
                 raise CorruptCheckpoint(

@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 from typing import Any
+
+from agents.memory.session_settings import (
+    SessionSettings,
+    coerce_session_settings,
+    resolve_session_limit,
+)
 
 from ..._checkpoint import Checkpoint, evolve
 from ..._errors import ConflictError, InvalidWorkflow
@@ -37,6 +44,20 @@ def _size(items: list[Any]) -> int:
     return len(json.dumps(items, ensure_ascii=False, separators=(",", ":")))
 
 
+def _settings(value: SessionSettings | dict[str, Any] | None) -> SessionSettings:
+    if value is None:
+        return SessionSettings()
+    try:
+        return coerce_session_settings(value)
+    except (TypeError, ValueError) as exc:
+        # InvalidWorkflow is a TypeError too, so code written for the SDK's sessions
+        # (``except TypeError``) still catches it.
+        raise InvalidWorkflow(
+            f"session_settings: {exc}; allowed: a SessionSettings, a dict with the "
+            f"keys {sorted(f.name for f in dataclasses.fields(SessionSettings))}, or None"
+        ) from exc
+
+
 class StepstoneSession:
     """The SDK's ``Session`` (conversation memory) in a stepstone store, on every backend.
 
@@ -47,6 +68,18 @@ class StepstoneSession:
     DB: 2 MB). Inside a stepstone agent run, reads are journaled and writes applied once
     per run (a replay neither sees the history its crashed attempt added nor adds it
     again).
+
+    Args:
+        session_id: The conversation's id (a non-empty str).
+        store: The stepstone store that keeps it.
+        page_bytes: JSON size of the head's items past which older items move to a page.
+        session_settings: As for the SDK's own sessions: a ``SessionSettings`` or a dict
+            of its fields (``{"limit": 20}``), ``SessionSettings()`` when None; its
+            ``limit`` applies to ``get_items()`` called without one.
+
+    Raises:
+        InvalidWorkflow: a bad argument, or a ``session_settings`` dict with an unknown
+            key (also a ``TypeError``, as the SDK raises).
 
     Example:
         ``session = StepstoneSession("chat-42", store)``, then
@@ -63,7 +96,7 @@ class StepstoneSession:
         store: Store,
         *,
         page_bytes: int = 256_000,
-        session_settings: Any = None,
+        session_settings: SessionSettings | dict[str, Any] | None = None,
     ) -> None:
         if not isinstance(session_id, str) or not session_id:
             raise InvalidWorkflow(f"session_id must be a non-empty str, got {session_id!r}")
@@ -74,7 +107,10 @@ class StepstoneSession:
         self.session_id = session_id
         self.store = store
         self.page_bytes = page_bytes
-        self.session_settings = session_settings
+        # As the SDK's own sessions do: a dict becomes ``SessionSettings`` (unknown keys
+        # refused), and None the default ``SessionSettings()``, which the SDK's runner
+        # reads (and ``resolve``s against ``RunConfig.session_settings``) on every turn.
+        self.session_settings: SessionSettings | None = _settings(session_settings)
         self.head_id = _session_head_id(session_id)
         #: Compare-and-swap conflicts met (and retried) by this object's writes.
         self.conflicts = 0
@@ -157,8 +193,7 @@ class StepstoneSession:
 
     async def get_items(self, limit: int | None = None) -> list[Any]:
         """Return the history, oldest first; with ``limit``, only the newest ``limit`` items."""
-        if limit is None and self.session_settings is not None:
-            limit = getattr(self.session_settings, "limit", None)
+        limit = resolve_session_limit(limit, self.session_settings)
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
             raise InvalidWorkflow(f"limit must be an int or None, got {limit!r}")
         journal = journal_var.get()
