@@ -15,6 +15,8 @@ run_ids. Evaluating a step twice after a crash therefore gives the same answer.
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Generator
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
@@ -304,10 +306,20 @@ class Map(SuspendingStep):
             raise StepCodeError(exc) from exc
         inputs = self._inputs(listed)
         ids = [child_run_id(cp.run_id, self.name, i) for i in range(len(inputs))]
+        key = (cp.run_id, self.name, cp.created_at)
+        if not first and not _nudged(cp.wake_at):
+            # A poll: children seen done stay done, so read on from the first one not
+            # seen done, up to one still going (``_look``).
+            polled: Wait | None = yield Renewing(self._look(cp, key, ids))
+            if polled is not None:
+                return polled
         children: list[Checkpoint] = yield Renewing(self._children(cp, ids, inputs, first))
         done = [child for child in children if child.status == "done"]
         if len(done) == len(children):
+            _SEEN.forget(key)
             return Complete({self.name: [pristine(child) for child in children]})
+        first_going = next(n for n, child in enumerate(children) if child.status != "done")
+        _SEEN.remember(key, len(ids), first_going)
         for child in children:
             if child.status in ("failed", "cancelled"):
                 reason = (
@@ -317,13 +329,33 @@ class Map(SuspendingStep):
                     if child.failure is not None
                     else "failed"
                 )
+                _SEEN.forget(key)
                 raise ChildFailed(f"child run {child.run_id!r} {reason}", child.run_id)
-        return Wait(
-            f"children {len(done)} of {len(children)}",
-            utcnow() + timedelta(seconds=CHILD_POLL),
-            {"children": tuple(ids)},
-            poll_only=True,
-        )
+        return _waiting(str(len(done)), ids)
+
+    def _look(
+        self, cp: Checkpoint, key: _Key, ids: list[str]
+    ) -> Generator[Effect, Any, Wait | None]:
+        """Read the children from the first not seen done to the first still going.
+
+        Return the wait if one is still going (queued, running or waiting); None if
+        all are done now, or one failed, was cancelled or is missing: the full look
+        (``_children``) then reads every child, merges, fails or re-creates, as it
+        always did. A poll so reads each child about once in all, however many times
+        the parent looks; a nudge (a child failed, or the last ones ended) or a new
+        attempt looks at all, so a failure is still seen at once.
+        """
+        position = _SEEN.start(key, len(ids))
+        while position < len(ids):
+            child: Checkpoint | None = yield Load(ids[position])
+            if child is None or child.status in ("failed", "cancelled"):
+                return None
+            self._check_child(cp, ids[position], child)
+            if child.status != "done":
+                _SEEN.remember(key, len(ids), position)
+                return _waiting(f"{position}+", ids)
+            position += 1
+        return None
 
     def _children(
         self, cp: Checkpoint, ids: list[str], inputs: list[dict[str, Any]], first: bool
@@ -416,6 +448,64 @@ class Map(SuspendingStep):
             f"child run {child_id!r} was deleted {_CHILD_TRIES} times as it was created",
             child_id,
         )
+
+
+def _waiting(done: str, ids: list[str]) -> Wait:
+    """Return the wait on the children ``ids``, ``done`` of them done (``3``, or ``3+``
+    after a poll that stopped at the first still going); the parent looks again after
+    ``CHILD_POLL`` unless a child nudges it sooner."""
+    return Wait(
+        f"children {done} of {len(ids)}",
+        utcnow() + timedelta(seconds=CHILD_POLL),
+        {"children": tuple(ids)},
+        poll_only=True,
+    )
+
+
+def _nudged(wake_at: datetime | None) -> bool:
+    """Whether the parent is looking because it was told (``nudge``), not by its poll."""
+    return wake_at is not None and wake_at < DUE_NOW_UNTIL
+
+
+_Key = tuple[str, str, datetime | None]
+
+
+class _Seen:
+    """How many leading children of each waiting Map this process has seen done.
+
+    A hint only, kept per process (a look by another process starts from the first
+    child): a child seen done is not read again by a poll, and the full look that
+    merges reads every child anyway, so a child deleted or re-run since is still seen
+    there. Keyed by the parent's id, the step's name and the parent's ``created_at`` (a
+    run deleted and started again under the same id is another), bounded in size.
+    """
+
+    def __init__(self, size: int = 4096) -> None:
+        self._size = size
+        self._seen: OrderedDict[_Key, tuple[int, int]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def start(self, key: _Key, count: int) -> int:
+        """Return where a poll of ``count`` children reads from."""
+        with self._lock:
+            found = self._seen.get(key)
+        return found[1] if found is not None and found[0] == count else 0
+
+    def remember(self, key: _Key, count: int, position: int) -> None:
+        """Record that the first ``position`` of ``count`` children are done."""
+        with self._lock:
+            self._seen[key] = (count, position)
+            self._seen.move_to_end(key)
+            while len(self._seen) > self._size:
+                self._seen.popitem(last=False)
+
+    def forget(self, key: _Key) -> None:
+        """Drop the entry of a Map that finished or failed."""
+        with self._lock:
+            self._seen.pop(key, None)
+
+
+_SEEN = _Seen()
 
 
 def _raise_first(results: list[Any], *allowed: type[Exception]) -> None:
