@@ -15,8 +15,6 @@ run_ids. Evaluating a step twice after a crash therefore gives the same answer.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Generator
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
@@ -26,6 +24,9 @@ from ._checkpoint import DUE_NOW, MAX_RUN_ID_LENGTH, Checkpoint, Signal, evolve,
 from ._codec import encode_state, pristine
 from ._effects import Announce, Call, Effect, Load, Renewing, Save, Together
 from ._errors import ConflictError, InvalidState, InvalidWorkflow, LeaseLost, StoreError
+from ._mapseen import SEEN as _SEEN
+from ._mapseen import Key as _Key
+from ._mapseen import nudged
 from ._observe import logger
 from ._plan import Plan
 from ._steps import (
@@ -307,7 +308,7 @@ class Map(SuspendingStep):
         inputs = self._inputs(listed)
         ids = [child_run_id(cp.run_id, self.name, i) for i in range(len(inputs))]
         key = (cp.run_id, self.name, cp.created_at)
-        if not first and not _nudged(cp.wake_at):
+        if not first and not nudged(cp.wake_at, DUE_NOW_UNTIL):
             # A poll: children seen done stay done, so read on from the first one not
             # seen done, up to one still going (``_look``).
             polled: Wait | None = yield Renewing(self._look(cp, key, ids))
@@ -460,52 +461,6 @@ def _waiting(done: str, ids: list[str]) -> Wait:
         {"children": tuple(ids)},
         poll_only=True,
     )
-
-
-def _nudged(wake_at: datetime | None) -> bool:
-    """Whether the parent is looking because it was told (``nudge``), not by its poll."""
-    return wake_at is not None and wake_at < DUE_NOW_UNTIL
-
-
-_Key = tuple[str, str, datetime | None]
-
-
-class _Seen:
-    """How many leading children of each waiting Map this process has seen done.
-
-    A hint only, kept per process (a look by another process starts from the first
-    child): a child seen done is not read again by a poll, and the full look that
-    merges reads every child anyway, so a child deleted or re-run since is still seen
-    there. Keyed by the parent's id, the step's name and the parent's ``created_at`` (a
-    run deleted and started again under the same id is another), bounded in size.
-    """
-
-    def __init__(self, size: int = 4096) -> None:
-        self._size = size
-        self._seen: OrderedDict[_Key, tuple[int, int]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def start(self, key: _Key, count: int) -> int:
-        """Return where a poll of ``count`` children reads from."""
-        with self._lock:
-            found = self._seen.get(key)
-        return found[1] if found is not None and found[0] == count else 0
-
-    def remember(self, key: _Key, count: int, position: int) -> None:
-        """Record that the first ``position`` of ``count`` children are done."""
-        with self._lock:
-            self._seen[key] = (count, position)
-            self._seen.move_to_end(key)
-            while len(self._seen) > self._size:
-                self._seen.popitem(last=False)
-
-    def forget(self, key: _Key) -> None:
-        """Drop the entry of a Map that finished or failed."""
-        with self._lock:
-            self._seen.pop(key, None)
-
-
-_SEEN = _Seen()
 
 
 def _raise_first(results: list[Any], *allowed: type[Exception]) -> None:
