@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import threading
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
@@ -92,3 +93,40 @@ def test_two_event_loops_each_close_their_client(
             loaded = store.load(f"loop-{n}")
             assert loaded is not None and loaded.state == {"n": n}
     assert leaks() == []
+
+
+def test_two_live_loops_keep_a_client_each(config: str, leaks: Callable[[], list[str]]) -> None:
+    """Two loops alive at once, in two threads, each keep their own client through
+    interleaved calls: all calls work and no client is dropped unclosed."""
+    both = threading.Barrier(2, timeout=TIMEOUT)
+    results: dict[int, list[Any]] = {}
+    errors: list[BaseException] = []
+
+    with open_store(config) as store:
+
+        async def body(n: int) -> None:
+            found = []
+            for i in range(3):
+                # Both loops call the store between each other's calls.
+                await asyncio.to_thread(both.wait)
+                await store.asave(Checkpoint(f"live-{n}-{i}", state={"n": n, "i": i}))
+                found.append(await store.aload(f"live-{n}-{i}"))
+            results[n] = found
+
+        def thread(n: int) -> None:
+            try:
+                _run(body(n), f"loop {n}'s calls")
+            except BaseException as exc:  # noqa: BLE001 - handed to the test
+                errors.append(exc)
+                both.abort()
+
+        threads = [threading.Thread(target=thread, args=(n,)) for n in (1, 2)]
+        for started in threads:
+            started.start()
+        for joined in threads:
+            joined.join(TIMEOUT * 2)
+        assert not any(t.is_alive() for t in threads), "a loop's calls hung"
+        assert not errors, errors
+        for n in (1, 2):
+            assert [cp.state for cp in results[n]] == [{"n": n, "i": i} for i in range(3)]
+    assert leaks() == [], "a loop's client was dropped unclosed"
