@@ -310,13 +310,15 @@ def test_mapping_whose_methods_raise_fails_the_step(store: Store, fail: str) -> 
 
 
 def test_step_returning_non_json_values_saves_nothing(store: Store) -> None:
-    """A step whose update is not JSON raises InvalidState, saves nothing and frees the run."""
+    """A step whose update is not JSON fails the run (the cause an InvalidState naming
+    the path), saves no state and frees the run."""
     steps = [Step("a", lambda s: {"a": 1}), Step("b", lambda s: {"bad": {1, 2}})]
-    with pytest.raises(InvalidState) as info:
+    with pytest.raises(StepFailed) as info:
         run("r", steps, store)
-    assert info.value.path == "state['bad']"
+    cause = info.value.__cause__
+    assert isinstance(cause, InvalidState) and cause.path == "state['bad']"
     cp = _loaded(store, "r")
-    assert (cp.step, cp.state, cp.owner) == (0, {"a": 1}, None)
+    assert (cp.step, cp.state, cp.owner, cp.status) == (0, {"a": 1}, None, "failed")
 
 
 # --- exceptions that misbehave --------------------------------------------------------------

@@ -26,6 +26,7 @@ from stepstone import (
     InvalidState,
     InvalidWorkflow,
     Step,
+    StepFailed,
     Store,
     Suspended,
     WaitFor,
@@ -217,17 +218,20 @@ def test_store_save_at_the_limit_and_past_it(any_store: Store, shape: str) -> No
 
 @pytest.mark.parametrize("shape", SHAPES)
 def test_step_output_at_the_limit_and_past_it(any_store: Store, shape: str) -> None:
-    """A step's output may reach level 200; level 201 is refused and the run stays at step 0."""
+    """A step's output may reach level 200; level 201 fails the run, its state at step 0."""
     for leaf in LEAVES:
         fits = _state(MAX_DEPTH, shape, leaf)
         assert run(f"ok-{leaf}", [Step("a", lambda s, fits=fits: fits)], any_store) == fits
         too_deep = _state(MAX_DEPTH + 1, shape, leaf)
         steps = [Step("first", lambda s: {"y": 1}), Step("a", lambda s, d=too_deep: d)]
-        with pytest.raises(InvalidState) as info:
+        with pytest.raises(StepFailed) as failed:
             run(f"deep-{leaf}", steps, any_store)
-        _refused(info)
+        cause = failed.value.__cause__
+        assert isinstance(cause, InvalidState)
+        assert cause.path == "state" and str(cause) == REFUSAL
         cp = any_store.load(f"deep-{leaf}")
         assert cp is not None and cp.step == 0 and cp.state == {"y": 1}
+        assert cp.status == "failed"
 
 
 @pytest.mark.parametrize("shape", SHAPES)

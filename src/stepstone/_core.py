@@ -43,6 +43,7 @@ from ._effects import (
 )
 from ._errors import (
     ConflictError,
+    InvalidState,
     LeaseLost,
     RunCancelled,
     StepFailed,
@@ -343,9 +344,17 @@ def _run_step(
             _hooks.fire("runner.after_step")
             if changes:
                 working.update(changes)
-            saved = yield from write(
-                plan, cp, _completed(plan, cp, index, working), f"step {index}"
-            )
+            try:
+                saved = yield from write(
+                    plan, cp, _completed(plan, cp, index, working), f"step {index}"
+                )
+            except InvalidState as error:
+                # The step's state can never be stored: a retry, here or by a worker that
+                # claims the run again, would only repeat it. The run fails, recorded,
+                # its message naming the path of the value that is not JSON.
+                step_span.record_exception(error)
+                step_span.set_attribute("outcome", "failed")
+                yield from _fail(plan, cp, index, step.name, attempt, error)
             _hooks.fire("runner.after_save")
             step_span.set_attribute("outcome", "ok")
             # The stored copy is ours alone; hand it on rather than copying again.

@@ -92,7 +92,9 @@ def run(
         The final state, a dict the caller owns.
 
     Raises:
-        StepFailed: a step raised (retries exhausted); the failure is saved on the run.
+        StepFailed: a step raised (retries exhausted), or returned a state that is not
+            JSON (``__cause__`` is the ``InvalidState`` naming its path; never retried);
+            the failure is saved on the run.
         Suspended: the run waits for a signal, a timer or child runs; it is saved as
             waiting. Call again (or let a worker) once that has happened.
         RunCancelled: the run was cancelled.
@@ -101,7 +103,6 @@ def run(
         RunOwned: another process holds a live lease on the run.
         LeaseLost: another worker took the run over (this call's lease had expired).
         ConflictError: another writer advanced the run meanwhile.
-        InvalidState: a step produced a state that is not JSON; nothing was saved.
         StoreError: the store failed; the run stops at its last checkpoint.
     """
     plan = make_plan(run_id, steps, store, input=input, lease=lease, asynchronous=False)

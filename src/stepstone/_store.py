@@ -79,6 +79,11 @@ class RunInfo:
     with it, a worker claims with it); ``owner`` and ``due_at`` come from the same
     record (``Checkpoint.owner``, ``Checkpoint.due_at``). Backends that cannot report
     them leave them None; ``Store.list_info``'s default fills every field.
+
+    ``workflow``, ``workflow_version`` and ``waiting_for`` are what a listing row shows
+    besides (the dashboard's). ``Store.list_page`` reports them on every built-in backend
+    from the run's metadata, never its state; ``list_info`` and ``claimable`` may leave
+    them None.
     """
 
     __slots__ = (
@@ -90,6 +95,9 @@ class RunInfo:
         "total_steps",
         "updated_at",
         "version",
+        "waiting_for",
+        "workflow",
+        "workflow_version",
     )
 
     def __init__(
@@ -103,6 +111,9 @@ class RunInfo:
         version: str | None = None,
         owner: str | None = None,
         due_at: datetime | None = None,
+        workflow: str | None = None,
+        workflow_version: str | None = None,
+        waiting_for: str | None = None,
     ) -> None:
         self.run_id = run_id
         self.status: RunStatus = status
@@ -112,6 +123,9 @@ class RunInfo:
         self.version = version
         self.owner = owner
         self.due_at = due_at
+        self.workflow = workflow
+        self.workflow_version = workflow_version
+        self.waiting_for = waiting_for
 
     @classmethod
     def of(cls, cp: Checkpoint) -> RunInfo:
@@ -125,6 +139,9 @@ class RunInfo:
             version=cp.version,
             owner=cp.owner,
             due_at=cp.due_at,
+            workflow=cp.workflow,
+            workflow_version=cp.workflow_version,
+            waiting_for=cp.waiting_for,
         )
 
     def __repr__(self) -> str:

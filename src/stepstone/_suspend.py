@@ -24,6 +24,9 @@ from ._checkpoint import DUE_NOW, MAX_RUN_ID_LENGTH, Checkpoint, Signal, evolve,
 from ._codec import encode_state, pristine
 from ._effects import Announce, Call, Effect, Load, Renewing, Save, Together
 from ._errors import ConflictError, InvalidState, InvalidWorkflow, LeaseLost, StoreError
+from ._mapseen import SEEN as _SEEN
+from ._mapseen import Key as _Key
+from ._mapseen import nudged
 from ._observe import logger
 from ._plan import Plan
 from ._steps import (
@@ -304,10 +307,20 @@ class Map(SuspendingStep):
             raise StepCodeError(exc) from exc
         inputs = self._inputs(listed)
         ids = [child_run_id(cp.run_id, self.name, i) for i in range(len(inputs))]
+        key = (cp.run_id, self.name, cp.created_at)
+        if not first and not nudged(cp.wake_at, DUE_NOW_UNTIL):
+            # A poll: children seen done stay done, so read on from the first one not
+            # seen done, up to one still going (``_look``).
+            polled: Wait | None = yield Renewing(self._look(cp, key, ids))
+            if polled is not None:
+                return polled
         children: list[Checkpoint] = yield Renewing(self._children(cp, ids, inputs, first))
         done = [child for child in children if child.status == "done"]
         if len(done) == len(children):
+            _SEEN.forget(key)
             return Complete({self.name: [pristine(child) for child in children]})
+        first_going = next(n for n, child in enumerate(children) if child.status != "done")
+        _SEEN.remember(key, len(ids), first_going)
         for child in children:
             if child.status in ("failed", "cancelled"):
                 reason = (
@@ -317,13 +330,33 @@ class Map(SuspendingStep):
                     if child.failure is not None
                     else "failed"
                 )
+                _SEEN.forget(key)
                 raise ChildFailed(f"child run {child.run_id!r} {reason}", child.run_id)
-        return Wait(
-            f"children {len(done)} of {len(children)}",
-            utcnow() + timedelta(seconds=CHILD_POLL),
-            {"children": tuple(ids)},
-            poll_only=True,
-        )
+        return _waiting(str(len(done)), ids)
+
+    def _look(
+        self, cp: Checkpoint, key: _Key, ids: list[str]
+    ) -> Generator[Effect, Any, Wait | None]:
+        """Read the children from the first not seen done to the first still going.
+
+        Return the wait if one is still going (queued, running or waiting); None if
+        all are done now, or one failed, was cancelled or is missing: the full look
+        (``_children``) then reads every child, merges, fails or re-creates, as it
+        always did. A poll so reads each child about once in all, however many times
+        the parent looks; a nudge (a child failed, or the last ones ended) or a new
+        attempt looks at all, so a failure is still seen at once.
+        """
+        position = _SEEN.start(key, len(ids))
+        while position < len(ids):
+            child: Checkpoint | None = yield Load(ids[position])
+            if child is None or child.status in ("failed", "cancelled"):
+                return None
+            self._check_child(cp, ids[position], child)
+            if child.status != "done":
+                _SEEN.remember(key, len(ids), position)
+                return _waiting(f"{position}+", ids)
+            position += 1
+        return None
 
     def _children(
         self, cp: Checkpoint, ids: list[str], inputs: list[dict[str, Any]], first: bool
@@ -416,6 +449,18 @@ class Map(SuspendingStep):
             f"child run {child_id!r} was deleted {_CHILD_TRIES} times as it was created",
             child_id,
         )
+
+
+def _waiting(done: str, ids: list[str]) -> Wait:
+    """Return the wait on the children ``ids``, ``done`` of them done (``3``, or ``3+``
+    after a poll that stopped at the first still going); the parent looks again after
+    ``CHILD_POLL`` unless a child nudges it sooner."""
+    return Wait(
+        f"children {done} of {len(ids)}",
+        utcnow() + timedelta(seconds=CHILD_POLL),
+        {"children": tuple(ids)},
+        poll_only=True,
+    )
 
 
 def _raise_first(results: list[Any], *allowed: type[Exception]) -> None:

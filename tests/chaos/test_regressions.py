@@ -19,6 +19,7 @@ from stepstone import (
     InvalidState,
     RetryPolicy,
     Step,
+    StepFailed,
     StepstoneError,
     open_store,
     register_store,
@@ -79,13 +80,16 @@ def test_deeply_nested_state_raises_recursion_error_not_invalid_state(
 def test_step_returning_deep_state_raises_recursion_error_from_run(
     store: stepstone.Store,
 ) -> None:
-    """run() reports an unencodable step result as InvalidState; no step is stored."""
-    with pytest.raises(InvalidState):
+    """run() fails the run on an unencodable step result (the cause an InvalidState); no
+    step is stored."""
+    with pytest.raises(StepFailed) as info:
         run("deep-run", [Step("a", lambda s: {"deep": _nested(1000)})], store)
-    # The run's record exists from its claim on; the refused step left nothing in it, and
-    # the lease was given back, so the run can be retried at once.
+    assert isinstance(info.value.__cause__, InvalidState)
+    # The run's record exists from its claim on; the refused step left nothing in it but
+    # the failure, and the lease was given back.
     cp = store.load("deep-run")
-    assert cp is None or (cp.step == -1 and not cp.step_names and cp.owner is None), cp
+    assert cp is not None and cp.step == -1 and not cp.step_names and cp.owner is None, cp
+    assert cp.status == "failed"
 
 
 # Wrong types on purpose: what a caller without a type checker passes.

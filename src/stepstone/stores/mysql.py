@@ -39,6 +39,7 @@ hooks. Design, and why:
 
 from __future__ import annotations
 
+import functools
 import re
 import socket
 import time
@@ -347,7 +348,7 @@ class MySQLStore(ServerStore):
         self._refuse_found_rows(getattr(conn, "_client_flag", 0))
         autocommit = conn.get_autocommit()
         await conn.autocommit(True)
-        cursor = await self._apatched(conn).cursor()
+        cursor = await self._apatched(conn).cursor(_quiet(conn.cursorclass))
 
         async def restore() -> None:
             await conn.autocommit(autocommit)
@@ -443,7 +444,7 @@ class MySQLStore(ServerStore):
     async def _asession(self, conn: Any) -> Any:
         """Set up an aiomysql connection as the sync path's; return its cursor."""
         # aiomysql takes no collation argument: set the one the sync path uses.
-        cursor = await self._apatched(conn).cursor()
+        cursor = await self._apatched(conn).cursor(_quiet(conn.cursorclass))
         await cursor.execute("SET NAMES utf8mb4 COLLATE utf8mb4_bin")
         return cursor
 
@@ -687,6 +688,22 @@ class MySQLStore(ServerStore):
         _, rows = self._run(held, "SELECT @@innodb_flush_log_at_trx_commit", None)
         flush = int(rows[0][0])
         return flush == 1, f"innodb_flush_log_at_trx_commit={flush}"
+
+
+@functools.cache
+def _quiet(base: type) -> type:
+    """Return the aiomysql cursor class ``base``, quiet about the server's notes.
+
+    aiomysql turns each note into a Python warning (after one more round trip, ``SHOW
+    WARNINGS``); PyMySQL, the sync path, never does. The notes the store meets are
+    expected, ``CREATE TABLE IF NOT EXISTS`` finding the pieces table there, and errors
+    arrive as errors on both paths, so the async path stays as quiet as the sync one.
+    """
+
+    async def _show_warnings(self: Any, conn: Any) -> None:
+        return None
+
+    return type(f"Quiet{base.__name__}", (base,), {"_show_warnings": _show_warnings})
 
 
 #: Before the claim's statements: no gap locks (a ``start`` never waits on a claim).

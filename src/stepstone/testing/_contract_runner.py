@@ -139,11 +139,16 @@ class RunnerContract(ContractBase):
         assert loaded is not None and loaded.state == {"items": ["a", "b", "b"]}
 
     def test_non_json_update_fails_without_saving(self, ops: Ops) -> None:
-        """A step returning a non-JSON value fails and leaves the last checkpoint as it was."""
-        with pytest.raises(InvalidState):
+        """A step returning a non-JSON value fails the run, recorded with the value's path,
+        and leaves the last checkpoint's state as it was."""
+        with pytest.raises(StepFailed) as info:
             ops.run("r", [ops.add("a", 1), ops.add("b", {1, 2})])
+        assert isinstance(info.value.__cause__, InvalidState)
         loaded = ops.load("r")
         assert loaded is not None and loaded.step == 0 and loaded.state == {"a": 1}
+        assert loaded.status == "failed" and loaded.failure is not None
+        assert loaded.failure.error_type == "InvalidState"
+        assert "state['b']" in loaded.failure.message
 
     def test_conflict_stops_the_run(self, ops: Ops) -> None:
         """When another worker advances the run mid-step, run raises ConflictError."""

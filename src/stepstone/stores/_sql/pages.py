@@ -6,12 +6,16 @@ prefix and a keyset cursor over (updated_at, run_id), newest first, on the index
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-__all__ = ["count_query", "page_query", "prefix_clause"]
+__all__ = ["count_query", "listed_fields", "page_query", "prefix_clause"]
+
+#: What a page row shows besides the listing's columns, read from the run's metadata.
+LISTED: tuple[str, ...] = ("workflow", "workflow_version", "waiting_for")
 
 
 def _param(scheme: str) -> Callable[[str], str]:
@@ -62,6 +66,11 @@ def page_query(
             f"(updated_at = {p('after_at2')} AND {rid} < {p('after_id')}))"
         )
         params.update(after_at=db_time(after[0]), after_at2=db_time(after[0]), after_id=after[1])
+    # The document too: its first line is the run's metadata, and a large state is not in
+    # it (it is kept in pieces), so a page reads what its rows show and never a state.
+    found = re.search(r"\nFROM\s+(\S+)\s*\Z", info_sql)
+    if found is not None:
+        info_sql = f"{info_sql[: found.start()]}, {found[1]}.document{info_sql[found.start() :]}"
     sql = info_sql + (" WHERE " + " AND ".join(where) if where else "")
     return sql + f" ORDER BY updated_at DESC, {rid} DESC LIMIT {p('limit')}", params
 
@@ -77,3 +86,25 @@ def count_query(info_sql: str, scheme: str, prefix: str) -> tuple[str, dict[str,
         clause, params = prefix_clause(scheme, prefix)
         sql += " WHERE " + clause
     return sql + " GROUP BY status", params
+
+
+def listed_fields(document: Any) -> dict[str, str | None]:
+    """Return the ``LISTED`` fields of a stored document, each None if absent or not text.
+
+    Only the metadata line is parsed (``encode_document`` writes it first), not the
+    state line after it; a document of another shape is parsed whole.
+    """
+    try:
+        text = document.decode("utf-8") if isinstance(document, bytes | bytearray) else document
+        head, sep, _ = text.partition("\n")
+        try:
+            meta = json.loads(head[:-1] + "}") if sep and head.endswith(",") else None
+        except ValueError:
+            meta = None
+        if not isinstance(meta, dict):
+            meta = json.loads(text)
+    except (AttributeError, TypeError, ValueError):
+        meta = None
+    if not isinstance(meta, dict):
+        return dict.fromkeys(LISTED)
+    return {name: meta[name] if isinstance(meta.get(name), str) else None for name in LISTED}

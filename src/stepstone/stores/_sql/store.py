@@ -47,7 +47,7 @@ from .._common import new_version, version_token
 from .connections import Connections, Held
 from .effects import Exec, Plan, Result, adrive, drive
 from .errors import Undecodable
-from .pages import count_query, page_query
+from .pages import count_query, listed_fields, page_query
 from .pieces import IN_MAX, PieceSQL, piece_sql
 from .schema import MIGRATABLE, TABLE_SCHEMA, SQLText
 
@@ -935,7 +935,14 @@ class SQLStore(Connections, Store):
             _, rows = self._exec(sql, params)
         except Undecodable:
             return super().list_page(status, prefix=prefix, after=after, limit=limit)
-        return self._infos(rows)
+        found = []
+        for row in rows:
+            info = self._info(row[:8])
+            if info is not None:
+                for name, value in listed_fields(row[8] if len(row) > 8 else None).items():
+                    setattr(info, name, value)
+                found.append(info)
+        return found
 
     def version_of(self, run_id: str) -> str | None:
         """Return the run's version from its row, without reading the document.

@@ -1,14 +1,19 @@
 """The async part: one ``azure.cosmos.aio`` client per event loop, and closing it.
 
-aiohttp sessions belong to the loop that made them, so the store keeps the client of
-the loop it last served and builds another for a new loop. Imported on first async use
-only where it matters: sync users need neither aiohttp nor the aio SDK.
+aiohttp sessions belong to the loop that made them, so the store keeps one client per
+loop it serves. Each is closed on its own loop: by ``aclose`` there, or when the loop
+shuts down. For that a client holds a *keeper*, an async generator left suspended on
+its loop: ``asyncio.run`` (any loop that calls ``shutdown_asyncgens``) closes it before
+closing the loop, and its ``finally`` closes the client, so a loop that ends while the
+store stays open leaves no "Unclosed client session" behind. Imported on first async
+use only where it matters: sync users need neither aiohttp nor the aio SDK.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +29,14 @@ if TYPE_CHECKING:
     from azure.cosmos.aio import ContainerProxy as AsyncContainerProxy
     from azure.cosmos.aio import CosmosClient as AsyncCosmosClient
 
-__all__ = ["AioClient", "aclose_quietly", "close_elsewhere", "new_async_client"]
+__all__ = [
+    "AioClient",
+    "aclose_client",
+    "aclose_quietly",
+    "close_elsewhere",
+    "keep_until_loop_ends",
+    "new_async_client",
+]
 
 
 @dataclass
@@ -35,6 +47,8 @@ class AioClient:
     client: AsyncCosmosClient
     container: AsyncContainerProxy
     credential: AsyncTokenCredential | None
+    #: Closes the client when the loop shuts down (``keep_until_loop_ends``).
+    keeper: AsyncGenerator[None, None] | None = None
 
 
 def _credential(
@@ -98,6 +112,38 @@ async def aclose_quietly(client: Any, credential: Any) -> None:
             await credential.close()
 
 
+async def _keeper(
+    aio: AioClient, forget: Callable[[AioClient], None]
+) -> AsyncGenerator[None, None]:
+    try:
+        yield
+    finally:
+        forget(aio)
+        await aclose_quietly(aio.client, aio.credential)
+
+
+async def keep_until_loop_ends(aio: AioClient, forget: Callable[[AioClient], None]) -> None:
+    """Have ``aio`` closed (and ``forget`` called with it) when its loop shuts down.
+
+    Call on ``aio.loop``. The keeper's first step registers it with the loop (its async
+    generator hooks); the loop's ``shutdown_asyncgens``, or the keeper being collected,
+    runs its ``finally`` on that loop.
+    """
+    keeper = _keeper(aio, forget)
+    await anext(keeper)
+    aio.keeper = keeper
+
+
+async def aclose_client(aio: AioClient) -> None:
+    """Close ``aio`` now, from a coroutine on its loop (its keeper first, if it has one)."""
+    keeper, aio.keeper = aio.keeper, None
+    if keeper is not None:
+        with contextlib.suppress(Exception):
+            await keeper.aclose()  # its finally closes the client
+        return
+    await aclose_quietly(aio.client, aio.credential)
+
+
 def close_elsewhere(aio: AioClient) -> None:
     """Close an aio client from sync code: on its loop if that loop still runs."""
     loop = aio.loop
@@ -107,7 +153,7 @@ def close_elsewhere(aio: AioClient) -> None:
         running = asyncio.get_running_loop()
     except RuntimeError:
         running = None
-    closing = aclose_quietly(aio.client, aio.credential)
+    closing = aclose_client(aio)
     if running is loop:
         # close() called from a coroutine on that loop: it cannot wait for itself.
         loop.create_task(closing)

@@ -29,7 +29,14 @@ from ..._observe import logger
 from ..._store import RunInfo
 from .._common import Unanswered
 from ._admin import Admin
-from ._aio import AioClient, aclose_quietly, close_elsewhere, new_async_client
+from ._aio import (
+    AioClient,
+    aclose_client,
+    aclose_quietly,
+    close_elsewhere,
+    keep_until_loop_ends,
+    new_async_client,
+)
 from ._config import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_READ_TIMEOUT,
@@ -190,8 +197,9 @@ class CosmosStore(Admin):
         self._client: CosmosClient | None = None
         self._container: ContainerProxy | None = None
         self._open_lock = threading.Lock()
-        self._aio: AioClient | None = None
-        self._aio_lock: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
+        # One aio client per event loop (see ``_aio``), and the lock it is made under.
+        self._aios: dict[asyncio.AbstractEventLoop, AioClient] = {}
+        self._aio_locks: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
         self._closed = False
 
     @classmethod
@@ -305,23 +313,39 @@ class CosmosStore(Admin):
 
     def _loop_lock(self, loop: asyncio.AbstractEventLoop) -> asyncio.Lock:
         with self._open_lock:
-            if self._aio_lock is None or self._aio_lock[0] is not loop:
-                self._aio_lock = (loop, asyncio.Lock())
-            return self._aio_lock[1]
+            lock = self._aio_locks.get(loop)
+            if lock is None:
+                lock = self._aio_locks[loop] = asyncio.Lock()
+            return lock
 
     async def _aensure_open(self) -> Any:
         """``_ensure_open`` for the running event loop's aio client."""
         loop = asyncio.get_running_loop()
-        aio = self._aio
-        if aio is not None and aio.loop is loop:
+        aio = self._aios.get(loop)
+        if aio is not None:
             return aio.container
         async with self._loop_lock(loop):
-            if self._aio is None or self._aio.loop is not loop:
+            aio = self._aios.get(loop)
+            if aio is None:
                 self._refuse_closed()
-                # A client left by another (finished) loop cannot be awaited from this
-                # one; it is dropped, and this loop gets its own.
-                self._aio = await self._new_aio(loop)
-            return self._aio.container
+                # Each loop its own client, closed on that loop (``_aio``); clients of
+                # other loops, running or not, are left to theirs.
+                aio = await self._new_aio(loop)
+                with self._open_lock:
+                    closed = self._closed
+                    if not closed:
+                        self._aios[loop] = aio
+                if closed:
+                    await aclose_client(aio)
+                    self._refuse_closed()
+            return aio.container
+
+    def _forget(self, aio: AioClient) -> None:
+        """Drop ``aio`` (its loop is shutting down, or it is being closed)."""
+        with self._open_lock:
+            if self._aios.get(aio.loop) is aio:
+                del self._aios[aio.loop]
+                self._aio_locks.pop(aio.loop, None)
 
     async def _new_aio(self, loop: asyncio.AbstractEventLoop) -> AioClient:
         """A new aio client for ``loop``, its container checked; closed if that fails."""
@@ -338,7 +362,9 @@ class CosmosStore(Admin):
         except BaseException:
             await aclose_quietly(client, owned)
             raise
-        return AioClient(loop, client, container, owned)
+        aio = AioClient(loop, client, container, owned)
+        await keep_until_loop_ends(aio, self._forget)
+        return aio
 
     # -- what every rule shares ------------------------------------------------------
 
@@ -884,23 +910,21 @@ class CosmosStore(Admin):
             self._closed = True
             client, self._client = self._client, None
             self._container = None
-            aio, self._aio = self._aio, None
+            aios = list(self._aios.values())
+            self._aios.clear()
+            self._aio_locks.clear()
         if client is not None:
             with contextlib.suppress(Exception):
                 client.close()
-        if aio is not None:
+        for aio in aios:
             close_elsewhere(aio)
 
     async def aclose(self) -> None:
-        """Close the aio client of this loop (and any other, where possible), then sync."""
+        """Close the aio client of this loop (and the others, where possible), then sync."""
         with self._open_lock:
-            aio = self._aio
-            if aio is not None and aio.loop is asyncio.get_running_loop():
-                self._aio = None
-            else:
-                aio = None
+            aio = self._aios.pop(asyncio.get_running_loop(), None)
         if aio is not None:
-            await aclose_quietly(aio.client, aio.credential)
+            await aclose_client(aio)
         self.close()
 
 

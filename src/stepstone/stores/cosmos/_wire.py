@@ -81,6 +81,8 @@ _INFO_FIELDS: Final = (
     "c.id, c.run_id, c.stepstone, c.step, c.total_steps, c.failure, c.updated_at, "
     "c.status, c.owner, c.due_at, c._etag"
 )
+#: What the dashboard's page (``list_page``) reads besides: the fields its rows show.
+_PAGE_FIELDS: Final = f"{_INFO_FIELDS}, c.workflow, c.workflow_version, c.waiting_for"
 LIST_QUERY: Final = f"SELECT {_INFO_FIELDS} FROM c WHERE {NOT_PIECE}"
 #: One equality query per active status: the shape Cosmos documents a composite index
 #: (status, due_at) serving for both the filter and the ORDER BY (an equality on the first
@@ -402,7 +404,15 @@ def _run_info(row: Any) -> RunInfo:
         version=etag,
         owner=owner,
         due_at=_parse_time(row.get("due_at")),
+        # Read by the listing's page only; anything but text is shown as nothing.
+        workflow=_text(row.get("workflow")),
+        workflow_version=_text(row.get("workflow_version")),
+        waiting_for=_text(row.get("waiting_for")),
     )
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def source(doc_id: object, where: str) -> str:
@@ -495,7 +505,7 @@ def page_query(
         params += [{"name": "@at", "value": after[0]}, {"name": "@after", "value": after[1]}]
     if status is None:
         where.append(NOT_PIECE)
-    query = f"SELECT TOP @limit {_INFO_FIELDS} FROM c"
+    query = f"SELECT TOP @limit {_PAGE_FIELDS} FROM c"
     if where:
         query += " WHERE " + " AND ".join(where)
     order = _PAGE_ORDER if status is None else _PAGE_ORDER_STATUS
