@@ -229,17 +229,27 @@ def test_checkpoint_id_is_written_once(saver: StepstoneSaver) -> None:
     assert tup is not None and tup.checkpoint["channel_values"] == {"x": 1}
 
 
-def test_loop_write_on_a_stale_parent_is_refused_and_forks_are_not(saver: StepstoneSaver) -> None:
-    """The loop must extend the head; update/fork/input checkpoints may branch anywhere."""
+def test_a_write_follows_what_its_writer_read(saver: StepstoneSaver) -> None:
+    """A parent read as the latest (or a put's answer) must be the head, whatever the
+    source; a parent asked for by id (get_tuple with an id, list, parent_config) may branch."""
     first = saver.put(_cfg("t"), _checkpoint(), _meta("input", -1), {})
     second = saver.put(first, _checkpoint(), _meta("loop", 0), {})
-    with pytest.raises(CheckpointConflict, match="another process is driving") as caught:
-        saver.put(first, _checkpoint(), _meta("loop", 0), {})
+    for source in ("loop", "input", "update", "fork"):
+        with pytest.raises(CheckpointConflict, match="another process is driving") as caught:
+            saver.put(first, _checkpoint(), _meta(source, 0), {})
     assert caught.value.thread_id == "t" and caught.value.checkpoint_ns == ""
     assert [t.config for t in saver.list(_cfg("t"))] == [second, first]
-    # Time travel from the first checkpoint: allowed, and it becomes the head.
-    fork = saver.put(first, _checkpoint(), _meta("fork", 0), {})
-    assert saver.put(fork, _checkpoint(), _meta("loop", 1), {})
+    latest = saver.get_tuple(_cfg("t"))
+    assert latest is not None and latest.config == second and latest.parent_config == first
+    addressed = [
+        saver.get_tuple(first),
+        next(iter(saver.list(_cfg("t"), before=second))),
+    ]
+    # Time travel from the first checkpoint, however it was asked for: allowed, and the
+    # branch becomes the head, which the loop then extends.
+    for parent in [tup.config for tup in addressed if tup] + [latest.parent_config]:
+        fork = saver.put(parent, _checkpoint(), _meta("loop", 0), {})
+        assert saver.put(fork, _checkpoint(), _meta("loop", 1), {})
     with pytest.raises(CheckpointConflict):
         saver.put(second, _checkpoint(), _meta("loop", 1), {})
 
