@@ -24,7 +24,7 @@ class Rules(Writes):
         thread_id, ns = conf["thread_id"], conf.get("checkpoint_ns", "")
         cp_id = get_checkpoint_id(config)
         latest = not cp_id
-        if latest:
+        if not cp_id:
             head = kind_of((yield Load(self._ns_key(thread_id, ns))), "head")
             if head is None or head.get("head") is None:
                 return None
