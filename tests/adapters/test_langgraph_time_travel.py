@@ -10,6 +10,7 @@ backend, and processes on every durable one).
 from __future__ import annotations
 
 import asyncio
+import json
 import operator
 import queue
 import threading
@@ -18,7 +19,13 @@ from typing import Annotated, Any, TypedDict
 
 import pytest
 from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.base import CheckpointTuple, get_checkpoint_id
+from langgraph.checkpoint.base import (
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    empty_checkpoint,
+    get_checkpoint_id,
+)
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Command, interrupt
@@ -266,3 +273,36 @@ def test_two_invoke_processes_never_lose_one(durable_config: str) -> None:
             child.join(CHILD_TIMEOUT)
             assert child.exitcode == 0, f"invoking process exited with {child.exitcode}"
         _assert_no_invoke_lost(saver, outcomes)
+
+
+def _empty() -> Checkpoint:
+    return empty_checkpoint()
+
+
+def _meta_input() -> CheckpointMetadata:
+    return {"source": "input", "step": -1, "parents": {}}
+
+
+def test_an_addressed_id_is_an_ordinary_str(saver: StepstoneSaver) -> None:
+    """The ids get_tuple and list hand out compare, hash, print and encode as plain str,
+    and a str subclass on the other side decides equality as it would with a plain str."""
+
+    class AnyString(str):
+        def __eq__(self, other: object) -> bool:
+            return isinstance(other, str)
+
+        __hash__ = str.__hash__
+
+    stored = saver.put({"configurable": {"thread_id": "t"}}, _empty(), _meta_input(), {})
+    cp_id = stored["configurable"]["checkpoint_id"]
+    found = saver.get_tuple(stored)
+    assert found is not None
+    addressed = found.config["configurable"]["checkpoint_id"]
+    assert type(addressed) is not str and type(cp_id) is str
+    assert addressed == cp_id and cp_id == addressed and (addressed != cp_id) is False
+    assert hash(addressed) == hash(cp_id) and {addressed: 1}[cp_id] == 1
+    assert repr(addressed) == repr(cp_id) and json.dumps(addressed) == json.dumps(cp_id)
+    assert addressed == AnyString("") and found.config == {
+        "configurable": {"thread_id": "t", "checkpoint_ns": "", "checkpoint_id": AnyString()}
+    }
+    assert addressed != "other" and (addressed == "other") is False
