@@ -11,9 +11,9 @@ both of ours, apart from ``EXPECTED_DIFFERENCES``.
 
 Numbers at langgraph 1.2.24 (tests that take a checkpointer, each run once per
 checkpointer; passed on each of ours / on InMemorySaver): before the saver followed
-what its writer read, 408 / 423 (15 differences: subgraph replay, resuming a past
-interrupt, Send and pending-write resumes refused as a concurrent writer); now
-423 / 423, no expected differences, one timing-sensitive test (``TIMING_SENSITIVE``).
+what its writer read, 420 / 423 (3 differences: a subgraph's replay and resume, refused
+as a concurrent writer); now 423 / 423, no expected differences, one timing-sensitive
+test (``TIMING_SENSITIVE``).
 About 3.5 minutes on two busy cores.
 
 Without the network or the test dependencies (``syrupy``, ``pytest-mock``: the ``dev``
