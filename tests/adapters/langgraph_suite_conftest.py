@@ -40,7 +40,8 @@ def _saver(name: str) -> Iterator[BaseCheckpointSaver[Any]]:
         yield MemorySaverAssertImmutable()
         return
     if name == "stepstone_memory":
-        with StepstoneSaver.from_config(f"memory://lg-{uuid.uuid4().hex}") as saver:
+        # Not uuid4: a test may have patched it to a fixed sequence it counts on.
+        with StepstoneSaver.from_config(f"memory://lg-{os.urandom(8).hex()}") as saver:
             yield saver
         return
     with (
