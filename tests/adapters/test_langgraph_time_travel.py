@@ -28,7 +28,7 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
-from langgraph.types import Command, interrupt
+from langgraph.types import Command, Durability, interrupt
 
 from langgraph_support import BACKENDS, CHILD_TIMEOUT, DURABLE, _config_for, _context
 from stepstone import Store, open_store
@@ -65,11 +65,17 @@ class Answers(TypedDict):
     answers: Annotated[list[str], operator.add]
 
 
-def _run(graph: CompiledStateGraph[Any], form: str, arg: Any, config: RunnableConfig) -> Any:
+def _run(
+    graph: CompiledStateGraph[Any],
+    form: str,
+    arg: Any,
+    config: RunnableConfig,
+    durability: Durability = "sync",
+) -> Any:
     """``invoke`` or ``ainvoke``, by ``form``."""
     if form == "sync":
-        return graph.invoke(arg, config, durability="sync")
-    return asyncio.run(graph.ainvoke(arg, config, durability="sync"))
+        return graph.invoke(arg, config, durability=durability)
+    return asyncio.run(graph.ainvoke(arg, config, durability=durability))
 
 
 def _two_questions(saver: StepstoneSaver) -> CompiledStateGraph[Any]:
@@ -180,10 +186,12 @@ def _chat(saver: StepstoneSaver) -> CompiledStateGraph[Any]:
     return builder.compile(checkpointer=saver)
 
 
-def _invoke_or_lose(saver: StepstoneSaver, form: str, name: str) -> str:
+def _invoke_or_lose(
+    saver: StepstoneSaver, form: str, name: str, durability: Durability = "sync"
+) -> str:
     """One invoke of ``name`` on thread ``chat``: "won", or "lost" to CheckpointConflict."""
     try:
-        _run(_chat(saver), form, {"messages": [name]}, {"configurable": {"thread_id": "chat"}})
+        _run(_chat(saver), form, {"messages": [name]}, _chat_thread(), durability)
     except CheckpointConflict:
         return "lost"
     return "won"
@@ -197,8 +205,11 @@ def _assert_no_invoke_lost(saver: StepstoneSaver, outcomes: dict[str, str]) -> N
     assert state.values["messages"] == ["hi", "reply to hi", winner, f"reply to {winner}"]
 
 
+@pytest.mark.parametrize("durability", ["sync", "async"])
 @pytest.mark.parametrize("form", ["sync", "async"])
-def test_two_invokes_from_one_head_never_lose_one(store: Store, form: str) -> None:
+def test_two_invokes_from_one_head_never_lose_one(
+    store: Store, form: str, durability: Durability
+) -> None:
     """Two invokes load the same latest checkpoint and one finishes first: the other is
     refused, not stored as the thread's new head in place of the finished one."""
     prefix = f"ti{uuid.uuid4().hex[:8]}"
@@ -210,7 +221,7 @@ def test_two_invokes_from_one_head_never_lose_one(store: Store, form: str) -> No
         saver = _ReadTogether(store, prefix=prefix)
         saver.barrier, saver.after = barrier, (a_done if name == "b" else None)
         try:
-            outcomes[name] = _invoke_or_lose(saver, form, name)
+            outcomes[name] = _invoke_or_lose(saver, form, name, durability)
         finally:
             if name == "a":
                 a_done.set()
