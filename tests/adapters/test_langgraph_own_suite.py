@@ -33,6 +33,7 @@ import tarfile
 from collections import defaultdict
 from importlib import metadata, util
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -76,7 +77,7 @@ TIMING_SENSITIVE = {
 SUITE_TIMEOUT = 1200.0
 
 
-def _unavailable(reason: str) -> None:
+def _unavailable(reason: str) -> NoReturn:
     """Skip loudly, or fail under CI, where LangGraph's own tests must run."""
     message = f"LANGGRAPH'S OWN TESTS NOT RUN on StepstoneSaver: {reason}"
     if os.environ.get("CI") == "true":
@@ -96,21 +97,18 @@ def _suite_dir(request: pytest.FixtureRequest, version: str) -> Path:
     if not (suite / "tests" / "__init__.py").exists():
         download = root / "download"
         pip = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check"]
-        fetched = subprocess.run(
-            [
-                *pip,
-                "--no-binary",
-                ":all:",
-                "--no-deps",
-                f"langgraph=={version}",
-                "-d",
-                str(download),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-        )
+        # Offline, pip's default retries would take minutes to give up.
+        pip += ["--retries", "1", "--timeout", "30", "--no-binary", ":all:", "--no-deps"]
+        try:
+            fetched = subprocess.run(
+                [*pip, f"langgraph=={version}", "-d", str(download)],
+                capture_output=True,
+                text=True,
+                timeout=600,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            _unavailable(f"pip download of the langgraph {version} sdist took over 600 s")
         sdists = sorted(download.glob(f"langgraph-{version}.tar.gz"))
         if fetched.returncode != 0 or not sdists:
             _unavailable(
@@ -121,6 +119,7 @@ def _suite_dir(request: pytest.FixtureRequest, version: str) -> Path:
         shutil.rmtree(partial, ignore_errors=True)
         with tarfile.open(sdists[0]) as sdist:
             members = [m for m in sdist.getmembers() if m.name.split("/")[1:2] == ["tests"]]
+            # The "data" filter refuses links and paths that leave the directory.
             sdist.extractall(partial, members=members, filter="data")
         shutil.rmtree(suite, ignore_errors=True)
         (partial / f"langgraph-{version}").rename(suite)
