@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import multiprocessing
 import operator
 import os
 import queue
@@ -44,6 +43,7 @@ from langgraph.checkpoint.serde.types import ERROR
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 
+from langgraph_support import BACKENDS, CHILD_TIMEOUT, DURABLE, _config_for, _context
 from stepstone import ConfigError, Store, open_store
 from stepstone.adapters.langgraph import (
     CheckpointConflict,
@@ -51,43 +51,6 @@ from stepstone.adapters.langgraph import (
     ThreadOwned,
     UnsafeCheckpoint,
 )
-from test_contract import fresh_table
-
-BACKENDS = ["memory", "file", "sqlite", "postgresql", "mysql", "cosmos"]
-DURABLE = BACKENDS[1:]
-# A generous bound on anything a child process does; hitting it names what hung.
-CHILD_TIMEOUT = 120.0
-
-
-def _config_for(name: str, request: pytest.FixtureRequest, tmp: pytest.TempPathFactory) -> str:
-    """A config string naming a fresh, empty store of backend ``name`` for one module."""
-    if name == "memory":
-        return f"memory://langgraph-{uuid.uuid4().hex}"
-    if name == "file":
-        return f"file://{tmp.mktemp('lg')}/runs"
-    if name == "sqlite":
-        return f"sqlite:///{tmp.mktemp('lg')}/runs.db"
-    if name == "postgresql":
-        return fresh_table(request, "postgresql://postgres@127.0.0.1:5432/test")
-    if name == "mysql":
-        return fresh_table(request, "mysql://root@127.0.0.1:3306/test")
-    emulator: Any = request.getfixturevalue("emulator")
-    # In the environment, not the string, and inherited by child processes.
-    previous = os.environ.get("AZURE_COSMOS_KEY")
-    os.environ["AZURE_COSMOS_KEY"] = emulator.key
-
-    def restore() -> None:
-        if previous is None:
-            os.environ.pop("AZURE_COSMOS_KEY", None)
-        else:
-            os.environ["AZURE_COSMOS_KEY"] = previous
-
-    request.addfinalizer(restore)
-    protocol = "&protocol=http" if emulator.endpoint.startswith("http://") else ""
-    return (
-        f"cosmos://{emulator.host}:{emulator.port}/langgraph/lg-{uuid.uuid4().hex[:12]}"
-        f"?verify=false&create=true{protocol}"
-    )
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
@@ -229,17 +192,27 @@ def test_checkpoint_id_is_written_once(saver: StepstoneSaver) -> None:
     assert tup is not None and tup.checkpoint["channel_values"] == {"x": 1}
 
 
-def test_loop_write_on_a_stale_parent_is_refused_and_forks_are_not(saver: StepstoneSaver) -> None:
-    """The loop must extend the head; update/fork/input checkpoints may branch anywhere."""
+def test_a_write_follows_what_its_writer_read(saver: StepstoneSaver) -> None:
+    """A parent read as the latest (or a put's answer) must be the head, whatever the
+    source; a parent asked for by id (get_tuple with an id, list, parent_config) may branch."""
     first = saver.put(_cfg("t"), _checkpoint(), _meta("input", -1), {})
     second = saver.put(first, _checkpoint(), _meta("loop", 0), {})
-    with pytest.raises(CheckpointConflict, match="another process is driving") as caught:
-        saver.put(first, _checkpoint(), _meta("loop", 0), {})
+    for source in ("loop", "input", "update", "fork"):
+        with pytest.raises(CheckpointConflict, match="another process is driving") as caught:
+            saver.put(first, _checkpoint(), _meta(source, 0), {})
     assert caught.value.thread_id == "t" and caught.value.checkpoint_ns == ""
     assert [t.config for t in saver.list(_cfg("t"))] == [second, first]
-    # Time travel from the first checkpoint: allowed, and it becomes the head.
-    fork = saver.put(first, _checkpoint(), _meta("fork", 0), {})
-    assert saver.put(fork, _checkpoint(), _meta("loop", 1), {})
+    latest = saver.get_tuple(_cfg("t"))
+    assert latest is not None and latest.config == second and latest.parent_config == first
+    addressed = [
+        saver.get_tuple(first),
+        next(iter(saver.list(_cfg("t"), before=second))),
+    ]
+    # Time travel from the first checkpoint, however it was asked for: allowed, and the
+    # branch becomes the head, which the loop then extends.
+    for parent in [tup.config for tup in addressed if tup] + [latest.parent_config]:
+        fork = saver.put(parent, _checkpoint(), _meta("loop", 0), {})
+        assert saver.put(fork, _checkpoint(), _meta("loop", 1), {})
     with pytest.raises(CheckpointConflict):
         saver.put(second, _checkpoint(), _meta("loop", 1), {})
 
@@ -508,28 +481,6 @@ def _two_writer_child(
                 results.put((r, "won"))
             except CheckpointConflict:
                 results.put((r, "lost"))
-
-
-_FORKSERVER: Any = None
-_PRELOAD = [
-    "pytest",
-    "langgraph.graph",
-    "langgraph.types",
-    "langgraph.checkpoint.conformance",
-    "stepstone.adapters.langgraph",
-    "stepstone.testing",
-    *(f"stepstone.stores.{name}" for name in ("file", "sqlite", "postgres", "mysql", "cosmos")),
-]
-
-
-def _context() -> Any:
-    global _FORKSERVER
-    if _FORKSERVER is None:
-        _FORKSERVER = multiprocessing.get_context("forkserver")
-        # Python 3.11's forkserver ignores the parent's sys.path, so this test module
-        # cannot be preloaded (it would fail silently); what it imports can.
-        _FORKSERVER.set_forkserver_preload(_PRELOAD)
-    return _FORKSERVER
 
 
 def _run_child(target: Any, *args: Any) -> int | None:

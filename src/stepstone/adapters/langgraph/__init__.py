@@ -28,12 +28,18 @@ claim them and ``stepstone runs`` lists them under those names.
 
 Write ownership, which LangGraph's own savers do not have: a checkpoint id is written
 once (a second ``put`` of the same id with other content raises ``CheckpointConflict``),
-and a checkpoint the Pregel loop writes (``source="loop"``) must extend the head of its
-namespace: if another process advanced the thread meanwhile, the write is refused with
-``CheckpointConflict`` instead of landing beside the other writer's as if alone. Time
-travel stays open: ``update_state`` and replays from an older checkpoint write
-``source="update"``/``"fork"``/``"input"`` checkpoints, which may branch from any
-parent, and the loop then continues from that branch. With ``owner=`` (opt-in), each
+and what a ``put`` may do follows what its writer read. A writer that loaded the
+namespace's latest checkpoint (an ``invoke`` on a thread, its first ``source="input"``
+checkpoint included), or continues from its own last ``put``, must extend the head:
+if another process advanced the thread meanwhile, the write is refused with
+``CheckpointConflict`` instead of landing beside the other writer's as if alone. A
+writer that asked for a checkpoint by id (time travel: ``invoke`` or
+``Command(resume=...)`` with a past ``checkpoint_id``, ``update_state`` on a past
+config, a subgraph replaying from its own checkpoint) may branch from it, and the loop
+then continues from that branch. The saver tells the two apart by the ids it hands out:
+``get_tuple`` with an id, ``list`` and every ``parent_config`` give an ``AddressedId``
+(a ``str``), which LangGraph carries into the config of the ``put`` built on it.
+A ``put`` with no parent (a new thread) is not checked. With ``owner=`` (opt-in), each
 thread namespace is leased to one owner: a write by anyone else while the lease is live
 raises ``ThreadOwned``; after ``lease`` seconds without a write the next writer takes
 over.

@@ -37,6 +37,34 @@ def q(part: str) -> str:
     return quote(part, safe="")
 
 
+class AddressedId(str):
+    """A checkpoint id its reader asked for by id, or found in a listing or as a parent.
+
+    The saver hands ids out in this form from ``get_tuple(config with checkpoint_id)``,
+    from ``list`` and in every ``parent_config``; LangGraph copies the value into the
+    config of the ``put`` that descends from it, so the saver sees what the writer read:
+    a descendant of an addressed checkpoint may branch (time travel, forks, subgraph
+    replay), one of a plain id (the latest, or a ``put``'s answer) must extend the head.
+    It is an ordinary ``str`` everywhere else (equality, hashing, repr, JSON).
+    """
+
+    __slots__ = ()
+
+    # Compared with another str subclass, that one decides, as it would against a plain
+    # str (a test's "any string" matcher, say); str's own rule would ask this class.
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, str) and type(other) not in (str, AddressedId):
+            return NotImplemented
+        return str.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        if isinstance(other, str) and type(other) not in (str, AddressedId):
+            return NotImplemented
+        return str.__ne__(self, other)
+
+    __hash__ = str.__hash__
+
+
 def kind_of(record: Checkpoint | None, kind: str) -> dict[str, Any] | None:
     """The record's state if it is one of ours of ``kind``, else None."""
     if record is None or record.state.get("kind") != kind:
@@ -137,6 +165,7 @@ class Codec:
         )
 
     def _config(self, thread_id: str, ns: str, checkpoint_id: str) -> RunnableConfig:
+        # checkpoint_id may be an AddressedId: kept as given, it is the writer's read.
         return {
             "configurable": {
                 "thread_id": thread_id,
@@ -145,7 +174,10 @@ class Codec:
             }
         }
 
-    def _tuple(self, record: dict[str, Any], writes: dict[str, Any] | None) -> CheckpointTuple:
+    def _tuple(
+        self, record: dict[str, Any], writes: dict[str, Any] | None, *, latest: bool = False
+    ) -> CheckpointTuple:
+        """The tuple of a stored checkpoint; ``latest``: read as the namespace's head."""
         thread_id, ns, cp_id = record["thread_id"], record["checkpoint_ns"], record["id"]
         where = f"checkpoint {cp_id!r} of thread {thread_id!r}"
         checkpoint = cast(dict[str, Any], self._unpack(record["checkpoint"], where))
@@ -155,10 +187,10 @@ class Codec:
         }
         parent = record.get("parent")
         return CheckpointTuple(
-            config=self._config(thread_id, ns, cp_id),
+            config=self._config(thread_id, ns, cp_id if latest else AddressedId(cp_id)),
             checkpoint=cast(LGCheckpoint, checkpoint),
             metadata=cast(CheckpointMetadata, self._unpack(record["metadata"], where)),
-            parent_config=self._config(thread_id, ns, parent) if parent else None,
+            parent_config=self._config(thread_id, ns, AddressedId(parent)) if parent else None,
             pending_writes=self._pending(writes, where),
         )
 

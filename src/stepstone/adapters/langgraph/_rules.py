@@ -23,6 +23,7 @@ class Rules(Writes):
         conf = config["configurable"]
         thread_id, ns = conf["thread_id"], conf.get("checkpoint_ns", "")
         cp_id = get_checkpoint_id(config)
+        latest = not cp_id
         if not cp_id:
             head = kind_of((yield Load(self._ns_key(thread_id, ns))), "head")
             if head is None or head.get("head") is None:
@@ -43,7 +44,7 @@ class Rules(Writes):
             if record is None:
                 return None
         writes = kind_of((yield Load(key + "/writes")), "writes")
-        return self._tuple(record, writes)
+        return self._tuple(record, writes, latest=latest)
 
     def _repair_head(self, thread_id: str, ns: str) -> Rule[str | None]:
         """Point the namespace's head at its newest stored checkpoint; return its id."""

@@ -1,7 +1,10 @@
 """The LangGraph saver's writes: checkpoints written once, the head, the owner lease.
 
-A checkpoint the Pregel loop writes must extend its namespace's head (``check_head``);
-the head is advanced last, by compare-and-swap, and is the commit point of a ``put``.
+What a ``put`` may do follows what its writer read (``AddressedId``): a writer that
+loaded the namespace's latest checkpoint, or wrote the one before, must extend the head
+(``_check_head``); a writer that asked for a checkpoint by id (time travel, a fork, a
+subgraph's replay) may branch from it. The head is advanced last, by compare-and-swap,
+and is the commit point of a ``put``.
 """
 
 from __future__ import annotations
@@ -22,15 +25,12 @@ from langgraph.checkpoint.base import Checkpoint as LGCheckpoint
 from ..._checkpoint import Checkpoint, evolve
 from ..._errors import ConflictError
 from .._drive import Delete, Load, Rule, Save
-from ._codec import Codec, kind_of
+from ._codec import AddressedId, Codec, kind_of
 from ._errors import CheckpointConflict, ThreadOwned
 
 # A compare-and-swap lost to a concurrent merge (parallel tasks' writes, a head being
 # advanced) is retried; this many losses in a row means something is wrong.
 MAX_RETRIES = 100
-# Sources of checkpoints a user asks for (time travel, manual updates, new input):
-# they may branch from any stored parent. Everything else is the loop's own progress.
-_BRANCH_SOURCES = frozenset({"input", "update", "fork"})
 
 
 class Writes(Codec):
@@ -49,7 +49,11 @@ class Writes(Codec):
     ) -> Rule[Any]:
         conf = config["configurable"]
         thread_id, ns = conf["thread_id"], conf.get("checkpoint_ns", "")
-        parent = conf.get("checkpoint_id") or None
+        read = conf.get("checkpoint_id") or None
+        # A parent its writer asked for by id may have other children; any other parent
+        # is the head the writer loaded or wrote, and the write is a compare-and-swap on it.
+        branch = isinstance(read, AddressedId)
+        parent = str(read) if read else None
         cp_id = checkpoint["id"]
         where = f"checkpoint {cp_id!r} of thread {thread_id!r}"
         meta = get_checkpoint_metadata(config, metadata)
@@ -69,7 +73,6 @@ class Writes(Codec):
         }
         ns_key = self._ns_key(thread_id, ns)
         key = self._cp_key(thread_id, ns, cp_id)
-        branch = meta.get("source") in _BRANCH_SOURCES
         head_record = yield Load(ns_key)
         self._check_head(head_record, thread_id, ns, parent, cp_id, branch)
         # Insert-if-absent: a checkpoint id is written once. The same content again is
@@ -156,7 +159,8 @@ class Writes(Codec):
             f"thread {thread_id!r} (namespace {ns!r}) advanced to checkpoint {latest!r} "
             f"while this writer continued from {parent!r}: another process is driving "
             "this thread. Nothing was written; reload the thread before continuing "
-            "(time travel is unaffected: update_state and forks may branch anywhere)",
+            "(a writer that loads a checkpoint by its id, as time travel does, may "
+            "branch from it)",
             thread_id,
             ns,
             parent,

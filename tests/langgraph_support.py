@@ -1,0 +1,71 @@
+"""What the LangGraph adapter's test modules share: the backends, their stores, and the
+forkserver their child processes come from."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import uuid
+from typing import Any
+
+import pytest
+
+from test_contract import fresh_table
+
+BACKENDS = ["memory", "file", "sqlite", "postgresql", "mysql", "cosmos"]
+DURABLE = BACKENDS[1:]
+# A generous bound on anything a child process does; hitting it names what hung.
+CHILD_TIMEOUT = 120.0
+
+
+def _config_for(name: str, request: pytest.FixtureRequest, tmp: pytest.TempPathFactory) -> str:
+    """A config string naming a fresh, empty store of backend ``name`` for one module."""
+    if name == "memory":
+        return f"memory://langgraph-{uuid.uuid4().hex}"
+    if name == "file":
+        return f"file://{tmp.mktemp('lg')}/runs"
+    if name == "sqlite":
+        return f"sqlite:///{tmp.mktemp('lg')}/runs.db"
+    if name == "postgresql":
+        return fresh_table(request, "postgresql://postgres@127.0.0.1:5432/test")
+    if name == "mysql":
+        return fresh_table(request, "mysql://root@127.0.0.1:3306/test")
+    emulator: Any = request.getfixturevalue("emulator")
+    # In the environment, not the string, and inherited by child processes.
+    previous = os.environ.get("AZURE_COSMOS_KEY")
+    os.environ["AZURE_COSMOS_KEY"] = emulator.key
+
+    def restore() -> None:
+        if previous is None:
+            os.environ.pop("AZURE_COSMOS_KEY", None)
+        else:
+            os.environ["AZURE_COSMOS_KEY"] = previous
+
+    request.addfinalizer(restore)
+    protocol = "&protocol=http" if emulator.endpoint.startswith("http://") else ""
+    return (
+        f"cosmos://{emulator.host}:{emulator.port}/langgraph/lg-{uuid.uuid4().hex[:12]}"
+        f"?verify=false&create=true{protocol}"
+    )
+
+
+_FORKSERVER: Any = None
+_PRELOAD = [
+    "pytest",
+    "langgraph.graph",
+    "langgraph.types",
+    "langgraph.checkpoint.conformance",
+    "stepstone.adapters.langgraph",
+    "stepstone.testing",
+    *(f"stepstone.stores.{name}" for name in ("file", "sqlite", "postgres", "mysql", "cosmos")),
+]
+
+
+def _context() -> Any:
+    global _FORKSERVER
+    if _FORKSERVER is None:
+        _FORKSERVER = multiprocessing.get_context("forkserver")
+        # Python 3.11's forkserver ignores the parent's sys.path, so this test module
+        # cannot be preloaded (it would fail silently); what it imports can.
+        _FORKSERVER.set_forkserver_preload(_PRELOAD)
+    return _FORKSERVER
