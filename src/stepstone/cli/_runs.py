@@ -1,4 +1,5 @@
-"""``stepstone runs ...``: list, show, history, fork, rerun, delete, prune, cancel, signal."""
+"""``stepstone runs ...``: list, show, history, fork, rerun, delete, cancel, signal (prune
+in ``_prune``, retry in ``_retry``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .._checkpoint import STATUSES, Checkpoint
-from .._errors import ConflictError, CorruptCheckpoint
+from .._errors import CorruptCheckpoint
 from .._redact import redact_url
 from .._store import RunInfo
 from ._common import (
@@ -16,29 +17,26 @@ from ._common import (
     OperationalError,
     UsageError,
     age_arg,
+    existing,
     info_matches,
     infos,
     newest_first,
-    opened,
     positive_int,
     store_config,
-    ttl_arg,
 )
 from ._output import age, emit_json, iso, out, safe, safe_lines, span, table, when
+from ._prune import add_prune_parser
+from ._retry import add_retry_parser
 from ._upgrade import add_upgrade_parser
 from ._worker import add_start_parser
 
-__all__ = ["EXIT_ALREADY_DELIVERED", "add_parsers"]
-
-#: ``runs signal`` with an ``--id`` the run received before: nothing was recorded. Not 0,
-#: so a script can tell a repeat from a delivery; not 1 or 2, since nothing failed.
-EXIT_ALREADY_DELIVERED = 3
+__all__ = ["add_parsers"]
 
 
 def add_parsers(commands: Any, store: argparse.ArgumentParser, parser_class: type) -> None:
     """Add ``runs`` and its actions to the ``commands`` subparsers."""
     runs = commands.add_parser(
-        "runs", help="start, list, show, cancel, signal, delete and prune runs"
+        "runs", help="start, list, show, retry, cancel, signal, delete and prune runs"
     )
     actions = runs.add_subparsers(dest="runs_command", metavar="ACTION", parser_class=parser_class)
     actions.required = True
@@ -124,39 +122,8 @@ def add_parsers(commands: Any, store: argparse.ArgumentParser, parser_class: typ
     )
     delete.set_defaults(handler=_delete)
 
-    prune = actions.add_parser(
-        "prune",
-        parents=[store],
-        help="delete runs not updated for a while",
-        description=(
-            "Delete runs whose last update is older than --older-than. Runs without an "
-            "update time are never pruned. Each run is re-read just before it is deleted "
-            "and deleted by compare-and-swap on the version read, so one that advanced "
-            "meanwhile is kept."
-        ),
-    )
-    prune.add_argument(
-        "--older-than",
-        type=age_arg,
-        metavar="AGE",
-        required=True,
-        help="prune runs last updated before AGE ago (30d, 12h, 15m, 45s) or an ISO timestamp",
-    )
-    prune.add_argument("--status", choices=STATUSES, help="only prune runs with this status")
-    prune.add_argument("--dry-run", action="store_true", help="list what would go, delete nothing")
-    prune.add_argument(
-        "--ttl",
-        type=ttl_arg,
-        nargs="?",
-        const=1,
-        default=None,
-        metavar="DURATION",
-        help=(
-            "instead of deleting, set the store's native per-run TTL (default 1s) so the "
-            "store expires them itself; only for stores with native TTL (cosmos)"
-        ),
-    )
-    prune.set_defaults(handler=_prune)
+    add_prune_parser(actions, store)
+    add_retry_parser(actions, store)
 
     cancel = actions.add_parser(
         "cancel",
@@ -178,8 +145,9 @@ def add_parsers(commands: Any, store: argparse.ArgumentParser, parser_class: typ
         description=(
             "Send the signal NAME with a JSON payload to a run. A run accepts signals while "
             "queued, running, waiting or failed. A repeated --id is a no-op, whatever its "
-            "payload: it prints 'already delivered (id ID)', exits with status "
-            f'{EXIT_ALREADY_DELIVERED} and, with --json, reports "delivered": false.'
+            "payload and whatever the run's state (a webhook's retry after the run finished "
+            "included): it prints 'already delivered (id ID)', exits 0 and, with --json, "
+            'reports "delivered": false.'
         ),
     )
     signal.add_argument("run_id", metavar="RUN_ID")
@@ -191,8 +159,7 @@ def add_parsers(commands: Any, store: argparse.ArgumentParser, parser_class: typ
         "--id",
         dest="signal_id",
         metavar="ID",
-        help="an id that makes re-sending a no-op (exit status "
-        f"{EXIT_ALREADY_DELIVERED}, 'already delivered')",
+        help="an id that makes re-sending a no-op (exit 0, 'already delivered')",
     )
     signal.set_defaults(handler=_signal)
 
@@ -268,7 +235,7 @@ def _waits(store: Any, found: list[RunInfo]) -> dict[str, str | None]:
 
 def _list(args: argparse.Namespace) -> int:
     config = store_config(args)
-    with opened(config) as store:
+    with existing(config) as store:
         found = [
             i
             for i in infos(store)
@@ -399,7 +366,7 @@ def _checkpoint_json(cp: Checkpoint, now: datetime) -> dict[str, Any]:
 
 def _show(args: argparse.Namespace) -> int:
     config = store_config(args)
-    with opened(config) as store:
+    with existing(config) as store:
         cp = store.load(args.run_id)
     if cp is None:
         raise _missing(args.run_id, config)
@@ -468,7 +435,7 @@ def _show(args: argparse.Namespace) -> int:
 
 def _history(args: argparse.Namespace) -> int:
     history = _runtime("history")
-    with opened(store_config(args)) as store:
+    with existing(store_config(args)) as store:
         entries = history(store, args.run_id)
     if args.json:
         emit_json(
@@ -505,7 +472,7 @@ def _history(args: argparse.Namespace) -> int:
 
 def _fork(args: argparse.Namespace) -> int:
     fork = _runtime("fork")
-    with opened(store_config(args)) as store:
+    with existing(store_config(args)) as store:
         cp = fork(store, args.run_id, args.at_step, args.new_run_id)
     if args.json:
         emit_json({"run_id": cp.run_id, "step": cp.step, "status": cp.status})
@@ -525,7 +492,7 @@ def _rerun(args: argparse.Namespace) -> int:
             raise UsageError(f"--patch is not JSON ({exc}); give a JSON object") from None
         if not isinstance(patch, dict):
             raise UsageError(f"--patch must be a JSON object, got {type(patch).__name__}")
-    with opened(store_config(args)) as store:
+    with existing(store_config(args)) as store:
         cp = rerun(store, args.run_id, args.from_step, patch=patch)
     if args.json:
         emit_json({"run_id": cp.run_id, "step": cp.step, "status": cp.status})
@@ -538,12 +505,12 @@ def _missing(run_id: str, config: str) -> OperationalError:
     return OperationalError(f"no run {run_id!r} in {redact_url(config)}")
 
 
-# --- delete, prune -------------------------------------------------------------------
+# --- delete -------------------------------------------------------------------
 
 
 def _delete(args: argparse.Namespace) -> int:
     config = store_config(args)
-    with opened(config) as store:
+    with existing(config) as store:
         deleted = store.delete(args.run_id)
     if deleted:
         if args.json:
@@ -558,72 +525,6 @@ def _delete(args: argparse.Namespace) -> int:
             out(f"no run {safe(repr(args.run_id))}; nothing to delete")
         return EXIT_OK
     raise _missing(args.run_id, config)
-
-
-def _prune(args: argparse.Namespace) -> int:
-    config = store_config(args)
-    cutoff: datetime = args.older_than
-    verb = "expire" if args.ttl is not None else "delete"
-    affected: list[str] = []
-    kept: list[str] = []
-    with opened(config) as store:
-        if args.ttl is not None and not store.supports_ttl:
-            raise UsageError(
-                f"the {store.scheme or type(store).__name__} store has no native TTL; "
-                "prune without --ttl to delete the runs"
-            )
-        candidates = newest_first(
-            [i for i in infos(store) if info_matches(i, args.status, cutoff, None)]
-        )
-        for info in candidates:
-            if args.dry_run:
-                if not args.json:
-                    out(
-                        f"would {verb} {safe(repr(info.run_id))} ({info.status}, "
-                        f"updated {when(info.updated_at)})"
-                    )
-                affected.append(info.run_id)
-                continue
-            # Re-read, and delete by compare-and-swap on what was read: a run a worker
-            # advanced since it was listed is not old any more, and is kept.
-            cp = store.load(info.run_id)
-            if cp is None:
-                continue
-            if not info_matches(RunInfo.of(cp), args.status, cutoff, None):
-                kept.append(info.run_id)
-                continue
-            if args.ttl is not None:
-                if store.expire(info.run_id, args.ttl) is not False:
-                    affected.append(info.run_id)
-                continue
-            try:
-                if store.delete(info.run_id, expected_version=cp.version):
-                    affected.append(info.run_id)
-            except ConflictError:
-                kept.append(info.run_id)
-    count = len(affected)
-    which = f"{args.status + ' ' if args.status else ''}{'run' if count == 1 else 'runs'}"
-    if args.json:
-        emit_json(
-            {
-                "action": verb,
-                "dry_run": args.dry_run,
-                "ttl_seconds": args.ttl,
-                "cutoff": iso(cutoff),
-                "count": count,
-                "run_ids": affected,
-                "kept_because_changed": kept,
-            }
-        )
-        return EXIT_OK
-    done = {"delete": "deleted", "expire": f"set a {args.ttl}s TTL on"}[verb]
-    if args.dry_run:
-        out(f"dry run: would {verb} {count} {which} updated before {when(cutoff)}")
-    else:
-        out(f"{done} {count} {which} updated before {when(cutoff)}")
-        if kept:
-            out(f"kept {len(kept)} that changed while pruning")
-    return EXIT_OK
 
 
 # --- cancel, signal (the runtime API) ------------------------------------------------
@@ -650,7 +551,7 @@ def _status_of(result: Any) -> str | None:
 def _cancel(args: argparse.Namespace) -> int:
     cancel = _runtime("cancel")
     config = store_config(args)
-    with opened(config) as store:
+    with existing(config) as store:
         result = cancel(store, args.run_id)
     status = _status_of(result)
     if args.json:
@@ -675,12 +576,15 @@ def _signal(args: argparse.Namespace) -> int:
         ) from None
     signal = _runtime("signal")
     config = store_config(args)
-    with opened(config) as store:
+    with existing(config) as store:
         result = signal(store, args.run_id, args.name, payload, signal_id=args.signal_id)
-    # stepstone.signal returns False for an id received before; anything else (True, or
-    # None from an older runtime) is a delivery.
+        # stepstone.signal returns False for an id received before; anything else (True,
+        # or None from an older runtime) is a delivery. It returns no status: read it.
+        status = _status_of(result)
+        if status is None:
+            after = store.load(args.run_id)
+            status = None if after is None else after.status
     delivered = result is not False
-    status = _status_of(result)
     if args.json:
         emit_json(
             {
@@ -699,4 +603,4 @@ def _signal(args: argparse.Namespace) -> int:
             f"already delivered (id {safe(repr(args.signal_id))}): run "
             f"{safe(repr(args.run_id))} has it; nothing was recorded"
         )
-    return EXIT_OK if delivered else EXIT_ALREADY_DELIVERED
+    return EXIT_OK

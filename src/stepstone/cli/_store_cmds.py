@@ -11,7 +11,15 @@ from typing import Any, TextIO
 from .._errors import ConfigError, StoreError, StorePermissionError
 from .._redact import redact_url
 from .._store import Diagnosis
-from ._common import EXIT_ERROR, EXIT_OK, OperationalError, UsageError, opened, store_config
+from ._common import (
+    EXIT_ERROR,
+    EXIT_OK,
+    OperationalError,
+    UsageError,
+    existing,
+    opened,
+    store_config,
+)
 from ._output import REDACT, emit_json, out, safe
 
 __all__ = ["add_parsers"]
@@ -162,10 +170,12 @@ def _init(args: argparse.Namespace) -> int:
 def _doctor(args: argparse.Namespace) -> int:
     config = store_config(args)
     try:
-        with opened(config) as store:
+        with existing(config) as store:  # a typo in a path must not create a store
             results = store.doctor()
     except ConfigError:
         raise
+    except OperationalError as exc:  # no store there: a failing check, not a crash
+        results = [Diagnosis("open the store", False, str(exc))]
     except (StoreError, OSError) as exc:
         if args.verbose:
             print(REDACT("".join(traceback.format_exception(exc))), file=sys.stderr, end="")
