@@ -63,6 +63,12 @@ def add_parsers(commands: Any, store: argparse.ArgumentParser, parser_class: typ
         metavar="AGE",
         help="only runs last updated after AGE ago, or after an ISO timestamp",
     )
+    ls.add_argument("--prefix", metavar="TEXT", help="only runs whose id starts with TEXT")
+    ls.add_argument(
+        "--kind",
+        choices=_KINDS,
+        help="only records of this kind: run (stepstone's runs) or one adapter's records",
+    )
     ls.add_argument("--limit", type=positive_int, metavar="N", help="show at most N runs")
     ls.set_defaults(handler=_list)
 
@@ -172,6 +178,7 @@ def add_parsers(commands: Any, store: argparse.ArgumentParser, parser_class: typ
 #: the pydantic-ai adapter. Everything else is a stepstone run.
 _ADAPTER_HEADS = ("langgraph", "maf", "openai-agents")
 _JOURNAL_SUFFIX = "/pydantic-ai-journal"
+_KINDS = ("run", *_ADAPTER_HEADS, "pydantic-ai")
 
 
 def _kind(run_id: str) -> str:
@@ -216,21 +223,32 @@ def _progress(step: int, total: int | None) -> str:
     return f"{step + 1}/{'?' if total is None else total}"
 
 
-#: At most this many waiting runs are loaded to say what they wait for (``RunInfo`` does
-#: not carry it); past that the column shows ``?`` and ``runs show`` tells.
-_MAX_WAIT_LOADS = 200
+#: At most this many runs are loaded to say what they wait for and which workflow they
+#: run (``RunInfo`` carries neither); past that the columns show ``?`` and ``runs show``
+#: tells.
+_MAX_LOADS = 200
 
 
-def _waits(store: Any, found: list[RunInfo]) -> dict[str, str | None]:
-    """Return ``waiting_for`` of the waiting runs among ``found`` (the first 200)."""
-    waits: dict[str, str | None] = {}
-    for info in [i for i in found if i.status == "waiting"][:_MAX_WAIT_LOADS]:
+def _details(store: Any, found: list[RunInfo]) -> dict[str, Checkpoint]:
+    """Return the checkpoints of the first 200 stepstone runs among ``found``."""
+    loaded: dict[str, Checkpoint] = {}
+    for info in [i for i in found if _kind(i.run_id) == "run"][:_MAX_LOADS]:
         try:
             cp = store.load(info.run_id)
         except CorruptCheckpoint:
             continue
-        waits[info.run_id] = None if cp is None else cp.waiting_for
-    return waits
+        if cp is not None:
+            loaded[info.run_id] = cp
+    return loaded
+
+
+def _workflow_text(cp: Checkpoint | None) -> str:
+    if cp is None:
+        return "?"
+    if cp.workflow is None:
+        return "-"  # run() with a list of steps: no named workflow
+    version = "" if cp.workflow_version is None else f"@{cp.workflow_version}"
+    return safe(f"{cp.workflow}{version}")
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -240,16 +258,20 @@ def _list(args: argparse.Namespace) -> int:
             i
             for i in infos(store)
             if info_matches(i, args.status, args.older_than, args.newer_than)
+            and (args.prefix is None or i.run_id.startswith(args.prefix))
+            and (args.kind is None or _kind(i.run_id) == args.kind)
         ]
         found = newest_first(found)
         if args.limit is not None:
             found = found[: args.limit]
-        waits = _waits(store, found)
+        loaded = _details(store, found)
+    waits = {k: cp.waiting_for for k, cp in loaded.items() if cp.status == "waiting"}
     if args.json:
         emit_json(
             [
                 {
                     **_info_json(i),
+                    **({"workflow": loaded[i.run_id].workflow} if i.run_id in loaded else {}),
                     **({"waiting_for": waits.get(i.run_id)} if i.status == "waiting" else {}),
                 }
                 for i in found
@@ -257,13 +279,14 @@ def _list(args: argparse.Namespace) -> int:
         )
         return EXIT_OK
     if not found:
-        filtered = args.status or args.older_than or args.newer_than
+        filtered = args.status or args.older_than or args.newer_than or args.prefix or args.kind
         out("no matching runs" if filtered else "no runs")
         return EXIT_OK
     now = datetime.now(UTC)
     rows = [
         [
             safe(i.run_id),
+            _workflow_text(loaded.get(i.run_id)) if _kind(i.run_id) == "run" else "-",
             i.status,
             _progress(i.step, i.total_steps) if _kind(i.run_id) == "run" else "-",
             safe(i.owner) if i.owner else "-",
@@ -273,7 +296,7 @@ def _list(args: argparse.Namespace) -> int:
         ]
         for i in found
     ]
-    headers = ["RUN_ID", "STATUS", "STEPS", "OWNER", "DUE", "UPDATED", "AGE"]
+    headers = ["RUN_ID", "WORKFLOW", "STATUS", "STEPS", "OWNER", "DUE", "UPDATED", "AGE"]
     kinds = [_kind(i.run_id) for i in found]
     if any(kind != "run" for kind in kinds):
         # Records the framework adapters wrote sit beside the runs: say which is which.
@@ -319,6 +342,62 @@ def _lease(cp: Checkpoint, now: datetime) -> tuple[str, bool | None]:
     )
 
 
+def _owner_lost(cp: Checkpoint, now: datetime) -> float | None:
+    """Return how many seconds ago a running run's lease expired, or None if it did not."""
+    if cp.status != "running" or cp.owner is None or cp.lease is None or cp.renewed_at is None:
+        return None
+    renewed = cp.renewed_at if cp.renewed_at.tzinfo else cp.renewed_at.replace(tzinfo=UTC)
+    over = (now - renewed).total_seconds() - cp.lease
+    return over if over > 0 else None
+
+
+def _status_text(cp: Checkpoint, now: datetime) -> str:
+    """Return the status as an operator should read it: a running run nobody runs says so."""
+    text: str = cp.status
+    lost = _owner_lost(cp, now)
+    if lost is not None:
+        text += f" (owner lost, lease expired {span(lost)} ago: a worker will take it over)"
+    elif cp.status == "running" and cp.owner is None:
+        text += " (no process holds it: the next worker that looks claims it)"
+    return text + (" (cancel requested)" if cp.cancel_requested else "")
+
+
+def _in_flight(cp: Checkpoint, now: datetime) -> tuple[int, str | None, float | None] | None:
+    """Return ``(index, name, seconds)`` of the step a running run is executing, or None.
+
+    The name is known only once that step has failed (its failure names it); the time
+    is since the run's last save, which is when the previous step completed or the
+    step's last attempt was counted.
+    """
+    if cp.status != "running":
+        return None
+    index = cp.step + 1
+    failure = cp.failure
+    name = failure.step_name if failure is not None and failure.step_index == index else None
+    since = None
+    if cp.updated_at is not None:
+        updated = cp.updated_at if cp.updated_at.tzinfo else cp.updated_at.replace(tzinfo=UTC)
+        since = max((now - updated).total_seconds(), 0.0)
+    return index, name, since
+
+
+def _attempt(cp: Checkpoint) -> tuple[int | None, str]:
+    """Return the attempt that is running or failed on the next step, and a sentence."""
+    failure = cp.failure
+    failed_here = failure is not None and failure.step_index == cp.step + 1
+    if cp.status == "failed" and failure is not None:
+        return failure.attempt, f"{failure.attempt} (failed; see failure)"
+    if cp.status == "running":
+        if failed_here and failure is not None and cp.attempt <= failure.attempt:
+            # A failed attempt whose retry has not begun yet: the owner waits the backoff.
+            return failure.attempt, f"{failure.attempt} failed, retrying after a backoff"
+        running = max(cp.attempt, 1)
+        return running, f"{running} running"
+    if cp.attempt:
+        return cp.attempt, f"{cp.attempt} begun on the next step, none running now"
+    return None, "none running"
+
+
 def _checkpoint_json(cp: Checkpoint, now: datetime) -> dict[str, Any]:
     failure = cp.failure
     lease_text, live = _lease(cp, now)
@@ -329,7 +408,13 @@ def _checkpoint_json(cp: Checkpoint, now: datetime) -> dict[str, Any]:
         "completed_steps": cp.step + 1,
         "total_steps": cp.total_steps,
         "step_names": list(cp.step_names),
-        "attempt": cp.attempt,
+        "attempt": _attempt(cp)[0],
+        "attempts_recorded": cp.attempt,
+        "status_text": _status_text(cp, now),
+        "owner_lost": _owner_lost(cp, now) is not None,
+        "in_flight": None
+        if (flight := _in_flight(cp, now)) is None
+        else {"step_index": flight[0], "step_name": flight[1], "seconds": flight[2]},
         "failure": None
         if failure is None
         else {
@@ -381,14 +466,19 @@ def _show(args: argparse.Namespace) -> int:
         return EXIT_OK
     total = "?" if cp.total_steps is None else str(cp.total_steps)
     names = ", ".join(safe(n) for n in cp.step_names) if cp.step_names else "none yet"
-    status = cp.status + (" (cancel requested)" if cp.cancel_requested else "")
     fields = [
         ("run id", safe(cp.run_id)),
-        ("status", status),
+        ("status", _status_text(cp, now)),
         ("progress", f"{cp.step + 1} of {total} steps completed (last completed index {cp.step})"),
         ("completed", names),
-        ("attempt", f"{cp.attempt} attempt(s) begun on the next step"),
     ]
+    flight = _in_flight(cp, now)
+    if flight is not None:
+        index, name, since = flight
+        named = f" ({safe(name)})" if name else ""
+        ran = "" if since is None else f", for {span(since)} since the last save"
+        fields.append(("in flight", f"step {index}{named}{ran}"))
+    fields.append(("attempt", _attempt(cp)[1]))
     if cp.workflow is not None:
         version = f" version {safe(cp.workflow_version)}" if cp.workflow_version else ""
         fields.append(("workflow", f"{safe(cp.workflow)}{version}"))
