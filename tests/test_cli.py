@@ -327,10 +327,10 @@ def test_list_table_is_newest_first(url: str) -> None:
     proc = cli("runs", "list", "--store", url)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    header = ["RUN_ID", "WORKFLOW", "STATUS", "STEPS", "OWNER", "DUE", "UPDATED", "AGE"]
+    header = ["RUN_ID", "STATUS", "STEPS", "WORKFLOW", "OWNER", "DUE", "UPDATED", "AGE"]
     assert lines[0].split() == header
     assert [line.split()[0] for line in lines[1:]] == ["third", "second", "first"]
-    assert all(line.split()[1:4] == ["-", "done", "2/2"] for line in lines[1:])
+    assert all(line.split()[1:4] == ["done", "2/2", "-"] for line in lines[1:])
     # Aligned: every column starts at the same offset on every line.
     assert len({line.index(line.split()[1]) for line in lines}) == 1
 

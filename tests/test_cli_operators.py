@@ -540,9 +540,9 @@ def test_list_shows_the_workflow_and_filters_by_prefix_and_kind(url: str) -> Non
     with open_store(url) as store:
         store.save(Checkpoint(run_id="langgraph/thread-1/", state={}, total_steps=None))
     table = cli("runs", "list", "--store", url).stdout.splitlines()
-    assert table[0].split()[:3] == ["RUN_ID", "KIND", "WORKFLOW"]
+    assert table[0].split()[:5] == ["RUN_ID", "KIND", "STATUS", "STEPS", "WORKFLOW"]
     rows = {line.split()[0]: line.split() for line in table[1:]}
-    assert rows["order-1"][2] == "orders" and rows["langgraph/thread-1/"][2] == "-"
+    assert rows["order-1"][4] == "orders" and rows["langgraph/thread-1/"][4] == "-"
     prefixed = json.loads(cli("runs", "list", "--prefix", "order", "--store", url, "--json").stdout)
     assert [(r["run_id"], r["workflow"]) for r in prefixed] == [("order-1", "orders")]
     runs_only = json.loads(cli("runs", "list", "--kind", "run", "--store", url, "--json").stdout)

@@ -286,9 +286,9 @@ def _list(args: argparse.Namespace) -> int:
     rows = [
         [
             safe(i.run_id),
-            _workflow_text(loaded.get(i.run_id)) if _kind(i.run_id) == "run" else "-",
             i.status,
             _progress(i.step, i.total_steps) if _kind(i.run_id) == "run" else "-",
+            _workflow_text(loaded.get(i.run_id)) if _kind(i.run_id) == "run" else "-",
             safe(i.owner) if i.owner else "-",
             _due_text(i, now),
             when(i.updated_at),
@@ -296,7 +296,7 @@ def _list(args: argparse.Namespace) -> int:
         ]
         for i in found
     ]
-    headers = ["RUN_ID", "WORKFLOW", "STATUS", "STEPS", "OWNER", "DUE", "UPDATED", "AGE"]
+    headers = ["RUN_ID", "STATUS", "STEPS", "WORKFLOW", "OWNER", "DUE", "UPDATED", "AGE"]
     kinds = [_kind(i.run_id) for i in found]
     if any(kind != "run" for kind in kinds):
         # Records the framework adapters wrote sit beside the runs: say which is which.
