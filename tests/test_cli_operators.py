@@ -187,14 +187,14 @@ def seed(url: str, run_id: str, status: str) -> None:
 # --- 1: prune spares active runs ---------------------------------------------------------
 
 
-def test_prune_deletes_only_finished_runs_by_default(url: str) -> None:
+def test_prune_deletes_only_finished_runs_by_default(any_url: str) -> None:
     """Without --status, prune deletes done, failed and cancelled runs and keeps active ones."""
     for status in ("queued", "waiting", "running", "failed", "done", "cancelled"):
-        seed(url, status, status)
-    proc = cli("runs", "prune", "--older-than", "0s", "--store", url)
+        seed(any_url, status, status)
+    proc = cli("runs", "prune", "--older-than", "0s", "--store", any_url)
     assert proc.returncode == 0, proc.stderr
     assert "deleted 3 runs (done, failed or cancelled)" in proc.stdout
-    assert ids(url) == ["queued", "running", "waiting"]
+    assert ids(any_url) == ["queued", "running", "waiting"]
 
 
 def test_prune_of_active_runs_needs_yes_without_a_terminal(url: str) -> None:
@@ -353,6 +353,41 @@ def test_runs_start_names_the_store_it_wrote_to(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert f"in {url}" in proc.stdout and "version None" not in proc.stdout
     assert load(url, "r1").status == "queued"
+
+
+@pytest.mark.slow
+def test_the_worker_names_the_store_it_serves(tmp_path: Path) -> None:
+    """A real `stepstone worker` process says on start which store it serves."""
+    import signal
+
+    (tmp_path / "ops_worker_flows.py").write_text(
+        "from stepstone import Step, Workflow\nFLOWS = [Workflow('w', [Step('a', lambda s: {})])]\n"
+    )
+    url = local_url("sqlite", tmp_path)
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "stepstone",
+            "worker",
+            "--workflows",
+            "ops_worker_flows:FLOWS",
+            "--store",
+            url,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": SRC},
+    )
+    try:
+        assert child.stdout is not None
+        first = child.stdout.readline()
+        assert f"serving w from {url}" in first, first
+    finally:
+        child.send_signal(signal.SIGINT)
+        child.communicate(timeout=WAIT_TIMEOUT)
 
 
 # --- 3: runs retry -------------------------------------------------------------------------
