@@ -487,7 +487,7 @@ def test_retry_requeues_cancelled_and_parked_runs(url: str) -> None:
 
 
 def test_retry_api_refuses_a_done_run_and_an_old_version(url: str) -> None:
-    """stepstone.retry raises RunNotActive for a done run and ConflictError for a stale version."""
+    """stepstone.retry refuses a done run, a stale version, and a run no worker can run."""
     seed(url, "d", "done")
     seed(url, "f", "failed")
     with open_store(url) as store:
@@ -497,6 +497,10 @@ def test_retry_api_refuses_a_done_run_and_an_old_version(url: str) -> None:
             asyncio.run(stepstone.aretry(store, "f", expected_version="stale"))
         cp = store.load("f")
         assert cp is not None and cp.status == "failed"
+        with pytest.raises(stepstone.StepFailed):
+            stepstone.run("direct", [Step("fetch", ok), Step("charge", boom)], store)
+        with pytest.raises(RunNotActive, match=r"call run\(\) again"):
+            stepstone.retry(store, "direct")
 
 
 # --- 4: a repeated signal id after the run finished -----------------------------------------
