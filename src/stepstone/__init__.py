@@ -5,7 +5,7 @@ Where things live: the rules of a run in ``_core.py`` (a generator of the effect
 driven by ``run`` in ``_runner.py`` and ``arun`` in ``_arunner.py``; one execution's
 ``Plan`` in ``_plan.py``; steps, workflows and the base of suspending steps in
 ``_steps.py``; ``WaitFor``, ``Sleep`` and ``Map`` in ``_suspend.py``; leases in
-``_lease.py``; start, cancel and signal in ``_control.py``; moving runs onto a
+``_lease.py``; start, cancel, retry and signal in ``_control.py``; moving runs onto a
 newer workflow version in ``_upgrade.py``; a run's kept saves, ``fork`` and ``rerun`` in
 ``_history.py``;
 the worker in ``_worker.py``; the Store contract in ``_store.py``; config strings in
@@ -44,7 +44,7 @@ from ._errors import (
 if TYPE_CHECKING:  # what the names below are, for type checkers; imported on first use
     from ._arunner import arun
     from ._checkpoint import SCHEMA_VERSION, Checkpoint, Failure, RunStatus, Signal, check_run_id
-    from ._control import acancel, asignal, astart, cancel, signal, start
+    from ._control import acancel, aretry, asignal, astart, cancel, retry, signal, start
     from ._history import HistoryEntry, afork, ahistory, arerun, fork, history, rerun
     from ._lease import DEFAULT_LEASE
     from ._registry import DEFAULT_STORE, open_store, register_store, schemes
@@ -85,6 +85,7 @@ _LAZY: dict[str, str] = {
     "afork": "._history",
     "ahistory": "._history",
     "arerun": "._history",
+    "aretry": "._control",
     "arun": "._arunner",
     "asignal": "._control",
     "astart": "._control",
@@ -96,6 +97,7 @@ _LAZY: dict[str, str] = {
     "open_store": "._registry",
     "register_store": "._registry",
     "rerun": "._history",
+    "retry": "._control",
     "run": "._runner",
     "schemes": "._registry",
     "signal": "._control",
@@ -166,6 +168,7 @@ __all__ = [
     "afork",
     "ahistory",
     "arerun",
+    "aretry",
     "arun",
     "asignal",
     "astart",
@@ -177,6 +180,7 @@ __all__ = [
     "open_store",
     "register_store",
     "rerun",
+    "retry",
     "run",
     "schemes",
     "signal",

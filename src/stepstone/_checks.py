@@ -19,7 +19,7 @@ from ._codec import encode_state
 from ._errors import InputMismatch, InvalidWorkflow, WorkflowChanged
 from ._observe import tracing
 from ._plan import Plan
-from ._steps import Step, Workflow, check_steps
+from ._steps import Step, Workflow, check_steps, workflow_label
 from ._store import Store
 
 __all__ = [
@@ -100,16 +100,18 @@ def check_workflow(run_id: str, cp: Checkpoint, workflow: tuple[str, str | None]
         return
     if workflow is None:
         raise WorkflowChanged(
-            f"run {run_id!r} was started from workflow {cp.workflow!r} version "
-            f"{cp.workflow_version!r}; run it with that Workflow, not a bare list of steps",
+            f"run {run_id!r} was started from workflow "
+            f"{workflow_label(cp.workflow, cp.workflow_version)}; run it with that Workflow, "
+            "not a bare list of steps",
             run_id,
             -1,
         )
     if (cp.workflow, cp.workflow_version) != workflow:
         raise WorkflowChanged(
-            f"run {run_id!r} was started from workflow {cp.workflow!r} version "
-            f"{cp.workflow_version!r}, not {workflow[0]!r} version {workflow[1]!r}; a run "
-            "only ever runs with the workflow it was started from",
+            f"run {run_id!r} was started from workflow "
+            f"{workflow_label(cp.workflow, cp.workflow_version)}, not "
+            f"{workflow_label(*workflow)}; a run only ever runs with the workflow it was "
+            "started from",
             run_id,
             -1,
         )

@@ -1,4 +1,5 @@
-"""Acting on runs from outside: ``start``, ``cancel`` and ``signal`` (and their async twins).
+"""Acting on runs from outside: ``start``, ``cancel``, ``retry`` and ``signal`` (and their
+async twins).
 
 None of these owns the run. Each is a compare-and-swap loop on the run's record, written
 once as a generator of ``Load``/``Save`` effects (as the runner's core is) and driven
@@ -28,7 +29,7 @@ from ._errors import (
     WorkflowChanged,
 )
 from ._observe import logger
-from ._steps import Workflow
+from ._steps import Workflow, workflow_label
 from ._store import RunInfo, Store
 from ._suspend import nudge, queued
 from ._wake import aannounce, announce
@@ -38,11 +39,14 @@ from ._wake import aannounce, announce
 __all__ = [
     "Op",
     "acancel",
+    "aretry",
     "asignal",
     "astart",
     "cancel",
     "cancel_children",
     "cancel_op",
+    "retry",
+    "retry_op",
     "signal",
     "signal_op",
     "start",
@@ -104,9 +108,10 @@ def _start(workflow: Workflow, run_id: str, input: dict[str, Any] | None) -> Op:
             return RunInfo.of(saved)
         if (cp.workflow, cp.workflow_version) != workflow.key:
             raise WorkflowChanged(
-                f"run {run_id!r} exists with workflow {cp.workflow!r} version "
-                f"{cp.workflow_version!r}; starting it as {workflow.name!r} version "
-                f"{workflow.version!r} was refused (use another run_id)",
+                f"run {run_id!r} exists with workflow "
+                f"{workflow_label(cp.workflow, cp.workflow_version)}; starting it as "
+                f"{workflow_label(workflow.name, workflow.version)} was refused (use another "
+                "run_id)",
                 run_id,
                 -1,
             )
@@ -217,6 +222,89 @@ async def acancel(store: Store, run_id: str) -> RunInfo:
     return result
 
 
+# --- retry ----------------------------------------------------------------------------
+
+#: The statuses ``retry`` queues again: a final failure (a parked ``WorkflowChanged``
+#: included: it is saved as a failure) and a cancellation.
+RETRYABLE = ("failed", "cancelled")
+
+
+def retry_op(run_id: str, expected_version: str | None = None) -> Op:
+    check_run_id(run_id)
+    for _ in range(_MAX_TRIES):
+        cp = yield Load(run_id)
+        if cp is None:
+            raise RunNotFound(f"run {run_id!r} does not exist; nothing to retry", run_id)
+        if expected_version is not None and cp.version != expected_version:
+            raise ConflictError(
+                f"run {run_id!r} is at version {cp.version!r}, not {expected_version!r}: it "
+                "changed since it was read; nothing was done (read it again and retry)",
+                run_id,
+            )
+        status = cp.status
+        if status not in RETRYABLE:
+            raise RunNotActive(
+                f"run {run_id!r} is {status}; only failed (or parked) and cancelled runs "
+                "can be retried",
+                run_id,
+                status,
+            )
+        if cp.workflow is None:
+            raise RunNotActive(
+                f"run {run_id!r} was started by calling run() directly, not by start(), so "
+                "no worker knows its workflow: call run() again to retry it",
+                run_id,
+                status,
+            )
+        # Queued again from its last checkpoint with a fresh attempt budget: a worker
+        # claims it and runs the next step. A failure stays on record until that step
+        # succeeds; the cancellation is lifted.
+        new = evolve(
+            cp, queued=True, attempt=0, cancelled=False, cancel_requested=False, owner=None
+        )
+        try:
+            saved: Checkpoint = yield Save(new, "retry")
+        except ConflictError:
+            if expected_version is not None:
+                raise  # the version shown is gone: the caller decides again
+            continue
+        yield Announce()  # a worker claims it now, not at its next poll
+        logger.info("run %r: queued again (retry of a %s run)", run_id, status)
+        return RunInfo.of(saved)
+    raise _too_busy(run_id)
+
+
+def retry(store: Store, run_id: str, *, expected_version: str | None = None) -> RunInfo:
+    """Queue a failed, parked or cancelled run again, from its last checkpoint.
+
+    A worker serving its workflow claims it and runs its next step (the failed one)
+    with a fresh attempt budget; its completed steps, state and signals are kept.
+
+    Args:
+        store: The store holding the run.
+        run_id: The run to queue again.
+        expected_version: Act only if the run is still at this version (the one an
+            operator was shown); None retries whatever the version.
+
+    Returns:
+        The run's ``RunInfo`` after the write (``queued``).
+
+    Raises:
+        RunNotFound: no such run.
+        RunNotActive: the run is not failed or cancelled, or was started by ``run()``
+            (no worker knows its workflow).
+        ConflictError: the run is not at ``expected_version``; nothing was written.
+    """
+    result: RunInfo = _sync(retry_op(run_id, expected_version), store)
+    return result
+
+
+async def aretry(store: Store, run_id: str, *, expected_version: str | None = None) -> RunInfo:
+    """Async ``retry``."""
+    result: RunInfo = await _async(retry_op(run_id, expected_version), store)
+    return result
+
+
 # --- signal ---------------------------------------------------------------------------
 
 
@@ -235,6 +323,11 @@ def signal_op(run_id: str, name: str, payload: Any, signal_id: str | None) -> Op
         cp = yield Load(run_id)
         if cp is None:
             raise RunNotFound(f"run {run_id!r} does not exist; the signal was not kept", run_id)
+        # A repeated id is a no-op whatever the run's state: a webhook retries exactly
+        # when the first delivery finished the run, and must not be told it failed.
+        if any(s.id == signal_id for s in cp.signals):
+            logger.info("run %r: signal id %r already received; nothing to do", run_id, signal_id)
+            return False
         status = cp.status
         if status in ("done", "cancelled"):
             raise RunNotActive(
@@ -243,9 +336,6 @@ def signal_op(run_id: str, name: str, payload: Any, signal_id: str | None) -> Op
                 run_id,
                 status,
             )
-        if any(s.id == signal_id for s in cp.signals):
-            logger.info("run %r: signal id %r already received; nothing to do", run_id, signal_id)
-            return False
         new = evolve(cp, signals=(*cp.signals, Signal(name, signal_id, payload, utcnow())))
         wakes = status == "waiting" and cp.owner is None and cp.waiting_for == f"signal {name}"
         if wakes:

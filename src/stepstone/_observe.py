@@ -159,10 +159,9 @@ class RunEvent:
         parts = [f"{k}={escape(v)}" for k, v in self.detail.items() if v is not None]
         where = f" at step {escape(self.step)}" if self.step is not None else ""
         extra = f" [{' '.join(parts)}]" if parts else ""
-        return (
-            f"run {escape(self.run_id)}: {say}{where} (workflow {escape(self.workflow)} "
-            f"version {escape(self.version)}){extra}"
-        )
+        version = " unversioned" if self.version is None else f" version {escape(self.version)}"
+        workflow = f"workflow {escape(self.workflow)}{version}"
+        return f"run {escape(self.run_id)}: {say}{where} ({workflow}){extra}"
 
 
 #: Each event: its log level, what its line says, the counter it adds to (or None).

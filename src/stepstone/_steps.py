@@ -37,6 +37,7 @@ __all__ = [
     "check_steps",
     "idempotency_key",
     "safe_text",
+    "workflow_label",
 ]
 
 #: The longest single delay a RetryPolicy may ask for: a day. Longer waits are a
@@ -153,6 +154,11 @@ def idempotency_key(run_id: str, step_index: int, step_name: str) -> str:
 
     raw = f"stepstone\x00{run_id}\x00{step_index}\x00{step_name}".encode()
     return hashlib.sha256(raw).hexdigest()[:32]
+
+
+def workflow_label(name: object, version: object) -> str:
+    """Return ``'name' version 'v2'``, or ``'name' (unversioned)``: never ``version None``."""
+    return f"{name!r} (unversioned)" if version is None else f"{name!r} version {version!r}"
 
 
 def check_name(name: object) -> str:
@@ -318,6 +324,16 @@ class Workflow:
         #: Every save of its runs is kept (``stepstone.history``, ``fork``, ``rerun``).
         self.history = history
         self.steps: tuple[Any, ...] = tuple(check_steps(steps))
+        seen: set[str] = set()
+        for step in self.steps:
+            # A run's record names its completed steps: two of one name would make a
+            # resume, a history or a rerun ambiguous about which one ran.
+            if step.name in seen:
+                raise InvalidWorkflow(
+                    f"workflow {name!r}: two steps are named {step.name!r}; step names must "
+                    "be unique within a workflow"
+                )
+            seen.add(step.name)
         self.upgrades: Mapping[str | None, Callable[[dict[str, Any]], dict[str, Any]]] = (
             _check_upgrades(name, version, upgrades)
         )

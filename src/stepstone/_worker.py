@@ -53,7 +53,7 @@ from ._observe import count_in_flight, emit, logger
 from ._outcomes import SETTLED, changed, claim_event, ending, park
 from ._plan import Plan
 from ._runner import make_plan
-from ._steps import Step, Workflow
+from ._steps import Step, Workflow, workflow_label
 from ._store import Listener, RunInfo, Store
 from ._suspend import Map
 from ._watch import KINDS, RECHECK, Watch
@@ -118,7 +118,8 @@ def _index(
         known = table.get(workflow.key)
         if known is not None and known is not workflow and known.steps != workflow.steps:
             raise InvalidWorkflow(
-                f"two different workflows are named {workflow.name!r} version {workflow.version!r}"
+                "two different workflows are named "
+                f"{workflow_label(workflow.name, workflow.version)}"
             )
         if known is None:
             table[workflow.key] = workflow

@@ -397,6 +397,7 @@ def test_the_command_serves_and_stops_on_sigint(tmp_path: Path) -> None:
         port = probe.getsockname()[1]
     token = "cli-token-0123456789abcdef"
     config = f"sqlite:///{tmp_path}/cli.db"
+    open_store(config).close()  # `ui` reads a store; it never creates one
     env = {**os.environ, "STEPSTONE_UI_TOKEN": token}
     argv = [sys.executable, "-m", "stepstone", "ui", "--store", config, "--port", str(port)]
     child = subprocess.Popen(

@@ -1,7 +1,8 @@
 """The ``stepstone`` command: run workers, inspect, signal, cancel and prune runs, and
 manage stores.
 
-One module per command group: ``_runs`` (``runs start|list|show|delete|prune|cancel|signal``),
+One module per command group: ``_runs`` (``runs list|show|delete|cancel|signal``, with
+``_prune`` and ``_retry``),
 ``_store_cmds`` (``init``, ``doctor``, ``migrate``), ``_worker`` (``worker``),
 ``_demo_bench`` (``demo``, ``bench``), ``_ui`` (``ui``, the dashboard); ``_common`` holds
 exit codes, argument types and store opening, ``_output`` everything printed (secrets
@@ -9,8 +10,8 @@ masked, control characters escaped, ``--json``).
 
 Exit status: 0 success; 1 an operational error (the store failed, a run is missing,
 ``doctor`` found a failing check, ``migrate`` left conflicts or failures); 2 a usage or
-configuration error (bad option or value, bad store config string); 3 ``runs signal``
-with an ``--id`` delivered before (nothing recorded); 130 interrupted.
+configuration error (bad option or value, bad store config string); 130 interrupted.
+``runs signal`` with an ``--id`` delivered before exits 0 (nothing recorded).
 
 Every error is one line on stderr, ``stepstone: error: ...``; ``--verbose`` adds the
 traceback and debug logs. Secrets in store config strings (passwords, keys, tokens) are
@@ -42,7 +43,7 @@ from ._common import (
     UsageError,
     parse_age,
 )
-from ._output import PROG, REDACT, err
+from ._output import PROG, REDACT, emit_json, err
 
 __all__ = ["build_parser", "main", "parse_age", "redact"]
 
@@ -150,6 +151,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             REDACT.add(arg.partition("=")[2])
     REDACT.add(os.environ.get(ENV_VAR))
     verbose = any(a in ("-v", "--verbose") for a in argv)
+    # Scripts that asked for JSON get their errors as JSON too (on stdout, beside the
+    # usual line on stderr), whether the parser or the command failed.
+    as_json = "--json" in argv[: argv.index("--")] if "--" in argv else "--json" in argv
+    Parser.last_error = None
     parser = build_parser()
     try:
         args, extra = parser.parse_known_args(argv)
@@ -163,7 +168,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return result
     except SystemExit as exc:  # --help, --version and usage errors from argparse
         code = exc.code
-        return code if isinstance(code, int) else (EXIT_OK if code is None else EXIT_USAGE)
+        status = code if isinstance(code, int) else (EXIT_OK if code is None else EXIT_USAGE)
+        if as_json and status != EXIT_OK and Parser.last_error is not None:
+            _json_error(status, "UsageError", Parser.last_error)
+        return status
     except KeyboardInterrupt:
         err("interrupted")
         return EXIT_INTERRUPTED
@@ -180,10 +188,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif code == EXIT_ERROR and not isinstance(exc, (OperationalError, StepstoneError)):
             message += " (run with --verbose for the traceback)"
         err(message)
+        if as_json:
+            _json_error(code, type(exc).__name__, message)
         return code
     finally:
         with contextlib.suppress(Exception):
             sys.stdout.flush()
+
+
+def _json_error(code: int, kind: str, message: str) -> None:
+    """Print an error as one JSON object on stdout, for a command run with ``--json``."""
+    if kind in ("OperationalError", "UsageError"):
+        kind = "UsageError" if code == EXIT_USAGE else "Error"
+    with contextlib.suppress(OSError, ValueError):
+        emit_json({"error": {"type": kind, "message": message, "exit_status": code}})
 
 
 def _hint(message: str) -> str:

@@ -7,14 +7,17 @@ import contextlib
 import math
 import os
 import re
+import stat
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import NoReturn
+from urllib.parse import unquote, urlsplit
 
 from .._errors import CorruptCheckpoint
+from .._redact import redact_url
 from .._registry import DEFAULT_STORE, ENV_VAR, open_store
 from .._store import RunInfo, Store
-from ._output import REDACT, err, warn
+from ._output import PROG, REDACT, err, warn
 
 __all__ = [
     "EXIT_ERROR",
@@ -26,10 +29,12 @@ __all__ = [
     "UsageError",
     "age_arg",
     "bounded_int",
+    "existing",
     "infos",
     "opened",
     "parse_age",
     "positive_int",
+    "require_store",
     "seconds_arg",
     "store_config",
 ]
@@ -63,8 +68,13 @@ class OperationalError(Exception):
 class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line and exit status 2."""
 
+    #: The last usage error, for ``main`` to report under ``--json`` too.
+    last_error: str | None = None
+
     def error(self, message: str) -> NoReturn:
-        err(f"{message} (see '{self.prog} --help')")
+        text = f"{message} (see '{self.prog} --help')"
+        Parser.last_error = text
+        err(text)
         raise SystemExit(EXIT_USAGE)
 
 
@@ -209,6 +219,74 @@ def opened(config: str) -> Iterator[Store]:
         yield store
     finally:
         store.close()
+
+
+def _local_path(config: str) -> tuple[str, str] | None:
+    """Return ``(path, kind)`` of a local store (``sqlite``: a file, ``file``: a
+    directory), or None for other schemes or a string the backend will refuse itself."""
+    text = config.strip()
+    scheme = text.partition(":")[0].lower()
+    if scheme == "sqlite":
+        parts = urlsplit(text)
+        path = unquote(parts.path[1:]) if parts.path.startswith("/") else ""
+        return (path, "sqlite") if path and path != ":memory:" and not parts.netloc else None
+    if scheme == "file":
+        from ..stores.file._config import parse_config  # noqa: PLC0415  (only for file:)
+
+        try:
+            return parse_config(text)[0], "file"
+        except ValueError:
+            return None  # a malformed string: opening it says what is wrong
+    return None
+
+
+def require_store(config: str) -> None:
+    """Refuse a local store (SQLite file, file-store directory) that does not exist.
+
+    Commands that only act on existing runs must not create a store: a typo in a path
+    would otherwise print "no runs", exit 0 and leave an empty store behind. Nothing is
+    created or changed here; server stores are left to their backend.
+
+    Raises:
+        OperationalError: the path does not exist (a dangling symlink included), or is
+            not what the store needs there (a directory for SQLite, a file for file:).
+    """
+    found = _local_path(config)
+    if found is None:
+        return
+    path, kind = found
+    shown = redact_url(config)
+    try:
+        mode = os.stat(path).st_mode  # follows a symlink: a dangling one is missing
+    except FileNotFoundError:
+        dangling = os.path.islink(path)
+        raise OperationalError(
+            f"no store at {shown}: {os.path.abspath(path)} "
+            f"{'is a symlink to a path that does not exist' if dangling else 'does not exist'}"
+            f" (check the path; `{PROG} init --store URL` creates a store)"
+        ) from None
+    except OSError as exc:
+        raise OperationalError(f"cannot open the store {shown}: {exc.strerror}") from None
+    if kind == "sqlite" and not stat.S_ISREG(mode):
+        raise OperationalError(
+            f"no store at {shown}: {os.path.abspath(path)} is "
+            f"{'a directory' if stat.S_ISDIR(mode) else 'not a regular file'}, not a "
+            "SQLite database file"
+        )
+    if kind == "file" and not stat.S_ISDIR(mode):
+        raise OperationalError(
+            f"no store at {shown}: {os.path.abspath(path)} is not a directory (a file: "
+            "store is a directory)"
+        )
+
+
+@contextlib.contextmanager
+def existing(config: str) -> Iterator[Store]:
+    """Open ``config`` like ``opened``, refusing a local store that does not exist."""
+    REDACT.add(config)
+    require_store(config)
+    with opened(config) as store:
+        yield store
 
 
 def infos(store: Store) -> Iterator[RunInfo]:

@@ -1,4 +1,5 @@
-"""``stepstone runs ...``: list, show, history, fork, rerun, delete, prune, cancel, signal."""
+"""``stepstone runs ...``: list, show, history, fork, rerun, delete, cancel, signal (prune
+in ``_prune``, retry in ``_retry``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .._checkpoint import STATUSES, Checkpoint
-from .._errors import ConflictError, CorruptCheckpoint
+from .._errors import CorruptCheckpoint
 from .._redact import redact_url
 from .._store import RunInfo
 from ._common import (
@@ -16,29 +17,26 @@ from ._common import (
     OperationalError,
     UsageError,
     age_arg,
+    existing,
     info_matches,
     infos,
     newest_first,
-    opened,
     positive_int,
     store_config,
-    ttl_arg,
 )
 from ._output import age, emit_json, iso, out, safe, safe_lines, span, table, when
+from ._prune import add_prune_parser
+from ._retry import add_retry_parser
 from ._upgrade import add_upgrade_parser
 from ._worker import add_start_parser
 
-__all__ = ["EXIT_ALREADY_DELIVERED", "add_parsers"]
-
-#: ``runs signal`` with an ``--id`` the run received before: nothing was recorded. Not 0,
-#: so a script can tell a repeat from a delivery; not 1 or 2, since nothing failed.
-EXIT_ALREADY_DELIVERED = 3
+__all__ = ["add_parsers"]
 
 
 def add_parsers(commands: Any, store: argparse.ArgumentParser, parser_class: type) -> None:
     """Add ``runs`` and its actions to the ``commands`` subparsers."""
     runs = commands.add_parser(
-        "runs", help="start, list, show, cancel, signal, delete and prune runs"
+        "runs", help="start, list, show, retry, cancel, signal, delete and prune runs"
     )
     actions = runs.add_subparsers(dest="runs_command", metavar="ACTION", parser_class=parser_class)
     actions.required = True
@@ -64,6 +62,12 @@ def add_parsers(commands: Any, store: argparse.ArgumentParser, parser_class: typ
         type=age_arg,
         metavar="AGE",
         help="only runs last updated after AGE ago, or after an ISO timestamp",
+    )
+    ls.add_argument("--prefix", metavar="TEXT", help="only runs whose id starts with TEXT")
+    ls.add_argument(
+        "--kind",
+        choices=_KINDS,
+        help="only records of this kind: run (stepstone's runs) or one adapter's records",
     )
     ls.add_argument("--limit", type=positive_int, metavar="N", help="show at most N runs")
     ls.set_defaults(handler=_list)
@@ -124,39 +128,8 @@ def add_parsers(commands: Any, store: argparse.ArgumentParser, parser_class: typ
     )
     delete.set_defaults(handler=_delete)
 
-    prune = actions.add_parser(
-        "prune",
-        parents=[store],
-        help="delete runs not updated for a while",
-        description=(
-            "Delete runs whose last update is older than --older-than. Runs without an "
-            "update time are never pruned. Each run is re-read just before it is deleted "
-            "and deleted by compare-and-swap on the version read, so one that advanced "
-            "meanwhile is kept."
-        ),
-    )
-    prune.add_argument(
-        "--older-than",
-        type=age_arg,
-        metavar="AGE",
-        required=True,
-        help="prune runs last updated before AGE ago (30d, 12h, 15m, 45s) or an ISO timestamp",
-    )
-    prune.add_argument("--status", choices=STATUSES, help="only prune runs with this status")
-    prune.add_argument("--dry-run", action="store_true", help="list what would go, delete nothing")
-    prune.add_argument(
-        "--ttl",
-        type=ttl_arg,
-        nargs="?",
-        const=1,
-        default=None,
-        metavar="DURATION",
-        help=(
-            "instead of deleting, set the store's native per-run TTL (default 1s) so the "
-            "store expires them itself; only for stores with native TTL (cosmos)"
-        ),
-    )
-    prune.set_defaults(handler=_prune)
+    add_prune_parser(actions, store)
+    add_retry_parser(actions, store)
 
     cancel = actions.add_parser(
         "cancel",
@@ -178,8 +151,9 @@ def add_parsers(commands: Any, store: argparse.ArgumentParser, parser_class: typ
         description=(
             "Send the signal NAME with a JSON payload to a run. A run accepts signals while "
             "queued, running, waiting or failed. A repeated --id is a no-op, whatever its "
-            "payload: it prints 'already delivered (id ID)', exits with status "
-            f'{EXIT_ALREADY_DELIVERED} and, with --json, reports "delivered": false.'
+            "payload and whatever the run's state (a webhook's retry after the run finished "
+            "included): it prints 'already delivered (id ID)', exits 0 and, with --json, "
+            'reports "delivered": false.'
         ),
     )
     signal.add_argument("run_id", metavar="RUN_ID")
@@ -191,8 +165,7 @@ def add_parsers(commands: Any, store: argparse.ArgumentParser, parser_class: typ
         "--id",
         dest="signal_id",
         metavar="ID",
-        help="an id that makes re-sending a no-op (exit status "
-        f"{EXIT_ALREADY_DELIVERED}, 'already delivered')",
+        help="an id that makes re-sending a no-op (exit 0, 'already delivered')",
     )
     signal.set_defaults(handler=_signal)
 
@@ -205,6 +178,7 @@ def add_parsers(commands: Any, store: argparse.ArgumentParser, parser_class: typ
 #: the pydantic-ai adapter. Everything else is a stepstone run.
 _ADAPTER_HEADS = ("langgraph", "maf", "openai-agents")
 _JOURNAL_SUFFIX = "/pydantic-ai-journal"
+_KINDS = ("run", *_ADAPTER_HEADS, "pydantic-ai")
 
 
 def _kind(run_id: str) -> str:
@@ -249,40 +223,55 @@ def _progress(step: int, total: int | None) -> str:
     return f"{step + 1}/{'?' if total is None else total}"
 
 
-#: At most this many waiting runs are loaded to say what they wait for (``RunInfo`` does
-#: not carry it); past that the column shows ``?`` and ``runs show`` tells.
-_MAX_WAIT_LOADS = 200
+#: At most this many runs are loaded to say what they wait for and which workflow they
+#: run (``RunInfo`` carries neither); past that the columns show ``?`` and ``runs show``
+#: tells.
+_MAX_LOADS = 200
 
 
-def _waits(store: Any, found: list[RunInfo]) -> dict[str, str | None]:
-    """Return ``waiting_for`` of the waiting runs among ``found`` (the first 200)."""
-    waits: dict[str, str | None] = {}
-    for info in [i for i in found if i.status == "waiting"][:_MAX_WAIT_LOADS]:
+def _details(store: Any, found: list[RunInfo]) -> dict[str, Checkpoint]:
+    """Return the checkpoints of the first 200 stepstone runs among ``found``."""
+    loaded: dict[str, Checkpoint] = {}
+    for info in [i for i in found if _kind(i.run_id) == "run"][:_MAX_LOADS]:
         try:
             cp = store.load(info.run_id)
         except CorruptCheckpoint:
             continue
-        waits[info.run_id] = None if cp is None else cp.waiting_for
-    return waits
+        if cp is not None:
+            loaded[info.run_id] = cp
+    return loaded
+
+
+def _workflow_text(cp: Checkpoint | None) -> str:
+    if cp is None:
+        return "?"
+    if cp.workflow is None:
+        return "-"  # run() with a list of steps: no named workflow
+    version = "" if cp.workflow_version is None else f"@{cp.workflow_version}"
+    return safe(f"{cp.workflow}{version}")
 
 
 def _list(args: argparse.Namespace) -> int:
     config = store_config(args)
-    with opened(config) as store:
+    with existing(config) as store:
         found = [
             i
             for i in infos(store)
             if info_matches(i, args.status, args.older_than, args.newer_than)
+            and (args.prefix is None or i.run_id.startswith(args.prefix))
+            and (args.kind is None or _kind(i.run_id) == args.kind)
         ]
         found = newest_first(found)
         if args.limit is not None:
             found = found[: args.limit]
-        waits = _waits(store, found)
+        loaded = _details(store, found)
+    waits = {k: cp.waiting_for for k, cp in loaded.items() if cp.status == "waiting"}
     if args.json:
         emit_json(
             [
                 {
                     **_info_json(i),
+                    **({"workflow": loaded[i.run_id].workflow} if i.run_id in loaded else {}),
                     **({"waiting_for": waits.get(i.run_id)} if i.status == "waiting" else {}),
                 }
                 for i in found
@@ -290,7 +279,7 @@ def _list(args: argparse.Namespace) -> int:
         )
         return EXIT_OK
     if not found:
-        filtered = args.status or args.older_than or args.newer_than
+        filtered = args.status or args.older_than or args.newer_than or args.prefix or args.kind
         out("no matching runs" if filtered else "no runs")
         return EXIT_OK
     now = datetime.now(UTC)
@@ -299,6 +288,7 @@ def _list(args: argparse.Namespace) -> int:
             safe(i.run_id),
             i.status,
             _progress(i.step, i.total_steps) if _kind(i.run_id) == "run" else "-",
+            _workflow_text(loaded.get(i.run_id)) if _kind(i.run_id) == "run" else "-",
             safe(i.owner) if i.owner else "-",
             _due_text(i, now),
             when(i.updated_at),
@@ -306,7 +296,7 @@ def _list(args: argparse.Namespace) -> int:
         ]
         for i in found
     ]
-    headers = ["RUN_ID", "STATUS", "STEPS", "OWNER", "DUE", "UPDATED", "AGE"]
+    headers = ["RUN_ID", "STATUS", "STEPS", "WORKFLOW", "OWNER", "DUE", "UPDATED", "AGE"]
     kinds = [_kind(i.run_id) for i in found]
     if any(kind != "run" for kind in kinds):
         # Records the framework adapters wrote sit beside the runs: say which is which.
@@ -352,6 +342,62 @@ def _lease(cp: Checkpoint, now: datetime) -> tuple[str, bool | None]:
     )
 
 
+def _owner_lost(cp: Checkpoint, now: datetime) -> float | None:
+    """Return how many seconds ago a running run's lease expired, or None if it did not."""
+    if cp.status != "running" or cp.owner is None or cp.lease is None or cp.renewed_at is None:
+        return None
+    renewed = cp.renewed_at if cp.renewed_at.tzinfo else cp.renewed_at.replace(tzinfo=UTC)
+    over = (now - renewed).total_seconds() - cp.lease
+    return over if over > 0 else None
+
+
+def _status_text(cp: Checkpoint, now: datetime) -> str:
+    """Return the status as an operator should read it: a running run nobody runs says so."""
+    text: str = cp.status
+    lost = _owner_lost(cp, now)
+    if lost is not None:
+        text += f" (owner lost, lease expired {span(lost)} ago: a worker will take it over)"
+    elif cp.status == "running" and cp.owner is None:
+        text += " (no process holds it: the next worker that looks claims it)"
+    return text + (" (cancel requested)" if cp.cancel_requested else "")
+
+
+def _in_flight(cp: Checkpoint, now: datetime) -> tuple[int, str | None, float | None] | None:
+    """Return ``(index, name, seconds)`` of the step a running run is executing, or None.
+
+    The name is known only once that step has failed (its failure names it); the time
+    is since the run's last save, which is when the previous step completed or the
+    step's last attempt was counted.
+    """
+    if cp.status != "running":
+        return None
+    index = cp.step + 1
+    failure = cp.failure
+    name = failure.step_name if failure is not None and failure.step_index == index else None
+    since = None
+    if cp.updated_at is not None:
+        updated = cp.updated_at if cp.updated_at.tzinfo else cp.updated_at.replace(tzinfo=UTC)
+        since = max((now - updated).total_seconds(), 0.0)
+    return index, name, since
+
+
+def _attempt(cp: Checkpoint) -> tuple[int | None, str]:
+    """Return the attempt that is running or failed on the next step, and a sentence."""
+    failure = cp.failure
+    failed_here = failure is not None and failure.step_index == cp.step + 1
+    if cp.status == "failed" and failure is not None:
+        return failure.attempt, f"{failure.attempt} (failed; see failure)"
+    if cp.status == "running":
+        if failed_here and failure is not None and cp.attempt <= failure.attempt:
+            # A failed attempt whose retry has not begun yet: the owner waits the backoff.
+            return failure.attempt, f"{failure.attempt} failed, retrying after a backoff"
+        running = max(cp.attempt, 1)
+        return running, f"{running} running"
+    if cp.attempt:
+        return cp.attempt, f"{cp.attempt} begun on the next step, none running now"
+    return None, "none running"
+
+
 def _checkpoint_json(cp: Checkpoint, now: datetime) -> dict[str, Any]:
     failure = cp.failure
     lease_text, live = _lease(cp, now)
@@ -362,7 +408,13 @@ def _checkpoint_json(cp: Checkpoint, now: datetime) -> dict[str, Any]:
         "completed_steps": cp.step + 1,
         "total_steps": cp.total_steps,
         "step_names": list(cp.step_names),
-        "attempt": cp.attempt,
+        "attempt": _attempt(cp)[0],
+        "attempts_recorded": cp.attempt,
+        "status_text": _status_text(cp, now),
+        "owner_lost": _owner_lost(cp, now) is not None,
+        "in_flight": None
+        if (flight := _in_flight(cp, now)) is None
+        else {"step_index": flight[0], "step_name": flight[1], "seconds": flight[2]},
         "failure": None
         if failure is None
         else {
@@ -399,7 +451,7 @@ def _checkpoint_json(cp: Checkpoint, now: datetime) -> dict[str, Any]:
 
 def _show(args: argparse.Namespace) -> int:
     config = store_config(args)
-    with opened(config) as store:
+    with existing(config) as store:
         cp = store.load(args.run_id)
     if cp is None:
         raise _missing(args.run_id, config)
@@ -414,14 +466,19 @@ def _show(args: argparse.Namespace) -> int:
         return EXIT_OK
     total = "?" if cp.total_steps is None else str(cp.total_steps)
     names = ", ".join(safe(n) for n in cp.step_names) if cp.step_names else "none yet"
-    status = cp.status + (" (cancel requested)" if cp.cancel_requested else "")
     fields = [
         ("run id", safe(cp.run_id)),
-        ("status", status),
+        ("status", _status_text(cp, now)),
         ("progress", f"{cp.step + 1} of {total} steps completed (last completed index {cp.step})"),
         ("completed", names),
-        ("attempt", f"{cp.attempt} attempt(s) begun on the next step"),
     ]
+    flight = _in_flight(cp, now)
+    if flight is not None:
+        index, name, since = flight
+        named = f" ({safe(name)})" if name else ""
+        ran = "" if since is None else f", for {span(since)} since the last save"
+        fields.append(("in flight", f"step {index}{named}{ran}"))
+    fields.append(("attempt", _attempt(cp)[1]))
     if cp.workflow is not None:
         version = f" version {safe(cp.workflow_version)}" if cp.workflow_version else ""
         fields.append(("workflow", f"{safe(cp.workflow)}{version}"))
@@ -468,7 +525,7 @@ def _show(args: argparse.Namespace) -> int:
 
 def _history(args: argparse.Namespace) -> int:
     history = _runtime("history")
-    with opened(store_config(args)) as store:
+    with existing(store_config(args)) as store:
         entries = history(store, args.run_id)
     if args.json:
         emit_json(
@@ -505,7 +562,7 @@ def _history(args: argparse.Namespace) -> int:
 
 def _fork(args: argparse.Namespace) -> int:
     fork = _runtime("fork")
-    with opened(store_config(args)) as store:
+    with existing(store_config(args)) as store:
         cp = fork(store, args.run_id, args.at_step, args.new_run_id)
     if args.json:
         emit_json({"run_id": cp.run_id, "step": cp.step, "status": cp.status})
@@ -525,7 +582,7 @@ def _rerun(args: argparse.Namespace) -> int:
             raise UsageError(f"--patch is not JSON ({exc}); give a JSON object") from None
         if not isinstance(patch, dict):
             raise UsageError(f"--patch must be a JSON object, got {type(patch).__name__}")
-    with opened(store_config(args)) as store:
+    with existing(store_config(args)) as store:
         cp = rerun(store, args.run_id, args.from_step, patch=patch)
     if args.json:
         emit_json({"run_id": cp.run_id, "step": cp.step, "status": cp.status})
@@ -538,12 +595,12 @@ def _missing(run_id: str, config: str) -> OperationalError:
     return OperationalError(f"no run {run_id!r} in {redact_url(config)}")
 
 
-# --- delete, prune -------------------------------------------------------------------
+# --- delete -------------------------------------------------------------------
 
 
 def _delete(args: argparse.Namespace) -> int:
     config = store_config(args)
-    with opened(config) as store:
+    with existing(config) as store:
         deleted = store.delete(args.run_id)
     if deleted:
         if args.json:
@@ -558,72 +615,6 @@ def _delete(args: argparse.Namespace) -> int:
             out(f"no run {safe(repr(args.run_id))}; nothing to delete")
         return EXIT_OK
     raise _missing(args.run_id, config)
-
-
-def _prune(args: argparse.Namespace) -> int:
-    config = store_config(args)
-    cutoff: datetime = args.older_than
-    verb = "expire" if args.ttl is not None else "delete"
-    affected: list[str] = []
-    kept: list[str] = []
-    with opened(config) as store:
-        if args.ttl is not None and not store.supports_ttl:
-            raise UsageError(
-                f"the {store.scheme or type(store).__name__} store has no native TTL; "
-                "prune without --ttl to delete the runs"
-            )
-        candidates = newest_first(
-            [i for i in infos(store) if info_matches(i, args.status, cutoff, None)]
-        )
-        for info in candidates:
-            if args.dry_run:
-                if not args.json:
-                    out(
-                        f"would {verb} {safe(repr(info.run_id))} ({info.status}, "
-                        f"updated {when(info.updated_at)})"
-                    )
-                affected.append(info.run_id)
-                continue
-            # Re-read, and delete by compare-and-swap on what was read: a run a worker
-            # advanced since it was listed is not old any more, and is kept.
-            cp = store.load(info.run_id)
-            if cp is None:
-                continue
-            if not info_matches(RunInfo.of(cp), args.status, cutoff, None):
-                kept.append(info.run_id)
-                continue
-            if args.ttl is not None:
-                if store.expire(info.run_id, args.ttl) is not False:
-                    affected.append(info.run_id)
-                continue
-            try:
-                if store.delete(info.run_id, expected_version=cp.version):
-                    affected.append(info.run_id)
-            except ConflictError:
-                kept.append(info.run_id)
-    count = len(affected)
-    which = f"{args.status + ' ' if args.status else ''}{'run' if count == 1 else 'runs'}"
-    if args.json:
-        emit_json(
-            {
-                "action": verb,
-                "dry_run": args.dry_run,
-                "ttl_seconds": args.ttl,
-                "cutoff": iso(cutoff),
-                "count": count,
-                "run_ids": affected,
-                "kept_because_changed": kept,
-            }
-        )
-        return EXIT_OK
-    done = {"delete": "deleted", "expire": f"set a {args.ttl}s TTL on"}[verb]
-    if args.dry_run:
-        out(f"dry run: would {verb} {count} {which} updated before {when(cutoff)}")
-    else:
-        out(f"{done} {count} {which} updated before {when(cutoff)}")
-        if kept:
-            out(f"kept {len(kept)} that changed while pruning")
-    return EXIT_OK
 
 
 # --- cancel, signal (the runtime API) ------------------------------------------------
@@ -650,7 +641,7 @@ def _status_of(result: Any) -> str | None:
 def _cancel(args: argparse.Namespace) -> int:
     cancel = _runtime("cancel")
     config = store_config(args)
-    with opened(config) as store:
+    with existing(config) as store:
         result = cancel(store, args.run_id)
     status = _status_of(result)
     if args.json:
@@ -675,12 +666,15 @@ def _signal(args: argparse.Namespace) -> int:
         ) from None
     signal = _runtime("signal")
     config = store_config(args)
-    with opened(config) as store:
+    with existing(config) as store:
         result = signal(store, args.run_id, args.name, payload, signal_id=args.signal_id)
-    # stepstone.signal returns False for an id received before; anything else (True, or
-    # None from an older runtime) is a delivery.
+        # stepstone.signal returns False for an id received before; anything else (True,
+        # or None from an older runtime) is a delivery. It returns no status: read it.
+        status = _status_of(result)
+        if status is None:
+            after = store.load(args.run_id)
+            status = None if after is None else after.status
     delivered = result is not False
-    status = _status_of(result)
     if args.json:
         emit_json(
             {
@@ -699,4 +693,4 @@ def _signal(args: argparse.Namespace) -> int:
             f"already delivered (id {safe(repr(args.signal_id))}): run "
             f"{safe(repr(args.run_id))} has it; nothing was recorded"
         )
-    return EXIT_OK if delivered else EXIT_ALREADY_DELIVERED
+    return EXIT_OK

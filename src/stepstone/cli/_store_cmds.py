@@ -12,7 +12,15 @@ from .._errors import ConfigError, StoreError, StorePermissionError
 from .._redact import redact_url
 from .._statelog import ORPHAN_AGE, Orphan
 from .._store import Diagnosis, Store
-from ._common import EXIT_ERROR, EXIT_OK, OperationalError, UsageError, opened, store_config
+from ._common import (
+    EXIT_ERROR,
+    EXIT_OK,
+    OperationalError,
+    UsageError,
+    existing,
+    opened,
+    store_config,
+)
 from ._output import REDACT, emit_json, out, safe
 
 __all__ = ["add_parsers"]
@@ -205,13 +213,15 @@ def _doctor(args: argparse.Namespace) -> int:
     config = store_config(args)
     collected: list[dict[str, Any]] = []
     try:
-        with opened(config) as store:
+        with existing(config) as store:  # a typo in a path must not create a store
             results = store.doctor()
             if args.fix:
                 fixed, collected = _fix(store, args.min_age)
                 results.append(fixed)
     except ConfigError:
         raise
+    except OperationalError as exc:  # no store there: a failing check, not a crash
+        results = [Diagnosis("open the store", False, str(exc))]
     except (StoreError, OSError) as exc:
         if args.verbose:
             print(REDACT("".join(traceback.format_exception(exc))), file=sys.stderr, end="")

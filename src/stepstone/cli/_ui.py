@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 from .._redact import redact_url
-from ._common import EXIT_OK, UsageError, bounded_int, store_config
+from ._common import EXIT_OK, UsageError, bounded_int, require_store, store_config
 from ._output import PROG, REDACT, emit_json, out, safe
 
 __all__ = ["TOKEN_ENV", "add_parsers"]
@@ -80,6 +80,7 @@ def _ui(args: argparse.Namespace) -> int:
             f"the dashboard needs the ui extra ({exc.name} is missing): pip install 'stepstone[ui]'"
         ) from None
     config = store_config(args)
+    require_store(config)  # the dashboard reads runs: a typo in a path must not create a store
     app = create_app(config, token=token, read_only=args.read_only, poll=args.poll)
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{args.port}/"

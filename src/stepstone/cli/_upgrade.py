@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ._common import EXIT_OK, OperationalError, UsageError, opened, store_config
+from ._common import EXIT_OK, OperationalError, UsageError, existing, store_config
 from ._output import PROG, emit_json, out, safe
 from ._worker import load_workflows
 
@@ -75,7 +75,7 @@ def _upgrade(args: argparse.Namespace) -> int:
     from .. import _upgrade as runtime  # noqa: PLC0415 - the runtime, only when used
 
     workflows = load_workflows(args.workflows)
-    with opened(store_config(args)) as store:
+    with existing(store_config(args)) as store:
         cp = store.load(args.run_id)  # a bad run id fails here: InvalidRunId, exit 2
         if cp is None:
             raise OperationalError(f"no run {args.run_id!r} in the store; see `{PROG} runs list`")

@@ -30,6 +30,7 @@ from typing import Any, NoReturn
 
 from .. import _lease
 from .._observe import RunEvent, escape
+from .._redact import redact_url
 from ._common import EXIT_OK, OperationalError, UsageError, bounded_int, opened, seconds_arg
 from ._common import store_config as _store_config
 from ._output import PROG, emit_json, out, safe
@@ -227,12 +228,17 @@ def _worker(args: argparse.Namespace) -> int:
             _json_line(
                 {
                     "event": "serving",
+                    "store": redact_url(config),
                     "workflows": [getattr(w, "name", None) for w in workflows],
                     **options,
                 }
             )
         else:
-            out(f"{PROG} worker: serving {names} (Ctrl-C or SIGTERM to stop)")
+            # The default store depends on the working directory: say which one this is.
+            out(
+                f"{PROG} worker: serving {names} from {safe(redact_url(config))} (Ctrl-C or "
+                "SIGTERM to stop)"
+            )
         sys.stdout.flush()
         with _stop_on_signals(worker) as received:
             worker.serve()
@@ -361,7 +367,8 @@ def _start(args: argparse.Namespace) -> int:
     payload = _input(args.input)
     import stepstone  # noqa: PLC0415  (the package imports this module's parent)
 
-    with opened(_store_config(args)) as store:
+    config = _store_config(args)
+    with opened(config) as store:
         existing = store.load(args.run_id)  # a bad run id fails here: InvalidRunId, exit 2
         if existing is not None:
             raise OperationalError(
@@ -379,9 +386,10 @@ def _start(args: argparse.Namespace) -> int:
             }
         )
     else:
+        version = "" if workflow.version is None else f" version {escape(workflow.version)}"
         out(
-            f"queued run {escape(info.run_id)} of workflow {escape(workflow.name)} version "
-            f"{escape(workflow.version)} (status {info.status}): a worker serving it runs it, "
-            f"e.g. {PROG} worker --workflows {safe(args.workflows)}"
+            f"queued run {escape(info.run_id)} of workflow {escape(workflow.name)}{version} "
+            f"in {safe(redact_url(config))} (status {info.status}): a worker serving it runs "
+            f"it, e.g. {PROG} worker --workflows {safe(args.workflows)}"
         )
     return EXIT_OK

@@ -68,6 +68,14 @@ storage cannot change that, so it also logs each failure at ERROR level on the
 
 from __future__ import annotations
 
+try:
+    import agent_framework  # noqa: F401 - fail here, naming the extra, rather than deeper
+except ImportError as exc:  # pragma: no cover - the tests run with the extra installed
+    raise ImportError(
+        "stepstone.adapters.agent_framework needs Microsoft Agent Framework: "
+        "pip install 'stepstone[agent-framework]'"
+    ) from exc
+
 from ._encoding import TYPE_KEY
 from ._records import (
     FORMAT,
