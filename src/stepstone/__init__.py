@@ -44,6 +44,7 @@ from ._errors import (
 if TYPE_CHECKING:  # what the names below are, for type checkers; imported on first use
     from ._arunner import arun
     from ._checkpoint import SCHEMA_VERSION, Checkpoint, Failure, RunStatus, Signal, check_run_id
+    from ._code import AsyncWorkflowContext, CallFailed, CodeWorkflow, WorkflowContext, workflow
     from ._control import acancel, asignal, astart, cancel, signal, start
     from ._history import HistoryEntry, afork, ahistory, arerun, fork, history, rerun
     from ._lease import DEFAULT_LEASE
@@ -59,9 +60,12 @@ if TYPE_CHECKING:  # what the names below are, for type checkers; imported on fi
 # from its module the first time it is used (PEP 562), so a process that needs one
 # backend, or the CLI's --help, does not pay for the runtime, the worker and the rest.
 _LAZY: dict[str, str] = {
+    "AsyncWorkflowContext": "._code",
     "AttemptsExhausted": "._steps",
+    "CallFailed": "._code",
     "Checkpoint": "._checkpoint",
     "ChildFailed": "._suspend",
+    "CodeWorkflow": "._code",
     "DEFAULT_LEASE": "._lease",
     "DEFAULT_STORE": "._registry",
     "Diagnosis": "._store",
@@ -81,6 +85,7 @@ _LAZY: dict[str, str] = {
     "WaitTimeout": "._suspend",
     "Worker": "._worker",
     "Workflow": "._steps",
+    "WorkflowContext": "._code",
     "acancel": "._control",
     "afork": "._history",
     "ahistory": "._history",
@@ -101,6 +106,7 @@ _LAZY: dict[str, str] = {
     "signal": "._control",
     "start": "._control",
     "upgrade": "._upgrade",
+    "workflow": "._code",
 }
 
 
@@ -118,10 +124,13 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "AsyncWorkflowContext",
     "AttemptsExhausted",
+    "CallFailed",
     "Checkpoint",
     "CheckpointTooLarge",
     "ChildFailed",
+    "CodeWorkflow",
     "ConfigError",
     "ConflictError",
     "CorruptCheckpoint",
@@ -162,6 +171,7 @@ __all__ = [
     "Worker",
     "Workflow",
     "WorkflowChanged",
+    "WorkflowContext",
     "acancel",
     "afork",
     "ahistory",
@@ -182,5 +192,6 @@ __all__ = [
     "signal",
     "start",
     "upgrade",
+    "workflow",
 ]
 __version__ = "0.1.0"

@@ -1,0 +1,336 @@
+"""Workflows as code: ``@workflow`` functions whose context calls are journaled.
+
+A ``CodeWorkflow`` is a ``Workflow`` of one suspending step (``CodeStep``) whose
+evaluation drives the function. The function runs beside the core: in a thread of its
+own (a plain ``def``) or as a task on the caller's event loop (``async def``). Each
+``ctx`` call that has no answer in the journal yet sends a request to the core, which
+performs it as effects like any step's bookkeeping: a journaled result is one save of
+the run (``_core.write``: compare-and-swap, fenced by the run's lease), a wait is the
+run saved ``waiting`` exactly as ``WaitFor``/``Sleep`` leave it. Meanwhile the core
+waits for the next request inside a ``Call``, so the driver renews the lease as it
+does while a long step runs, and every save is the driver's own (``Plan.current``).
+
+The journal is a list in the run's state under ``JOURNAL_KEY``, one entry per answered
+call, in the order the answers landed (``_journal``). Appending to it is an append to
+a list, so a long state's save stores only the new entry (``_statelog``'s ``x`` op).
+
+On resume the function runs again from the top: the journal answers every call made
+before (by its position in call order, checked against its name), and the first call
+it cannot answer runs for real. Code between calls therefore re-runs.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Coroutine, Generator
+from datetime import timedelta
+from typing import Any
+
+from . import _lease
+from ._checkpoint import Checkpoint, Failure, evolve, utcnow
+from ._codec import copy_containers
+from ._context import (
+    MISSING,
+    AsyncWorkflowContext,
+    CallFailed,
+    Session,
+    Waiter,
+    WorkflowContext,
+    close,
+    failure,
+)
+from ._core import write
+from ._effects import Call, Effect
+from ._errors import InvalidState, InvalidWorkflow, WorkflowChanged
+from ._journal import (
+    JOURNAL_KEY,
+    answer_of,
+    entry_failed,
+    entry_ok,
+    journal_of,
+    json_value,
+    recorded_calls,
+)
+from ._observe import logger
+from ._plan import Plan
+from ._steps import Complete, Outcome, SuspendingStep, Wait, Workflow, check_name
+from ._suspend import _due, nudge, pending_signals
+
+__all__ = [
+    "JOURNAL_KEY",
+    "AsyncWorkflowContext",
+    "CallFailed",
+    "CodeStep",
+    "CodeWorkflow",
+    "WorkflowContext",
+    "workflow",
+]
+
+State = dict[str, Any]
+
+
+# --- the step that drives the function ---------------------------------------------------
+
+
+class CodeStep(SuspendingStep):
+    """The one step of a ``CodeWorkflow``: runs the function, journaling its calls."""
+
+    __slots__ = ("fn", "is_async")
+
+    def __init__(self, name: str, fn: Callable[..., Any]) -> None:
+        self.name = check_name(name)
+        self.fn = fn
+        self.is_async = inspect.iscoroutinefunction(fn)
+        self.retry = None
+
+    def __repr__(self) -> str:
+        return f"CodeStep({self.name!r})"
+
+    def ready(self, cp: Checkpoint) -> bool:
+        waiting = cp.waiting_for or ""
+        if waiting.startswith("signal "):
+            signal = waiting[len("signal ") :].rsplit(" at call ", 1)[0]
+            if pending_signals(cp, signal):
+                return True
+        return _due(cp.wake_at)
+
+    def evaluate(
+        self, plan: Plan, cp: Checkpoint, index: int, state: State, first: bool
+    ) -> Generator[Effect, Any, Outcome]:
+        recorded = recorded_calls(plan.run_id, journal_of(cp.state))
+        given = cp.input if isinstance(cp.input, dict) else {}
+        session = Session(
+            plan.run_id, self.name, recorded, self.fn, copy_containers(given), self.is_async
+        )
+        waiter = Waiter(
+            self.name,
+            session.anext_requests if self.is_async else session.next_requests,
+            self.is_async,
+        )
+        try:
+            while True:
+                batch = yield Call(waiter, state, None, cp)
+                if inspect.isawaitable(batch):
+                    close(batch)
+                    raise InvalidWorkflow(
+                        f"workflow {self.name!r} is async (async def): run it with "
+                        "`await stepstone.arun(...)` or `await worker.aserve()`"
+                    )
+                saves = [request for request in batch if request[0] == "save"]
+                if saves:
+                    cp = yield from _append(plan, cp, [request[1] for request in saves], {})
+                    for request in saves:
+                        session.answered(request[2])
+                        request[2].ok(None)
+                for request in batch:
+                    kind = request[0]
+                    if kind == "save":
+                        continue
+                    if kind == "end":
+                        if session.fatal is not None:
+                            yield from _park(plan, cp, index, self.name, session.fatal)
+                        if request[1] == "raise":
+                            error = request[2]
+                            if isinstance(error, WorkflowChanged):
+                                yield from _park(plan, cp, index, self.name, error)
+                            raise error
+                        return _finished(session, state, cp, request[2])
+                    if kind == "sleep":
+                        cp, wait = yield from _sleep(plan, cp, session, request)
+                    else:
+                        cp, wait = yield from _wait(plan, cp, session, request)
+                    if wait is not None:
+                        return wait
+        finally:
+            session.stop("stopped")
+
+
+def _finished(session: Session, state: State, cp: Checkpoint, value: Any) -> Complete:
+    """The function returned ``value``: check it and the journal, complete the step."""
+    left = [seq for seq in session.recorded if seq >= session.seq]
+    if left:
+        seq = min(left)
+        why = WorkflowChanged(
+            f"run {session.run_id!r} of workflow {session.name!r}: the function returned "
+            f"after {session.seq} calls, but the journal recorded "
+            f"{session.recorded[seq]['call']!r} as call {seq}; the function's calls changed "
+            "under a started run",
+            session.run_id,
+            seq,
+        )
+        session.fatal = why
+        raise why
+    try:
+        result = json_value(value, session.run_id, "the return value", session.seq)
+    except InvalidState as exc:
+        raise InvalidState(
+            f"workflow {session.name!r} returned a value that is not JSON: {exc}", exc.path
+        ) from None
+    session.stop("returned")
+    # The state completed with is the one last saved (its journal included), not the
+    # copy the core started from: the final save then adds only the result.
+    state[JOURNAL_KEY] = journal_of(cp.state)
+    return Complete({"result": result})
+
+
+def _append(
+    plan: Plan, cp: Checkpoint, entries: list[dict[str, Any]], changes: dict[str, Any]
+) -> Generator[Effect, Any, Checkpoint]:
+    """Save ``entries`` at the end of the journal (one compare-and-swap); return the record.
+
+    The new state is built on the last saved one (never changed in place): its journal
+    list's items are the very objects it holds, which is how a long state's save sees
+    an append and stores only the new entries.
+    """
+    base = cp.state
+    new = dict(base)
+    new[JOURNAL_KEY] = [*journal_of(base), *entries]
+    what = (
+        f"journal {entries[-1]['call']}" if len(entries) == 1 else f"journal {len(entries)} calls"
+    )
+    saved: Checkpoint = yield from write(plan, cp, evolve(cp, state=new, **changes), what)
+    return saved
+
+
+def _sleep(
+    plan: Plan, cp: Checkpoint, session: Session, request: tuple[Any, ...]
+) -> Generator[Effect, Any, tuple[Checkpoint, Wait | None]]:
+    _, seq, call, seconds, reply = request
+    label = f"timer at call {seq}"
+    if cp.waiting_for == label and cp.wake_at is not None:
+        wake = cp.wake_at  # fixed when this sleep began: a restart never moves it
+    else:
+        wake = utcnow() + timedelta(seconds=seconds)
+    if utcnow() < wake:
+        session.stop("stopped")
+        return cp, Wait(label, wake)
+    entry = entry_ok(seq, call, 1, wake.isoformat())
+    cp = yield from _append(plan, cp, [entry], {"waiting_for": None, "wake_at": None})
+    session.answered(reply)
+    reply.ok(wake.isoformat())
+    return cp, None
+
+
+def _wait(
+    plan: Plan, cp: Checkpoint, session: Session, request: tuple[Any, ...]
+) -> Generator[Effect, Any, tuple[Checkpoint, Wait | None]]:
+    _, seq, call, signal, timeout, default, reply = request
+    label = f"signal {signal} at call {seq}"
+    cleared = {"waiting_for": None, "wake_at": None}
+    pending = pending_signals(cp, signal)
+    if pending:
+        consumed = dict(cp.consumed)
+        consumed[signal] = consumed.get(signal, 0) + 1
+        logger.info("run %r: signal %r (id %r) consumed", cp.run_id, signal, pending[0].id)
+        entry = entry_ok(seq, call, 1, pending[0].payload)
+        cp = yield from _append(plan, cp, [entry], {**cleared, "consumed": consumed})
+        session.answered(reply)
+        reply.ok(copy_containers(answer_of(entry)))
+        return cp, None
+    if cp.waiting_for == label:
+        deadline = cp.wake_at
+    else:
+        deadline = None if timeout is None else utcnow() + timedelta(seconds=timeout)
+    if deadline is None or utcnow() < deadline:
+        session.stop("stopped")
+        return cp, Wait(label, deadline)
+    if default is not MISSING:
+        entry = entry_ok(seq, call, 1, default)
+        cp = yield from _append(plan, cp, [entry], cleared)
+        session.answered(reply)
+        reply.ok(copy_containers(default))
+        return cp, None
+    entry = entry_failed(seq, call, 1, "WaitTimeout", f"no signal {signal!r} within {timeout:g}s")
+    cp = yield from _append(plan, cp, [entry], cleared)
+    session.answered(reply)
+    reply.fail(failure(session, entry))
+    return cp, None
+
+
+def _park(
+    plan: Plan, cp: Checkpoint, index: int, name: str, why: WorkflowChanged
+) -> Generator[Effect, Any, None]:
+    """Save the run failed with ``why`` (lease given back), then raise it: never spun.
+
+    As the worker parks a step list whose names changed (``_outcomes.park``): a failed
+    run leaves the claim index, and running it again with the code it was started with
+    resumes it.
+    """
+    failure = Failure(
+        step_index=index,
+        step_name=name,
+        error_type=type(why).__name__,
+        message=f"{why}. Parked: no worker claims it again; resume it with the code it "
+        "was started with (stepstone.run), or cancel it",
+        attempt=0,
+        at=utcnow(),
+    )
+    parked = evolve(cp, failure=failure, attempt=0, waiting_for=None, wake_at=None)
+    yield from write(plan, cp, _lease.released(parked), "park")
+    if cp.parent is not None:
+        yield from nudge(cp.parent)
+    logger.error("run %r: %s", plan.run_id, why)
+    raise why
+
+
+# --- the decorator -------------------------------------------------------------------------
+
+
+class CodeWorkflow(Workflow):
+    """A workflow written as a function (``@stepstone.workflow``): one ``CodeStep``.
+
+    Accepted wherever a ``Workflow`` is: ``run``, ``arun``, ``start``, ``Worker``. A
+    run's final state is its input, the journal (under ``JOURNAL_KEY``) and the
+    function's return value under ``"result"``.
+    """
+
+    __slots__ = ("fn", "is_async")
+
+    def __init__(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        *,
+        version: str | None = None,
+        history: bool = False,
+    ) -> None:
+        if not callable(fn):
+            raise InvalidWorkflow(f"workflow {name!r}: expected a function, got {fn!r}")
+        super().__init__(name, [CodeStep(name, fn)], version=version, history=history)
+        self.fn = fn
+        self.is_async = inspect.iscoroutinefunction(fn)
+
+    def __repr__(self) -> str:
+        shown = "" if self.version is None else f", version={self.version!r}"
+        kind = "async def" if self.is_async else "def"
+        return f"CodeWorkflow({self.name!r}, {kind} {getattr(self.fn, '__qualname__', '?')}{shown})"
+
+
+def workflow(
+    name: str, *, version: str | None = None, history: bool = False
+) -> Callable[
+    [Callable[[Any, State], Any] | Callable[[Any, State], Coroutine[Any, Any, Any]]],
+    CodeWorkflow,
+]:
+    """Make a function ``fn(ctx, input)`` a durable workflow named ``name``.
+
+    A plain ``def`` gets a ``WorkflowContext`` and runs under ``run`` and ``arun``; an
+    ``async def`` gets an ``AsyncWorkflowContext`` and runs under ``arun`` (and
+    ``Worker.aserve``). ``input`` is the run's recorded input (a fresh copy each time).
+
+    Example::
+
+        @stepstone.workflow("triage", version="1")
+        async def triage(ctx, input):
+            draft = await ctx.step("draft", call_model, input["ticket"])
+            while not draft["done"]:
+                draft = await ctx.step("revise", call_model, draft)
+            return draft
+    """
+
+    def decorate(
+        fn: Callable[[Any, State], Any] | Callable[[Any, State], Coroutine[Any, Any, Any]],
+    ) -> CodeWorkflow:
+        return CodeWorkflow(name, fn, version=version, history=history)
+
+    return decorate
