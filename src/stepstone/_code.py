@@ -26,7 +26,7 @@ from collections.abc import Callable, Coroutine, Generator
 from datetime import timedelta
 from typing import Any
 
-from . import _lease
+from . import _hooks, _lease
 from ._checkpoint import Checkpoint, Failure, evolve, utcnow
 from ._codec import copy_containers
 from ._context import (
@@ -88,10 +88,8 @@ class CodeStep(SuspendingStep):
 
     def ready(self, cp: Checkpoint) -> bool:
         waiting = cp.waiting_for or ""
-        if waiting.startswith("signal "):
-            signal = waiting[len("signal ") :].rsplit(" at call ", 1)[0]
-            if pending_signals(cp, signal):
-                return True
+        if waiting.startswith("signal ") and pending_signals(cp, waiting[len("signal ") :]):
+            return True
         return _due(cp.wake_at)
 
     def evaluate(
@@ -118,7 +116,10 @@ class CodeStep(SuspendingStep):
                     )
                 saves = [request for request in batch if request[0] == "save"]
                 if saves:
+                    # The same kill points as a step's: returned, not yet journaled; journaled.
+                    _hooks.fire("runner.after_step")
                     cp = yield from _append(plan, cp, [request[1] for request in saves], {})
+                    _hooks.fire("runner.after_save")
                     for request in saves:
                         session.answered(request[2])
                         request[2].ok(None)
@@ -196,7 +197,10 @@ def _sleep(
     plan: Plan, cp: Checkpoint, session: Session, request: tuple[Any, ...]
 ) -> Generator[Effect, Any, tuple[Checkpoint, Wait | None]]:
     _, seq, call, seconds, reply = request
-    label = f"timer at call {seq}"
+    # The labels of ``Sleep`` and ``WaitFor``: ``signal`` wakes a run by its label. The
+    # wait the run is saved at is always the first call the journal cannot answer, so
+    # the label says which call it is.
+    label = "timer"
     if cp.waiting_for == label and cp.wake_at is not None:
         wake = cp.wake_at  # fixed when this sleep began: a restart never moves it
     else:
@@ -215,13 +219,14 @@ def _wait(
     plan: Plan, cp: Checkpoint, session: Session, request: tuple[Any, ...]
 ) -> Generator[Effect, Any, tuple[Checkpoint, Wait | None]]:
     _, seq, call, signal, timeout, default, reply = request
-    label = f"signal {signal} at call {seq}"
+    label = f"signal {signal}"
     cleared = {"waiting_for": None, "wake_at": None}
     pending = pending_signals(cp, signal)
     if pending:
         consumed = dict(cp.consumed)
         consumed[signal] = consumed.get(signal, 0) + 1
         logger.info("run %r: signal %r (id %r) consumed", cp.run_id, signal, pending[0].id)
+        _hooks.fire("wait.consumed")  # chosen, not yet saved: a crash here must not lose it
         entry = entry_ok(seq, call, 1, pending[0].payload)
         cp = yield from _append(plan, cp, [entry], {**cleared, "consumed": consumed})
         session.answered(reply)
