@@ -25,12 +25,14 @@ from stepstone import (
     InvalidState,
     InvalidWorkflow,
     RetryPolicy,
+    RunCancelled,
     StepFailed,
     Store,
     Suspended,
     Worker,
     WorkflowChanged,
     arun,
+    cancel,
     open_store,
     run,
     signal,
@@ -361,6 +363,31 @@ def test_calls_inside_a_call_or_after_the_return_are_refused(store: Store, mode:
     later = kept[0] if mode == "async-arun" else kept[0].ctx
     with pytest.raises(InvalidWorkflow, match="after workflow 'misuse' returned"):
         later.step("late", str, 1)
+
+
+def test_a_cancel_request_stops_the_function_at_its_next_journaled_call(
+    store: Store, mode: str
+) -> None:
+    """A run cancelled while its function runs stops once the call in flight is journaled."""
+    ran: list[int] = []
+
+    def work(x: int) -> int:
+        ran.append(x)
+        if x == 1:
+            cancel(store, "k")  # another writer, while call 1 runs
+        return x
+
+    async def body(ctx: Any, input: State) -> Any:
+        for i in range(4):
+            await ctx.step("work", work, i)
+        return "finished"
+
+    with pytest.raises(RunCancelled):
+        drive(mode, "k", make("cancelled", body, mode), store)
+    assert ran == [0, 1]
+    cp = store.load("k")
+    assert cp is not None and cp.status == "cancelled" and cp.owner is None
+    assert calls_of(cp.state) == ["work#1", "work#2"]
 
 
 def test_a_thread_the_workflow_did_not_start_is_refused(store: Store) -> None:

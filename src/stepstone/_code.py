@@ -39,8 +39,9 @@ from ._context import (
     close,
     failure,
 )
-from ._core import write
-from ._effects import Call, Effect
+from ._core import Interrupted, write
+from ._core import _finish_cancelled as finish_cancelled
+from ._effects import Announce, Call, Effect
 from ._errors import InvalidState, InvalidWorkflow, WorkflowChanged
 from ._journal import (
     JOURNAL_KEY,
@@ -120,6 +121,10 @@ class CodeStep(SuspendingStep):
                     _hooks.fire("runner.after_step")
                     cp = yield from _append(plan, cp, [request[1] for request in saves], {})
                     _hooks.fire("runner.after_save")
+                    if cp.cancel_requested or plan.stop_requested:
+                        # Every journaled call is a boundary, as each step of a list is.
+                        session.stop("stopped")
+                        yield from _boundary(plan, cp)
                     for request in saves:
                         session.answered(request[2])
                         request[2].ok(None)
@@ -144,6 +149,16 @@ class CodeStep(SuspendingStep):
                         return wait
         finally:
             session.stop("stopped")
+
+
+def _boundary(plan: Plan, cp: Checkpoint) -> Generator[Effect, Any, None]:
+    """Act on a cancel request or a stopping worker at a journaled call, as at a step."""
+    if cp.cancel_requested:
+        yield from finish_cancelled(plan, cp)  # raises RunCancelled
+    yield from write(plan, cp, _lease.released(cp), "hand-over")
+    yield Announce()  # another worker may take it now
+    logger.info("run %r: handed over at a journaled call (worker stopping)", plan.run_id)
+    raise Interrupted(plan.run_id)
 
 
 def _finished(session: Session, state: State, cp: Checkpoint, value: Any) -> Complete:
