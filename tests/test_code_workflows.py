@@ -593,3 +593,36 @@ def _until(what: str, check: Callable[[], bool]) -> None:
     while not check():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.01)
+
+
+def test_plain_workflows_under_arun_hold_no_thread_of_the_loops_executor(tmp_path: Path) -> None:
+    """A plain ``def`` workflow's blocked call under ``arun`` leaves the loop's executor free."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    release = threading.Event()
+
+    @stepstone.workflow("blocked")
+    def blocked(ctx: stepstone.WorkflowContext, input: State) -> Any:
+        return ctx.step("wait", release.wait, WAIT_TIMEOUT)
+
+    @stepstone.workflow("releasing")
+    def releasing(ctx: stepstone.WorkflowContext, input: State) -> Any:
+        ctx.step("first", str, 1)  # its save runs in the executor (the file store's asave)
+        def set_it() -> str:
+            release.set()
+            return "released"
+
+        return ctx.step("release", set_it)
+
+    async def both(store: Store) -> list[State]:
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(2))
+        runs = [arun("b1", blocked, store), arun("b2", blocked, store)]
+        runs.append(arun("r", releasing, store))
+        return await asyncio.wait_for(asyncio.gather(*runs), WAIT_TIMEOUT / 2)
+
+    with open_store(f"file://{tmp_path}/runs") as store:
+        try:
+            states = asyncio.run(both(store))
+        finally:
+            release.set()
+    assert [state["result"] for state in states] == [True, True, "released"]

@@ -101,20 +101,21 @@ class CodeStep(SuspendingStep):
         session = Session(
             plan.run_id, self.name, recorded, self.fn, copy_containers(given), self.is_async
         )
-        waiter = Waiter(
-            self.name,
-            session.anext_requests if self.is_async else session.next_requests,
-            self.is_async,
-        )
+        # Awaited under arun. The sync driver calls it instead, and gets a coroutine: the
+        # core then waits in the driver's thread (``next_requests``).
+        waiter = Waiter(self.name, session.anext_requests, True)
         try:
             while True:
                 batch = yield Call(waiter, state, None, cp)
                 if inspect.isawaitable(batch):
-                    close(batch)
-                    raise InvalidWorkflow(
-                        f"workflow {self.name!r} is async (async def): run it with "
-                        "`await stepstone.arun(...)` or `await worker.aserve()`"
-                    )
+                    close(batch)  # never awaited: nothing of it ran
+                    if self.is_async:
+                        raise InvalidWorkflow(
+                            f"workflow {self.name!r} is async (async def): run it with "
+                            "`await stepstone.arun(...)` or `await worker.aserve()`"
+                        )
+                    waiter = Waiter(self.name, session.next_requests, False)
+                    continue
                 saves = [request for request in batch if request[0] == "save"]
                 if saves:
                     # The same kill points as a step's: returned, not yet journaled; journaled.

@@ -181,6 +181,7 @@ class Session:
         self.outstanding: list[Reply] = []
         self.requests: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self.arequests: asyncio.Queue[tuple[Any, ...]] | None = None
+        self.loop: Any = None
         self.thread: threading.Thread | None = None
         self.task: asyncio.Task[None] | None = None
         self.ctx: WorkflowContext | AsyncWorkflowContext = (
@@ -241,10 +242,13 @@ class Session:
             if self.status == "open":
                 if reply is not None:
                     self.outstanding.append(reply)
-                if self.arequests is not None:
-                    self.arequests.put_nowait(request)
-                else:
+                if self.arequests is None:
                     self.requests.put(request)
+                elif self.asynchronous:
+                    self.arequests.put_nowait(request)  # from a task on the loop itself
+                else:
+                    # From the function's thread to the loop the core waits on.
+                    self.loop.call_soon_threadsafe(self.arequests.put_nowait, request)
                 return
         if reply is not None:
             reply.fail(Stop())
@@ -287,11 +291,7 @@ class Session:
 
     def next_requests(self, state: State) -> list[tuple[Any, ...]]:
         """Wait for the function's next requests (called by the driver, like a step)."""
-        if self.thread is None:
-            self.thread = threading.Thread(
-                target=self.main, name=f"stepstone-code-{self.name}", daemon=True
-            )
-            self.thread.start()
+        self.start_thread()
         batch = [self.requests.get()]
         while True:
             try:
@@ -304,13 +304,29 @@ class Session:
         import asyncio  # noqa: PLC0415 - see _AReply
 
         if self.arequests is None:
+            self.loop = asyncio.get_running_loop()
             self.arequests = asyncio.Queue()
-        if self.task is None:
-            self.task = asyncio.get_running_loop().create_task(self.amain())
+        if not self.asynchronous:
+            # A plain def under arun: its thread posts to this loop, and no thread of the
+            # loop's executor is held waiting (a worker's many runs would exhaust it).
+            self.start_thread()
+        elif self.task is None:
+            self.task = self.loop.create_task(self.amain())
         batch = [await self.arequests.get()]
         while not self.arequests.empty():
             batch.append(self.arequests.get_nowait())
         return batch
+
+    def start_thread(self) -> None:
+        """Start a plain ``def`` workflow's thread, once, in a copy of the caller's context."""
+        if self.thread is None:
+            self.thread = threading.Thread(
+                target=contextvars.copy_context().run,
+                args=(self.main,),
+                name=f"stepstone-code-{self.name}",
+                daemon=True,
+            )
+            self.thread.start()
 
     def answered(self, reply: Reply) -> None:
         with self.lock:
