@@ -26,7 +26,7 @@ from stepstone._journal import JOURNAL_KEY
 from test_contract import fresh_table
 
 SRC = str(Path(stepstone.__file__).resolve().parents[1])
-BACKENDS = ("sqlite", "postgresql")
+BACKENDS = ("sqlite", "postgresql", "mysql")
 
 CHILD = r"""
 import asyncio, json, os, signal, sys, time
@@ -136,6 +136,8 @@ with open_store(config) as store:
 def _config(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if kind == "sqlite":
         return f"sqlite:///{tmp_path}/runs.db"
+    if kind == "mysql":
+        return fresh_table(request, "mysql://root@127.0.0.1:3306/test")
     return fresh_table(request, "postgresql://postgres@127.0.0.1:5432/test")
 
 
