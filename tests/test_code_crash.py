@@ -98,6 +98,9 @@ if mode == "sync":
             return sum(ctx.step("iter", iteration, i)["i"] for i in range(60))
         if kind == "calls":
             return [ctx.step("call", plain, i) for i in range(5)]
+        if kind == "gather":
+            futures = [ctx.submit("tool", tool, i) for i in range(3)]
+            return [future.result() for future in futures]
         first = ctx.step("call", plain, "a")
         got = ctx.wait_for("approve")
         return [first, got, ctx.step("call", plain, "b")]
@@ -207,17 +210,21 @@ def test_a_kill_between_a_call_and_its_entry_reruns_that_call_once(
 
 
 @pytest.mark.crash
+@pytest.mark.parametrize("mode", ["sync", "async"])
 def test_a_kill_inside_a_gather_reruns_only_the_unfinished_call(
-    config: str, tmp_path: Path
+    config: str, mode: str, tmp_path: Path
 ) -> None:
-    """Killed while one of three gathered calls runs, only that one runs again."""
+    """Killed while one of three parallel calls runs, only that one runs again.
+
+    ``asyncio.gather`` in an async workflow, ``ctx.submit`` in a plain one.
+    """
     side = tmp_path / "starts.txt"
-    _killed(_child(config, side, "async", "gather", kill="gather"))
+    _killed(_child(config, side, mode, "gather", kill="gather"))
     with open_store(config) as store:
         cp = store.load("r")
         assert cp is not None
         assert sorted(e["call"] for e in cp.state[JOURNAL_KEY]) == ["tool#2", "tool#3"]
-    assert _result(_child(config, side, "async", "gather")) == [0, 1, 2]
+    assert _result(_child(config, side, mode, "gather")) == [0, 1, 2]
     assert _starts(side) == Counter({"tool 0": 2, "tool 1": 1, "tool 2": 1})
 
 

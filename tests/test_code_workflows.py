@@ -438,6 +438,40 @@ def test_parallel_calls_keep_call_order_and_are_journaled_as_they_complete(
     ]
 
 
+@pytest.mark.parametrize("under", ["run", "arun"])
+def test_submitted_calls_keep_call_order_and_are_journaled_as_they_complete(
+    store: Store, under: str
+) -> None:
+    """A plain workflow's ``ctx.submit`` calls run in parallel, numbered as written."""
+    finished: list[int] = []
+    events = [threading.Event() for _ in range(3)]
+
+    def tool(i: int) -> int:
+        if i < 2:
+            assert events[i + 1].wait(WAIT_TIMEOUT), f"call {i + 1} never finished"
+        finished.append(i)
+        events[i].set()
+        return i * 10
+
+    @stepstone.workflow("pool")
+    def body(ctx: stepstone.WorkflowContext, input: State) -> Any:
+        futures = [ctx.submit("tool", tool, i) for i in range(3)]
+        return [future.result(WAIT_TIMEOUT) for future in futures]
+
+    mode = "def-run" if under == "run" else "def-arun"
+    state = drive(mode, "p", body, store)
+    assert finished == [2, 1, 0] and state["result"] == [0, 10, 20]
+    assert [(e["seq"], e["call"]) for e in state[JOURNAL_KEY]] == [
+        (2, "tool#3"),
+        (1, "tool#2"),
+        (0, "tool#1"),
+    ]
+    for event in events:
+        event.clear()
+    finished.clear()
+    assert drive(mode, "p", body, store) == state and finished == []
+
+
 def test_an_interrupted_gather_reruns_only_its_unfinished_calls(store: Store) -> None:
     """Cancelled mid-gather, the run resumes running only the calls not yet journaled."""
     started: list[int] = []
@@ -608,6 +642,7 @@ def test_plain_workflows_under_arun_hold_no_thread_of_the_loops_executor(tmp_pat
     @stepstone.workflow("releasing")
     def releasing(ctx: stepstone.WorkflowContext, input: State) -> Any:
         ctx.step("first", str, 1)  # its save runs in the executor (the file store's asave)
+
         def set_it() -> str:
             release.set()
             return "released"

@@ -29,16 +29,7 @@ from typing import Any
 from . import _hooks, _lease
 from ._checkpoint import Checkpoint, Failure, evolve, utcnow
 from ._codec import copy_containers
-from ._context import (
-    MISSING,
-    AsyncWorkflowContext,
-    CallFailed,
-    Session,
-    Waiter,
-    WorkflowContext,
-    close,
-    failure,
-)
+from ._context import MISSING, AsyncWorkflowContext, WorkflowContext, failure
 from ._core import Interrupted, write
 from ._core import _finish_cancelled as finish_cancelled
 from ._effects import Announce, Call, Effect
@@ -54,6 +45,7 @@ from ._journal import (
 )
 from ._observe import logger
 from ._plan import Plan
+from ._session import CallFailed, Session, Waiter, close
 from ._steps import Complete, Outcome, SuspendingStep, Wait, Workflow, check_name
 from ._suspend import _due, nudge, pending_signals
 
@@ -101,6 +93,7 @@ class CodeStep(SuspendingStep):
         session = Session(
             plan.run_id, self.name, recorded, self.fn, copy_containers(given), self.is_async
         )
+        session.ctx = (AsyncWorkflowContext if self.is_async else WorkflowContext)(session)
         # Awaited under arun. The sync driver calls it instead, and gets a coroutine: the
         # core then waits in the driver's thread (``next_requests``).
         waiter = Waiter(self.name, session.anext_requests, True)
