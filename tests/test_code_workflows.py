@@ -390,6 +390,44 @@ def test_a_cancel_request_stops_the_function_at_its_next_journaled_call(
     assert calls_of(cp.state) == ["work#1", "work#2"]
 
 
+def test_an_exception_leaving_the_function_fails_the_run(store: Store, mode: str) -> None:
+    """An exception out of the function fails the run like a failing step, saved on it."""
+
+    async def body(ctx: Any, input: State) -> Any:
+        await ctx.step("fine", str, 1)
+        raise KeyError("no such ticket")
+
+    with pytest.raises(StepFailed) as caught:
+        drive(mode, "x", make("raising", body, mode), store)
+    assert isinstance(caught.value.__cause__, KeyError)
+    failed = store.load("x")
+    assert failed is not None and failed.status == "failed" and failed.owner is None
+    assert failed.failure is not None and failed.failure.error_type == "KeyError"
+    assert failed.failure.step_name == "raising" and calls_of(failed.state) == ["fine#1"]
+
+
+def test_the_lease_is_renewed_while_a_call_runs(store: Store, mode: str) -> None:
+    """A call that outlasts a third of the lease sees the run's lease renewed meanwhile."""
+
+    def renewed() -> bool:
+        cp = store.load("l")
+        assert cp is not None and cp.renewed_at is not None
+        first = cp.renewed_at
+        deadline = time.monotonic() + WAIT_TIMEOUT
+        while True:
+            now = store.load("l")
+            assert now is not None and now.renewed_at is not None
+            if now.renewed_at > first:
+                return True
+            assert time.monotonic() < deadline, "the lease was never renewed during the call"
+            time.sleep(0.02)
+
+    async def body(ctx: Any, input: State) -> Any:
+        return await ctx.step("long", renewed)
+
+    assert drive(mode, "l", make("renewing", body, mode), store, lease=0.6)["result"] is True
+
+
 def test_a_thread_the_workflow_did_not_start_is_refused(store: Store) -> None:
     """A plain workflow's context refuses calls from other threads (no thread pool yet)."""
     errors: list[BaseException] = []
