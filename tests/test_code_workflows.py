@@ -320,6 +320,9 @@ def test_returning_before_the_journaled_calls_is_a_change(store: Store, mode: st
     signal(store, "e", "go")
     with pytest.raises(WorkflowChanged, match="returned after 0 calls.*'a#1' as call 0"):
         drive(mode, "e", make("shrinking", none, mode), store)
+    parked = store.load("e")
+    assert parked is not None and parked.status == "failed" and parked.owner is None
+    assert parked.failure is not None and parked.failure.error_type == "WorkflowChanged"
 
 
 def test_a_non_json_result_names_the_call_its_ordinal_and_path(store: Store, mode: str) -> None:

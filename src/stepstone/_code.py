@@ -127,14 +127,7 @@ class CodeStep(SuspendingStep):
                     if kind == "save":
                         continue
                     if kind == "end":
-                        if session.fatal is not None:
-                            yield from _park(plan, cp, index, self.name, session.fatal)
-                        if request[1] == "raise":
-                            error = request[2]
-                            if isinstance(error, WorkflowChanged):
-                                yield from _park(plan, cp, index, self.name, error)
-                            raise error
-                        return _finished(session, state, cp, request[2])
+                        return (yield from _ended(plan, cp, index, session, state, request))
                     if kind == "sleep":
                         cp, wait = yield from _sleep(plan, cp, session, request)
                     else:
@@ -155,21 +148,46 @@ def _boundary(plan: Plan, cp: Checkpoint) -> Generator[Effect, Any, None]:
     raise Interrupted(plan.run_id)
 
 
-def _finished(session: Session, state: State, cp: Checkpoint, value: Any) -> Complete:
-    """The function returned ``value``: check it and the journal, complete the step."""
+def _ended(
+    plan: Plan,
+    cp: Checkpoint,
+    index: int,
+    session: Session,
+    state: State,
+    request: tuple[Any, ...],
+) -> Generator[Effect, Any, Complete]:
+    """The function ended: complete the step, or park or fail the run (raising)."""
+    _, how, value = request
+    why = session.fatal
+    if why is None and how == "raise" and isinstance(value, WorkflowChanged):
+        why = value
+    if why is None and how == "return":
+        why = _shrunk(session)
+    if why is not None:
+        yield from _park(plan, cp, index, session.name, why)
+    if how == "raise":
+        raise value
+    return _finished(session, state, cp, value)
+
+
+def _shrunk(session: Session) -> WorkflowChanged | None:
+    """Why a function that returned made fewer calls than its journal holds, if it did."""
     left = [seq for seq in session.recorded if seq >= session.seq]
-    if left:
-        seq = min(left)
-        why = WorkflowChanged(
-            f"run {session.run_id!r} of workflow {session.name!r}: the function returned "
-            f"after {session.seq} calls, but the journal recorded "
-            f"{session.recorded[seq]['call']!r} as call {seq}; the function's calls changed "
-            "under a started run",
-            session.run_id,
-            seq,
-        )
-        session.fatal = why
-        raise why
+    if not left:
+        return None
+    seq = min(left)
+    return WorkflowChanged(
+        f"run {session.run_id!r} of workflow {session.name!r}: the function returned "
+        f"after {session.seq} calls, but the journal recorded "
+        f"{session.recorded[seq]['call']!r} as call {seq}; the function's calls changed "
+        "under a started run",
+        session.run_id,
+        seq,
+    )
+
+
+def _finished(session: Session, state: State, cp: Checkpoint, value: Any) -> Complete:
+    """The function returned ``value``: check it, complete the step."""
     try:
         result = json_value(value, session.run_id, "the return value", session.seq)
     except InvalidState as exc:
