@@ -103,6 +103,9 @@ class _SyncAsAsync:
     def wait_for(self, name: str, **kwargs: Any) -> _Done:
         return _Done(self.ctx.wait_for(name, **kwargs))
 
+    def map(self, *args: Any) -> _Done:
+        return _Done(self.ctx.map(*args))
+
 
 def make(name: str, body: Body, mode: str, version: str = "1") -> CodeWorkflow:
     """Return ``body`` as a workflow of ``mode``: an async def, or a def driving it."""
@@ -429,6 +432,64 @@ def test_the_lease_is_renewed_while_a_call_runs(store: Store, mode: str) -> None
         return await ctx.step("long", renewed)
 
     assert drive(mode, "l", make("renewing", body, mode), store, lease=0.6)["result"] is True
+
+
+def test_map_runs_child_runs_and_the_journal_keeps_their_results(store: Store, mode: str) -> None:
+    """``ctx.map`` waits for one child run per input, then returns their results in order."""
+    doubled: list[int] = []
+
+    def double(x: int) -> int:
+        doubled.append(x)
+        return 2 * x
+
+    @stepstone.workflow("child", version="1")
+    def child(ctx: stepstone.WorkflowContext, input: State) -> Any:
+        return ctx.step("double", double, input["x"])
+
+    async def body(ctx: Any, input: State) -> Any:
+        results = await ctx.map("kids", child, [{"x": x} for x in (1, 2, 3)])
+        return sum(results)
+
+    flow = make("parent", body, mode)
+    with pytest.raises(Suspended) as waiting:
+        drive(mode, "p", flow, store)
+    assert waiting.value.waiting_for == "children 0 of 3"
+    parent = store.load("p")
+    assert parent is not None
+    assert parent.children == tuple(f"p/@map:kids#1/{i}" for i in range(3))
+    for child_id in parent.children:
+        run(child_id, child, store)  # what a worker serving ``child`` does
+    state = drive(mode, "p", flow, store)
+    assert state["result"] == 12 and sorted(doubled) == [1, 2, 3]
+    assert calls_of(state) == ["@map:kids#1"] and state[JOURNAL_KEY][0]["result"] == [2, 4, 6]
+    done = store.load("p")
+    assert done is not None and done.children == () and done.status == "done"
+
+
+def test_a_failed_child_fails_the_map_call(store: Store, mode: str) -> None:
+    """A child run that fails makes ``ctx.map`` raise ``CallFailed`` naming the child."""
+
+    def broken(x: int) -> int:
+        raise ValueError(f"bad {x}")
+
+    @stepstone.workflow("failing-child", version="1")
+    def child(ctx: stepstone.WorkflowContext, input: State) -> Any:
+        return ctx.step("broken", broken, input["x"])
+
+    async def body(ctx: Any, input: State) -> Any:
+        try:
+            await ctx.map("kids", child, [{"x": 1}])
+        except CallFailed as exc:
+            return [exc.error_type, exc.message]
+        raise AssertionError("the map did not fail")
+
+    flow = make("parent-of-failing", body, mode)
+    with pytest.raises(Suspended):
+        drive(mode, "p", flow, store)
+    with pytest.raises(StepFailed):
+        run("p/@map:kids#1/0", child, store)
+    error_type, message = drive(mode, "p", flow, store)["result"]
+    assert error_type == "ChildFailed" and "'p/@map:kids#1/0' failed" in message
 
 
 def test_a_thread_the_workflow_did_not_start_is_refused(store: Store) -> None:

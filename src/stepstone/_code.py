@@ -33,7 +33,14 @@ from ._context import MISSING, AsyncWorkflowContext, WorkflowContext, failure
 from ._core import Interrupted, write
 from ._core import _finish_cancelled as finish_cancelled
 from ._effects import Announce, Call, Effect
-from ._errors import InvalidState, InvalidWorkflow, WorkflowChanged
+from ._errors import (
+    ConflictError,
+    InvalidState,
+    InvalidWorkflow,
+    StoreUnavailable,
+    WorkflowChanged,
+    safe_text,
+)
 from ._journal import (
     JOURNAL_KEY,
     answer_of,
@@ -46,8 +53,16 @@ from ._journal import (
 from ._observe import logger
 from ._plan import Plan
 from ._session import CallFailed, Session, Waiter, close
-from ._steps import Complete, Outcome, SuspendingStep, Wait, Workflow, check_name
-from ._suspend import _due, nudge, pending_signals
+from ._steps import (
+    Complete,
+    Outcome,
+    StepCodeError,
+    SuspendingStep,
+    Wait,
+    Workflow,
+    check_name,
+)
+from ._suspend import Map, _due, nudge, pending_signals
 
 __all__ = [
     "JOURNAL_KEY",
@@ -130,6 +145,8 @@ class CodeStep(SuspendingStep):
                         return (yield from _ended(plan, cp, index, session, state, request))
                     if kind == "sleep":
                         cp, wait = yield from _sleep(plan, cp, session, request)
+                    elif kind == "map":
+                        cp, wait = yield from _map(plan, cp, index, state, session, request)
                     else:
                         cp, wait = yield from _wait(plan, cp, session, request)
                     if wait is not None:
@@ -277,6 +294,53 @@ def _wait(
     session.answered(reply)
     reply.fail(failure(session, entry))
     return cp, None
+
+
+def _map(
+    plan: Plan,
+    cp: Checkpoint,
+    index: int,
+    state: State,
+    session: Session,
+    request: tuple[Any, ...],
+) -> Generator[Effect, Any, tuple[Checkpoint, Wait | None]]:
+    """Make or look at ``ctx.map``'s children, as a ``Map`` step does; journal their end."""
+    _, seq, call, workflow, inputs, reply = request
+    step = Map(call, workflow, lambda state: inputs)
+    # A fresh reach re-queues children that failed before, as a Map's fresh attempt does.
+    first = not (cp.waiting_for or "").startswith("children ")
+    try:
+        outcome = yield from step.evaluate(plan, cp, index, state, first)
+    except (ConflictError, StoreUnavailable):
+        raise  # the bookkeeping failed, not the call: whoever resumes looks again
+    except Exception as caught:  # noqa: BLE001 - a child failed: the call's failure
+        error = caught.error if isinstance(caught, StepCodeError) else caught
+        entry = entry_failed(seq, call, 1, type(error).__qualname__, safe_text(error))
+        cp = _latest(plan, cp)
+        cp = yield from _append(plan, cp, [entry], {"waiting_for": None, "wake_at": None})
+        session.answered(reply)
+        reply.fail(failure(session, entry))
+        return cp, None
+    cp = _latest(plan, cp)  # renewed while the children were made
+    if isinstance(outcome, Wait):
+        session.stop("stopped")
+        return cp, outcome
+    states = outcome.update[call]
+    results = [s.get("result") for s in states] if isinstance(workflow, CodeWorkflow) else states
+    entry = entry_ok(seq, call, 1, results)
+    cleared = {"waiting_for": None, "wake_at": None, "children": ()}
+    cp = yield from _append(plan, cp, [entry], cleared)
+    session.answered(reply)
+    reply.ok(copy_containers(results))
+    return cp, None
+
+
+def _latest(plan: Plan, cp: Checkpoint) -> Checkpoint:
+    """Our newest record: a renewal during the children's bookkeeping replaced ``cp``."""
+    current = plan.current
+    if current is not None and current.owner == cp.owner and current.epoch == cp.epoch:
+        return current
+    return cp
 
 
 def _park(

@@ -21,7 +21,7 @@ from ._errors import InvalidWorkflow, safe_text
 from ._journal import answer_of, entry_failed, entry_ok, json_value
 from ._observe import logger
 from ._session import POOL_THREADS, CallFailed, Session, close, inside
-from ._steps import RetryPolicy, check_name
+from ._steps import RetryPolicy, Workflow, check_name
 from ._suspend import _seconds
 
 __all__ = [
@@ -241,6 +241,26 @@ class WorkflowContext:
             return session.ask(("wait", seq, call, *args))
         return _answer(session, entry)
 
+    def map(self, name: str, workflow: Workflow, inputs: list[State]) -> list[Any]:
+        """Run one child run of ``workflow`` per input; return their results, in order.
+
+        The children are ordinary queued runs (``PARENT/@map:NAME#K/INDEX``), run by
+        workers (serve ``workflow`` too); this run waits for them as a ``Map`` step does
+        (saved waiting, no process held). A child that is a code workflow gives its
+        ``"result"``, any other its final state.
+
+        Raises:
+            CallFailed: a child failed or was cancelled (type ``ChildFailed``).
+        """
+        session = self._session
+        what = f"ctx.map({name!r})"
+        args = _map_args(name, workflow, inputs, what)
+        seq, call = session.begin(f"{RESERVED}map:{name}", what)
+        entry = session.replay(seq, call)
+        if entry is None:
+            return list(session.ask(("map", seq, call, *args)))
+        return list(_answer(session, entry))
+
 
 class AsyncWorkflowContext:
     """The context of an ``async def`` workflow: ``WorkflowContext``'s calls, awaited.
@@ -359,6 +379,29 @@ class AsyncWorkflowContext:
         if entry is None:
             return await session.aask(("wait", seq, call, *args))
         return _answer(session, entry)
+
+    async def map(self, name: str, workflow: Workflow, inputs: list[State]) -> list[Any]:
+        """Run child runs and await their results (see ``WorkflowContext.map``)."""
+        session = self._session
+        what = f"ctx.map({name!r})"
+        args = _map_args(name, workflow, inputs, what)
+        seq, call = session.begin(f"{RESERVED}map:{name}", what)
+        entry = session.replay(seq, call)
+        if entry is None:
+            return list(await session.aask(("map", seq, call, *args)))
+        return list(_answer(session, entry))
+
+
+def _map_args(
+    name: object, workflow: object, inputs: object, what: str
+) -> tuple[Workflow, list[State]]:
+    check_name(name)
+    if not isinstance(workflow, Workflow):
+        raise InvalidWorkflow(f"{what}: workflow must be a Workflow, got {workflow!r}")
+    if not isinstance(inputs, list) or not all(isinstance(item, dict) for item in inputs):
+        raise InvalidWorkflow(f"{what}: inputs must be a list of dicts (each a child's input)")
+    checked = json_value(inputs, "", f"{what} inputs", -1)
+    return workflow, checked
 
 
 def _wait_args(signal: object, timeout: object, default: Any) -> tuple[str, float | None, Any]:
