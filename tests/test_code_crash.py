@@ -2,7 +2,7 @@
 
 Each test runs a ``@stepstone.workflow`` in a child process that kills itself at a
 chosen point (inside a call, between a call's return and its journal entry, inside a
-gather, in a loop's 50th iteration, inside ``wait_for``), then a fresh process reopens
+gather, in a loop's 50th iteration, inside ``wait_for`` and ``map``), then a fresh process reopens
 the store from its config string and finishes the run. Every call notes itself in a
 side file when it starts: finished calls never ran again, the killed one once more.
 """
@@ -88,6 +88,18 @@ if kill == "after_step":
     _hooks.install(hook)
 elif kill == "wait":
     _hooks.install(lambda point: die() if point == "wait.consumed" else None)
+elif kill == "map":
+    _hooks.install(lambda point: die() if point == "map.child_created" else None)
+
+
+def kid_call(x):
+    note(f"kid {x}")
+    return x * 2
+
+
+@stepstone.workflow("kid", version="1")
+def kid(ctx, input):
+    return ctx.step("double", kid_call, input["x"])
 
 
 if mode == "sync":
@@ -101,6 +113,8 @@ if mode == "sync":
         if kind == "gather":
             futures = [ctx.submit("tool", tool, i) for i in range(3)]
             return [future.result() for future in futures]
+        if kind == "map":
+            return ctx.map("kids", kid, [{"x": x} for x in range(3)])
         first = ctx.step("call", plain, "a")
         got = ctx.wait_for("approve")
         return [first, got, ctx.step("call", plain, "b")]
@@ -118,21 +132,30 @@ else:
             return [await ctx.step("call", plain, i) for i in range(5)]
         if kind == "gather":
             return await asyncio.gather(*(ctx.step("tool", tool, i) for i in range(3)))
+        if kind == "map":
+            return await ctx.map("kids", kid, [{"x": x} for x in range(3)])
         first = await ctx.step("call", plain, "a")
         got = await ctx.wait_for("approve")
         return [first, got, await ctx.step("call", plain, "b")]
 
 
+def drive(store):
+    if mode == "sync":
+        return run(run_id, flow, store, input={"kind": kind})
+    return asyncio.run(arun(run_id, flow, store, input={"kind": kind}))
+
+
 with open_store(config) as store:
     try:
-        if mode == "sync":
-            state = run(run_id, flow, store, input={"kind": kind})
-        else:
-            state = asyncio.run(arun(run_id, flow, store, input={"kind": kind}))
+        state = drive(store)
     except Suspended:
-        print(json.dumps("suspended"))
-    else:
-        print(json.dumps(state["result"]))
+        if kind != "map":
+            print(json.dumps("suspended"))
+            sys.exit(0)
+        for child in store.load(run_id).children:
+            run(child, kid, store)  # what a worker serving ``kid`` does
+        state = drive(store)
+    print(json.dumps(state["result"]))
 """
 
 
@@ -244,3 +267,19 @@ def test_a_kill_inside_wait_for_keeps_the_signal_for_the_next_process(
     with open_store(config) as store:
         cp = store.load("r")
         assert cp is not None and cp.status == "done" and cp.consumed == {"approve": 1}
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_kill_while_map_makes_its_children_makes_each_child_once(
+    config: str, mode: str, tmp_path: Path
+) -> None:
+    """Killed once ``ctx.map`` made a child, before the parent saved its wait: each child once."""
+    side = tmp_path / "starts.txt"
+    _killed(_child(config, side, mode, "map", kill="map"))
+    with open_store(config) as store:
+        assert store.load("r/@map:kids#1/0") is not None  # made, its parent not yet saved
+        parent = store.load("r")
+        assert parent is not None and parent.children == () and parent.waiting_for is None
+    assert _result(_child(config, side, mode, "map")) == [0, 2, 4]
+    assert _starts(side) == Counter({"kid 0": 1, "kid 1": 1, "kid 2": 1})
