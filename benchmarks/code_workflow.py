@@ -1,7 +1,7 @@
 """Per-call cost of a code workflow's journal next to a step list's per-step cost.
 
     python benchmarks/code_workflow.py [--calls 200] [--repeats 5] [--store sqlite]
-        [--json]
+        [--callgrind] [--json]
 
 One process, one store: a ``@stepstone.workflow`` whose loop makes ``--calls``
 ``ctx.step`` calls, and a ``Workflow`` of as many ``Step``s doing the same work (each
@@ -10,7 +10,14 @@ states grow alike). Both are run ``--repeats`` times, interleaved, each under a 
 run_id; the figure is the median wall time per call (or step), and their ratio. The
 same for ``arun`` (an ``async def`` workflow next to ``async def`` steps). Then the
 cost of a replay: resuming a run whose journal already answers every call (its
-function re-runs, answered from the journal), per call. Wall time, so run it on a quiet machine.
+function re-runs, answered from the journal), per call.
+
+``--callgrind`` counts instructions instead (valgrind's callgrind, ``PYTHONHASHSEED=0``):
+each workload runs once with N and once with 2N calls after the same warm-up, and
+(count(2N) - count(N)) / N is one call's cost, start-up cancelling out. The counts do
+not depend on the machine's load, but they miss what threads cost in waiting (a plain
+workflow's function runs in a thread of its own: each call is two hand-overs).
+Without it the figures are wall time: run it on a quiet machine.
 """
 
 from __future__ import annotations
@@ -19,7 +26,11 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
+import re
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -79,28 +90,93 @@ def timed(store: Store, kind: str, flow: Any, run_id: str) -> float:
     return time.perf_counter() - began
 
 
+def _store_config(store: str, directory: str) -> str:
+    return {
+        "sqlite": f"sqlite:///{directory}/bench.db",
+        "memory": "memory://bench-code",
+        "file": f"file://{directory}/runs",
+    }[store]
+
+
+def child(kind: str, store: str, calls: int) -> None:
+    """The process callgrind measures: one run of ``kind`` with ``calls`` calls, warmed up."""
+    with (
+        tempfile.TemporaryDirectory() as directory,
+        open_store(_store_config(store, directory)) as opened,
+    ):
+        timed(opened, kind, flows(5)[kind], "warm")  # imports, tables, threads
+        timed(opened, kind, flows(calls)[kind], "measured")
+
+
+def callgrind_count(argv: list[str]) -> int:
+    """Instructions of ``python argv...`` under callgrind (``PYTHONHASHSEED=0``)."""
+    done = subprocess.run(
+        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, *argv],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "PYTHONHASHSEED": "0"},
+    )
+    found = re.search(r"Collected : (\d+)", done.stderr)
+    if done.returncode != 0 or found is None:
+        raise SystemExit(f"callgrind gave no count for {argv}: {done.stderr[-800:]}")
+    return int(found.group(1))
+
+
+def instructions(store: str, calls: int) -> dict[str, float]:
+    """Instructions per call (or step) of each workload: (count(2N) - count(N)) / N."""
+    per: dict[str, float] = {}
+    for kind in ("code", "list", "acode", "alist"):
+        counts = [
+            callgrind_count([__file__, "--child", kind, store, str(n)]) for n in (calls, 2 * calls)
+        ]
+        per[kind] = (counts[1] - counts[0]) / calls
+    return per
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--store", default="sqlite", choices=["sqlite", "memory", "file"])
+    parser.add_argument("--callgrind", action="store_true", help="count instructions instead")
+    parser.add_argument("--child", nargs=3, metavar=("KIND", "STORE", "CALLS"))
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as directory:
-        config = {
-            "sqlite": f"sqlite:///{directory}/bench.db",
-            "memory": "memory://bench-code",
-            "file": f"file://{directory}/runs",
-        }[args.store]
-        with open_store(config) as store:
-            workloads = flows(args.calls)
-            times: dict[str, list[float]] = {kind: [] for kind in workloads}
-            for kind, flow in workloads.items():  # warm-up: imports, tables, caches
-                timed(store, kind, flow, f"warm-{kind}")
-            for repeat in range(args.repeats):
-                for kind, flow in workloads.items():
-                    times[kind].append(timed(store, kind, flow, f"{kind}-{repeat}"))
-            replays = [replay(store, args.calls, f"replay-{n}") for n in range(args.repeats)]
+    if args.child:
+        child(args.child[0], args.child[1], int(args.child[2]))
+        return
+    if args.callgrind:
+        counted = instructions(args.store, args.calls)
+        figures = {
+            "store": args.store,
+            "calls": args.calls,
+            "instructions_per_call": {kind: round(value) for kind, value in counted.items()},
+            "ratio_sync": round(counted["code"] / counted["list"], 3),
+            "ratio_async": round(counted["acode"] / counted["alist"], 3),
+        }
+        if args.json:
+            print(json.dumps(figures))
+            return
+        print(f"instructions per call from {args.calls} to {2 * args.calls} calls on {args.store}:")
+        for mode, code, steps in (("run ", "code", "list"), ("arun", "acode", "alist")):
+            print(
+                f"  {mode}: code workflow {counted[code]:12,.0f}   step list "
+                f"{counted[steps]:12,.0f}   ratio {counted[code] / counted[steps]:.2f}x"
+            )
+        return
+    with (
+        tempfile.TemporaryDirectory() as directory,
+        open_store(_store_config(args.store, directory)) as store,
+    ):
+        workloads = flows(args.calls)
+        times: dict[str, list[float]] = {kind: [] for kind in workloads}
+        for kind, flow in workloads.items():  # warm-up: imports, tables, caches
+            timed(store, kind, flow, f"warm-{kind}")
+        for repeat in range(args.repeats):
+            for kind, flow in workloads.items():
+                times[kind].append(timed(store, kind, flow, f"{kind}-{repeat}"))
+        replays = [replay(store, args.calls, f"replay-{n}") for n in range(args.repeats)]
     per = {kind: statistics.median(values) / args.calls * 1e6 for kind, values in times.items()}
     figures = {
         "store": args.store,
