@@ -6,7 +6,8 @@ own (a plain ``def``) or as a task on the caller's event loop (``async def``). E
 ``ctx`` call that has no answer in the journal yet sends a request to the core, which
 performs it as effects like any step's bookkeeping: a journaled result is one save of
 the run (``_core.write``: compare-and-swap, fenced by the run's lease), a wait is the
-run saved ``waiting`` exactly as ``WaitFor``/``Sleep`` leave it. Meanwhile the core
+run saved ``waiting`` exactly as ``WaitFor``/``Sleep``/``Map`` leave it (``ctx.map``
+runs a ``Map`` step's own evaluation). Meanwhile the core
 waits for the next request inside a ``Call``, so the driver renews the lease as it
 does while a long step runs, and every save is the driver's own (``Plan.current``).
 
