@@ -255,6 +255,36 @@ def test_a_failed_call_is_journaled_with_its_attempts_and_replayed(store: Store,
     assert entries[1]["error"] == {"type": "ValueError", "message": "broken failed"}
 
 
+def test_a_call_knows_its_position_attempt_and_idempotency_key(store: Store, mode: str) -> None:
+    """``current_call()`` inside a call's function gives a key the same on every attempt."""
+    seen: list[tuple[str, int, int, str]] = []
+
+    def charge(x: int) -> int:
+        call = stepstone.current_call()
+        assert call is not None and call.run_id == "i"
+        seen.append((call.step_name, call.step_index, call.attempt, call.idempotency_key))
+        if call.attempt < 2:
+            raise ValueError("flaky")
+        return x
+
+    policy = RetryPolicy(2, initial_delay=0)
+
+    async def body(ctx: Any, input: State) -> Any:
+        first = await ctx.step("charge", charge, 1, retry=policy)
+        return first + await ctx.step("charge", charge, 2, retry=policy)
+
+    assert drive(mode, "i", make("keys", body, mode), store)["result"] == 3
+    assert [(name, index, attempt) for name, index, attempt, _ in seen] == [
+        ("charge#1", 0, 1),
+        ("charge#1", 0, 2),
+        ("charge#2", 1, 1),
+        ("charge#2", 1, 2),
+    ]
+    keys = [key for *_, key in seen]
+    assert keys[0] == keys[1] != keys[2] == keys[3] and len(keys[0]) == 32
+    assert stepstone.current_call() is None
+
+
 def test_now_and_uuid_are_journaled(store: Store, mode: str) -> None:
     """``ctx.now()`` and ``ctx.uuid()`` give the same values when the function re-runs."""
 
@@ -546,13 +576,16 @@ def test_submitted_calls_keep_call_order_and_are_journaled_as_they_complete(
 ) -> None:
     """A plain workflow's ``ctx.submit`` calls run in parallel, numbered as written."""
     finished: list[int] = []
-    events = [threading.Event() for _ in range(3)]
+
+    def journaled(call: str) -> bool:
+        cp = store.load("p")
+        assert cp is not None
+        return call in calls_of(cp.state) if JOURNAL_KEY in cp.state else False
 
     def tool(i: int) -> int:
-        if i < 2:
-            assert events[i + 1].wait(WAIT_TIMEOUT), f"call {i + 1} never finished"
+        if i < 2:  # each ends only once the next one's entry is saved: they end in reverse
+            _until(f"tool#{i + 2} to be journaled", lambda: journaled(f"tool#{i + 2}"))
         finished.append(i)
-        events[i].set()
         return i * 10
 
     @stepstone.workflow("pool")
@@ -568,8 +601,6 @@ def test_submitted_calls_keep_call_order_and_are_journaled_as_they_complete(
         (1, "tool#2"),
         (0, "tool#1"),
     ]
-    for event in events:
-        event.clear()
     finished.clear()
     assert drive(mode, "p", body, store) == state and finished == []
 

@@ -44,7 +44,14 @@ from ._errors import (
 if TYPE_CHECKING:  # what the names below are, for type checkers; imported on first use
     from ._arunner import arun
     from ._checkpoint import SCHEMA_VERSION, Checkpoint, Failure, RunStatus, Signal, check_run_id
-    from ._code import AsyncWorkflowContext, CallFailed, CodeWorkflow, WorkflowContext, workflow
+    from ._code import (
+        AsyncWorkflowContext,
+        CallFailed,
+        CodeWorkflow,
+        WorkflowContext,
+        current_call,
+        workflow,
+    )
     from ._control import acancel, asignal, astart, cancel, signal, start
     from ._history import HistoryEntry, afork, ahistory, arerun, fork, history, rerun
     from ._lease import DEFAULT_LEASE
@@ -96,6 +103,7 @@ _LAZY: dict[str, str] = {
     "aupgrade": "._upgrade",
     "cancel": "._control",
     "check_run_id": "._checkpoint",
+    "current_call": "._code",
     "fork": "._history",
     "history": "._history",
     "open_store": "._registry",
@@ -182,6 +190,7 @@ __all__ = [
     "aupgrade",
     "cancel",
     "check_run_id",
+    "current_call",
     "fork",
     "history",
     "open_store",

@@ -53,7 +53,7 @@ from ._journal import (
 )
 from ._observe import logger
 from ._plan import Plan
-from ._session import CallFailed, Session, Waiter, close
+from ._session import CallFailed, Session, Waiter, close, current_call
 from ._steps import (
     Complete,
     Outcome,
@@ -72,6 +72,7 @@ __all__ = [
     "CodeStep",
     "CodeWorkflow",
     "WorkflowContext",
+    "current_call",
     "workflow",
 ]
 

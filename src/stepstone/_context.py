@@ -21,7 +21,7 @@ from ._errors import InvalidWorkflow, safe_text
 from ._journal import answer_of, entry_failed, entry_ok, json_value
 from ._observe import logger
 from ._session import POOL_THREADS, CallFailed, Session, close, inside
-from ._steps import RetryPolicy, Workflow, check_name
+from ._steps import RetryPolicy, StepContext, Workflow, check_name, idempotency_key
 from ._suspend import _seconds
 
 __all__ = [
@@ -87,6 +87,11 @@ def _answer(session: Session, entry: dict[str, Any]) -> Any:
     return copy_containers(answer_of(entry))
 
 
+def _call_context(session: Session, seq: int, call: str, attempt: int) -> StepContext:
+    key = idempotency_key(session.run_id, seq, call)
+    return StepContext(session.run_id, seq, call, attempt, key)
+
+
 def _run_call(
     session: Session,
     seq: int,
@@ -100,7 +105,7 @@ def _run_call(
     attempt = 0
     while True:
         attempt += 1
-        token = inside.set(call)
+        token = inside.set(_call_context(session, seq, call, attempt))
         try:
             result = fn(*args)
             if inspect.isawaitable(result):
@@ -312,7 +317,7 @@ class AsyncWorkflowContext:
         attempt = 0
         while True:
             attempt += 1
-            token = inside.set(call)
+            token = inside.set(_call_context(session, seq, call, attempt))
             try:
                 if inspect.iscoroutinefunction(fn):
                     result = await fn(*args)

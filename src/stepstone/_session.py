@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from ._errors import InvalidWorkflow, StepstoneError, WorkflowChanged
+from ._steps import StepContext
 
 if TYPE_CHECKING:
     import asyncio
@@ -30,6 +31,7 @@ __all__ = [
     "Stop",
     "Waiter",
     "close",
+    "current_call",
     "inside",
 ]
 
@@ -69,10 +71,23 @@ class Stop(BaseException):
     """
 
 
-#: The journal name of the call whose function is running (a step inside a step is refused).
-inside: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+#: The call whose function is running here (a step inside a step is refused), as the
+#: ``StepContext`` that ``current_call`` returns.
+inside: contextvars.ContextVar[StepContext | None] = contextvars.ContextVar(
     "stepstone_code_call", default=None
 )
+
+
+def current_call() -> StepContext | None:
+    """Return the journaled call whose function is running here, or None.
+
+    Called from inside the function of a code workflow's ``ctx.step`` (or
+    ``ctx.submit``): its run, position in call order (``step_index``), journal name
+    (``step_name``, ``"charge#2"``), attempt and ``idempotency_key``, the same on every
+    attempt and resume of that call. Pass the key to a payment or model API so that a
+    call repeated after a crash is a no-op.
+    """
+    return inside.get()
 
 
 # --- replies: how an answer gets back to the function ----------------------------------
@@ -191,7 +206,7 @@ class Session:
         running = inside.get()
         if running is not None:
             raise InvalidWorkflow(
-                f"{what} called inside the function of call {running!r} (run "
+                f"{what} called inside the function of call {running.step_name!r} (run "
                 f"{self.run_id!r}): a step's function cannot make journaled calls; make "
                 "them from the workflow function"
             )
