@@ -750,6 +750,47 @@ def test_a_worker_runs_a_started_code_workflow(store: Store, asynchronous: bool)
     assert done is not None and done.state["result"] == 42
 
 
+def test_a_stopping_worker_hands_the_run_over_at_the_next_journaled_call(store: Store) -> None:
+    """Stopped while a call runs, a worker journals that call, then gives the run back."""
+    entered, release = threading.Event(), threading.Event()
+    ran: list[str] = []
+
+    def slow() -> str:
+        ran.append("slow")
+        entered.set()
+        assert release.wait(WAIT_TIMEOUT), "the test never released the call"
+        return "slow"
+
+    def fast() -> str:
+        ran.append("fast")
+        return "fast"
+
+    @stepstone.workflow("handover", version="1")
+    def body(ctx: stepstone.WorkflowContext, input: State) -> Any:
+        return [ctx.step("slow", slow), ctx.step("fast", fast)]
+
+    start(store, body, "h")
+    worker = Worker(store, [body])
+    thread = threading.Thread(target=worker.serve, daemon=True)
+    thread.start()
+    try:
+        assert entered.wait(WAIT_TIMEOUT), "the worker never ran the first call"
+        stopping = threading.Thread(target=worker.stop, daemon=True)
+        stopping.start()
+        _until("the worker to be stopping", lambda: worker.stopping)
+        release.set()
+        stopping.join(WAIT_TIMEOUT)
+    finally:
+        release.set()
+        worker.stop()
+        thread.join(WAIT_TIMEOUT)
+    handed = store.load("h")
+    assert handed is not None and handed.owner is None and handed.status != "done"
+    assert calls_of(handed.state) == ["slow#1"] and ran == ["slow"]
+    assert run("h", body, store)["result"] == ["slow", "fast"]
+    assert ran == ["slow", "fast"]
+
+
 def _status(store: Store, run_id: str) -> str | None:
     cp = store.load(run_id)
     return None if cp is None else cp.status
