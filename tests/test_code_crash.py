@@ -4,7 +4,8 @@ Each test runs a ``@stepstone.workflow`` in a child process that kills itself at
 chosen point (inside a call, between a call's return and its journal entry, inside a
 gather, in a loop's 50th iteration, inside ``wait_for`` and ``map``), then a fresh process reopens
 the store from its config string and finishes the run. Every call notes itself in a
-side file when it starts: finished calls never ran again, the killed one once more.
+side file when it starts: finished calls never ran again, the killed one once more. A
+call that kills every process it runs in stops after its retry policy's attempts.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ CHILD = r"""
 import asyncio, json, os, signal, sys, time
 
 import stepstone
-from stepstone import Suspended, _hooks, arun, open_store, run
+from stepstone import CallFailed, RetryPolicy, Suspended, _hooks, arun, open_store, run
 
 config, run_id, side, mode, kind, kill = sys.argv[1:7]
 
@@ -62,6 +63,14 @@ def iteration(i):
 def plain(x):
     note(f"call {x}")
     return x
+
+
+def doomed():
+    note("doomed")
+    die()  # every attempt kills its process
+
+
+DOOMED = RetryPolicy(max_attempts=2, initial_delay=0)
 
 
 def tool(i):
@@ -115,6 +124,11 @@ if mode == "sync":
             return [future.result() for future in futures]
         if kind == "map":
             return ctx.map("kids", kid, [{"x": x} for x in range(3)])
+        if kind == "doomed":
+            try:
+                return ctx.step("doomed", doomed, retry=DOOMED)
+            except CallFailed as exc:
+                return [exc.error_type, exc.attempt]
         first = ctx.step("call", plain, "a")
         got = ctx.wait_for("approve")
         return [first, got, ctx.step("call", plain, "b")]
@@ -134,6 +148,11 @@ else:
             return await asyncio.gather(*(ctx.step("tool", tool, i) for i in range(3)))
         if kind == "map":
             return await ctx.map("kids", kid, [{"x": x} for x in range(3)])
+        if kind == "doomed":
+            try:
+                return await ctx.step("doomed", doomed, retry=DOOMED)
+            except CallFailed as exc:
+                return [exc.error_type, exc.attempt]
         first = await ctx.step("call", plain, "a")
         got = await ctx.wait_for("approve")
         return [first, got, await ctx.step("call", plain, "b")]
@@ -283,3 +302,16 @@ def test_a_kill_while_map_makes_its_children_makes_each_child_once(
         assert parent is not None and parent.children == () and parent.waiting_for is None
     assert _result(_child(config, side, mode, "map")) == [0, 2, 4]
     assert _starts(side) == Counter({"kid 0": 1, "kid 1": 1, "kid 2": 1})
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_call_that_kills_every_process_stops_after_its_attempts(
+    config: str, mode: str, tmp_path: Path
+) -> None:
+    """Attempts are counted before they are made: a call killing each process stops at 2."""
+    side = tmp_path / "starts.txt"
+    _killed(_child(config, side, mode, "doomed"))
+    _killed(_child(config, side, mode, "doomed"))
+    assert _result(_child(config, side, mode, "doomed")) == ["AttemptsExhausted", 2]
+    assert _starts(side) == Counter({"doomed": 2})

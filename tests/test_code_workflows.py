@@ -252,6 +252,7 @@ def test_a_failed_call_is_journaled_with_its_attempts_and_replayed(store: Store,
     assert state["result"] == ["flaky", ["ValueError", "broken failed", 2, "broken#1"]]
     entries = state[JOURNAL_KEY]
     assert entries[0]["attempt"] == 3 and entries[0]["result"] == "flaky"
+    assert not state.get("~attempts")  # counted before each attempt, dropped once journaled
     assert entries[1]["error"] == {"type": "ValueError", "message": "broken failed"}
 
 

@@ -43,6 +43,7 @@ from ._errors import (
     safe_text,
 )
 from ._journal import (
+    ATTEMPTS_KEY,
     JOURNAL_KEY,
     answer_of,
     entry_failed,
@@ -145,6 +146,12 @@ class CodeStep(SuspendingStep):
                         continue
                     if kind == "end":
                         return (yield from _ended(plan, cp, index, session, state, request))
+                    if kind == "attempt":
+                        cp = yield from _attempt(plan, cp, session, request)
+                        if cp.cancel_requested or plan.stop_requested:
+                            session.stop("stopped")
+                            yield from _boundary(plan, cp)
+                        continue
                     if kind == "sleep":
                         cp, wait = yield from _sleep(plan, cp, session, request)
                     elif kind == "map":
@@ -216,7 +223,11 @@ def _finished(session: Session, state: State, cp: Checkpoint, value: Any) -> Com
     session.stop("returned")
     # The state completed with is the one last saved (its journal included), not the
     # copy the core started from: the final save then adds only the result.
-    state[JOURNAL_KEY] = journal_of(cp.state)
+    for key in (JOURNAL_KEY, ATTEMPTS_KEY):
+        if key in cp.state:
+            state[key] = cp.state[key]
+        else:
+            state.pop(key, None)
     return Complete({"result": result})
 
 
@@ -232,11 +243,34 @@ def _append(
     base = cp.state
     new = dict(base)
     new[JOURNAL_KEY] = [*journal_of(base), *entries]
+    attempts = base.get(ATTEMPTS_KEY)
+    if isinstance(attempts, dict) and attempts:
+        # A journaled call's attempts are in its entry now.
+        done = {entry["call"] for entry in entries}
+        if not done.isdisjoint(attempts):
+            new[ATTEMPTS_KEY] = {k: v for k, v in attempts.items() if k not in done}
     what = (
         f"journal {entries[-1]['call']}" if len(entries) == 1 else f"journal {len(entries)} calls"
     )
     saved: Checkpoint = yield from write(plan, cp, evolve(cp, state=new, **changes), what)
     return saved
+
+
+def _attempt(
+    plan: Plan, cp: Checkpoint, session: Session, request: tuple[Any, ...]
+) -> Generator[Effect, Any, Checkpoint]:
+    """Count an attempt of a call with retries before it is made; answer its number."""
+    _, _, call, reply = request
+    begun = cp.state.get(ATTEMPTS_KEY)
+    counts = dict(begun) if isinstance(begun, dict) else {}
+    attempt = int(counts.get(call, 0)) + 1
+    counts[call] = attempt
+    new = dict(cp.state)
+    new[ATTEMPTS_KEY] = counts
+    cp = yield from write(plan, cp, evolve(cp, state=new), f"attempt {attempt} of {call}")
+    session.answered(reply)
+    reply.ok(attempt)
+    return cp
 
 
 def _sleep(

@@ -21,7 +21,14 @@ from ._errors import InvalidWorkflow, safe_text
 from ._journal import answer_of, entry_failed, entry_ok, json_value
 from ._observe import logger
 from ._session import POOL_THREADS, CallFailed, Session, close, inside
-from ._steps import RetryPolicy, StepContext, Workflow, check_name, idempotency_key
+from ._steps import (
+    AttemptsExhausted,
+    RetryPolicy,
+    StepContext,
+    Workflow,
+    check_name,
+    idempotency_key,
+)
 from ._suspend import _seconds
 
 __all__ = [
@@ -87,6 +94,16 @@ def _answer(session: Session, entry: dict[str, Any]) -> Any:
     return copy_containers(answer_of(entry))
 
 
+def _exhausted(what: str, attempt: int, policy: RetryPolicy | None) -> AttemptsExhausted | None:
+    """The error of an attempt past the policy's budget (earlier ones died with processes)."""
+    if policy is None or attempt <= policy.max_attempts:
+        return None
+    return AttemptsExhausted(
+        f"{what} already began {attempt - 1} of {policy.max_attempts} allowed attempts "
+        "in earlier processes"
+    )
+
+
 def _call_context(session: Session, seq: int, call: str, attempt: int) -> StepContext:
     key = idempotency_key(session.run_id, seq, call)
     return StepContext(session.run_id, seq, call, attempt, key)
@@ -102,9 +119,17 @@ def _run_call(
     policy: RetryPolicy | None,
 ) -> Any:
     """Run a plain workflow's call (retries included) and journal how it ended."""
+    durable = policy is not None and policy.max_attempts > 1
     attempt = 0
     while True:
-        attempt += 1
+        # With retries, the attempt is counted in the run before it is made, as a
+        # step's is: a call that kills its process every time stops after max_attempts.
+        attempt = session.ask(("attempt", seq, call)) if durable else attempt + 1
+        exhausted = _exhausted(what, attempt, policy)
+        if exhausted is not None:
+            failed = entry_failed(seq, call, attempt - 1, "AttemptsExhausted", str(exhausted))
+            session.ask(("save", failed))
+            raise failure(session, failed) from exhausted
         token = inside.set(_call_context(session, seq, call, attempt))
         try:
             result = fn(*args)
@@ -298,12 +323,13 @@ class AsyncWorkflowContext:
         seq, call = session.begin(_check_step_name(name, what), what)
         policy = _check_retry(retry, what)
         entry = session.replay(seq, call)
-        return self._step(seq, call, entry, fn, args, policy)
+        return self._step(seq, call, what, entry, fn, args, policy)
 
     async def _step(
         self,
         seq: int,
         call: str,
+        what: str,
         entry: dict[str, Any] | None,
         fn: Callable[..., Any],
         args: tuple[Any, ...],
@@ -314,9 +340,15 @@ class AsyncWorkflowContext:
         session = self._session
         if entry is not None:
             return _answer(session, entry)
+        durable = policy is not None and policy.max_attempts > 1
         attempt = 0
         while True:
-            attempt += 1
+            attempt = await session.aask(("attempt", seq, call)) if durable else attempt + 1
+            exhausted = _exhausted(what, attempt, policy)
+            if exhausted is not None:
+                failed = entry_failed(seq, call, attempt - 1, "AttemptsExhausted", str(exhausted))
+                await session.aask(("save", failed))
+                raise failure(session, failed) from exhausted
             token = inside.set(_call_context(session, seq, call, attempt))
             try:
                 if inspect.iscoroutinefunction(fn):

@@ -20,6 +20,7 @@ from ._codec import encode_state
 from ._errors import InvalidState, InvalidWorkflow
 
 __all__ = [
+    "ATTEMPTS_KEY",
     "JOURNAL_KEY",
     "answer_of",
     "entry_failed",
@@ -31,6 +32,8 @@ __all__ = [
 
 #: Where a code workflow's run keeps its journal in the state.
 JOURNAL_KEY = "~journal"
+#: Where it counts the attempts begun on calls with retries, not yet journaled.
+ATTEMPTS_KEY = "~attempts"
 
 
 def journal_of(state: dict[str, Any]) -> list[dict[str, Any]]:
