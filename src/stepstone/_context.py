@@ -24,10 +24,8 @@ from ._session import POOL_THREADS, CallFailed, Session, close, inside
 from ._steps import (
     AttemptsExhausted,
     RetryPolicy,
-    StepContext,
     Workflow,
     check_name,
-    idempotency_key,
 )
 from ._suspend import _seconds
 
@@ -104,11 +102,6 @@ def _exhausted(what: str, attempt: int, policy: RetryPolicy | None) -> AttemptsE
     )
 
 
-def _call_context(session: Session, seq: int, call: str, attempt: int) -> StepContext:
-    key = idempotency_key(session.run_id, seq, call)
-    return StepContext(session.run_id, seq, call, attempt, key)
-
-
 def _run_call(
     session: Session,
     seq: int,
@@ -130,7 +123,7 @@ def _run_call(
             failed = entry_failed(seq, call, attempt - 1, "AttemptsExhausted", str(exhausted))
             session.ask(("save", failed))
             raise failure(session, failed) from exhausted
-        token = inside.set(_call_context(session, seq, call, attempt))
+        token = inside.set((session.run_id, seq, call, attempt))
         try:
             result = fn(*args)
             if inspect.isawaitable(result):
@@ -349,7 +342,7 @@ class AsyncWorkflowContext:
                 failed = entry_failed(seq, call, attempt - 1, "AttemptsExhausted", str(exhausted))
                 await session.aask(("save", failed))
                 raise failure(session, failed) from exhausted
-            token = inside.set(_call_context(session, seq, call, attempt))
+            token = inside.set((session.run_id, seq, call, attempt))
             try:
                 if inspect.iscoroutinefunction(fn):
                     result = await fn(*args)

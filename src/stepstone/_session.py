@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from ._errors import InvalidWorkflow, StepstoneError, WorkflowChanged
-from ._steps import StepContext
+from ._steps import StepContext, idempotency_key
 
 if TYPE_CHECKING:
     import asyncio
@@ -71,9 +71,10 @@ class Stop(BaseException):
     """
 
 
-#: The call whose function is running here (a step inside a step is refused), as the
-#: ``StepContext`` that ``current_call`` returns.
-inside: contextvars.ContextVar[StepContext | None] = contextvars.ContextVar(
+#: The call whose function is running here (a step inside a step is refused): its run,
+#: position, journal name and attempt. ``current_call`` makes its ``StepContext`` only
+#: when asked (the key is a hash: not worth paying for on every call).
+inside: contextvars.ContextVar[tuple[str, int, str, int] | None] = contextvars.ContextVar(
     "stepstone_code_call", default=None
 )
 
@@ -87,7 +88,11 @@ def current_call() -> StepContext | None:
     attempt and resume of that call. Pass the key to a payment or model API so that a
     call repeated after a crash is a no-op.
     """
-    return inside.get()
+    running = inside.get()
+    if running is None:
+        return None
+    run_id, seq, call, attempt = running
+    return StepContext(run_id, seq, call, attempt, idempotency_key(run_id, seq, call))
 
 
 # --- replies: how an answer gets back to the function ----------------------------------
@@ -206,7 +211,7 @@ class Session:
         running = inside.get()
         if running is not None:
             raise InvalidWorkflow(
-                f"{what} called inside the function of call {running.step_name!r} (run "
+                f"{what} called inside the function of call {running[2]!r} (run "
                 f"{self.run_id!r}): a step's function cannot make journaled calls; make "
                 "them from the workflow function"
             )
