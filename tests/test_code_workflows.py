@@ -657,6 +657,17 @@ def test_an_async_workflow_is_refused_by_run(store: Store) -> None:
     assert store.load("a") is None
 
 
+def test_an_async_workflow_is_refused_by_a_sync_worker(store: Store) -> None:
+    """``Worker.serve`` refuses an ``async def`` workflow up front, as it does async steps."""
+
+    @stepstone.workflow("async-served")
+    async def body(ctx: stepstone.AsyncWorkflowContext, input: State) -> Any:
+        return 1
+
+    with pytest.raises(InvalidWorkflow, match="aserve"):
+        Worker(store, [body]).serve()
+
+
 def test_reserved_and_bad_names_are_refused(store: Store) -> None:
     """A step's name may not start with '@' (the context's own calls) and must be a name."""
 
