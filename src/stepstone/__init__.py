@@ -44,6 +44,14 @@ from ._errors import (
 if TYPE_CHECKING:  # what the names below are, for type checkers; imported on first use
     from ._arunner import arun
     from ._checkpoint import SCHEMA_VERSION, Checkpoint, Failure, RunStatus, Signal, check_run_id
+    from ._code import (
+        AsyncWorkflowContext,
+        CallFailed,
+        CodeWorkflow,
+        WorkflowContext,
+        current_call,
+        workflow,
+    )
     from ._control import acancel, aretry, asignal, astart, cancel, retry, signal, start
     from ._history import HistoryEntry, afork, ahistory, arerun, fork, history, rerun
     from ._lease import DEFAULT_LEASE
@@ -59,9 +67,12 @@ if TYPE_CHECKING:  # what the names below are, for type checkers; imported on fi
 # from its module the first time it is used (PEP 562), so a process that needs one
 # backend, or the CLI's --help, does not pay for the runtime, the worker and the rest.
 _LAZY: dict[str, str] = {
+    "AsyncWorkflowContext": "._code",
     "AttemptsExhausted": "._steps",
+    "CallFailed": "._code",
     "Checkpoint": "._checkpoint",
     "ChildFailed": "._suspend",
+    "CodeWorkflow": "._code",
     "DEFAULT_LEASE": "._lease",
     "DEFAULT_STORE": "._registry",
     "Diagnosis": "._store",
@@ -81,6 +92,7 @@ _LAZY: dict[str, str] = {
     "WaitTimeout": "._suspend",
     "Worker": "._worker",
     "Workflow": "._steps",
+    "WorkflowContext": "._code",
     "acancel": "._control",
     "afork": "._history",
     "ahistory": "._history",
@@ -92,6 +104,7 @@ _LAZY: dict[str, str] = {
     "aupgrade": "._upgrade",
     "cancel": "._control",
     "check_run_id": "._checkpoint",
+    "current_call": "._code",
     "fork": "._history",
     "history": "._history",
     "open_store": "._registry",
@@ -103,6 +116,7 @@ _LAZY: dict[str, str] = {
     "signal": "._control",
     "start": "._control",
     "upgrade": "._upgrade",
+    "workflow": "._code",
 }
 
 
@@ -120,10 +134,13 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "AsyncWorkflowContext",
     "AttemptsExhausted",
+    "CallFailed",
     "Checkpoint",
     "CheckpointTooLarge",
     "ChildFailed",
+    "CodeWorkflow",
     "ConfigError",
     "ConflictError",
     "CorruptCheckpoint",
@@ -164,6 +181,7 @@ __all__ = [
     "Worker",
     "Workflow",
     "WorkflowChanged",
+    "WorkflowContext",
     "acancel",
     "afork",
     "ahistory",
@@ -175,6 +193,7 @@ __all__ = [
     "aupgrade",
     "cancel",
     "check_run_id",
+    "current_call",
     "fork",
     "history",
     "open_store",
@@ -186,5 +205,6 @@ __all__ = [
     "signal",
     "start",
     "upgrade",
+    "workflow",
 ]
 __version__ = "0.1.0"

@@ -19,7 +19,7 @@ from ._codec import encode_state
 from ._errors import InputMismatch, InvalidWorkflow, WorkflowChanged
 from ._observe import tracing
 from ._plan import Plan
-from ._steps import Step, Workflow, check_steps, workflow_label
+from ._steps import Workflow, check_steps, workflow_label
 from ._store import Store
 
 __all__ = [
@@ -54,7 +54,8 @@ def make_plan(
     items = check_steps(steps)
     if not asynchronous:
         for item in items:
-            if isinstance(item, Step) and item.is_async:
+            # A Step, or a code workflow's step (``_code.CodeStep``), of an async def.
+            if getattr(item, "is_async", False) is True:
                 raise InvalidWorkflow(
                     f"step {item.name!r} is async (async def); run it with "
                     "`await stepstone.arun(...)`, not stepstone.run"

@@ -51,6 +51,7 @@ from ._errors import (
     StoreError,
     StoreUnavailable,
     Suspended,
+    WorkflowChanged,
 )
 from ._observe import logger, span
 from ._plan import Plan
@@ -477,10 +478,11 @@ def _run_suspending(
             seen_wake_at = cp.wake_at
             try:
                 outcome = yield from step.evaluate(plan, cp, index, working, first)
-            except (ConflictError, StoreUnavailable):
+            except (ConflictError, StoreUnavailable, WorkflowChanged, RunCancelled, Interrupted):
                 # The step's own bookkeeping (a Map's child records, the lease) met a store
                 # that failed or a lost lease: the run stops as after a failed save, and
                 # whoever resumes it evaluates the step again. Never the step's failure.
+                # (A code workflow parks, cancels or hands over its run itself, ``_code``.)
                 raise
             except Exception as caught:  # noqa: BLE001 - a step may raise anything: its failure
                 cp = _latest(plan, cp)

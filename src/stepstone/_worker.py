@@ -53,7 +53,7 @@ from ._observe import count_in_flight, emit, logger
 from ._outcomes import SETTLED, changed, claim_event, ending, park
 from ._plan import Plan
 from ._runner import make_plan
-from ._steps import Step, Workflow, workflow_label
+from ._steps import Workflow, workflow_label
 from ._store import Listener, RunInfo, Store
 from ._suspend import Map
 from ._watch import KINDS, RECHECK, Watch
@@ -628,7 +628,8 @@ class Worker:
         """Serve until ``stop`` is called, driving runs in up to ``concurrency`` threads."""
         for workflow in self.workflows.values():
             for step in workflow.steps:
-                if isinstance(step, Step) and step.is_async:
+                # A Step, or a code workflow's step (``_code.CodeStep``), of an async def.
+                if getattr(step, "is_async", False) is True:
                     raise InvalidWorkflow(
                         f"workflow {workflow.name!r} has the async step {step.name!r}: "
                         "serve it with `await worker.aserve()`, not worker.serve()"

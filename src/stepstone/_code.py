@@ -1,0 +1,468 @@
+"""Workflows as code: ``@workflow`` functions whose context calls are journaled.
+
+A ``CodeWorkflow`` is a ``Workflow`` of one suspending step (``CodeStep``) whose
+evaluation drives the function. The function runs beside the core: in a thread of its
+own (a plain ``def``) or as a task on the caller's event loop (``async def``). Each
+``ctx`` call that has no answer in the journal yet sends a request to the core, which
+performs it as effects like any step's bookkeeping: a journaled result is one save of
+the run (``_core.write``: compare-and-swap, fenced by the run's lease), a wait is the
+run saved ``waiting`` exactly as ``WaitFor``/``Sleep``/``Map`` leave it (``ctx.map``
+runs a ``Map`` step's own evaluation). Meanwhile the core
+waits for the next request inside a ``Call``, so the driver renews the lease as it
+does while a long step runs, and every save is the driver's own (``Plan.current``).
+
+The journal is a list in the run's state under ``JOURNAL_KEY``, one entry per answered
+call, in the order the answers landed (``_journal``). Appending to it is an append to
+a list, so a long state's save stores only the new entry (``_statelog``'s ``x`` op).
+
+On resume the function runs again from the top: the journal answers every call made
+before (by its position in call order, checked against its name), and the first call
+it cannot answer runs for real. Code between calls therefore re-runs.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Coroutine, Generator
+from datetime import timedelta
+from typing import Any
+
+from . import _hooks, _lease
+from ._checkpoint import Checkpoint, Failure, evolve, utcnow
+from ._codec import copy_containers
+from ._context import MISSING, AsyncWorkflowContext, WorkflowContext, failure
+from ._core import Interrupted, write
+from ._core import _finish_cancelled as finish_cancelled
+from ._effects import Announce, Call, Effect
+from ._errors import (
+    ConflictError,
+    InvalidState,
+    InvalidWorkflow,
+    StoreUnavailable,
+    WorkflowChanged,
+    safe_text,
+)
+from ._journal import (
+    ATTEMPTS_KEY,
+    JOURNAL_KEY,
+    answer_of,
+    entry_failed,
+    entry_ok,
+    journal_of,
+    json_value,
+    recorded_calls,
+)
+from ._observe import logger
+from ._plan import Plan
+from ._session import CallFailed, Session, Waiter, close, current_call
+from ._steps import (
+    Complete,
+    Outcome,
+    StepCodeError,
+    SuspendingStep,
+    Wait,
+    Workflow,
+    check_name,
+)
+from ._suspend import Map, _due, nudge, pending_signals
+
+__all__ = [
+    "JOURNAL_KEY",
+    "AsyncWorkflowContext",
+    "CallFailed",
+    "CodeStep",
+    "CodeWorkflow",
+    "WorkflowContext",
+    "current_call",
+    "workflow",
+]
+
+State = dict[str, Any]
+
+
+# --- the step that drives the function ---------------------------------------------------
+
+
+class CodeStep(SuspendingStep):
+    """The one step of a ``CodeWorkflow``: runs the function, journaling its calls."""
+
+    __slots__ = ("fn", "is_async")
+
+    def __init__(self, name: str, fn: Callable[..., Any]) -> None:
+        self.name = check_name(name)
+        self.fn = fn
+        self.is_async = inspect.iscoroutinefunction(fn)
+        self.retry = None
+
+    def __repr__(self) -> str:
+        return f"CodeStep({self.name!r})"
+
+    def ready(self, cp: Checkpoint) -> bool:
+        waiting = cp.waiting_for or ""
+        if waiting.startswith("signal ") and pending_signals(cp, waiting[len("signal ") :]):
+            return True
+        return _due(cp.wake_at)
+
+    def evaluate(
+        self, plan: Plan, cp: Checkpoint, index: int, state: State, first: bool
+    ) -> Generator[Effect, Any, Outcome]:
+        recorded = recorded_calls(plan.run_id, journal_of(cp.state))
+        given = cp.input if isinstance(cp.input, dict) else {}
+        session = Session(
+            plan.run_id, self.name, recorded, self.fn, copy_containers(given), self.is_async
+        )
+        session.ctx = (AsyncWorkflowContext if self.is_async else WorkflowContext)(session)
+        # Awaited under arun. The sync driver calls it instead, and gets a coroutine: the
+        # core then waits in the driver's thread (``next_requests``).
+        waiter = Waiter(self.name, session.anext_requests, True)
+        try:
+            while True:
+                batch = yield Call(waiter, state, None, cp)
+                if inspect.isawaitable(batch):
+                    close(batch)  # never awaited: nothing of it ran
+                    if self.is_async:
+                        raise InvalidWorkflow(
+                            f"workflow {self.name!r} is async (async def): run it with "
+                            "`await stepstone.arun(...)` or `await worker.aserve()`"
+                        )
+                    waiter = Waiter(self.name, session.next_requests, False)
+                    continue
+                saves = [request for request in batch if request[0] == "save"]
+                if saves:
+                    # The same kill points as a step's: returned, not yet journaled; journaled.
+                    _hooks.fire("runner.after_step")
+                    cp = yield from _append(plan, cp, [request[1] for request in saves], {})
+                    _hooks.fire("runner.after_save")
+                    if cp.cancel_requested or plan.stop_requested:
+                        # Every journaled call is a boundary, as each step of a list is.
+                        session.stop("stopped")
+                        yield from _boundary(plan, cp)
+                    for request in saves:
+                        session.answered(request[2])
+                        request[2].ok(None)
+                for request in batch:
+                    kind = request[0]
+                    if kind == "save":
+                        continue
+                    if kind == "end":
+                        return (yield from _ended(plan, cp, index, session, state, request))
+                    if kind == "attempt":
+                        cp = yield from _attempt(plan, cp, session, request)
+                        if cp.cancel_requested or plan.stop_requested:
+                            session.stop("stopped")
+                            yield from _boundary(plan, cp)
+                        continue
+                    if kind == "sleep":
+                        cp, wait = yield from _sleep(plan, cp, session, request)
+                    elif kind == "map":
+                        cp, wait = yield from _map(plan, cp, index, state, session, request)
+                    else:
+                        cp, wait = yield from _wait(plan, cp, session, request)
+                    if wait is not None:
+                        return wait
+        finally:
+            session.stop("stopped")
+
+
+def _boundary(plan: Plan, cp: Checkpoint) -> Generator[Effect, Any, None]:
+    """Act on a cancel request or a stopping worker at a journaled call, as at a step."""
+    if cp.cancel_requested:
+        yield from finish_cancelled(plan, cp)  # raises RunCancelled
+    yield from write(plan, cp, _lease.released(cp), "hand-over")
+    yield Announce()  # another worker may take it now
+    logger.info("run %r: handed over at a journaled call (worker stopping)", plan.run_id)
+    raise Interrupted(plan.run_id)
+
+
+def _ended(
+    plan: Plan,
+    cp: Checkpoint,
+    index: int,
+    session: Session,
+    state: State,
+    request: tuple[Any, ...],
+) -> Generator[Effect, Any, Complete]:
+    """The function ended: complete the step, or park or fail the run (raising)."""
+    _, how, value = request
+    why = session.fatal
+    if why is None and how == "raise" and isinstance(value, WorkflowChanged):
+        why = value
+    if why is None and how == "return":
+        why = _shrunk(session)
+    if why is not None:
+        yield from _park(plan, cp, index, session.name, why)
+    if how == "raise":
+        raise value
+    return _finished(session, state, cp, value)
+
+
+def _shrunk(session: Session) -> WorkflowChanged | None:
+    """Why a function that returned made fewer calls than its journal holds, if it did."""
+    left = [seq for seq in session.recorded if seq >= session.seq]
+    if not left:
+        return None
+    seq = min(left)
+    return WorkflowChanged(
+        f"run {session.run_id!r} of workflow {session.name!r}: the function returned "
+        f"after {session.seq} calls, but the journal recorded "
+        f"{session.recorded[seq]['call']!r} as call {seq}; the function's calls changed "
+        "under a started run",
+        session.run_id,
+        seq,
+    )
+
+
+def _finished(session: Session, state: State, cp: Checkpoint, value: Any) -> Complete:
+    """The function returned ``value``: check it, complete the step."""
+    try:
+        result = json_value(value, session.run_id, "the return value", session.seq)
+    except InvalidState as exc:
+        raise InvalidState(
+            f"workflow {session.name!r} returned a value that is not JSON: {exc}", exc.path
+        ) from None
+    session.stop("returned")
+    # The state completed with is the one last saved (its journal included), not the
+    # copy the core started from: the final save then adds only the result.
+    for key in (JOURNAL_KEY, ATTEMPTS_KEY):
+        if key in cp.state:
+            state[key] = cp.state[key]
+        else:
+            state.pop(key, None)
+    return Complete({"result": result})
+
+
+def _append(
+    plan: Plan, cp: Checkpoint, entries: list[dict[str, Any]], changes: dict[str, Any]
+) -> Generator[Effect, Any, Checkpoint]:
+    """Save ``entries`` at the end of the journal (one compare-and-swap); return the record.
+
+    The new state is built on the last saved one (never changed in place): its journal
+    list's items are the very objects it holds, which is how a long state's save sees
+    an append and stores only the new entries.
+    """
+    base = cp.state
+    new = dict(base)
+    new[JOURNAL_KEY] = [*journal_of(base), *entries]
+    attempts = base.get(ATTEMPTS_KEY)
+    if isinstance(attempts, dict) and attempts:
+        # A journaled call's attempts are in its entry now.
+        done = {entry["call"] for entry in entries}
+        if not done.isdisjoint(attempts):
+            new[ATTEMPTS_KEY] = {k: v for k, v in attempts.items() if k not in done}
+    what = (
+        f"journal {entries[-1]['call']}" if len(entries) == 1 else f"journal {len(entries)} calls"
+    )
+    saved: Checkpoint = yield from write(plan, cp, evolve(cp, state=new, **changes), what)
+    return saved
+
+
+def _attempt(
+    plan: Plan, cp: Checkpoint, session: Session, request: tuple[Any, ...]
+) -> Generator[Effect, Any, Checkpoint]:
+    """Count an attempt of a call with retries before it is made; answer its number."""
+    _, _, call, reply = request
+    begun = cp.state.get(ATTEMPTS_KEY)
+    counts = dict(begun) if isinstance(begun, dict) else {}
+    attempt = int(counts.get(call, 0)) + 1
+    counts[call] = attempt
+    new = dict(cp.state)
+    new[ATTEMPTS_KEY] = counts
+    cp = yield from write(plan, cp, evolve(cp, state=new), f"attempt {attempt} of {call}")
+    session.answered(reply)
+    reply.ok(attempt)
+    return cp
+
+
+def _sleep(
+    plan: Plan, cp: Checkpoint, session: Session, request: tuple[Any, ...]
+) -> Generator[Effect, Any, tuple[Checkpoint, Wait | None]]:
+    _, seq, call, seconds, reply = request
+    # The labels of ``Sleep`` and ``WaitFor``: ``signal`` wakes a run by its label. The
+    # wait the run is saved at is always the first call the journal cannot answer, so
+    # the label says which call it is.
+    label = "timer"
+    if cp.waiting_for == label and cp.wake_at is not None:
+        wake = cp.wake_at  # fixed when this sleep began: a restart never moves it
+    else:
+        wake = utcnow() + timedelta(seconds=seconds)
+    if utcnow() < wake:
+        session.stop("stopped")
+        return cp, Wait(label, wake)
+    entry = entry_ok(seq, call, 1, wake.isoformat())
+    cp = yield from _append(plan, cp, [entry], {"waiting_for": None, "wake_at": None})
+    session.answered(reply)
+    reply.ok(wake.isoformat())
+    return cp, None
+
+
+def _wait(
+    plan: Plan, cp: Checkpoint, session: Session, request: tuple[Any, ...]
+) -> Generator[Effect, Any, tuple[Checkpoint, Wait | None]]:
+    _, seq, call, signal, timeout, default, reply = request
+    label = f"signal {signal}"
+    cleared = {"waiting_for": None, "wake_at": None}
+    pending = pending_signals(cp, signal)
+    if pending:
+        consumed = dict(cp.consumed)
+        consumed[signal] = consumed.get(signal, 0) + 1
+        logger.info("run %r: signal %r (id %r) consumed", cp.run_id, signal, pending[0].id)
+        _hooks.fire("wait.consumed")  # chosen, not yet saved: a crash here must not lose it
+        entry = entry_ok(seq, call, 1, pending[0].payload)
+        cp = yield from _append(plan, cp, [entry], {**cleared, "consumed": consumed})
+        session.answered(reply)
+        reply.ok(copy_containers(answer_of(entry)))
+        return cp, None
+    if cp.waiting_for == label:
+        deadline = cp.wake_at
+    else:
+        deadline = None if timeout is None else utcnow() + timedelta(seconds=timeout)
+    if deadline is None or utcnow() < deadline:
+        session.stop("stopped")
+        return cp, Wait(label, deadline)
+    if default is not MISSING:
+        entry = entry_ok(seq, call, 1, default)
+        cp = yield from _append(plan, cp, [entry], cleared)
+        session.answered(reply)
+        reply.ok(copy_containers(default))
+        return cp, None
+    entry = entry_failed(seq, call, 1, "WaitTimeout", f"no signal {signal!r} within {timeout:g}s")
+    cp = yield from _append(plan, cp, [entry], cleared)
+    session.answered(reply)
+    reply.fail(failure(session, entry))
+    return cp, None
+
+
+def _map(
+    plan: Plan,
+    cp: Checkpoint,
+    index: int,
+    state: State,
+    session: Session,
+    request: tuple[Any, ...],
+) -> Generator[Effect, Any, tuple[Checkpoint, Wait | None]]:
+    """Make or look at ``ctx.map``'s children, as a ``Map`` step does; journal their end."""
+    _, seq, call, workflow, inputs, reply = request
+    step = Map(call, workflow, lambda state: inputs)
+    # A fresh reach re-queues children that failed before, as a Map's fresh attempt does.
+    first = not (cp.waiting_for or "").startswith("children ")
+    try:
+        outcome = yield from step.evaluate(plan, cp, index, state, first)
+    except (ConflictError, StoreUnavailable):
+        raise  # the bookkeeping failed, not the call: whoever resumes looks again
+    except Exception as caught:  # noqa: BLE001 - a child failed: the call's failure
+        error = caught.error if isinstance(caught, StepCodeError) else caught
+        entry = entry_failed(seq, call, 1, type(error).__qualname__, safe_text(error))
+        cp = _latest(plan, cp)
+        cp = yield from _append(plan, cp, [entry], {"waiting_for": None, "wake_at": None})
+        session.answered(reply)
+        reply.fail(failure(session, entry))
+        return cp, None
+    cp = _latest(plan, cp)  # renewed while the children were made
+    if isinstance(outcome, Wait):
+        session.stop("stopped")
+        return cp, outcome
+    states = outcome.update[call]
+    results = [s.get("result") for s in states] if isinstance(workflow, CodeWorkflow) else states
+    entry = entry_ok(seq, call, 1, results)
+    cleared = {"waiting_for": None, "wake_at": None, "children": ()}
+    cp = yield from _append(plan, cp, [entry], cleared)
+    session.answered(reply)
+    reply.ok(copy_containers(results))
+    return cp, None
+
+
+def _latest(plan: Plan, cp: Checkpoint) -> Checkpoint:
+    """Our newest record: a renewal during the children's bookkeeping replaced ``cp``."""
+    current = plan.current
+    if current is not None and current.owner == cp.owner and current.epoch == cp.epoch:
+        return current
+    return cp
+
+
+def _park(
+    plan: Plan, cp: Checkpoint, index: int, name: str, why: WorkflowChanged
+) -> Generator[Effect, Any, None]:
+    """Save the run failed with ``why`` (lease given back), then raise it: never spun.
+
+    As the worker parks a step list whose names changed (``_outcomes.park``): a failed
+    run leaves the claim index, and running it again with the code it was started with
+    resumes it.
+    """
+    failure = Failure(
+        step_index=index,
+        step_name=name,
+        error_type=type(why).__name__,
+        message=f"{why}. Parked: no worker claims it again; resume it with the code it "
+        "was started with (stepstone.run), or cancel it",
+        attempt=0,
+        at=utcnow(),
+    )
+    parked = evolve(cp, failure=failure, attempt=0, waiting_for=None, wake_at=None)
+    yield from write(plan, cp, _lease.released(parked), "park")
+    if cp.parent is not None:
+        yield from nudge(cp.parent)
+    logger.error("run %r: %s", plan.run_id, why)
+    raise why
+
+
+# --- the decorator -------------------------------------------------------------------------
+
+
+class CodeWorkflow(Workflow):
+    """A workflow written as a function (``@stepstone.workflow``): one ``CodeStep``.
+
+    Accepted wherever a ``Workflow`` is: ``run``, ``arun``, ``start``, ``Worker``. A
+    run's final state is its input, the journal (under ``JOURNAL_KEY``) and the
+    function's return value under ``"result"``.
+    """
+
+    __slots__ = ("fn", "is_async")
+
+    def __init__(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        *,
+        version: str | None = None,
+        history: bool = False,
+    ) -> None:
+        if not callable(fn):
+            raise InvalidWorkflow(f"workflow {name!r}: expected a function, got {fn!r}")
+        super().__init__(name, [CodeStep(name, fn)], version=version, history=history)
+        self.fn = fn
+        self.is_async = inspect.iscoroutinefunction(fn)
+
+    def __repr__(self) -> str:
+        shown = "" if self.version is None else f", version={self.version!r}"
+        kind = "async def" if self.is_async else "def"
+        return f"CodeWorkflow({self.name!r}, {kind} {getattr(self.fn, '__qualname__', '?')}{shown})"
+
+
+def workflow(
+    name: str, *, version: str | None = None, history: bool = False
+) -> Callable[
+    [Callable[[Any, State], Any] | Callable[[Any, State], Coroutine[Any, Any, Any]]],
+    CodeWorkflow,
+]:
+    """Make a function ``fn(ctx, input)`` a durable workflow named ``name``.
+
+    A plain ``def`` gets a ``WorkflowContext`` and runs under ``run`` and ``arun``; an
+    ``async def`` gets an ``AsyncWorkflowContext`` and runs under ``arun`` (and
+    ``Worker.aserve``). ``input`` is the run's recorded input (a fresh copy each time).
+
+    Example::
+
+        @stepstone.workflow("triage", version="1")
+        async def triage(ctx, input):
+            draft = await ctx.step("draft", call_model, input["ticket"])
+            while not draft["done"]:
+                draft = await ctx.step("revise", call_model, draft)
+            return draft
+    """
+
+    def decorate(
+        fn: Callable[[Any, State], Any] | Callable[[Any, State], Coroutine[Any, Any, Any]],
+    ) -> CodeWorkflow:
+        return CodeWorkflow(name, fn, version=version, history=history)
+
+    return decorate

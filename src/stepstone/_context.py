@@ -1,0 +1,445 @@
+"""The context a code workflow's function gets (``ctx``): its journaled calls.
+
+Each call looks in the journal first (``Session.replay``): a journaled call returns
+its recorded answer at once. Otherwise it runs (``ctx.step``, ``ctx.submit``) or asks
+the core (``ctx.sleep``, ``ctx.wait_for``), and returns once its entry is saved.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+import uuid as uuidlib
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Future
+from datetime import datetime, timedelta
+from typing import Any
+
+from ._checkpoint import utcnow
+from ._codec import copy_containers
+from ._errors import InvalidWorkflow, safe_text
+from ._journal import answer_of, entry_failed, entry_ok, json_value
+from ._observe import logger
+from ._session import POOL_THREADS, CallFailed, Session, close, inside
+from ._steps import (
+    AttemptsExhausted,
+    RetryPolicy,
+    Workflow,
+    check_name,
+)
+from ._suspend import _seconds
+
+__all__ = [
+    "MISSING",
+    "POOL_THREADS",
+    "RESERVED",
+    "AsyncWorkflowContext",
+    "WorkflowContext",
+    "failure",
+]
+
+State = dict[str, Any]
+MISSING: Any = object()
+#: Names of the context's own calls start with this; a step's name may not.
+RESERVED = "@"
+
+
+# --- the contexts ------------------------------------------------------------------------
+
+
+def _check_step_name(name: object, what: str) -> str:
+    checked = check_name(name)
+    if checked.startswith(RESERVED):
+        raise InvalidWorkflow(
+            f"{what}: a step's name may not start with {RESERVED!r} (the context's own "
+            f"calls are journaled under such names), got {checked!r}"
+        )
+    return checked
+
+
+def _check_retry(retry: object, what: str) -> RetryPolicy | None:
+    if retry is not None and not isinstance(retry, RetryPolicy):
+        raise InvalidWorkflow(f"{what}: retry must be a RetryPolicy or None")
+    return retry
+
+
+def _should_retry(policy: RetryPolicy | None, attempt: int, error: BaseException) -> bool:
+    if policy is None or attempt >= policy.max_attempts:
+        return False
+    try:
+        return bool(policy.should_retry(error))
+    except Exception:  # noqa: BLE001 - user code: a broken predicate means no retry
+        logger.exception("the retry_on predicate raised; not retrying")
+        return False
+
+
+def failure(session: Session, entry: dict[str, Any]) -> CallFailed:
+    error = entry["error"]
+    return CallFailed(
+        session.run_id,
+        entry["call"],
+        entry["seq"],
+        str(error.get("type", "Exception")),
+        str(error.get("message", "")),
+        int(entry.get("attempt", 1)),
+    )
+
+
+def _answer(session: Session, entry: dict[str, Any]) -> Any:
+    """The value a journaled call returns (a copy: the journal's own stays untouched)."""
+    if "error" in entry:
+        raise failure(session, entry)
+    return copy_containers(answer_of(entry))
+
+
+def _exhausted(what: str, attempt: int, policy: RetryPolicy | None) -> AttemptsExhausted | None:
+    """The error of an attempt past the policy's budget (earlier ones died with processes)."""
+    if policy is None or attempt <= policy.max_attempts:
+        return None
+    return AttemptsExhausted(
+        f"{what} already began {attempt - 1} of {policy.max_attempts} allowed attempts "
+        "in earlier processes"
+    )
+
+
+def _run_call(
+    session: Session,
+    seq: int,
+    call: str,
+    what: str,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    policy: RetryPolicy | None,
+) -> Any:
+    """Run a plain workflow's call (retries included) and journal how it ended."""
+    durable = policy is not None and policy.max_attempts > 1
+    attempt = 0
+    while True:
+        # With retries, the attempt is counted in the run before it is made, as a
+        # step's is: a call that kills its process every time stops after max_attempts.
+        attempt = session.ask(("attempt", seq, call)) if durable else attempt + 1
+        exhausted = _exhausted(what, attempt, policy)
+        if exhausted is not None:
+            failed = entry_failed(seq, call, attempt - 1, "AttemptsExhausted", str(exhausted))
+            session.ask(("save", failed))
+            raise failure(session, failed) from exhausted
+        token = inside.set((session.run_id, seq, call, attempt))
+        try:
+            result = fn(*args)
+            if inspect.isawaitable(result):
+                close(result)
+                raise InvalidWorkflow(
+                    f"{what}: the function returned an awaitable; await it in an "
+                    "`async def` workflow, or pass a plain function"
+                )
+        except Exception as exc:
+            if _should_retry(policy, attempt, exc):
+                assert policy is not None
+                time.sleep(policy.delay(attempt))
+                continue
+            failed = entry_failed(seq, call, attempt, type(exc).__qualname__, safe_text(exc))
+            session.ask(("save", failed))
+            raise failure(session, failed) from exc
+        finally:
+            inside.reset(token)
+        value = json_value(result, session.run_id, call, seq)
+        session.ask(("save", entry_ok(seq, call, attempt, value)))
+        return copy_containers(value)
+
+
+class WorkflowContext:
+    """The context of a plain ``def`` workflow: journaled calls, answered once.
+
+    Every method is a call in the journal's order: on a resumed run the journal
+    answers it without running anything, so the function must make the same calls in
+    the same order each time (``WorkflowChanged`` otherwise).
+    """
+
+    __slots__ = ("_session",)
+
+    def __init__(self, session: Session) -> None:
+        self._session = session
+
+    @property
+    def run_id(self) -> str:
+        """The run this execution belongs to."""
+        return self._session.run_id
+
+    def step(
+        self, name: str, fn: Callable[..., Any], *args: Any, retry: RetryPolicy | None = None
+    ) -> Any:
+        """Call ``fn(*args)`` once for this run; return its JSON result, journaled.
+
+        The result (or the final failure, after ``retry``'s attempts) is saved in the run
+        before this returns; on resume the journal returns it and ``fn`` is not called.
+        Repeated names are numbered in call order (``revise#1``, ``revise#2``).
+
+        Raises:
+            CallFailed: ``fn`` failed for good (now or, journaled, on an earlier run).
+            InvalidState: ``fn`` returned a value that is not JSON; nothing was journaled.
+            WorkflowChanged: the journal recorded another call at this position.
+        """
+        session = self._session
+        what = f"ctx.step({name!r})"
+        seq, call = session.begin(_check_step_name(name, what), what)
+        policy = _check_retry(retry, what)
+        entry = session.replay(seq, call)
+        if entry is not None:
+            return _answer(session, entry)
+        return _run_call(session, seq, call, what, fn, args, policy)
+
+    def submit(
+        self, name: str, fn: Callable[..., Any], *args: Any, retry: RetryPolicy | None = None
+    ) -> Future[Any]:
+        """Start ``fn(*args)`` on the workflow's threads; return a future of its result.
+
+        ``ctx.step``, in parallel: the call's position is fixed now, in call order, and
+        its result is journaled when it completes, whatever the order. On resume a
+        journaled call's future is done at once, and only the unfinished calls run.
+        Up to ``POOL_THREADS`` calls of a run run at once; ``future.result()`` raises
+        what ``ctx.step`` would.
+        """
+        session = self._session
+        what = f"ctx.submit({name!r})"
+        seq, call = session.begin(_check_step_name(name, what), what)
+        policy = _check_retry(retry, what)
+        entry = session.replay(seq, call)
+        if entry is None:
+            return session.pool().submit(_run_call, session, seq, call, what, fn, args, policy)
+        done: Future[Any] = Future()
+        try:
+            done.set_result(_answer(session, entry))
+        except CallFailed as exc:
+            done.set_exception(exc)
+        return done
+
+    def now(self) -> datetime:
+        """Return the current time (UTC), journaled: a replay returns the same time."""
+        session = self._session
+        seq, call = session.begin(f"{RESERVED}now", "ctx.now()")
+        entry = session.replay(seq, call)
+        if entry is None:
+            entry = entry_ok(seq, call, 1, utcnow().isoformat())
+            session.ask(("save", entry))
+        return datetime.fromisoformat(answer_of(entry))
+
+    def uuid(self) -> str:
+        """Return a random UUID (as text), journaled: a replay returns the same one."""
+        session = self._session
+        seq, call = session.begin(f"{RESERVED}uuid", "ctx.uuid()")
+        entry = session.replay(seq, call)
+        if entry is None:
+            entry = entry_ok(seq, call, 1, str(uuidlib.uuid4()))
+            session.ask(("save", entry))
+        return str(answer_of(entry))
+
+    def sleep(self, duration: float | timedelta) -> datetime:
+        """Sleep durably: the run is saved waiting (no process held) until ``duration`` passed.
+
+        Returns the time it was due (UTC). The due time is fixed when the sleep first
+        begins, so restarts never move it.
+        """
+        session = self._session
+        seconds = _seconds(duration, "ctx.sleep() duration")
+        seq, call = session.begin(f"{RESERVED}sleep", "ctx.sleep()")
+        entry = session.replay(seq, call)
+        if entry is None:
+            return datetime.fromisoformat(session.ask(("sleep", seq, call, seconds)))
+        return datetime.fromisoformat(_answer(session, entry))
+
+    def wait_for(
+        self, signal: str, *, timeout: float | timedelta | None = None, default: Any = MISSING
+    ) -> Any:
+        """Wait durably for the signal ``signal``; return its payload.
+
+        The run is saved waiting (no process held) until ``stepstone.signal`` sends it.
+        With ``timeout``, ``default`` is returned when it passes; without a default the
+        call fails (``CallFailed``, type ``WaitTimeout``).
+        """
+        session = self._session
+        args = _wait_args(signal, timeout, default)
+        seq, call = session.begin(f"{RESERVED}wait:{signal}", f"ctx.wait_for({signal!r})")
+        entry = session.replay(seq, call)
+        if entry is None:
+            return session.ask(("wait", seq, call, *args))
+        return _answer(session, entry)
+
+    def map(self, name: str, workflow: Workflow, inputs: list[State]) -> list[Any]:
+        """Run one child run of ``workflow`` per input; return their results, in order.
+
+        The children are ordinary queued runs (``PARENT/@map:NAME#K/INDEX``), run by
+        workers (serve ``workflow`` too); this run waits for them as a ``Map`` step does
+        (saved waiting, no process held). A child that is a code workflow gives its
+        ``"result"``, any other its final state.
+
+        Raises:
+            CallFailed: a child failed or was cancelled (type ``ChildFailed``).
+        """
+        session = self._session
+        what = f"ctx.map({name!r})"
+        args = _map_args(name, workflow, inputs, what)
+        seq, call = session.begin(f"{RESERVED}map:{name}", what)
+        entry = session.replay(seq, call)
+        if entry is None:
+            return list(session.ask(("map", seq, call, *args)))
+        return list(_answer(session, entry))
+
+
+class AsyncWorkflowContext:
+    """The context of an ``async def`` workflow: ``WorkflowContext``'s calls, awaited.
+
+    A call's position in the journal is fixed when it is made, not when it is awaited,
+    so ``asyncio.gather(ctx.step(...), ctx.step(...))`` numbers its calls in the order
+    written; each is journaled as it completes.
+    """
+
+    __slots__ = ("_session",)
+
+    def __init__(self, session: Session) -> None:
+        self._session = session
+
+    @property
+    def run_id(self) -> str:
+        """The run this execution belongs to."""
+        return self._session.run_id
+
+    def step(
+        self, name: str, fn: Callable[..., Any], *args: Any, retry: RetryPolicy | None = None
+    ) -> Awaitable[Any]:
+        """Await ``fn(*args)`` once for this run (see ``WorkflowContext.step``).
+
+        ``fn`` may be ``async def``; a plain function runs in a worker thread, so that a
+        blocking call cannot stall the event loop.
+        """
+        session = self._session
+        what = f"ctx.step({name!r})"
+        seq, call = session.begin(_check_step_name(name, what), what)
+        policy = _check_retry(retry, what)
+        entry = session.replay(seq, call)
+        return self._step(seq, call, what, entry, fn, args, policy)
+
+    async def _step(
+        self,
+        seq: int,
+        call: str,
+        what: str,
+        entry: dict[str, Any] | None,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        policy: RetryPolicy | None,
+    ) -> Any:
+        import asyncio  # noqa: PLC0415 - see _AReply
+
+        session = self._session
+        if entry is not None:
+            return _answer(session, entry)
+        durable = policy is not None and policy.max_attempts > 1
+        attempt = 0
+        while True:
+            attempt = await session.aask(("attempt", seq, call)) if durable else attempt + 1
+            exhausted = _exhausted(what, attempt, policy)
+            if exhausted is not None:
+                failed = entry_failed(seq, call, attempt - 1, "AttemptsExhausted", str(exhausted))
+                await session.aask(("save", failed))
+                raise failure(session, failed) from exhausted
+            token = inside.set((session.run_id, seq, call, attempt))
+            try:
+                if inspect.iscoroutinefunction(fn):
+                    result = await fn(*args)
+                else:
+                    result = await asyncio.to_thread(fn, *args)
+                    if inspect.isawaitable(result):
+                        result = await result
+            except Exception as exc:
+                if _should_retry(policy, attempt, exc):
+                    assert policy is not None
+                    await asyncio.sleep(policy.delay(attempt))
+                    continue
+                failed = entry_failed(seq, call, attempt, type(exc).__qualname__, safe_text(exc))
+                await session.aask(("save", failed))
+                raise failure(session, failed) from exc
+            finally:
+                inside.reset(token)
+            value = json_value(result, session.run_id, call, seq)
+            await session.aask(("save", entry_ok(seq, call, attempt, value)))
+            return copy_containers(value)
+
+    async def now(self) -> datetime:
+        """Return the current time (UTC), journaled (see ``WorkflowContext.now``)."""
+        session = self._session
+        seq, call = session.begin(f"{RESERVED}now", "ctx.now()")
+        entry = session.replay(seq, call)
+        if entry is None:
+            entry = entry_ok(seq, call, 1, utcnow().isoformat())
+            await session.aask(("save", entry))
+        return datetime.fromisoformat(answer_of(entry))
+
+    async def uuid(self) -> str:
+        """Return a random UUID (as text), journaled (see ``WorkflowContext.uuid``)."""
+        session = self._session
+        seq, call = session.begin(f"{RESERVED}uuid", "ctx.uuid()")
+        entry = session.replay(seq, call)
+        if entry is None:
+            entry = entry_ok(seq, call, 1, str(uuidlib.uuid4()))
+            await session.aask(("save", entry))
+        return str(answer_of(entry))
+
+    async def sleep(self, duration: float | timedelta) -> datetime:
+        """Sleep durably (see ``WorkflowContext.sleep``)."""
+        session = self._session
+        seconds = _seconds(duration, "ctx.sleep() duration")
+        seq, call = session.begin(f"{RESERVED}sleep", "ctx.sleep()")
+        entry = session.replay(seq, call)
+        if entry is None:
+            return datetime.fromisoformat(await session.aask(("sleep", seq, call, seconds)))
+        return datetime.fromisoformat(_answer(session, entry))
+
+    async def wait_for(
+        self,
+        signal: str,
+        *,
+        timeout: float | timedelta | None = None,  # noqa: ASYNC109 - durable, not this await's
+        default: Any = MISSING,
+    ) -> Any:
+        """Wait durably for the signal ``signal`` (see ``WorkflowContext.wait_for``)."""
+        session = self._session
+        args = _wait_args(signal, timeout, default)
+        seq, call = session.begin(f"{RESERVED}wait:{signal}", f"ctx.wait_for({signal!r})")
+        entry = session.replay(seq, call)
+        if entry is None:
+            return await session.aask(("wait", seq, call, *args))
+        return _answer(session, entry)
+
+    async def map(self, name: str, workflow: Workflow, inputs: list[State]) -> list[Any]:
+        """Run child runs and await their results (see ``WorkflowContext.map``)."""
+        session = self._session
+        what = f"ctx.map({name!r})"
+        args = _map_args(name, workflow, inputs, what)
+        seq, call = session.begin(f"{RESERVED}map:{name}", what)
+        entry = session.replay(seq, call)
+        if entry is None:
+            return list(await session.aask(("map", seq, call, *args)))
+        return list(_answer(session, entry))
+
+
+def _map_args(
+    name: object, workflow: object, inputs: object, what: str
+) -> tuple[Workflow, list[State]]:
+    check_name(name)
+    if not isinstance(workflow, Workflow):
+        raise InvalidWorkflow(f"{what}: workflow must be a Workflow, got {workflow!r}")
+    if not isinstance(inputs, list) or not all(isinstance(item, dict) for item in inputs):
+        raise InvalidWorkflow(f"{what}: inputs must be a list of dicts (each a child's input)")
+    checked = json_value(inputs, "", f"{what} inputs", -1)
+    return workflow, checked
+
+
+def _wait_args(signal: object, timeout: object, default: Any) -> tuple[str, float | None, Any]:
+    if not isinstance(signal, str) or not signal or len(signal) > 200:
+        raise InvalidWorkflow(
+            f"ctx.wait_for(): signal must be a name of 1-200 characters, got {signal!r}"
+        )
+    seconds = None if timeout is None else _seconds(timeout, f"ctx.wait_for({signal!r}) timeout")
+    if default is not MISSING:
+        default = json_value(default, "", f"ctx.wait_for({signal!r}) default", -1)
+    return signal, seconds, default
