@@ -320,18 +320,37 @@ def test_worker_parks_a_run_whose_steps_were_renamed(
 def test_worker_leaves_a_run_that_ended_in_an_unexpected_error(
     store: Store, store_config: str, mode: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A run given back after an unexpected error (a non-JSON state) is not claimed at once."""
+    """A run given back after an unexpected error (its step's save raising a type outside
+    the tree) is not claimed at once."""
     monkeypatch.setattr(stepstone._worker, "_COOL_FIRST", 600.0)  # longer than the test
     monkeypatch.setattr(stepstone._worker, "_COOL_MAX", 600.0)
     calls: list[int] = []
 
-    def not_json(state: State) -> State:
+    def step(state: State) -> State:
         calls.append(1)
-        return {"when": object()}  # refused as InvalidState: nothing saved, run given back
+        return {"n": 1}
 
-    flow = Workflow("odd", [Step("odd", not_json)])
+    def patch(worker_store: Store) -> None:
+        # The step's result never lands: its save raises an error no store raises. (A
+        # non-JSON state is no longer such an error: it fails the run, recorded.)
+        real, areal = worker_store.save, worker_store.asave
+
+        def save(cp: Checkpoint) -> Checkpoint:
+            if cp.step == 0:
+                raise _Unprintable
+            return real(cp)
+
+        async def asave(cp: Checkpoint) -> Checkpoint:
+            if cp.step == 0:
+                raise _Unprintable
+            return await areal(cp)
+
+        worker_store.save = save  # type: ignore[method-assign,assignment]
+        worker_store.asave = asave  # type: ignore[method-assign,assignment]
+
+    flow = Workflow("odd", [Step("odd", step)])
     start(store, flow, "r-odd")
-    with _CountingWorker(store_config, [flow], mode) as serving:
+    with _CountingWorker(store_config, [flow], mode, patch=patch) as serving:
         until("the step to run once", lambda: bool(calls))
         until(
             "the run to be given back",
