@@ -120,7 +120,10 @@ def view(store: Store, cp: Checkpoint) -> HistoryView:
                 at=_views.when(entry.at),
                 status=entry.status,
                 size=entry.size,
-                changes=", ".join(entry.changes) or "nothing",
+                # ``*``: the save wrote the whole state (a diff shows what differs).
+                changes="whole state"
+                if entry.changes == ("*",)
+                else ", ".join(entry.changes) or "nothing",
                 failure=failed,
             )
         )
