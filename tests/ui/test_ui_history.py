@@ -221,6 +221,9 @@ def test_fork_at_a_step_starts_a_new_run(config: str, store: Store) -> None:
         }
         asked = client.post("/run/action", data=form)
         assert 'data-confirm="fork"' in asked.text and store.load("pay-1-fork") is None
+        # A row's "fork here" names no run: the confirmation proposes one to edit.
+        proposed = client.post("/run/action", data={**form, "new_id": ""}).text
+        assert 'name="new_id" value="pay-1-fork"' in proposed
         done = client.post("/run/action", data={**form, "confirm": "yes"}, follow_redirects=False)
         assert done.headers["location"] == "/runs/pay-1-fork?done=forked"
         again = client.post("/run/action", data={**form, "confirm": "yes"})

@@ -64,11 +64,12 @@ def test_history_diff_and_rerun_from_a_step(
         expect(page.locator("#diff tr.d-added", has_text="amount")).to_contain_text("42")
         page.screenshot(path=str(tmp_path / "run-history.png"), full_page=True)
 
-        page.locator("#rerun-step").select_option("1")
-        page.locator("#rerun-patch").fill('{"amount": 30}')
-        page.locator("[data-action=rerun]").click()
+        # The newest save of each step offers a rerun after it (from step 0 and from
+        # step 1); the patch is typed on the confirmation page.
+        expect(page.locator("[data-rerun-from]")).to_have_count(2)
+        page.locator(f"tr.save[data-save='{len(saves) - 1}'] [data-rerun-from='1']").click()
         expect(page.locator("h1")).to_have_text("Rerun pay-1 from step 1?")
-        expect(page.locator("#confirm-patch")).to_have_text('{"amount": 30}')
+        page.locator("#confirm-patch").fill('{"amount": 30}')
         assert store.load("pay-1").status == "failed", "rerun before it was confirmed"  # type: ignore[union-attr]
         page.locator("[data-confirm=rerun]").click()
         expect(page.locator(".message.ok")).to_contain_text("Rewound the run")

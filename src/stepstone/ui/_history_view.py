@@ -54,6 +54,10 @@ class SaveRow:
     changes: str
     #: For a save that recorded a failure: which step failed, and its error if known.
     failure: str
+    #: Whether rerun and fork from this save's step start from this save (the newest
+    #: kept save of each step is the one they use), and rerun may start after it.
+    fork_here: bool
+    rerun_here: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +105,7 @@ def view(store: Store, cp: Checkpoint) -> HistoryView:
     if len(cp.step_names) >= len(names):
         names = cp.step_names
     failure = cp.failure
+    newest = {e.step: i for i, e in enumerate(entries)}
     rows = []
     for index, entry in enumerate(entries):
         failed = ""
@@ -125,6 +130,8 @@ def view(store: Store, cp: Checkpoint) -> HistoryView:
                 if entry.changes == ("*",)
                 else ", ".join(entry.changes) or "nothing",
                 failure=failed,
+                fork_here=newest[entry.step] == index,
+                rerun_here=newest[entry.step] == index and entry.step <= cp.step,
             )
         )
     kept_steps = sorted({e.step for e in entries if e.step >= 0})

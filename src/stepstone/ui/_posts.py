@@ -113,11 +113,14 @@ def _rewind(dash: Dashboard, form: FormData, run_id: str, version: str, action: 
     step = _step_field(form)
     patch = _field(form, "patch")
     new_id = _field(form, "new_id").strip()
+    confirmed = _field(form, "confirm") == "yes"
     if action == "rerun":
         _history_view.parse_patch(patch)  # a malformed patch is refused before confirming
     elif not new_id:
-        raise ValueError("name the new run: fork needs a run id that does not exist yet")
-    if _field(form, "confirm") != "yes":
+        if confirmed:
+            raise ValueError("name the new run: fork needs a run id that does not exist yet")
+        new_id = f"{run_id}-fork"  # a proposal, editable on the confirmation page
+    if not confirmed:
         return dash.page(
             "confirm_rewind.html",
             action=action,
