@@ -117,11 +117,16 @@ def test_run_page_lists_the_saves_and_the_failure(config: str, store: Store) -> 
 def test_list_links_to_the_path_url_and_the_query_form_still_serves(
     config: str, store: Store
 ) -> None:
-    """The list links ``/runs/<id>``; an id with a slash is encoded; ``/run?id=`` still works."""
+    """The list links ``/runs/<id>`` (a slash encoded; ``live`` and ``bulk``, the list's
+    own paths, keep ``/run?id=``), and ``/run?id=`` still serves."""
     _failed_run(store, "team/pay 1")
+    for run_id in ("live", "bulk"):
+        stepstone.run(run_id, Workflow("plain", [Step("a", lambda s: {"a": 1})]), store)
     with _client(config) as client:
         listing = client.get("/runs").text
         assert 'href="/runs/team%2Fpay%201"' in listing
+        assert 'href="/run?id=live"' in listing and 'href="/run?id=bulk"' in listing
+        assert 'class="run-id">run id <code>live</code>' in client.get("/run?id=live").text
         assert 'id="history"' in client.get("/runs/team%2Fpay%201").text
         assert 'id="history"' in client.get("/run?id=team%2Fpay%201").text
         assert client.get("/runs/nobody").status_code == 404

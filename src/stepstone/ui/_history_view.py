@@ -105,6 +105,8 @@ def view(store: Store, cp: Checkpoint) -> HistoryView:
     if len(cp.step_names) >= len(names):
         names = cp.step_names
     failure = cp.failure
+    if failure is not None and failure.step_index == len(names):
+        names = (*names, failure.step_name)
     newest = {e.step: i for i, e in enumerate(entries)}
     rows = []
     for index, entry in enumerate(entries):
