@@ -18,6 +18,7 @@ from starlette.testclient import TestClient
 
 import stepstone
 from stepstone import RetryPolicy, Step, StepFailed, Store, Workflow, open_store
+from stepstone._checkpoint import evolve, utcnow
 from stepstone.ui import create_app
 
 LOOPBACK = "http://127.0.0.1"
@@ -270,3 +271,27 @@ def test_steps_not_reached_are_named_from_the_history(config: str, store: Store)
     for name in ("fetch", "charge", "receipt"):
         assert f'<span class="sname">{name}</span> <span class="skind">' in text
     assert "more step(s) not reached yet" not in text
+
+
+def test_rerun_of_a_run_with_a_live_owner_is_refused_at_once(config: str, store: Store) -> None:
+    """A rerun of a run another process owns is refused with advice, not after a lease."""
+    _failed_run(store)
+    failed = store.load("pay-1")
+    assert failed is not None
+    owned = store.save(
+        evolve(failed, failure=None, owner="worker@elsewhere:1", lease=600.0, renewed_at=utcnow())
+    )
+    assert owned.status == "running"
+    with _client(config) as client:
+        page = client.get("/runs/pay-1").text
+        form = {
+            "csrf": _csrf(page),
+            "id": "pay-1",
+            "version": _version(page),
+            "action": "rerun",
+            "step": "1",
+            "confirm": "yes",
+        }
+        refused = client.post("/run/action", data=form)
+    assert refused.status_code == 400 and "cancel it first" in refused.text
+    assert store.load("pay-1").version == owned.version  # type: ignore[union-attr]

@@ -18,6 +18,7 @@ from .._checkpoint import Checkpoint
 from .._effects import Effect, Load, step_through
 from .._errors import ConflictError, RunOwned
 from .._history import _current, _fork, _perform, _records, _rerun, _state_of
+from .._lease import dead_here
 from .._store import Store
 from . import _views
 from ._actions import RunChanged
@@ -183,6 +184,14 @@ def diff(store: Store, run_id: str, a: int, b: int) -> list[DiffRow]:
     return rows
 
 
+def _changed(run_id: str) -> RunChanged:
+    return RunChanged(
+        f"the run changed since this page showed it (run {run_id!r}); nothing "
+        "was done. The page now shows it as it is: check it and act again",
+        run_id,
+    )
+
+
 def _pinned_perform(store: Store, run_id: str, version: str) -> Any:
     perform = _perform(store)
 
@@ -193,11 +202,7 @@ def _pinned_perform(store: Store, run_id: str, version: str) -> Any:
             and effect.run_id == run_id
             and (result is None or result.version != version)
         ):
-            raise RunChanged(
-                f"the run changed since this page showed it (run {run_id!r}); nothing "
-                "was done. The page now shows it as it is: check it and act again",
-                run_id,
-            )
+            raise _changed(run_id)
         return result
 
     return pinned
@@ -228,11 +233,22 @@ def rerun(store: Store, run_id: str, version: str, from_step: int, patch_text: s
     """Rewind the run to before ``from_step`` (``stepstone.rerun``), if still at ``version``.
 
     Raises:
-        ValueError: a malformed patch, or a live owner runs it.
+        ValueError: a malformed patch, or an owner not known dead runs it.
         RunChanged: the run is not at ``version`` any more.
         StepNotKept, HistoryNotKept, RunNotFound: as ``stepstone.rerun``.
     """
     patch = parse_patch(patch_text)
+    cp = store.load(run_id)
+    if cp is None or cp.version != version:
+        raise _changed(run_id)
+    if cp.status == "running" and cp.owner is not None and not dead_here(cp.owner):
+        # ``stepstone.rerun`` would watch the owner for a whole lease: a page does not
+        # hold a request that long, and an owner that is alive must stop first anyway.
+        raise ValueError(
+            f"run {run_id!r} is running (owner {cp.owner}): cancel it first (it stops at "
+            "its next step boundary) and rerun it then; `stepstone runs rerun` waits out "
+            "the lease of an owner that died elsewhere"
+        )
     op = _rerun(store, run_id, from_step, None, patch, None)
     try:
         step_through(op, _pinned_perform(store, run_id, version))
