@@ -1,7 +1,7 @@
 """The run page's history without a browser: saves, a diff, rerun and fork from a step.
 
 Requests go through Starlette's ``TestClient`` to ``create_app`` on a fresh store
-(memory, SQLite, PostgreSQL); what the pages say is checked in the HTML, what the
+(memory, file, SQLite, PostgreSQL); what the pages say is checked in the HTML, what the
 actions did in the store.
 """
 
@@ -53,7 +53,7 @@ PAY = Workflow(
 )
 
 
-@pytest.fixture(params=["memory", "sqlite", "postgresql"])
+@pytest.fixture(params=["memory", "file", "sqlite", "postgresql"])
 def config(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A fresh store per test (a fresh table on PostgreSQL, as test_contract.py)."""
     if request.param == "postgresql":
@@ -62,6 +62,7 @@ def config(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return fresh_table(request, "postgresql://postgres@127.0.0.1:5432/test")
     return {
         "memory": f"memory://ui-{uuid.uuid4().hex}",
+        "file": f"file://{tmp_path}/runs",
         "sqlite": f"sqlite:///{tmp_path}/runs.db",
     }[request.param]
 
