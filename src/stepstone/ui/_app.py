@@ -70,6 +70,8 @@ def create_app(
         Route("/runs", sync(runs_page)),
         Route("/runs/live", sync(runs_live)),
         Route("/runs/bulk", posted(post_bulk), methods=["POST"]),
+        # After the list's own paths: a run page is ``/runs/<id>`` (``run_href``).
+        Route("/runs/{run_id:path}", sync(run_page)),
         Route("/run", sync(run_page)),
         Route("/run/live", sync(run_live)),
         Route("/run/action", posted(post_action), methods=["POST"]),

@@ -27,6 +27,8 @@ DONE = {
     "signal-again": "This signal had been received before; nothing to do.",
     "retried": "Queued the run again: a worker retries its failed step.",
     "deleted": "Deleted the run.",
+    "rerun": "Rewound the run: it runs again from the chosen step.",
+    "forked": "Forked: this is the new run, started from the chosen step.",
 }
 
 

@@ -7,16 +7,31 @@ import json
 import secrets
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from .._checkpoint import STATUSES, Checkpoint, RunStatus
-from .._errors import StoreError
+from .._errors import StepstoneError, StoreError
 from .._store import RunInfo, page_key
-from . import _actions, _views
+from . import _actions, _history_view, _views
 from ._dashboard import DONE, Dashboard, live_error
+
+#: Path segments under ``/runs/`` that are not run pages.
+_NOT_RUN_PATHS = frozenset({"live", "bulk", ".", ".."})
+
+
+def run_href(run_id: str) -> str:
+    """Return the path of a run's page, ``/runs/<id>`` (the id percent-encoded whole).
+
+    A run whose id is one of the list's own paths (``live``, ``bulk``) or a dot segment
+    (which browsers fold) keeps the query form, ``/run?id=``.
+    """
+    if run_id in _NOT_RUN_PATHS:
+        return "/run?" + urlencode({"id": run_id})
+    return "/runs/" + quote(run_id, safe="")
+
 
 # --- the runs list ------------------------------------------------------------------
 
@@ -82,7 +97,7 @@ def _list_context(
                 "info": info,
                 "kind": kind,
                 "name": name,
-                "href": "/run?" + urlencode({"id": info.run_id}),
+                "href": run_href(info.run_id),
                 "workflow": info.workflow,
                 "workflow_version": info.workflow_version,
                 "waiting_for": info.waiting_for,
@@ -141,8 +156,22 @@ def runs_live(dash: Dashboard, request: Request) -> Response:
 # --- one run ------------------------------------------------------------------------
 
 
+def _history_context(dash: Dashboard, cp: Checkpoint) -> dict[str, Any]:
+    store = dash.store()
+    if not _history_view.kept(store, cp):
+        return {"history": None, "history_error": None}
+    try:
+        return {"history": _history_view.view(store, cp), "history_error": None}
+    except StepstoneError as exc:
+        # The page still shows the run; the history part says what failed.
+        text = f"{type(exc).__name__}: {dash.redactor(str(exc))}"
+        return {"history": None, "history_error": text}
+
+
 def run_context(dash: Dashboard, cp: Checkpoint) -> dict[str, Any]:
     now = datetime.now(UTC)
+    hist = _history_context(dash, cp)
+    names = hist["history"].names if hist["history"] is not None else ()
     kind, name = _views.display_name(cp.run_id)
     status = cp.status
     signal_name = ""
@@ -154,13 +183,14 @@ def run_context(dash: Dashboard, cp: Checkpoint) -> dict[str, Any]:
         "kind": kind,
         "name": name,
         "status": status,
-        "steps": _views.timeline(cp, now),
+        "steps": _views.timeline(cp, now, names),
         "signals": _views.signal_rows(cp),
         "lease": _views.lease_text(cp, now),
         "state_json": _views.pretty_json(cp.state, cp.state_json),
         "input_json": None if cp.input is None else _views.pretty_json(cp.input),
-        "parent_href": None if cp.parent is None else "/run?" + urlencode({"id": cp.parent}),
-        "children": [(c, "/run?" + urlencode({"id": c})) for c in cp.children],
+        "parent_href": None if cp.parent is None else run_href(cp.parent),
+        "children": [(c, run_href(c)) for c in cp.children],
+        "href": run_href(cp.run_id),
         "id_query": urlencode({"id": cp.run_id}),
         "live_href": "/run/live?" + urlencode({"id": cp.run_id, "v": cp.version or ""}),
         "can_signal": actions and status in ("queued", "running", "waiting", "failed"),
@@ -171,9 +201,9 @@ def run_context(dash: Dashboard, cp: Checkpoint) -> dict[str, Any]:
         and not cp.cancel_requested,
         "can_retry": actions and status == "failed" and cp.workflow is not None,
         "can_delete": actions,
-        # Rerun from a step and fork need the run's history, which checkpoints do not
-        # keep yet: the actions are not offered.
-        "has_history": False,
+        **hist,
+        "has_history": hist["history"] is not None,
+        "can_rewind": actions and hist["history"] is not None,
         "updated": _views.when(cp.updated_at),
         "created": _views.when(cp.created_at),
         "age": _views.ago(cp.updated_at, now),
@@ -181,7 +211,25 @@ def run_context(dash: Dashboard, cp: Checkpoint) -> dict[str, Any]:
 
 
 def _run_id(request: Request) -> str:
-    return request.query_params.get("id", "")
+    # ``/runs/<id>`` (Starlette decodes the path, so an id's ``%2F`` is its ``/``), or
+    # the older ``/run?id=<id>``.
+    path_id = request.path_params.get("run_id")
+    return path_id if isinstance(path_id, str) else request.query_params.get("id", "")
+
+
+def _diff_context(dash: Dashboard, request: Request, cp: Checkpoint) -> dict[str, Any]:
+    """The diff the page was asked for (``?a=<save>&b=<save>``), if any."""
+    params = request.query_params
+    if "a" not in params or "b" not in params or not cp.history:
+        return {}
+    try:
+        a, b = int(params["a"]), int(params["b"])
+        rows = _history_view.diff(dash.store(), cp.run_id, a, b)
+    except (ValueError, StepstoneError) as exc:
+        if isinstance(exc, StoreError):
+            raise
+        return {"diff_error": str(exc)}
+    return {"diff": rows, "diff_a": a, "diff_b": b}
 
 
 def run_page(dash: Dashboard, request: Request) -> Response:
@@ -192,7 +240,9 @@ def run_page(dash: Dashboard, request: Request) -> Response:
             "message.html", 404, title="No such run", text=f"There is no run {run_id!r}."
         )
     done = request.query_params.get("done", "")
-    return dash.page("run.html", **run_context(dash, cp), done=DONE.get(done))
+    return dash.page(
+        "run.html", **run_context(dash, cp), **_diff_context(dash, request, cp), done=DONE.get(done)
+    )
 
 
 def run_live(dash: Dashboard, request: Request) -> Response:

@@ -14,9 +14,9 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from .._errors import RunNotActive, RunNotFound, StepstoneError, StoreError
-from . import _actions
+from . import _actions, _history_view
 from ._dashboard import Dashboard
-from ._pages import run_context
+from ._pages import run_context, run_href
 
 # --- actions ------------------------------------------------------------------------
 
@@ -56,7 +56,7 @@ def _act(dash: Dashboard, request: Request, form: FormData) -> Response:
         return refusal
     store = dash.store()
     run_id, version, action = _field(form, "id"), _field(form, "version"), _field(form, "action")
-    back = "/run?" + urlencode({"id": run_id})
+    back = run_href(run_id)
     try:
         if action == "cancel":
             text = _actions.cancel(store, run_id, version)
@@ -79,6 +79,8 @@ def _act(dash: Dashboard, request: Request, form: FormData) -> Response:
                 raise ValueError("tick the box to confirm the delete")
             _actions.delete(store, run_id, version)
             return RedirectResponse("/runs?done=deleted", status_code=303)
+        elif action in ("rerun", "fork"):
+            return _rewind(dash, form, run_id, version, action)
         else:
             raise ValueError(f"unknown action {action!r}")
     except (_actions.RunChanged, RunNotActive, RunNotFound, ValueError, StepstoneError) as exc:
@@ -90,7 +92,52 @@ def _act(dash: Dashboard, request: Request, form: FormData) -> Response:
         if cp is None:
             return dash.page("message.html", 404, title=title, text=str(exc))
         return dash.page("run.html", status, **run_context(dash, cp), error=(title, str(exc)))
-    return RedirectResponse(f"{back}&{urlencode({'done': done})}", status_code=303)
+    return RedirectResponse(f"{back}{_sep(back)}{urlencode({'done': done})}", status_code=303)
+
+
+def _sep(href: str) -> str:
+    return "&" if "?" in href else "?"
+
+
+def _step_field(form: FormData) -> int:
+    text = _field(form, "step")
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"the step is a step index, e.g. 1; got {text!r}") from None
+
+
+def _rewind(dash: Dashboard, form: FormData, run_id: str, version: str, action: str) -> Response:
+    """Rerun from a step or fork at one: a confirmation page first, then the action."""
+    store = dash.store()
+    step = _step_field(form)
+    patch = _field(form, "patch")
+    new_id = _field(form, "new_id").strip()
+    confirmed = _field(form, "confirm") == "yes"
+    if action == "rerun":
+        _history_view.parse_patch(patch)  # a malformed patch is refused before confirming
+    elif not new_id:
+        if confirmed:
+            raise ValueError("name the new run: fork needs a run id that does not exist yet")
+        new_id = f"{run_id}-fork"  # a proposal, editable on the confirmation page
+    if not confirmed:
+        return dash.page(
+            "confirm_rewind.html",
+            action=action,
+            run_id=run_id,
+            version=version,
+            step=step,
+            patch=patch,
+            new_id=new_id,
+            back=run_href(run_id),
+        )
+    if action == "rerun":
+        _history_view.rerun(store, run_id, version, step, patch)
+        target, done = run_href(run_id), "rerun"
+    else:
+        _history_view.fork(store, run_id, version, step, new_id)
+        target, done = run_href(new_id), "forked"
+    return RedirectResponse(f"{target}{_sep(target)}{urlencode({'done': done})}", status_code=303)
 
 
 async def _posted(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -210,12 +211,14 @@ class StepRow:
     detail: str
 
 
-def timeline(cp: Checkpoint, now: datetime) -> list[StepRow]:
+def timeline(cp: Checkpoint, now: datetime, names: Sequence[str] = ()) -> list[StepRow]:
     """Return the run's steps as the checkpoint records them.
 
     A checkpoint keeps the names of the completed steps, the attempts begun on the next
     one, its last failure and what the run waits for; it keeps no per-step times (those
-    need the run's history), so completed steps carry no duration.
+    need the run's history), so completed steps carry no duration. ``names`` are step
+    names known from elsewhere (a kept save from before a rerun): steps not reached are
+    listed by name where it is known; a waiting step is named by what it waits for.
     """
     rows = [StepRow(i, name, "done", "completed") for i, name in enumerate(cp.step_names)]
     total = cp.total_steps
@@ -224,10 +227,13 @@ def timeline(cp: Checkpoint, now: datetime) -> list[StepRow]:
         return rows
     failure = cp.failure
     name = failure.step_name if failure is not None and failure.step_index == nxt else ""
+    name = name or (names[nxt] if nxt < len(names) else "")
     status = cp.status
     attempts = f"{cp.attempt} attempt(s) begun" if cp.attempt else "no attempt begun yet"
     if status == "waiting":
         until = f" until {when(cp.wake_at)}" if cp.wake_at is not None else ""
+        # A ``WaitFor`` step is named by its signal, e.g. ``approval``.
+        name = name or (cp.waiting_for or "").removeprefix("signal ")
         rows.append(StepRow(nxt, name, "waiting", f"waiting for {cp.waiting_for}{until}"))
     elif status == "failed" and failure is not None:
         rows.append(
@@ -248,6 +254,9 @@ def timeline(cp: Checkpoint, now: datetime) -> list[StepRow]:
     elif status == "cancelled":
         rows.append(StepRow(nxt, name, "cancelled", "not run: the run was cancelled"))
     if total is not None and total > nxt + 1:
+        if len(names) >= total:
+            rows.extend(StepRow(i, names[i], "not reached", "") for i in range(nxt + 1, total))
+            return rows
         more = total - nxt - 1
         rows.append(StepRow(nxt + 1, "", "not reached", f"{more} more step(s) not reached yet"))
     return rows
