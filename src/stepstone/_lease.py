@@ -108,8 +108,8 @@ def dead_here(owner: str | None) -> bool:
     Only a certainty counts: the owner's MACHINE id must be ours (same boot, same PID
     namespace) and its PID must be absent. A reused PID or another machine reads as
     alive, and the caller then waits for the lease as usual. Used by ``run``/``arun``
-    called directly, so a script killed and started again resumes at once; workers rely
-    on the lease alone.
+    called directly, so a script killed and started again resumes at once, and by
+    workers (``_watch.Watch``), so a worker killed on this host is taken over at once.
     """
     if owner is None:
         return False

@@ -98,6 +98,11 @@ class Watch:
             if info.owner is None:
                 picked.append(info)
                 continue
+            if _lease.dead_here(info.owner):
+                # Its owner was a process on this host that is gone: no lease to wait
+                # out (as ``run`` takes over), so loaded at once to be taken over.
+                picked.append(info)
+                continue
             # renewed_at moves with every write of the owner's, and due_at with it.
             mark = (info.owner, info.due_at, info.step, info.status)
             seen = self.seen.get(run_id)
@@ -116,7 +121,12 @@ class Watch:
         return picked
 
     def expired(self, cp: Checkpoint, now: float) -> bool:
-        """Return whether ``cp``'s owner let its whole lease pass without a write, by our clock."""
+        """Return whether ``cp``'s owner let its whole lease pass without a write, by our clock.
+
+        Or whether its owner is known gone at once (``_lease.dead_here``).
+        """
+        if _lease.dead_here(cp.owner):
+            return True  # the same certainty ``run`` takes over on: its owner is gone
         lease = cp.lease or _lease.DEFAULT_LEASE
         mark = _lease.owner_mark(cp)
         seen = self.seen.get(cp.run_id)
