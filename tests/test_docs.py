@@ -178,3 +178,16 @@ def test_examples_run_as_pasted(where: str, code: str, tmp_path: Path) -> None:
     except subprocess.TimeoutExpired:
         pytest.fail(f"{where}: the example did not finish within 120 s")
     assert done.returncode == 0, f"{where} failed:\n{done.stderr[-3000:]}"
+
+
+def test_the_development_install_brings_mkdocs() -> None:
+    """The development page's install command installs the dev group, which holds mkdocs."""
+    import tomllib
+
+    page = (DOCS / "development.md").read_text()
+    block = next(b for b in re.findall(r"```bash\n(.*?)```", page, re.S) if "mkdocs serve" in b)
+    installs = [line for line in block.splitlines() if "pip install" in line]
+    assert installs and "--group dev" in installs[0], block
+    assert block.index("pip install") < block.index("mkdocs serve")
+    groups = tomllib.loads((REPO / "pyproject.toml").read_text())["dependency-groups"]
+    assert any(str(req).startswith("mkdocs==") for req in groups["dev"]), groups["dev"]
