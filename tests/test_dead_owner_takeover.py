@@ -9,6 +9,9 @@ the run over and finish it well before that lease could expire: only the rule th
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -16,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from stepstone import Step, Worker, Workflow, open_store
+from stepstone import Step, Worker, Workflow, _lease, open_store
 from stepstone._checkpoint import Checkpoint
 from test_contract import fresh_table
 from test_worker_events import _FLOWS, WorkerProcess, event_line, queue_run
@@ -120,3 +123,34 @@ def test_a_worker_process_logs_the_takeover_of_a_dead_local_owner(
         assert second.stop() == 0
     finally:
         second.kill()
+
+
+def _owner_of(pid: int, start: str | None) -> str:
+    """An owner name of this machine for ``pid``, with ``start`` as its START (None: none)."""
+    parts = _lease.new_owner("worker").split(":")
+    machine = parts[-2].partition(".")[0]
+    parts[-3] = str(pid)
+    parts[-2] = machine if start is None else f"{machine}.{start}"
+    return ":".join(parts)
+
+
+def test_a_reused_pid_is_not_taken_for_the_owner() -> None:
+    """An owner whose PID a later process holds is dead; the PID's own START, or none, is alive."""
+    assert _lease._started(os.getpid()) is not None, "this kernel shows no start times"
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
+    try:
+        started = _lease._started(child.pid)
+        assert started is not None
+        assert not _lease.dead_here(_owner_of(child.pid, str(started)))  # the owner itself
+        assert _lease.dead_here(_owner_of(child.pid, str(started - 1)))  # its PID, reused
+        assert not _lease.dead_here(_owner_of(child.pid, None))  # an older owner: cannot tell
+    finally:
+        assert child.stdin is not None
+        child.stdin.close()
+        child.wait(timeout=WAIT)
+    mine = _lease.new_owner("worker")
+    assert not _lease.dead_here(mine)  # this very process
+    own = int(mine.split(":")[-2].partition(".")[2])
+    assert _lease.dead_here(_owner_of(os.getpid(), str(own + 1)))  # a gone owner had our PID
