@@ -134,7 +134,7 @@ _BLOCK = re.compile(
     re.S | re.M,
 )
 #: How many examples may be marked not-run: few, or the docs stop being checked.
-_MAX_NOT_RUN = 12
+_MAX_NOT_RUN = 11
 
 
 def _examples() -> list[tuple[str, str | None, str]]:
