@@ -88,6 +88,8 @@ class Watch:
     def pick(self, infos: list[RunInfo], busy: set[str], now: float) -> list[RunInfo]:
         """Return the runs worth loading to claim, in the index's order."""
         picked: list[RunInfo] = []
+        # An owner usually holds many runs of a page: judged once (a /proc read each).
+        gone: dict[str, bool] = {}
         for info in infos:
             run_id = info.run_id
             if run_id in busy:
@@ -98,7 +100,10 @@ class Watch:
             if info.owner is None:
                 picked.append(info)
                 continue
-            if _lease.dead_here(info.owner):
+            dead = gone.get(info.owner)
+            if dead is None:
+                dead = gone[info.owner] = _lease.dead_here(info.owner)
+            if dead:
                 # Its owner was a process on this host that is gone: no lease to wait
                 # out (as ``run`` takes over), so loaded at once to be taken over.
                 picked.append(info)
