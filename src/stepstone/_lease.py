@@ -132,9 +132,9 @@ def dead_here(owner: str | None) -> bool:
     namespace) and its PID must be absent, or held by a process that started at
     another time than the owner's START (the PID was reused). Another machine, or a
     reused PID of an owner that recorded no START, reads as alive, and the caller then
-    waits for the lease as usual. Used by ``run``/``arun``
-    called directly, so a script killed and started again resumes at once, and by
-    workers (``_watch.Watch``), so a worker killed on this host is taken over at once.
+    waits for the lease as usual. Used by ``run``/``arun`` called directly, so a script
+    killed and started again resumes at once, and by workers (``_watch.Watch``), so a
+    worker killed on this host is taken over at once.
     """
     if owner is None:
         return False
