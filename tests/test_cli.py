@@ -167,7 +167,9 @@ def new_store(request: pytest.FixtureRequest, tmp_path: Path) -> NewStore:
         if kind == "cosmos":
             handle: Cosmos = request.getfixturevalue("cosmos_env")
             return handle.config(f"{name}-{uuid.uuid4().hex[:12]}")
-        return sql_table(request, kind)
+        config = sql_table(request, kind)
+        open_store(config).close()  # its tables created, as `stepstone init` would
+        return config
 
     return make
 

@@ -1,16 +1,24 @@
-"""The documentation site's sources: complete, public, and their code examples compile.
+"""The documentation site's sources: complete, public, and their code examples run.
 
 ``mkdocs build --strict`` (scripts/test) checks links, anchors and that every page is in
 the navigation; these tests check what it cannot: that the API reference documents every
 public name and no private path, that each backend's README is a page, that every file
-a page includes exists, and that every Python example in the pages is valid Python.
+a page includes exists, that every Python example in the pages is valid Python, and that
+every example of the README and the pages runs as pasted, in a fresh directory (fakes
+stand in for models in the examples themselves). An example that cannot run alone (a
+server, a framework, a fragment of a larger program) is marked on the line before its
+fence with ``<!-- not-run: REASON -->``, and that list stays short.
 """
 
 from __future__ import annotations
 
 import ast
 import importlib
+import os
 import re
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -23,6 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
 REFERENCE = DOCS / "reference"
 PAGES = sorted(DOCS.rglob("*.md"))
+README = REPO / "README.md"
 
 # ``::: dotted.path`` lines: what mkdocstrings renders.
 _IDENTIFIER = re.compile(r"^::: (\S+)\s*$", re.M)
@@ -117,3 +126,68 @@ def test_python_examples_are_found() -> None:
     blocks = [b for page in PAGES for b in _python_blocks(page.read_text())]
     assert len(blocks) >= 10
     assert any("from stepstone import" in b for b in blocks)
+
+
+# A ```python block, and the ``<!-- not-run: REASON -->`` line right before its fence.
+_BLOCK = re.compile(
+    r"^(?:<!-- not-run: (?P<why>[^\n]*?) -->\n)?(?P<indent> *)```python\n(?P<code>.*?)^ *```",
+    re.S | re.M,
+)
+#: How many examples may be marked not-run: few, or the docs stop being checked.
+_MAX_NOT_RUN = 11
+
+
+def _examples() -> list[tuple[str, str | None, str]]:
+    """Return ``(where, reason not run or None, code)`` of every example, README first."""
+    found = []
+    for doc in [README, *PAGES]:
+        name = doc.relative_to(REPO).as_posix()
+        for number, match in enumerate(_BLOCK.finditer(doc.read_text())):
+            code = textwrap.dedent(match["code"])
+            found.append((f"{name}#{number}", match["why"], code))
+    return found
+
+
+_RUN = [(where, code) for where, why, code in _examples() if why is None]
+
+
+def test_not_run_examples_are_few_and_say_why() -> None:
+    """Every example not run gives its reason, and they stay a short list."""
+    skipped = [(where, why) for where, why, _ in _examples() if why is not None]
+    assert all(len(why.strip()) >= 10 for _, why in skipped), skipped
+    assert len(skipped) <= _MAX_NOT_RUN, skipped
+    assert len(_RUN) >= 8  # the finder still sees the examples it runs
+    assert any(where.startswith("README.md#") for where, _ in _RUN)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("where", "code"), _RUN, ids=[where for where, _ in _RUN])
+def test_examples_run_as_pasted(where: str, code: str, tmp_path: Path) -> None:
+    """Each README and docs example not marked not-run runs as pasted, in a fresh directory."""
+    env = {k: v for k, v in os.environ.items() if k != "STEPSTONE_STORE"}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{where}: the example did not finish within 120 s")
+    assert done.returncode == 0, f"{where} failed:\n{done.stderr[-3000:]}"
+
+
+def test_the_development_install_brings_mkdocs() -> None:
+    """The development page's install command installs the dev group, which holds mkdocs."""
+    import tomllib
+
+    page = (DOCS / "development.md").read_text()
+    block = next(b for b in re.findall(r"```bash\n(.*?)```", page, re.S) if "mkdocs serve" in b)
+    installs = [line for line in block.splitlines() if "pip install" in line]
+    assert installs and "--group dev" in installs[0], block
+    assert block.index("pip install") < block.index("mkdocs serve")
+    groups = tomllib.loads((REPO / "pyproject.toml").read_text())["dependency-groups"]
+    assert any(str(req).startswith("mkdocs==") for req in groups["dev"]), groups["dev"]

@@ -92,24 +92,49 @@ def _machine() -> str:
     return hashlib.sha256(f"{boot}:{namespace}".encode()).hexdigest()[:12]
 
 
+def _started(pid: int) -> int | None:
+    """Return when process ``pid`` started (clock ticks since boot), or None if unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        # Field 22; the name (field 2) may hold spaces and parentheses, so count from
+        # after its closing parenthesis, where field 3 begins.
+        return int(stat[stat.rindex(b")") + 2 :].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@functools.cache
+def _own_start() -> str:
+    """``.START`` of this process for ``new_owner``, or empty when the kernel does not tell."""
+    started = _started(os.getpid())
+    return "" if started is None else f".{started}"
+
+
 def new_owner(kind: str = "run") -> str:
     """Return a fresh owner name: readable for operators, unique across hosts and restarts.
 
-    ``KIND:HOST:PID:MACHINE:RANDOM``; MACHINE lets ``dead_here`` recognise an owner
-    that ran on this very boot and PID namespace.
+    ``KIND:HOST:PID:MACHINE[.START]:RANDOM``; MACHINE lets ``dead_here`` recognise an
+    owner that ran on this very boot and PID namespace, and START (when the process
+    started) one whose PID another process took since. Owners written before START
+    existed have none.
     """
     host = (os.uname().nodename[:64] or "host").replace(":", "_")
-    return f"{kind}:{host}:{os.getpid()}:{_machine() or '-'}:{os.urandom(4).hex()}"
+    machine = _machine()
+    mark = f"{machine}{_own_start()}" if machine else "-"
+    return f"{kind}:{host}:{os.getpid()}:{mark}:{os.urandom(4).hex()}"
 
 
 def dead_here(owner: str | None) -> bool:
     """Return whether ``owner`` was a process on this machine that no longer exists.
 
     Only a certainty counts: the owner's MACHINE id must be ours (same boot, same PID
-    namespace) and its PID must be absent. A reused PID or another machine reads as
-    alive, and the caller then waits for the lease as usual. Used by ``run``/``arun``
-    called directly, so a script killed and started again resumes at once; workers rely
-    on the lease alone.
+    namespace) and its PID must be absent, or held by a process that started at
+    another time than the owner's START (the PID was reused). Another machine, or a
+    reused PID of an owner that recorded no START, reads as alive, and the caller then
+    waits for the lease as usual. Used by ``run``/``arun`` called directly, so a script
+    killed and started again resumes at once, and by workers (``_watch.Watch``), so a
+    worker killed on this host is taken over at once.
     """
     if owner is None:
         return False
@@ -117,18 +142,25 @@ def dead_here(owner: str | None) -> bool:
     if len(parts) < 5 or not parts[-3].isdigit():
         return False
     machine = _machine()
-    if not machine or parts[-2] != machine:
+    theirs, _, start = parts[-2].partition(".")
+    if not machine or theirs != machine:
         return False
     pid = int(parts[-3])
-    if pid == os.getpid() or pid <= 1:
+    if pid <= 1:
         return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except OSError:
+    if pid != os.getpid():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except OSError:
+            return False
+    # The PID is taken: by the owner, or by a process that got it after the owner died.
+    # (A killed owner not yet reaped keeps its start time: alive until reaped.)
+    if not start.isdigit():
         return False
-    return False
+    now = _started(pid)
+    return now is not None and now != int(start)
 
 
 def owner_mark(cp: Checkpoint) -> tuple[object, ...]:

@@ -88,6 +88,8 @@ class Watch:
     def pick(self, infos: list[RunInfo], busy: set[str], now: float) -> list[RunInfo]:
         """Return the runs worth loading to claim, in the index's order."""
         picked: list[RunInfo] = []
+        # An owner usually holds many runs of a page: judged once (a /proc read each).
+        gone: dict[str, bool] = {}
         for info in infos:
             run_id = info.run_id
             if run_id in busy:
@@ -96,6 +98,14 @@ class Watch:
             if left is not None and now - left < RECHECK:
                 continue
             if info.owner is None:
+                picked.append(info)
+                continue
+            dead = gone.get(info.owner)
+            if dead is None:
+                dead = gone[info.owner] = _lease.dead_here(info.owner)
+            if dead:
+                # Its owner was a process on this host that is gone: no lease to wait
+                # out (as ``run`` takes over), so loaded at once to be taken over.
                 picked.append(info)
                 continue
             # renewed_at moves with every write of the owner's, and due_at with it.
@@ -116,7 +126,12 @@ class Watch:
         return picked
 
     def expired(self, cp: Checkpoint, now: float) -> bool:
-        """Return whether ``cp``'s owner let its whole lease pass without a write, by our clock."""
+        """Return whether ``cp``'s owner let its whole lease pass without a write, by our clock.
+
+        Or whether its owner is known gone at once (``_lease.dead_here``).
+        """
+        if _lease.dead_here(cp.owner):
+            return True  # the same certainty ``run`` takes over on: its owner is gone
         lease = cp.lease or _lease.DEFAULT_LEASE
         mark = _lease.owner_mark(cp)
         seen = self.seen.get(cp.run_id)

@@ -37,6 +37,7 @@ __all__ = [
     "require_store",
     "seconds_arg",
     "store_config",
+    "without_creating",
 ]
 
 EXIT_OK = 0
@@ -280,12 +281,30 @@ def require_store(config: str) -> None:
         )
 
 
+def without_creating(config: str) -> str:
+    """Return ``config`` opening a SQL server store only if its tables exist (``create=false``).
+
+    Other stores are returned as they are (``require_store`` checks the local ones). A
+    ``create`` the string names already is replaced: a read-only command creates nothing.
+    """
+    text = config.strip()
+    if text.partition(":")[0].partition("+")[0].lower() not in ("postgresql", "mysql"):
+        return config
+    base, _, query = text.partition("?")
+    kept = [item for item in query.split("&") if item and item.partition("=")[0] != "create"]
+    return f"{base}?{'&'.join([*kept, 'create=false'])}"
+
+
 @contextlib.contextmanager
 def existing(config: str) -> Iterator[Store]:
-    """Open ``config`` like ``opened``, refusing a local store that does not exist."""
+    """Open ``config`` like ``opened``, refusing a store that does not exist.
+
+    A local store's path must exist (``require_store``); a SQL server store's tables
+    must (``without_creating``): a typo must not create a store.
+    """
     REDACT.add(config)
     require_store(config)
-    with opened(config) as store:
+    with opened(without_creating(config)) as store:
         yield store
 
 

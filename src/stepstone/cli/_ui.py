@@ -12,7 +12,15 @@ import os
 from typing import Any
 
 from .._redact import redact_url
-from ._common import EXIT_OK, UsageError, bounded_int, require_store, store_config
+from ._common import (
+    EXIT_OK,
+    UsageError,
+    bounded_int,
+    opened,
+    require_store,
+    store_config,
+    without_creating,
+)
 from ._output import PROG, REDACT, emit_json, out, safe
 
 __all__ = ["TOKEN_ENV", "add_parsers"]
@@ -81,6 +89,9 @@ def _ui(args: argparse.Namespace) -> int:
         ) from None
     config = store_config(args)
     require_store(config)  # the dashboard reads runs: a typo in a path must not create a store
+    if (checked := without_creating(config)) != config:
+        with opened(checked):
+            pass  # nor a typo in a SQL table's name: refused before serving, nothing created
     app = create_app(config, token=token, read_only=args.read_only, poll=args.poll)
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{args.port}/"

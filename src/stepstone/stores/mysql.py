@@ -80,10 +80,11 @@ DEFAULT_READ_TIMEOUT: Final = 30.0
 DEFAULT_WRITE_TIMEOUT: Final = 30.0
 _FORMS: Final = (
     "mysql://USER[:PASSWORD]@HOST[:PORT]/DATABASE (also mysql+pymysql://; MySQL or "
-    "MariaDB); options: ?table=NAME&connect_timeout=S&read_timeout=S&write_timeout=S; "
+    "MariaDB); options: ?table=NAME&connect_timeout=S&read_timeout=S&write_timeout=S"
+    "&create=true|false; "
     f"give the password in {PASSWORD_ENV} rather than in the URL"
 )
-_OPTIONS: Final = ("table", "connect_timeout", "read_timeout", "write_timeout")
+_OPTIONS: Final = ("table", "connect_timeout", "read_timeout", "write_timeout", "create")
 # Room for everything in an INSERT besides the escaped document (a 1024-character
 # run_id escaped, the key, the other columns and the SQL text).
 _STATEMENT_OVERHEAD: Final = 16 * 1024
@@ -216,6 +217,8 @@ class MySQLStore(ServerStore):
         read_timeout: Seconds to wait for any read from the server.
         write_timeout: Seconds to wait for any write to the server.
         password: Overrides the URL's and the environment's password.
+        create: False: refuse to open (``StoreError``) when the tables do not exist,
+            instead of creating them; read-only tools open a store so.
 
     Raises:
         ConfigError: a malformed URL or option, or PyMySQL is not installed.
@@ -255,6 +258,7 @@ class MySQLStore(ServerStore):
         read_timeout: float = DEFAULT_READ_TIMEOUT,
         write_timeout: float = DEFAULT_WRITE_TIMEOUT,
         password: str | None = None,
+        create: bool = True,
     ) -> None:
         parsed = self._init_server(
             url,
@@ -265,6 +269,7 @@ class MySQLStore(ServerStore):
                 "read_timeout": read_timeout,
                 "write_timeout": write_timeout,
             },
+            create,
         )
         self._sql = _statements(self.table)
         self._connect_args: dict[str, Any] = {
@@ -357,7 +362,7 @@ class MySQLStore(ServerStore):
 
     @classmethod
     def from_config(cls, config: str) -> Self:
-        """Open ``mysql://...?table=&connect_timeout=&read_timeout=&write_timeout=``.
+        """Open ``mysql://...?table=&connect_timeout=&read_timeout=&write_timeout=&create=``.
 
         Raises:
             ConfigError: the string is malformed; the message lists the forms.

@@ -64,10 +64,11 @@ DEFAULT_READ_TIMEOUT: Final = 30.0
 DEFAULT_STATEMENT_TIMEOUT: Final = 30.0
 _FORMS: Final = (
     "postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE (also postgresql+psycopg://); "
-    "options: ?table=NAME&connect_timeout=S&read_timeout=S&statement_timeout=S; give the "
-    f"password in {PASSWORD_ENV} (or PGPASSWORD) rather than in the URL"
+    "options: ?table=NAME&connect_timeout=S&read_timeout=S&statement_timeout=S"
+    "&create=true|false; give the password in "
+    f"{PASSWORD_ENV} (or PGPASSWORD) rather than in the URL"
 )
-_OPTIONS: Final = ("table", "connect_timeout", "read_timeout", "statement_timeout")
+_OPTIONS: Final = ("table", "connect_timeout", "read_timeout", "statement_timeout", "create")
 # The channel is a parameter, never spliced into the text.
 _NOTIFY: Final = "SELECT pg_notify(%(channel)s, '')"
 # A 1 GiB text value is PostgreSQL's hard limit (MaxAllocSize - 1).
@@ -233,6 +234,8 @@ class PostgresStore(ServerStore):
         read_timeout: Seconds to wait for any answer from the server.
         statement_timeout: Seconds the server lets one statement run.
         password: Overrides the URL's and the environment's password.
+        create: False: refuse to open (``StoreError``) when the tables do not exist,
+            instead of creating them; read-only tools open a store so.
 
     Raises:
         ConfigError: a malformed URL or option, or psycopg is not installed.
@@ -272,6 +275,7 @@ class PostgresStore(ServerStore):
         read_timeout: float = DEFAULT_READ_TIMEOUT,
         statement_timeout: float = DEFAULT_STATEMENT_TIMEOUT,
         password: str | None = None,
+        create: bool = True,
     ) -> None:
         parsed = self._init_server(
             url,
@@ -282,6 +286,7 @@ class PostgresStore(ServerStore):
                 "read_timeout": read_timeout,
                 "statement_timeout": statement_timeout,
             },
+            create,
         )
         self._sql = _statements(self.table)
         args: dict[str, Any] = {
@@ -371,7 +376,7 @@ class PostgresStore(ServerStore):
 
     @classmethod
     def from_config(cls, config: str) -> Self:
-        """Open ``postgresql://...?table=&connect_timeout=&read_timeout=&statement_timeout=``.
+        """Open ``postgresql://...?table=&connect_timeout=&read_timeout=&statement_timeout=&create=``.
 
         Raises:
             ConfigError: the string is malformed; the message lists the forms.

@@ -19,7 +19,7 @@ from urllib.parse import unquote, urlsplit
 
 from ..._errors import ConfigError
 from ..._redact import redact_url
-from .._options import Option, number, parse, text
+from .._options import Option, flag, number, parse, text
 
 __all__ = [
     "DEFAULT_TABLE",
@@ -75,8 +75,12 @@ def positive_seconds(name: str, value: object) -> float:
 
 
 def server_options(names: tuple[str, ...]) -> tuple[Option[Any], ...]:
-    """The typed options of a server URL: ``table`` (text), the others seconds (> 0)."""
-    return tuple(text(name) if name == "table" else number(name) for name in names)
+    """The typed options of a server URL: ``table`` (text), ``create`` (true or false),
+    the others seconds (> 0)."""
+    return tuple(
+        text(name) if name == "table" else flag(name) if name == "create" else number(name)
+        for name in names
+    )
 
 
 def parse_server_url(

@@ -41,6 +41,7 @@ class ServerStore(SQLStore):
         table: str,
         password: str | None,
         timeouts: dict[str, float],
+        create: bool = True,
     ) -> ServerURL:
         parsed, options = parse_server_url(
             url, self.kind, self._DRIVER, self._PORT, self._FORMS, ()
@@ -48,6 +49,10 @@ class ServerStore(SQLStore):
         if options:  # pragma: no cover - parse_server_url refused them already
             raise ConfigError(f"URL options are not allowed here; forms: {self._FORMS}")
         self.table = check_table(table)
+        if not isinstance(create, bool):
+            raise ConfigError(f"create must be True or False, got {create!r}")
+        #: False: opening refuses missing tables instead of creating them (``_open``).
+        self._creates = create
         for name, value in timeouts.items():
             setattr(self, name, positive_seconds(name, value))
         self._driver = self._import_driver(self._DRIVER)
@@ -187,6 +192,13 @@ class ServerStore(SQLStore):
         held = self._thread_held()
         with held.lock:
             try:
+                if not self._creates and self._schema_version(held) is None:
+                    raise StoreError(
+                        f"no store at {self.where}: table {self.table} (or its "
+                        f"{self.table}_meta) does not exist, and create=false never creates "
+                        "it (check the URL and the table name; `stepstone init --store URL` "
+                        "creates the tables)"
+                    )
                 self._ensure_schema(held)
                 self._after_open(held)
             except self._driver_error as exc:
