@@ -66,8 +66,11 @@ class SuspensionContract(RuntimeBase):
             "approved": {"by": "ann"},
             "sent": {"by": "ann"},
         }
+        # A repeated id is a no-op whatever the run's state (a webhook retried after the
+        # run finished); a new signal to a finished run is an error.
+        assert self.signal(ops, "ap", "approve", 1, signal_id="s1") is False
         with pytest.raises(RunNotActive):
-            self.signal(ops, "ap", "approve", 1, signal_id="s1")
+            self.signal(ops, "ap", "approve", 1, signal_id="s2")
 
     def test_signal_before_the_wait_is_kept(self, ops: Ops) -> None:
         """A signal that arrives before its WaitFor is reached is used when it is."""
