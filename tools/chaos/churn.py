@@ -47,6 +47,11 @@ OPS = 24
 SEED_SIZE = 12 * 1024
 
 
+#: Kill points after which pieces no document names may be left (a first save's, or a
+#: deleted run's): the next process's collection has something to delete.
+_LEAVES_ORPHANS = ("pieces.piece", "pieces.written", "pieces.deleting")
+
+
 def churn_ids(seed: int, case: int) -> list[str]:
     """The run ids a churn case deletes and starts again (three, shaped like real ids)."""
     return [f"churn/{seed}-{case}/{n}" for n in range(3)]
@@ -54,7 +59,8 @@ def churn_ids(seed: int, case: int) -> list[str]:
 
 def plan_churn(rng: random.Random, backend: str) -> dict[str, Any]:
     """A kill plan for a churn child: a piece, clean-up or save point and an occurrence."""
-    points = [*cleanup_kill_points(backend), *save_kill_points(backend)]
+    # The clean-up points three times over: only some operations reach them.
+    points = [*cleanup_kill_points(backend)] * 3 + [*save_kill_points(backend)]
     return {"point": rng.choice(points), "nth": rng.randint(1, 4)}
 
 
@@ -107,6 +113,7 @@ async def _achurn(spec: dict[str, Any]) -> tuple[int, dict[str, Any]]:
                 await store.adelete(run_id)
                 _log(spec, "ack", run_id, None)
             else:
+                _age_past_zero()
                 await store.acollect_orphans(0)
     return 0, {}
 
@@ -114,6 +121,11 @@ async def _achurn(spec: dict[str, Any]) -> tuple[int, dict[str, Any]]:
 def _ops(spec: dict[str, Any]) -> Iterable[tuple[str, str]]:
     rng = random.Random(f"stepstone-chaos:{spec['seed']}:{spec['case']}:{spec['proc']}:churn")
     ids = churn_ids(spec["seed"], spec["case"])
+    if spec["proc"] > 0:
+        # A process started after a death first collects what the dead one left (the
+        # pieces of a first save killed before its document), so deaths inside
+        # ``collect_orphans`` happen; ``_collect`` lets those pieces age past 0 s.
+        yield "collect", ""
     for _ in range(OPS):
         draw = rng.random()
         op = "save" if draw < 0.7 else "delete" if draw < 0.9 else "collect"
@@ -141,7 +153,15 @@ def _do(
         delete(run_id)
         _log(spec, "ack", run_id, None)
     else:
+        _age_past_zero()
         gc(0)
+
+
+def _age_past_zero() -> None:
+    """Wait for the clock's next whole second: an incarnation's age is counted in whole
+    seconds, so the pieces a process killed just before left are then older than 0."""
+    now = time.time()
+    time.sleep(int(now) + 1 - now)
 
 
 def _log(spec: dict[str, Any], what: str, run_id: str, state: str | None) -> None:
@@ -243,10 +263,17 @@ def run_churn(opts: Any, case: int, store: Store, watch: Any = None) -> Any:
     if os.path.exists(ops_path):
         os.unlink(ops_path)
     deaths = 0
+    kill: dict[str, Any] | None = None
     for proc in range(opts.max_deaths + 2):
+        left_orphans = kill is not None and kill["point"] in _LEAVES_ORPHANS
         kill = None
         if deaths < opts.max_deaths and rng.random() < opts.kill_probability:
             kill = plan_churn(rng, opts.backend)
+            # The last death may have left orphans: this process's first collection
+            # deletes them, and dies between two of them half the time.
+            collects = "pieces.collecting" in cleanup_kill_points(opts.backend)
+            if left_orphans and collects and rng.random() < 0.5:
+                kill = {"point": "pieces.collecting", "nth": 1}
         spec = {
             "config": opts.config,
             "seed": opts.seed,
