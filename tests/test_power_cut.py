@@ -112,6 +112,10 @@ class Tally:
     rolled_back_events: int = 0
     vanished_runs: int = 0
     failures: list[str] = field(default_factory=list)
+    #: After the last trial every run is deleted and orphans collected (``workload.py
+    #: sweep``): the orphans that collected, and the pieces still there (must be 0).
+    orphans: int = 0
+    pieces_left: int = -1
 
 
 def _events(proc: subprocess.Popen[bytes], want: int, deadline: float) -> list[str]:
@@ -256,6 +260,19 @@ def _trials(mount: Path, durability: str, cuts: int, seed: int, env: dict[str, s
         )
         if report.get("listed") is not None and sorted(report["listed"]) != present:
             tally.failures.append(f"cut {trial}: list_runs shows {report['listed']}, not {present}")
+    if not tally.failures:
+        swept = subprocess.run(
+            [sys.executable, str(TOOLS / "workload.py"), "sweep", config],
+            capture_output=True,
+            timeout=120,
+            env=env,
+            check=False,
+        )
+        if swept.returncode != 0:
+            tally.failures.append(f"the final sweep crashed: {swept.stderr.decode()[-3000:]}")
+        else:
+            found = json.loads(swept.stdout)
+            tally.orphans, tally.pieces_left = found["orphans"], found["left"]
     print(f"durability={durability}: {tally}")
     return tally
 
@@ -273,6 +290,7 @@ def test_full_durability_loses_nothing_acknowledged(mount: Path) -> None:
     assert tally.acked > 0
     assert tally.failures == []
     assert tally.rolled_back_runs == tally.vanished_runs == 0
+    assert tally.pieces_left == 0, "pieces left after every run was deleted and collected"
 
 
 def test_none_durability_always_resumes(mount: Path) -> None:
@@ -281,6 +299,7 @@ def test_none_durability_always_resumes(mount: Path) -> None:
     assert tally.cuts == CUTS
     assert tally.acked > 0
     assert tally.failures == []
+    assert tally.pieces_left == 0, "pieces left after every run was deleted and collected"
 
 
 def test_the_trial_catches_a_store_that_never_fsyncs(mount: Path) -> None:

@@ -13,7 +13,11 @@ there) and ``upgrade.transformed`` (an upgrade's function returned, the run not 
 saved); the fleet harness kills workers there. A long state's save
 (``stepstone._statelog``) fires ``pieces.written`` (its pieces are stored, the
 document not yet swapped) and ``pieces.collect`` (the document swapped, older pieces
-not yet collected) in every backend that keeps pieces. ``memory.saved`` and
+not yet collected) in every backend that keeps pieces; the SQL and file stores also
+``pieces.piece`` after each piece written (a kill between two pieces). Outside saves:
+``pieces.deleting`` (a delete removed the document, its pieces not yet) and
+``pieces.collecting`` (``collect_orphans`` between two deletions), declared in
+``Store.cleanup_kill_points``. ``memory.saved`` and
 ``sqlite.committed`` follow a save's commit (the tests of lost answers raise there;
 ``tests/test_lost_answers.py``). Each
 backend's points inside a save are declared once, on the backend class, as

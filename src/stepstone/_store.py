@@ -189,6 +189,11 @@ class Store(abc.ABC):
     #: written, then the document swapped, then old pieces collected: ``_statelog``),
     #: kept apart because a small state's save never reaches them.
     piece_kill_points: ClassVar[Mapping[str, bool]] = MappingProxyType({})
+    #: Points inside the clean-up of pieces, outside any save: ``pieces.deleting`` (a
+    #: ``delete`` removed the document, not yet its pieces) and ``pieces.collecting``
+    #: (``collect_orphans`` between two deletions) -> whether the operation's effect on
+    #: the documents has landed at a kill there. The chaos harness's churn cases die there.
+    cleanup_kill_points: ClassVar[Mapping[str, bool]] = MappingProxyType({})
     #: The checkpoints outlive the process (False only for ``memory://``).
     durable: ClassVar[bool] = True
     #: The backend can expire runs by itself (``expire``, Cosmos TTL).

@@ -10,6 +10,8 @@ One module per concern:
 - ``workload``: the generated workflow and its crash-free states (no store, no process);
 - ``child``: what a child process runs: the kill hook, the steps, ``run`` or ``arun``;
 - ``harness``: the driver: forking, killing, restarting, concurrent workers, shards;
+- ``churn``: churn cases (long states deleted and started again, killed inside piece
+  writes, deletes and collections) and the final sweep (no piece left);
 - ``invariants``: what must hold after every death and at the end;
 - ``backends``: per-backend set-up (servers, tables, the emulator), capabilities read
   from the Store classes;
@@ -24,6 +26,7 @@ from .backends import (
     BIG_BUDGET,
     SQL_SERVERS,
     check_sql_server,
+    cleanup_kill_points,
     drop_sql_tables,
     kill_points,
     new_table_name,
@@ -50,6 +53,7 @@ __all__ = [
     "Stats",
     "Workflow",
     "check_sql_server",
+    "cleanup_kill_points",
     "drop_sql_tables",
     "expected_states",
     "kill_points",

@@ -33,6 +33,7 @@ __all__ = [
     "SQL_SERVERS",
     "Servers",
     "check_sql_server",
+    "cleanup_kill_points",
     "cosmos_config",
     "drop_sql_tables",
     "kill_points",
@@ -78,6 +79,12 @@ def piece_kill_points(backend: str) -> Mapping[str, bool]:
     Reached only by a save whose state is kept in pieces (the long-state cases).
     """
     return backend_class(backend).piece_kill_points
+
+
+def cleanup_kill_points(backend: str) -> Mapping[str, bool]:
+    """Return ``backend``'s kill points inside ``delete`` and ``collect_orphans``
+    (``Store.cleanup_kill_points``), reached by the churn cases."""
+    return backend_class(backend).cleanup_kill_points
 
 
 def save_kill_points(backend: str) -> dict[str, bool]:

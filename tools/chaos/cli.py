@@ -25,6 +25,7 @@ from typing import Any
 from . import __doc__ as _package_doc
 from .backends import BACKENDS, REPO, Servers
 from .child import ERROR_EXIT, MODES, child_main
+from .churn import churn_main
 from .harness import LEASE, Options, Stats, child_env, run_shard
 from .readme import machine_line, render_table, update_readme
 
@@ -103,6 +104,12 @@ def cli(argv: list[str]) -> int:
         default="mixed",
         help="long-state cases (a growing transcript kept in pieces): half, all or none",
     )
+    parser.add_argument(
+        "--churn",
+        action="store_true",
+        help="every 5th case deletes and restarts long-state runs, killed inside piece "
+        "writes, deletes and collections; a final sweep counts the pieces left",
+    )
     parser.add_argument("--spawn", action="store_true", help="fresh interpreters, not fork")
     parser.add_argument("--max-deaths", type=int, default=8, help="deaths per case at most")
     parser.add_argument("--workdir", help="where stores and effects go (default: a temp dir)")
@@ -173,6 +180,7 @@ def _cli_case(args: Any, pairs: list[tuple[str, str]], servers: Servers, workdir
             mode=mode,
             lease=args.lease,
             long=_LONG[args.long],
+            churn=args.churn,
         )
         os.makedirs(opts.workdir, exist_ok=True)
         print(f"{backend} {mode}: case {args.case} (seed {args.seed}), store {opts.config}")
@@ -214,6 +222,7 @@ def _cli_run(
                 mode=mode,
                 lease=args.lease,
                 long=_LONG[args.long],
+                churn=args.churn,
             )
             target = -(-deaths // shards)
             procs.append(((backend, mode), _start_shard(opts, (shard, 10**9, shards), target)))
@@ -248,15 +257,15 @@ def _cli_run(
 
 def main(argv: list[str]) -> int:
     """``child SPEC`` (spawn mode), ``shard OPTIONS`` (one driver), else the command line."""
-    if not argv or argv[0] not in ("child", "shard"):
+    if not argv or argv[0] not in ("child", "churn", "shard"):
         return cli(argv)
     kind, payload_json = argv[0], argv[1]
     # The local emulator's self-signed certificate (verify=false): one warning per request.
     warnings.filterwarnings("ignore", message="Unverified HTTPS request")
     spec = json.loads(payload_json)
-    if kind == "child":
+    if kind in ("child", "churn"):
         try:
-            code, result = child_main(spec)
+            code, result = child_main(spec) if kind == "child" else churn_main(spec)
         except BaseException as exc:  # noqa: BLE001 - the child reports every outcome to the driver as JSON
             code, result = ERROR_EXIT, {"error": repr(exc), "tb": traceback.format_exc()}
         print(json.dumps(result))

@@ -47,6 +47,7 @@ from stepstone._store import Store
 
 from .backends import BIG_BUDGET, REPO, kill_points, piece_kill_points, save_kill_points
 from .child import ERROR_EXIT, MODES, STEP_FAILED_EXIT, child_main, read_lines, worker_main
+from .churn import CHURN_EVERY, final_sweep, run_churn
 from .invariants import (
     check_checkpoint,
     check_concurrent_end,
@@ -210,6 +211,10 @@ class CaseResult:
     conflicts: int = 0
     mode: str = "sync"
     lease: float = LEASE
+    #: Every run id the case used (the final sweep looks for pieces under each).
+    run_ids: list[str] = dataclasses.field(default_factory=list)
+    #: Acknowledged saves (churn cases; the runner's saves are not counted).
+    saves: int = 0
 
     def repro(self, big: bool = False) -> str:
         """The command line that reruns exactly this case."""
@@ -246,6 +251,9 @@ class Options:
     #: Long-state cases (a growing transcript saved in pieces): None, half the cases
     #: (seeded); True, every case; False, none (the cases as they were before pieces).
     long: bool | None = None
+    #: Churn cases (``churn.py``: long states deleted and started again, killed inside
+    #: piece writes, deletes and collections) as every 5th case, and the final sweep.
+    churn: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -304,9 +312,12 @@ def run_case(  # noqa: C901 - one branch per kill point of a case, read top to b
     """Run one case against the open ``store`` (the driver's own handle, for checks)."""
     if case % CONCURRENT_EVERY == CONCURRENT_EVERY - 1:
         return _run_concurrent(opts, case, store, watch)
+    if opts.churn and case % CHURN_EVERY == 2:
+        return run_churn(opts, case, store, watch)  # type: ignore[no-any-return]
     res = CaseResult(opts.backend, opts.seed, case, "single", mode=opts.mode, lease=opts.lease)
     save_points = save_kill_points(opts.backend)
     wf = make_workflow(opts.seed, case, opts.budget, opts.max_deaths, opts.long)
+    res.run_ids = [wf.run_id]
     expected = expected_states(wf)
     rng = random.Random(f"stepstone-chaos:{opts.seed}:{case}:kills")
     effects = os.path.join(opts.workdir, f"effects-{case}.log")
@@ -447,6 +458,7 @@ def _run_concurrent(  # noqa: C901 - one branch per racing writer's outcome, rea
     wf_cases = [case * 100 + j for j in range(n_runs)]
     wfs = [make_workflow(opts.seed, c, budget, 200, opts.long) for c in wf_cases]
     wfs = [dataclasses.replace(wf, run_id=f"{wf.run_id}/c{case}") for wf in wfs]
+    res.run_ids = [wf.run_id for wf in wfs]
     expected = [expected_states(wf) for wf in wfs]
     effects = os.path.join(opts.workdir, f"effects-{case}.log")
     notes = os.path.join(opts.workdir, f"notes-{case}.log")
@@ -571,6 +583,11 @@ class Stats:
     seconds: float = 0.0
     conflicts: int = 0
     mode: str = "sync"
+    #: Acknowledged saves of churn cases; orphans the final sweep collected; pieces it
+    #: found left after deleting every run and collecting (must be 0).
+    saves: int = 0
+    orphans: int = 0
+    pieces_left: int = 0
 
     def add(self, other: Stats) -> None:
         """Add another shard's totals (its seconds overlap ours: the longest counts)."""
@@ -580,6 +597,9 @@ class Stats:
         self.violations += other.violations
         self.seconds = max(self.seconds, other.seconds)
         self.conflicts += other.conflicts
+        self.saves += other.saves
+        self.orphans += other.orphans
+        self.pieces_left += other.pieces_left
 
     def to_json(self) -> dict[str, Any]:
         """Return the totals as a JSON object (a shard's last line of output)."""
@@ -592,6 +612,9 @@ class Stats:
             "violations": self.violations,
             "seconds": self.seconds,
             "conflicts": self.conflicts,
+            "saves": self.saves,
+            "orphans": self.orphans,
+            "pieces_left": self.pieces_left,
         }
 
     @classmethod
@@ -606,10 +629,13 @@ class Stats:
             data["seconds"],
             data.get("conflicts", 0),
             data.get("mode", "sync"),
+            data.get("saves", 0),
+            data.get("orphans", 0),
+            data.get("pieces_left", 0),
         )
 
 
-def run_shard(
+def run_shard(  # noqa: C901 - the cases, then the shard's end checks, top to bottom
     opts: Options,
     cases: Iterable[int],
     deaths_target: int | None = None,
@@ -631,6 +657,7 @@ def run_shard(
         bystanders = seed_bystanders(store, opts.seed, opts.shard)
         fixed = set(bystanders)
         finished: dict[str, tuple[Any, ...]] = {}
+        used: set[str] = set(bystanders)
 
         def watch(res: CaseResult, where: str) -> None:
             for run_id, snap in bystanders.items():
@@ -647,6 +674,8 @@ def run_shard(
             stats.processes += res.processes
             stats.deaths.update(res.deaths)
             stats.conflicts += res.conflicts
+            stats.saves += res.saves
+            used.update(res.run_ids)
             if res.violations:
                 line = f"VIOLATION {res.repro(opts.big)}  # {res.violations[0]}"
                 stats.violations.append(line)
@@ -670,6 +699,10 @@ def run_shard(
         for run_id, snap in finished.items():  # every run finished in this shard, untouched
             if snapshot(store, run_id) != snap:
                 stats.violations.append(f"VIOLATION finished run {run_id!r} changed later")
+        if opts.churn and not stats.violations:
+            swept: list[str] = []
+            stats.orphans, stats.pieces_left = final_sweep(swept, store, used)
+            stats.violations += [f"VIOLATION {line}" for line in swept]
     finally:
         store.close()
     stats.seconds = time.monotonic() - began

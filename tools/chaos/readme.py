@@ -41,6 +41,14 @@ SUMMARY_HEAD = (
     "| backend | mode | single workflows | concurrent workers | processes | "
     "**deaths (SIGKILL)** | save conflicts | **violations** | seconds | deaths/s |"
 )
+CHURN_TITLE = (
+    "Churn cases (`--churn`: long states deleted and started again, killed inside piece "
+    "writes, deletes and collections) and the final sweep (every run deleted, "
+    "`collect_orphans(0)`):"
+)
+CHURN_HEAD = (
+    "| backend | mode | churn cases | acknowledged saves | orphans collected | **pieces left** |"
+)
 
 
 def machine_line(workdir: str | None = None) -> str:
@@ -132,6 +140,11 @@ def render_table(
         if any(values):
             cells = [f"`{point}`", *map(str, values), str(sum(values))]
             rows.append("| " + " | ".join(cells) + " |")
+    if any(s.scenarios["churn"] for s in stats):
+        rows += ["", CHURN_TITLE, "", CHURN_HEAD, "|---|---|" + "---:|" * 4]
+        for s in stats:
+            values = [s.scenarios["churn"], s.saves, s.orphans, s.pieces_left]
+            rows.append("| " + " | ".join([s.backend, s.mode, *map(str, values)]) + " |")
     rate = total_deaths / seconds if seconds > 0 else 0.0
     rows += [
         "",
@@ -187,6 +200,13 @@ def parse_table(text: str) -> tuple[list[Stats], str, float]:
             if int(value):
                 s.deaths[point.strip("`")] = int(value)
         at += 1
+    if CHURN_TITLE in lines:
+        at = lines.index(CHURN_TITLE) + 4
+        for s in stats:
+            _backend, _mode, churn, saves, orphans, left = _cells(lines[at])
+            s.scenarios["churn"] = int(churn)
+            s.saves, s.orphans, s.pieces_left = int(saves), int(orphans), int(left)
+            at += 1
     return stats, command_match.group(1), float(wall_match.group(1))
 
 

@@ -14,6 +14,10 @@ run, the counter of what it loads (or null if absent), or the error if it cannot
 loaded; whether each run could be resumed (a save on top of what was loaded, or a fresh
 start, with counter FRESH, if nothing was); and which active runs the index (``claimable``) misses.
 
+``python tools/powercut/workload.py sweep CONFIG`` deletes every run, collects the
+orphans (``collect_orphans(0)``) and prints ``{"orphans": N, "left": M}``: M pieces are
+still in the store's pieces directory (the campaign wants 0: no piece left unnamed).
+
 With ``POWERCUT_NO_FSYNC=1`` the saving side never fsyncs at all (what
 ``durability=none`` did before it fsynced the data), to show the trial catches it.
 """
@@ -25,6 +29,7 @@ import json
 import os
 import random
 import sys
+import time
 from datetime import timedelta
 
 from stepstone import Checkpoint, open_store
@@ -158,8 +163,23 @@ def check(config: str, fresh: int) -> None:
     print(json.dumps(report))
 
 
+def sweep(config: str) -> None:
+    """Delete every run, collect orphans, count the pieces left; print JSON."""
+    with open_store(config) as store:
+        for run_id in {*RUNS, *store.list_runs()}:
+            store.delete(run_id)
+        # An incarnation's age is counted in whole seconds: let the newest age past 0.
+        time.sleep(1.1)
+        orphans = len(store.collect_orphans(0))
+        root = os.path.join(store.path, ".pieces")  # type: ignore[attr-defined]
+        left = sum(len(files) for _, _, files in os.walk(root))
+    print(json.dumps({"orphans": orphans, "left": left}))
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "save":
         save(sys.argv[2], int(sys.argv[3]))
+    elif sys.argv[1] == "sweep":
+        sweep(sys.argv[2])
     else:
         check(sys.argv[2], int(sys.argv[3]))

@@ -90,7 +90,10 @@ class SQLStore(Connections, Store):
 
     holds_pieces: ClassVar[bool] = True
     piece_kill_points: ClassVar[Mapping[str, bool]] = MappingProxyType(
-        {"pieces.written": False, "pieces.collect": True}
+        {"pieces.piece": False, "pieces.written": False, "pieces.collect": True}
+    )
+    cleanup_kill_points: ClassVar[Mapping[str, bool]] = MappingProxyType(
+        {"pieces.deleting": True, "pieces.collecting": True}
     )
     #: The dialect of the pieces table (``pieces.py``): "sqlite", "postgresql", "mysql".
     _DIALECT: ClassVar[str] = ""
@@ -351,6 +354,7 @@ class SQLStore(Connections, Store):
                     insert,
                     {"run_key": key, "piece_key": piece.key, "gen": piece.gen, "data": piece.data},
                 )
+                _hooks.fire("pieces.piece")  # chaos: a kill between two pieces of a save
             _hooks.fire("pieces.written")
         # If this raises, whether the document landed is unknown: its pieces stay (a later
         # base collects them if it did not), and its plan is kept for a retry.
@@ -513,6 +517,7 @@ class SQLStore(Connections, Store):
             if not deleted:
                 continue  # saved (or deleted) in between: read it again
             if has:
+                _hooks.fire("pieces.deleting")  # the document is gone, its pieces not yet
                 yield from self._pieces_table()
                 sql = self._pieces_sql
                 if inc is None:
@@ -555,6 +560,7 @@ class SQLStore(Connections, Store):
             # (those are of a new incarnation anyway, too young to be listed).
             deleted, _ = yield Exec(sql.delete_orphan, {"run_key": run_key, "piece_key": piece})
             if deleted:
+                _hooks.fire("pieces.collecting")  # chaos: a kill between two orphans
                 run = run_key if isinstance(run_key, str) else "key " + bytes(run_key).hex()
                 found.append(_statelog.Orphan(run, piece, int(size)))
         return found

@@ -118,6 +118,9 @@ class CosmosStore(Admin):
     piece_kill_points: ClassVar[Mapping[str, bool]] = MappingProxyType(
         {"pieces.written": False, "pieces.collect": True}
     )
+    cleanup_kill_points: ClassVar[Mapping[str, bool]] = MappingProxyType(
+        {"pieces.deleting": True, "pieces.collecting": True}
+    )
     supports_ttl: ClassVar[bool] = True
     counts_requests: ClassVar[bool] = True
     native_async: ClassVar[bool] = True
@@ -688,6 +691,7 @@ class CosmosStore(Admin):
             except (ConflictError, CosmosResourceNotFoundError):
                 continue  # saved or deleted in between: read it again
             if has:
+                _hooks.fire("pieces.deleting")  # the item is gone, its pieces not yet
                 rows = yield from self._piece_rows(container, doc_id, run_id, None)
                 ids = [row["id"] for row in rows if _statelog.inc_of(str(row["key"])) == inc]
                 yield from self._drop(container, ids, run_id)
@@ -735,6 +739,7 @@ class CosmosStore(Admin):
             if doc is not None:
                 continue  # a run with an item: its own saves collect its orphans
             yield from self._drop(container, [row["id"] for row in pieces], doc_id)
+            _hooks.fire("pieces.collecting")  # chaos: a kill between two runs' orphans
             # Base64 text: about 3 bytes per 4 characters.
             found.extend(
                 _statelog.Orphan(doc_id, row["key"], int(row.get("size") or 0) * 3 // 4)

@@ -33,6 +33,7 @@ import stat
 import time
 from collections.abc import Callable, Iterable, Sequence
 
+from ... import _hooks
 from ..._errors import CorruptCheckpoint, StoreError, StorePermissionError
 from ..._statelog import ORPHAN_AGE, Piece, gen_of, inc_of, is_orphan
 from ._disk import STALE_SECONDS, open_subdir, open_temp, read_all, scan, sync, write_all
@@ -218,6 +219,7 @@ class PieceDir:
             finally:
                 with contextlib.suppress(OSError):
                     os.unlink(temp, dir_fd=self.fd)
+            _hooks.fire("pieces.piece")  # chaos: a kill between two pieces of a save
         with translating(self.path):
             sync(self.fd)
 
@@ -385,6 +387,7 @@ def collect_orphans(
                 size = os.stat(key, dir_fd=fd, follow_symlinks=False).st_size
                 run.remove([key])
                 found.append((key, size))
+                _hooks.fire("pieces.collecting")  # chaos: a kill between two orphans
         if len(found) == len(names):
             with contextlib.suppress(OSError):
                 os.rmdir(name, dir_fd=root_fd)

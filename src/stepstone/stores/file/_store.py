@@ -108,7 +108,10 @@ class FileStore(Store):
     pushes_wakeups: ClassVar[bool] = sys.platform.startswith("linux")
     holds_pieces: ClassVar[bool] = True
     piece_kill_points: ClassVar[Mapping[str, bool]] = MappingProxyType(
-        {"pieces.written": False, "pieces.collect": True}
+        {"pieces.piece": False, "pieces.written": False, "pieces.collect": True}
+    )
+    cleanup_kill_points: ClassVar[Mapping[str, bool]] = MappingProxyType(
+        {"pieces.deleting": True, "pieces.collecting": True}
     )
 
     def __init__(
@@ -595,6 +598,7 @@ class FileStore(Store):
             self._unmark(name)
         # Lock files of releases before this index existed: their run is gone.
         unlink_quietly(dir_fd, name + ".lock")
+        fire("pieces.deleting")  # the document is gone, its pieces not yet
         self._drop_pieces(dir_fd, name)
 
     def _drop_pieces(self, dir_fd: int, name: str) -> None:
