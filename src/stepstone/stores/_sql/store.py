@@ -29,12 +29,11 @@ import json
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, ClassVar, Final, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Final, NamedTuple, TypeVar
 
-from ... import _hooks, _statelog
+from ... import _statelog
 from ..._checkpoint import DUE_NOW, STATUSES, Checkpoint, check_run_id, evolve, utcnow
 from ..._codec import (
-    PiecesNeeded,
     checkpoint_from_doc,
     decode_document,
     encode_document,
@@ -44,6 +43,7 @@ from ..._errors import ConflictError, CorruptCheckpoint, StoreError
 from ..._observe import logger
 from ..._store import Claim, RunInfo, Store, check_page
 from .._common import new_version, version_token
+from .._pieces_protocol import Current, PiecesProtocol
 from .connections import Connections, Held
 from .effects import Exec, Plan, Result, adrive, drive
 from .errors import Undecodable
@@ -60,12 +60,25 @@ T = TypeVar("T")
 
 _CLAIM_KINDS: Final = ("running", "queued", "waiting")
 _MIN: Final = datetime.min.replace(tzinfo=UTC)
-#: How many times ``delete`` reads a document that keeps changing before giving up.
-DELETE_TRIES: Final = 50
+#: A save's plan: the checkpoint as it will be stored, the statement, its parameters
+#: and the state's plan (its pieces, written first).
+_SavePlan = tuple[Checkpoint, str, dict[str, Any], _statelog.Prepared]
 
 
 class _Deleted(CorruptCheckpoint):
     """A run deleted while its pieces were read: ``load`` answers None."""
+
+
+class _Unreadable(Exception):
+    """``delete`` found a document that is not UTF-8: it deletes it blind."""
+
+
+class _Loading(NamedTuple):
+    """The ``ctx`` of the pieces protocol's loads and deletes: the run's key, id, source."""
+
+    key: Any
+    run_id: str
+    source: str
 
 
 def _served_key(name: str, version: str | None) -> str:
@@ -73,7 +86,7 @@ def _served_key(name: str, version: str | None) -> str:
     return f"{name}\x1f" if version is None else f"{name}\x1f\x1e{version}"
 
 
-class SQLStore(Connections, Store):
+class SQLStore(PiecesProtocol[Exec], Connections, Store):
     """The SQL store logic, once; subclasses supply the dialect hooks."""
 
     claims_by_kind: ClassVar[bool] = True  # claimable(status=, skip=): an indexed page
@@ -170,9 +183,7 @@ class SQLStore(Connections, Store):
 
     # --- rows and documents -------------------------------------------------------------
 
-    def _save_plan(
-        self, checkpoint: Checkpoint
-    ) -> tuple[Checkpoint, str, dict[str, Any], _statelog.Prepared]:
+    def _save_plan(self, checkpoint: Checkpoint) -> _SavePlan:
         """Return the checkpoint as it will be stored, the statement, its parameters and
         the state's plan (its pieces, written first)."""
         run_id = check_run_id(checkpoint.run_id)
@@ -333,130 +344,116 @@ class SQLStore(Connections, Store):
             return None  # a delete landed while its pieces were read: the run is gone
 
     def _save(self, checkpoint: Checkpoint) -> Plan[Checkpoint]:
-        # A retry of a save whose answer was lost writes what that save planned: the
-        # same version token, document and pieces (``Unanswered``).
-        again = self._unanswered.take(checkpoint, checkpoint.run_id)
-        plan = self._save_plan(checkpoint) if again is None else again
-        saved, sql, params, prepared = plan
-        key = params["run_key"]
-        if prepared.pieces:
-            # Immutable and under keys nobody else uses: written before the document
-            # names them, each its own statement (within every packet limit).
-            yield from self._pieces_table()
-            pieces = self._pieces_sql
-            # A retry's pieces may be there already: keep them.
-            insert = pieces.insert if again is None else pieces.insert_new
-            for piece in prepared.pieces:
-                yield Exec(
-                    insert,
-                    {"run_key": key, "piece_key": piece.key, "gen": piece.gen, "data": piece.data},
-                )
-            _hooks.fire("pieces.written")
-        # If this raises, whether the document landed is unknown: its pieces stay (a later
-        # base collects them if it did not), and its plan is kept for a retry.
-        try:
-            stored, _ = yield Exec(sql, params, save=True)
-        except BaseException:
-            self._unanswered.keep(checkpoint, saved.run_id, plan)
-            raise
+        return self._pieces_save(checkpoint)
+
+    # --- the hooks of the pieces protocol (``_pieces_protocol``); ``ctx``: the run's key
+
+    def _pp_plan(self, checkpoint: Checkpoint) -> _SavePlan:
+        return self._save_plan(checkpoint)
+
+    def _pp_prepared(self, plan: _SavePlan) -> _statelog.Prepared:
+        return plan[3]
+
+    def _pp_run_id(self, plan: _SavePlan) -> str:
+        return plan[0].run_id
+
+    def _pp_begin(self, plan: _SavePlan) -> Plan[Any]:
+        return plan[2]["run_key"]
+        yield  # a generator that performs nothing
+
+    def _pp_write(self, ctx: Any, pieces: Sequence[_statelog.Piece], retry: bool) -> Plan[None]:
+        # Each its own statement (within every packet limit).
+        yield from self._pieces_table()
+        sql = self._pieces_sql
+        # A retry's pieces may be there already: keep them.
+        insert = sql.insert_new if retry else sql.insert
+        for piece in pieces:
+            yield Exec(
+                insert,
+                {"run_key": ctx, "piece_key": piece.key, "gen": piece.gen, "data": piece.data},
+            )
+
+    def _pp_commit(self, ctx: Any, plan: _SavePlan, checkpoint: Checkpoint) -> Plan[int]:
+        saved, sql, params, _ = plan
+        stored, _ = yield Exec(sql, params, save=True)
         if stored != 1:
             rows = yield from self._peek(saved.run_id)
-            if again is None or not rows or rows[0][0] != saved.version:
-                if prepared.pieces:
-                    yield from self._drop_pieces(key, prepared.piece_keys)
-                raise self._conflict(saved.run_id, checkpoint.version, rows)
-            # The retried save's own write landed (nobody else writes its random
-            # token): this is its success, and its pieces are the stored document's.
-        below = prepared.collect_below
-        if below is not None:
-            _hooks.fire("pieces.collect")
-            try:
-                yield self._collect_below(key, below, prepared.inc)
-            except StoreError as exc:
-                logger.warning(
-                    "run %r: saved; its superseded pieces are left for the next base: %s",
-                    saved.run_id,
-                    exc,
-                )
-        return saved
+            raise self._conflict(saved.run_id, checkpoint.version, rows)
+        return stored
 
-    def _collect_below(self, key: Any, below: int, inc: str | None) -> Exec:
-        """The statement that collects after a new base: this incarnation's pieces below
-        ``below``, and orphans of other incarnations (``_statelog.is_orphan``). Never
-        another incarnation's young pieces: the run may have been deleted and started
-        again since this save's document landed."""
+    def _pp_own(self, ctx: Any, plan: _SavePlan) -> Plan[int | None]:
+        rows = yield from self._peek(plan[0].run_id)
+        # Nobody else writes a save's random version token.
+        return 1 if rows and rows[0][0] == plan[0].version else None
+
+    def _pp_saved(self, plan: _SavePlan, checkpoint: Checkpoint, result: Any) -> Checkpoint:
+        return plan[0]
+
+    def _pp_collect(self, ctx: Any, below: int, inc: str | None) -> Plan[None]:
+        """One statement: this incarnation's pieces below ``below``, and orphans of other
+        incarnations (``_statelog.is_orphan``). Never another incarnation's young pieces:
+        the run may have been deleted and started again since this save's document landed."""
         sql = self._pieces_sql
         if inc is None:
-            params = {"run_key": key, "gen": below, "any_inc": "%:%"}
-            return Exec(sql.delete_below_legacy, params)
+            params = {"run_key": ctx, "gen": below, "any_inc": "%:%"}
+            yield Exec(sql.delete_below_legacy, params)
+            return
         cutoff = _statelog.inc_cutoff(_statelog.ORPHAN_AGE)
         params = {
-            "run_key": key,
+            "run_key": ctx,
             "gen": below,
             "inc_like": f"{inc}:%",
             "any_inc": "%:%",
             "cutoff": cutoff,
         }
-        return Exec(sql.delete_below, params)
+        yield Exec(sql.delete_below, params)
 
-    def _drop_pieces(self, key: Any, keys: list[str]) -> Plan[None]:
-        """Delete exactly these pieces (a lost save's own); a failure only leaves garbage."""
+    def _pp_drop(self, ctx: Any, keys: list[str]) -> Plan[None]:
         pieces = self._pieces_sql
         for start in range(0, len(keys), IN_MAX):
             part = keys[start : start + IN_MAX]
-            params = {"run_key": key, **{f"k{n}": k for n, k in enumerate(part)}}
-            try:
-                yield Exec(pieces.delete_keys(len(part)), params)
-            except StoreError as exc:
-                logger.warning("pieces of a lost save left behind: %s", exc)
-                return
+            params = {"run_key": ctx, **{f"k{n}": k for n, k in enumerate(part)}}
+            yield Exec(pieces.delete_keys(len(part)), params)
 
-    def _fetch_pieces(self, key: Any, keys: Sequence[str]) -> Plan[dict[str, bytes]]:
+    def _pp_fetch(self, ctx: _Loading, keys: Sequence[str]) -> Plan[dict[str, bytes]]:
         pieces = self._pieces_sql
         found: dict[str, bytes] = {}
         wanted = list(dict.fromkeys(keys))
         for start in range(0, len(wanted), IN_MAX):
             part = wanted[start : start + IN_MAX]
-            params = {"run_key": key, **{f"k{n}": k for n, k in enumerate(part)}}
+            params = {"run_key": ctx.key, **{f"k{n}": k for n, k in enumerate(part)}}
             _, rows = yield Exec(pieces.select(len(part)), params)
             for piece_key, data in rows:
                 found[str(piece_key)] = bytes(data)
         return found
 
+    def _pp_source(self, ctx: _Loading) -> str:
+        return ctx.source
+
+    def _pp_decode(
+        self, ctx: _Loading, doc: Any, version: Any, found: dict[str, bytes] | None
+    ) -> Checkpoint:
+        if found is None:
+            return checkpoint_from_doc(doc, version, ctx.source, ctx.run_id)
+        return _statelog.checkpoint_with_pieces(self, doc, version, ctx.source, ctx.run_id, found)
+
+    def _pp_read(self, ctx: _Loading) -> Plan[tuple[Any, Any] | None]:
+        _, rows = yield Exec(self._sql.load, {"run_key": ctx.key})
+        if not rows:
+            return None
+        version, document = rows[0]
+        return decode_document(document, ctx.source), version
+
     def _checkpoint(
         self, run_id: str, doc: dict[str, Any], version: str | None, source: str
     ) -> Plan[Checkpoint]:
         """The checkpoint of a decoded document, its pieces fetched when it has them."""
-        try:
-            return checkpoint_from_doc(doc, version, source, run_id)
-        except PiecesNeeded as need:
-            ref = need.ref
-        key = self._key(run_id)
-        for attempt in range(3):
-            try:
-                keys = _statelog.pieces_of(ref)
-            except (KeyError, TypeError, ValueError) as exc:
-                raise CorruptCheckpoint(
-                    f"{source}: malformed state_ref ({exc}); left untouched"
-                ) from exc
-            pieces = yield from self._fetch_pieces(key, keys)
-            try:
-                return _statelog.checkpoint_with_pieces(self, doc, version, source, run_id, pieces)
-            except _statelog.PiecesMissing as missing:
-                # A newer save collected them: read the document again.
-                _, rows = yield Exec(self._sql.load, {"run_key": key})
-                if not rows:
-                    raise _Deleted(f"{source}: deleted while being read") from None
-                again, document = rows[0]
-                if again == version or attempt == 2:
-                    raise _statelog.missing_error(source, missing) from None
-                version = again
-                doc = decode_document(document, source)
-                try:
-                    return checkpoint_from_doc(doc, version, source, run_id)
-                except PiecesNeeded as need:
-                    ref = need.ref
-        raise AssertionError("unreachable")  # pragma: no cover
+        found = yield from self._pieces_load(
+            _Loading(self._key(run_id), run_id, source), doc, version
+        )
+        if found is None:
+            raise _Deleted(f"{source}: deleted while being read")
+        return found  # type: ignore[no-any-return]
 
     def _piece_keys(self, run_id: str) -> Plan[list[str]]:
         check_run_id(run_id)
@@ -466,7 +463,7 @@ class SQLStore(Connections, Store):
 
     def _pieces_of(self, run_id: str, keys: Sequence[str]) -> Plan[dict[str, bytes]]:
         check_run_id(run_id)
-        return (yield from self._fetch_pieces(self._key(run_id), keys))
+        return (yield from self._pp_fetch(_Loading(self._key(run_id), run_id, ""), keys))
 
     def _put_pieces(self, run_id: str, pieces: Sequence[_statelog.Piece]) -> Plan[None]:
         check_run_id(run_id)
@@ -489,42 +486,42 @@ class SQLStore(Connections, Store):
         return rows
 
     def _delete(self, run_id: str, expected: str | None) -> Plan[bool]:
-        """Read the document, delete it by compare-and-swap on the version read, then
-        delete exactly its incarnation's pieces (``_statelog``). No document: no pieces
-        deleted, for a first save in flight may have written its own already."""
         check_run_id(run_id)
         key = self._key(run_id)
-        for _ in range(DELETE_TRIES):
-            try:
-                _, rows = yield Exec(self._sql.load, {"run_key": key})
-            except Undecodable:
-                return (yield from self._delete_blind(key, run_id, expected))
-            if not rows:
-                return False
-            version, document = rows[0]
-            if expected is not None and version != expected:
-                raise self._conflict(run_id, expected, [(version,)])
-            try:
-                has, inc = _statelog.inc_of_doc(decode_document(document, self._source(run_id)))
-            except CorruptCheckpoint:
-                # Deletable all the same; its pieces, if any, are left for collect_orphans.
-                has, inc = False, None
-            deleted, _ = yield Exec(self._sql.delete_cas, {"run_key": key, "expected": version})
-            if not deleted:
-                continue  # saved (or deleted) in between: read it again
-            if has:
-                yield from self._pieces_table()
-                sql = self._pieces_sql
-                if inc is None:
-                    yield Exec(sql.delete_legacy, {"run_key": key, "any_inc": "%:%"})
-                else:
-                    yield Exec(sql.delete_inc, {"run_key": key, "inc_like": f"{inc}:%"})
-            return True
-        raise ConflictError(
-            f"run {run_id!r}: changed under each of {DELETE_TRIES} attempts to delete it; "
-            "nothing was deleted, try again",
-            run_id,
-        )
+        try:
+            return (yield from self._pieces_delete(_Loading(key, run_id, ""), run_id, expected))
+        except _Unreadable:
+            return (yield from self._delete_blind(key, run_id, expected))
+
+    def _pp_current(self, ctx: _Loading) -> Plan[Current | None]:
+        try:
+            _, rows = yield Exec(self._sql.load, {"run_key": ctx.key})
+        except Undecodable as exc:
+            raise _Unreadable from exc
+        if not rows:
+            return None
+        version, document = rows[0]
+        try:
+            has, inc = _statelog.inc_of_doc(decode_document(document, self._source(ctx.run_id)))
+        except CorruptCheckpoint:
+            # Deletable all the same; its pieces, if any, are left for collect_orphans.
+            has, inc = False, None
+        return Current(version, has, inc)
+
+    def _pp_delete_conflict(self, run_id: str, expected: str, found: Any) -> ConflictError:
+        return self._conflict(run_id, expected, [(found,)])
+
+    def _pp_delete_cas(self, ctx: _Loading, version: Any) -> Plan[bool]:
+        deleted, _ = yield Exec(self._sql.delete_cas, {"run_key": ctx.key, "expected": version})
+        return bool(deleted)
+
+    def _pp_delete_inc(self, ctx: _Loading, inc: str | None) -> Plan[None]:
+        yield from self._pieces_table()
+        sql = self._pieces_sql
+        if inc is None:
+            yield Exec(sql.delete_legacy, {"run_key": ctx.key, "any_inc": "%:%"})
+        else:
+            yield Exec(sql.delete_inc, {"run_key": ctx.key, "inc_like": f"{inc}:%"})
 
     def _delete_blind(self, key: Any, run_id: str, expected: str | None) -> Plan[bool]:
         """Delete a document that cannot be read (not UTF-8), leaving its pieces alone."""
