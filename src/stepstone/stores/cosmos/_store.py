@@ -14,7 +14,7 @@ import threading
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from datetime import datetime
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Self, TypeVar, cast
 
 from azure.core import MatchConditions
 from azure.core.pipeline.transport import AsyncHttpTransport, HttpTransport, RequestsTransport
@@ -23,11 +23,11 @@ from azure.cosmos.exceptions import CosmosHttpResponseError, CosmosResourceNotFo
 
 from ... import _hooks, _statelog
 from ..._checkpoint import Checkpoint, RunStatus, check_run_id
-from ..._codec import REF_KEY, PiecesNeeded
-from ..._errors import ConflictError, CorruptCheckpoint, StoreError
-from ..._observe import logger
+from ..._codec import REF_KEY
+from ..._errors import ConflictError, StoreError
 from ..._store import RunInfo
 from .._common import Unanswered
+from .._pieces_protocol import Current, PiecesProtocol
 from ._admin import Admin
 from ._aio import (
     AioClient,
@@ -93,11 +93,11 @@ T = TypeVar("T")
 #: How many times a load reads a long state's item and pieces before it calls a piece
 #: that stays missing corrupt (back-off 50, 100, 200, 400 ms between reads).
 _READ_AGAIN = 5
-#: A field an item lacks (``_own``): unequal to any value, None included.
+#: A field an item lacks (``_pp_own``): unequal to any value, None included.
 _ABSENT = object()
 
 
-class CosmosStore(Admin):
+class CosmosStore(PiecesProtocol[Effect], Admin):
     """Checkpoints as items of an Azure Cosmos DB (NoSQL API) container partitioned by /id.
 
     Open it with ``open_store("cosmos://...")`` or build it directly; the clients connect
@@ -122,6 +122,8 @@ class CosmosStore(Admin):
     counts_requests: ClassVar[bool] = True
     native_async: ClassVar[bool] = True
     claims_by_kind: ClassVar[bool] = True
+    _pieces_reads: ClassVar[int] = _READ_AGAIN
+    _pieces_lagging: ClassVar[bool] = True
     # No push wake-ups (listen: None, workers back off): the change feed is a paid poll.
 
     def __init__(
@@ -453,37 +455,34 @@ class CosmosStore(Admin):
         doc = yield from self._read(container, doc_id, run_id)
         if doc is None:
             return None
-        try:
-            return self._checkpoint(doc, run_id)
-        except PiecesNeeded as need:
-            ref = need.ref
-        # The state is in pieces: fetch the ones the item names. A piece missing means a
-        # newer save collected it (read the item again), or, on an account whose reads
-        # may lag (Session or Eventual consistency, another writer's session), that this
-        # replica has not seen it yet: the same item is read again after a back-off.
-        where = self._source(doc_id)
-        for attempt in range(_READ_AGAIN):
-            try:
-                keys = _statelog.pieces_of(ref)
-            except (KeyError, TypeError, ValueError) as exc:
-                raise CorruptCheckpoint(
-                    f"{where}: malformed state_ref ({exc}); left untouched"
-                ) from exc
-            found = yield from self._fetch(container, doc_id, run_id, keys)
-            try:
-                return self._with_pieces(doc, run_id, found)
-            except _statelog.PiecesMissing as missing:
-                if attempt == _READ_AGAIN - 1:
-                    raise _statelog.missing_error(where, missing) from None
-            yield Sleep(0.05 * 2**attempt)
-            doc = yield from self._read(container, doc_id, run_id)
-            if doc is None:
-                return None  # a delete landed while its pieces were read: the run is gone
-            try:
-                return self._checkpoint(doc, run_id)
-            except PiecesNeeded as need:
-                ref = need.ref
-        raise AssertionError("unreachable")  # pragma: no cover
+        # A piece missing means a newer save collected it (read the item again), or, on
+        # an account whose reads may lag (Session or Eventual consistency, another
+        # writer's session), that this replica has not seen it yet: the same item is
+        # read again after a back-off (``_pieces_lagging``).
+        ctx = _Ctx(container, doc_id, run_id)
+        return (yield from self._pieces_load(ctx, doc, None))  # type: ignore[no-any-return]
+
+    # -- the hooks of the pieces protocol (``_pieces_protocol``) ----------------------
+
+    def _pp_source(self, ctx: _Ctx) -> str:
+        return self._source(ctx.doc_id)
+
+    def _pp_decode(
+        self, ctx: _Ctx, doc: Any, version: Any, found: dict[str, bytes] | None
+    ) -> Checkpoint:
+        if found is None:
+            return self._checkpoint(doc, ctx.run_id)
+        return self._with_pieces(doc, ctx.run_id, found)
+
+    def _pp_fetch(self, ctx: _Ctx, keys: Sequence[str]) -> Steps[dict[str, bytes]]:
+        return self._fetch(ctx.container, ctx.doc_id, ctx.run_id, keys)
+
+    def _pp_read(self, ctx: _Ctx) -> Steps[tuple[Any, Any] | None]:
+        doc = yield from self._read(ctx.container, ctx.doc_id, ctx.run_id)
+        return None if doc is None else (doc, None)
+
+    def _pp_pause(self, attempt: int) -> Effect:
+        return Sleep(0.05 * 2**attempt)
 
     def _with_pieces(self, doc: Any, run_id: str, found: dict[str, bytes]) -> Checkpoint:
         """The checkpoint of an item whose state is in ``found`` (``PiecesMissing``)."""
@@ -573,78 +572,53 @@ class CosmosStore(Admin):
                     raise result
 
     def _save(self, checkpoint: Checkpoint) -> Steps[Checkpoint]:
-        # A retry of a save whose answer was lost sends what that save planned: the same
-        # item, to the field (``Unanswered``).
-        again: Plan | None = self._unanswered.take(checkpoint, checkpoint.run_id)
-        plan = self._plan(checkpoint) if again is None else again
+        return self._pieces_save(checkpoint)
+
+    def _pp_plan(self, checkpoint: Checkpoint) -> Plan:
+        return self._plan(checkpoint)
+
+    def _pp_prepared(self, plan: Plan) -> _statelog.Prepared:
+        return plan.prepared
+
+    def _pp_run_id(self, plan: Plan) -> str:
+        return plan.run_id
+
+    def _pp_begin(self, plan: Plan) -> Steps[_Ctx]:
         container = yield OPEN
-        prepared = plan.prepared
-        if prepared.pieces:
-            # Immutable and under keys nobody else uses: written before the item names
-            # them; the save's commit point is still the one conditional write below.
-            yield from self._put(container, plan.doc_id, prepared.pieces, plan.run_id)
-            _hooks.fire("pieces.written")
+        return _Ctx(container, plan.doc_id, plan.run_id)
+
+    def _pp_write(self, ctx: _Ctx, pieces: Sequence[_statelog.Piece], retry: bool) -> Steps[None]:
+        # A piece already stored is kept (``_put``), on a retry or not.
+        return self._put(ctx.container, ctx.doc_id, pieces, ctx.run_id)
+
+    def _pp_commit(self, ctx: _Ctx, plan: Plan, checkpoint: Checkpoint) -> Steps[Any]:
         _hooks.fire("cosmos.before_request")
+        container = ctx.container
         version = checkpoint.version
         if version is None:
             write = Send(container, "create_item", (plan.item,), self._cas(None), saving=True)
         else:
             args = (plan.doc_id, plan.item)
             write = Send(container, "replace_item", args, self._cas(version), saving=True)
-        try:
-            with self._translate(Call("save", plan.run_id, plan.size)):
-                try:
-                    result = yield write
-                except CosmosResourceNotFoundError as exc:
-                    self._item_missing(exc)
-                    raise ConflictError(
-                        f"run {plan.run_id!r}: the checkpoint was deleted since it was "
-                        "loaded; nothing was stored",
-                        plan.run_id,
-                    ) from exc
-        except ConflictError:
-            ours = None
-            if again is not None:
-                # The ETag is the server's, so the item itself tells: the one stored is
-                # this plan's, field for field (its updated_at to the microsecond
-                # included), only if the first attempt landed.
-                try:
-                    ours = yield from self._own(container, plan)
-                except BaseException:
-                    self._unanswered.keep(checkpoint, plan.run_id, plan)
-                    raise
-            if ours is None:
-                # Lost: this save's own pieces are garbage. (After any other error whether
-                # the item landed is unknown, so they stay; a later base collects them.)
-                if prepared.pieces:
-                    yield from self._drop_quietly(container, plan.doc_id, prepared, plan.run_id)
-                raise
-            result = ours
-        except BaseException:
-            # Whether the item landed is unknown: keep the plan for a retry.
-            self._unanswered.keep(checkpoint, plan.run_id, plan)
-            raise
-        stored = self._saved(plan, checkpoint, result)
-        below = prepared.collect_below
-        if below is not None:
-            _hooks.fire("pieces.collect")
+        with self._translate(Call("save", plan.run_id, plan.size)):
             try:
-                # Only this incarnation's pieces below the base, and old orphans: never a
-                # newer incarnation's (the run deleted and started again since).
-                rows = yield from self._piece_rows(container, plan.doc_id, plan.run_id, None)
-                ids = _collectable(rows, below, prepared.inc)
-                yield from self._drop(container, ids, plan.run_id)
-            except StoreError as exc:
-                logger.warning(
-                    "run %r: saved; its superseded pieces are left for the next base: %s",
+                return (yield write)
+            except CosmosResourceNotFoundError as exc:
+                self._item_missing(exc)
+                raise ConflictError(
+                    f"run {plan.run_id!r}: the checkpoint was deleted since it was "
+                    "loaded; nothing was stored",
                     plan.run_id,
-                    exc,
-                )
-        return stored
+                ) from exc
 
-    def _own(self, container: Any, plan: Plan) -> Steps[Any]:
-        """The stored item if it is the one ``plan`` wrote (a retry's landed write), else None."""
-        found = yield from self._read(container, plan.doc_id, plan.run_id)
+    def _pp_own(self, ctx: _Ctx, plan: Plan) -> Steps[Any]:
+        """The stored item if it is the one ``plan`` wrote (a retry's landed write), else None.
+
+        The ETag is the server's, so the item itself tells: the one stored is this plan's,
+        field for field (its updated_at to the microsecond included), only if the first
+        attempt landed.
+        """
+        found = yield from self._read(ctx.container, plan.doc_id, plan.run_id)
         if not isinstance(found, Mapping):
             return None
         item = plan.item
@@ -652,51 +626,53 @@ class CosmosStore(Admin):
             return None
         return found
 
-    def _drop_quietly(
-        self, container: Any, doc_id: str, prepared: _statelog.Prepared, run_id: str
-    ) -> Steps[None]:
-        try:
-            yield from self._drop(
-                container, [piece_id(doc_id, key) for key in prepared.piece_keys], run_id
-            )
-        except StoreError as exc:
-            logger.warning("pieces of a lost save left behind: %s", exc)
+    def _pp_saved(self, plan: Plan, checkpoint: Checkpoint, result: Any) -> Checkpoint:
+        return self._saved(plan, checkpoint, result)
+
+    def _pp_drop(self, ctx: _Ctx, keys: list[str]) -> Steps[None]:
+        ids = [piece_id(ctx.doc_id, key) for key in keys]
+        return self._drop(ctx.container, ids, ctx.run_id)
+
+    def _pp_collect(self, ctx: _Ctx, below: int, inc: str | None) -> Steps[None]:
+        rows = yield from self._piece_rows(ctx.container, ctx.doc_id, ctx.run_id, None)
+        yield from self._drop(ctx.container, _collectable(rows, below, inc), ctx.run_id)
 
     def _delete(self, run_id: str, expected_version: str | None) -> Steps[bool]:
-        """Read the item, delete it on its ETag, then exactly its incarnation's pieces.
-
-        No item: no pieces deleted (a first save in flight may have written its own).
-        """
         doc_id = item_id(check_run_id(run_id))
         container = yield OPEN
-        for _ in range(_DELETE_TRIES):
-            doc = yield from self._read(container, doc_id, run_id)
-            if doc is None:
-                return False
-            etag = doc.get("_etag") if isinstance(doc, Mapping) else None
-            if expected_version is not None and etag != expected_version:
-                raise ConflictError(
-                    f"run {run_id!r}: expected version {expected_version!r}, stored {etag!r}; "
-                    "nothing was deleted",
-                    run_id,
-                )
-            has, inc = _item_inc(doc)
-            kwargs = {"partition_key": doc_id, **self._cas(etag)}
-            try:
-                with self._translate(Call("delete", run_id)):
-                    yield Send(container, "delete_item", (doc_id,), kwargs)
-            except (ConflictError, CosmosResourceNotFoundError):
-                continue  # saved or deleted in between: read it again
-            if has:
-                rows = yield from self._piece_rows(container, doc_id, run_id, None)
-                ids = [row["id"] for row in rows if _statelog.inc_of(str(row["key"])) == inc]
-                yield from self._drop(container, ids, run_id)
-            return True
-        raise ConflictError(
-            f"run {run_id!r}: changed under each of {_DELETE_TRIES} attempts to delete it; "
-            "nothing was deleted, try again",
+        return (
+            yield from self._pieces_delete(
+                _Ctx(container, doc_id, run_id), run_id, expected_version
+            )
+        )
+
+    def _pp_current(self, ctx: _Ctx) -> Steps[Current | None]:
+        doc = yield from self._read(ctx.container, ctx.doc_id, ctx.run_id)
+        if doc is None:
+            return None
+        etag = doc.get("_etag") if isinstance(doc, Mapping) else None
+        has, inc = _item_inc(doc)
+        return Current(etag, has, inc)
+
+    def _pp_delete_conflict(self, run_id: str, expected: str, found: Any) -> ConflictError:
+        return ConflictError(
+            f"run {run_id!r}: expected version {expected!r}, stored {found!r}; nothing was deleted",
             run_id,
         )
+
+    def _pp_delete_cas(self, ctx: _Ctx, version: Any) -> Steps[bool]:
+        kwargs = {"partition_key": ctx.doc_id, **self._cas(version)}
+        try:
+            with self._translate(Call("delete", ctx.run_id)):
+                yield Send(ctx.container, "delete_item", (ctx.doc_id,), kwargs)
+        except (ConflictError, CosmosResourceNotFoundError):
+            return False
+        return True
+
+    def _pp_delete_inc(self, ctx: _Ctx, inc: str | None) -> Steps[None]:
+        rows = yield from self._piece_rows(ctx.container, ctx.doc_id, ctx.run_id, None)
+        ids = [row["id"] for row in rows if _statelog.inc_of(str(row["key"])) == inc]
+        yield from self._drop(ctx.container, ids, ctx.run_id)
 
     # -- the pieces, for history and migration (``Store.piece_keys`` and the rest) ------
 
@@ -928,8 +904,12 @@ class CosmosStore(Admin):
         self.close()
 
 
-#: How many times ``delete`` reads an item that keeps changing before giving up.
-_DELETE_TRIES = 50
+class _Ctx(NamedTuple):
+    """The ``ctx`` of the pieces protocol: the container, the run's item id and run id."""
+
+    container: Any
+    doc_id: str
+    run_id: str
 
 
 def _item_inc(doc: Any) -> tuple[bool, str | None]:
