@@ -36,7 +36,7 @@ from .._errors import ConflictError, CorruptCheckpoint, StoreError
 from .._observe import logger
 from ._common import Unanswered
 
-__all__ = ["DELETE_TRIES", "Current", "PiecesProtocol"]
+__all__ = ["DELETE_TRIES", "Current", "PiecesProtocol", "run_plain"]
 
 E = TypeVar("E")
 T = TypeVar("T")
@@ -45,6 +45,17 @@ Steps = Generator[E, Any, T]
 
 #: How many times ``delete`` reads a document that keeps changing before giving up.
 DELETE_TRIES: Final = 50
+
+
+def run_plain(steps: Steps[None, T]) -> T:
+    """Run the protocol for a store whose hooks do their I/O themselves (yield nothing)."""
+    try:
+        effect = steps.send(None)
+    except StopIteration as stop:
+        value: T = stop.value
+        return value
+    steps.close()
+    raise TypeError(f"a plain store's hook yielded an effect: {effect!r}")
 
 
 class Current(NamedTuple):
