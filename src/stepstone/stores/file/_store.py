@@ -280,7 +280,11 @@ class FileStore(PiecesProtocol[None], Store):
         self, ctx: _Loading, keys: Sequence[str]
     ) -> Generator[None, Any, dict[str, bytes]]:
         yield from ()  # performs its I/O itself
-        run = self._piece_dir(ctx.dir_fd, ctx.name, create=False, lock=False)
+        return self._read_pieces(ctx.dir_fd, ctx.name, keys)
+
+    def _read_pieces(self, dir_fd: int, name: str, keys: Sequence[str]) -> dict[str, bytes]:
+        """Those of the run's pieces ``keys`` that are stored (no lock: they are immutable)."""
+        run = self._piece_dir(dir_fd, name, create=False, lock=False)
         if run is None:
             return {}
         try:
@@ -873,13 +877,7 @@ class FileStore(PiecesProtocol[None], Store):
         wanted = [check_key(key) for key in keys]
         dir_fd = self._handles.begin()
         try:
-            run = self._piece_dir(dir_fd, encode_name(run_id), create=False, lock=False)
-            if run is None:
-                return {}
-            try:
-                return run.read(wanted, MAX_DOCUMENT_BYTES)
-            finally:
-                run.close()
+            return self._read_pieces(dir_fd, encode_name(run_id), wanted)
         finally:
             self._handles.end()
 
