@@ -271,10 +271,10 @@ def test_a_reader_whose_pieces_were_collected_reads_the_document_again(
     store.save(Checkpoint("run", state=LONG))
     keys = store.piece_keys("run")
     newer = {"log": [f"new-{ITEM}"] * 30}
-    real = store_module.FileStore._assemble
+    real = store_module.FileStore._pp_fetch  # the load's read of the pieces
     raced: list[bool] = []
 
-    def racing(self: FileStore, *args: Any) -> Checkpoint:
+    def racing(self: FileStore, *args: Any) -> Any:
         if not raced:
             raced.append(True)
             with FileStore(store.path) as writer:  # a new base collects the old pieces
@@ -284,7 +284,7 @@ def test_a_reader_whose_pieces_were_collected_reads_the_document_again(
                 assert not set(store.piece_keys("run")) & set(keys)
         return real(self, *args)
 
-    monkeypatch.setattr(store_module.FileStore, "_assemble", racing)
+    monkeypatch.setattr(store_module.FileStore, "_pp_fetch", racing)
     reader = FileStore(store.path)
     loaded = reader.load("run")
     assert raced and loaded is not None and loaded.state == newer

@@ -26,15 +26,13 @@ created and migrated under that server's locking rules.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar, Final, TypeVar
 
-from ... import _hooks, _statelog
+from ... import _statelog
 from ..._checkpoint import DUE_NOW, STATUSES, Checkpoint, check_run_id, evolve, utcnow
 from ..._codec import (
-    PiecesNeeded,
     checkpoint_from_doc,
     decode_document,
     encode_document,
@@ -48,7 +46,7 @@ from .connections import Connections, Held
 from .effects import Exec, Plan, Result, adrive, drive
 from .errors import Undecodable
 from .pages import count_query, listed_fields, page_query
-from .pieces import IN_MAX, PieceSQL, piece_sql
+from .piece_plans import SQLPieces, _Deleted, _Loading, _SavePlan, _Unreadable
 from .schema import MIGRATABLE, TABLE_SCHEMA, SQLText
 
 if TYPE_CHECKING:
@@ -60,12 +58,6 @@ T = TypeVar("T")
 
 _CLAIM_KINDS: Final = ("running", "queued", "waiting")
 _MIN: Final = datetime.min.replace(tzinfo=UTC)
-#: How many times ``delete`` reads a document that keeps changing before giving up.
-DELETE_TRIES: Final = 50
-
-
-class _Deleted(CorruptCheckpoint):
-    """A run deleted while its pieces were read: ``load`` answers None."""
 
 
 def _served_key(name: str, version: str | None) -> str:
@@ -73,7 +65,7 @@ def _served_key(name: str, version: str | None) -> str:
     return f"{name}\x1f" if version is None else f"{name}\x1f\x1e{version}"
 
 
-class SQLStore(Connections, Store):
+class SQLStore(Connections, SQLPieces, Store):
     """The SQL store logic, once; subclasses supply the dialect hooks."""
 
     claims_by_kind: ClassVar[bool] = True  # claimable(status=, skip=): an indexed page
@@ -87,37 +79,6 @@ class SQLStore(Connections, Store):
     _ISO_TIMES: ClassVar[bool] = False
 
     _sql: SQLText
-
-    holds_pieces: ClassVar[bool] = True
-    piece_kill_points: ClassVar[Mapping[str, bool]] = MappingProxyType(
-        {"pieces.piece": False, "pieces.written": False, "pieces.collect": True}
-    )
-    cleanup_kill_points: ClassVar[Mapping[str, bool]] = MappingProxyType(
-        {"pieces.deleting": True, "pieces.collecting": True}
-    )
-    #: The dialect of the pieces table (``pieces.py``): "sqlite", "postgresql", "mysql".
-    _DIALECT: ClassVar[str] = ""
-    _pieces_text: PieceSQL | None = None
-    #: Whether the pieces table is known to exist: this store created or migrated the
-    #: tables, or ran the pieces DDL once. A table an earlier release made gains it on
-    #: the first statement that needs it, so opening a store costs no extra round trip.
-    _pieces_ready: bool = False
-
-    @property
-    def _pieces_sql(self) -> PieceSQL:
-        text = self._pieces_text
-        if text is None:
-            text = self._pieces_text = piece_sql(self._DIALECT, getattr(self, "table", None))
-        return text
-
-    @property
-    def _piece_max(self) -> int:
-        """The largest piece this store is handed: under every packet and value limit."""
-        limit = getattr(self, "_max_bytes", None)
-        if isinstance(limit, int) and limit > 0:
-            # Escaped on the wire at most twice over, with room for the statement.
-            return max(min(_statelog.PIECE_MAX, limit // 4), 4096)
-        return _statelog.PIECE_MAX
 
     # --- dialect hooks ------------------------------------------------------------------
 
@@ -173,9 +134,7 @@ class SQLStore(Connections, Store):
 
     # --- rows and documents -------------------------------------------------------------
 
-    def _save_plan(
-        self, checkpoint: Checkpoint
-    ) -> tuple[Checkpoint, str, dict[str, Any], _statelog.Prepared]:
+    def _save_plan(self, checkpoint: Checkpoint) -> _SavePlan:
         """Return the checkpoint as it will be stored, the statement, its parameters and
         the state's plan (its pieces, written first)."""
         run_id = check_run_id(checkpoint.run_id)
@@ -296,18 +255,6 @@ class SQLStore(Connections, Store):
         self._pieces_ready = self._pieces_ready or found_missing or migrated
         return number
 
-    def _pieces_table(self) -> Plan[None]:
-        """Create the pieces table (``IF NOT EXISTS``) unless this store knows it is there."""
-        if not self._pieces_ready:
-            try:
-                yield Exec(self._pieces_sql.create, None)
-            except StoreError as exc:
-                # Two processes creating it at once can collide even with IF NOT EXISTS
-                # (PostgreSQL's catalog): the statement that follows says if it is there.
-                logger.info("%s: creating the pieces table: %s", self.where, exc)
-                return
-            self._pieces_ready = True
-
     def _schema_number(self, found: str | None) -> int:
         try:
             return int(found or "")
@@ -336,153 +283,7 @@ class SQLStore(Connections, Store):
             return None  # a delete landed while its pieces were read: the run is gone
 
     def _save(self, checkpoint: Checkpoint) -> Plan[Checkpoint]:
-        # A retry of a save whose answer was lost writes what that save planned: the
-        # same version token, document and pieces (``Unanswered``).
-        again = self._unanswered.take(checkpoint, checkpoint.run_id)
-        plan = self._save_plan(checkpoint) if again is None else again
-        saved, sql, params, prepared = plan
-        key = params["run_key"]
-        if prepared.pieces:
-            # Immutable and under keys nobody else uses: written before the document
-            # names them, each its own statement (within every packet limit).
-            yield from self._pieces_table()
-            pieces = self._pieces_sql
-            # A retry's pieces may be there already: keep them.
-            insert = pieces.insert if again is None else pieces.insert_new
-            for piece in prepared.pieces:
-                yield Exec(
-                    insert,
-                    {"run_key": key, "piece_key": piece.key, "gen": piece.gen, "data": piece.data},
-                )
-                _hooks.fire("pieces.piece")  # chaos: a kill between two pieces of a save
-            _hooks.fire("pieces.written")
-        # If this raises, whether the document landed is unknown: its pieces stay (a later
-        # base collects them if it did not), and its plan is kept for a retry.
-        try:
-            stored, _ = yield Exec(sql, params, save=True)
-        except BaseException:
-            self._unanswered.keep(checkpoint, saved.run_id, plan)
-            raise
-        if stored != 1:
-            rows = yield from self._peek(saved.run_id)
-            if again is None or not rows or rows[0][0] != saved.version:
-                if prepared.pieces:
-                    yield from self._drop_pieces(key, prepared.piece_keys)
-                raise self._conflict(saved.run_id, checkpoint.version, rows)
-            # The retried save's own write landed (nobody else writes its random
-            # token): this is its success, and its pieces are the stored document's.
-        below = prepared.collect_below
-        if below is not None:
-            _hooks.fire("pieces.collect")
-            try:
-                yield self._collect_below(key, below, prepared.inc)
-            except StoreError as exc:
-                logger.warning(
-                    "run %r: saved; its superseded pieces are left for the next base: %s",
-                    saved.run_id,
-                    exc,
-                )
-        return saved
-
-    def _collect_below(self, key: Any, below: int, inc: str | None) -> Exec:
-        """The statement that collects after a new base: this incarnation's pieces below
-        ``below``, and orphans of other incarnations (``_statelog.is_orphan``). Never
-        another incarnation's young pieces: the run may have been deleted and started
-        again since this save's document landed."""
-        sql = self._pieces_sql
-        if inc is None:
-            params = {"run_key": key, "gen": below, "any_inc": "%:%"}
-            return Exec(sql.delete_below_legacy, params)
-        cutoff = _statelog.inc_cutoff(_statelog.ORPHAN_AGE)
-        params = {
-            "run_key": key,
-            "gen": below,
-            "inc_like": f"{inc}:%",
-            "any_inc": "%:%",
-            "cutoff": cutoff,
-        }
-        return Exec(sql.delete_below, params)
-
-    def _drop_pieces(self, key: Any, keys: list[str]) -> Plan[None]:
-        """Delete exactly these pieces (a lost save's own); a failure only leaves garbage."""
-        pieces = self._pieces_sql
-        for start in range(0, len(keys), IN_MAX):
-            part = keys[start : start + IN_MAX]
-            params = {"run_key": key, **{f"k{n}": k for n, k in enumerate(part)}}
-            try:
-                yield Exec(pieces.delete_keys(len(part)), params)
-            except StoreError as exc:
-                logger.warning("pieces of a lost save left behind: %s", exc)
-                return
-
-    def _fetch_pieces(self, key: Any, keys: Sequence[str]) -> Plan[dict[str, bytes]]:
-        pieces = self._pieces_sql
-        found: dict[str, bytes] = {}
-        wanted = list(dict.fromkeys(keys))
-        for start in range(0, len(wanted), IN_MAX):
-            part = wanted[start : start + IN_MAX]
-            params = {"run_key": key, **{f"k{n}": k for n, k in enumerate(part)}}
-            _, rows = yield Exec(pieces.select(len(part)), params)
-            for piece_key, data in rows:
-                found[str(piece_key)] = bytes(data)
-        return found
-
-    def _checkpoint(
-        self, run_id: str, doc: dict[str, Any], version: str | None, source: str
-    ) -> Plan[Checkpoint]:
-        """The checkpoint of a decoded document, its pieces fetched when it has them."""
-        try:
-            return checkpoint_from_doc(doc, version, source, run_id)
-        except PiecesNeeded as need:
-            ref = need.ref
-        key = self._key(run_id)
-        for attempt in range(3):
-            try:
-                keys = _statelog.pieces_of(ref)
-            except (KeyError, TypeError, ValueError) as exc:
-                raise CorruptCheckpoint(
-                    f"{source}: malformed state_ref ({exc}); left untouched"
-                ) from exc
-            pieces = yield from self._fetch_pieces(key, keys)
-            try:
-                return _statelog.checkpoint_with_pieces(self, doc, version, source, run_id, pieces)
-            except _statelog.PiecesMissing as missing:
-                # A newer save collected them: read the document again.
-                _, rows = yield Exec(self._sql.load, {"run_key": key})
-                if not rows:
-                    raise _Deleted(f"{source}: deleted while being read") from None
-                again, document = rows[0]
-                if again == version or attempt == 2:
-                    raise _statelog.missing_error(source, missing) from None
-                version = again
-                doc = decode_document(document, source)
-                try:
-                    return checkpoint_from_doc(doc, version, source, run_id)
-                except PiecesNeeded as need:
-                    ref = need.ref
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    def _piece_keys(self, run_id: str) -> Plan[list[str]]:
-        check_run_id(run_id)
-        yield from self._pieces_table()
-        _, rows = yield Exec(self._pieces_sql.keys, {"run_key": self._key(run_id)})
-        return [str(row[0]) for row in rows]
-
-    def _pieces_of(self, run_id: str, keys: Sequence[str]) -> Plan[dict[str, bytes]]:
-        check_run_id(run_id)
-        return (yield from self._fetch_pieces(self._key(run_id), keys))
-
-    def _put_pieces(self, run_id: str, pieces: Sequence[_statelog.Piece]) -> Plan[None]:
-        check_run_id(run_id)
-        key = self._key(run_id)
-        yield from self._pieces_table()
-        # One statement per piece that keeps a row already there: two copies racing (a
-        # migration run twice at once) both succeed, where checking first would not.
-        for piece in pieces:
-            yield Exec(
-                self._pieces_sql.insert_new,
-                {"run_key": key, "piece_key": piece.key, "gen": piece.gen, "data": piece.data},
-            )
+        return self._pieces_save(checkpoint)
 
     def _peek(self, run_id: str) -> Plan[list[Any] | None]:
         # Only on a losing path: read what is there, for the message or the outcome.
@@ -493,43 +294,12 @@ class SQLStore(Connections, Store):
         return rows
 
     def _delete(self, run_id: str, expected: str | None) -> Plan[bool]:
-        """Read the document, delete it by compare-and-swap on the version read, then
-        delete exactly its incarnation's pieces (``_statelog``). No document: no pieces
-        deleted, for a first save in flight may have written its own already."""
         check_run_id(run_id)
         key = self._key(run_id)
-        for _ in range(DELETE_TRIES):
-            try:
-                _, rows = yield Exec(self._sql.load, {"run_key": key})
-            except Undecodable:
-                return (yield from self._delete_blind(key, run_id, expected))
-            if not rows:
-                return False
-            version, document = rows[0]
-            if expected is not None and version != expected:
-                raise self._conflict(run_id, expected, [(version,)])
-            try:
-                has, inc = _statelog.inc_of_doc(decode_document(document, self._source(run_id)))
-            except CorruptCheckpoint:
-                # Deletable all the same; its pieces, if any, are left for collect_orphans.
-                has, inc = False, None
-            deleted, _ = yield Exec(self._sql.delete_cas, {"run_key": key, "expected": version})
-            if not deleted:
-                continue  # saved (or deleted) in between: read it again
-            if has:
-                _hooks.fire("pieces.deleting")  # the document is gone, its pieces not yet
-                yield from self._pieces_table()
-                sql = self._pieces_sql
-                if inc is None:
-                    yield Exec(sql.delete_legacy, {"run_key": key, "any_inc": "%:%"})
-                else:
-                    yield Exec(sql.delete_inc, {"run_key": key, "inc_like": f"{inc}:%"})
-            return True
-        raise ConflictError(
-            f"run {run_id!r}: changed under each of {DELETE_TRIES} attempts to delete it; "
-            "nothing was deleted, try again",
-            run_id,
-        )
+        try:
+            return (yield from self._pieces_delete(_Loading(key, run_id, ""), run_id, expected))
+        except _Unreadable:
+            return (yield from self._delete_blind(key, run_id, expected))
 
     def _delete_blind(self, key: Any, run_id: str, expected: str | None) -> Plan[bool]:
         """Delete a document that cannot be read (not UTF-8), leaving its pieces alone."""
@@ -543,27 +313,6 @@ class SQLStore(Connections, Store):
         if rows == []:
             return False
         raise self._conflict(run_id, expected, rows)
-
-    def _collect_orphans(self, min_age: float) -> Plan[list[_statelog.Orphan]]:
-        """Delete the pieces of runs with no document, of incarnations made more than
-        ``min_age`` seconds ago; return what was deleted."""
-        yield from self._pieces_table()
-        sql = self._pieces_sql
-        params = {"any_inc": "%:%", "cutoff": _statelog.inc_cutoff(min_age)}
-        _, rows = yield Exec(sql.orphans, params)
-        found: list[_statelog.Orphan] = []
-        for run_key, listed, size in rows:
-            piece = str(listed)
-            if not _statelog.is_orphan(piece, None, min_age):
-                continue
-            # Re-checked in the statement: a run started again since keeps its pieces
-            # (those are of a new incarnation anyway, too young to be listed).
-            deleted, _ = yield Exec(sql.delete_orphan, {"run_key": run_key, "piece_key": piece})
-            if deleted:
-                _hooks.fire("pieces.collecting")  # chaos: a kill between two orphans
-                run = run_key if isinstance(run_key, str) else "key " + bytes(run_key).hex()
-                found.append(_statelog.Orphan(run, piece, int(size)))
-        return found
 
     def _listing(self, sql: str, params: Any = None, keys: str | None = None) -> Plan[list[Any]]:
         """Rows of a listing; after an undecodable row, the others one by one."""

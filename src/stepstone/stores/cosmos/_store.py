@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import threading
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from datetime import datetime
@@ -19,13 +18,11 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar, cast
 from azure.core import MatchConditions
 from azure.core.pipeline.transport import AsyncHttpTransport, HttpTransport, RequestsTransport
 from azure.cosmos import CosmosClient
-from azure.cosmos.exceptions import CosmosHttpResponseError, CosmosResourceNotFoundError
+from azure.cosmos.exceptions import CosmosResourceNotFoundError
 
-from ... import _hooks, _statelog
+from ... import _statelog
 from ..._checkpoint import Checkpoint, RunStatus, check_run_id
-from ..._codec import REF_KEY, PiecesNeeded
-from ..._errors import ConflictError, CorruptCheckpoint, StoreError
-from ..._observe import logger
+from ..._errors import StoreError
 from ..._store import RunInfo
 from .._common import Unanswered
 from ._admin import Admin
@@ -52,7 +49,6 @@ from ._effects import (
     Gather,
     Query,
     Send,
-    Sleep,
     Steps,
     adrive,
     aperform,
@@ -62,6 +58,7 @@ from ._effects import (
 from ._effects import perform as perform_sync
 from ._errors import OWNER_MISSING, Call, closed_error, error_for
 from ._meter import Meter, Wire
+from ._pieces import CosmosPieces, _Ctx
 from ._setup import check_partition_key, create_resources, read_container
 from ._wire import (
     LIST_QUERY,
@@ -72,10 +69,6 @@ from ._wire import (
     encode,
     infos,
     item_id,
-    piece_data,
-    piece_id,
-    piece_item,
-    piece_ttl,
     saved,
     source,
 )
@@ -93,11 +86,9 @@ T = TypeVar("T")
 #: How many times a load reads a long state's item and pieces before it calls a piece
 #: that stays missing corrupt (back-off 50, 100, 200, 400 ms between reads).
 _READ_AGAIN = 5
-#: A field an item lacks (``_own``): unequal to any value, None included.
-_ABSENT = object()
 
 
-class CosmosStore(Admin):
+class CosmosStore(CosmosPieces, Admin):
     """Checkpoints as items of an Azure Cosmos DB (NoSQL API) container partitioned by /id.
 
     Open it with ``open_store("cosmos://...")`` or build it directly; the clients connect
@@ -125,6 +116,8 @@ class CosmosStore(Admin):
     counts_requests: ClassVar[bool] = True
     native_async: ClassVar[bool] = True
     claims_by_kind: ClassVar[bool] = True
+    _pieces_reads: ClassVar[int] = _READ_AGAIN
+    _pieces_lagging: ClassVar[bool] = True
     # No push wake-ups (listen: None, workers back off): the change feed is a paid poll.
 
     def __init__(
@@ -456,296 +449,12 @@ class CosmosStore(Admin):
         doc = yield from self._read(container, doc_id, run_id)
         if doc is None:
             return None
-        try:
-            return self._checkpoint(doc, run_id)
-        except PiecesNeeded as need:
-            ref = need.ref
-        # The state is in pieces: fetch the ones the item names. A piece missing means a
-        # newer save collected it (read the item again), or, on an account whose reads
-        # may lag (Session or Eventual consistency, another writer's session), that this
-        # replica has not seen it yet: the same item is read again after a back-off.
-        where = self._source(doc_id)
-        for attempt in range(_READ_AGAIN):
-            try:
-                keys = _statelog.pieces_of(ref)
-            except (KeyError, TypeError, ValueError) as exc:
-                raise CorruptCheckpoint(
-                    f"{where}: malformed state_ref ({exc}); left untouched"
-                ) from exc
-            found = yield from self._fetch(container, doc_id, run_id, keys)
-            try:
-                return self._with_pieces(doc, run_id, found)
-            except _statelog.PiecesMissing as missing:
-                if attempt == _READ_AGAIN - 1:
-                    raise _statelog.missing_error(where, missing) from None
-            yield Sleep(0.05 * 2**attempt)
-            doc = yield from self._read(container, doc_id, run_id)
-            if doc is None:
-                return None  # a delete landed while its pieces were read: the run is gone
-            try:
-                return self._checkpoint(doc, run_id)
-            except PiecesNeeded as need:
-                ref = need.ref
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    def _with_pieces(self, doc: Any, run_id: str, found: dict[str, bytes]) -> Checkpoint:
-        """The checkpoint of an item whose state is in ``found`` (``PiecesMissing``)."""
-        where = self._source(doc.get("id") if isinstance(doc, Mapping) else None)
-        return decode(doc, run_id, where, self, found)
-
-    def _fetch(
-        self, container: Any, doc_id: str, run_id: str, keys: Sequence[str]
-    ) -> Steps[dict[str, bytes]]:
-        """The pieces of ``keys`` there are: one query (a request per page, where point
-        reads would cost one per piece), on the run and the oldest generation named
-        (indexed), the keys checked on those items only.
-        """
-        if not keys:
-            return {}
-        wanted = set(keys)
-        rows = yield from self._query(
-            "SELECT c.key, c.data FROM c WHERE c.piece_of = @of AND c.gen >= @gen "
-            "AND ARRAY_CONTAINS(@keys, c.key)",
-            [
-                {"name": "@of", "value": doc_id},
-                {"name": "@gen", "value": min(map(_statelog.gen_of, keys))},
-                {"name": "@keys", "value": sorted(wanted)},
-            ],
-        )
-        where = self._where()
-        found: dict[str, bytes] = {}
-        for row in rows:
-            key, data = piece_data(row, where)
-            if key in wanted:
-                found[key] = data
-        return found
-
-    def _piece_rows(
-        self, container: Any, doc_id: str, run_id: str, below: int | None
-    ) -> Steps[list[dict[str, Any]]]:
-        """``{id, key}`` of the run's piece items (those below generation ``below``)."""
-        query = "SELECT c.id, c.key FROM c WHERE c.piece_of = @of"
-        params: list[dict[str, Any]] = [{"name": "@of", "value": doc_id}]
-        if below is not None:
-            query += " AND c.gen < @gen"
-            params.append({"name": "@gen", "value": below})
-        with self._translate(Call("list the pieces of", run_id)):
-            rows = yield Query(container, query, params, self.settings.timeout)
-        return [row for row in rows if isinstance(row, dict) and "id" in row and "key" in row]
-
-    def _drop(self, container: Any, ids: Sequence[str], run_id: str) -> Steps[None]:
-        """Delete these piece items; one already gone is fine (a racing collection)."""
-        with self._translate(Call("delete the pieces of", run_id)):
-            for ident in ids:
-                try:
-                    yield Send(
-                        container,
-                        "delete_item",
-                        (ident,),
-                        {"partition_key": ident, "timeout": self.settings.timeout},
-                    )
-                except CosmosResourceNotFoundError as exc:
-                    self._item_missing(exc)
-
-    def _put(
-        self, container: Any, doc_id: str, pieces: Sequence[_statelog.Piece], run_id: str
-    ) -> Steps[None]:
-        """Create ``pieces``; one already stored (409: a retry, a second copy) is kept.
-
-        Concurrently on the aio SDK (a 64 MiB state is 64 items).
-        """
-        ttl = piece_ttl(self.settings.ttl)
-        timeout = self.settings.timeout
-        with self._translate(Call("write the pieces of", run_id)):
-            results = yield Gather(
-                tuple(
-                    Send(
-                        container,
-                        "create_item",
-                        (piece_item(doc_id, piece, ttl),),
-                        {"timeout": timeout},
-                    )
-                    for piece in pieces
-                ),
-                settle=True,
-            )
-            for result in results:
-                if isinstance(result, BaseException) and not (
-                    isinstance(result, CosmosHttpResponseError) and result.status_code == 409
-                ):
-                    raise result
-
-    def _save(self, checkpoint: Checkpoint) -> Steps[Checkpoint]:
-        # A retry of a save whose answer was lost sends what that save planned: the same
-        # item, to the field (``Unanswered``).
-        again: Plan | None = self._unanswered.take(checkpoint, checkpoint.run_id)
-        plan = self._plan(checkpoint) if again is None else again
-        container = yield OPEN
-        prepared = plan.prepared
-        if prepared.pieces:
-            # Immutable and under keys nobody else uses: written before the item names
-            # them; the save's commit point is still the one conditional write below.
-            yield from self._put(container, plan.doc_id, prepared.pieces, plan.run_id)
-            _hooks.fire("pieces.written")
-        _hooks.fire("cosmos.before_request")
-        version = checkpoint.version
-        if version is None:
-            write = Send(container, "create_item", (plan.item,), self._cas(None), saving=True)
-        else:
-            args = (plan.doc_id, plan.item)
-            write = Send(container, "replace_item", args, self._cas(version), saving=True)
-        try:
-            with self._translate(Call("save", plan.run_id, plan.size)):
-                try:
-                    result = yield write
-                except CosmosResourceNotFoundError as exc:
-                    self._item_missing(exc)
-                    raise ConflictError(
-                        f"run {plan.run_id!r}: the checkpoint was deleted since it was "
-                        "loaded; nothing was stored",
-                        plan.run_id,
-                    ) from exc
-        except ConflictError:
-            ours = None
-            if again is not None:
-                # The ETag is the server's, so the item itself tells: the one stored is
-                # this plan's, field for field (its updated_at to the microsecond
-                # included), only if the first attempt landed.
-                try:
-                    ours = yield from self._own(container, plan)
-                except BaseException:
-                    self._unanswered.keep(checkpoint, plan.run_id, plan)
-                    raise
-            if ours is None:
-                # Lost: this save's own pieces are garbage. (After any other error whether
-                # the item landed is unknown, so they stay; a later base collects them.)
-                if prepared.pieces:
-                    yield from self._drop_quietly(container, plan.doc_id, prepared, plan.run_id)
-                raise
-            result = ours
-        except BaseException:
-            # Whether the item landed is unknown: keep the plan for a retry.
-            self._unanswered.keep(checkpoint, plan.run_id, plan)
-            raise
-        stored = self._saved(plan, checkpoint, result)
-        below = prepared.collect_below
-        if below is not None:
-            _hooks.fire("pieces.collect")
-            try:
-                # Only this incarnation's pieces below the base, and old orphans: never a
-                # newer incarnation's (the run deleted and started again since).
-                rows = yield from self._piece_rows(container, plan.doc_id, plan.run_id, None)
-                ids = _collectable(rows, below, prepared.inc)
-                yield from self._drop(container, ids, plan.run_id)
-            except StoreError as exc:
-                logger.warning(
-                    "run %r: saved; its superseded pieces are left for the next base: %s",
-                    plan.run_id,
-                    exc,
-                )
-        return stored
-
-    def _own(self, container: Any, plan: Plan) -> Steps[Any]:
-        """The stored item if it is the one ``plan`` wrote (a retry's landed write), else None."""
-        found = yield from self._read(container, plan.doc_id, plan.run_id)
-        if not isinstance(found, Mapping):
-            return None
-        item = plan.item
-        if any(found.get(name, _ABSENT) != value for name, value in item.items()):
-            return None
-        return found
-
-    def _drop_quietly(
-        self, container: Any, doc_id: str, prepared: _statelog.Prepared, run_id: str
-    ) -> Steps[None]:
-        try:
-            yield from self._drop(
-                container, [piece_id(doc_id, key) for key in prepared.piece_keys], run_id
-            )
-        except StoreError as exc:
-            logger.warning("pieces of a lost save left behind: %s", exc)
-
-    def _delete(self, run_id: str, expected_version: str | None) -> Steps[bool]:
-        """Read the item, delete it on its ETag, then exactly its incarnation's pieces.
-
-        No item: no pieces deleted (a first save in flight may have written its own).
-        """
-        doc_id = item_id(check_run_id(run_id))
-        container = yield OPEN
-        for _ in range(_DELETE_TRIES):
-            doc = yield from self._read(container, doc_id, run_id)
-            if doc is None:
-                return False
-            etag = doc.get("_etag") if isinstance(doc, Mapping) else None
-            if expected_version is not None and etag != expected_version:
-                raise ConflictError(
-                    f"run {run_id!r}: expected version {expected_version!r}, stored {etag!r}; "
-                    "nothing was deleted",
-                    run_id,
-                )
-            has, inc = _item_inc(doc)
-            kwargs = {"partition_key": doc_id, **self._cas(etag)}
-            try:
-                with self._translate(Call("delete", run_id)):
-                    yield Send(container, "delete_item", (doc_id,), kwargs)
-            except (ConflictError, CosmosResourceNotFoundError):
-                continue  # saved or deleted in between: read it again
-            if has:
-                _hooks.fire("pieces.deleting")  # the item is gone, its pieces not yet
-                rows = yield from self._piece_rows(container, doc_id, run_id, None)
-                ids = [row["id"] for row in rows if _statelog.inc_of(str(row["key"])) == inc]
-                yield from self._drop(container, ids, run_id)
-            return True
-        raise ConflictError(
-            f"run {run_id!r}: changed under each of {_DELETE_TRIES} attempts to delete it; "
-            "nothing was deleted, try again",
-            run_id,
-        )
-
-    # -- the pieces, for history and migration (``Store.piece_keys`` and the rest) ------
-
-    def _keys(self, run_id: str) -> Steps[list[str]]:
-        doc_id = item_id(check_run_id(run_id))
-        container = yield OPEN
-        rows = yield from self._piece_rows(container, doc_id, run_id, None)
-        return sorted(row["key"] for row in rows)
-
-    def _pieces_named(self, run_id: str, keys: Sequence[str]) -> Steps[dict[str, bytes]]:
-        doc_id = item_id(check_run_id(run_id))
-        container = yield OPEN
-        return (yield from self._fetch(container, doc_id, run_id, list(keys)))
-
-    def _put_pieces(self, run_id: str, pieces: Sequence[_statelog.Piece]) -> Steps[None]:
-        doc_id = item_id(check_run_id(run_id))
-        container = yield OPEN
-        if pieces:
-            yield from self._put(container, doc_id, pieces, run_id)
-
-    def _orphans(self, min_age: float) -> Steps[list[_statelog.Orphan]]:
-        """Delete the piece items of runs with no item, of old incarnations."""
-        container = yield OPEN
-        rows = yield from self._query(
-            "SELECT c.id, c.key, c.piece_of, LENGTH(c.data) AS size FROM c "
-            "WHERE IS_DEFINED(c.piece_of)"
-        )
-        by_run: dict[str, list[dict[str, Any]]] = {}
-        for row in rows:
-            key = row.get("key") if isinstance(row, dict) else None
-            if isinstance(key, str) and _statelog.is_orphan(key, None, min_age):
-                by_run.setdefault(str(row["piece_of"]), []).append(row)
-        found: list[_statelog.Orphan] = []
-        for doc_id, pieces in by_run.items():
-            doc = yield from self._read(container, doc_id, doc_id)
-            if doc is not None:
-                continue  # a run with an item: its own saves collect its orphans
-            yield from self._drop(container, [row["id"] for row in pieces], doc_id)
-            _hooks.fire("pieces.collecting")  # chaos: a kill between two runs' orphans
-            # Base64 text: about 3 bytes per 4 characters.
-            found.extend(
-                _statelog.Orphan(doc_id, row["key"], int(row.get("size") or 0) * 3 // 4)
-                for row in pieces
-            )
-        return found
+        # A piece missing means a newer save collected it (read the item again), or, on
+        # an account whose reads may lag (Session or Eventual consistency, another
+        # writer's session), that this replica has not seen it yet: the same item is
+        # read again after a back-off (``_pieces_lagging``).
+        ctx = _Ctx(container, doc_id, run_id)
+        return (yield from self._pieces_load(ctx, doc, None))  # type: ignore[no-any-return]
 
     def collect_orphans(self, min_age: float = _statelog.ORPHAN_AGE) -> list[_statelog.Orphan]:
         """Delete orphaned piece items older than ``min_age`` (``Store.collect_orphans``).
@@ -931,37 +640,3 @@ class CosmosStore(Admin):
         if aio is not None:
             await aclose_client(aio)
         self.close()
-
-
-#: How many times ``delete`` reads an item that keeps changing before giving up.
-_DELETE_TRIES = 50
-
-
-def _item_inc(doc: Any) -> tuple[bool, str | None]:
-    """``_statelog.inc_of_doc`` of a run's item, whose ``state_ref`` is JSON text."""
-    if not isinstance(doc, Mapping):
-        return False, None
-    ref = doc.get(REF_KEY)
-    if isinstance(ref, str):
-        try:
-            ref = json.loads(ref)
-        except ValueError:
-            ref = None
-    fields = {"state_gen": doc.get("state_gen"), "state_inc": doc.get("state_inc")}
-    if isinstance(ref, dict):
-        fields[REF_KEY] = ref
-    return _statelog.inc_of_doc(fields)
-
-
-def _collectable(rows: list[dict[str, Any]], below: int, inc: str | None) -> list[str]:
-    """The ids of the piece items a new base of incarnation ``inc`` at ``below`` collects."""
-    ids = []
-    for row in rows:
-        key = str(row["key"])
-        try:
-            mine = _statelog.inc_of(key) == inc and _statelog.gen_of(key) < below
-        except ValueError:
-            continue  # not a key stepstone wrote: left alone
-        if mine or _statelog.is_orphan(key, inc, _statelog.ORPHAN_AGE):
-            ids.append(row["id"])
-    return ids

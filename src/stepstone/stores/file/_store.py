@@ -15,7 +15,7 @@ import fcntl
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from datetime import datetime
 from types import MappingProxyType
 from typing import Any, ClassVar, Self
@@ -27,6 +27,7 @@ from ..._errors import ConflictError, CorruptCheckpoint, StoreError, StorePermis
 from ..._hooks import fire
 from ..._store import RunInfo, Store, check_page
 from .._common import Unanswered, new_version
+from .._pieces_protocol import PiecesProtocol, run_plain
 from ._config import Durability, Trust, check_settings, parse_config
 from ._disk import (
     O_DIRECTORY,
@@ -67,7 +68,25 @@ MAX_DOCUMENT_BYTES = 64 * 1024 * 1024
 _READS = 3
 
 
-class FileStore(Store):
+class _Loading:
+    """The ``ctx`` of a load (``_pieces_protocol``): the run's names and the document
+    read last, kept open (its fd and version) for the caller."""
+
+    __slots__ = ("dir_fd", "fd", "keep", "name", "run_id", "source", "version")
+
+    def __init__(self, dir_fd: int, name: str, source: str, run_id: str | None, keep: bool) -> None:
+        self.dir_fd, self.name, self.source, self.run_id, self.keep = (
+            dir_fd,
+            name,
+            source,
+            run_id,
+            keep,
+        )
+        self.fd: int | None = None
+        self.version: str = ""
+
+
+class FileStore(PiecesProtocol[None], Store):
     """Keeps each run's checkpoint as a JSON file in a local directory.
 
     Config strings: ``file:///abs/dir`` or ``file:rel/dir`` (relative to the working
@@ -103,6 +122,7 @@ class FileStore(Store):
         }
     )
     native_async: ClassVar[bool] = False
+    _pieces_reads: ClassVar[int] = _READS
     claims_by_kind: ClassVar[bool] = True
     #: inotify on the store's directory (``_notify``): Linux only.
     pushes_wakeups: ClassVar[bool] = sys.platform.startswith("linux")
@@ -195,83 +215,85 @@ class FileStore(Store):
             self._handles.end()
 
     def _load_in(self, dir_fd: int, name: str, run_id: str | None, keep: bool) -> Checkpoint | None:
-        file_name = name + ".json"
-        source = self._file(file_name)
-        missed: str | None = None  # the version whose pieces were missing
-        for attempt in range(_READS):
-            # No lock: the rename that publishes a document is atomic.
-            opened = open_document(dir_fd, self._path, file_name)
-            if opened is None:
-                return None
-            fd, st = opened
-            try:
-                doc, version = self._parse(fd, st.st_size, file_name, run_id)
-                if run_id is None:
-                    found = doc.get("run_id")
-                    if not isinstance(found, str) or hashed(found) != name:
-                        raise CorruptCheckpoint(
-                            f"{source}: its run_id {found!r} does not hash to its "
-                            "name; left untouched"
-                        )
-                try:
-                    cp = checkpoint_from_doc(doc, version, source=source)
-                except PiecesNeeded as need:
-                    if not keep:
-                        cp = checkpoint_from_doc(doc, version, source=source, state={})
-                    else:
-                        cp = self._assemble(dir_fd, name, doc, version, source, need)
-            except _statelog.PiecesMissing as exc:
+        ctx = _Loading(dir_fd, name, self._file(name + ".json"), run_id, keep)
+        try:
+            # No lock: the rename that publishes a document is atomic. A piece missing
+            # means a newer save collected it: its document names pieces that are there
+            # (the pieces protocol reads it again; the same version missing one is damage).
+            read = run_plain(self._pp_read(ctx))
+            cp = None if read is None else run_plain(self._pieces_load(ctx, *read))
+        except BaseException:
+            if ctx.fd is not None:
+                os.close(ctx.fd)
+            raise
+        fd = ctx.fd
+        if cp is None or fd is None:
+            if fd is not None:
                 os.close(fd)
-                # A newer save collected them: its document names pieces that are there.
-                # The same document missing them twice is damage, not a race.
-                if version == missed or attempt == _READS - 1:
-                    raise _statelog.missing_error(source, exc) from None
-                missed = version
-                continue
-            except BaseException:
-                os.close(fd)
-                raise
-            break
+            return None
         if keep:
             # Keeping it open lets the next save of this run skip reading it again.
             self._handles.track(fd)
-            self._handles.keep(name, Known(fd, version, cp.status in ACTIVE_STATUSES))
+            self._handles.keep(name, Known(fd, ctx.version, cp.status in ACTIVE_STATUSES))
         else:
             os.close(fd)
-        return cp
+        return cp  # type: ignore[no-any-return]
 
-    def _assemble(
-        self,
-        dir_fd: int,
-        name: str,
-        doc: dict[str, Any],
-        version: str,
-        source: str,
-        need: PiecesNeeded,
+    # -- the hooks of the pieces protocol's load (``_pieces_protocol``) -----------------
+
+    def _pp_read(self, ctx: _Loading) -> Generator[None, Any, tuple[Any, Any] | None]:
+        """Open and parse the run's document (closing the one read before)."""
+        yield from ()  # performs its I/O itself: a generator of no effects
+        if ctx.fd is not None:
+            os.close(ctx.fd)
+            ctx.fd = None
+        file_name = ctx.name + ".json"
+        opened = open_document(ctx.dir_fd, self._path, file_name)
+        if opened is None:
+            return None
+        ctx.fd, st = opened
+        doc, ctx.version = self._parse(ctx.fd, st.st_size, file_name, ctx.run_id)
+        if ctx.run_id is None:
+            found = doc.get("run_id")
+            if not isinstance(found, str) or hashed(found) != ctx.name:
+                raise CorruptCheckpoint(
+                    f"{ctx.source}: its run_id {found!r} does not hash to its name; left untouched"
+                )
+        return doc, ctx.version
+
+    def _pp_source(self, ctx: _Loading) -> str:
+        return ctx.source
+
+    def _pp_decode(
+        self, ctx: _Loading, doc: Any, version: Any, found: dict[str, bytes] | None
     ) -> Checkpoint:
-        """The checkpoint of a schema-3 document, its state read from its pieces.
-
-        Raises:
-            PiecesMissing: a piece it names is not stored (read the document again).
-            CorruptCheckpoint: the reference or a piece is malformed.
-        """
+        if found is not None:
+            return _statelog.checkpoint_with_pieces(
+                self, doc, version, ctx.source, doc.get("run_id"), found
+            )
+        if ctx.keep:
+            return checkpoint_from_doc(doc, version, source=ctx.source)
+        # A look at the metadata only: a state kept in pieces is not read (empty).
         try:
-            keys = _statelog.pieces_of(need.ref)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise CorruptCheckpoint(
-                f"{source}: malformed state_ref ({type(exc).__name__}: {exc}); left untouched"
-            ) from exc
+            return checkpoint_from_doc(doc, version, source=ctx.source)
+        except PiecesNeeded:
+            return checkpoint_from_doc(doc, version, source=ctx.source, state={})
+
+    def _pp_fetch(
+        self, ctx: _Loading, keys: Sequence[str]
+    ) -> Generator[None, Any, dict[str, bytes]]:
+        yield from ()  # performs its I/O itself
+        return self._read_pieces(ctx.dir_fd, ctx.name, keys)
+
+    def _read_pieces(self, dir_fd: int, name: str, keys: Sequence[str]) -> dict[str, bytes]:
+        """Those of the run's pieces ``keys`` that are stored (no lock: they are immutable)."""
         run = self._piece_dir(dir_fd, name, create=False, lock=False)
         if run is None:
-            found: dict[str, bytes] = {}
-        else:
-            try:
-                found = run.read(keys, MAX_DOCUMENT_BYTES)
-            finally:
-                run.close()
-        return _statelog.checkpoint_with_pieces(
-            self, doc, version, source, doc.get("run_id"), found
-        )
+            return {}
+        try:
+            return run.read(keys, MAX_DOCUMENT_BYTES)
+        finally:
+            run.close()
 
     def _piece_dir(self, dir_fd: int, name: str, *, create: bool, lock: bool) -> PieceDir | None:
         """Open the run's directory of pieces (``_pieces``); None if absent and not ``create``."""
@@ -859,13 +881,7 @@ class FileStore(Store):
         wanted = [check_key(key) for key in keys]
         dir_fd = self._handles.begin()
         try:
-            run = self._piece_dir(dir_fd, encode_name(run_id), create=False, lock=False)
-            if run is None:
-                return {}
-            try:
-                return run.read(wanted, MAX_DOCUMENT_BYTES)
-            finally:
-                run.close()
+            return self._read_pieces(dir_fd, encode_name(run_id), wanted)
         finally:
             self._handles.end()
 
