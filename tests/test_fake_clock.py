@@ -23,6 +23,7 @@ import pytest
 from stepstone import (
     Checkpoint,
     RetryPolicy,
+    Sleep,
     Step,
     Store,
     Suspended,
@@ -183,6 +184,59 @@ def test_a_dead_owners_lease_runs_out_on_the_fake_clock(store: Store, form: str)
             worker.stop()
             thread.join(PATIENCE)
         assert not thread.is_alive(), "the worker did not stop"
+
+
+@pytest.mark.parametrize("form", ["sync", "async"])
+def test_a_sleep_of_hours_ends_when_the_clock_reaches_it(store: Store, form: str) -> None:
+    """A worker wakes a run sleeping five hours once the clock is advanced to its wake time."""
+    flow = Workflow("napper", [Sleep("nap", duration=timedelta(hours=5)), Step("after", _after)])
+    with FakeClock() as clock:
+        worker = Worker(store, [flow], poll=5.0)
+        thread = _serve(worker, form)
+        try:
+            start(store, flow, "r")
+            slept = _until("the run to sleep", lambda cp: cp.wake_at is not None, store, "r")
+            assert slept.wake_at == clock.now() + timedelta(hours=5)
+            clock.wait_for_sleepers(timeout=PATIENCE)
+            clock.advance(timedelta(hours=4, minutes=59))
+            clock.wait_for_sleepers(timeout=PATIENCE)
+            still = store.load("r")
+            assert still is not None and still.status == "waiting", "woke before its time"
+            clock.advance(timedelta(minutes=1))
+            done = _until("the run to wake and finish", lambda cp: cp.step == 1, store, "r")
+            assert done.state["after"] is True
+        finally:
+            worker.stop()
+            thread.join(PATIENCE)
+        assert not thread.is_alive(), "the worker did not stop"
+
+
+def _after(state: State) -> State:
+    return {"after": True}
+
+
+@pytest.mark.parametrize("form", ["sync", "async"])
+def test_run_takes_over_a_dead_owner_after_its_lease_on_the_fake_clock(
+    store: Store, form: str
+) -> None:
+    """``run`` on a run whose owner stopped renewing waits out the lease on the fake clock."""
+    flow = Workflow("orphan", [Step("only", lambda s: {"done": True})])
+    with FakeClock() as clock:
+        store.save(
+            Checkpoint(
+                run_id="r",
+                total_steps=1,
+                workflow=flow.name,
+                owner="dead-host:1",
+                epoch=1,
+                lease=600.0,
+                renewed_at=clock.now(),
+            )
+        )
+        began = clock.monotonic()
+        state = run("r", flow, store) if form == "sync" else asyncio.run(arun("r", flow, store))
+        assert state == {"done": True}
+        assert clock.monotonic() - began >= 600.0, "taken over within the lease"
 
 
 def test_advance_wakes_a_wait_in_another_thread() -> None:
