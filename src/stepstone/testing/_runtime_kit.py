@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from .. import _clock
-from .._checkpoint import Checkpoint, utcnow
+from .._checkpoint import Checkpoint
 from .._control import acancel, asignal, astart, cancel, signal, start
 from .._lease import claimed
 from .._registry import open_store
