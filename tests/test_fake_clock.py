@@ -254,6 +254,15 @@ def test_advance_wakes_a_wait_in_another_thread() -> None:
     assert got == [False]
 
 
+def test_a_sleep_below_a_float_step_still_moves_the_clock() -> None:
+    """A sleep too short to change the monotonic reading moves it one step (no endless loop)."""
+    clock = FakeClock()
+    clock.advance(timedelta(days=400))  # readings where a float step is ~1e-8 s
+    before = clock.monotonic()
+    clock.sleep(1e-12)
+    assert clock.monotonic() > before
+
+
 def test_a_set_event_ends_a_wait_without_time_passing() -> None:
     """An event set while a wait is parked on the fake clock ends it, the clock unmoved."""
     clock = FakeClock()

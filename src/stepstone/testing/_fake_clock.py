@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 from contextlib import AbstractContextManager, suppress
 from datetime import UTC, datetime, timedelta
@@ -68,7 +69,12 @@ class FakeClock:
         if seconds < 0:
             raise ValueError(f"FakeClock.advance needs a delta >= 0, got {seconds:g}s")
         with self._cond:
-            self._mono += seconds
+            moved = self._mono + seconds
+            if seconds > 0 and moved == self._mono:
+                # Less than a float step at this reading: move by one step, or a loop
+                # sleeping "what is left" (waiting out a lease) would never see time pass.
+                moved = math.nextafter(self._mono, math.inf)
+            self._mono = moved
             self._wall += timedelta(seconds=seconds)
             due = [entry for entry in self._async if entry[0] <= self._mono]
             self._cond.notify_all()
