@@ -37,26 +37,31 @@ from stepstone import (
     start,
 )
 from stepstone.testing import Clock, FakeClock, use_clock
+from test_contract import fresh_table
 
-BACKENDS = ("memory", "file", "sqlite")
+BACKENDS = ("memory", "file", "sqlite", "postgresql", "mysql")
 #: Real seconds any wait for the worker may take before the test fails naming it.
 PATIENCE = 30.0
 State = dict[str, Any]
 
 
-def _config(kind: str, tmp_path: Path) -> str:
-    """Return a fresh in-process store's config string for ``kind``."""
+def _config(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Return a fresh store's config string for ``kind``, as ``tests/test_contract.py`` does."""
     if kind == "memory":
         return f"memory://fake-clock-{uuid.uuid4().hex}"
     if kind == "file":
         return f"file://{tmp_path}/runs"
-    return f"sqlite:///{tmp_path}/runs.db"
+    if kind == "sqlite":
+        return f"sqlite:///{tmp_path}/runs.db"
+    if kind == "postgresql":
+        return fresh_table(request, "postgresql://postgres@127.0.0.1:5432/test")
+    return fresh_table(request, "mysql://root@127.0.0.1:3306/test")
 
 
 @pytest.fixture(params=BACKENDS)
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    """Yield a fresh store of each in-process backend."""
-    with open_store(_config(request.param, tmp_path)) as opened:
+    """Yield a fresh store of each backend (Cosmos aside: the clock is read in process)."""
+    with open_store(_config(request.param, request, tmp_path)) as opened:
         yield opened
 
 
@@ -121,7 +126,7 @@ def test_worker_times_out_an_approval_in_milliseconds(store: Store, form: str) -
             _until("the run to wait", lambda cp: cp.waiting_for is not None, store, "r")
             clock.wait_for_sleepers(timeout=PATIENCE)
             assert store.load("r") is not None
-            clock.advance(timedelta(days=2))
+            clock.advance(timedelta(days=2, seconds=1))  # past the timeout, as documented
             done = _until("the run to finish", lambda cp: cp.step == 1, store, "r")
             assert done.state == {"approval": {"ok": False}, "sent": False}
         finally:
@@ -202,7 +207,8 @@ def test_a_sleep_of_hours_ends_when_the_clock_reaches_it(store: Store, form: str
             clock.wait_for_sleepers(timeout=PATIENCE)
             still = store.load("r")
             assert still is not None and still.status == "waiting", "woke before its time"
-            clock.advance(timedelta(minutes=1))
+            # Past the wake time, not onto it: the worker looks a few ms after a due time.
+            clock.advance(timedelta(minutes=1, seconds=1))
             done = _until("the run to wake and finish", lambda cp: cp.step == 1, store, "r")
             assert done.state["after"] is True
         finally:
