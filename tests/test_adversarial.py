@@ -54,6 +54,8 @@ from stepstone import (
 from stepstone._checkpoint import Checkpoint
 from stepstone._suspend import child_run_id
 from stepstone.stores.memory import MemoryStore
+from stepstone.testing import use_clock
+from stepstone.testing._runtime_kit import ClockAhead
 
 State = dict[str, Any]
 #: Seconds any wait in this file may take before it fails naming what hung.
@@ -1356,9 +1358,7 @@ def test_empty_workflow_with_input_returns_the_input(store: Store) -> None:
 # --- clocks ----------------------------------------------------------------------------
 
 
-def test_wall_clock_jump_does_not_expire_a_live_lease(
-    store: Store, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_wall_clock_jump_does_not_expire_a_live_lease(store: Store) -> None:
     """A claimant whose wall clock jumps a day ahead still sees a live owner's lease as live."""
     inside = threading.Event()
     release = threading.Event()
@@ -1371,25 +1371,19 @@ def test_wall_clock_jump_does_not_expire_a_live_lease(
     steps = [Step("long", long)]
     owner = in_thread("owner", lambda: run("r", steps, store, lease=LIVE))
     assert inside.wait(WAIT)
-    ahead = datetime.now(UTC) + timedelta(days=1)
-    for module in ("_checkpoint", "_lease", "_core", "_suspend", "_worker"):
-        monkeypatch.setattr(f"stepstone.{module}.utcnow", lambda: ahead, raising=False)
-    with pytest.raises(RunOwned):
+    # Through the clock seam: every reader of the wall clock in this process jumps.
+    with use_clock(ClockAhead(timedelta(days=1))), pytest.raises(RunOwned):
         run("r", steps, store, lease=LIVE)
     release.set()
     assert owner() == {"x": 1}
 
 
-def test_queued_run_from_a_host_with_a_fast_clock_is_claimed_at_once(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_queued_run_from_a_host_with_a_fast_clock_is_claimed_at_once() -> None:
     """A run queued by a host whose clock is an hour ahead is still claimed by a worker at once."""
     store = MemoryStore()
     wf = Workflow("w", [Step("a", lambda s: {"a": 1})])
-    ahead = datetime.now(UTC) + timedelta(hours=1)
-    monkeypatch.setattr("stepstone.stores.memory.utcnow", lambda: ahead)
-    start(store, wf, "r")
-    monkeypatch.undo()
+    with use_clock(ClockAhead(timedelta(hours=1))):
+        start(store, wf, "r")
     serving = _Serving(Worker(store, [wf], poll=0.02))
     try:
         until("the queued run to be claimed", lambda: _loaded(store, "r").status == "done")

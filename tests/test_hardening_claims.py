@@ -483,7 +483,7 @@ _OWNER = r"""
 import asyncio, sys, time
 from datetime import timedelta
 from stepstone import Step, Worker, Workflow, open_store
-from stepstone import _checkpoint, _core, _lease, _runner, _suspend, _worker
+from stepstone import _clock
 
 config, mode, name, count, lease, skew = sys.argv[1:7]
 
@@ -496,17 +496,18 @@ async def ahang(state):
 workflow = Workflow(name, [Step("work", ahang if mode == "async" else hang)], version="1")
 store = open_store(config)
 worker = Worker(store, [workflow], concurrency=int(count), lease=float(lease), poll=0.05)
-real = _checkpoint.utcnow
-skewed = lambda: real() + timedelta(days=float(skew))
-for module in list(sys.modules.values()):
-    if getattr(module, "__name__", "").startswith("stepstone") and getattr(
-        module, "utcnow", None
-    ) is real:
-        module.utcnow = skewed
-if mode == "async":
-    asyncio.run(worker.aserve())
-else:
-    worker.serve()
+
+
+class Skewed(_clock.SystemClock):
+    def now(self):
+        return super().now() + timedelta(days=float(skew))
+
+# Through the clock seam: every stepstone reader of the wall clock is skewed.
+with _clock.use_clock(Skewed()):
+    if mode == "async":
+        asyncio.run(worker.aserve())
+    else:
+        worker.serve()
 """
 
 

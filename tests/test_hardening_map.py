@@ -34,10 +34,10 @@ from stepstone import (
 )
 from stepstone._checkpoint import Checkpoint, utcnow
 from stepstone._suspend import CHILD_POLL, child_run_id
-from stepstone.testing import Ops
+from stepstone.testing import Ops, use_clock
 from stepstone.testing._barrier import WAIT_TIMEOUT
 from stepstone.testing._ops import MODES, Mode
-from stepstone.testing._runtime_kit import Serving, until
+from stepstone.testing._runtime_kit import ClockAhead, Serving, until
 
 State = dict[str, Any]
 BACKENDS = ("memory", "file", "sqlite", "cosmos", "postgresql", "mysql")
@@ -235,9 +235,7 @@ def test_store_error_while_the_parent_starts_a_child_pauses_it(ops: Ops, config:
     assert finished_by_a_worker(ops, config, parent, "p")["total"] == 0 + 1 + 4
 
 
-def test_store_error_in_a_childs_nudge_does_not_fail_anything(
-    ops: Ops, config: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_store_error_in_a_childs_nudge_does_not_fail_anything(ops: Ops, config: str) -> None:
     """A child whose nudge of its parent fails still finishes; the parent's poll ends the Map."""
     parent = fanout(2)
     with pytest.raises(Suspended):
@@ -257,9 +255,8 @@ def test_store_error_in_a_childs_nudge_does_not_fail_anything(
     # Time driven explicitly: the worker's clocks (its claim query, the Map's due check)
     # read one poll interval later, when the parent looks at its children unprompted.
     ahead = timedelta(seconds=CHILD_POLL + 1)
-    for module in ("stepstone._worker", "stepstone._suspend"):
-        monkeypatch.setattr(f"{module}.utcnow", lambda: utcnow() + ahead)
-    assert finished_by_a_worker(ops, config, parent, "p")["total"] == 1
+    with use_clock(ClockAhead(ahead)):
+        assert finished_by_a_worker(ops, config, parent, "p")["total"] == 1
 
 
 def test_store_error_requeueing_a_failed_child_keeps_the_real_failure(

@@ -8,11 +8,10 @@ nothing for a whole lease (by our own clock), then taken over, or refused with
 
 from __future__ import annotations
 
-import time
 from collections.abc import Generator
 from typing import Any
 
-from . import _lease
+from . import _clock, _lease
 from ._checkpoint import Checkpoint
 from ._checks import check_input, check_names, check_workflow
 from ._codec import encode_state
@@ -138,13 +137,13 @@ def watch_lease(
         cp.owner,
         lease,
     )
-    started = time.monotonic()
+    started = _clock.monotonic()
     # The owner's own writes only: signals and cancel requests arriving for a dead
     # owner's run must not keep it alive.
     mark = _lease.owner_mark(cp)
     latest = cp
     while True:
-        left = lease - (time.monotonic() - started)
+        left = lease - (_clock.monotonic() - started)
         if left <= 0:
             logger.warning(
                 "run %r: owner %r did not renew its %.1fs lease; taking the run over",

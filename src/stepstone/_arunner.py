@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import time
 import types
 from collections.abc import Coroutine, Generator
 from datetime import timedelta
 from typing import Any, TypeVar
 
+from . import _clock
 from ._checkpoint import Checkpoint
 from ._checks import Steps, make_plan
 from ._core import execute, renew
@@ -145,7 +145,7 @@ async def _asave(effect: Save, plan: Plan, store: Store) -> Checkpoint:
         saved = await asave(effect.cp)
         if effect.owned:
             plan.current = saved if saved.owner == plan.owner else None
-            plan.written_at = time.monotonic()
+            plan.written_at = _clock.monotonic()
         return saved
     owned = effect.owned
 
@@ -154,7 +154,7 @@ async def _asave(effect: Save, plan: Plan, store: Store) -> Checkpoint:
         if owned:
             # As in ``_runner._perform``.
             plan.current = saved if saved.owner == plan.owner else None
-            plan.written_at = time.monotonic()
+            plan.written_at = _clock.monotonic()
         return saved
 
     return await _landed(save())
@@ -164,7 +164,7 @@ async def _acall(effect: Call, plan: Plan, store: Store) -> Any:
     """Call the step; renew the lease from a timer once it suspends (``_AsyncRenewal``)."""
     step = effect.step
     args = (effect.state,) if effect.ctx is None else (effect.state, effect.ctx)
-    started = time.monotonic()
+    started = _clock.monotonic()
     renewal: _AsyncRenewal | None = None
     try:
         try:
@@ -180,7 +180,7 @@ async def _acall(effect: Call, plan: Plan, store: Store) -> Any:
                     update = returned.value
                 else:
                     renewal = _AsyncRenewal(
-                        plan, store, plan.lease / 3 - (time.monotonic() - started)
+                        plan, store, plan.lease / 3 - (_clock.monotonic() - started)
                     )
                     update = await _resumed(steps, yielded)
             else:
@@ -266,7 +266,7 @@ async def _aperform(effect: Effect, plan: Plan, store: Store) -> Any:
     assert isinstance(effect, Pause)
     pausing = _AsyncRenewal(plan, store) if effect.base is not None else None
     try:
-        await asyncio.sleep(effect.seconds)
+        await _clock.asleep(effect.seconds)
     finally:
         lost = await pausing.stop() if pausing is not None else None
     if lost is not None:

@@ -10,6 +10,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
+from . import _clock
 from ._errors import InvalidRunId, InvalidState
 
 __all__ = [
@@ -57,8 +58,8 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def utcnow() -> datetime:
-    """Return the current time, timezone-aware in UTC."""
-    return datetime.now(UTC)
+    """Return the current time of stepstone's clock (``_clock``), timezone-aware in UTC."""
+    return _clock.now()
 
 
 def check_run_id(run_id: object) -> str:

@@ -6,10 +6,9 @@ claim); the core reads it, the drivers keep its execution state.
 
 from __future__ import annotations
 
-import time
 from typing import Any, Final
 
-from . import _lease
+from . import _clock, _lease
 from ._checkpoint import Checkpoint
 
 __all__ = ["Plan", "to_release"]
@@ -78,7 +77,7 @@ class Plan:
         #: driver releases if the run is interrupted, and what renewals start from.
         self.current: Checkpoint | None = preclaimed
         #: Monotonic time of this execution's last write (any write renews the lease).
-        self.written_at = time.monotonic()
+        self.written_at = _clock.monotonic()
         #: The driver's renewal bookkeeping for this execution.
         self.renewal: Any = None
         #: Set by a stopping worker: give the run back at the next step boundary.

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import heapq
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
+from . import _clock
 from ._checks import Steps, make_plan
 from ._core import execute, renew
 from ._effects import (
@@ -134,7 +134,7 @@ def _perform(effect: Effect, plan: Plan, store: Store) -> Any:
             # costs each step ~1% in instructions. What the run holds now, and the time
             # of its last write (any write renews the lease).
             plan.current = saved if saved.owner == plan.owner else None
-            plan.written_at = time.monotonic()
+            plan.written_at = _clock.monotonic()
         return saved
     if kind is Load:
         assert isinstance(effect, Load)
@@ -176,7 +176,7 @@ def _perform(effect: Effect, plan: Plan, store: Store) -> Any:
     assert isinstance(effect, Pause)
     pause_ticket = _renewer.enter(plan, store) if effect.base is not None else None
     try:
-        time.sleep(effect.seconds)
+        _clock.sleep(effect.seconds)
     finally:
         lost = _renewer.leave(pause_ticket) if pause_ticket is not None else None
     if lost is not None:
@@ -303,8 +303,8 @@ class _SyncRenewer:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._heap or self._heap[0].due > time.monotonic():
-                    timeout = self._heap[0].due - time.monotonic() if self._heap else None
+                while not self._heap or self._heap[0].due > _clock.monotonic():
+                    timeout = self._heap[0].due - _clock.monotonic() if self._heap else None
                     self._cond.wait(timeout)
                 ticket = heapq.heappop(self._heap)
             plan = ticket.plan
@@ -312,7 +312,7 @@ class _SyncRenewer:
                 if ticket.dead:
                     continue
                 third = plan.lease / 3
-                if ticket.active and time.monotonic() >= plan.written_at + third:
+                if ticket.active and _clock.monotonic() >= plan.written_at + third:
                     try:
                         lost = renew_once(plan, ticket.store)
                     except Exception:  # noqa: BLE001 - one run's bad renewal must not stop every run's
@@ -321,7 +321,7 @@ class _SyncRenewer:
                     if lost is not None:
                         ticket.lost = lost
                         logger.error("run %r: %s", plan.run_id, lost)
-                ticket.due = max(plan.written_at + third, time.monotonic() + third / 4)
+                ticket.due = max(plan.written_at + third, _clock.monotonic() + third / 4)
             with self._cond:
                 heapq.heappush(self._heap, ticket)
 

@@ -7,10 +7,9 @@ page of each kind starts) are tested without a store or a sleep.
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
 
-from . import _lease
+from . import _clock, _lease
 
 if TYPE_CHECKING:
     from ._checkpoint import Checkpoint, RunStatus
@@ -83,7 +82,7 @@ class Watch:
         # run_id -> monotonic time of the load that found its workflow not served here.
         self.left: dict[str, float] = {}
         self.skip: dict[RunStatus, int] = dict.fromkeys(KINDS, 0)
-        self._pruned = time.monotonic()
+        self._pruned = _clock.monotonic()
 
     def pick(self, infos: list[RunInfo], busy: set[str], now: float) -> list[RunInfo]:
         """Return the runs worth loading to claim, in the index's order."""
@@ -222,7 +221,7 @@ class Watch:
 
     def prune(self) -> None:
         """Forget runs the index has not shown for a while (finished, deleted)."""
-        now = time.monotonic()
+        now = _clock.monotonic()
         if now - self._pruned < RECHECK:
             return
         self._pruned = now

@@ -30,13 +30,12 @@ from __future__ import annotations
 import contextlib
 import heapq
 import threading
-import time
 from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from . import _hooks, _lease, _upgrade, _wake
+from . import _clock, _hooks, _lease, _upgrade, _wake
 from ._acquire import ready
 from ._checkpoint import Checkpoint, utcnow
 from ._effects import Effect, Load, Save, astep_through, step_through
@@ -261,7 +260,7 @@ class Worker:
                 # Left untouched for a worker serving its version, and not loaded (nor
                 # claimed in one call: cooled) again for a while: a refused upgrade is
                 # refused again until the code changes.
-                now = time.monotonic()
+                now = _clock.monotonic()
                 self._watch.leave(cp.run_id, now)
                 with self._lock:
                     self._cooling[cp.run_id] = (0, now + RECHECK)
@@ -294,7 +293,7 @@ class Worker:
         if cp.status == "waiting" and not ready(plan, cp):
             return None
         cooling = self._cooling.get(cp.run_id)
-        if cooling is not None and time.monotonic() < cooling[1]:
+        if cooling is not None and _clock.monotonic() < cooling[1]:
             return None  # it ended in an unexpected error a moment ago: not yet again
         # The record to claim from when it is not the one loaded (``_claim_one``);
         # ``_adopt`` replaces it with the claimed record.
@@ -335,7 +334,7 @@ class Worker:
             else:
                 ends = self._cooling.get(run_id, (0, 0.0))[0] + 1
                 delay = min(max(self.poll, _COOL_FIRST) * 2 ** min(ends - 1, 20), _COOL_MAX)
-                now = time.monotonic()
+                now = _clock.monotonic()
                 if len(self._cooling) >= 10_000:  # forget runs long since left alone
                     self._cooling = {k: v for k, v in self._cooling.items() if v[1] > now}
                 self._cooling[run_id] = (ends, now + delay)
@@ -354,7 +353,7 @@ class Worker:
             return  # due already: the look that ``_finished`` wakes finds it
         with self._lock:
             if len(self._due) < _MAX_DUE:
-                heapq.heappush(self._due, time.monotonic() + left + _DUE_SLACK)
+                heapq.heappush(self._due, _clock.monotonic() + left + _DUE_SLACK)
 
     # --- the loop, shared by both drivers -----------------------------------------------
 
@@ -370,7 +369,7 @@ class Worker:
     def _claiming(self, asynchronous: bool) -> Generator[Effect, Any, None]:
         idle = min(_QUICK, self.poll)  # the back-off's next rest (no listener only)
         while not self._stopping.is_set():
-            began = time.monotonic()
+            began = _clock.monotonic()
             free = self.concurrency - len(self._plans)  # one C call: no lock, no copy
             plans: list[Plan] = []
             failed = False
@@ -407,7 +406,7 @@ class Worker:
                 soonest = due[0]
         if soonest is None:
             return fallback
-        return max(0.0, min(fallback, soonest - time.monotonic()))
+        return max(0.0, min(fallback, soonest - _clock.monotonic()))
 
     def _claim_failed(self) -> None:
         # Not a StoreError (those are logged where they happen): a store outside the
@@ -421,9 +420,9 @@ class Worker:
 
     def _back_off(self) -> Generator[Effect, Any, None]:
         """Rest the whole poll interval: runs ending wake the loop, only ``stop`` cuts it."""
-        until = time.monotonic() + self.poll
+        until = _clock.monotonic() + self.poll
         yield Rest(self.poll)
-        while not self._stopping.is_set() and (left := until - time.monotonic()) > 0:
+        while not self._stopping.is_set() and (left := until - _clock.monotonic()) > 0:
             yield Rest(left)
 
     def _claim_some(
@@ -448,7 +447,7 @@ class Worker:
             # Owned runs only: running ones, and waiting ones re-claimed to act on a signal.
             # At most once per poll interval, not after every run that ends: a takeover
             # waits a whole lease anyway, and a mark seen later only starts that later.
-            moment = time.monotonic()
+            moment = _clock.monotonic()
             if moment - self._owned_at >= self.poll:
                 self._owned_at = moment
                 owned: tuple[RunStatus, ...] = ("running", "waiting")
@@ -501,7 +500,7 @@ class Worker:
                 infos, more = page
                 taken = 0
                 listed = [i for i in infos if i.owner is not None] if owned_only else infos
-                for info in self._watch.pick(listed, self._busy(), time.monotonic()):
+                for info in self._watch.pick(listed, self._busy(), _clock.monotonic()):
                     if len(plans) >= free or self._stopping.is_set():
                         break
                     plan = yield from self._claim_one(info, asynchronous)
@@ -518,7 +517,7 @@ class Worker:
         self, free: int, plans: list[Plan], now: datetime, asynchronous: bool
     ) -> Generator[Effect, Any, bool]:
         """Claim up to ``free`` runs in one call (``Store.claim_ready``); False if refused."""
-        moment = time.monotonic()
+        moment = _clock.monotonic()
         with self._lock:
             # Runs that ended in an unexpected error a moment ago: not yet again. And the
             # runs still in flight here: one given back has no owner, but until
@@ -553,7 +552,7 @@ class Worker:
                 # refused upgrade): given back at once, for whoever may run it, and
                 # not claimed by this worker again for a while (else the next look,
                 # 50 ms later under the back-off, claims and gives it back again).
-                moment = time.monotonic()
+                moment = _clock.monotonic()
                 with self._lock:
                     ends, until = self._cooling.get(claimed.run_id, (0, 0.0))
                     pause = max(until, moment + max(self.poll, _COOL_FIRST))
@@ -577,7 +576,7 @@ class Worker:
         try:
             # The time *before* the read: the version it returns was current at some
             # moment after this, so a lease counted from here is never too short.
-            began = time.monotonic()
+            began = _clock.monotonic()
             loaded = yield Load(info.run_id)
             cp = self._claimable(loaded, began)
             if cp is None:
@@ -598,7 +597,7 @@ class Worker:
     def _adopt(self, plan: Plan, claimed: Checkpoint) -> None:
         _hooks.fire("worker.claimed")  # the claim landed; nothing of the run is driven yet
         plan.preclaimed = plan.current = claimed
-        plan.written_at = time.monotonic()
+        plan.written_at = _clock.monotonic()
         with self._lock:
             self._plans[plan.run_id] = plan
             if self._stopping.is_set():
@@ -652,7 +651,7 @@ class Worker:
             worked[0] = False
             # Cleared as the rest ends, just before the next look: a ring during that
             # look sets it again, and the rest after it returns at once.
-            woken = self._wake.wait(effect.seconds)
+            woken = _clock.wait(self._wake, effect.seconds)
             self._wake.clear()
             return woken
 
@@ -788,9 +787,9 @@ class Worker:
             self._finished(plan, error)
 
     def _drain(self, futures: set[Future[None]]) -> None:
-        deadline = time.monotonic() + self.grace
+        deadline = _clock.monotonic() + self.grace
         for future in futures:
-            left = deadline - time.monotonic()
+            left = deadline - _clock.monotonic()
             if left <= 0:
                 break
             with contextlib.suppress(Exception):
@@ -865,15 +864,8 @@ class Worker:
                 return None
             if isinstance(effect, Rest):
                 # Cleared as the rest ends, just before the next look (as in ``serve``).
-                woken = wake.is_set()
-                if not woken and effect.seconds > 0:
-                    # asyncio.timeout, not wait_for: on 3.11 wait_for returns normally
-                    # when it is cancelled just as the event is set, and the cancel of
-                    # aserve would be lost (the worker serving on, never stopped).
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(effect.seconds):
-                            await wake.wait()
-                        woken = True
+                # On the seam's clock (asyncio.timeout, not wait_for, in the real one).
+                woken = await _clock.await_event(wake, effect.seconds)
                 wake.clear()
                 return woken
             return await self._aio(effect)

@@ -26,10 +26,25 @@ string. Tests that kill processes carry ``@pytest.mark.crash``: register the mar
 ``kill_point(name, action)`` calls ``action`` whenever the runner or a backend reaches a
 named point (see ``stepstone._hooks`` and ``Store.kill_points``), for tests of your own
 that crash or fail a run at a chosen moment.
+
+``FakeClock`` is time your tests move: ``with FakeClock() as clock:`` installs it as the
+clock the runner, the worker, leases, timers and backoff read (``use_clock`` installs any
+``Clock``), and ``clock.advance(timedelta(days=2))`` ends a two-day wait in milliseconds.
 """
 
+from .._clock import Clock, use_clock
 from ._contract import StoreContract, backend_unavailable
+from ._fake_clock import FakeClock
 from ._ops import Ops
 from ._points import KillPoint, kill_point
 
-__all__ = ["KillPoint", "Ops", "StoreContract", "backend_unavailable", "kill_point"]
+__all__ = [
+    "Clock",
+    "FakeClock",
+    "KillPoint",
+    "Ops",
+    "StoreContract",
+    "backend_unavailable",
+    "kill_point",
+    "use_clock",
+]

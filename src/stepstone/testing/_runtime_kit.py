@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from .._checkpoint import Checkpoint, utcnow
+from .. import _clock
+from .._checkpoint import Checkpoint
 from .._control import acancel, asignal, astart, cancel, signal, start
 from .._lease import claimed
 from .._registry import open_store
@@ -22,7 +23,16 @@ from ._barrier import WAIT_TIMEOUT
 from ._base import ContractBase
 from ._ops import Ops
 
-__all__ = ["LIVE_LEASE", "LONG", "RuntimeBase", "Serving", "State", "clock_ahead", "until"]
+__all__ = [
+    "LIVE_LEASE",
+    "LONG",
+    "ClockAhead",
+    "RuntimeBase",
+    "Serving",
+    "State",
+    "clock_ahead",
+    "until",
+]
 
 State = dict[str, Any]
 
@@ -46,14 +56,34 @@ LONG = 3600.0
 LIVE_LEASE = 2.0
 
 
-def clock_ahead(monkeypatch: pytest.MonkeyPatch, due: datetime) -> None:
-    """Move the clocks that end a wait to a second past ``due``: time driven, not waited for.
+class ClockAhead(_clock.SystemClock):
+    """The real clock with its wall time moved ``offset`` ahead (a host whose clock is fast).
 
-    Those are the suspending steps' clock and the worker's claim query's.
+    Monotonic time, sleeps and waits stay real: a worker serving under it rests and
+    judges leases as usual, while every timer, stamp and claim query reads the later time.
     """
-    offset = due - utcnow() + timedelta(seconds=1)
-    for module in ("stepstone._suspend", "stepstone._worker"):
-        monkeypatch.setattr(f"{module}.utcnow", lambda: utcnow() + offset)
+
+    def __init__(self, offset: timedelta) -> None:
+        self.offset = offset
+
+    def now(self) -> datetime:
+        """Return the real time plus ``offset``."""
+        return super().now() + self.offset
+
+    def __repr__(self) -> str:
+        return f"ClockAhead({self.offset!r})"
+
+
+def clock_ahead(monkeypatch: pytest.MonkeyPatch, due: datetime) -> None:
+    """Move stepstone's wall clock to a second past ``due``: time driven, not waited for.
+
+    Through the clock seam (``stepstone._clock``), so every reader of the time sees it,
+    until the test ends (``monkeypatch`` puts the clock back).
+    """
+    # From the real clock: called twice, the second move is not added to the first.
+    offset = due - _clock.SYSTEM.now() + timedelta(seconds=1)
+    # The seam's one variable, not each module's ``utcnow``: nothing to keep in sync.
+    monkeypatch.setattr(_clock, "_current", ClockAhead(offset))
 
 
 class Serving:
