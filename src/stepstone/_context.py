@@ -8,13 +8,13 @@ the core (``ctx.sleep``, ``ctx.wait_for``), and returns once its entry is saved.
 from __future__ import annotations
 
 import inspect
-import time
 import uuid as uuidlib
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from datetime import datetime, timedelta
 from typing import Any
 
+from . import _clock
 from ._checkpoint import utcnow
 from ._codec import copy_containers
 from ._errors import InvalidWorkflow, safe_text
@@ -135,7 +135,7 @@ def _run_call(
         except Exception as exc:
             if _should_retry(policy, attempt, exc):
                 assert policy is not None
-                time.sleep(policy.delay(attempt))
+                _clock.sleep(policy.delay(attempt))
                 continue
             failed = entry_failed(seq, call, attempt, type(exc).__qualname__, safe_text(exc))
             session.ask(("save", failed))
@@ -353,7 +353,7 @@ class AsyncWorkflowContext:
             except Exception as exc:
                 if _should_retry(policy, attempt, exc):
                     assert policy is not None
-                    await asyncio.sleep(policy.delay(attempt))
+                    await _clock.asleep(policy.delay(attempt))
                     continue
                 failed = entry_failed(seq, call, attempt, type(exc).__qualname__, safe_text(exc))
                 await session.aask(("save", failed))
