@@ -230,6 +230,7 @@ def _fields(cp: stepstone.Checkpoint) -> dict[str, Any]:
     }
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("config", BACKENDS[1:], indirect=True)  # a memory store is per process
 def test_the_cli_lists_forks_and_reruns(config: str, tmp_path: Path) -> None:
     """``stepstone runs history|fork|rerun``: a table, JSON, and the same effects."""

@@ -188,6 +188,7 @@ class _SyncForm:
         self.saver.prune(thread_ids, strategy=strategy)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("form", ["async", "sync"])
 def test_conformance_suite_reports_full(store_config: str, form: str) -> None:
     """langgraph-checkpoint-conformance detects all eight capabilities and passes all."""
