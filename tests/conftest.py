@@ -14,7 +14,15 @@ import pytest
 pytest.register_assert_rewrite("stepstone.testing")
 
 from stepstone.testing import backend_unavailable  # noqa: E402
-from tiers import _fast_tier_guards, add_options, enforce_limit, modify_items, printable  # noqa: E402, F401
+from tiers import (  # noqa: E402
+    WAITED,
+    _fast_tier_guards,  # noqa: F401
+    add_options,
+    enforce_limit,
+    modify_items,
+    printable,
+    runqueue_wait,
+)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -27,6 +35,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Select the tier and the backends; group the emulator's and the browser's tests."""
     modify_items(config, items)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    """Note how long the call waited for a CPU (the fast tier's limit leaves that out)."""
+    start = runqueue_wait()
+    try:
+        return (yield)
+    finally:
+        item.stash[WAITED] = runqueue_wait() - start
 
 
 @pytest.hookimpl(wrapper=True)

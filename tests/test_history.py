@@ -116,6 +116,7 @@ def test_every_save_is_listed_oldest_first(store: Store, mode: str) -> None:
     assert all(t is not None for t in times) and times == sorted(times)  # type: ignore[type-var]
 
 
+@pytest.mark.slow
 def test_a_long_history_is_read_in_a_few_round_trips(store: Store) -> None:
     """300 saves kept: ``history`` lists the keys once and fetches the records in
     batches of ``RECORD_BATCH``, not one request per record."""
