@@ -533,8 +533,16 @@ def _context() -> Any:
     return _FORKSERVER
 
 
+def _with_env(env: dict[str, str], target: Any, *args: Any) -> None:
+    os.environ.update(env)
+    target(*args)
+
+
 def _run_child(target: Any, *args: Any) -> int | None:
-    process = _context().Process(target=target, args=args)
+    # A forkserver child has the forkserver's environment, from whenever it started (in a
+    # file or SQLite test, say): hand it the emulator's key this test set.
+    env = {k: v for k, v in os.environ.items() if k == "AZURE_COSMOS_KEY"}
+    process = _context().Process(target=_with_env, args=(env, target, *args))
     process.start()
     process.join(CHILD_TIMEOUT)
     if process.is_alive():
@@ -600,10 +608,20 @@ def test_two_writer_processes_never_both_extend_one_parent(durable_config: str) 
         saver.put(_cfg("t"), _checkpoint(), _meta("input", -1), {})
         ctx = _context()
         barrier, results = ctx.Barrier(2), ctx.Queue()
+        env = {k: v for k, v in os.environ.items() if k == "AZURE_COSMOS_KEY"}
         children = [
             ctx.Process(
-                target=_two_writer_child,
-                args=(durable_config, prefix, barrier, rounds, results, name),
+                target=_with_env,
+                args=(
+                    env,
+                    _two_writer_child,
+                    durable_config,
+                    prefix,
+                    barrier,
+                    rounds,
+                    results,
+                    name,
+                ),
             )
             for name in ("a", "b")
         ]
