@@ -1,10 +1,10 @@
-"""Shared test setup: print skip reasons, and make CI fail on any skipped backend."""
+"""Shared test setup: the tiers (tiers.py), skip reasons printed, CI failing on skipped backends."""
 
 from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 import pytest
@@ -14,6 +14,52 @@ import pytest
 pytest.register_assert_rewrite("stepstone.testing")
 
 from stepstone.testing import backend_unavailable  # noqa: E402
+
+# pytester: tests/test_tiers.py runs made-up suites through the tiers' hooks.
+pytest_plugins = ("pytester",)
+
+from tiers import (  # noqa: E402
+    WAITED,
+    _fast_tier_guards,  # noqa: F401
+    add_options,
+    enforce_limit,
+    modify_items,
+    printable,
+    runqueue_wait,
+)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """The tier options: ``--tier``, ``--backends``, ``--fast-limit``."""
+    add_options(parser)
+
+
+# First: xdist's loadgroup reads the groups this adds when it sees the items.
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Select the tier and the backends; group the emulator's and the browser's tests."""
+    modify_items(config, items)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    """Note how long the call waited for a CPU (the fast tier's limit leaves that out)."""
+    start = runqueue_wait()
+    try:
+        return (yield)
+    finally:
+        item.stash[WAITED] = runqueue_wait() - start
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Fail a fast-tier test that takes longer than the tier allows; keep reports sendable."""
+    report: pytest.TestReport = yield
+    enforce_limit(item, report)
+    printable(report)
+    return report
 
 
 def pytest_configure(config: pytest.Config) -> None:

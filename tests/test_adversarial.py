@@ -854,6 +854,7 @@ def test_store_closed_while_a_worker_serves(tmp_path: Path) -> None:
 # --- concurrency from outside -----------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_concurrent_cancel_signal_and_run_keep_every_signal_once(tmp_path: Path) -> None:
     """Signals, a cancel and runs raced on one run: each signal stored once, the status final."""
     config = f"sqlite:///{tmp_path}/race.db"

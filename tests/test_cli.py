@@ -827,6 +827,7 @@ def test_cosmos_verify_false_keeps_stderr_clean(cosmos_env: Cosmos, new_store: N
     assert_one_error_line(missing.stderr)
 
 
+@pytest.mark.server
 def test_user_name_in_config_does_not_corrupt_output(new_store: NewStore) -> None:
     """A user name in a SQL config string is no secret: ids, states and the URL stay intact."""
     url = new_store("postgresql")  # postgresql://postgres@...
@@ -906,6 +907,7 @@ def test_demo_file_store(tmp_path: Path) -> None:
 # --- errors ------------------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_bad_store_is_one_line_exit_2(tmp_path: Path) -> None:
     """An unknown scheme is one error line and exit 2; --verbose adds the traceback."""
     proc = cli_process("--store", "bogus://x", "runs", "list", cwd=tmp_path)
@@ -933,6 +935,7 @@ def test_usage_errors_are_one_line_exit_2() -> None:
         assert_one_error_line(proc.stderr)
 
 
+@pytest.mark.process
 def test_store_failure_is_exit_1(tmp_path: Path) -> None:
     """A store that cannot be opened is an operational error: one line, exit 1."""
     proc = cli_process("runs", "list", "--store", f"sqlite:///{tmp_path}/missing-dir/x.db")
@@ -940,6 +943,7 @@ def test_store_failure_is_exit_1(tmp_path: Path) -> None:
     assert_one_error_line(proc.stderr)
 
 
+@pytest.mark.process
 def test_secrets_never_printed() -> None:
     """Passwords and key-like query values in a config string never reach the output."""
     config = "memory://alice:hunter2@x/?key=s3cr3tk3y"
@@ -954,6 +958,7 @@ def test_secrets_never_printed() -> None:
     assert redact("cosmos://h/db/c?token=abc&x=1") == "cosmos://h/db/c?token=***&x=1"
 
 
+@pytest.mark.process
 def test_version() -> None:
     """--version prints the package version."""
     proc = cli_process("--version")
@@ -1483,6 +1488,7 @@ def test_migrate_copies_runtime_fields_but_not_the_lease() -> None:
 HOSTILE = ["p@ss/w:rd%x", "s3cr:et%41%zz-long", "pässwörd€:long", "hunter2@evil.example"]
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("password", HOSTILE)
 def test_hostile_password_never_printed_by_doctor_or_logs(password: str) -> None:
     """doctor, runs list and --verbose logs never print a password with @ / : % or unicode."""
@@ -1507,6 +1513,7 @@ def test_hostile_password_never_printed_by_doctor_or_logs(password: str) -> None
                     assert leaked not in text, (config, args, text)
 
 
+@pytest.mark.process
 def test_hostile_password_never_printed_by_a_real_process() -> None:
     """As a real process (tracebacks, logging, warnings): the password never shows."""
     password = "p@ss/w:rd%-unique-42"

@@ -216,6 +216,7 @@ def _hostile_configs(password: str, port: int) -> list[str]:
     return configs
 
 
+@pytest.mark.server
 @pytest.mark.parametrize("password", HOSTILE_PASSWORDS)
 def test_hostile_password_never_in_open_store_errors(
     password: str, monkeypatch: pytest.MonkeyPatch
@@ -245,6 +246,7 @@ def test_raw_at_or_slash_in_password_is_refused_with_advice(password: str) -> No
     assert "postgresql://u:***@127.0.0.1/db" in str(caught.value)
 
 
+@pytest.mark.server
 def test_hostile_password_never_in_repr_of_an_open_store() -> None:
     """An open SQL store's repr and 'where' hide a password with : % and non-ASCII."""
     password = "s3cr:et%41%zz-pässwörd"

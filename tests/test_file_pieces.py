@@ -117,6 +117,7 @@ def test_64_mib_state_saved_and_loaded(tmp_path: Path) -> None:
     assert loaded.state == state
 
 
+@pytest.mark.slow
 def test_64_mib_state_saved_and_loaded_async(tmp_path: Path) -> None:
     """The same through asave and aload."""
     state = _big_state()
@@ -140,6 +141,7 @@ def test_small_states_stay_inline_and_make_no_pieces_directory(store: FileStore)
     assert not (Path(store.path) / ".pieces").exists()
 
 
+@pytest.mark.slow
 def test_300_step_appending_run_loads_its_final_state_with_few_pieces(store: FileStore) -> None:
     """300 steps appending 2 KB each: the load equals the result; only named pieces remain."""
     steps = _appending_steps(300)

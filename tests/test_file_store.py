@@ -690,6 +690,7 @@ def _process_worker(
     store.close()
 
 
+@pytest.mark.process
 def test_processes_racing_cas_one_winner_per_round(tmp_path: Path) -> None:
     """Processes saving the same version concurrently: exactly one wins each round."""
     processes_count, rounds = 4, 15
@@ -1058,6 +1059,7 @@ def test_steady_save_makes_at_most_eight_system_calls(
         assert len(calls) <= 8, calls
 
 
+@pytest.mark.process
 def test_forked_child_does_not_hold_the_parent_s_documents(store: FileStore) -> None:
     """A forked child closes the documents it inherited, so it never keeps a run locked."""
     store.save(Checkpoint("run", state=STATE))

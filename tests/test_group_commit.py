@@ -450,6 +450,7 @@ def _child(path: str, mode: str) -> subprocess.Popen[str]:
     )
 
 
+@pytest.mark.crash
 def test_sigkill_at_a_batchs_kill_point_leaves_every_run_at_its_old_checkpoint(db: str) -> None:
     """A process killed (SIGKILL) inside a batch's transaction leaves each run's old checkpoint."""
     before = _seed_runs(db)
@@ -469,6 +470,7 @@ def test_sigkill_at_a_batchs_kill_point_leaves_every_run_at_its_old_checkpoint(d
                 assert loaded == cp
 
 
+@pytest.mark.crash
 def test_sigkill_while_batches_commit_leaves_every_checkpoint_whole(db: str) -> None:
     """A process SIGKILLed while 16 threads group-commit leaves each run old or new, whole."""
     _seed_runs(db)
@@ -547,6 +549,7 @@ def test_close_during_saves_finishes_them_or_raises_the_closed_error(db: str) ->
         assert isinstance(exc, StoreError) and "closed" in str(exc), repr(exc)
 
 
+@pytest.mark.process
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_forked_child_does_not_wait_for_the_parents_committer(store: SQLiteStore) -> None:
     """A child forked while the parent leads a batch commits its own save in a batch of 1."""

@@ -129,6 +129,7 @@ def _bounded(what: str, fn: Callable[[], Any]) -> Any:
 KEYWORDS = ("select", "order", "table", "group", "user")
 
 
+@pytest.mark.xdist_group("keyword-tables")  # both use the table `order`
 def test_sql_keywords_are_usable_table_names(kind: str, admin: Any) -> None:
     """?table=select (order, table, group, user) saves, lists, claims, deletes, sync and async."""
     base = SERVERS[kind]
@@ -179,6 +180,7 @@ _V1 = {
 }
 
 
+@pytest.mark.xdist_group("keyword-tables")  # both use the table `order`
 def test_a_schema_1_table_named_by_a_keyword_is_migrated(kind: str, admin: Any) -> None:
     """The schema 1 -> 2 migration quotes the table name too: ?table=order migrates."""
     _drop(kind, admin, "order")

@@ -115,6 +115,7 @@ def test_every_save_is_listed_oldest_first(store: Store, mode: str) -> None:
     assert all(t is not None for t in times) and times == sorted(times)  # type: ignore[type-var]
 
 
+@pytest.mark.slow
 def test_a_long_history_is_read_in_a_few_round_trips(store: Store) -> None:
     """300 saves kept: ``history`` lists the keys once and fetches the records in
     batches of ``RECORD_BATCH``, not one request per record."""
@@ -216,6 +217,7 @@ def test_refusals_say_what_is_wrong(store: Store) -> None:
     assert store.load("r") == before
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("config", BACKENDS[1:], indirect=True)  # a memory store is per process
 def test_the_cli_lists_forks_and_reruns(config: str, tmp_path: Path) -> None:
     """``stepstone runs history|fork|rerun``: a table, JSON, and the same effects."""

@@ -130,6 +130,7 @@ def _long(n: int, size: int = 300) -> State:
 # -- size ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_64_mib_state_is_saved_and_loaded(store: Store, mode: str) -> None:
     """One 40 MiB string and 24k small dicts: saved in pieces, loaded back equal."""
     big: State = {
@@ -159,6 +160,7 @@ async def _aappend(state: State) -> State:
     return _append(state)
 
 
+@pytest.mark.slow
 def test_an_appending_run_loads_its_final_state_and_keeps_only_named_pieces(
     store: Store, mode: str
 ) -> None:

@@ -108,6 +108,7 @@ _op = st.tuples(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(ops=st.lists(_op, max_size=40), built_first=st.booleans())
 def test_index_matches_scan(ops: list[tuple[str, str, str, int]], built_first: bool) -> None:

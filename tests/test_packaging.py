@@ -71,6 +71,7 @@ _NO_THIRD_PARTY = textwrap.dedent(
 )
 
 
+@pytest.mark.process
 def test_the_default_paths_import_no_third_party_package(tmp_path: Path) -> None:
     configs = ["memory://", f"file://{tmp_path / 'runs'}", f"sqlite:///{tmp_path / 'r.db'}"]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

@@ -36,7 +36,8 @@ import pytest
 
 from stepstone.testing import backend_unavailable
 
-pytestmark = [pytest.mark.crash, pytest.mark.slow]
+# A campaign: longer than the suite's 120 s per test.
+pytestmark = [pytest.mark.crash, pytest.mark.slow, pytest.mark.timeout(600)]
 
 TOOLS = Path(__file__).resolve().parents[1] / "tools" / "powercut"
 CUTS = int(os.environ.get("STEPSTONE_POWER_CUTS", "12"))

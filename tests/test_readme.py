@@ -36,6 +36,7 @@ def test_example_is_short() -> None:
     assert len(_example().strip().splitlines()) <= 11
 
 
+@pytest.mark.process
 def test_example_runs_and_resumes(tmp_path: Path) -> None:
     """The example runs, and a second run resumes the finished run without re-running steps."""
     first = subprocess.run(
@@ -58,6 +59,7 @@ def test_backends_table_lists_every_builtin(scheme: str) -> None:
     assert f"`{target}`" in rows[0]
 
 
+@pytest.mark.process
 def test_example_and_cli_share_the_default_store(tmp_path: Path) -> None:
     """`stepstone runs list` right after the example lists its run (same default store)."""
     env = {k: v for k, v in os.environ.items() if k != "STEPSTONE_STORE"}

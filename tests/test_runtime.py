@@ -99,6 +99,7 @@ def test_lease_bounds_are_checked() -> None:
             _lease.check_lease(bad)
 
 
+@pytest.mark.process
 def test_owner_names_identify_this_machine() -> None:
     """An owner of this machine whose PID is gone is dead; one of another machine is not."""
     mine = _lease.new_owner()

@@ -425,6 +425,7 @@ def _fresh_server_table(request: pytest.FixtureRequest, kind: str, tmp_path: Pat
     return f"sqlaengine-{kind}://127.0.0.1/test?table={table}"
 
 
+@pytest.mark.variant
 @pytest.mark.usefixtures("engine_schemes")
 class TestEngineSQLiteStore(StoreContract):
     """A SQLiteStore on a user's Engine passes the whole contract."""
@@ -435,6 +436,7 @@ class TestEngineSQLiteStore(StoreContract):
         return f"sqlaengine-sqlite:///{tmp_path}/runs.db"
 
 
+@pytest.mark.variant
 @pytest.mark.usefixtures("engine_schemes")
 class TestEnginePostgresStore(StoreContract):
     """A PostgresStore on a user's Engine and AsyncEngine passes the whole contract."""
@@ -445,6 +447,7 @@ class TestEnginePostgresStore(StoreContract):
         return _fresh_server_table(request, "postgresql", tmp_path)
 
 
+@pytest.mark.variant
 @pytest.mark.usefixtures("engine_schemes")
 class TestEngineMySQLStore(StoreContract):
     """A MySQLStore on a user's Engine and AsyncEngine passes the whole contract."""

@@ -231,6 +231,7 @@ def _open_and_save(path: str, name: str, barrier: Any) -> str:
     return "ok"
 
 
+@pytest.mark.process
 def test_several_processes_can_create_a_new_file_at_once(tmp_path: Path) -> None:
     """Processes opening one new file together all succeed and see one schema."""
     path = str(tmp_path / "new.db")
@@ -383,6 +384,7 @@ def _race(path: str, run_id: str, rounds: int, barrier: Any) -> list[str]:
     return outcomes
 
 
+@pytest.mark.process
 def test_two_processes_racing_on_one_run_never_see_locks(tmp_path: Path) -> None:
     """Two processes saving the same version each round: exactly one wins, no lock errors."""
     path = str(tmp_path / "race.db")
@@ -552,6 +554,7 @@ def test_a_schema_1_database_is_migrated_on_open(tmp_path: Path) -> None:
     assert version == [(str(TABLE_SCHEMA),)]
 
 
+@pytest.mark.process
 def test_concurrent_openers_migrate_a_schema_1_database_once(tmp_path: Path) -> None:
     """Six processes opening one v1 file together all succeed; the columns are added once.
 
@@ -820,6 +823,7 @@ def test_aclose_while_eight_tasks_save_never_crashes(tmp_path: Path) -> None:
     assert result.stdout.strip() == "ok"
 
 
+@pytest.mark.process
 def test_importing_the_module_does_not_import_sqlalchemy() -> None:
     """Importing the SQL store modules and using a SQLite store never imports SQLAlchemy."""
     import subprocess

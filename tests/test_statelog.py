@@ -493,6 +493,7 @@ def test_a_failed_step_that_dirtied_its_long_state_stores_the_state_before_it() 
     assert cp.state == {"transcript": ["x" * (2 * sl.INLINE_MAX)], "a": 1}
 
 
+@pytest.mark.process
 def test_a_copied_or_forked_handle_starts_a_chain_of_its_own() -> None:
     """A handle copied (deepcopy, pickle) or inherited by a forked child never hands out
     the log numbers its original will: their pieces would share keys."""

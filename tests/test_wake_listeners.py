@@ -133,6 +133,7 @@ def _close(listener: Any, bell: Bell) -> None:
     assert not listener.thread.is_alive(), f"{listener!r}: thread still running after close"
 
 
+@pytest.mark.process
 def test_start_in_other_process_rings(config: str) -> None:
     """A run started by another process wakes this process's listener."""
     with open_store(config) as store:
@@ -147,6 +148,7 @@ def test_start_in_other_process_rings(config: str) -> None:
         assert store.load("from-afar") is not None
 
 
+@pytest.mark.process
 def test_signal_in_other_process_rings(config: str) -> None:
     """A signal sent by another process to a run waiting for it wakes the listener."""
     with open_store(config) as store:
@@ -298,6 +300,7 @@ def test_postgres_listener_logs_no_password(
 # --- SQLite -----------------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_sqlite_without_inotify_polls_data_version(tmp_path: Path) -> None:
     """Without inotify the SQLite listener still rings, polling data_version."""
     config = f"sqlite:///{tmp_path / 'poll.db'}"
@@ -316,6 +319,7 @@ def test_sqlite_without_inotify_polls_data_version(tmp_path: Path) -> None:
 # --- file store -------------------------------------------------------------------------
 
 
+@pytest.mark.process
 @pytest.mark.skipif(not LINUX, reason="inotify: Linux only")
 def test_file_listener_watches_the_directory_it_opened(tmp_path: Path) -> None:
     """A directory swapped in at the store's path (a symlink) is not what is watched."""

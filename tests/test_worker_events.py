@@ -179,6 +179,7 @@ def event_line(run_id: str, say: str) -> Callable[[str], bool]:
     return lambda line: f"run {run_id!r}: {say}" in line
 
 
+@pytest.mark.process
 def test_worker_prints_each_event_of_a_run(
     tmp_path: Path, flows: str, workers: list[WorkerProcess]
 ) -> None:
@@ -205,6 +206,7 @@ def test_worker_prints_each_event_of_a_run(
     assert not [line for line in log.seen if "done after" in line or "waiting for signal" in line]
 
 
+@pytest.mark.process
 def test_quiet_prints_no_info_lines(
     tmp_path: Path, flows: str, workers: list[WorkerProcess]
 ) -> None:
@@ -227,6 +229,7 @@ def test_quiet_prints_no_info_lines(
     assert not [line for line in worker.stderr.seen if "INFO" in line], worker.stderr.seen
 
 
+@pytest.mark.process
 def test_json_lines_carry_the_fields(
     tmp_path: Path, flows: str, workers: list[WorkerProcess]
 ) -> None:
@@ -274,6 +277,7 @@ def test_a_killed_owners_run_is_taken_over(
     assert second.stop() == 0
 
 
+@pytest.mark.process
 def test_runs_start_then_a_worker_finishes_it(
     tmp_path: Path, flows: str, workers: list[WorkerProcess]
 ) -> None:

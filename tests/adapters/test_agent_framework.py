@@ -472,6 +472,7 @@ def test_maf_encoding_is_opt_in_both_ways(tmp_path: Path) -> None:
     run(scenario())
 
 
+@pytest.mark.process
 def test_import_stepstone_does_not_import_the_framework() -> None:
     """``import stepstone`` (and the adapters package) stays free of agent_framework."""
     code = (

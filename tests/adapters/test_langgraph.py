@@ -151,6 +151,7 @@ class _SyncForm:
         self.saver.prune(thread_ids, strategy=strategy)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("form", ["async", "sync"])
 def test_conformance_suite_reports_full(store_config: str, form: str) -> None:
     """langgraph-checkpoint-conformance detects all eight capabilities and passes all."""
@@ -483,8 +484,16 @@ def _two_writer_child(
                 results.put((r, "lost"))
 
 
+def _with_env(env: dict[str, str], target: Any, *args: Any) -> None:
+    os.environ.update(env)
+    target(*args)
+
+
 def _run_child(target: Any, *args: Any) -> int | None:
-    process = _context().Process(target=target, args=args)
+    # A forkserver child has the forkserver's environment, from whenever it started (in a
+    # file or SQLite test, say): hand it the emulator's key this test set.
+    env = {k: v for k, v in os.environ.items() if k == "AZURE_COSMOS_KEY"}
+    process = _context().Process(target=_with_env, args=(env, target, *args))
     process.start()
     process.join(CHILD_TIMEOUT)
     if process.is_alive():
@@ -550,10 +559,20 @@ def test_two_writer_processes_never_both_extend_one_parent(durable_config: str) 
         saver.put(_cfg("t"), _checkpoint(), _meta("input", -1), {})
         ctx = _context()
         barrier, results = ctx.Barrier(2), ctx.Queue()
+        env = {k: v for k, v in os.environ.items() if k == "AZURE_COSMOS_KEY"}
         children = [
             ctx.Process(
-                target=_two_writer_child,
-                args=(durable_config, prefix, barrier, rounds, results, name),
+                target=_with_env,
+                args=(
+                    env,
+                    _two_writer_child,
+                    durable_config,
+                    prefix,
+                    barrier,
+                    rounds,
+                    results,
+                    name,
+                ),
             )
             for name in ("a", "b")
         ]

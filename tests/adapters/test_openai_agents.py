@@ -301,6 +301,7 @@ KILLS = [
 ]
 
 
+@pytest.mark.crash
 @pytest.mark.parametrize(("config", "kill"), KILLS, indirect=["config"])
 def test_approval_and_sigkill_across_processes(config: str, kill: str, log: Path) -> None:
     """An agent run waiting for approval holds no process: approved by ``stepstone runs

@@ -46,6 +46,7 @@ from stepstone.testing import backend_unavailable
 
 pytestmark = [
     pytest.mark.crash,
+    pytest.mark.timeout(600),  # a campaign: longer than the suite's 120 s per test
     pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning"),
 ]
 

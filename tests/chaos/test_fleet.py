@@ -59,6 +59,7 @@ from stepstone.testing import backend_unavailable  # noqa: E402
 pytestmark = [
     pytest.mark.crash,
     pytest.mark.slow,
+    pytest.mark.timeout(600),  # a campaign: longer than the suite's 120 s per test
     pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning"),
 ]
 

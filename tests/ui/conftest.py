@@ -11,7 +11,7 @@ import pytest
 
 from stepstone import Store, open_store
 from stepstone.testing import backend_unavailable
-from ui_support import CHROMIUM, CHROMIUM_ARGS
+from ui_support import CHROMIUM, CHROMIUM_ARGS, IMG_DIR
 
 
 @pytest.fixture
@@ -32,6 +32,18 @@ def store_config(
     from test_contract import fresh_table
 
     return fresh_table(request, "postgresql://postgres@127.0.0.1:5432/test")
+
+
+@pytest.fixture
+def screenshots(tmp_path: Path) -> Path:
+    """Where the browser tests save the README's screenshots: a temporary directory.
+
+    ``STEPSTONE_REFRESH_DOCS_IMAGES=1`` asks for docs/img instead, to refresh the images
+    the documentation shows; otherwise a test run leaves the checkout as it found it.
+    """
+    if os.environ.get("STEPSTONE_REFRESH_DOCS_IMAGES") == "1":
+        return IMG_DIR
+    return tmp_path
 
 
 @pytest.fixture

@@ -152,6 +152,7 @@ def test_read_only_shows_no_action_and_refuses_posts(local: str, local_store: St
     assert store.load("r1").status == "waiting"  # type: ignore[union-attr]
 
 
+@pytest.mark.server
 def test_a_store_error_is_a_message_and_the_server_keeps_serving(tmp_path: Path) -> None:
     """A store that cannot be reached gives a 503 page with the error, no traceback, no secret."""
     config = "postgresql://ops:s3cretpassw0rd@127.0.0.1:1/nowhere?connect_timeout=1"
@@ -382,6 +383,7 @@ def test_adapter_records_are_listed_by_kind(local: str, local_store: Store) -> N
         assert "<code>langgraph/t%201//c1</code>" in shown
 
 
+@pytest.mark.process
 def test_the_command_serves_and_stops_on_sigint(tmp_path: Path) -> None:
     """A real `stepstone ui` process serves the pages with a token, never printing it."""
     import os

@@ -7,6 +7,7 @@ what an operator sees and what the store then holds.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,12 +19,14 @@ from stepstone.ui import create_app
 from ui_support import (
     APPROVAL,
     FAIL_TIMES,
-    IMG_DIR,
     PAYMENT,
     serving,
     wait_until,
     working,
 )
+
+# Chromium and its Playwright driver are processes.
+pytestmark = pytest.mark.process
 
 TOKEN = "t0ken-for-the-browser-test-0123456789"
 
@@ -48,7 +51,7 @@ def _seed(store: Store) -> None:
 
 
 def test_approve_a_waiting_run_and_watch_it_finish_live(
-    store: Store, store_config: str, page: Any
+    store: Store, store_config: str, page: Any, screenshots: Path
 ) -> None:
     """Filtering to waiting runs, opening one and approving it finishes it without a reload."""
     _seed(store)
@@ -57,7 +60,7 @@ def test_approve_a_waiting_run_and_watch_it_finish_live(
         expect(page.locator(".counts [data-status=waiting] b")).to_have_text("1")
         expect(page.locator(".counts [data-status=failed] b")).to_have_text("1")
         if store_config.startswith("sqlite"):
-            page.screenshot(path=str(IMG_DIR / "runs.png"), full_page=True)
+            page.screenshot(path=str(screenshots / "runs.png"), full_page=True)
         page.locator(".counts [data-status=waiting]").click()
         expect(page.locator("tr.run")).to_have_count(1)
         # A run that starts waiting now appears in the filtered list by itself.
@@ -72,7 +75,7 @@ def test_approve_a_waiting_run_and_watch_it_finish_live(
         expect(page.locator("#waiting-for")).to_contain_text("signal approval")
         expect(page.locator("#run-input")).to_contain_text('"customer": "Ana"')
         if store_config.startswith("sqlite"):
-            page.screenshot(path=str(IMG_DIR / "run.png"), full_page=True)
+            page.screenshot(path=str(screenshots / "run.png"), full_page=True)
         page.locator("#signal-payload").fill('{"ok": true, "by": "lead"}')
         # The run changes while the operator types: the page follows, the text stays.
         before = page.locator("#run-live").get_attribute("data-version")
