@@ -134,6 +134,7 @@ def _owner_of(pid: int, start: str | None) -> str:
     return ":".join(parts)
 
 
+@pytest.mark.process
 def test_a_reused_pid_is_not_taken_for_the_owner() -> None:
     """An owner whose PID a later process holds is dead; the PID's own START, or none, is alive."""
     assert _lease._started(os.getpid()) is not None, "this kernel shows no start times"
