@@ -2126,10 +2126,10 @@ def _with_container(store: CosmosStore, exc: BaseException) -> None:
     store._container = cast(Any, _Raising(exc, asynchronous=False))
 
     async def aio_open() -> Any:
-        store._aio = AioClient(
-            asyncio.get_running_loop(), cast(Any, None), cast(Any, _Raising(exc, True)), None
-        )
-        return store._aio.container
+        loop = asyncio.get_running_loop()
+        aio = AioClient(loop, cast(Any, None), cast(Any, _Raising(exc, True)), None)
+        store._aios[loop] = aio
+        return aio.container
 
     store._aensure_open = aio_open  # type: ignore[method-assign]
 

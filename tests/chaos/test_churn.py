@@ -13,7 +13,14 @@ from pathlib import Path
 
 import pytest
 from chaos.churn import check_churn, final_sweep
-from test_chaos import DEATHS, DEATHS_SHARE, MIN_DEATHS, _options, backend, mode
+from test_chaos import (  # type: ignore[import-not-found]  # beside this file; tools/chaos is `chaos`
+    DEATHS,
+    DEATHS_SHARE,
+    MIN_DEATHS,
+    _options,
+    backend,
+    mode,
+)
 
 import chaos
 from stepstone import Checkpoint, open_store
