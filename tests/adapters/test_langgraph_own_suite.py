@@ -146,6 +146,7 @@ def _outcomes(report: Path) -> dict[str, dict[str, str]]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # LangGraph's own 19 files, twice over: 3-4 min on 2 cores
 def test_langgraph_own_graph_tests_pass_on_our_saver(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
