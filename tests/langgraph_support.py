@@ -69,3 +69,15 @@ def _context() -> Any:
         # cannot be preloaded (it would fail silently); what it imports can.
         _FORKSERVER.set_forkserver_preload(_PRELOAD)
     return _FORKSERVER
+
+
+def with_env(env: dict[str, str], target: Any, *args: Any) -> None:
+    """Run ``target(*args)`` in a child after setting ``env``: a forkserver child has the
+    forkserver's environment, from whenever it started (in a file or SQLite test, say)."""
+    os.environ.update(env)
+    target(*args)
+
+
+def child_env() -> dict[str, str]:
+    """What a forkserver child must be handed: the emulator's key this test set."""
+    return {k: v for k, v in os.environ.items() if k == "AZURE_COSMOS_KEY"}

@@ -30,7 +30,15 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Command, Durability, interrupt
 
-from langgraph_support import BACKENDS, CHILD_TIMEOUT, DURABLE, _config_for, _context
+from langgraph_support import (
+    BACKENDS,
+    CHILD_TIMEOUT,
+    DURABLE,
+    _config_for,
+    _context,
+    child_env,
+    with_env,
+)
 from stepstone import Store, open_store
 from stepstone.adapters.langgraph import CheckpointConflict, StepstoneSaver
 
@@ -264,8 +272,17 @@ def test_two_invoke_processes_never_lose_one(durable_config: str) -> None:
         barrier, a_done, results = ctx.Barrier(2), ctx.Event(), ctx.Queue()
         children = [
             ctx.Process(
-                target=_invoke_child,
-                args=(durable_config, prefix, barrier, a_done, results, name),
+                target=with_env,
+                args=(
+                    child_env(),
+                    _invoke_child,
+                    durable_config,
+                    prefix,
+                    barrier,
+                    a_done,
+                    results,
+                    name,
+                ),
             )
             for name in ("a", "b")
         ]
