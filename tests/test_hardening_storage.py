@@ -721,8 +721,20 @@ def test_adelete_with_a_version_on_a_previous_contract_store_says_why_it_cannot(
     assert store.deleted == [] and store.load("r") is not None  # nothing was deleted
 
 
-def _fds() -> set[str]:
-    return set(os.listdir("/proc/self/fd"))
+def _fds() -> set[tuple[str, str]]:
+    """Each open descriptor as (number, what it points at).
+
+    The target (``socket:[inode]`` for a socket) is part of the identity: a descriptor that a
+    collected object closes during the test can have its number reused by the store, and a set
+    of bare numbers would then see nothing opened.
+    """
+    found: set[tuple[str, str]] = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            found.add((fd, os.readlink(f"/proc/self/fd/{fd}")))
+        except OSError:  # closed between the listing and the readlink (the listing's own fd)
+            continue
+    return found
 
 
 @pytest.mark.parametrize("name", ["sqlite", "postgresql", "mysql"])
@@ -735,7 +747,7 @@ def test_async_with_leaves_no_descriptor_open(name: str, tmp_path: Path) -> None
         table = f"t_{uuid.uuid4().hex}"
         config = f"{SERVERS[name]}?table={table}"
 
-    async def main() -> tuple[set[str], set[str]]:
+    async def main() -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
         before = _fds()  # the event loop's own descriptors are open already
         async with open_store(config) as store:
             saved = await store.asave(_cp("r"))
