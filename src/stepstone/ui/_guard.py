@@ -41,8 +41,6 @@ SECURITY_HEADERS = [
     (b"cache-control", b"no-store"),
 ]
 
-#: What a successful action says on the page it redirects to (fixed texts: a link cannot
-
 
 def _host_name(header: str) -> str:
     host = header.strip().lower()
