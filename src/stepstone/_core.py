@@ -21,6 +21,7 @@ anything runs (``_checks``), taking the run's lease (``_acquire``), the suspendi
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Generator, Mapping
 from typing import Any
 
@@ -303,6 +304,10 @@ def _run_step(
             try:
                 update = yield Call(step, working, ctx, cp)
                 if update is not None and not isinstance(update, Mapping):
+                    if inspect.iscoroutine(update):
+                        # Nothing will await it (a sync driver): close it, so the error
+                        # below is the only report, not also a "never awaited" warning.
+                        update.close()
                     raise TypeError(
                         f"step {step.name!r} returned a {type(update).__name__}; "
                         "a step returns a dict of updates or None"
