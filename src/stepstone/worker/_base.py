@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .. import _lease, _wake
+from .. import _clock, _lease, _wake
 from .._observe import logger
 from .._store import Listener, Store
 from ._claims import Claims
@@ -32,6 +32,8 @@ class WorkerBase:
     poll: float
     grace: float
     owner: str
+    #: The clock this worker's loop and runs read (``clock=``); None: the installed one.
+    clock: _clock.Clock | None
     _claims: Claims
     _stopping: threading.Event
     _wake: threading.Event
@@ -107,10 +109,24 @@ class WorkerBase:
                 _wake.announce(self.store)  # other workers may take them now
 
         if plans:
-            thread = threading.Thread(target=release, name="stepstone-abandon", daemon=True)
+            thread = threading.Thread(
+                target=self._clocked(release), name="stepstone-abandon", daemon=True
+            )
             thread.start()
             thread.join(timeout)
         return [plan.run_id for plan in plans]
+
+    def _clocked(self, fn: Callable[[], None]) -> Callable[[], None]:
+        """Return ``fn`` run under this worker's clock: for a thread it starts."""
+        clock = self.clock
+        if clock is None:
+            return fn
+
+        def clocked() -> None:
+            with _clock.using(clock):
+                fn()
+
+        return clocked
 
     def _listen(self, ring: Callable[[], None]) -> Listener | None:
         """Open the store's listener for other processes' rings (``_wakeups.listen``)."""

@@ -30,6 +30,10 @@ class TaskDriver(WorkerBase):
         Cancelling the task that awaits ``aserve`` stops at once: each run's step in
         flight is cancelled and its lease given back.
         """
+        with _clock.using(self.clock):  # the worker's own clock, if given one: its tasks too
+            await self._aserve()
+
+    async def _aserve(self) -> None:
         import asyncio  # noqa: PLC0415 - sync users and the CLI never pay for importing it
 
         logger.info("%r: serving %d workflows (async)", self, len(self.workflows))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from .. import _clock
@@ -34,6 +35,10 @@ class ThreadDriver(WorkerBase):
     def serve(self) -> None:
         """Serve until ``stop`` is called, driving runs in up to ``concurrency`` threads."""
         check_async_steps(self.workflows)
+        with _clock.using(self.clock):  # the worker's own clock, if given one
+            self._serve()
+
+    def _serve(self) -> None:
         logger.info("%r: serving %d workflows", self, len(self.workflows))
         ring = self._wake.set
         unsubscribe = self.store.doorbell.subscribe(ring)
@@ -82,7 +87,7 @@ class ThreadDriver(WorkerBase):
             nonlocal futures
             if isinstance(effect, Spawn):
                 futures = {f for f in futures if not f.done()}
-                futures.add(pool.submit(self._drive, effect.plan))
+                futures.add(pool.submit(self._clocked(partial(self._drive, effect.plan))))
                 spawned()
                 return None
             if isinstance(effect, Rest):
@@ -129,7 +134,9 @@ class ThreadDriver(WorkerBase):
         # a daemon thread and never stopped must not hold it for ever (its loop would
         # not, under the pool: it ran in that daemon thread).
         daemon = threading.current_thread().daemon
-        thread = threading.Thread(target=loop, name="stepstone-worker_0", daemon=daemon)
+        thread = threading.Thread(
+            target=self._clocked(loop), name="stepstone-worker_0", daemon=daemon
+        )
         thread.start()
         try:
             self._stopping.wait()  # interruptible: a signal handler may call stop

@@ -13,7 +13,8 @@ from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from typing import Any
 
-from .. import _lease
+from .. import _clock, _lease
+from .._checks import check_clock
 from .._steps import Workflow
 from .._store import Store
 from ._claims import Claims
@@ -43,6 +44,9 @@ class Worker(ThreadDriver, TaskDriver):
             the store cannot push, it looks quickly after activity and backs off to
             ``poll`` when idle. Default 1.
         grace: Seconds ``stop`` lets steps in flight finish. Default 30.
+        clock: The clock ``serve`` and ``aserve`` read (rests, leases, timers, the runs
+            they drive), in place of the installed one (``stepstone.testing.use_clock``);
+            a ``stepstone.testing.FakeClock`` in tests. Default: the installed clock.
     """
 
     def __init__(
@@ -54,8 +58,10 @@ class Worker(ThreadDriver, TaskDriver):
         lease: float | timedelta = _lease.DEFAULT_LEASE,
         poll: float = DEFAULT_POLL,
         grace: float = DEFAULT_GRACE,
+        clock: _clock.Clock | None = None,
     ) -> None:
         check_numbers(store, concurrency, poll, grace)
+        self.clock = check_clock(clock)
         self.store = store
         self.workflows = index(workflows)
         self.concurrency = concurrency
