@@ -251,7 +251,7 @@ def call_later(seconds: float, callback: Callable[[], object]) -> Timer:
 
 
 class _ClockTimer:
-    """A timer on a clock that is not real: a task awaiting a cancel flag for ``seconds``."""
+    """A timer on a clock that is not real: a task awaiting a cancel flag until its deadline."""
 
     __slots__ = ("_cancelled",)
 
@@ -265,14 +265,21 @@ class _ClockTimer:
         import asyncio  # noqa: PLC0415 - as in asleep
 
         self._cancelled = asyncio.Event()
-        task = loop.create_task(self._fire(clock, seconds, callback))
+        # The deadline is read now, not when the task first runs: a move of the clock
+        # in between counts towards it.
+        deadline = clock.monotonic() + seconds
+        task = loop.create_task(self._fire(clock, deadline, callback))
         _timers.add(task)
         task.add_done_callback(_timers.discard)
 
-    async def _fire(self, clock: Clock, seconds: float, callback: Callable[[], object]) -> None:
-        # No await between the wait's end and the call: a cancel in between is seen.
-        if not await clock.await_event(self._cancelled, seconds):
-            callback()
+    async def _fire(self, clock: Clock, deadline: float, callback: Callable[[], object]) -> None:
+        while not self._cancelled.is_set():
+            left = deadline - clock.monotonic()
+            if left <= 0:
+                # No await between this check and the call: a cancel is seen here.
+                callback()
+                return
+            await clock.await_event(self._cancelled, left)
 
     def cancel(self) -> None:
         """Do not call the callback: the waiting task ends at its next turn."""
