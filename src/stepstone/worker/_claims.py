@@ -257,7 +257,7 @@ class Claims:
         """Look at the claim index when ``wake_at`` (a run's timer) is due, not at the poll."""
         left = (wake_at - utcnow()).total_seconds()
         if left <= 0:
-            return  # due already: the look that ``_finished`` wakes finds it
+            return  # due already: the look that ``finished`` wakes finds it
         with self.lock:
             if len(self.due) < _MAX_DUE:
                 heapq.heappush(self.due, _clock.monotonic() + left + _DUE_SLACK)
@@ -428,7 +428,7 @@ class Claims:
         with self.lock:
             # Runs that ended in an unexpected error a moment ago: not yet again. And the
             # runs still in flight here: one given back has no owner, but until
-            # ``_finished`` records how it ended (one lock hold) it is not claimed again.
+            # ``finished`` records how it ended (one lock hold) it is not claimed again.
             # (Usually neither: no set built then.)
             cooling = (
                 frozenset(k for k, (_, until) in self.cooling.items() if until > moment)

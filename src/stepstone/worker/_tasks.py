@@ -114,7 +114,7 @@ class TaskDriver(WorkerBase):
             if task is not None and task.cancelling():
                 raise  # aserve is stopping this run
             logger.exception("run %r: a step raised CancelledError", plan.run_id)
-        except BaseException as exc:  # noqa: BLE001 - logged by _ended; the worker lives on
+        except BaseException as exc:  # noqa: BLE001 - logged by Claims.ended; the worker lives on
             error = self._claims.ended(plan, exc)
         finally:
             wake.set()

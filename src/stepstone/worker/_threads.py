@@ -157,7 +157,7 @@ class ThreadDriver(WorkerBase):
         error: BaseException | None = None
         try:
             error = step_through(self._claims.execution(plan), self._io)
-        except BaseException as exc:  # noqa: BLE001 - logged by _ended; the worker lives on
+        except BaseException as exc:  # noqa: BLE001 - logged by Claims.ended; the worker lives on
             error = self._claims.ended(plan, exc)
         finally:
             # Always: a run this worker no longer drives is claimable again, its slot free.
