@@ -37,7 +37,6 @@ from stepstone import (
     Worker,
     Workflow,
     _lease,
-    _worker,
     arun,
     open_store,
     run,
@@ -46,10 +45,11 @@ from stepstone import (
 )
 from stepstone._checkpoint import DUE_NOW, Checkpoint, Signal, evolve, utcnow
 from stepstone._store import RunInfo
-from stepstone._watch import Watch
 from stepstone.stores.memory import MemoryStore
 from stepstone.testing._barrier import WAIT_TIMEOUT
 from stepstone.testing._base import child_env
+from stepstone.worker import _claims
+from stepstone.worker._watch import Watch
 from test_contract import fresh_table
 
 BACKENDS = ("memory", "file", "sqlite", "postgresql", "mysql", "cosmos")
@@ -375,8 +375,8 @@ def page_size(config: str, monkeypatch: pytest.MonkeyPatch) -> int:
     the same shapes (a page and more of runs to page past) cost a fifth of the writes.
     """
     if config.startswith("sqlite"):
-        return _worker._CLAIM_BATCH
-    monkeypatch.setattr(_worker, "_CLAIM_BATCH", 20)
+        return _claims._CLAIM_BATCH
+    monkeypatch.setattr(_claims, "_CLAIM_BATCH", 20)
     return 20
 
 
@@ -696,7 +696,7 @@ def test_the_watch_pages_on_and_starts_over() -> None:
     """``_Watch.turn``: a full page moves the place on (less what was claimed), a short one
     or full slots send the next look back to the earliest due, the page cap keeps it."""
     watch = Watch()
-    full = _worker._CLAIM_BATCH
+    full = _claims._CLAIM_BATCH
     assert watch.turn("queued", full, 3, more=True, filled=False, capped=False)
     assert watch.skip["queued"] == full - 3
     assert not watch.turn("queued", full, 0, more=True, filled=False, capped=True)

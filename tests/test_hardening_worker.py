@@ -45,6 +45,7 @@ from stepstone._checkpoint import Checkpoint
 from stepstone._runner import make_plan
 from stepstone.cli import main
 from stepstone.testing._barrier import WAIT_TIMEOUT
+from stepstone.worker import _claims
 from test_contract import fresh_table
 
 SRC = str(Path(stepstone.__file__).resolve().parents[1])
@@ -322,8 +323,8 @@ def test_worker_leaves_a_run_that_ended_in_an_unexpected_error(
 ) -> None:
     """A run given back after an unexpected error (its step's save raising a type outside
     the tree) is not claimed at once."""
-    monkeypatch.setattr(stepstone._worker, "_COOL_FIRST", 600.0)  # longer than the test
-    monkeypatch.setattr(stepstone._worker, "_COOL_MAX", 600.0)
+    monkeypatch.setattr(_claims, "_COOL_FIRST", 600.0)  # longer than the test
+    monkeypatch.setattr(_claims, "_COOL_MAX", 600.0)
     calls: list[int] = []
 
     def step(state: State) -> State:
@@ -470,7 +471,7 @@ def test_stop_takes_no_lock_the_loop_holds(tmp_path: Path) -> None:
     with open_store(f"sqlite:///{tmp_path}/runs.db") as opened:
         worker = Worker(opened, [flow])
         plan = make_plan("r", flow, opened, input=None, lease=30, asynchronous=False)
-        worker._plans["r"] = plan
+        worker._claims.plans["r"] = plan
         stopped = threading.Event()
 
         def stop() -> None:
@@ -479,7 +480,7 @@ def test_stop_takes_no_lock_the_loop_holds(tmp_path: Path) -> None:
 
         # A signal handler runs on the thread that holds the lock, where a lock taken by
         # stop() would never be given; another thread blocks on it all the same.
-        with worker._lock:
+        with worker._claims.lock:
             thread = threading.Thread(target=stop, name="stopper")
             thread.start()
             finished = stopped.wait(WAIT_TIMEOUT)

@@ -24,7 +24,6 @@ from typing import Any
 import pytest
 
 import stepstone._suspend
-import stepstone._worker
 from stepstone import (
     Map,
     Sleep,
@@ -42,9 +41,10 @@ from stepstone import (
 from stepstone._checkpoint import DUE_NOW, Signal, evolve, utcnow
 from stepstone._store import Listener
 from stepstone._wake import Doorbell, WakeupDropped, aannounce, announce
-from stepstone._worker import _next_idle
 from stepstone.stores.memory import MemoryStore
 from stepstone.testing._barrier import WAIT_TIMEOUT
+from stepstone.worker import _claims
+from stepstone.worker._claims import next_idle
 from test_contract import fresh_table
 
 BACKENDS = ("memory", "file", "sqlite", "postgresql", "mysql", "cosmos")
@@ -99,7 +99,7 @@ def slow(monkeypatch: pytest.MonkeyPatch) -> None:
     the poll, and a ``Map`` parent's own timer (its look at its children even if none
     told it) is ten minutes away.
     """
-    monkeypatch.setattr(stepstone._worker, "_QUICK", SLOW_POLL)
+    monkeypatch.setattr(_claims, "_QUICK", SLOW_POLL)
     monkeypatch.setattr(stepstone._suspend, "CHILD_POLL", 600.0)
 
 
@@ -319,7 +319,7 @@ def test_worker_closes_its_listener_and_survives_one_that_fails(
 ) -> None:
     """The worker closes the listener it opened when it stops; one that fails to open
     leaves it serving, on the poll."""
-    monkeypatch.setattr(stepstone._worker, "_QUICK", SLOW_POLL)
+    monkeypatch.setattr(_claims, "_QUICK", SLOW_POLL)
     store = _Listening(fail=fail)
     ran = threading.Event()
     flow = Workflow("heard", [WaitFor("got", "go"), _marker(ran)])
@@ -428,8 +428,8 @@ def test_the_back_off_doubles_to_the_poll_and_restarts_on_activity() -> None:
     """Without a listener: 50 ms after activity, doubled per idle look, never past the poll."""
     rests = [0.05]
     for _ in range(7):
-        rests.append(_next_idle(rests[-1], False, 1.0))
+        rests.append(next_idle(rests[-1], False, 1.0))
     assert rests == [0.05, 0.1, 0.2, 0.4, 0.8, 1.0, 1.0, 1.0]
-    assert _next_idle(1.0, True, 1.0) == 0.05
-    assert _next_idle(0.05, True, 0.01) == 0.01  # a poll shorter than the quick look wins
-    assert _next_idle(0.0, False, 0.0) == 0.0  # poll=0 stays a busy loop, as asked
+    assert next_idle(1.0, True, 1.0) == 0.05
+    assert next_idle(0.05, True, 0.01) == 0.01  # a poll shorter than the quick look wins
+    assert next_idle(0.0, False, 0.0) == 0.0  # poll=0 stays a busy loop, as asked

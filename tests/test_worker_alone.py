@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-import stepstone._worker
 from stepstone import Step, Store, Worker, Workflow, open_store, start
 from stepstone.testing._barrier import WAIT_TIMEOUT
+from stepstone.worker import _claims
 from test_hardening_worker import BACKENDS, _config, until
 
 State = dict[str, Any]
@@ -118,9 +118,9 @@ def test_a_failure_of_the_lone_loop_reaches_the_caller(
 
     def broken(asynchronous: bool) -> Iterator[Any]:
         raise RuntimeError("loop broke")
-        yield  # a generator, as _serving is
+        yield  # a generator, as Claims.serving is
 
-    monkeypatch.setattr(worker, "_serving", broken)
+    monkeypatch.setattr(worker._claims, "serving", broken)
     with pytest.raises(RuntimeError, match="loop broke"):
         worker.serve()
 
@@ -129,7 +129,7 @@ def test_a_lone_worker_hears_work_after_a_backlog(
     store: Store, config: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """After draining a backlog it finds a run started later at once, poll and back-off at 60 s."""
-    monkeypatch.setattr(stepstone._worker, "_QUICK", 60.0)
+    monkeypatch.setattr(_claims, "_QUICK", 60.0)
     done: list[str] = []
 
     def mark(state: State) -> State:
@@ -145,7 +145,7 @@ def test_a_lone_worker_hears_work_after_a_backlog(
         until("the backlog to be drained", lambda: len(done) >= 3)
         if store.pushes_wakeups:
             # Opened at the first idle rest; from then on every commit is heard.
-            until("the worker to listen", lambda: worker._pushed)
+            until("the worker to listen", lambda: worker._claims.pushed)
             # As another process would: this store's doorbell is not rung.
             with open_store(config) as other:
                 start(other, flow, "later")

@@ -23,7 +23,7 @@ import pytest
 
 from stepstone import Step, Workflow, open_store, start
 from stepstone._observe import EVENTS, RunEvent, escape, first_line
-from stepstone._worker import Worker
+from stepstone.worker import Worker
 
 #: Seconds any one wait may take: generous, so only a hang fails it, never a slow machine.
 WAIT = 60.0
@@ -450,7 +450,7 @@ def test_each_end_of_an_execution_is_its_event() -> None:
     """A lost lease, a cancel, a suspension and an unexpected error each have their event."""
     from stepstone import LeaseLost, RunCancelled, Suspended
     from stepstone._checks import make_plan
-    from stepstone._outcomes import ending
+    from stepstone.worker._outcomes import ending
 
     wf = Workflow("ends", [Step("a", lambda s: {}), Step("b", lambda s: {})], version="7")
     plan = make_plan("e1", wf, open_store("memory://"), input=None, lease=5, asynchronous=False)
@@ -473,8 +473,8 @@ def test_a_claims_latency_counts_from_the_write_that_made_it_due_not_from_1970()
     from stepstone import Checkpoint
     from stepstone._checkpoint import DUE_NOW, utcnow
     from stepstone._checks import make_plan
-    from stepstone._outcomes import claim_event
     from stepstone.stores.memory import MemoryStore
+    from stepstone.worker._outcomes import claim_event
 
     wf = Workflow("w", [Step("a", lambda s: s)])
     plan = make_plan("r", wf, MemoryStore(), input=None, lease=None, asynchronous=False)

@@ -8,7 +8,7 @@ driven by ``run`` in ``_runner.py`` and ``arun`` in ``_arunner.py``; one executi
 ``_lease.py``; start, cancel, retry and signal in ``_control.py``; moving runs onto a
 newer workflow version in ``_upgrade.py``; a run's kept saves, ``fork`` and ``rerun`` in
 ``_history.py``;
-the worker in ``_worker.py``; the Store contract in ``_store.py``; config strings in
+the worker in the ``worker`` package; the Store contract in ``_store.py``; config strings in
 ``_registry.py``; errors in ``_errors.py``; each backend in ``stores/``; the contract
 suite in ``testing/``; the command line in ``cli``.
 """
@@ -61,7 +61,7 @@ if TYPE_CHECKING:  # what the names below are, for type checkers; imported on fi
     from ._store import Diagnosis, RunInfo, Store
     from ._suspend import ChildFailed, Map, Sleep, WaitFor, WaitTimeout
     from ._upgrade import aupgrade, upgrade
-    from ._worker import Worker
+    from .worker import Worker
 
 # ``import stepstone`` imports only the error tree; every other public name is imported
 # from its module the first time it is used (PEP 562), so a process that needs one
@@ -90,7 +90,7 @@ _LAZY: dict[str, str] = {
     "Store": "._store",
     "WaitFor": "._suspend",
     "WaitTimeout": "._suspend",
-    "Worker": "._worker",
+    "Worker": ".worker",
     "Workflow": "._steps",
     "WorkflowContext": "._code",
     "acancel": "._control",

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from . import _clock
 from ._checkpoint import Checkpoint
-from ._checks import Steps, make_plan
+from ._checks import Steps, check_clock, make_plan
 from ._core import execute, renew
 from ._effects import (
     Announce,
@@ -55,6 +55,7 @@ async def arun(
     *,
     input: State | None = None,
     lease: float | timedelta | None = None,
+    clock: _clock.Clock | None = None,
 ) -> State:
     """Await the run: the contract of ``run``, for async steps and async stores.
 
@@ -63,14 +64,15 @@ async def arun(
     that awaits ``arun`` cancels the step in flight: nothing is saved for it, a save
     already in flight lands whole (old or new checkpoint, never torn), the lease is
     given back and ``CancelledError`` propagates; a later ``run``/``arun`` resumes
-    from the last checkpoint.
+    from the last checkpoint. ``clock``: as in ``run``, the clock this call reads.
 
     Raises:
         StepstoneError: the errors of ``run``.
         asyncio.CancelledError: the task was cancelled.
     """
-    plan = make_plan(run_id, steps, store, input=input, lease=lease, asynchronous=True)
-    return await adrive(plan, store)
+    with _clock.using(check_clock(clock)):
+        plan = make_plan(run_id, steps, store, input=input, lease=lease, asynchronous=True)
+        return await adrive(plan, store)
 
 
 async def adrive(plan: Plan, store: Store) -> State:
@@ -313,7 +315,8 @@ class _AsyncRenewal:
         self.store = store
         self.lost: BaseException | None = None
         self.task: asyncio.Task[None] | None = None
-        self.handle: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(
+        # On the clock seam, not the loop's own timer: a FakeClock moved by a test fires it.
+        self.handle: _clock.Timer | None = _clock.call_later(
             plan.lease / 3 if delay is None else max(0.0, delay), self._tick
         )
 
@@ -327,7 +330,7 @@ class _AsyncRenewal:
             self.lost = lost
             logger.error("run %r: %s", self.plan.run_id, lost)
             return
-        self.handle = asyncio.get_running_loop().call_later(self.plan.lease / 3, self._tick)
+        self.handle = _clock.call_later(self.plan.lease / 3, self._tick)
 
     async def stop(self) -> BaseException | None:
         if self.handle is not None:

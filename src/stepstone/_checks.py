@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from . import _lease
+from . import _clock, _lease
 from ._checkpoint import Checkpoint, check_run_id
 from ._codec import encode_state
 from ._errors import InputMismatch, InvalidWorkflow, WorkflowChanged
@@ -24,6 +24,7 @@ from ._store import Store
 
 __all__ = [
     "Steps",
+    "check_clock",
     "check_input",
     "check_names",
     "check_workflow",
@@ -33,6 +34,20 @@ __all__ = [
 
 State = dict[str, Any]
 Steps = Sequence[Any] | Workflow
+
+
+def check_clock(clock: object) -> _clock.Clock | None:
+    """Return a call's ``clock=`` argument: None (the installed clock) or a ``Clock``.
+
+    Raises:
+        InvalidWorkflow: it is neither, naming the methods a clock needs.
+    """
+    if clock is None or isinstance(clock, _clock.Clock):
+        return clock
+    raise InvalidWorkflow(
+        "clock must be None (the installed clock) or a stepstone.testing.Clock (now, "
+        f"monotonic, sleep, asleep, wait, await_event), got {type(clock).__name__}"
+    )
 
 
 def make_plan(

@@ -384,7 +384,7 @@ def _park(
 ) -> Generator[Effect, Any, None]:
     """Save the run failed with ``why`` (lease given back), then raise it: never spun.
 
-    As the worker parks a step list whose names changed (``_outcomes.park``): a failed
+    As the worker parks a step list whose names changed (``worker._outcomes.park``): a failed
     run leaves the claim index, and running it again with the code it was started with
     resumes it.
     """

@@ -19,13 +19,13 @@ from ._checkpoint import utcnow
 from ._codec import copy_containers
 from ._errors import InvalidWorkflow, safe_text
 from ._journal import answer_of, entry_failed, entry_ok, json_value
-from ._observe import logger
 from ._session import POOL_THREADS, CallFailed, Session, close, inside
 from ._steps import (
     AttemptsExhausted,
     RetryPolicy,
     Workflow,
     check_name,
+    retries,
 )
 from ._suspend import _seconds
 
@@ -61,16 +61,6 @@ def _check_retry(retry: object, what: str) -> RetryPolicy | None:
     if retry is not None and not isinstance(retry, RetryPolicy):
         raise InvalidWorkflow(f"{what}: retry must be a RetryPolicy or None")
     return retry
-
-
-def _should_retry(policy: RetryPolicy | None, attempt: int, error: BaseException) -> bool:
-    if policy is None or attempt >= policy.max_attempts:
-        return False
-    try:
-        return bool(policy.should_retry(error))
-    except Exception:  # noqa: BLE001 - user code: a broken predicate means no retry
-        logger.exception("the retry_on predicate raised; not retrying")
-        return False
 
 
 def failure(session: Session, entry: dict[str, Any]) -> CallFailed:
@@ -133,8 +123,7 @@ def _run_call(
                     "`async def` workflow, or pass a plain function"
                 )
         except Exception as exc:
-            if _should_retry(policy, attempt, exc):
-                assert policy is not None
+            if retries(policy, attempt, exc):
                 _clock.sleep(policy.delay(attempt))
                 continue
             failed = entry_failed(seq, call, attempt, type(exc).__qualname__, safe_text(exc))
@@ -351,8 +340,7 @@ class AsyncWorkflowContext:
                     if inspect.isawaitable(result):
                         result = await result
             except Exception as exc:
-                if _should_retry(policy, attempt, exc):
-                    assert policy is not None
+                if retries(policy, attempt, exc):
                     await _clock.asleep(policy.delay(attempt))
                     continue
                 failed = entry_failed(seq, call, attempt, type(exc).__qualname__, safe_text(exc))

@@ -16,8 +16,9 @@ import os
 from collections.abc import Generator
 from typing import Any
 
+from . import _clock
 from ._checkpoint import DUE_NOW, Checkpoint, Signal, check_run_id, evolve, utcnow
-from ._checks import check_input
+from ._checks import check_clock, check_input
 from ._codec import encode_state
 from ._effects import Announce, Effect, Load, Save, astep_through, step_through
 from ._errors import (
@@ -128,27 +129,42 @@ def _start(workflow: Workflow, run_id: str, input: dict[str, Any] | None) -> Op:
 
 
 def start(
-    store: Store, workflow: Workflow, run_id: str, input: dict[str, Any] | None = None
+    store: Store,
+    workflow: Workflow,
+    run_id: str,
+    input: dict[str, Any] | None = None,
+    *,
+    clock: _clock.Clock | None = None,
 ) -> RunInfo:
     """Record a new run of ``workflow`` as ``queued``, for a worker to run.
 
     Starting the same run_id again with the same workflow (name and version) and input
-    is a no-op that returns the run's status now.
+    is a no-op that returns the run's status now. ``clock``: the clock whose time the
+    record is stamped with (``created_at``), in place of the installed one; a
+    ``stepstone.testing.FakeClock`` in tests.
 
     Raises:
         WorkflowChanged: the run exists and was started from another workflow or version.
         InputMismatch: the run exists with another input.
         InvalidState: ``input`` is not a JSON dict.
+        InvalidWorkflow: ``clock`` is not a clock.
     """
-    result: RunInfo = _sync(_start(workflow, run_id, input), store)
+    with _clock.using(check_clock(clock)):
+        result: RunInfo = _sync(_start(workflow, run_id, input), store)
     return result
 
 
 async def astart(
-    store: Store, workflow: Workflow, run_id: str, input: dict[str, Any] | None = None
+    store: Store,
+    workflow: Workflow,
+    run_id: str,
+    input: dict[str, Any] | None = None,
+    *,
+    clock: _clock.Clock | None = None,
 ) -> RunInfo:
     """Async ``start``."""
-    result: RunInfo = await _async(_start(workflow, run_id, input), store)
+    with _clock.using(check_clock(clock)):
+        result: RunInfo = await _async(_start(workflow, run_id, input), store)
     return result
 
 

@@ -59,12 +59,12 @@ from ._plan import Plan
 from ._steps import (
     AttemptsExhausted,
     Complete,
-    RetryPolicy,
     Step,
     StepCodeError,
     StepContext,
     Wait,
     idempotency_key,
+    retries,
     safe_text,
 )
 from ._suspend import nudge
@@ -320,11 +320,7 @@ def _run_step(
             except Exception as error:  # noqa: BLE001 - a step may raise anything: its failure
                 cp = _latest(plan, cp)
                 step_span.record_exception(error)
-                if (
-                    policy is not None
-                    and attempt < policy.max_attempts
-                    and _should_retry(policy, error)
-                ):
+                if retries(policy, attempt, error):
                     step_span.set_attribute("outcome", "retry")
                     cp = yield from _record_failure(plan, cp, index, step.name, attempt, error)
                     delay = policy.delay(attempt)
@@ -371,15 +367,6 @@ def _run_step(
                 else pristine(saved)
             )
             return saved, next_working
-
-
-def _should_retry(policy: RetryPolicy, error: BaseException) -> bool:
-    """Ask the policy; a ``retry_on`` predicate that raises means no retry, logged."""
-    try:
-        return bool(policy.should_retry(error))
-    except Exception:  # noqa: BLE001 - user code: a broken predicate means no retry
-        logger.exception("the retry_on predicate raised; not retrying")
-        return False
 
 
 def _failure(index: int, name: str, attempt: int, error: BaseException) -> Failure:
@@ -492,11 +479,7 @@ def _run_suspending(
             except Exception as caught:  # noqa: BLE001 - a step may raise anything: its failure
                 cp = _latest(plan, cp)
                 error = caught.error if isinstance(caught, StepCodeError) else caught
-                if (
-                    policy is not None
-                    and attempt < policy.max_attempts
-                    and _should_retry(policy, error)
-                ):
+                if retries(policy, attempt, error):
                     cp = yield from _record_failure(plan, cp, index, step.name, attempt, error)
                     cp = yield from write(plan, cp, evolve(cp, wake_at=None, children=()), "retry")
                     yield Pause(policy.delay(attempt), cp)

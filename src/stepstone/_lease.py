@@ -133,7 +133,7 @@ def dead_here(owner: str | None) -> bool:
     another time than the owner's START (the PID was reused). Another machine, or a
     reused PID of an owner that recorded no START, reads as alive, and the caller then
     waits for the lease as usual. Used by ``run``/``arun`` called directly, so a script
-    killed and started again resumes at once, and by workers (``_watch.Watch``), so a
+    killed and started again resumes at once, and by workers (``worker._watch.Watch``), so a
     worker killed on this host is taken over at once.
     """
     if owner is None:

@@ -21,7 +21,7 @@ from datetime import timedelta
 from typing import Any
 
 from . import _clock
-from ._checks import Steps, make_plan
+from ._checks import Steps, check_clock, make_plan
 from ._core import execute, renew
 from ._effects import (
     Announce,
@@ -71,6 +71,7 @@ def run(
     *,
     input: State | None = None,
     lease: float | timedelta | None = None,
+    clock: _clock.Clock | None = None,
 ) -> State:
     """Run ``steps`` durably under ``run_id``, resuming from its last checkpoint.
 
@@ -87,6 +88,9 @@ def run(
         lease: Seconds (or a ``timedelta``) this call promises to renew its ownership
             within; another process may take the run over after that long without a
             renewal. Default 30.
+        clock: The clock this call reads (its timers, backoff and lease), in place of
+            the installed one (``stepstone.testing.use_clock``); a
+            ``stepstone.testing.FakeClock`` in tests. Default: the installed clock.
 
     Returns:
         The final state, a dict the caller owns.
@@ -105,8 +109,9 @@ def run(
         ConflictError: another writer advanced the run meanwhile.
         StoreError: the store failed; the run stops at its last checkpoint.
     """
-    plan = make_plan(run_id, steps, store, input=input, lease=lease, asynchronous=False)
-    return drive(plan, store)
+    with _clock.using(check_clock(clock)):
+        plan = make_plan(run_id, steps, store, input=input, lease=lease, asynchronous=False)
+        return drive(plan, store)
 
 
 def drive(plan: Plan, store: Store) -> State:
@@ -238,12 +243,15 @@ def renew_once(plan: Plan, store: Store) -> BaseException | None:
 
 
 class _Ticket:
-    __slots__ = ("active", "dead", "due", "lock", "lost", "plan", "store")
+    __slots__ = ("active", "clock", "dead", "due", "lock", "lost", "plan", "store")
 
-    def __init__(self, plan: Plan, store: Store, due: float) -> None:
+    def __init__(self, plan: Plan, store: Store, due: float, clock: _clock.Clock) -> None:
         self.plan = plan
         self.store = store
         self.due = due
+        #: The clock the run reads (its ``written_at``, ``due``): the call's own or the
+        #: installed one, as it was when the run first entered a step.
+        self.clock = clock
         self.active = False
         self.dead = False
         self.lost: BaseException | None = None
@@ -253,29 +261,45 @@ class _Ticket:
         return self.due < other.due
 
 
+#: Real seconds between looks at the runs on a clock that is not real (a test's
+#: ``FakeClock``): its moves cannot wake a real wait, so they are noticed within this.
+_OTHER_CLOCKS_POLL = 0.02
+
+
 class _SyncRenewer:
     """One thread renews the leases of every run executing in the process.
 
-    Each run has one ticket in a heap, checked every third of its lease; a step that
-    returns within a third of the lease after the run's last write costs no renewal,
-    and entering or leaving a step is one uncontended lock. Renewal holds the ticket's
+    Each run has one ticket, checked every third of its lease; a step that returns
+    within a third of the lease after the run's last write costs no renewal, and
+    entering or leaving a step is one uncontended lock. Renewal holds the ticket's
     lock, so ``leave`` returns only after an in-flight renewal landed and
     ``Plan.current`` is the newest record.
+
+    Tickets on a real clock wait in a heap, by due time. A run on another clock (a
+    ``FakeClock``, installed or passed as ``clock=``) is looked at every
+    ``_OTHER_CLOCKS_POLL`` real seconds, on its own clock, so moving that clock past a
+    third of the lease renews it; its renewal runs under that clock too.
     """
 
     def __init__(self) -> None:
         self._heap: list[_Ticket] = []
+        self._others: list[_Ticket] = []
         self._cond = threading.Condition(threading.Lock())
         self._thread: threading.Thread | None = None
 
     def enter(self, plan: Plan, store: Store) -> _Ticket:
         ticket: _Ticket | None = plan.renewal
         if ticket is None:
-            ticket = _Ticket(plan, store, plan.written_at + plan.lease / 3)
+            clock = _clock.current()
+            ticket = _Ticket(plan, store, plan.written_at + plan.lease / 3, clock)
             plan.renewal = ticket
             with self._cond:
-                heapq.heappush(self._heap, ticket)
-                if self._heap[0] is ticket:
+                if _clock.is_real(clock):
+                    heapq.heappush(self._heap, ticket)
+                    if self._heap[0] is ticket:
+                        self._cond.notify()
+                else:
+                    self._others.append(ticket)
                     self._cond.notify()
                 if self._thread is None or not self._thread.is_alive():
                     self._thread = threading.Thread(
@@ -300,30 +324,63 @@ class _SyncRenewer:
                 ticket.dead = True
                 ticket.active = False
 
+    def _due(self) -> list[_Ticket]:
+        """Take the tickets due now out of the heap and the others (under ``_cond``)."""
+        due: list[_Ticket] = []
+        if self._others:
+            waiting: list[_Ticket] = []
+            for ticket in self._others:
+                if not ticket.dead:  # a finished run is dropped here, not renewed
+                    (due if ticket.clock.monotonic() >= ticket.due else waiting).append(ticket)
+            self._others = waiting
+        heap = self._heap
+        if heap and heap[0].due <= _clock.SYSTEM.monotonic():
+            due.append(heapq.heappop(heap))
+        return due
+
+    def _timeout(self) -> float | None:
+        """Return the real seconds to wait for the next ticket (None: until notified)."""
+        timeout = None if not self._heap else self._heap[0].due - _clock.SYSTEM.monotonic()
+        if self._others:
+            timeout = _OTHER_CLOCKS_POLL if timeout is None else min(timeout, _OTHER_CLOCKS_POLL)
+        return timeout
+
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._heap or self._heap[0].due > _clock.monotonic():
-                    timeout = self._heap[0].due - _clock.monotonic() if self._heap else None
-                    self._cond.wait(timeout)
-                ticket = heapq.heappop(self._heap)
-            plan = ticket.plan
-            with ticket.lock:
-                if ticket.dead:
-                    continue
-                third = plan.lease / 3
-                if ticket.active and _clock.monotonic() >= plan.written_at + third:
-                    try:
+                due = self._due()
+                while not due:
+                    self._cond.wait(self._timeout())
+                    due = self._due()
+            for ticket in due:
+                if self._renew(ticket):
+                    with self._cond:
+                        if _clock.is_real(ticket.clock):
+                            heapq.heappush(self._heap, ticket)
+                        else:
+                            self._others.append(ticket)
+
+    @staticmethod
+    def _renew(ticket: _Ticket) -> bool:
+        """Renew ``ticket``'s run if it is in a step and due; return whether it lives on."""
+        plan = ticket.plan
+        clock = ticket.clock
+        with ticket.lock:
+            if ticket.dead:
+                return False
+            third = plan.lease / 3
+            if ticket.active and clock.monotonic() >= plan.written_at + third:
+                try:
+                    with _clock.using(clock):  # its stamps and ``written_at`` on its clock
                         lost = renew_once(plan, ticket.store)
-                    except Exception:  # noqa: BLE001 - one run's bad renewal must not stop every run's
-                        logger.exception("run %r: lease renewal failed", plan.run_id)
-                        lost = None
-                    if lost is not None:
-                        ticket.lost = lost
-                        logger.error("run %r: %s", plan.run_id, lost)
-                ticket.due = max(plan.written_at + third, _clock.monotonic() + third / 4)
-            with self._cond:
-                heapq.heappush(self._heap, ticket)
+                except Exception:  # noqa: BLE001 - one run's bad renewal must not stop every run's
+                    logger.exception("run %r: lease renewal failed", plan.run_id)
+                    lost = None
+                if lost is not None:
+                    ticket.lost = lost
+                    logger.error("run %r: %s", plan.run_id, lost)
+            ticket.due = max(plan.written_at + third, clock.monotonic() + third / 4)
+        return True
 
 
 _renewer = _SyncRenewer()
@@ -342,11 +399,12 @@ async def arun(
     *,
     input: State | None = None,
     lease: float | timedelta | None = None,
+    clock: _clock.Clock | None = None,
 ) -> State:
     """Await the run: ``stepstone.arun`` (``_arunner.arun``), under its old address."""
     from ._arunner import arun as arun_  # noqa: PLC0415 - defers asyncio, see above
 
-    return await arun_(run_id, steps, store, input=input, lease=lease)
+    return await arun_(run_id, steps, store, input=input, lease=lease, clock=clock)
 
 
 async def adrive(plan: Plan, store: Store) -> State:

@@ -15,11 +15,12 @@ from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeGuard
 
 from ._checkpoint import Checkpoint
 from ._effects import Effect
 from ._errors import InvalidWorkflow, safe_text
+from ._observe import logger
 from ._plan import Plan
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "Workflow",
     "check_name",
     "check_steps",
+    "retries",
     "idempotency_key",
     "safe_text",
     "workflow_label",
@@ -146,6 +148,24 @@ class StepContext:
     step_name: str
     attempt: int
     idempotency_key: str
+
+
+def retries(
+    policy: RetryPolicy | None, attempt: int, error: BaseException
+) -> TypeGuard[RetryPolicy]:
+    """Return whether failed attempt number ``attempt`` is tried again under ``policy``.
+
+    The one rule for a step's retries and a workflow context's calls: attempts left,
+    and the policy retries ``error``. A ``retry_on`` predicate that raises means no
+    retry, logged. True narrows ``policy`` to a ``RetryPolicy`` for the caller.
+    """
+    if policy is None or attempt >= policy.max_attempts:
+        return False
+    try:
+        return bool(policy.should_retry(error))
+    except Exception:  # noqa: BLE001 - user code: a broken predicate means no retry
+        logger.exception("the retry_on predicate raised; not retrying")
+        return False
 
 
 def idempotency_key(run_id: str, step_index: int, step_name: str) -> str:

@@ -30,7 +30,7 @@ Where it is applied:
 - A worker serving the new version claims a run of the old version (``Worker``'s
   table maps the old (name, version) to the new workflow, ``routes``): the upgraded
   record *is* the claim. A run whose upgrade is refused (or whose ``fn`` raises) is
-  left untouched, logged, and not looked at again for a minute (``_watch.RECHECK``),
+  left untouched, logged, and not looked at again for a minute (``worker._watch.RECHECK``),
   so a worker still serving the old version can finish it.
 - ``upgrade``/``aupgrade``: one run, explicitly (``stepstone runs upgrade``), for runs
   not due yet (a worker only loads a waiting run once it is due).

@@ -30,6 +30,8 @@ that crash or fail a run at a chosen moment.
 ``FakeClock`` is time your tests move: ``with FakeClock() as clock:`` installs it as the
 clock the runner, the worker, leases, timers and backoff read (``use_clock`` installs any
 ``Clock``), and ``clock.advance(timedelta(days=2))`` ends a two-day wait in milliseconds.
+``run``, ``arun``, ``start`` and ``Worker`` also take ``clock=``: a clock for that call
+only, the installed one left as it is.
 """
 
 from .._clock import Clock, use_clock

@@ -22,9 +22,10 @@ class FakeClock:
     """A clock for tests: stepstone's runner, worker, leases, timers and backoff read it.
 
     Install it with ``with FakeClock() as clock:`` and move time with
-    ``clock.advance(timedelta(days=2))``. Inside the block, a run's timers (``Sleep``,
-    a ``WaitFor`` timeout), retry backoff, lease expiry and the worker's rests all go by
-    this clock:
+    ``clock.advance(timedelta(days=2))``, or give it to the calls that should read it
+    (``run``, ``arun``, ``start``, ``Worker``: ``clock=clock``). There, a run's timers
+    (``Sleep``, a ``WaitFor`` timeout), retry backoff, lease expiry and renewal and the
+    worker's rests all go by this clock:
 
     - ``sleep`` and ``asleep`` (a retry's backoff) move the clock forward by the time
       asked and return at once, as if the time had passed.

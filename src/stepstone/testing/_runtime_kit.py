@@ -18,7 +18,7 @@ from .._lease import claimed
 from .._registry import open_store
 from .._steps import Workflow
 from .._store import RunInfo, Store
-from .._worker import Worker
+from ..worker import Worker
 from ._barrier import WAIT_TIMEOUT
 from ._base import ContractBase
 from ._ops import Ops

@@ -12,17 +12,17 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from ._effects import Announce, Effect, Load, Save
-from ._runner import drive
-from ._store import aclaim_page, claim_page
-from ._wake import aannounce, announce
+from .._effects import Announce, Effect, Load, Save
+from .._runner import drive
+from .._store import aclaim_page, claim_page
+from .._wake import aannounce, announce
 
 if TYPE_CHECKING:
     from datetime import datetime
 
-    from ._checkpoint import RunStatus
-    from ._plan import Plan
-    from ._store import Store
+    from .._checkpoint import RunStatus
+    from .._plan import Plan
+    from .._store import Store
 
 __all__ = ["ClaimReady", "Execute", "Page", "Rest", "Spawn", "aperform", "perform"]
 
@@ -88,7 +88,7 @@ class Rest(Effect):
 async def _adrive(plan: Plan, store: Store) -> Any:
     # Imported when first awaited: ``_arunner`` imports asyncio, which a process that
     # only serves with threads (or only starts runs) never pays for.
-    from ._arunner import adrive  # noqa: PLC0415
+    from .._arunner import adrive  # noqa: PLC0415
 
     return await adrive(plan, store)
 

@@ -13,21 +13,21 @@ from collections.abc import Callable, Generator
 from datetime import datetime
 from typing import Any
 
-from . import _lease
-from ._checkpoint import Checkpoint, Failure, evolve, utcnow
-from ._checks import check_names
-from ._core import Interrupted, write
-from ._effects import Effect
-from ._errors import (
+from .. import _lease
+from .._checkpoint import Checkpoint, Failure, evolve, utcnow
+from .._checks import check_names
+from .._core import Interrupted, write
+from .._effects import Effect
+from .._errors import (
     ConflictError,
     RunCancelled,
     StepFailed,
     Suspended,
     WorkflowChanged,
 )
-from ._observe import RunEvent, first_line
-from ._plan import Plan
-from ._suspend import DUE_NOW_UNTIL, nudge
+from .._observe import RunEvent, first_line
+from .._plan import Plan
+from .._suspend import DUE_NOW_UNTIL, nudge
 
 __all__ = ["SETTLED", "changed", "claim_event", "ending", "park"]
 

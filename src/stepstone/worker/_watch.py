@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from . import _clock, _lease
+from .. import _clock, _lease
 
 if TYPE_CHECKING:
-    from ._checkpoint import Checkpoint, RunStatus
-    from ._store import RunInfo
+    from .._checkpoint import Checkpoint, RunStatus
+    from .._store import RunInfo
 
 __all__ = ["FORGET", "KINDS", "RECHECK", "Seen", "Watch", "lease_hint"]
 
