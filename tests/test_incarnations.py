@@ -173,10 +173,12 @@ RACE_SAVES = 200
 
 @pytest.mark.crash
 def test_two_processes_deleting_and_first_saving_the_same_ids_lose_no_save(
-    racing_config: str, tmp_path: Path
+    durable_config: str, tmp_path: Path
 ) -> None:
     """One process deletes ids in a loop while this one makes first long saves of them
-    and a new base each: every run there at the end loads."""
+    and a new base each: every run there at the end loads (the file store's locks
+    included)."""
+    racing_config = durable_config
     stop = tmp_path / "stop"
     child = subprocess.Popen(
         [sys.executable, "-c", _DELETER, racing_config, str(stop), str(RACE_IDS)],
