@@ -366,6 +366,18 @@ class PieceHooks(Publisher, PiecesProtocol[None]):
 
     # -- deleting -------------------------------------------------------------------------
 
+    def _delete_in(self, dir_fd: int, run_id: str, expected: str | None) -> bool:
+        """``delete``: the protocol's, the document's lock released however it ends."""
+        name = encode_name(run_id)
+        ctx = _Held(dir_fd, name, run_id, expected)
+        try:
+            known = self._handles.checkout(name)
+            if known is not None:
+                self._handles.release(known.fd)
+            return run_plain(self._pieces_delete(ctx, run_id, expected))
+        finally:
+            self._pp_end(ctx)
+
     def _pp_current(self, ctx: _Held) -> Plain:
         """Lock the run's current document: its ``Current``, or None if there is none.
 

@@ -34,7 +34,6 @@ from ._listing import Listing
 from ._locking import Handles
 from ._names import ACTIVE, encode_name, run_of
 from ._notify import DirectoryListener, listen_directory
-from ._piece_hooks import _Held
 from ._pieces import PIECES, check_key, collect_orphans, open_root
 from ._publish import MAX_DOCUMENT_BYTES
 from ._trust import check_opened, check_trust, make_dirs
@@ -159,15 +158,9 @@ class FileStore(Listing):
     def delete(self, run_id: str, *, expected_version: str | None = None) -> bool:
         check_run_id(run_id)
         dir_fd = self._handles.begin()
-        name = encode_name(run_id)
-        ctx = _Held(dir_fd, name, run_id, expected_version)
         try:
-            known = self._handles.checkout(name)
-            if known is not None:
-                self._handles.release(known.fd)
-            return run_plain(self._pieces_delete(ctx, run_id, expected_version))
+            return self._delete_in(dir_fd, run_id, expected_version)
         finally:
-            self._pp_end(ctx)
             self._handles.end()
 
     def collect_orphans(self, min_age: float = _statelog.ORPHAN_AGE) -> list[_statelog.Orphan]:
