@@ -414,3 +414,17 @@ def test_collect_orphans_of_age_zero_takes_an_incarnation_of_this_second(
         clock.advance(1)
         assert [o.key for o in store.collect_orphans(60)] == [soon]
         assert store.piece_keys("gone-now") == store.piece_keys("old-soon") == []
+
+
+def test_a_delete_removes_its_incarnations_pieces_and_no_others(durable_config: str) -> None:
+    """``delete`` removes the deleted document's incarnation's pieces; a young orphan of
+    another incarnation under the same id stays, for ``collect_orphans``."""
+    with open_store(durable_config) as store:
+        stray = f"{sl.new_inc()}:0.abc.0"
+        store.put_pieces("mixed", [sl.Piece(stray, 0, b"stray")])
+        cp = store.save(Checkpoint("mixed", state=_state("a")))
+        assert sorted(store.piece_keys("mixed")) == sorted([*_named(cp), stray])
+        assert store.delete("mixed")
+        assert store.piece_keys("mixed") == [stray]
+        assert [o.key for o in store.collect_orphans(0)] == [stray]
+        assert store.piece_keys("mixed") == []
