@@ -441,7 +441,7 @@ def test_oversized_file_is_corrupt_without_reading_it(
     store: FileStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A data file over the size limit is refused on load as not a checkpoint."""
-    monkeypatch.setattr(store_module, "MAX_DOCUMENT_BYTES", 100)
+    monkeypatch.setattr(store_module.FileStore, "_max_bytes", 100)
     _write_raw(store, "run.json", b" " * 101)
     with pytest.raises(CorruptCheckpoint, match="over the 100-byte limit"):
         store.load("run")
@@ -449,7 +449,7 @@ def test_oversized_file_is_corrupt_without_reading_it(
 
 def test_document_over_limit_is_refused(store: FileStore, monkeypatch: pytest.MonkeyPatch) -> None:
     """A checkpoint over the limit raises CheckpointTooLarge with size and limit; nothing stored."""
-    monkeypatch.setattr(store_module, "MAX_DOCUMENT_BYTES", 1000)
+    monkeypatch.setattr(store_module.FileStore, "_max_bytes", 1000)
     with pytest.raises(CheckpointTooLarge, match="limit of 1000 bytes") as caught:
         store.save(Checkpoint("run", state={"big": "x" * 2000}))
     assert caught.value.limit == 1000

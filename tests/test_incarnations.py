@@ -7,7 +7,8 @@
   every run that is there at the end loads;
 - a writer killed between a first save's pieces and its document leaves orphans, which
   ``collect_orphans`` deletes once older than its minimum age, and not before, and
-  which the next base of the same id collects once old;
+  which the next base of the same id collects once old; ``collect_orphans(0)`` takes
+  one made in the current second (ages by the clock seam, ``FakeClock``);
 - a run written by the previous release (keys without an incarnation) still loads,
   saves, collects and deletes.
 
@@ -23,6 +24,7 @@ import sys
 import textwrap
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +33,7 @@ import pytest
 from stepstone import ConflictError, CorruptCheckpoint, Store, open_store
 from stepstone import _statelog as sl
 from stepstone._checkpoint import Checkpoint
-from stepstone.testing import kill_point
+from stepstone.testing import FakeClock, kill_point
 from test_long_states import (
     SRC,
     TESTS,
@@ -171,10 +173,12 @@ RACE_SAVES = 200
 
 @pytest.mark.crash
 def test_two_processes_deleting_and_first_saving_the_same_ids_lose_no_save(
-    racing_config: str, tmp_path: Path
+    durable_config: str, tmp_path: Path
 ) -> None:
     """One process deletes ids in a loop while this one makes first long saves of them
-    and a new base each: every run there at the end loads."""
+    and a new base each: every run there at the end loads (the file store's locks
+    included)."""
+    racing_config = durable_config
     stop = tmp_path / "stop"
     child = subprocess.Popen(
         [sys.executable, "-c", _DELETER, racing_config, str(stop), str(RACE_IDS)],
@@ -381,3 +385,46 @@ def test_a_save_without_a_handle_starts_an_incarnation_and_loses_nothing(
         assert store.delete("by-hand")
         assert set(store.piece_keys("by-hand")) == old
         assert [o.key for o in store.collect_orphans(3600)] == sorted(old)
+
+
+def test_collect_orphans_of_age_zero_takes_an_incarnation_of_this_second(
+    durable_config: str,
+) -> None:
+    """An orphan made in the current second is at least 0 seconds old: ``collect_orphans(0)``
+    takes it; one of age 60 waits until the clock has moved 60 seconds."""
+    # Three quarters into a second: an incarnation's age is counted from the second it
+    # names, so the fraction does not keep it another second.
+    start = datetime(2031, 5, 6, 7, 8, 9, 750_000, tzinfo=UTC)
+    with FakeClock(start) as clock, open_store(durable_config) as store:
+        now = sl.new_inc()
+        assert int(now[:8], 16) == int(start.timestamp())
+        store.put_pieces("gone-now", [sl.Piece(f"{now}:0.abc.0", 0, b"now")])
+        later = sl.new_inc()
+        store.put_pieces("gone-later", [sl.Piece(f"{later}:0.abc.0", 0, b"later")])
+        assert store.collect_orphans(60) == []
+        collected = store.collect_orphans(0)
+        # (A store may name the run by its key rather than its id, and count the bytes
+        # it stores rather than the piece's.)
+        assert sorted(o.key for o in collected) == sorted([f"{later}:0.abc.0", f"{now}:0.abc.0"])
+        assert all(o.size >= 3 for o in collected)
+        soon = f"{sl.new_inc()}:0.abc.0"
+        store.put_pieces("old-soon", [sl.Piece(soon, 0, b"x")])
+        clock.advance(59)
+        assert store.collect_orphans(60) == []
+        clock.advance(1)
+        assert [o.key for o in store.collect_orphans(60)] == [soon]
+        assert store.piece_keys("gone-now") == store.piece_keys("old-soon") == []
+
+
+def test_a_delete_removes_its_incarnations_pieces_and_no_others(durable_config: str) -> None:
+    """``delete`` removes the deleted document's incarnation's pieces; a young orphan of
+    another incarnation under the same id stays, for ``collect_orphans``."""
+    with open_store(durable_config) as store:
+        stray = f"{sl.new_inc()}:0.abc.0"
+        store.put_pieces("mixed", [sl.Piece(stray, 0, b"stray")])
+        cp = store.save(Checkpoint("mixed", state=_state("a")))
+        assert sorted(store.piece_keys("mixed")) == sorted([*_named(cp), stray])
+        assert store.delete("mixed")
+        assert store.piece_keys("mixed") == [stray]
+        assert [o.key for o in store.collect_orphans(0)] == [stray]
+        assert store.piece_keys("mixed") == []

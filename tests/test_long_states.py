@@ -363,11 +363,14 @@ def _expected(step: int) -> State:
 
 
 @pytest.mark.crash
-@pytest.mark.parametrize(("point", "nth"), [("pieces.written", 3), ("pieces.collect", 1)])
+@pytest.mark.parametrize(
+    ("point", "nth"), [("pieces.piece", 2), ("pieces.written", 3), ("pieces.collect", 1)]
+)
 def test_a_kill_inside_a_long_save_leaves_a_whole_state(
     durable_config: str, mode: str, point: str, nth: int
 ) -> None:
-    """Killed at a piece point: old (written) or new (collect) state, resumed, orphans swept."""
+    """Killed at a piece point: old (piece, written) or new (collect) state, resumed, orphans
+    swept."""
     with open_store(durable_config) as probe:
         points = dict(type(probe).piece_kill_points)
     if point not in points:

@@ -13,8 +13,9 @@ there) and ``upgrade.transformed`` (an upgrade's function returned, the run not 
 saved); the fleet harness kills workers there. A long state's save
 (``stepstone._statelog``) fires ``pieces.written`` (its pieces are stored, the
 document not yet swapped) and ``pieces.collect`` (the document swapped, older pieces
-not yet collected) in every backend that keeps pieces; the SQL and file stores also
-``pieces.piece`` after each piece written (a kill between two pieces). Outside saves:
+not yet collected) in every backend that keeps pieces, and ``pieces.piece`` after each
+piece written (a kill between two pieces; Cosmos, which writes a save's pieces
+concurrently, after its first piece and after the rest). Outside saves:
 ``pieces.deleting`` (a delete removed the document, its pieces not yet) and
 ``pieces.collecting`` (``collect_orphans`` between two deletions), declared in
 ``Store.cleanup_kill_points``. ``memory.saved`` and

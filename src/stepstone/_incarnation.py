@@ -1,7 +1,8 @@
 """A run's incarnation, which every piece key of its lineage starts with (``_statelog``).
 
 An incarnation is 16 characters: the unix seconds it was made at (8 hex digits, by the
-writing host's clock), then 8 random hex digits. A piece key is
+writing host's clock, read through ``_clock`` so a test's ``FakeClock`` sets it), then 8
+random hex digits. A piece key is
 ``"<inc>:<gen>.<token>.<n>"``; keys written before incarnations existed have no
 ``<inc>:`` (*legacy* keys) and still load. The rules that use it are in ``_statelog``'s
 docstring.
@@ -9,11 +10,12 @@ docstring.
 
 from __future__ import annotations
 
+import math
 import secrets
-import time
 from dataclasses import dataclass
 from typing import Any
 
+from . import _clock
 from ._codec import REF_KEY
 
 __all__ = [
@@ -56,21 +58,33 @@ def inc_of(key: str) -> str | None:
     return inc if colon else None
 
 
+def _now() -> float:
+    return _clock.now().timestamp()
+
+
 def new_inc(now: float | None = None) -> str:
     """A new incarnation: 8 hex digits of unix seconds (``now``), 8 random hex digits."""
-    seconds = int(time.time() if now is None else now)
+    seconds = int(_now() if now is None else now)
     return f"{max(seconds, 0) & 0xFFFFFFFF:08x}{secrets.token_hex(4)}"
 
 
 def inc_cutoff(min_age: float, now: float | None = None) -> str:
-    """The incarnations made more than ``min_age`` seconds ago sort below this string."""
-    seconds = int((time.time() if now is None else now) - min_age)
+    """The incarnations at least ``min_age`` seconds old sort below this string.
+
+    An incarnation's age is counted from the second it names (made at ``s``: its age is
+    ``now - s``), so ``min_age=0`` takes one made in the current second too. Counting
+    from the end of that second instead would keep it until the next: an orphan made
+    just now would survive ``collect_orphans(0)``. With the default age of a day, the
+    fraction of a second this can add is nothing beside the margin it leaves a save in
+    flight.
+    """
+    seconds = math.floor((_now() if now is None else now) - min_age) + 1
     return f"{max(seconds, 0):08x}"
 
 
 def is_orphan(key: str, live: str | None, min_age: float, now: float | None = None) -> bool:
     """Whether ``key`` is an orphan: of an incarnation other than ``live`` (the run's
-    document's, None: no document), made more than ``min_age`` seconds ago.
+    document's, None: no document), at least ``min_age`` seconds old (``inc_cutoff``).
 
     Legacy keys (no incarnation) are never orphans: their age cannot be told.
     """

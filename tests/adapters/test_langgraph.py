@@ -43,6 +43,7 @@ from langgraph.checkpoint.serde.types import ERROR
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 
+import langgraph_support as lgs
 from langgraph_support import BACKENDS, CHILD_TIMEOUT, DURABLE, _config_for, _context
 from stepstone import ConfigError, Store, open_store
 from stepstone.adapters.langgraph import (
@@ -484,16 +485,8 @@ def _two_writer_child(
                 results.put((r, "lost"))
 
 
-def _with_env(env: dict[str, str], target: Any, *args: Any) -> None:
-    os.environ.update(env)
-    target(*args)
-
-
 def _run_child(target: Any, *args: Any) -> int | None:
-    # A forkserver child has the forkserver's environment, from whenever it started (in a
-    # file or SQLite test, say): hand it the emulator's key this test set.
-    env = {k: v for k, v in os.environ.items() if k == "AZURE_COSMOS_KEY"}
-    process = _context().Process(target=_with_env, args=(env, target, *args))
+    process = _context().Process(target=lgs.with_env, args=(lgs.child_env(), target, *args))
     process.start()
     process.join(CHILD_TIMEOUT)
     if process.is_alive():
@@ -559,12 +552,11 @@ def test_two_writer_processes_never_both_extend_one_parent(durable_config: str) 
         saver.put(_cfg("t"), _checkpoint(), _meta("input", -1), {})
         ctx = _context()
         barrier, results = ctx.Barrier(2), ctx.Queue()
-        env = {k: v for k, v in os.environ.items() if k == "AZURE_COSMOS_KEY"}
         children = [
             ctx.Process(
-                target=_with_env,
+                target=lgs.with_env,
                 args=(
-                    env,
+                    lgs.child_env(),
                     _two_writer_child,
                     durable_config,
                     prefix,

@@ -4,7 +4,10 @@ What a ``put`` may do follows what its writer read: resuming an interrupt from a
 checkpoint id and a subgraph replaying from its own checkpoint branch, as on LangGraph's
 own savers; two invokes that both loaded the thread's latest checkpoint cannot both land,
 so one finished invoke is never silently dropped from the thread (threads on every
-backend, and processes on every durable one).
+backend, and processes on every durable one). The same for two first invokes of one new
+thread, and for two puts that both start a namespace: one creates its head by
+compare-and-swap, the other is refused (threads on every backend, processes on SQLite
+and PostgreSQL).
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from langgraph_support import (
     child_env,
     with_env,
 )
-from stepstone import Store, open_store
+from stepstone import ConflictError, Store, open_store
 from stepstone.adapters.langgraph import CheckpointConflict, StepstoneSaver
 
 
@@ -334,3 +337,157 @@ def test_an_addressed_id_is_an_ordinary_str(saver: StepstoneSaver) -> None:
         "configurable": {"thread_id": "t", "checkpoint_ns": "", "checkpoint_id": AnyString()}
     }
     assert addressed != "other" and (addressed == "other") is False
+
+
+# -- two first invokes of one new thread -------------------------------------------------
+
+
+def _first_invoke(saver: StepstoneSaver, form: str, thread: str, name: str) -> str:
+    """The first invoke of ``name`` on a new thread: "won", or "lost" to CheckpointConflict."""
+    try:
+        _run(_chat(saver), form, {"messages": [name]}, {"configurable": {"thread_id": thread}})
+    except CheckpointConflict:
+        return "lost"
+    return "won"
+
+
+def _assert_one_first_invoke(saver: StepstoneSaver, thread: str, outcomes: dict[str, str]) -> None:
+    """Exactly one first invoke won, and the thread holds its turn and nothing else."""
+    assert sorted(outcomes.values()) == ["lost", "won"], outcomes
+    (winner,) = [name for name, outcome in outcomes.items() if outcome == "won"]
+    state = _chat(saver).get_state({"configurable": {"thread_id": thread}})
+    assert state.values["messages"] == [winner, f"reply to {winner}"]
+
+
+@pytest.mark.parametrize("form", ["sync", "async"])
+def test_two_first_invokes_of_a_new_thread_never_lose_one(store: Store, form: str) -> None:
+    """Two invokes both find a new thread empty and one finishes first: the other's first
+    checkpoint is refused, not made the thread's head in place of the finished invoke."""
+    prefix = f"fi{uuid.uuid4().hex[:8]}"
+    barrier, a_done = threading.Barrier(2), threading.Event()
+    outcomes: dict[str, str] = {}
+
+    def invoke(name: str) -> None:
+        saver = _ReadTogether(store, prefix=prefix)
+        saver.barrier, saver.after = barrier, (a_done if name == "b" else None)
+        try:
+            outcomes[name] = _first_invoke(saver, form, "new", name)
+        finally:
+            if name == "a":
+                a_done.set()
+
+    threads = [threading.Thread(target=invoke, args=(name,)) for name in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(CHILD_TIMEOUT)
+        assert not t.is_alive(), "an invoking thread hung"
+    assert outcomes == {"a": "won", "b": "lost"}
+    _assert_one_first_invoke(StepstoneSaver(store, prefix=prefix), "new", outcomes)
+
+
+class _PausedPut(StepstoneSaver):
+    """Its put stops once it has read the namespace's head, until ``go`` is set."""
+
+    reached: threading.Event
+    go: threading.Event
+
+    def _put_rule(self, *args: Any) -> Any:
+        inner = super()._put_rule(*args)
+        resume: tuple[str, Any] = ("send", (yield next(inner)))  # the head's read
+        self.reached.set()
+        if not self.go.wait(CHILD_TIMEOUT):
+            raise TimeoutError("the other put never finished")
+        while True:
+            try:
+                how, value = resume
+                effect = inner.send(value) if how == "send" else inner.throw(value)
+            except StopIteration as stop:
+                return stop.value
+            try:
+                resume = ("send", (yield effect))
+            except ConflictError as exc:  # a refused compare-and-swap: the rule handles it
+                resume = ("throw", exc)
+
+
+def test_two_puts_starting_one_namespace_one_creates_its_head(store: Store) -> None:
+    """Two puts with no parent both find no head: the one that creates it wins; the
+    other is refused and leaves nothing, instead of replacing the winner's head."""
+    prefix = f"fp{uuid.uuid4().hex[:8]}"
+    config: RunnableConfig = {"configurable": {"thread_id": "t"}}
+    late = _PausedPut(store, prefix=prefix)
+    late.reached, late.go = threading.Event(), threading.Event()
+    meta: CheckpointMetadata = {"source": "loop", "step": 0, "parents": {}}
+    first, second = _empty(), _empty()
+    outcome: list[BaseException | None] = []
+
+    def put_late() -> None:
+        try:
+            late.put(config, second, meta, {})
+        except CheckpointConflict as exc:
+            outcome.append(exc)
+        else:
+            outcome.append(None)
+
+    thread = threading.Thread(target=put_late)
+    thread.start()
+    assert late.reached.wait(CHILD_TIMEOUT), "the paused put never read the head"
+    saver = StepstoneSaver(store, prefix=prefix)
+    try:
+        saver.put(config, first, meta, {})
+    finally:
+        late.go.set()
+        thread.join(CHILD_TIMEOUT)
+    assert not thread.is_alive(), "the paused put hung"
+    assert len(outcome) == 1 and isinstance(outcome[0], CheckpointConflict), outcome
+    latest = saver.get_tuple(config)
+    assert latest is not None and latest.checkpoint["id"] == first["id"]
+    assert [t.checkpoint["id"] for t in saver.list(config)] == [first["id"]]
+
+
+def _first_invoke_child(
+    config: str, prefix: str, barrier: Any, rounds: int, results: Any, name: str
+) -> None:
+    """One of two processes making the first invoke of each of ``rounds`` new threads,
+    after both found it empty."""
+    with open_store(config) as store:
+        for r in range(rounds):
+            saver = _ReadTogether(store, prefix=prefix)
+            saver.barrier = barrier
+            results.put((r, name, _first_invoke(saver, "sync", f"new-{r}", name)))
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_two_first_invoke_processes_never_lose_one(
+    kind: str, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Two processes make the first invoke of the same new threads at once: of each
+    pair, one wins and the thread holds exactly its turn; the other is refused."""
+    config, prefix, rounds = _config_for(kind, request, tmp_path_factory), "fp", 4
+    ctx = _context()
+    barrier, results = ctx.Barrier(2), ctx.Queue()
+    children = [
+        ctx.Process(
+            target=with_env,
+            args=(child_env(), _first_invoke_child, config, prefix, barrier, rounds, results, n),
+        )
+        for n in ("a", "b")
+    ]
+    for child in children:
+        child.start()
+    outcomes: dict[int, dict[str, str]] = {r: {} for r in range(rounds)}
+    for _ in range(2 * rounds):
+        try:
+            r, name, outcome = results.get(timeout=CHILD_TIMEOUT)
+        except queue.Empty:
+            for child in children:
+                child.kill()
+            pytest.fail(f"invoking processes stopped reporting after {outcomes}")
+        outcomes[r][name] = outcome
+    for child in children:
+        child.join(CHILD_TIMEOUT)
+        assert child.exitcode == 0, f"invoking process exited with {child.exitcode}"
+    with StepstoneSaver.from_config(config, prefix=prefix) as saver:
+        for r in range(rounds):
+            _assert_one_first_invoke(saver, f"new-{r}", outcomes[r])

@@ -42,8 +42,7 @@ def test_cleanup_kill_points_come_from_the_store_class(name: str) -> None:
     """Every durable backend declares kill points inside delete and collect_orphans."""
     points = chaos.cleanup_kill_points(name)
     assert set(points) == CLEANUP_POINTS, f"{name}: cleanup_kill_points {dict(points)}"
-    if name != "cosmos":  # Cosmos writes a save's pieces in one concurrent batch
-        assert "pieces.piece" in chaos.piece_kill_points(name), name
+    assert "pieces.piece" in chaos.piece_kill_points(name), name
 
 
 def test_churn_keeps_every_acknowledged_save_and_leaves_no_piece(

@@ -1,5 +1,5 @@
 """The pieces protocol, once: how a store with a long state in pieces saves, loads and
-deletes a run (``_statelog``), for the SQL and Cosmos stores.
+deletes a run (``_statelog``), for the SQL, Cosmos and file stores.
 
 - **save**: write the save's pieces (immutable, under keys nobody else uses), then
   commit the document by its one compare-and-swap, which names them. A save whose
@@ -103,6 +103,10 @@ class PiecesProtocol(Generic[E]):
         """The ``ctx`` of a save (after planning it, before any write)."""
         raise NotImplementedError
 
+    def _pp_end(self, ctx: Any) -> None:
+        """Release what ``_pp_begin`` took (the file store's locks), however the save
+        ended. Default: nothing."""
+
     def _pp_write(self, ctx: Any, pieces: Sequence[_statelog.Piece], retry: bool) -> Steps[E, None]:
         """Write ``pieces``; ``retry``: some may be stored already (keep them)."""
         raise NotImplementedError
@@ -173,9 +177,18 @@ class PiecesProtocol(Generic[E]):
         # same version token, document and pieces (``Unanswered``).
         again = self._unanswered.take(checkpoint, checkpoint.run_id)
         plan = self._pp_plan(checkpoint) if again is None else again
+        ctx = yield from self._pp_begin(plan)
+        try:
+            return (yield from self._pieces_save_in(ctx, plan, again, checkpoint))
+        finally:
+            self._pp_end(ctx)
+
+    def _pieces_save_in(
+        self, ctx: Any, plan: Any, again: Any, checkpoint: Checkpoint
+    ) -> Steps[E, Checkpoint]:
+        """``_pieces_save`` once it has its ``ctx``."""
         prepared = self._pp_prepared(plan)
         run_id = self._pp_run_id(plan)
-        ctx = yield from self._pp_begin(plan)
         if prepared.pieces:
             # Immutable and under keys nobody else uses: written before the document
             # names them; the save's commit point is still the one write below.

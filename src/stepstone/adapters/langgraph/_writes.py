@@ -5,6 +5,15 @@ loaded the namespace's latest checkpoint, or wrote the one before, must extend t
 (``_check_head``); a writer that asked for a checkpoint by id (time travel, a fork, a
 subgraph's replay) may branch from it. The head is advanced last, by compare-and-swap,
 and is the commit point of a ``put``.
+
+A put with no parent starts a namespace. It creates the head by compare-and-swap (insert
+if absent): of two first puts that both found no head, one creates it and the other is
+refused (``CheckpointConflict``), never made the head over the winner. A put with no
+parent that finds a head is a new root, as on LangGraph's own savers (the conformance
+suite's puts; a subgraph replayed into a namespace it used after the replay point),
+except an invoke's first checkpoint in the root namespace (``source="input"``, step
+-1): LangGraph writes that only after loading nothing, so a head there was written by
+another invoke since, which this one would silently replace.
 """
 
 from __future__ import annotations
@@ -73,8 +82,10 @@ class Writes(Codec):
         }
         ns_key = self._ns_key(thread_id, ns)
         key = self._cp_key(thread_id, ns, cp_id)
+        # An invoke's first checkpoint of the thread: its writer loaded no checkpoint.
+        fresh = ns == "" and metadata.get("source") == "input" and metadata.get("step") == -1
         head_record = yield Load(ns_key)
-        self._check_head(head_record, thread_id, ns, parent, cp_id, branch)
+        self._check_head(head_record, thread_id, ns, parent, cp_id, branch, fresh)
         # Insert-if-absent: a checkpoint id is written once. The same content again is
         # a retry of a put whose answer was lost, and succeeds.
         try:
@@ -107,9 +118,12 @@ class Writes(Codec):
                         yield Save(self._lease(evolve(head_record, state={**head, "head": cp_id})))
                 break
             except ConflictError:
+                # This put found no head, and another writer made one since: it started
+                # the namespace afresh too, so this one must not replace its head.
+                fresh = fresh or head_record is None
                 head_record = yield Load(ns_key)
                 try:
-                    self._check_head(head_record, thread_id, ns, parent, cp_id, branch)
+                    self._check_head(head_record, thread_id, ns, parent, cp_id, branch, fresh)
                 except CheckpointConflict:
                     yield Delete(key)
                     raise
@@ -132,8 +146,13 @@ class Writes(Codec):
         parent: str | None,
         cp_id: str,
         branch: bool,
+        fresh: bool = False,
     ) -> None:
-        """Refuse a write that does not extend what the namespace's head says."""
+        """Refuse a write that does not extend what the namespace's head says.
+
+        ``fresh``: the writer found the namespace empty, so with no parent it may only
+        start it, not replace a head another writer made meanwhile.
+        """
         if head_record is None:
             return
         head = head_record.state
@@ -153,8 +172,20 @@ class Writes(Codec):
                 head_record.owner or "",
             )
         latest = head.get("head")
-        if branch or latest == cp_id or parent is None or parent == latest:
+        if branch or latest in (cp_id, parent):
             return
+        if parent is None:
+            if not fresh or latest is None:
+                return
+            raise CheckpointConflict(
+                f"thread {thread_id!r} (namespace {ns!r}) was started with checkpoint "
+                f"{latest!r} by another writer while this one started it afresh (two first "
+                "invokes of one new thread, say). Nothing of this one was kept; invoke "
+                "again to continue from the thread's latest checkpoint",
+                thread_id,
+                ns,
+                None,
+            )
         raise CheckpointConflict(
             f"thread {thread_id!r} (namespace {ns!r}) advanced to checkpoint {latest!r} "
             f"while this writer continued from {parent!r}: another process is driving "

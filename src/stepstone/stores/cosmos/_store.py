@@ -107,7 +107,7 @@ class CosmosStore(CosmosPieces, Admin):
     )
     holds_pieces: ClassVar[bool] = True
     piece_kill_points: ClassVar[Mapping[str, bool]] = MappingProxyType(
-        {"pieces.written": False, "pieces.collect": True}
+        {"pieces.piece": False, "pieces.written": False, "pieces.collect": True}
     )
     cleanup_kill_points: ClassVar[Mapping[str, bool]] = MappingProxyType(
         {"pieces.deleting": True, "pieces.collecting": True}

@@ -22,6 +22,9 @@ The package, one concern a module, each importing only those above it:
 - ``_locking``: the descriptors a store holds open, and ``flock`` on a run's document;
 - ``_index``: the ``.active/`` index of runs a worker may claim;
 - ``_pieces``: the pieces of long states, beside the documents;
+- ``_publish``: putting a run's document in place and taking it away, with its marker;
+- ``_piece_hooks``: load, save and delete as the pieces protocol's hooks, with the locks;
+- ``_listing``: the listings, and the runs a worker may claim;
 - ``_store``: ``FileStore``, putting these together.
 
 Guarantees

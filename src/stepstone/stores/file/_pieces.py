@@ -32,6 +32,7 @@ import re
 import stat
 import time
 from collections.abc import Callable, Iterable, Sequence
+from typing import Final
 
 from ... import _hooks
 from ..._errors import CorruptCheckpoint, StoreError, StorePermissionError
@@ -42,6 +43,7 @@ from ._names import TEMP_PREFIX, join
 from ._trust import OPT_OUT, who
 
 __all__ = [
+    "EVERY",
     "KEY",
     "PIECES",
     "PieceDir",
@@ -58,6 +60,9 @@ PIECES = ".pieces"
 #: A piece key as ``_statelog`` makes them: an incarnation and a colon (none in a legacy
 #: key), a generation, a dot, then lowercase ASCII.
 KEY = re.compile(r"(?:[0-9a-f]{16}:)?[0-9]{1,18}\.[a-z0-9_-][a-z0-9_.-]{0,180}")
+#: ``remove_run``'s incarnation for every piece of the run (not an incarnation: those
+#: are 16 hex digits).
+EVERY: Final = "*"
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 # O_NONBLOCK: a FIFO planted at a key fails the open instead of waiting for a writer.
@@ -312,9 +317,16 @@ def open_run(
 
 
 def remove_run(
-    root_fd: int, directory: str, name: str, strict: bool, *, still_gone: Callable[[], bool]
+    root_fd: int,
+    directory: str,
+    name: str,
+    strict: bool,
+    *,
+    still_gone: Callable[[], bool],
+    inc: str | None = EVERY,
 ) -> None:
-    """Remove a deleted run's pieces and their directory; best effort, logged.
+    """Remove a deleted run's pieces of incarnation ``inc`` (None: its legacy keys;
+    ``EVERY``: all), leftover temps, and the directory once empty; best effort, logged.
 
     ``still_gone()`` is asked once the directory is locked exclusively: False means the
     run was saved again meanwhile (a new run under the same run_id), whose pieces stay.
@@ -341,16 +353,26 @@ def remove_run(
         if not still_gone():
             return
         # Under the exclusive lock no saver is in the directory: every temp is a leftover.
-        ours = [n for n in run.names() if KEY.fullmatch(n) or n.startswith(TEMP_PREFIX)]
-        run.remove(ours)
-        try:
-            os.rmdir(name, dir_fd=root_fd)
-        except OSError as exc:
-            logger.warning("leaving %s: %s (files the file store did not write?)", path, exc)
+        names = run.names()
+        doomed = [n for n in names if n.startswith(TEMP_PREFIX) or _of(n, inc)]
+        run.remove(doomed)
+        left = set(names) - set(doomed)
+        if not left:
+            try:
+                os.rmdir(name, dir_fd=root_fd)
+            except OSError as exc:
+                logger.warning("leaving %s: %s", path, exc)
+        elif any(KEY.fullmatch(n) is None for n in left):
+            logger.warning("leaving %s: it holds files the file store did not write", path)
     except (OSError, StoreError) as exc:
         logger.warning("could not remove the pieces in %s: %s", path, exc)
     finally:
         run.close()
+
+
+def _of(name: str, inc: str | None) -> bool:
+    """Whether ``name`` is a piece key of incarnation ``inc`` (``EVERY``: of any)."""
+    return KEY.fullmatch(name) is not None and (inc == EVERY or inc_of(name) == inc)
 
 
 def collect_orphans(
