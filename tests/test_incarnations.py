@@ -366,6 +366,30 @@ def test_doctor_fix_collects_old_orphans_and_says_what(
         assert store.piece_keys("orphaned") == []
 
 
+@pytest.mark.crash
+def test_prune_sweeps_orphans_older_than_a_day(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """``stepstone runs prune`` also collects orphaned pieces older than a day (and says
+    how many); a younger orphan and a live run's pieces stay."""
+    from test_cli import cli
+
+    config = _config("sqlite", request, tmp_path)
+    _kill_a_first_save(config, "old-orphan", 25 * 3600)
+    _kill_a_first_save(config, "young-orphan", 2 * 3600)
+    with open_store(config) as store:
+        store.save(Checkpoint("live", state=_state("live")))
+        young, live = store.piece_keys("young-orphan"), store.piece_keys("live")
+        assert store.piece_keys("old-orphan") and young and live
+    pruned = cli("runs", "prune", "--older-than", "30d", "--store", config)
+    assert pruned.returncode == 0, pruned.stderr
+    assert "orphaned piece(s) of long states older than a day" in pruned.stdout, pruned.stdout
+    with open_store(config) as store:
+        assert store.piece_keys("old-orphan") == []
+        assert store.piece_keys("young-orphan") == young
+        assert store.piece_keys("live") == live
+
+
 def test_a_save_without_a_handle_starts_an_incarnation_and_loses_nothing(
     racing_config: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -3,7 +3,9 @@
 By default only finished runs go (done, failed, cancelled): a nightly prune must not
 delete a run queued for a worker or waiting on a two-week approval. Active runs are
 pruned only when ``--status`` names them, and only after a confirmation on a terminal
-(``--yes`` for scripts).
+(``--yes`` for scripts). A prune that deletes also sweeps the store's orphaned pieces
+of long states older than a day (``Store.collect_orphans``, as ``doctor --fix`` does), so
+a nightly prune keeps the pieces tables from leaking what crashed deletes left.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 from .._checkpoint import ACTIVE_STATUSES, STATUSES
 from .._errors import ConflictError
+from .._statelog import ORPHAN_AGE
 from .._store import RunInfo
 from ._common import (
     EXIT_OK,
@@ -116,6 +119,7 @@ def _prune(args: argparse.Namespace) -> int:
     statuses: tuple[str, ...] = tuple(dict.fromkeys(args.status)) if args.status else FINISHED
     affected: list[str] = []
     kept: list[str] = []
+    orphans = 0
     with existing(config) as store:
         if args.ttl is not None and not store.supports_ttl:
             raise UsageError(
@@ -152,6 +156,24 @@ def _prune(args: argparse.Namespace) -> int:
                     affected.append(info.run_id)
             except ConflictError:
                 kept.append(info.run_id)
+        if not args.dry_run and args.ttl is None:
+            # Pieces no document names, of an incarnation older than a day: a crash between
+            # a delete's document and its pieces left them (never a save in flight).
+            orphans = len(store.collect_orphans(ORPHAN_AGE))
+    _report(args, verb, statuses, affected, kept, orphans)
+    return EXIT_OK
+
+
+def _report(
+    args: argparse.Namespace,
+    verb: str,
+    statuses: tuple[str, ...],
+    affected: list[str],
+    kept: list[str],
+    orphans: int,
+) -> None:
+    """Say what prune did (or would do), as text or ``--json``."""
+    cutoff: datetime = args.older_than
     count = len(affected)
     noun = "run" if count == 1 else "runs"
     which = f"{'/'.join(statuses)} {noun}" if args.status else f"{noun} (done, failed or cancelled)"
@@ -166,14 +188,16 @@ def _prune(args: argparse.Namespace) -> int:
                 "count": count,
                 "run_ids": affected,
                 "kept_because_changed": kept,
+                "orphaned_pieces_collected": orphans,
             }
         )
-        return EXIT_OK
+        return
     done = {"delete": "deleted", "expire": f"set a {args.ttl}s TTL on"}[verb]
     if args.dry_run:
         out(f"dry run: would {verb} {count} {which} updated before {when(cutoff)}")
-    else:
-        out(f"{done} {count} {which} updated before {when(cutoff)}")
-        if kept:
-            out(f"kept {len(kept)} that changed while pruning")
-    return EXIT_OK
+        return
+    out(f"{done} {count} {which} updated before {when(cutoff)}")
+    if kept:
+        out(f"kept {len(kept)} that changed while pruning")
+    if orphans:
+        out(f"collected {orphans} orphaned piece(s) of long states older than a day")
