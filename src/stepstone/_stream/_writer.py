@@ -1,0 +1,255 @@
+"""Writing a run's stream: ``emit`` inside a step, batched into fenced, write-once blocks.
+
+An ``Attempt`` is what the driver makes for each step call (and ``ctx.step`` for each
+call of a code workflow) and installs in a context variable while the step runs; the
+first ``emit`` gives it a ``Writer``. The writer buffers events and appends them as one
+block when 100 ms have passed since the first unflushed event, when 64 KB are waiting,
+or when the attempt ends (before its step's checkpoint is saved, so that every event of
+a committed attempt is stored before the commit).
+
+An append is one create-only save of the next block number: two writers racing for a
+number both learn the winner by the conflict. That conflict is also the fence: a writer
+that finds the block it lost to written under a newer lease epoch has been taken over
+and appends nothing more (its attempt cannot commit either: its checkpoint save is
+fenced by the same epoch). Readers also drop a block older than the newest epoch seen.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from contextvars import ContextVar
+from typing import Any
+
+from .. import _clock
+from .._errors import ConflictError, StoreError
+from .._observe import logger
+from .._store import Store
+from ._events import EmitOutsideStep, block_id, block_record, check_topic, encode_data
+
+__all__ = ["FLUSH_BYTES", "FLUSH_SECONDS", "Attempt", "current", "emit", "find_end"]
+
+#: A writer appends a block at most this long after an event was emitted...
+FLUSH_SECONDS = 0.1
+#: ...or as soon as this many bytes of events wait.
+FLUSH_BYTES = 64 * 1024
+# The next free block of each run this process wrote to: a hint that spares the next
+# attempt the search (a wrong hint only costs a few loads).
+_ends: dict[tuple[int, str], int] = {}
+
+
+def find_end(store: Store, run_id: str, hint: int = 0) -> int:
+    """Return the number of the first missing block of ``run_id``'s stream.
+
+    Blocks are numbered without gaps, so a galloping search from ``hint`` then a
+    binary search costs O(log blocks) loads.
+    """
+
+    def exists(n: int) -> bool:
+        return store.version_of(block_id(run_id, n)) is not None
+
+    if hint > 0 and not exists(hint - 1):
+        low, high = -1, hint - 1  # low exists (or is -1), high is missing
+    else:
+        low, step = hint - 1, 1
+        while exists(low + step):
+            low += step
+            step *= 2
+        high = low + step
+    while high - low > 1:
+        mid = (low + high) // 2
+        if exists(mid):
+            low = mid
+        else:
+            high = mid
+    return high
+
+
+class Fenced(StoreError):
+    """A newer owner of the run appended to its stream: this writer may not."""
+
+
+class Writer:
+    """The buffered events of one attempt, and the thread that flushes them."""
+
+    def __init__(self, attempt: Attempt) -> None:
+        self.attempt = attempt
+        self.buffer: list[list[Any]] = []
+        self.size = 0
+        self.seq = 0
+        self.wrote = False
+        self.fenced = False
+        self.error: BaseException | None = None
+        self.cond = threading.Condition()
+        self.flushing = threading.Lock()  # one append at a time, in order
+        self.closed = False
+        self.thread: threading.Thread | None = None
+
+    def add(self, topic: str, text: str) -> None:
+        a = self.attempt
+        with self.cond:
+            self.buffer.append([a.key, a.number, a.token, self.seq, topic, text])
+            self.seq += 1
+            self.size += len(text) + len(topic) + 40
+            full = self.size >= FLUSH_BYTES
+            if self.thread is None:
+                self.thread = threading.Thread(
+                    target=self._run, name=f"stepstone-stream-{a.run_id}", daemon=True
+                )
+                self.thread.start()
+            elif len(self.buffer) == 1:
+                self.cond.notify()
+        if full:
+            self.flush()
+
+    def _run(self) -> None:
+        # Wakes when a batch begins, waits out the flush interval, flushes; until closed.
+        while True:
+            with self.cond:
+                while not self.buffer and not self.closed:
+                    self.cond.wait()
+                if self.closed:
+                    return
+            _clock.sleep(FLUSH_SECONDS)
+            try:
+                self.flush()
+            except BaseException as exc:  # noqa: BLE001 - kept, raised by close()
+                self.error = exc
+                return
+
+    def flush(self) -> None:
+        """Append what is buffered as one block (nothing if empty or fenced)."""
+        with self.flushing:
+            with self.cond:
+                events, self.buffer, self.size = self.buffer, [], 0
+            if not events or self.fenced:
+                return
+            try:
+                self._append(events)
+            except Fenced:
+                self.fenced = True
+                logger.warning(
+                    "run %r: stream events of step %s dropped: the run has a newer owner",
+                    self.attempt.run_id,
+                    self.attempt.key,
+                )
+            except BaseException:
+                with self.cond:  # put them back in front: a later flush may succeed
+                    self.buffer[:0] = events
+                raise
+
+    def _append(self, events: list[list[Any]]) -> None:
+        a = self.attempt
+        store, run_id = a.store, a.run_id
+        where = (id(store), run_id)
+        n = _ends.get(where)
+        if n is None:
+            n = find_end(store, run_id)
+        while True:
+            try:
+                store.save(block_record(run_id, n, a.epoch, events))
+            except ConflictError:
+                other = store.load(block_id(run_id, n))
+                if other is not None and int(other.state.get("epoch", 0)) > a.epoch:
+                    raise Fenced(f"run {run_id!r}: block {n} was written by a newer owner") from None
+                n = find_end(store, run_id, n + 1)
+                continue
+            break
+        self.wrote = True
+        if len(_ends) > 4096:
+            _ends.clear()
+        _ends[where] = n + 1
+
+    def close(self) -> None:
+        """Flush the rest and stop the thread; raise what a flush failed with."""
+        with self.cond:
+            self.closed = True
+            self.cond.notify()
+        thread = self.thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+        self.flush()
+
+
+class Attempt:
+    """One attempt of one step, while it runs: where its events go, made on first emit."""
+
+    __slots__ = ("can_emit", "epoch", "key", "number", "run_id", "store", "token", "writer")
+
+    def __init__(
+        self, store: Store, run_id: str, key: str, epoch: int, number: int, can_emit: bool
+    ) -> None:
+        self.store = store
+        self.run_id = run_id
+        self.key = key
+        self.epoch = epoch
+        self.number = number
+        self.can_emit = can_emit
+        self.token = ""
+        self.writer: Writer | None = None
+
+    def call(self, seq: int, number: int) -> Attempt:
+        """Return the attempt of the call at ``seq`` of the code workflow this step runs."""
+        return Attempt(self.store, self.run_id, f"{self.key}.{seq}", self.epoch, number, True)
+
+    def emit(self, topic: object, data: object) -> None:
+        if not self.can_emit:
+            raise EmitOutsideStep(
+                "emit() outside a step: in a code workflow, emit inside the function of a "
+                "ctx.step call (code between calls re-runs on resume, and would emit again)"
+            )
+        text = encode_data(data)
+        checked = check_topic(topic)
+        writer = self.writer
+        if writer is None:
+            self.token = secrets.token_hex(6)
+            writer = self.writer = Writer(self)
+        writer.add(checked, text)
+
+    def close(self) -> str | None:
+        """End the attempt: store its events; return its token if it stored any.
+
+        Raises:
+            StoreError: its events could not all be stored (the step must not commit).
+        """
+        self.can_emit = False
+        writer = self.writer
+        if writer is None:
+            return None
+        writer.close()
+        return self.token if writer.wrote and not writer.fenced else None
+
+    def abandon(self) -> None:
+        """End a failed attempt: store what it can of its events, raise nothing."""
+        try:
+            self.close()
+        except Exception as exc:  # noqa: BLE001 - the step's own failure is what matters
+            logger.warning("run %r: stream events of a failed attempt lost: %s", self.run_id, exc)
+
+
+#: The attempt running in this context (set by the drivers and ``ctx.step``).
+current: ContextVar[Attempt | None] = ContextVar("stepstone_stream_attempt", default=None)
+
+
+def emit(topic: str, data: Any) -> None:
+    """Append an event to the stream of the run whose step is running here.
+
+    ``data`` is any JSON value up to ``MAX_EVENT_BYTES``. Events are stored in batches
+    (every 100 ms or 64 KB, and when the step ends, before its checkpoint).
+
+    Raises:
+        EmitOutsideStep: no step is running in this context.
+        InvalidState: ``data`` is not JSON (the message names the path).
+        EventTooLarge: ``data`` is over the size limit.
+        ConfigError: ``topic`` is not a non-empty str without control characters.
+    """
+    attempt = current.get()
+    if attempt is None:
+        raise EmitOutsideStep(
+            "emit() outside a step: events are emitted by a running step (ctx.emit in a "
+            "step list's step, or inside a code workflow's ctx.step function)"
+        )
+    attempt.emit(topic, data)
