@@ -7,6 +7,15 @@ any process, hiding the events of attempts that did not commit their step
 """
 
 from ._events import MAX_EVENT_BYTES, EmitOutsideStep, Event, EventTooLarge
+from ._reader import astream, stream
 from ._writer import emit
 
-__all__ = ["MAX_EVENT_BYTES", "EmitOutsideStep", "Event", "EventTooLarge", "emit"]
+__all__ = [
+    "MAX_EVENT_BYTES",
+    "EmitOutsideStep",
+    "Event",
+    "EventTooLarge",
+    "astream",
+    "emit",
+    "stream",
+]

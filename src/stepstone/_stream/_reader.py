@@ -1,0 +1,232 @@
+"""Reading a run's stream: ``stream`` and ``astream``, from any process.
+
+A reader loads the blocks after its offset (one load each, until the first missing
+one), then the run's checkpoint, and shows each event whose attempt is visible:
+
+- of a committed step, only the attempt that committed it (the checkpoint's
+  ``streams`` for a step list's step, the journal entry's ``stream`` for a code
+  workflow's call); a step that committed without events shows none;
+- of a step not committed yet, only its latest attempt (the live one);
+- a block written under an older lease epoch than one before it (a frozen former
+  owner's) never counts.
+
+Hidden events are dropped, or shown with ``superseded=True`` on request. Loading the
+checkpoint after the blocks means an attempt that committed before the load is judged
+committed. The reader follows while the run is active, woken by the store's listener
+where it has one (SQLite's ``data_version`` watch, the file store's inotify) and polling
+with back-off otherwise, and ends after the run is at rest and its last blocks are read.
+The rule is written once (``_Follow``); ``stream`` and ``astream`` only do the I/O.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from .. import _clock
+from .._checkpoint import Checkpoint
+from .._errors import RunNotFound, StoreError
+from .._journal import JOURNAL_KEY
+from .._observe import logger
+from .._store import Store
+from ._events import Event, block_id, parse_id
+
+__all__ = ["astream", "stream"]
+
+#: Seconds between two looks: the first after activity, doubling to the last.
+FIRST_POLL = 0.005
+MAX_POLL = 0.05
+_AT_REST = frozenset({"done", "failed", "cancelled"})
+
+
+class _Follow:
+    """What a reader has read and how it judges events: the rule, without I/O."""
+
+    def __init__(self, run_id: str, topic: str | None, after: str | None, superseded: bool):
+        self.run_id = run_id
+        self.topic = topic
+        self.superseded = superseded
+        block, index = parse_id(after)
+        # Re-read the block of ``after`` (write-once: the same events) and skip to it.
+        self.next = max(block, 0)
+        self.skip = (block, index)
+        self.pending: list[tuple[int, dict[str, Any]]] = []
+        self.max_epoch = 0
+        self.latest: dict[str, str] = {}
+
+    def loaded(self, n: int, record: Checkpoint | None) -> bool:
+        """Take block ``n`` as loaded; return whether to load the next one."""
+        if record is None:
+            return False
+        self.pending.append((n, record.state))
+        self.next = n + 1
+        return True
+
+    def judge(self, cp: Checkpoint | None) -> list[Event]:
+        """Return the visible events of the blocks read since, judged by ``cp``."""
+        blocks, self.pending = self.pending, []
+        for _, state in blocks:  # the latest attempt of each step, in stream order
+            for ev in state.get("events", ()):
+                self.latest[ev[0]] = ev[2]
+        journal = _journal(cp)
+        out: list[Event] = []
+        for n, state in blocks:
+            epoch = int(state.get("epoch", 0))
+            fenced = epoch < self.max_epoch
+            self.max_epoch = max(self.max_epoch, epoch)
+            for i, ev in enumerate(state.get("events", ())):
+                if (n, i) <= self.skip:
+                    continue
+                key, attempt, token, seq, topic, text = ev
+                if self.topic is not None and topic != self.topic:
+                    continue
+                hidden = fenced or not self._visible(cp, journal, key, token)
+                if hidden and not self.superseded:
+                    continue
+                out.append(
+                    Event(f"{n}.{i}", topic, json.loads(text), key, attempt, seq, hidden)
+                )
+        return out
+
+    def _visible(
+        self, cp: Checkpoint | None, journal: dict[int, Any] | None, key: str, token: str
+    ) -> bool:
+        step, dot, call = key.partition(".")
+        if cp is not None:
+            if not dot:
+                if cp.step >= int(step):
+                    return cp.streams.get(key) == token
+            elif journal is not None and int(call) in journal:
+                return journal[int(call)] == token
+            elif cp.step >= int(step):
+                return False  # the code step ended: a call it never journaled
+        return self.latest.get(key) == token
+
+
+def _journal(cp: Checkpoint | None) -> dict[int, Any] | None:
+    """Return a code workflow run's journaled calls: seq -> the committed attempt's token."""
+    if cp is None:
+        return None
+    entries = cp.state.get(JOURNAL_KEY)
+    if not isinstance(entries, list):
+        return None
+    return {
+        e["seq"]: e.get("stream")
+        for e in entries
+        if isinstance(e, dict) and type(e.get("seq")) is int
+    }
+
+
+def _not_found(run_id: str) -> RunNotFound:
+    return RunNotFound(f"no run {run_id!r} (and no stream of it) in this store", run_id)
+
+
+def stream(
+    store: Store,
+    run_id: str,
+    topic: str | None = None,
+    after: str | None = None,
+    *,
+    superseded: bool = False,
+    follow: bool = True,
+) -> Iterator[Event]:
+    """Yield the events of ``run_id``'s stream after the event id ``after``, then live.
+
+    Shows exactly the events of the attempts that committed their steps, plus those of
+    the step running now (see the module docstring); ``superseded=True`` shows the
+    others too, marked. Ends once the run is done, failed or cancelled (or deleted)
+    and every stored event is yielded; with ``follow=False``, once the stored events
+    are. Resume after a disconnect with ``after=`` the last id seen: nothing is lost or
+    repeated.
+
+    Raises:
+        RunNotFound: neither the run nor a stream of it exists.
+        ConfigError: ``after`` is not an event id.
+        StoreError: the store failed (a reader may resume from its last id).
+    """
+    reader = _Follow(run_id, topic, after, superseded)
+    woken = threading.Event()
+    listener: Any = None
+    wait = FIRST_POLL
+    first = True
+    try:
+        while True:
+            while reader.loaded(reader.next, store.load(block_id(run_id, reader.next))):
+                pass
+            cp = store.load(run_id)
+            if first and cp is None and not reader.pending and reader.next == 0:
+                raise _not_found(run_id)
+            first = False
+            events = reader.judge(cp)
+            yield from events
+            if cp is None or cp.status in _AT_REST or not follow:
+                # Blocks flushed before that save are all stored now: one last sweep.
+                while reader.loaded(reader.next, store.load(block_id(run_id, reader.next))):
+                    pass
+                yield from reader.judge(cp)
+                return
+            if listener is None:
+                listener = _listen(store, woken)
+            wait = FIRST_POLL if events else min(wait * 2, MAX_POLL)
+            _clock.wait(woken, wait)
+            woken.clear()
+    finally:
+        if listener is not None:
+            listener.close()
+
+
+class _Nothing:
+    def close(self) -> None:
+        pass
+
+
+def _listen(store: Store, woken: threading.Event) -> Any:
+    # The store's cross-process listener rings on every write (SQLite's data_version,
+    # the file store's inotify) or on announcements only (PostgreSQL): a ring cuts the
+    # wait short; the poll runs either way.
+    try:
+        return store.listen(woken.set) or _Nothing()
+    except StoreError as exc:
+        logger.debug("stream of a run: no listener (%s); polling", exc)
+        return _Nothing()
+
+
+async def astream(
+    store: Store,
+    run_id: str,
+    topic: str | None = None,
+    after: str | None = None,
+    *,
+    superseded: bool = False,
+    follow: bool = True,
+) -> AsyncIterator[Event]:
+    """``stream``, for ``async for``: the store's async methods, an async back-off.
+
+    Raises:
+        RunNotFound: neither the run nor a stream of it exists.
+        ConfigError: ``after`` is not an event id.
+        StoreError: the store failed (a reader may resume from its last id).
+    """
+    reader = _Follow(run_id, topic, after, superseded)
+    wait = FIRST_POLL
+    first = True
+    while True:
+        while reader.loaded(reader.next, await store.aload(block_id(run_id, reader.next))):
+            pass
+        cp = await store.aload(run_id)
+        if first and cp is None and not reader.pending and reader.next == 0:
+            raise _not_found(run_id)
+        first = False
+        events = reader.judge(cp)
+        for event in events:
+            yield event
+        if cp is None or cp.status in _AT_REST or not follow:
+            while reader.loaded(reader.next, await store.aload(block_id(run_id, reader.next))):
+                pass
+            for event in reader.judge(cp):
+                yield event
+            return
+        wait = FIRST_POLL if events else min(wait * 2, MAX_POLL)
+        await _clock.asleep(wait)
