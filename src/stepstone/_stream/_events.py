@@ -30,7 +30,7 @@ __all__ = [
     "HEAD",
     "MAX_EVENT_BYTES",
     "MAX_TOPIC_LENGTH",
-    "Event",
+    "StreamEvent",
     "EmitOutsideStep",
     "EventTooLarge",
     "block_id",
@@ -57,7 +57,7 @@ class EventTooLarge(StepstoneError, ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class Event:
+class StreamEvent:
     """One event of a run's stream, as a reader sees it.
 
     Attributes:

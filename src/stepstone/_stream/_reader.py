@@ -31,7 +31,7 @@ from .._errors import RunNotFound, StoreError
 from .._journal import JOURNAL_KEY
 from .._observe import logger
 from .._store import Store
-from ._events import Event, block_id, parse_id
+from ._events import StreamEvent, block_id, parse_id
 
 __all__ = ["astream", "stream"]
 
@@ -64,14 +64,14 @@ class _Follow:
         self.next = n + 1
         return True
 
-    def judge(self, cp: Checkpoint | None) -> list[Event]:
+    def judge(self, cp: Checkpoint | None) -> list[StreamEvent]:
         """Return the visible events of the blocks read since, judged by ``cp``."""
         blocks, self.pending = self.pending, []
         for _, state in blocks:  # the latest attempt of each step, in stream order
             for ev in state.get("events", ()):
                 self.latest[ev[0]] = ev[2]
         journal = _journal(cp)
-        out: list[Event] = []
+        out: list[StreamEvent] = []
         for n, state in blocks:
             epoch = int(state.get("epoch", 0))
             fenced = epoch < self.max_epoch
@@ -86,7 +86,7 @@ class _Follow:
                 if hidden and not self.superseded:
                     continue
                 out.append(
-                    Event(f"{n}.{i}", topic, json.loads(text), key, attempt, seq, hidden)
+                    StreamEvent(f"{n}.{i}", topic, json.loads(text), key, attempt, seq, hidden)
                 )
         return out
 
@@ -131,7 +131,7 @@ def stream(
     *,
     superseded: bool = False,
     follow: bool = True,
-) -> Iterator[Event]:
+) -> Iterator[StreamEvent]:
     """Yield the events of ``run_id``'s stream after the event id ``after``, then live.
 
     Shows exactly the events of the attempts that committed their steps, plus those of
@@ -201,7 +201,7 @@ async def astream(
     *,
     superseded: bool = False,
     follow: bool = True,
-) -> AsyncIterator[Event]:
+) -> AsyncIterator[StreamEvent]:
     """``stream``, for ``async for``: the store's async methods, an async back-off.
 
     Raises:
