@@ -22,15 +22,15 @@ from ._errors import InvalidWorkflow, safe_text
 from ._journal import answer_of, entry_failed, entry_ok, json_value
 from ._observe import logger
 from ._session import POOL_THREADS, CallFailed, Session, close, inside
-from ._stream import _hooks as _stream
-from ._stream._events import EmitOutsideStep
-from ._stream._writer import emit as _stream_emit
 from ._steps import (
     AttemptsExhausted,
     RetryPolicy,
     Workflow,
     check_name,
 )
+from ._stream import _hooks as _stream
+from ._stream._events import EmitOutsideStep
+from ._stream._writer import emit as _stream_emit
 from ._suspend import _seconds
 
 __all__ = [

@@ -6,7 +6,7 @@ any process, hiding the events of attempts that did not commit their step
 (``_reader``). The drivers install each step's attempt through ``_hooks``.
 """
 
-from ._events import MAX_EVENT_BYTES, EmitOutsideStep, StreamEvent, EventTooLarge
+from ._events import MAX_EVENT_BYTES, EmitOutsideStep, EventTooLarge, StreamEvent
 from ._reader import astream, stream
 from ._retention import delete_stream, expire_stream, is_block
 from ._writer import emit

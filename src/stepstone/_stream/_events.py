@@ -99,8 +99,7 @@ def check_topic(topic: object) -> str:
     """Return ``topic`` if it is a valid topic, else raise ``ConfigError`` saying why."""
     if not isinstance(topic, str) or not topic or len(topic) > MAX_TOPIC_LENGTH:
         raise ConfigError(
-            f"an event topic must be a str of 1 to {MAX_TOPIC_LENGTH} characters, "
-            f"got {topic!r:.80}"
+            f"an event topic must be a str of 1 to {MAX_TOPIC_LENGTH} characters, got {topic!r:.80}"
         )
     if _BAD_TOPIC.search(topic):
         raise ConfigError(f"an event topic may not hold control characters: {topic!r}")

@@ -99,7 +99,7 @@ class _Follow:
                 if cp.step >= int(step):
                     return cp.streams.get(key) == token
             elif journal is not None and int(call) in journal:
-                return journal[int(call)] == token
+                return bool(journal[int(call)] == token)
             elif cp.step >= int(step):
                 return False  # the code step ended: a call it never journaled
         return self.latest.get(key) == token

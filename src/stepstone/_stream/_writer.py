@@ -151,7 +151,7 @@ class Writer:
             except ConflictError:
                 other = store.load(block_id(run_id, n))
                 if other is not None and int(other.state.get("epoch", 0)) > a.epoch:
-                    raise Fenced(f"run {run_id!r}: block {n} was written by a newer owner") from None
+                    raise Fenced(f"run {run_id!r}: block {n} has a newer owner") from None
                 n = find_end(store, run_id, n + 1)
                 continue
             break

@@ -16,6 +16,7 @@ from typing import Any
 from .._checkpoint import ACTIVE_STATUSES, STATUSES
 from .._errors import ConflictError
 from .._store import RunInfo
+from .._stream._retention import delete_stream, expire_stream, is_block
 from ._common import (
     EXIT_OK,
     OperationalError,
@@ -122,7 +123,10 @@ def _prune(args: argparse.Namespace) -> int:
                 f"the {store.scheme or type(store).__name__} store has no native TTL; "
                 "prune without --ttl to delete the runs"
             )
-        candidates = newest_first([i for i in infos(store) if _matches(i, statuses, cutoff)])
+        # A stream's blocks (issue 34) go with their run, never on their own age.
+        candidates = newest_first(
+            [i for i in infos(store) if _matches(i, statuses, cutoff) and not is_block(i.run_id)]
+        )
         active = [i for i in candidates if i.status in ACTIVE_STATUSES]
         if active and not args.dry_run and not args.yes:
             _confirm(active, verb)
@@ -145,10 +149,12 @@ def _prune(args: argparse.Namespace) -> int:
                 continue
             if args.ttl is not None:
                 if store.expire(info.run_id, args.ttl) is not False:
+                    expire_stream(store, info.run_id, args.ttl)
                     affected.append(info.run_id)
                 continue
             try:
                 if store.delete(info.run_id, expected_version=cp.version):
+                    delete_stream(store, info.run_id)
                     affected.append(info.run_id)
             except ConflictError:
                 kept.append(info.run_id)

@@ -12,6 +12,7 @@ from .._checkpoint import STATUSES, Checkpoint
 from .._errors import CorruptCheckpoint
 from .._redact import redact_url
 from .._store import RunInfo
+from .._stream._retention import delete_stream
 from ._common import (
     EXIT_OK,
     OperationalError,
@@ -176,7 +177,7 @@ def add_parsers(commands: Any, store: argparse.ArgumentParser, parser_class: typ
 #: Record-id heads of the framework adapters' records (``maf/<workflow>/<checkpoint>``,
 #: ``langgraph/<thread>/...``; ``kind:rest`` is accepted too), and the journal suffix of
 #: the pydantic-ai adapter. Everything else is a stepstone run.
-_ADAPTER_HEADS = ("langgraph", "maf", "openai-agents")
+_ADAPTER_HEADS = ("langgraph", "maf", "openai-agents", "stream")
 _JOURNAL_SUFFIX = "/pydantic-ai-journal"
 _KINDS = ("run", *_ADAPTER_HEADS, "pydantic-ai")
 
@@ -602,6 +603,7 @@ def _delete(args: argparse.Namespace) -> int:
     config = store_config(args)
     with existing(config) as store:
         deleted = store.delete(args.run_id)
+        delete_stream(store, args.run_id)  # its stream goes with it (issue 34)
     if deleted:
         if args.json:
             emit_json({"run_id": args.run_id, "deleted": True})
