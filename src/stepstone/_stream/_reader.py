@@ -67,22 +67,25 @@ class _Follow:
     def judge(self, cp: Checkpoint | None) -> list[StreamEvent]:
         """Return the visible events of the blocks read since, judged by ``cp``."""
         blocks, self.pending = self.pending, []
-        for _, state in blocks:  # the latest attempt of each step, in stream order
-            for ev in state.get("events", ()):
-                self.latest[ev[0]] = ev[2]
+        fenced: list[bool] = []
+        for _, state in blocks:
+            # A block older than one before it is a frozen former owner's: never counts.
+            epoch = int(state.get("epoch", 0))
+            fenced.append(epoch < self.max_epoch)
+            self.max_epoch = max(self.max_epoch, epoch)
+            if not fenced[-1]:
+                for ev in state.get("events", ()):  # each step's latest attempt, in order
+                    self.latest[ev[0]] = ev[2]
         journal = _journal(cp)
         out: list[StreamEvent] = []
-        for n, state in blocks:
-            epoch = int(state.get("epoch", 0))
-            fenced = epoch < self.max_epoch
-            self.max_epoch = max(self.max_epoch, epoch)
+        for (n, state), stale in zip(blocks, fenced, strict=True):
             for i, ev in enumerate(state.get("events", ())):
                 if (n, i) <= self.skip:
                     continue
                 key, attempt, token, seq, topic, text = ev
                 if self.topic is not None and topic != self.topic:
                     continue
-                hidden = fenced or not self._visible(cp, journal, key, token)
+                hidden = stale or not self._visible(cp, journal, key, token)
                 if hidden and not self.superseded:
                     continue
                 out.append(

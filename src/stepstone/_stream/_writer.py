@@ -84,6 +84,7 @@ class Writer:
         self.flushing = threading.Lock()  # one append at a time, in order
         self.closed = False
         self.thread: threading.Thread | None = None
+        self.next: int | None = None  # the block after our last one
 
     def add(self, topic: str, text: str) -> None:
         a = self.attempt
@@ -142,23 +143,33 @@ class Writer:
         a = self.attempt
         store, run_id = a.store, a.run_id
         where = (id(store), run_id)
-        n = _ends.get(where)
+        n = self.next
         if n is None:
-            n = find_end(store, run_id)
+            n = _ends.get(where)
+            n = find_end(store, run_id, n or 0)
         while True:
+            # The block before ours must not be a newer owner's: checked unless it is
+            # our own (then it was checked before). A newer owner writing the same
+            # number at once makes our create-only save conflict, checked below.
+            if n > 0 and n != self.next:
+                self._check(block_id(run_id, n - 1))
             try:
                 store.save(block_record(run_id, n, a.epoch, events))
             except ConflictError:
-                other = store.load(block_id(run_id, n))
-                if other is not None and int(other.state.get("epoch", 0)) > a.epoch:
-                    raise Fenced(f"run {run_id!r}: block {n} has a newer owner") from None
+                self._check(block_id(run_id, n))
                 n = find_end(store, run_id, n + 1)
                 continue
             break
+        self.next = n + 1
         self.wrote = True
         if len(_ends) > 4096:
             _ends.clear()
         _ends[where] = n + 1
+
+    def _check(self, record_id: str) -> None:
+        other = self.attempt.store.load(record_id)
+        if other is not None and int(other.state.get("epoch", 0)) > self.attempt.epoch:
+            raise Fenced(f"{record_id!r} was written by a newer owner of the run")
 
     def close(self) -> None:
         """Flush the rest and stop the thread; raise what a flush failed with."""
