@@ -28,6 +28,7 @@ from ._common import (
 from ._output import age, emit_json, iso, out, safe, safe_lines, span, table, when
 from ._prune import add_prune_parser
 from ._retry import add_retry_parser
+from ._tail import add_tail_parser
 from ._upgrade import add_upgrade_parser
 from ._worker import add_start_parser
 
@@ -131,6 +132,7 @@ def add_parsers(commands: Any, store: argparse.ArgumentParser, parser_class: typ
 
     add_prune_parser(actions, store)
     add_retry_parser(actions, store)
+    add_tail_parser(actions, store)  # streams (issue 34)
 
     cancel = actions.add_parser(
         "cancel",
@@ -260,7 +262,7 @@ def _list(args: argparse.Namespace) -> int:
             for i in infos(store)
             if info_matches(i, args.status, args.older_than, args.newer_than)
             and (args.prefix is None or i.run_id.startswith(args.prefix))
-            and (args.kind is None or _kind(i.run_id) == args.kind)
+            and (_kind(i.run_id) == args.kind if args.kind else _kind(i.run_id) != "stream")
         ]
         found = newest_first(found)
         if args.limit is not None:
