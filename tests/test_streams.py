@@ -274,9 +274,11 @@ def test_emit_outside_a_step() -> None:
 
 def test_bad_offset_refused() -> None:
     """``after=`` that is not an event id raises ConfigError naming the allowed form."""
-    with open_store(f"memory://{uuid.uuid4().hex}") as store:
-        with pytest.raises(ConfigError, match="BLOCK.INDEX"):
-            list(stream(store, "r", after="12"))
+    with (
+        open_store(f"memory://{uuid.uuid4().hex}") as store,
+        pytest.raises(ConfigError, match="BLOCK.INDEX"),
+    ):
+        list(stream(store, "r", after="12"))
 
 
 # --- code workflows ----------------------------------------------------------------------
@@ -288,7 +290,7 @@ def chatty(ctx: stepstone.WorkflowContext, input: dict[str, Any]) -> int:
         ctx.emit("tokens", word)
         return len(word)
 
-    total = ctx.step("hello", speak, "hello") + ctx.step("world", speak, "world")
+    total = int(ctx.step("hello", speak, "hello")) + int(ctx.step("world", speak, "world"))
     try:
         ctx.emit("tokens", "between calls")
     except EmitOutsideStep:

@@ -85,9 +85,7 @@ def test_kill_mid_stream_reader_resumes_exactly(config: str) -> None:
     with open_store(config) as store:
         before = list(stream(store, "r", follow=False))
     # The committed step and the live (killed) attempt, as a reader saw them then.
-    assert [e.data for e in before] == [f"a{i}" for i in range(20)] + [
-        f"b{i}" for i in range(30)
-    ]
+    assert [e.data for e in before] == [f"a{i}" for i in range(20)] + [f"b{i}" for i in range(30)]
     done = _child(config, kill=False)
     assert done.returncode == 0, done.stderr[-2000:]
     with open_store(config) as store:

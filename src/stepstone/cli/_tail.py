@@ -31,9 +31,7 @@ def add_tail_parser(actions: Any, store: argparse.ArgumentParser) -> None:
     tail.add_argument(
         "--superseded", action="store_true", help="show superseded attempts' events, marked"
     )
-    tail.add_argument(
-        "--no-follow", action="store_true", help="print what is stored now and stop"
-    )
+    tail.add_argument("--no-follow", action="store_true", help="print what is stored now and stop")
     tail.set_defaults(handler=_tail)
 
 
