@@ -322,3 +322,20 @@ def test_async_code_workflow_calls_emit(store: Store) -> None:
     """An async code workflow emits from async and plain ctx.step functions."""
     assert asyncio.run(arun("c", achatty, store))["result"] == 11
     assert [e.data for e in stream(store, "c")] == ["async", "thread"]
+
+
+def test_fake_clock_is_not_moved_by_flushes() -> None:
+    """Under a FakeClock, emitting and reading neither move the clock nor wait for it."""
+    from stepstone.testing import FakeClock
+
+    def slow(state: dict[str, Any], ctx: StepContext) -> None:
+        for i in range(3):
+            ctx.emit("t", i)
+            # Long enough for the flusher's interval to pass in real time.
+            assert not threading.Event().wait(0.15)
+
+    with FakeClock() as clock, open_store(f"memory://{uuid.uuid4().hex}") as store:
+        before = clock.monotonic()
+        run("r", [Step("slow", slow)], store)
+        assert [e.data for e in stream(store, "r")] == [0, 1, 2]
+        assert clock.monotonic() == before

@@ -25,7 +25,6 @@ import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-from .. import _clock
 from .._checkpoint import Checkpoint
 from .._errors import RunNotFound, StoreError
 from .._journal import JOURNAL_KEY
@@ -173,7 +172,9 @@ def stream(
             if listener is None:
                 listener = _listen(store, woken)
             wait = FIRST_POLL if events else min(wait * 2, MAX_POLL)
-            _clock.wait(woken, wait)
+            # Real time, as the writer's flushes: a FakeClock a test installed would
+            # otherwise park a reader until the test moves it.
+            woken.wait(wait)
             woken.clear()
     finally:
         if listener is not None:
@@ -212,6 +213,8 @@ async def astream(
         ConfigError: ``after`` is not an event id.
         StoreError: the store failed (a reader may resume from its last id).
     """
+    import asyncio  # noqa: PLC0415 - deferred (~40 ms) for sync users, as ``_store`` does
+
     reader = _Follow(run_id, topic, after, superseded)
     wait = FIRST_POLL
     first = True
@@ -232,4 +235,4 @@ async def astream(
                 yield event
             return
         wait = FIRST_POLL if events else min(wait * 2, MAX_POLL)
-        await _clock.asleep(wait)
+        await asyncio.sleep(wait)  # real time, as in ``stream``

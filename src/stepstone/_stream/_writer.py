@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import secrets
 import threading
+import time
 from contextvars import ContextVar
 from typing import Any
 
-from .. import _clock
 from .._errors import ConflictError, StoreError
 from .._observe import logger
 from .._store import Store
@@ -111,7 +111,9 @@ class Writer:
                     self.cond.wait()
                 if self.closed:
                     return
-            _clock.sleep(FLUSH_SECONDS)
+            # Real time, not the clock seam: a batching delay, not the program's time
+            # (a background flush must not move a test's FakeClock, nor wait for it).
+            time.sleep(FLUSH_SECONDS)
             try:
                 self.flush()
             except BaseException as exc:  # noqa: BLE001 - kept, raised by close()
