@@ -20,7 +20,6 @@ The rule is written once (``_Follow``); ``stream`` and ``astream`` only do the I
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -30,7 +29,7 @@ from .._errors import RunNotFound, StoreError
 from .._journal import JOURNAL_KEY
 from .._observe import logger
 from .._store import Store
-from ._events import StreamEvent, block_id, parse_id
+from ._events import StreamEvent, block_events, block_id, parse_id
 
 __all__ = ["astream", "stream"]
 
@@ -51,7 +50,7 @@ class _Follow:
         # Re-read the block of ``after`` (write-once: the same events) and skip to it.
         self.next = max(block, 0)
         self.skip = (block, index)
-        self.pending: list[tuple[int, dict[str, Any]]] = []
+        self.pending: list[tuple[int, list[list[Any]], int]] = []
         self.max_epoch = 0
         self.latest: dict[str, str] = {}
 
@@ -59,7 +58,7 @@ class _Follow:
         """Take block ``n`` as loaded; return whether to load the next one."""
         if record is None:
             return False
-        self.pending.append((n, record.state))
+        self.pending.append((n, block_events(record.state), int(record.state.get("epoch", 0))))
         self.next = n + 1
         return True
 
@@ -67,29 +66,26 @@ class _Follow:
         """Return the visible events of the blocks read since, judged by ``cp``."""
         blocks, self.pending = self.pending, []
         fenced: list[bool] = []
-        for _, state in blocks:
+        for _, events, epoch in blocks:
             # A block older than one before it is a frozen former owner's: never counts.
-            epoch = int(state.get("epoch", 0))
             fenced.append(epoch < self.max_epoch)
             self.max_epoch = max(self.max_epoch, epoch)
             if not fenced[-1]:
-                for ev in state.get("events", ()):  # each step's latest attempt, in order
+                for ev in events:  # each step's latest attempt, in stream order
                     self.latest[ev[0]] = ev[2]
         journal = _journal(cp)
         out: list[StreamEvent] = []
-        for (n, state), stale in zip(blocks, fenced, strict=True):
-            for i, ev in enumerate(state.get("events", ())):
+        for (n, events, _), stale in zip(blocks, fenced, strict=True):
+            for i, ev in enumerate(events):
                 if (n, i) <= self.skip:
                     continue
-                key, attempt, token, seq, topic, text = ev
+                key, attempt, token, seq, topic, data = ev
                 if self.topic is not None and topic != self.topic:
                     continue
                 hidden = stale or not self._visible(cp, journal, key, token)
                 if hidden and not self.superseded:
                     continue
-                out.append(
-                    StreamEvent(f"{n}.{i}", topic, json.loads(text), key, attempt, seq, hidden)
-                )
+                out.append(StreamEvent(f"{n}.{i}", topic, data, key, attempt, seq, hidden))
         return out
 
     def _visible(

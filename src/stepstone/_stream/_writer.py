@@ -80,37 +80,40 @@ class Writer:
         self.wrote = False
         self.fenced = False
         self.error: BaseException | None = None
-        self.cond = threading.Condition()
+        self.lock = threading.Lock()  # guards buffer, size and seq
+        self.wake = threading.Event()  # a batch began, or the writer is closing
         self.flushing = threading.Lock()  # one append at a time, in order
         self.closed = False
         self.thread: threading.Thread | None = None
         self.next: int | None = None  # the block after our last one
+        self.topic: object = None  # the last topic checked (most events repeat it)
 
     def add(self, topic: str, text: str) -> None:
         a = self.attempt
-        with self.cond:
+        with self.lock:
             self.buffer.append([a.key, a.number, a.token, self.seq, topic, text])
             self.seq += 1
-            self.size += len(text) + len(topic) + 40
+            self.size += len(text) + len(topic) + 48
             full = self.size >= FLUSH_BYTES
+            begun = len(self.buffer) == 1
+        if full:
+            self.flush()
+        elif begun:
             if self.thread is None:
                 self.thread = threading.Thread(
                     target=self._run, name=f"stepstone-stream-{a.run_id}", daemon=True
                 )
                 self.thread.start()
-            elif len(self.buffer) == 1:
-                self.cond.notify()
-        if full:
-            self.flush()
+            self.wake.set()
 
     def _run(self) -> None:
         # Wakes when a batch begins, waits out the flush interval, flushes; until closed.
         while True:
-            with self.cond:
-                while not self.buffer and not self.closed:
-                    self.cond.wait()
-                if self.closed:
-                    return
+            self.wake.wait()
+            # Cleared before the pause: a close during it sets it again, and is seen.
+            self.wake.clear()
+            if self.closed:
+                return
             # Real time, not the clock seam: a batching delay, not the program's time
             # (a background flush must not move a test's FakeClock, nor wait for it).
             time.sleep(FLUSH_SECONDS)
@@ -123,7 +126,7 @@ class Writer:
     def flush(self) -> None:
         """Append what is buffered as one block (nothing if empty or fenced)."""
         with self.flushing:
-            with self.cond:
+            with self.lock:
                 events, self.buffer, self.size = self.buffer, [], 0
             if not events or self.fenced:
                 return
@@ -137,7 +140,7 @@ class Writer:
                     self.attempt.key,
                 )
             except BaseException:
-                with self.cond:  # put them back in front: a later flush may succeed
+                with self.lock:  # put them back in front: a later flush may succeed
                     self.buffer[:0] = events
                 raise
 
@@ -175,9 +178,8 @@ class Writer:
 
     def close(self) -> None:
         """Flush the rest and stop the thread; raise what a flush failed with."""
-        with self.cond:
-            self.closed = True
-            self.cond.notify()
+        self.closed = True
+        self.wake.set()
         thread = self.thread
         if thread is not None and thread is not threading.current_thread():
             thread.join()
@@ -215,11 +217,14 @@ class Attempt:
                 "ctx.step call (code between calls re-runs on resume, and would emit again)"
             )
         text = encode_data(data)
-        checked = check_topic(topic)
         writer = self.writer
         if writer is None:
             self.token = secrets.token_hex(6)
             writer = self.writer = Writer(self)
+        if topic is writer.topic:
+            checked: str = topic  # type: ignore[assignment] # checked when it was stored
+        else:
+            checked = writer.topic = check_topic(topic)
         writer.add(checked, text)
 
     def close(self) -> str | None:
