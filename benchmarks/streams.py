@@ -11,6 +11,9 @@
    server, PostgreSQL.
 
     .venv/bin/python benchmarks/streams.py [--quick] [--pg postgresql://postgres@127.0.0.1/test]
+
+With ``--pg`` the script makes a table of its own there (``t_streams_<random>``) and drops
+it afterwards.
 """
 
 from __future__ import annotations
@@ -172,15 +175,18 @@ def main() -> None:
         for name, config in local.items():
             r = emit_overhead(config, events, 3 if args.quick else 5)
             print(
-                f"  {name:7} with {r['with_s'] * 1000:8.1f} ms  without {r['without_s'] * 1000:6.1f} ms"
+                f"  {name:7} with {r['with_s'] * 1000:8.1f} ms"
+                f"  without {r['without_s'] * 1000:6.1f} ms"
                 f"  {r['per_event_us']:5.2f} us/event"
                 f"  = {r['share_of_20us_tokens_pct']:4.1f}% of 20 us tokens"
             )
         print(f"2. read cost: a run with {stored:,} stored events")
-        for name, config in local.items():
-            config = config.replace("bench", "read") if name == "memory" else config + "-read"
-            if name == "sqlite":
-                config = f"sqlite:///{base}/read.db"
+        readers = {
+            "memory": "memory://read",
+            "sqlite": f"sqlite:///{base}/read.db",
+            "file": f"file://{base}/read-files",
+        }
+        for name, config in readers.items():
             r = read_cost(config, stored)
             print(
                 f"  {name:7} from 0: {r['from_0_s'] * 1000:7.1f} ms, {r['from_0_loads']:4d} loads"
@@ -188,14 +194,27 @@ def main() -> None:
             )
         print(f"3. latency: flush in one process -> seen in another ({samples} events)")
         targets = {"sqlite": f"sqlite:///{base}/live.db"}
+        table = f"t_streams_{uuid.uuid4().hex}"
         if args.pg:
-            targets["postgresql"] = args.pg
-        for name, config in targets.items():
-            r = latency(config, samples)
-            print(
-                f"  {name:10} p50 {r['p50_ms']:5.1f} ms  p99 {r['p99_ms']:5.1f} ms"
-                f"  ({r['events']} events)"
-            )
+            targets["postgresql"] = f"{args.pg}?table={table}"
+        try:
+            for name, config in targets.items():
+                r = latency(config, samples)
+                print(
+                    f"  {name:10} p50 {r['p50_ms']:5.1f} ms  p99 {r['p99_ms']:5.1f} ms"
+                    f"  ({r['events']} events)"
+                )
+        finally:
+            if args.pg:
+                drop(args.pg, table)
+
+
+def drop(config: str, table: str) -> None:
+    """Drop the benchmark's table (and the store's side tables) from the PostgreSQL server."""
+    import psycopg
+
+    with psycopg.connect(config, autocommit=True) as conn:
+        conn.execute(f"DROP TABLE IF EXISTS {table}, {table}_meta, {table}_pieces")
 
 
 if __name__ == "__main__":
