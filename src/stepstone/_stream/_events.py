@@ -35,9 +35,12 @@ __all__ = [
     "EventTooLarge",
     "block_events",
     "block_id",
+    "block_of_lines",
     "block_record",
     "check_topic",
     "encode_data",
+    "encode_topic",
+    "line_head",
     "parse_id",
 ]
 
@@ -131,18 +134,26 @@ def encode_data(data: object) -> str:
             raise InvalidState(f"event data is not JSON at {path}: {message}", path) from None
         # encode_state wraps it in {"data": ...}; keep the value's own text.
         text = json.dumps(json.loads(text)["data"], ensure_ascii=False, separators=(",", ":"))
-    try:
-        size = len(text.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise InvalidState(
-            "event data is not JSON at data: a lone surrogate cannot be stored", "data"
-        ) from None
+    if text.isascii():  # the common case: one byte a character
+        size = len(text)
+    else:
+        try:
+            size = len(text.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise InvalidState(
+                "event data is not JSON at data: a lone surrogate cannot be stored", "data"
+            ) from None
     if size > MAX_EVENT_BYTES:
         raise EventTooLarge(
             f"event is {size} bytes of JSON; the limit is {MAX_EVENT_BYTES} bytes "
             "(stepstone._stream.MAX_EVENT_BYTES): split it or store a reference"
         )
     return text
+
+
+def encode_topic(topic: str) -> str:
+    """Return a checked topic's JSON text."""
+    return _encode_str(topic)
 
 
 def block_id(run_id: str, n: int) -> str:
@@ -154,21 +165,31 @@ def block_id(run_id: str, n: int) -> str:
     return f"{HEAD}:~{digest}/{n}"
 
 
+def line_head(step_key: str, attempt: int, token: str) -> str:
+    """Return the start of every line of one attempt's events (up to its ``seq``)."""
+    return f"[{_encode_str(step_key)},{attempt},{_encode_str(token)},"
+
+
 def block_record(run_id: str, n: int, epoch: int, events: list[list[Any]]) -> Checkpoint:
+    """Return block ``n`` of ``events``: ``[step_key, attempt, token, seq, topic, data_json]``."""
+    lines = [
+        f"{line_head(k, a, t)}{q},{_encode_str(topic)},{text}]"
+        for k, a, t, q, topic, text in events
+    ]
+    return block_of_lines(run_id, n, epoch, lines)
+
+
+def block_of_lines(run_id: str, n: int, epoch: int, lines: list[str]) -> Checkpoint:
     """Return block ``n`` as a finished, write-once record (never claimed by a worker).
 
-    ``events`` are ``[step_key, attempt, token, seq, topic, data_json]``; they are stored
-    as one text, a JSON array per line (``data_json`` spliced in as it was checked), so
-    a store checks and copies one string, not thousands of small lists.
+    The events are stored as one text, a JSON array per line (each line made when its
+    event was emitted, its data spliced in as checked), so a store checks and copies
+    one string, not thousands of small lists.
     """
-    lines = "\n".join(
-        f"[{_encode_str(k)},{a},{_encode_str(t)},{q},{_encode_str(topic)},{text}]"
-        for k, a, t, q, topic, text in events
-    )
     return Checkpoint(
         run_id=block_id(run_id, n),
         step=0,
-        state={"run": run_id, "epoch": epoch, "lines": lines},
+        state={"run": run_id, "epoch": epoch, "lines": "\n".join(lines)},
         step_names=("stream",),
         total_steps=1,
     )

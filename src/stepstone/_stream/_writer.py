@@ -25,7 +25,15 @@ from typing import Any
 from .._errors import ConflictError, StoreError
 from .._observe import logger
 from .._store import Store
-from ._events import EmitOutsideStep, block_id, block_record, check_topic, encode_data
+from ._events import (
+    EmitOutsideStep,
+    block_id,
+    block_of_lines,
+    check_topic,
+    encode_data,
+    encode_topic,
+    line_head,
+)
 
 __all__ = ["FLUSH_BYTES", "FLUSH_SECONDS", "Attempt", "current", "emit", "find_end"]
 
@@ -74,7 +82,8 @@ class Writer:
 
     def __init__(self, attempt: Attempt) -> None:
         self.attempt = attempt
-        self.buffer: list[list[Any]] = []
+        self.buffer: list[str] = []
+        self.head = line_head(attempt.key, attempt.number, attempt.token)
         self.size = 0
         self.seq = 0
         self.wrote = False
@@ -86,14 +95,16 @@ class Writer:
         self.closed = False
         self.thread: threading.Thread | None = None
         self.next: int | None = None  # the block after our last one
-        self.topic: object = None  # the last topic checked (most events repeat it)
+        self.topic: object = None  # the last topic checked (most events repeat it)...
+        self.topic_json = ""  # ...and its JSON text
 
-    def add(self, topic: str, text: str) -> None:
-        a = self.attempt
+    def add(self, topic_json: str, text: str) -> None:
         with self.lock:
-            self.buffer.append([a.key, a.number, a.token, self.seq, topic, text])
+            # The event's line of its block, made now: a flush then only joins lines.
+            line = f"{self.head}{self.seq},{topic_json},{text}]"
+            self.buffer.append(line)
             self.seq += 1
-            self.size += len(text) + len(topic) + 48
+            self.size += len(line)
             full = self.size >= FLUSH_BYTES
             begun = len(self.buffer) == 1
         if full:
@@ -101,7 +112,7 @@ class Writer:
         elif begun:
             if self.thread is None:
                 self.thread = threading.Thread(
-                    target=self._run, name=f"stepstone-stream-{a.run_id}", daemon=True
+                    target=self._run, name=f"stepstone-stream-{self.attempt.run_id}", daemon=True
                 )
                 self.thread.start()
             self.wake.set()
@@ -144,7 +155,7 @@ class Writer:
                     self.buffer[:0] = events
                 raise
 
-    def _append(self, events: list[list[Any]]) -> None:
+    def _append(self, events: list[str]) -> None:
         a = self.attempt
         store, run_id = a.store, a.run_id
         where = (id(store), run_id)
@@ -159,7 +170,7 @@ class Writer:
             if n > 0 and n != self.next:
                 self._check(block_id(run_id, n - 1))
             try:
-                store.save(block_record(run_id, n, a.epoch, events))
+                store.save(block_of_lines(run_id, n, a.epoch, events))
             except ConflictError:
                 self._check(block_id(run_id, n))
                 n = find_end(store, run_id, n + 1)
@@ -221,11 +232,10 @@ class Attempt:
         if writer is None:
             self.token = secrets.token_hex(6)
             writer = self.writer = Writer(self)
-        if topic is writer.topic:
-            checked: str = topic  # type: ignore[assignment] # checked when it was stored
-        else:
-            checked = writer.topic = check_topic(topic)
-        writer.add(checked, text)
+        if topic is not writer.topic:
+            writer.topic_json = encode_topic(check_topic(topic))
+            writer.topic = topic
+        writer.add(writer.topic_json, text)
 
     def close(self) -> str | None:
         """End the attempt: store its events; return its token if it stored any.
