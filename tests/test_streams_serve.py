@@ -17,7 +17,7 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from stepstone import Step, StepContext, open_store, run
+from stepstone import Step, StepContext, open_store, run, stream
 from stepstone._stream._events import block_id, block_record
 from stepstone.cli import main
 from stepstone.ui import create_app, stream_endpoint
@@ -137,3 +137,18 @@ def test_prune_deletes_streams_with_their_runs_only(
         assert store.load("old") is None
         assert store.load(block_id("old", 0)) is None
         assert store.load(block_id("active", 0)) is not None
+
+
+def test_migrate_copies_streams(tmp_path: Path) -> None:
+    """``migrate`` copies a run's stream with it: the copy reads the same events."""
+    from stepstone._migrate import migrate
+
+    with (
+        open_store(f"sqlite:///{tmp_path / 'a.db'}") as src,
+        open_store(f"file://{tmp_path / 'b'}") as dst,
+    ):
+        run("r", [Step("talk", talk)], src)
+        report = migrate(src, dst)
+        assert report.failed == 0 and report.conflicts == 0
+        assert list(stream(dst, "r")) == list(stream(src, "r"))
+        assert len(list(stream(dst, "r"))) == 4
