@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from ._common import EXIT_OK, existing, store_config
@@ -52,8 +53,10 @@ def _tail(args: argparse.Namespace) -> int:
                 # One object a line (JSON Lines), so a pipe sees each event as it comes.
                 text = json.dumps(event.to_json(), ensure_ascii=False)
                 out(_UNSAFE_IN_JSON.sub(lambda m: f"\\u{ord(m[0]):04x}", text))
+                sys.stdout.flush()
                 continue
             data = event.data if isinstance(event.data, str) else json.dumps(event.data)
             mark = " (superseded)" if event.superseded else ""
             out(f"{event.id} [{safe(event.topic)}] step {event.step}{mark}: {safe(data)}")
+            sys.stdout.flush()  # each event as it comes, through a pipe too
     return EXIT_OK
