@@ -339,3 +339,25 @@ def test_fake_clock_is_not_moved_by_flushes() -> None:
         run("r", [Step("slow", slow)], store)
         assert [e.data for e in stream(store, "r")] == [0, 1, 2]
         assert clock.monotonic() == before
+
+
+@stepstone.workflow(name=f"streams-parallel-{uuid.uuid4().hex[:8]}")
+def parallel(ctx: stepstone.WorkflowContext, input: dict[str, Any]) -> list[int]:
+    def speak(who: int) -> int:
+        for i in range(50):
+            ctx.emit("tokens", [who, i])
+        return who
+
+    futures = [ctx.submit(f"speaker{who}", speak, who) for who in range(4)]
+    return [int(f.result()) for f in futures]
+
+
+def test_parallel_calls_emit_into_one_stream(store: Store) -> None:
+    """``ctx.submit`` calls emitting at once lose nothing: each call's events, in its order."""
+    assert run("p", parallel, store)["result"] == [0, 1, 2, 3]
+    events = list(stream(store, "p"))
+    assert len(events) == 200
+    for who in range(4):
+        mine = [e.data[1] for e in events if e.data[0] == who]
+        assert mine == list(range(50))
+    assert len({e.step for e in events}) == 4
