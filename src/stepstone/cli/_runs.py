@@ -12,7 +12,7 @@ from .._checkpoint import STATUSES, Checkpoint
 from .._errors import CorruptCheckpoint
 from .._redact import redact_url
 from .._store import RunInfo
-from .._stream._retention import delete_stream
+from .._stream._retention import delete_stream, is_block
 from ._common import (
     EXIT_OK,
     OperationalError,
@@ -179,13 +179,15 @@ def add_parsers(commands: Any, store: argparse.ArgumentParser, parser_class: typ
 #: Record-id heads of the framework adapters' records (``maf/<workflow>/<checkpoint>``,
 #: ``langgraph/<thread>/...``; ``kind:rest`` is accepted too), and the journal suffix of
 #: the pydantic-ai adapter. Everything else is a stepstone run.
-_ADAPTER_HEADS = ("langgraph", "maf", "openai-agents", "stream")
+_ADAPTER_HEADS = ("langgraph", "maf", "openai-agents")
 _JOURNAL_SUFFIX = "/pydantic-ai-journal"
-_KINDS = ("run", *_ADAPTER_HEADS, "pydantic-ai")
+_KINDS = ("run", *_ADAPTER_HEADS, "pydantic-ai", "stream")
 
 
 def _kind(run_id: str) -> str:
     """Return what wrote the record: ``run`` (stepstone's runner) or an adapter's name."""
+    if is_block(run_id):
+        return "stream"  # a block of a run's event stream (issue 34)
     for head in _ADAPTER_HEADS:
         if len(run_id) > len(head) + 1 and run_id[len(head)] in ":/" and run_id.startswith(head):
             return head
