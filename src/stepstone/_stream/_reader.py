@@ -10,9 +10,9 @@ one), then the run's checkpoint, and shows each event whose attempt is visible:
 - a block written under an older lease epoch than one before it (a frozen former
   owner's) never counts.
 
-Hidden events are dropped, or shown with ``superseded=True`` on request. Loading the
-checkpoint after the blocks means an attempt that committed before the load is judged
-committed. The reader follows while the run is active, woken by the store's listener
+Hidden events are dropped, or shown with ``superseded=True`` on request. Reading the
+checkpoint after the blocks means an attempt that committed before that read is judged
+committed. Each look asks for the run's version and loads the run only when it changed. The reader follows while the run is active, woken by the store's listener
 where it has one (SQLite's ``data_version`` watch, the file store's inotify) and polling
 with back-off otherwise, and ends after the run is at rest and its last blocks are read.
 The rule is written once (``_Follow``); ``stream`` and ``astream`` only do the I/O.
@@ -53,6 +53,19 @@ class _Follow:
         self.pending: list[tuple[int, list[list[Any]], int]] = []
         self.max_epoch = 0
         self.latest: dict[str, str] = {}
+        self.cp: Checkpoint | None = None
+
+    def current(self, version: str | None) -> Checkpoint | None:
+        """Return the checkpoint read before if ``version`` is still its version, else None.
+
+        A look costs a version query, not a load of the run's whole state, while the
+        run does not change (a step streaming for minutes, say).
+        """
+        cp = self.cp
+        return cp if cp is not None and version is not None and cp.version == version else None
+
+    def remember(self, cp: Checkpoint | None) -> None:
+        self.cp = cp
 
     def loaded(self, n: int, record: Checkpoint | None) -> bool:
         """Take block ``n`` as loaded; return whether to load the next one."""
@@ -153,7 +166,8 @@ def stream(
         while True:
             while reader.loaded(reader.next, store.load(block_id(run_id, reader.next))):
                 pass
-            cp = store.load(run_id)
+            cp = reader.current(store.version_of(run_id)) or store.load(run_id)
+            reader.remember(cp)
             if first and cp is None and not reader.pending and reader.next == 0:
                 raise _not_found(run_id)
             first = False
@@ -217,7 +231,10 @@ async def astream(
     while True:
         while reader.loaded(reader.next, await store.aload(block_id(run_id, reader.next))):
             pass
-        cp = await store.aload(run_id)
+        cp = reader.current(await asyncio.to_thread(store.version_of, run_id))
+        if cp is None:
+            cp = await store.aload(run_id)
+        reader.remember(cp)
         if first and cp is None and not reader.pending and reader.next == 0:
             raise _not_found(run_id)
         first = False
