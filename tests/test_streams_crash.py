@@ -98,3 +98,64 @@ def test_kill_mid_stream_reader_resumes_exactly(config: str) -> None:
     assert [e.data for e in fresh] == [f"a{i}" for i in range(20)] + [f"b{i}" for i in range(60)]
     assert [e.data for e in marked if e.superseded] == [f"b{i}" for i in range(30)]
     assert {e.attempt for e in fresh if e.step == "1"} == {1}  # a new process's first
+
+
+FREEZER = r"""
+import os, signal, sys
+
+from stepstone import Step, open_store, run
+from stepstone._stream._writer import current
+
+config = sys.argv[1]
+
+
+def first(state, ctx):
+    ctx.emit("tokens", "a0")
+
+
+def second(state, ctx):
+    for i in range(10):
+        ctx.emit("tokens", f"early{i}")
+    current.get().writer.flush()
+    print("frozen", flush=True)
+    os.kill(os.getpid(), signal.SIGSTOP)  # frozen until the test thaws it
+    for i in range(10):
+        ctx.emit("tokens", f"late{i}")
+
+
+with open_store(config) as store:
+    run("r", [Step("first", first), Step("second", second)], store, lease=1.0)
+"""
+
+
+@pytest.mark.crash
+def test_a_frozen_writer_cannot_append_after_a_takeover(config: str) -> None:
+    """A writer frozen mid-step and thawed after another process took the run over stores
+    nothing more, and two readers (before and after) agree on what committed."""
+    frozen = subprocess.Popen(
+        [sys.executable, "-c", FREEZER, config],
+        env={**os.environ, "PYTHONPATH": SRC},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert frozen.stdout is not None
+        assert frozen.stdout.readline().strip() == "frozen", frozen.stderr
+        with open_store(config) as store:
+            early = list(stream(store, "r", follow=False))
+        assert [e.data for e in early] == ["a0"] + [f"early{i}" for i in range(10)]
+        done = _child(config, kill=False)  # takes the run over, reruns step 1, commits
+        assert done.returncode == 0, done.stderr[-2000:]
+        frozen.send_signal(signals.SIGCONT)
+        assert frozen.wait(60) != 0  # its commit is refused: the lease is gone
+    finally:
+        if frozen.poll() is None:
+            frozen.kill()
+            frozen.wait(60)
+    with open_store(config) as store:
+        resumed = list(stream(store, "r", after=early[-1].id))
+        marked = list(stream(store, "r", superseded=True))
+    assert [e.data for e in resumed] == [f"b{i}" for i in range(60)]
+    assert not [e for e in marked if str(e.data).startswith("late")], "the frozen writer appended"
+    assert [e.data for e in marked if e.superseded] == [f"early{i}" for i in range(10)]
