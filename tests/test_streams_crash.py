@@ -6,7 +6,9 @@ reads the stream as a separate reader, then a fresh child reopens the store from
 config string, takes the run over (a one-second lease) and reruns the second step, which
 emits 60 events and commits. The reader resuming from its last id loses nothing and sees
 nothing twice, and once the retry committed, the killed attempt's events are hidden (or
-shown marked ``superseded`` when asked).
+shown marked ``superseded`` when asked). A second test freezes the writer (SIGSTOP)
+instead, lets a fresh process take the run over and finish it, then thaws the writer:
+it appends nothing more, and a reader from before the freeze and one from after agree.
 """
 
 from __future__ import annotations
