@@ -12,9 +12,10 @@ one), then the run's checkpoint, and shows each event whose attempt is visible:
 
 Hidden events are dropped, or shown with ``superseded=True`` on request. Reading the
 checkpoint after the blocks means an attempt that committed before that read is judged
-committed. Each look asks for the run's version and loads the run only when it changed. The reader follows while the run is active, woken by the store's listener
-where it has one (SQLite's ``data_version`` watch, the file store's inotify) and polling
-with back-off otherwise, and ends after the run is at rest and its last blocks are read.
+committed. Each look asks for the run's version and loads the run only when it changed.
+The reader follows while the run is active, woken by the store's listener where it has
+one (SQLite's ``data_version`` watch, the file store's inotify) and polling with
+back-off otherwise, and ends after the run is at rest and its last blocks are read.
 The rule is written once (``_Follow``); ``stream`` and ``astream`` only do the I/O.
 """
 

@@ -16,7 +16,6 @@ from typing import Any
 from .._checkpoint import ACTIVE_STATUSES, STATUSES
 from .._errors import ConflictError
 from .._store import RunInfo
-from .._stream._retention import delete_stream, expire_stream, is_block
 from ._common import (
     EXIT_OK,
     OperationalError,
@@ -111,6 +110,8 @@ def _confirm(active: list[RunInfo], verb: str) -> None:
 
 
 def _prune(args: argparse.Namespace) -> int:
+    from .._stream import delete_stream, expire_stream, is_block  # noqa: PLC0415 - when used
+
     config = store_config(args)
     cutoff: datetime = args.older_than
     verb = "expire" if args.ttl is not None else "delete"

@@ -12,7 +12,6 @@ from .._checkpoint import STATUSES, Checkpoint
 from .._errors import CorruptCheckpoint
 from .._redact import redact_url
 from .._store import RunInfo
-from .._stream._retention import delete_stream, is_block
 from ._common import (
     EXIT_OK,
     OperationalError,
@@ -182,11 +181,14 @@ def add_parsers(commands: Any, store: argparse.ArgumentParser, parser_class: typ
 _ADAPTER_HEADS = ("langgraph", "maf", "openai-agents")
 _JOURNAL_SUFFIX = "/pydantic-ai-journal"
 _KINDS = ("run", *_ADAPTER_HEADS, "pydantic-ai", "stream")
+#: The head of a stream block's record id (``_stream._events.HEAD``), here as text so
+#: that ``stepstone --help`` imports nothing of streams.
+_STREAM_HEAD = "stream:"
 
 
 def _kind(run_id: str) -> str:
     """Return what wrote the record: ``run`` (stepstone's runner) or an adapter's name."""
-    if is_block(run_id):
+    if run_id.startswith(_STREAM_HEAD):
         return "stream"  # a block of a run's event stream (issue 34)
     for head in _ADAPTER_HEADS:
         if len(run_id) > len(head) + 1 and run_id[len(head)] in ":/" and run_id.startswith(head):
@@ -607,6 +609,8 @@ def _delete(args: argparse.Namespace) -> int:
     config = store_config(args)
     with existing(config) as store:
         deleted = store.delete(args.run_id)
+        from .._stream import delete_stream  # noqa: PLC0415 - only when deleting
+
         delete_stream(store, args.run_id)  # its stream goes with it (issue 34)
     if deleted:
         if args.json:
