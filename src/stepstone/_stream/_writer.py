@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import secrets
 import threading
-import time
 from contextvars import ContextVar
 from typing import Any
 
@@ -91,6 +90,7 @@ class Writer:
         self.error: BaseException | None = None
         self.lock = threading.Lock()  # guards buffer, size and seq
         self.wake = threading.Event()  # a batch began, or the writer is closing
+        self.closing = threading.Event()  # set by close(): the thread stops at once
         self.flushing = threading.Lock()  # one append at a time, in order
         self.closed = False
         self.thread: threading.Thread | None = None
@@ -127,7 +127,9 @@ class Writer:
                 return
             # Real time, not the clock seam: a batching delay, not the program's time
             # (a background flush must not move a test's FakeClock, nor wait for it).
-            time.sleep(FLUSH_SECONDS)
+            # Cut short by close(), which must not wait out the interval.
+            if self.closing.wait(FLUSH_SECONDS):
+                return
             try:
                 self.flush()
             except BaseException as exc:  # noqa: BLE001 - kept, raised by close()
@@ -190,6 +192,7 @@ class Writer:
     def close(self) -> None:
         """Flush the rest and stop the thread; raise what a flush failed with."""
         self.closed = True
+        self.closing.set()
         self.wake.set()
         thread = self.thread
         if thread is not None and thread is not threading.current_thread():
