@@ -2,10 +2,12 @@
 
 An ``Attempt`` is what the driver makes for each step call (and ``ctx.step`` for each
 call of a code workflow) and installs in a context variable while the step runs; the
-first ``emit`` gives it a ``Writer``. The writer buffers events and appends them as one
-block when 100 ms have passed since the first unflushed event, when 64 KB are waiting,
-or when the attempt ends (before its step's checkpoint is saved, so that every event of
-a committed attempt is stored before the commit).
+first ``emit`` gives it a ``Writer``. ``emit`` only checks the event and appends a line
+to a buffer; a thread of the writer's own appends the buffer to the store as blocks of
+up to 64 KB, 100 ms after the first unflushed event or as soon as 64 KB wait, and the
+attempt's end flushes the rest (before its step's checkpoint is saved, so that every
+event of a committed attempt is stored before the commit). Only when 1 MB waits does
+``emit`` flush itself: the store is slower than the step, which then waits for it.
 
 An append is one create-only save of the next block number: two writers racing for a
 number both learn the winner by the conflict. That conflict is also the fence: a writer
@@ -34,12 +36,22 @@ from ._events import (
     line_head,
 )
 
-__all__ = ["FLUSH_BYTES", "FLUSH_SECONDS", "Attempt", "current", "emit", "find_end"]
+__all__ = [
+    "BACKLOG_BYTES",
+    "FLUSH_BYTES",
+    "FLUSH_SECONDS",
+    "Attempt",
+    "current",
+    "emit",
+    "find_end",
+]
 
 #: A writer appends a block at most this long after an event was emitted...
 FLUSH_SECONDS = 0.1
-#: ...or as soon as this many bytes of events wait.
+#: ...or as soon as this many bytes of events wait; no block holds much more.
 FLUSH_BYTES = 64 * 1024
+#: Past this many bytes waiting, ``emit`` flushes itself: the store is slower than the step.
+BACKLOG_BYTES = 16 * FLUSH_BYTES
 # The next free block of each run this process wrote to: a hint that spares the next
 # attempt the search (a wrong hint only costs a few loads).
 _ends: dict[tuple[int, str], int] = {}
@@ -72,6 +84,19 @@ def find_end(store: Store, run_id: str, hint: int = 0) -> int:
     return high
 
 
+def _chunks(lines: list[str]) -> list[list[str]]:
+    """Return ``lines`` cut into blocks of at most ``FLUSH_BYTES`` (or one line, if longer)."""
+    chunks: list[list[str]] = [[]]
+    size = 0
+    for line in lines:
+        if size + len(line) > FLUSH_BYTES and chunks[-1]:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(line)
+        size += len(line)
+    return chunks
+
+
 class Fenced(StoreError):
     """A newer owner of the run appended to its stream: this writer may not."""
 
@@ -90,7 +115,7 @@ class Writer:
         self.error: BaseException | None = None
         self.lock = threading.Lock()  # guards buffer, size and seq
         self.wake = threading.Event()  # a batch began, or the writer is closing
-        self.closing = threading.Event()  # set by close(): the thread stops at once
+        self.now = threading.Event()  # flush without waiting out the interval
         self.flushing = threading.Lock()  # one append at a time, in order
         self.closed = False
         self.thread: threading.Thread | None = None
@@ -105,31 +130,37 @@ class Writer:
             self.buffer.append(line)
             self.seq += 1
             self.size += len(line)
-            full = self.size >= FLUSH_BYTES
+            size = self.size
             begun = len(self.buffer) == 1
-        if full:
+        if size >= BACKLOG_BYTES:
+            # The flusher cannot keep up with the step: the step waits for a flush here
+            # (back-pressure), rather than the buffer growing without bound.
             self.flush()
-        elif begun:
+        elif begun or size >= FLUSH_BYTES:
             if self.thread is None:
                 self.thread = threading.Thread(
                     target=self._run, name=f"stepstone-stream-{self.attempt.run_id}", daemon=True
                 )
                 self.thread.start()
+            if size >= FLUSH_BYTES:
+                self.now.set()  # a full block: no need to wait out the interval
             self.wake.set()
 
     def _run(self) -> None:
-        # Wakes when a batch begins, waits out the flush interval, flushes; until closed.
+        # Wakes when a batch begins, waits out the flush interval (or less, when a block
+        # is full or the writer closes), flushes; until closed. The step's thread only
+        # appends to the buffer, so a slow store does not slow the step.
         while True:
             self.wake.wait()
-            # Cleared before the pause: a close during it sets it again, and is seen.
-            self.wake.clear()
+            self.wake.clear()  # before the pause: what sets it meanwhile is seen next turn
             if self.closed:
                 return
             # Real time, not the clock seam: a batching delay, not the program's time
             # (a background flush must not move a test's FakeClock, nor wait for it).
-            # Cut short by close(), which must not wait out the interval.
-            if self.closing.wait(FLUSH_SECONDS):
-                return
+            self.now.wait(FLUSH_SECONDS)
+            self.now.clear()
+            if self.closed:
+                return  # close() flushes the rest itself
             try:
                 self.flush()
             except BaseException as exc:  # noqa: BLE001 - kept, raised by close()
@@ -137,25 +168,30 @@ class Writer:
                 return
 
     def flush(self) -> None:
-        """Append what is buffered as one block (nothing if empty or fenced)."""
+        """Append what is buffered, in blocks of up to ``FLUSH_BYTES`` (none if fenced)."""
         with self.flushing:
             with self.lock:
                 events, self.buffer, self.size = self.buffer, [], 0
             if not events or self.fenced:
                 return
-            try:
-                self._append(events)
-            except Fenced:
-                self.fenced = True
-                logger.warning(
-                    "run %r: stream events of step %s dropped: the run has a newer owner",
-                    self.attempt.run_id,
-                    self.attempt.key,
-                )
-            except BaseException:
-                with self.lock:  # put them back in front: a later flush may succeed
-                    self.buffer[:0] = events
-                raise
+            chunks = _chunks(events)
+            for i, chunk in enumerate(chunks):
+                try:
+                    self._append(chunk)
+                except Fenced:
+                    self.fenced = True
+                    logger.warning(
+                        "run %r: stream events of step %s dropped: the run has a newer owner",
+                        self.attempt.run_id,
+                        self.attempt.key,
+                    )
+                    return
+                except BaseException:
+                    rest = [line for left in chunks[i:] for line in left]
+                    with self.lock:  # put them back in front: a later flush may succeed
+                        self.buffer[:0] = rest
+                        self.size += sum(map(len, rest))
+                    raise
 
     def _append(self, events: list[str]) -> None:
         a = self.attempt
@@ -192,7 +228,7 @@ class Writer:
     def close(self) -> None:
         """Flush the rest and stop the thread; raise what a flush failed with."""
         self.closed = True
-        self.closing.set()
+        self.now.set()
         self.wake.set()
         thread = self.thread
         if thread is not None and thread is not threading.current_thread():
