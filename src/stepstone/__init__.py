@@ -59,6 +59,15 @@ if TYPE_CHECKING:  # what the names below are, for type checkers; imported on fi
     from ._runner import run
     from ._steps import AttemptsExhausted, RetryPolicy, Step, StepContext, Workflow
     from ._store import Diagnosis, RunInfo, Store
+    from ._stream import (
+        EmitOutsideStep,
+        EventTooLarge,
+        StreamEvent,
+        astream,
+        delete_stream,
+        emit,
+        stream,
+    )
     from ._suspend import ChildFailed, Map, Sleep, WaitFor, WaitTimeout
     from ._upgrade import aupgrade, upgrade
     from .worker import Worker
@@ -76,6 +85,8 @@ _LAZY: dict[str, str] = {
     "DEFAULT_LEASE": "._lease",
     "DEFAULT_STORE": "._registry",
     "Diagnosis": "._store",
+    "EmitOutsideStep": "._stream",
+    "EventTooLarge": "._stream",
     "Failure": "._checkpoint",
     "HistoryEntry": "._history",
     "Map": "._suspend",
@@ -88,6 +99,7 @@ _LAZY: dict[str, str] = {
     "Step": "._steps",
     "StepContext": "._steps",
     "Store": "._store",
+    "StreamEvent": "._stream",
     "WaitFor": "._suspend",
     "WaitTimeout": "._suspend",
     "Worker": ".worker",
@@ -99,12 +111,15 @@ _LAZY: dict[str, str] = {
     "arerun": "._history",
     "aretry": "._control",
     "arun": "._arunner",
+    "astream": "._stream",
     "asignal": "._control",
     "astart": "._control",
     "aupgrade": "._upgrade",
     "cancel": "._control",
     "check_run_id": "._checkpoint",
     "current_call": "._code",
+    "delete_stream": "._stream",
+    "emit": "._stream",
     "fork": "._history",
     "history": "._history",
     "open_store": "._registry",
@@ -115,6 +130,7 @@ _LAZY: dict[str, str] = {
     "schemes": "._registry",
     "signal": "._control",
     "start": "._control",
+    "stream": "._stream",
     "upgrade": "._upgrade",
     "workflow": "._code",
 }
@@ -147,6 +163,8 @@ __all__ = [
     "DEFAULT_LEASE",
     "DEFAULT_STORE",
     "Diagnosis",
+    "EmitOutsideStep",
+    "EventTooLarge",
     "Failure",
     "HistoryEntry",
     "HistoryNotKept",
@@ -175,6 +193,7 @@ __all__ = [
     "StoreError",
     "StorePermissionError",
     "StoreUnavailable",
+    "StreamEvent",
     "Suspended",
     "WaitFor",
     "WaitTimeout",
@@ -190,10 +209,13 @@ __all__ = [
     "arun",
     "asignal",
     "astart",
+    "astream",
     "aupgrade",
     "cancel",
     "check_run_id",
     "current_call",
+    "delete_stream",
+    "emit",
     "fork",
     "history",
     "open_store",
@@ -204,6 +226,7 @@ __all__ = [
     "schemes",
     "signal",
     "start",
+    "stream",
     "upgrade",
     "workflow",
 ]

@@ -40,6 +40,7 @@ from ._errors import ConflictError
 from ._observe import logger
 from ._plan import Plan, to_release
 from ._store import Store
+from ._stream import _hooks as _stream
 from ._wake import aannounce
 
 __all__ = ["adrive", "arenew_once", "arun"]
@@ -168,6 +169,7 @@ async def _acall(effect: Call, plan: Plan, store: Store) -> Any:
     args = (effect.state,) if effect.ctx is None else (effect.state, effect.ctx)
     started = _clock.monotonic()
     renewal: _AsyncRenewal | None = None
+    attempt = _stream.begin(store, plan, effect)  # streams (issue 34)
     try:
         try:
             if step.is_async:
@@ -199,10 +201,15 @@ async def _acall(effect: Call, plan: Plan, store: Store) -> Any:
             raise RuntimeError(
                 f"step {step.name!r} raised CancelledError without being cancelled"
             ) from exc
+    except BaseException:
+        _stream.abandon(attempt)
+        raise
     finally:
         lost = await renewal.stop() if renewal is not None else None
     if lost is not None:
+        _stream.abandon(attempt)
         raise lost
+    plan.streamed = await _stream.aend(attempt)  # its events are stored before the commit
     return update
 
 

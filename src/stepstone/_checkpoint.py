@@ -173,6 +173,9 @@ class Checkpoint:
         children: The child run_ids of the ``Map`` step the run is at, while it runs.
         history: Every save of the run is kept (``stepstone.history``, ``fork``,
             ``rerun``); set when the run starts, kept by every later save.
+        streams: Event streams (``stepstone._stream``): step index -> the token of the
+            attempt that committed that step, for steps whose committing attempt emitted
+            events. Readers hide the events of every other attempt of a committed step.
     """
 
     run_id: str
@@ -206,6 +209,8 @@ class Checkpoint:
     parent: str | None = None
     children: tuple[str, ...] = ()
     history: bool = False
+    # --- streams (issue 34): the committing attempt of each step that emitted ---------
+    streams: dict[str, str] = field(default_factory=dict)
     # What the store that produced this object knows of the stored state (``_statelog``):
     # lets the next save of a long run write only what changed. Never compared or shown.
     stored_state: Stored | None = field(default=None, repr=False, compare=False)
@@ -382,6 +387,7 @@ if TYPE_CHECKING:
         parent: str | None = ...,
         children: tuple[str, ...] = ...,
         history: bool = ...,
+        streams: dict[str, str] = ...,
         stored_state: Stored | None = ...,
     ) -> Checkpoint:
         """Return a copy of ``cp`` with the fields given changed, like ``dataclasses.replace``."""

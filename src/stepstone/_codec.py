@@ -389,6 +389,8 @@ def _add_runtime_meta(cp: Checkpoint, meta: dict[str, Any]) -> None:  # noqa: C9
         meta["parent"] = cp.parent
     if cp.children:
         meta["children"] = list(cp.children)
+    if cp.streams:  # streams (issue 34): absent unless a committing attempt emitted
+        meta["streams"] = dict(cp.streams)
 
 
 def _meta_json(cp: Checkpoint, meta: dict[str, Any]) -> str:
@@ -547,6 +549,11 @@ def _runtime_fields(doc: dict[str, Any]) -> dict[str, Any]:  # noqa: C901 - see 
         ):
             raise TypeError("consumed is not an object of counts")
         fields["consumed"] = dict(consumed)
+    streams = doc.get("streams")  # streams (issue 34); absent in older documents
+    if streams:
+        if not isinstance(streams, dict) or not all(isinstance(t, str) for t in streams.values()):
+            raise TypeError("streams is not an object of attempt tokens")
+        fields["streams"] = dict(streams)
     return fields
 
 

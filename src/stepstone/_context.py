@@ -7,6 +7,7 @@ the core (``ctx.sleep``, ``ctx.wait_for``), and returns once its entry is saved.
 
 from __future__ import annotations
 
+import contextvars
 import inspect
 import uuid as uuidlib
 from collections.abc import Awaitable, Callable
@@ -27,6 +28,9 @@ from ._steps import (
     check_name,
     retries,
 )
+from ._stream import _hooks as _stream
+from ._stream._events import EmitOutsideStep
+from ._stream._writer import emit as _stream_emit
 from ._suspend import _seconds
 
 __all__ = [
@@ -114,6 +118,7 @@ def _run_call(
             session.ask(("save", failed))
             raise failure(session, failed) from exhausted
         token = inside.set((session.run_id, seq, call, attempt))
+        scope = _stream.begin_call(seq, attempt)  # streams (issue 34)
         try:
             result = fn(*args)
             if inspect.isawaitable(result):
@@ -122,7 +127,11 @@ def _run_call(
                     f"{what}: the function returned an awaitable; await it in an "
                     "`async def` workflow, or pass a plain function"
                 )
+            ending, scope = scope, None
+            streamed = _stream.end(ending) if ending is not None else None
         except Exception as exc:
+            if scope is not None:
+                _stream.abandon(scope)
             if retries(policy, attempt, exc):
                 _clock.sleep(policy.delay(attempt))
                 continue
@@ -132,8 +141,25 @@ def _run_call(
         finally:
             inside.reset(token)
         value = json_value(result, session.run_id, call, seq)
-        session.ask(("save", entry_ok(seq, call, attempt, value)))
+        session.ask(("save", _streamed(entry_ok(seq, call, attempt, value), streamed)))
         return copy_containers(value)
+
+
+def _streamed(entry: dict[str, Any], token: str | None) -> dict[str, Any]:
+    """Return ``entry`` naming the attempt whose events readers show (streams, issue 34)."""
+    if token is not None:
+        entry["stream"] = token
+    return entry
+
+
+def _emit(topic: str, data: Any) -> None:
+    if inside.get() is None:
+        raise EmitOutsideStep(
+            "ctx.emit() outside a ctx.step call: a code workflow emits inside the function "
+            "a ctx.step (or ctx.submit) call runs; code between calls re-runs on resume, "
+            "and would emit its events again"
+        )
+    _stream_emit(topic, data)
 
 
 class WorkflowContext:
@@ -153,6 +179,16 @@ class WorkflowContext:
     def run_id(self) -> str:
         """The run this execution belongs to."""
         return self._session.run_id
+
+    def emit(self, topic: str, data: Any) -> None:
+        """Append an event to the run's stream, from inside a ``ctx.step`` function.
+
+        Raises:
+            EmitOutsideStep: called outside the function of a ``ctx.step`` call.
+            InvalidState: ``data`` is not JSON (the message names the path).
+            EventTooLarge: the event is over ``MAX_EVENT_BYTES``.
+        """
+        _emit(topic, data)
 
     def step(
         self, name: str, fn: Callable[..., Any], *args: Any, retry: RetryPolicy | None = None
@@ -194,7 +230,18 @@ class WorkflowContext:
         policy = _check_retry(retry, what)
         entry = session.replay(seq, call)
         if entry is None:
-            return session.pool().submit(_run_call, session, seq, call, what, fn, args, policy)
+            # In a copy of this context: the call's events go to this run's stream.
+            return session.pool().submit(
+                contextvars.copy_context().run,
+                _run_call,
+                session,
+                seq,
+                call,
+                what,
+                fn,
+                args,
+                policy,
+            )
         done: Future[Any] = Future()
         try:
             done.set_result(_answer(session, entry))
@@ -292,6 +339,10 @@ class AsyncWorkflowContext:
         """The run this execution belongs to."""
         return self._session.run_id
 
+    def emit(self, topic: str, data: Any) -> None:
+        """Append an event to the run's stream (see ``WorkflowContext.emit``); not awaited."""
+        _emit(topic, data)
+
     def step(
         self, name: str, fn: Callable[..., Any], *args: Any, retry: RetryPolicy | None = None
     ) -> Awaitable[Any]:
@@ -332,6 +383,7 @@ class AsyncWorkflowContext:
                 await session.aask(("save", failed))
                 raise failure(session, failed) from exhausted
             token = inside.set((session.run_id, seq, call, attempt))
+            scope = _stream.begin_call(seq, attempt)  # streams (issue 34)
             try:
                 if inspect.iscoroutinefunction(fn):
                     result = await fn(*args)
@@ -339,7 +391,11 @@ class AsyncWorkflowContext:
                     result = await asyncio.to_thread(fn, *args)
                     if inspect.isawaitable(result):
                         result = await result
+                ending, scope = scope, None
+                streamed = await _stream.aend(ending) if ending is not None else None
             except Exception as exc:
+                if scope is not None:
+                    _stream.abandon(scope)
                 if retries(policy, attempt, exc):
                     await _clock.asleep(policy.delay(attempt))
                     continue
@@ -349,7 +405,7 @@ class AsyncWorkflowContext:
             finally:
                 inside.reset(token)
             value = json_value(result, session.run_id, call, seq)
-            await session.aask(("save", entry_ok(seq, call, attempt, value)))
+            await session.aask(("save", _streamed(entry_ok(seq, call, attempt, value), streamed)))
             return copy_containers(value)
 
     async def now(self) -> datetime:

@@ -346,9 +346,12 @@ def _run_step(
             _hooks.fire("runner.after_step")
             if changes:
                 working.update(changes)
+            # Streams (issue 34): the attempt that emitted and commits is recorded.
+            streamed = plan.streamed
+            extra = {} if streamed is None else {"streams": {**cp.streams, str(index): streamed}}
             try:
                 saved = yield from write(
-                    plan, cp, _completed(plan, cp, index, working), f"step {index}"
+                    plan, cp, _completed(plan, cp, index, working, **extra), f"step {index}"
                 )
             except InvalidState as error:
                 # The step's state can never be stored: a retry, here or by a worker that

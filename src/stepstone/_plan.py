@@ -39,6 +39,7 @@ class Plan:
         "run_id",
         "steps",
         "stop_requested",
+        "streamed",
         "total",
         "workflow",
         "written_at",
@@ -82,6 +83,9 @@ class Plan:
         self.renewal: Any = None
         #: Set by a stopping worker: give the run back at the next step boundary.
         self.stop_requested = False
+        #: Streams (issue 34): the token of the last step call's attempt if it stored
+        #: events (set by the driver after each call), recorded by the step's commit.
+        self.streamed: str | None = None
 
 
 def to_release(plan: Plan) -> Checkpoint | None:

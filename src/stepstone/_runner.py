@@ -45,6 +45,7 @@ from ._steps import (
     idempotency_key,
 )
 from ._store import Store
+from ._stream import _hooks as _stream
 from ._wake import announce
 
 __all__ = [
@@ -148,15 +149,21 @@ def _perform(effect: Effect, plan: Plan, store: Store) -> Any:
         assert isinstance(effect, Call)
         step = effect.step
         ticket = _renewer.enter(plan, store)
+        attempt = _stream.begin(store, plan, effect)  # streams (issue 34)
         try:
             if effect.ctx is not None:
                 update = step.fn(effect.state, effect.ctx)
             else:
                 update = step.fn(effect.state)
+        except BaseException:
+            _stream.abandon(attempt)
+            raise
         finally:
             lost = _renewer.leave(ticket)
         if lost is not None:
+            _stream.abandon(attempt)
             raise lost
+        plan.streamed = _stream.end(attempt)  # its events are stored before the commit
         return update
     if kind is Renewing:
         assert isinstance(effect, Renewing)

@@ -22,6 +22,7 @@ from ._effects import Effect
 from ._errors import InvalidWorkflow, safe_text
 from ._observe import logger
 from ._plan import Plan
+from ._stream._writer import emit as _emit
 
 __all__ = [
     "AttemptsExhausted",
@@ -148,6 +149,19 @@ class StepContext:
     step_name: str
     attempt: int
     idempotency_key: str
+
+    def emit(self, topic: str, data: Any) -> None:
+        """Append an event to the run's stream (``stepstone.stream`` reads it); see ``emit``.
+
+        Only while this step runs. Events of an attempt that does not commit the step
+        are hidden from readers once another attempt commits it.
+
+        Raises:
+            EmitOutsideStep: the step has returned (or this is another thread).
+            InvalidState: ``data`` is not JSON (the message names the path).
+            EventTooLarge: the event is over ``MAX_EVENT_BYTES``.
+        """
+        _emit(topic, data)
 
 
 def retries(

@@ -113,6 +113,8 @@ def _confirm(active: list[RunInfo], verb: str) -> None:
 
 
 def _prune(args: argparse.Namespace) -> int:
+    from .._stream import delete_stream, expire_stream, is_block  # noqa: PLC0415 - when used
+
     config = store_config(args)
     cutoff: datetime = args.older_than
     verb = "expire" if args.ttl is not None else "delete"
@@ -126,7 +128,10 @@ def _prune(args: argparse.Namespace) -> int:
                 f"the {store.scheme or type(store).__name__} store has no native TTL; "
                 "prune without --ttl to delete the runs"
             )
-        candidates = newest_first([i for i in infos(store) if _matches(i, statuses, cutoff)])
+        # A stream's blocks (issue 34) go with their run, never on their own age.
+        candidates = newest_first(
+            [i for i in infos(store) if _matches(i, statuses, cutoff) and not is_block(i.run_id)]
+        )
         active = [i for i in candidates if i.status in ACTIVE_STATUSES]
         if active and not args.dry_run and not args.yes:
             _confirm(active, verb)
@@ -149,10 +154,12 @@ def _prune(args: argparse.Namespace) -> int:
                 continue
             if args.ttl is not None:
                 if store.expire(info.run_id, args.ttl) is not False:
+                    expire_stream(store, info.run_id, args.ttl)
                     affected.append(info.run_id)
                 continue
             try:
                 if store.delete(info.run_id, expected_version=cp.version):
+                    delete_stream(store, info.run_id)
                     affected.append(info.run_id)
             except ConflictError:
                 kept.append(info.run_id)

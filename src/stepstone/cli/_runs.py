@@ -27,6 +27,7 @@ from ._common import (
 from ._output import age, emit_json, iso, out, safe, safe_lines, span, table, when
 from ._prune import add_prune_parser
 from ._retry import add_retry_parser
+from ._tail import add_tail_parser
 from ._upgrade import add_upgrade_parser
 from ._worker import add_start_parser
 
@@ -130,6 +131,7 @@ def add_parsers(commands: Any, store: argparse.ArgumentParser, parser_class: typ
 
     add_prune_parser(actions, store)
     add_retry_parser(actions, store)
+    add_tail_parser(actions, store)  # streams (issue 34)
 
     cancel = actions.add_parser(
         "cancel",
@@ -178,11 +180,16 @@ def add_parsers(commands: Any, store: argparse.ArgumentParser, parser_class: typ
 #: the pydantic-ai adapter. Everything else is a stepstone run.
 _ADAPTER_HEADS = ("langgraph", "maf", "openai-agents")
 _JOURNAL_SUFFIX = "/pydantic-ai-journal"
-_KINDS = ("run", *_ADAPTER_HEADS, "pydantic-ai")
+_KINDS = ("run", *_ADAPTER_HEADS, "pydantic-ai", "stream")
+#: The head of a stream block's record id (``_stream._events.HEAD``), here as text so
+#: that ``stepstone --help`` imports nothing of streams.
+_STREAM_HEAD = "stream:"
 
 
 def _kind(run_id: str) -> str:
     """Return what wrote the record: ``run`` (stepstone's runner) or an adapter's name."""
+    if run_id.startswith(_STREAM_HEAD):
+        return "stream"  # a block of a run's event stream (issue 34)
     for head in _ADAPTER_HEADS:
         if len(run_id) > len(head) + 1 and run_id[len(head)] in ":/" and run_id.startswith(head):
             return head
@@ -259,7 +266,7 @@ def _list(args: argparse.Namespace) -> int:
             for i in infos(store)
             if info_matches(i, args.status, args.older_than, args.newer_than)
             and (args.prefix is None or i.run_id.startswith(args.prefix))
-            and (args.kind is None or _kind(i.run_id) == args.kind)
+            and (_kind(i.run_id) == args.kind if args.kind else _kind(i.run_id) != "stream")
         ]
         found = newest_first(found)
         if args.limit is not None:
@@ -602,6 +609,9 @@ def _delete(args: argparse.Namespace) -> int:
     config = store_config(args)
     with existing(config) as store:
         deleted = store.delete(args.run_id)
+        from .._stream import delete_stream  # noqa: PLC0415 - only when deleting
+
+        delete_stream(store, args.run_id)  # its stream goes with it (issue 34)
     if deleted:
         if args.json:
             emit_json({"run_id": args.run_id, "deleted": True})

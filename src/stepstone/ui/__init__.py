@@ -6,5 +6,6 @@ package: nothing is fetched from elsewhere at run time.
 """
 
 from ._app import create_app
+from ._sse import stream_endpoint
 
-__all__ = ["create_app"]
+__all__ = ["create_app", "stream_endpoint"]

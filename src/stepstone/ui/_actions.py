@@ -20,6 +20,7 @@ from .._core import Effect, Load, Save, step_through
 from .._effects import Announce
 from .._errors import ConflictError, RunNotActive, RunNotFound, StepstoneError
 from .._store import RunInfo, Store, page_key
+from .._stream._retention import delete_stream
 from .._wake import announce
 
 __all__ = [
@@ -164,6 +165,7 @@ def delete(store: Store, run_id: str, version: str) -> str:
         raise _changed(run_id) from exc
     if not deleted:
         raise RunNotFound(f"run {run_id!r} does not exist any more; nothing to delete", run_id)
+    delete_stream(store, run_id)  # its stream goes with it (issue 34)
     return "deleted the run"
 
 

@@ -29,6 +29,7 @@ from ._dashboard import Dashboard, guarded_endpoint
 from ._guard import LOOPBACK_HOSTS, MAX_BODY, PAGE_SIZE, TOKEN_COOKIE, Guard
 from ._pages import run_live, run_page, runs_live, runs_page
 from ._posts import post_action, post_bulk
+from ._sse import stream_endpoint
 
 __all__ = ["LOOPBACK_HOSTS", "TOKEN_COOKIE", "create_app"]
 
@@ -75,6 +76,8 @@ def create_app(
         Route("/run", sync(run_page)),
         Route("/run/live", sync(run_live)),
         Route("/run/action", posted(post_action), methods=["POST"]),
+        # Streams (issue 34): the run page tails its events from here.
+        Route("/run/stream", stream_endpoint(dash.store)),
         Mount("/static", StaticFiles(packages=[("stepstone.ui", "static")]), name="static"),
     ]
 

@@ -129,6 +129,8 @@ def display_name(run_id: str) -> tuple[str | None, str]:
     percent-encoded parts decoded), or (None, run_id) for a stepstone run."""
     if run_id.endswith(_JOURNAL_SUFFIX) and len(run_id) > len(_JOURNAL_SUFFIX):
         return "pydantic-ai journal", run_id.removesuffix(_JOURNAL_SUFFIX)
+    if run_id.startswith("stream:") and len(run_id) > 7:  # streams (issue 34): RUN_ID/N
+        return "stream block", run_id[7:]
     for head, label in ADAPTER_KINDS.items():
         rest = run_id[len(head) + 1 :]
         if not (run_id.startswith(head) and len(run_id) > len(head) + 1):
