@@ -109,6 +109,9 @@ def spawns(item: pytest.Item) -> bool:
     """Whether a test is known to spawn processes (marked, or a crash test, or the contract's)."""
     if item.get_closest_marker("process") or item.get_closest_marker("crash"):
         return True
+    # A browser test starts Chromium (the ``chromium`` fixture), marked or not.
+    if "chromium" in getattr(item, "fixturenames", ()):
+        return True
     function = getattr(item, "function", None)
     return getattr(function, "__module__", None) in _SPAWNING_MODULES
 
