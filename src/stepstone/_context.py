@@ -8,6 +8,7 @@ the core (``ctx.sleep``, ``ctx.wait_for``), and returns once its entry is saved.
 from __future__ import annotations
 
 import inspect
+import random as randomlib
 import uuid as uuidlib
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
@@ -233,6 +234,16 @@ class WorkflowContext:
             session.ask(("save", entry))
         return str(answer_of(entry))
 
+    def random(self) -> float:
+        """Return a random float in [0, 1), journaled: a replay returns the same one."""
+        session = self._session
+        seq, call = session.begin(f"{RESERVED}random", "ctx.random()")
+        entry = session.replay(seq, call)
+        if entry is None:
+            entry = entry_ok(seq, call, 1, _draw())
+            session.ask(("save", entry))
+        return float(answer_of(entry))
+
     def sleep(self, duration: float | timedelta) -> datetime:
         """Sleep durably: the run is saved waiting (no process held) until ``duration`` passed.
 
@@ -384,6 +395,16 @@ class AsyncWorkflowContext:
             await session.aask(("save", entry))
         return str(answer_of(entry))
 
+    async def random(self) -> float:
+        """Return a random float in [0, 1), journaled (see ``WorkflowContext.random``)."""
+        session = self._session
+        seq, call = session.begin(f"{RESERVED}random", "ctx.random()")
+        entry = session.replay(seq, call)
+        if entry is None:
+            entry = entry_ok(seq, call, 1, _draw())
+            await session.aask(("save", entry))
+        return float(answer_of(entry))
+
     async def sleep(self, duration: float | timedelta) -> datetime:
         """Sleep durably (see ``WorkflowContext.sleep``)."""
         session = self._session
@@ -420,6 +441,15 @@ class AsyncWorkflowContext:
         if entry is None:
             return list(await session.aask(("map", seq, call, *args)))
         return list(_answer(session, entry))
+
+
+#: Draws of ``ctx.random()``: seeded from the OS, not the ``random`` module's shared
+#: generator, so a user's ``random.seed`` neither repeats nor reveals a run's draws.
+_random = randomlib.SystemRandom()
+
+
+def _draw() -> float:
+    return _random.random()
 
 
 def _map_args(
