@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import stepstone
-from stepstone import CodeWorkflow, Store, Suspended, signal
+from stepstone import CodeWorkflow, Store, Suspended, WorkflowChanged, signal
 from stepstone._journal import JOURNAL_KEY
 from test_code_workflows import MODES, Body, _Done, _SyncAsAsync, calls_of, drive, store
 
@@ -70,3 +70,79 @@ def test_random_is_journaled_and_replayed(store: Store, mode: str) -> None:
     assert recorded[0] != recorded[1]
     signal(store, "d", "go")
     assert drive(mode, "d", flow, store)["result"] == recorded
+
+
+def test_upgrades_move_a_waiting_run_onto_the_new_function(store: Store, mode: str) -> None:
+    """``upgrades=`` moves a waiting code run: the new function replays the transformed journal."""
+    ran: list[str] = []
+
+    def work(x: str) -> State:
+        ran.append(x)
+        return {"v": x}
+
+    async def old(ctx: Any, input: State) -> Any:
+        first = await ctx.step("a", work, "a")
+        return [first, await ctx.wait_for("go")]
+
+    async def new(ctx: Any, input: State) -> Any:
+        first = await ctx.step("a", work, "a")
+        got = await ctx.wait_for("go")
+        return [first, got, await ctx.step("b", work, "b")]
+
+    def renamed(state: State) -> State:
+        for entry in state[JOURNAL_KEY]:
+            if entry["call"] == "a#1":
+                entry["result"] = {"value": entry["result"]["v"]}
+        return state
+
+    v1 = make("up", old, mode, version="1")
+    v2 = make("up", new, mode, version="2", upgrades={"1": renamed})
+    with pytest.raises(Suspended):
+        drive(mode, "u", v1, store)
+    moved = stepstone.upgrade(store, "u", v2)
+    assert moved.workflow_version == "2" and moved.waiting_for == "signal go"
+    signal(store, "u", "go", 7)
+    state = drive(mode, "u", v2, store)
+    assert state["result"] == [{"value": "a"}, 7, {"v": "b"}]
+    assert ran == ["a", "b"]  # the journaled call never ran again
+
+
+def test_an_upgrade_that_drops_journaled_calls_is_refused(store: Store, mode: str) -> None:
+    """An upgrade function may change journaled results, not which calls were made."""
+
+    async def body(ctx: Any, input: State) -> Any:
+        await ctx.step("a", lambda: 1)
+        return await ctx.wait_for("go")
+
+    v1 = make("drop", body, mode, version="1")
+    v2 = make("drop", body, mode, version="2", upgrades={"1": lambda s: {**s, JOURNAL_KEY: []}})
+    with pytest.raises(Suspended):
+        drive(mode, "x", v1, store)
+    before = store.load("x")
+    with pytest.raises(WorkflowChanged, match="1 calls before, 0 after"):
+        stepstone.upgrade(store, "x", v2)
+    after = store.load("x")
+    assert before is not None and after is not None
+    assert after.version == before.version and after.workflow_version == "1"
+
+
+def test_an_upgraded_function_that_calls_otherwise_parks_the_run(store: Store, mode: str) -> None:
+    """After an upgrade, a function whose calls differ from the journal is parked, not spun."""
+
+    async def old(ctx: Any, input: State) -> Any:
+        await ctx.step("a", lambda: 1)
+        return await ctx.wait_for("go")
+
+    async def new(ctx: Any, input: State) -> Any:
+        await ctx.step("b", lambda: 1)
+        return await ctx.wait_for("go")
+
+    with pytest.raises(Suspended):
+        drive(mode, "p", make("park", old, mode, version="1"), store)
+    v2 = make("park", new, mode, version="2", upgrades={"1": lambda s: s})
+    stepstone.upgrade(store, "p", v2)
+    signal(store, "p", "go")
+    with pytest.raises(WorkflowChanged, match="'b#1' now"):
+        drive(mode, "p", v2, store)
+    parked = store.load("p")
+    assert parked is not None and parked.status == "failed" and parked.owner is None
