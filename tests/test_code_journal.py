@@ -7,6 +7,7 @@ and under ``arun`` and an ``async def`` one under ``arun`` (``test_code_workflow
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -146,3 +147,83 @@ def test_an_upgraded_function_that_calls_otherwise_parks_the_run(store: Store, m
         drive(mode, "p", v2, store)
     parked = store.load("p")
     assert parked is not None and parked.status == "failed" and parked.owner is None
+
+
+async def _loop(ctx: Any, input: State) -> Any:
+    """Three ``revise`` calls between a ``draft`` and a wait, then a ``send``."""
+    draft = await ctx.step("draft", _work, "d")
+    for i in range(3):
+        draft = await ctx.step("revise", _work, f"r{i}")
+    await ctx.wait_for("go")
+    return [draft, await ctx.step("send", _work, "s")]
+
+
+_RAN: list[str] = []
+
+
+def _work(x: str) -> str:
+    _RAN.append(x)
+    return x
+
+
+def test_journal_lists_each_call_with_name_ordinal_attempt_time_and_size(
+    store: Store, mode: str
+) -> None:
+    """``stepstone.journal`` lists the journaled calls in call order, as steps are listed."""
+    with pytest.raises(Suspended):
+        drive(mode, "j", make("listed", _loop, mode), store)
+    entries = stepstone.journal(store, "j")
+    assert [(e.seq, e.call, e.name, e.ordinal) for e in entries] == [
+        (0, "draft#1", "draft", 1),
+        (1, "revise#1", "revise", 1),
+        (2, "revise#2", "revise", 2),
+        (3, "revise#3", "revise", 3),
+    ]
+    assert all(e.attempt == 1 and e.error_type is None and e.at is not None for e in entries)
+    assert all(e.size > len(e.call) for e in entries)
+    assert asyncio.run(stepstone.ajournal(store, "j")) == entries
+    with pytest.raises(stepstone.RunNotFound):
+        stepstone.journal(store, "nope")
+
+
+def test_fork_at_a_call_keeps_the_journal_up_to_it(store: Store, mode: str) -> None:
+    """A fork at ``revise#2`` replays the calls up to it and runs the later ones again."""
+    flow = make("forked", _loop, mode)
+    with pytest.raises(Suspended):
+        drive(mode, "f", flow, store)
+    _RAN.clear()
+    forked = stepstone.fork(store, "f", "revise#2", "f2")
+    assert forked.run_id == "f2" and calls_of(forked.state) == ["draft#1", "revise#1", "revise#2"]
+    with pytest.raises(Suspended):
+        drive(mode, "f2", flow, store)
+    assert _RAN == ["r2"]  # only revise#3 ran: the fork's journal answered the rest
+    original = store.load("f")
+    assert original is not None and len(original.state[JOURNAL_KEY]) == 4  # untouched
+    with pytest.raises(stepstone.ConflictError):
+        stepstone.fork(store, "f", "revise#2", "f2")
+    with pytest.raises(stepstone.StepNotKept, match="revise#9.*draft#1, revise#1"):
+        stepstone.fork(store, "f", "revise#9", "f3")
+
+
+def test_rerun_from_a_call_runs_it_and_the_later_ones_again(store: Store, mode: str) -> None:
+    """``rerun`` from ``revise#3`` of a finished run cuts the journal before it and reruns."""
+    flow = make("rerun", _loop, mode)
+    with pytest.raises(Suspended):
+        drive(mode, "r", flow, store)
+    signal(store, "r", "go")
+    done = drive(mode, "r", flow, store)
+    assert done["result"] == ["r2", "s"]
+    _RAN.clear()
+    rewound = stepstone.rerun(store, "r", "revise#3")
+    assert rewound.status != "done" and "result" not in rewound.state
+    assert calls_of(rewound.state) == ["draft#1", "revise#1", "revise#2"]
+    with pytest.raises(Suspended):  # the signal was consumed by the first wait
+        drive(mode, "r", flow, store)
+    assert _RAN == ["r2"]
+    signal(store, "r", "go", signal_id="again")
+    assert drive(mode, "r", flow, store)["result"] == ["r2", "s"]
+    assert _RAN == ["r2", "s"]
+    with pytest.raises(stepstone.StepNotKept, match="no state="):
+        stepstone.rerun(store, "r", "send#1", patch={"x": 1})
+    after = store.load("r")
+    assert after is not None and after.status == "done"

@@ -52,6 +52,7 @@ if TYPE_CHECKING:  # what the names below are, for type checkers; imported on fi
         current_call,
         workflow,
     )
+    from ._code_history import JournalEntry, ajournal, journal
     from ._control import acancel, aretry, asignal, astart, cancel, retry, signal, start
     from ._history import HistoryEntry, afork, ahistory, arerun, fork, history, rerun
     from ._lease import DEFAULT_LEASE
@@ -78,6 +79,7 @@ _LAZY: dict[str, str] = {
     "Diagnosis": "._store",
     "Failure": "._checkpoint",
     "HistoryEntry": "._history",
+    "JournalEntry": "._code_history",
     "Map": "._suspend",
     "RetryPolicy": "._steps",
     "RunInfo": "._store",
@@ -96,6 +98,7 @@ _LAZY: dict[str, str] = {
     "acancel": "._control",
     "afork": "._history",
     "ahistory": "._history",
+    "ajournal": "._code_history",
     "arerun": "._history",
     "aretry": "._control",
     "arun": "._arunner",
@@ -107,6 +110,7 @@ _LAZY: dict[str, str] = {
     "current_call": "._code",
     "fork": "._history",
     "history": "._history",
+    "journal": "._code_history",
     "open_store": "._registry",
     "register_store": "._registry",
     "rerun": "._history",
@@ -154,6 +158,7 @@ __all__ = [
     "InvalidRunId",
     "InvalidState",
     "InvalidWorkflow",
+    "JournalEntry",
     "LeaseLost",
     "Map",
     "RetryPolicy",
@@ -185,6 +190,7 @@ __all__ = [
     "acancel",
     "afork",
     "ahistory",
+    "ajournal",
     "arerun",
     "aretry",
     "arun",
@@ -196,6 +202,7 @@ __all__ = [
     "current_call",
     "fork",
     "history",
+    "journal",
     "open_store",
     "register_store",
     "rerun",
