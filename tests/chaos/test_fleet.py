@@ -227,3 +227,25 @@ def test_graceful_stop_logs_no_unexpected_error(
         assert not thread.is_alive(), "serve() did not return within 15 s of stop()"
     store.close()
     assert "unexpected error" not in caplog.text, caplog.text
+
+
+def test_fleet_of_code_workflows(tmp_path: Path) -> None:
+    """Code workflows (calls, a wait, a sleep, a map) drain through kills with every invariant.
+
+    The campaigns above mix them with the step lists; this short one on SQLite starts
+    only ``code`` runs, so that every fault lands in a ``@workflow`` function's run.
+    """
+    opts = Options(
+        runs=24,
+        kills=6,
+        freezes=1,
+        stops=1,
+        seed=int(uuid.uuid4().int % 10_000),
+        timeout=120,
+        workdir=str(tmp_path / "fleet"),
+        kinds=("code",),
+    )
+    result = run_fleet(local_config("sqlite", str(tmp_path)), opts, "sqlite")
+    summary = result.summary()
+    assert result.ok, f"seed {opts.seed}: {summary}\n" + "\n".join(result.report.violations)
+    assert summary["kills"] >= 1 and summary["takeovers"] > 0, f"seed {opts.seed}: {summary}"

@@ -75,6 +75,8 @@ class Options:
     point_kills: int = 0
     arm_wait: float = 8.0
     seed: int = 1
+    #: The kinds of run started, in turn (``workload.KINDS``); empty: all of them.
+    kinds: tuple[str, ...] = ()
     #: Seconds a step sleeps after its side effect: picked in [step_min, step_max].
     step_min: float = 0.03
     step_max: float = 0.15
@@ -468,11 +470,11 @@ def run_fleet(config: str, opts: Options, backend: str = "?") -> Result:  # noqa
     try:
         for _ in range(opts.workers):
             fleet.spawn()
-        kinds = {f"fleet-{opts.seed}-{i:04d}": kind_of(i) for i in range(opts.runs)}
+        kinds = {f"fleet-{opts.seed}-{i:04d}": kind_of(i, opts.kinds) for i in range(opts.runs)}
         inputs = {run_id: {"seed": f"{opts.seed}-{n}", "n": n} for n, run_id in enumerate(kinds)}
         for run_id, kind in kinds.items():
             start(store, WORKFLOWS[kind], run_id, inputs[run_id])
-        children = KIDS * sum(kind in ("map", "mixed") for kind in kinds.values())
+        children = KIDS * sum(kind in ("map", "mixed", "code") for kind in kinds.values())
         total = opts.runs + children
         t_start = time.monotonic()
 
