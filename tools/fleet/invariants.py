@@ -176,7 +176,8 @@ def check(
             bad.append(f"run {run_id!r}: consumed {dict(cp.consumed)}, expected {waits}")
         payloads = [s.payload for s in cp.signals if s.name == SIGNAL]
         want = expected_state(kind, inputs[run_id], payloads)
-        got = _normal(cp.state.get("result") if kind in CODE_KINDS else cp.state, bad, run_id)
+        final = cp.state.get("result") if kind in CODE_KINDS else cp.state
+        got = _normal(final if isinstance(final, dict) else {}, bad, run_id)
         if got != want:
             diff = sorted(k for k in set(got) | set(want) if got.get(k) != want.get(k))
             bad.append(f"run {run_id!r} ({kind}): final state differs at keys {diff}")
