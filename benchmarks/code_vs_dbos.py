@@ -54,7 +54,7 @@ def work(i: int) -> dict[str, Any]:
 @contextmanager
 def _postgres_database() -> Iterator[str]:
     """A new PostgreSQL database named by a uuid, dropped after: its URL."""
-    import psycopg  # noqa: PLC0415 - only the PostgreSQL runs need it
+    import psycopg
 
     name = f"bench_{uuid.uuid4().hex}"
     with psycopg.connect(f"{POSTGRES}/postgres", autocommit=True) as conn:
@@ -67,7 +67,7 @@ def _postgres_database() -> Iterator[str]:
 
 
 def _stepstone_runner(system: str, config: str) -> tuple[Callable[[str, int], Any], Any]:
-    import stepstone  # noqa: PLC0415
+    import stepstone
 
     store = stepstone.open_store(config)
 
@@ -91,7 +91,7 @@ def _stepstone_runner(system: str, config: str) -> tuple[Callable[[str, int], An
 
 
 def _dbos_runner(url: str) -> tuple[Callable[[str, int], Any], Any]:
-    from dbos import DBOS, SetWorkflowID  # noqa: PLC0415 - an optional peer
+    from dbos import DBOS, SetWorkflowID
 
     @DBOS.step()
     def call(i: int) -> dict[str, Any]:
@@ -226,7 +226,8 @@ def main() -> None:
             ratio = f"  {cpu / base:.2f}x list (CPU)" if base else ""
             print(
                 f"  {backend:<10} {system:<5} {wall:8.0f} us/call wall {cpu:8.0f} us/call CPU"
-                f"   growth n^{got['wall_exponent']:.2f} wall, n^{got['cpu_exponent']:.2f} CPU{ratio}"
+                f"   growth n^{got['wall_exponent']:.2f} wall,"
+                f" n^{got['cpu_exponent']:.2f} CPU{ratio}"
             )
 
 
