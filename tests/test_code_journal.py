@@ -8,6 +8,8 @@ and under ``arun`` and an ``async def`` one under ``arun`` (``test_code_workflow
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -15,6 +17,7 @@ import pytest
 import stepstone
 from stepstone import CodeWorkflow, Store, Suspended, WorkflowChanged, signal
 from stepstone._journal import JOURNAL_KEY
+from stepstone.testing._barrier import WAIT_TIMEOUT
 from test_code_workflows import MODES, Body, _Done, _SyncAsAsync, calls_of, drive, store
 
 __all__ = ["MODES", "store"]
@@ -227,3 +230,36 @@ def test_rerun_from_a_call_runs_it_and_the_later_ones_again(store: Store, mode: 
         stepstone.rerun(store, "r", "send#1", patch={"x": 1})
     after = store.load("r")
     assert after is not None and after.status == "done"
+
+
+def test_a_worker_serving_the_new_version_upgrades_the_runs_it_claims(store: Store) -> None:
+    """A worker given only version 2 claims a version 1 code run, upgrades it and finishes it."""
+
+    def v1_body(ctx: Any, input: State) -> Any:
+        first = ctx.step("a", _work, "a")
+        return [first, ctx.wait_for("go")]
+
+    def v2_body(ctx: Any, input: State) -> Any:
+        first = ctx.step("a", _work, "a")
+        return [first, ctx.wait_for("go"), ctx.step("b", _work, "b")]
+
+    v1 = stepstone.workflow("served-up", version="1")(v1_body)
+    v2 = stepstone.workflow("served-up", version="2", upgrades={"1": lambda s: s})(v2_body)
+    stepstone.start(store, v1, "w", {})
+    with pytest.raises(Suspended):
+        stepstone.run("w", v1, store)
+    _RAN.clear()
+    signal(store, "w", "go", 5)
+    worker = stepstone.Worker(store, [v2], poll=0.01)
+    thread = threading.Thread(target=worker.serve, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + WAIT_TIMEOUT
+        while (done := store.load("w")) is None or done.status != "done":
+            assert time.monotonic() < deadline, "the version 2 worker never finished the run"
+            time.sleep(0.01)
+    finally:
+        worker.stop()
+        thread.join(WAIT_TIMEOUT)
+    assert done.workflow_version == "2" and done.state["result"] == ["a", 5, "b"]
+    assert _RAN == ["b"]  # the journaled call was answered, not run again
