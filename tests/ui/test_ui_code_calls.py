@@ -86,3 +86,11 @@ def test_rerun_and_fork_at_a_call_ask_first_then_act(config: str, store: Store) 
         assert forked.headers["location"] == "/runs/c2?done=forked", forked.text
     assert [e.call for e in stepstone.journal(store, "c")] == ["draft#1", "revise#1"]
     assert [e.call for e in stepstone.journal(store, "c2")] == ["draft#1"]
+
+
+def test_read_only_lists_the_calls_without_rerun_or_fork(config: str, store: Store) -> None:
+    """Under read-only the Calls table shows, its rerun and fork buttons do not."""
+    with TestClient(create_app(config, read_only=True), base_url=LOOPBACK) as client:
+        page = client.get("/runs/c").text
+    assert 'data-call="revise#2"' in page
+    assert "data-rerun-call" not in page and "data-fork-call" not in page
