@@ -3,7 +3,8 @@
 The harness lives in ``tools/fleet`` (``scripts/fleet`` runs it at any size and writes
 ``tests/chaos/FLEET.md``). Per durable backend: 4 worker processes (``Worker.serve`` in
 fresh processes that open the store from its config string) drain 100 started runs
-(steps, two ``WaitFor`` on one signal, a ``Sleep``, a ``Map`` over three children) while
+(steps, two ``WaitFor`` on one signal, a ``Sleep``, a ``Map`` over three children, and
+``@workflow`` functions doing the same through ``ctx``) while
 the harness SIGKILLs workers ~10 times (replacements start at once), SIGSTOPs them ~3
 times for longer than their lease, SIGTERMs them twice (a graceful hand-over), and sends
 signals at random times, some ids twice. Then every
