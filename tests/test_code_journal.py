@@ -2,7 +2,7 @@
 
 Pinned on the memory, file and SQLite stores, for a plain ``def`` workflow under ``run``
 and under ``arun`` and an ``async def`` one under ``arun`` (``test_code_workflows``'s
-``make``/``drive``).
+``make``/``drive``); journal, fork and rerun once more on PostgreSQL and MySQL.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -263,3 +264,32 @@ def test_a_worker_serving_the_new_version_upgrades_the_runs_it_claims(store: Sto
         thread.join(WAIT_TIMEOUT)
     assert done.workflow_version == "2" and done.state["result"] == ["a", 5, "b"]
     assert _RAN == ["b"]  # the journaled call was answered, not run again
+
+
+@pytest.fixture(params=["postgresql", "mysql"])
+def server_store(request: pytest.FixtureRequest) -> Iterator[Store]:
+    """A fresh table on a loopback server (skipped, loudly, if it is down), dropped after."""
+    from test_contract import fresh_table
+
+    url = {"postgresql": "postgresql://postgres@127.0.0.1:5432/test"}.get(
+        str(request.param), "mysql://root@127.0.0.1:3306/test"
+    )
+    with stepstone.open_store(fresh_table(request, url)) as opened:
+        yield opened
+
+
+def test_journal_fork_and_rerun_on_the_servers(server_store: Store) -> None:
+    """On PostgreSQL and MySQL too: the journal lists, a fork keeps, a rerun cuts."""
+    store = server_store
+    flow = make("server", _loop, "def-run")
+    with pytest.raises(Suspended):
+        drive("def-run", "s", flow, store)
+    assert [e.call for e in stepstone.journal(store, "s")][-1] == "revise#3"
+    stepstone.fork(store, "s", "revise#1", "s-fork")
+    stepstone.rerun(store, "s", "revise#2")
+    assert [e.call for e in stepstone.journal(store, "s-fork")] == ["draft#1", "revise#1"]
+    assert [e.call for e in stepstone.journal(store, "s")] == ["draft#1", "revise#1"]
+    _RAN.clear()
+    with pytest.raises(Suspended):
+        drive("def-run", "s", flow, store)
+    assert _RAN == ["r1", "r2"]
