@@ -293,3 +293,23 @@ def test_journal_fork_and_rerun_on_the_servers(server_store: Store) -> None:
     with pytest.raises(Suspended):
         drive("def-run", "s", flow, store)
     assert _RAN == ["r1", "r2"]
+
+
+def test_an_upgrade_of_a_run_waiting_for_map_children_is_refused(store: Store) -> None:
+    """A code run waiting for a ``ctx.map``'s children is not upgraded until they end."""
+
+    @stepstone.workflow("kid-up")
+    def kid(ctx: Any, input: State) -> Any:
+        return input["k"]
+
+    def body(ctx: Any, input: State) -> Any:
+        return ctx.map("kids", kid, [{"k": 1}, {"k": 2}])
+
+    v1 = stepstone.workflow("mapped", version="1")(body)
+    v2 = stepstone.workflow("mapped", version="2", upgrades={"1": lambda s: s})(body)
+    with pytest.raises(Suspended):
+        stepstone.run("m", v1, store)
+    with pytest.raises(WorkflowChanged, match="child runs of a ctx.map"):
+        stepstone.upgrade(store, "m", v2)
+    waiting = store.load("m")
+    assert waiting is not None and waiting.workflow_version == "1" and waiting.children
