@@ -1,16 +1,17 @@
 """Per-call cost of a code workflow's journal next to a step list's per-step cost.
 
     python benchmarks/code_workflow.py [--calls 200] [--repeats 5] [--store sqlite]
-        [--callgrind] [--json]
+        [--payload 100] [--callgrind] [--json]
 
 One process, one store: a ``@stepstone.workflow`` whose loop makes ``--calls``
 ``ctx.step`` calls, and a ``Workflow`` of as many ``Step``s doing the same work (each
-call returns ~120 bytes; the step list merges each under a key of its own, so both
-states grow alike). Both are run ``--repeats`` times, interleaved, each under a fresh
-run_id; the figure is the median wall time per call (or step), and their ratio. The
-same for ``arun`` (an ``async def`` workflow next to ``async def`` steps). Then the
-cost of a replay: resuming a run whose journal already answers every call (its
-function re-runs, answered from the journal), per call.
+call returns ~120 bytes, or ~20 more than ``--payload`` characters; the step list
+merges each under a key of its own, so both states grow alike). Both are run
+``--repeats`` times, interleaved, each under a fresh run_id; the figure is the median
+wall time per call (or step), and their ratio. The same for ``arun`` (an ``async def``
+workflow next to ``async def`` steps). Then the cost of a replay: resuming a run whose
+journal already answers every call (its function re-runs, answered from the journal),
+per call.
 
 ``--callgrind`` counts instructions instead (valgrind's callgrind, ``PYTHONHASHSEED=0``):
 each workload runs once with N and once with 2N calls after the same warm-up, and
@@ -39,7 +40,8 @@ from typing import Any
 import stepstone
 from stepstone import Step, Store, Workflow, arun, open_store, run
 
-PAYLOAD = "x" * 100
+#: Each call's result carries this many characters (``--payload``; children read it back).
+PAYLOAD = "x" * int(os.environ.get("STEPSTONE_BENCH_PAYLOAD", "100"))
 
 
 def work(i: int) -> dict[str, Any]:
@@ -142,7 +144,12 @@ def main() -> None:
     parser.add_argument("--callgrind", action="store_true", help="count instructions instead")
     parser.add_argument("--child", nargs=3, metavar=("KIND", "STORE", "CALLS"))
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--payload", type=int, help="characters in each call's result")
     args = parser.parse_args()
+    if args.payload is not None:
+        os.environ["STEPSTONE_BENCH_PAYLOAD"] = str(args.payload)  # for the children
+        global PAYLOAD  # noqa: PLW0603 - the workloads of this process read it
+        PAYLOAD = "x" * args.payload
     if args.child:
         child(args.child[0], args.child[1], int(args.child[2]))
         return

@@ -52,6 +52,7 @@ if TYPE_CHECKING:  # what the names below are, for type checkers; imported on fi
         current_call,
         workflow,
     )
+    from ._code_history import JournalEntry, ajournal, journal
     from ._control import acancel, aretry, asignal, astart, cancel, retry, signal, start
     from ._history import HistoryEntry, afork, ahistory, arerun, fork, history, rerun
     from ._lease import DEFAULT_LEASE
@@ -89,6 +90,7 @@ _LAZY: dict[str, str] = {
     "EventTooLarge": "._stream",
     "Failure": "._checkpoint",
     "HistoryEntry": "._history",
+    "JournalEntry": "._code_history",
     "Map": "._suspend",
     "RetryPolicy": "._steps",
     "RunInfo": "._store",
@@ -108,6 +110,7 @@ _LAZY: dict[str, str] = {
     "acancel": "._control",
     "afork": "._history",
     "ahistory": "._history",
+    "ajournal": "._code_history",
     "arerun": "._history",
     "aretry": "._control",
     "arun": "._arunner",
@@ -122,6 +125,7 @@ _LAZY: dict[str, str] = {
     "emit": "._stream",
     "fork": "._history",
     "history": "._history",
+    "journal": "._code_history",
     "open_store": "._registry",
     "register_store": "._registry",
     "rerun": "._history",
@@ -172,6 +176,7 @@ __all__ = [
     "InvalidRunId",
     "InvalidState",
     "InvalidWorkflow",
+    "JournalEntry",
     "LeaseLost",
     "Map",
     "RetryPolicy",
@@ -204,6 +209,7 @@ __all__ = [
     "acancel",
     "afork",
     "ahistory",
+    "ajournal",
     "arerun",
     "aretry",
     "arun",
@@ -218,6 +224,7 @@ __all__ = [
     "emit",
     "fork",
     "history",
+    "journal",
     "open_store",
     "register_store",
     "rerun",

@@ -23,7 +23,7 @@ it cannot answer runs for real. Code between calls therefore re-runs.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Coroutine, Generator
+from collections.abc import Callable, Coroutine, Generator, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -78,6 +78,7 @@ __all__ = [
 ]
 
 State = dict[str, Any]
+Upgrades = Mapping[str | None, Callable[[State], State]]
 
 
 # --- the step that drives the function ---------------------------------------------------
@@ -425,10 +426,13 @@ class CodeWorkflow(Workflow):
         *,
         version: str | None = None,
         history: bool = False,
+        upgrades: Upgrades | None = None,
     ) -> None:
         if not callable(fn):
             raise InvalidWorkflow(f"workflow {name!r}: expected a function, got {fn!r}")
-        super().__init__(name, [CodeStep(name, fn)], version=version, history=history)
+        super().__init__(
+            name, [CodeStep(name, fn)], version=version, history=history, upgrades=upgrades
+        )
         self.fn = fn
         self.is_async = inspect.iscoroutinefunction(fn)
 
@@ -439,7 +443,11 @@ class CodeWorkflow(Workflow):
 
 
 def workflow(
-    name: str, *, version: str | None = None, history: bool = False
+    name: str,
+    *,
+    version: str | None = None,
+    history: bool = False,
+    upgrades: Upgrades | None = None,
 ) -> Callable[
     [Callable[[Any, State], Any] | Callable[[Any, State], Coroutine[Any, Any, Any]]],
     CodeWorkflow,
@@ -449,6 +457,9 @@ def workflow(
     A plain ``def`` gets a ``WorkflowContext`` and runs under ``run`` and ``arun``; an
     ``async def`` gets an ``AsyncWorkflowContext`` and runs under ``arun`` (and
     ``Worker.aserve``). ``input`` is the run's recorded input (a fresh copy each time).
+    ``upgrades`` moves runs of older versions onto this one, as a step list's does
+    (``{"1": fn}``: ``fn`` gets the run's state, its journal included, and returns the
+    new one); the new function must make the calls the journal recorded, in order.
 
     Example::
 
@@ -463,6 +474,6 @@ def workflow(
     def decorate(
         fn: Callable[[Any, State], Any] | Callable[[Any, State], Coroutine[Any, Any, Any]],
     ) -> CodeWorkflow:
-        return CodeWorkflow(name, fn, version=version, history=history)
+        return CodeWorkflow(name, fn, version=version, history=history, upgrades=upgrades)
 
     return decorate

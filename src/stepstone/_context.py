@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextvars
 import inspect
+import random as randomlib
 import uuid as uuidlib
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
@@ -269,6 +270,16 @@ class WorkflowContext:
             session.ask(("save", entry))
         return str(answer_of(entry))
 
+    def random(self) -> float:
+        """Return a random float in [0, 1), journaled: a replay returns the same one."""
+        session = self._session
+        seq, call = session.begin(f"{RESERVED}random", "ctx.random()")
+        entry = session.replay(seq, call)
+        if entry is None:
+            entry = entry_ok(seq, call, 1, _draw())
+            session.ask(("save", entry))
+        return float(answer_of(entry))
+
     def sleep(self, duration: float | timedelta) -> datetime:
         """Sleep durably: the run is saved waiting (no process held) until ``duration`` passed.
 
@@ -428,6 +439,16 @@ class AsyncWorkflowContext:
             await session.aask(("save", entry))
         return str(answer_of(entry))
 
+    async def random(self) -> float:
+        """Return a random float in [0, 1), journaled (see ``WorkflowContext.random``)."""
+        session = self._session
+        seq, call = session.begin(f"{RESERVED}random", "ctx.random()")
+        entry = session.replay(seq, call)
+        if entry is None:
+            entry = entry_ok(seq, call, 1, _draw())
+            await session.aask(("save", entry))
+        return float(answer_of(entry))
+
     async def sleep(self, duration: float | timedelta) -> datetime:
         """Sleep durably (see ``WorkflowContext.sleep``)."""
         session = self._session
@@ -464,6 +485,15 @@ class AsyncWorkflowContext:
         if entry is None:
             return list(await session.aask(("map", seq, call, *args)))
         return list(_answer(session, entry))
+
+
+#: Draws of ``ctx.random()``: seeded from the OS, not the ``random`` module's shared
+#: generator, so a user's ``random.seed`` neither repeats nor reveals a run's draws.
+_random = randomlib.SystemRandom()
+
+
+def _draw() -> float:
+    return _random.random()
 
 
 def _map_args(

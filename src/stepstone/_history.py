@@ -25,6 +25,7 @@ from typing import Any
 from . import _statelog
 from ._acquire import watch_lease
 from ._checkpoint import Checkpoint, Stored, check_run_id, evolve
+from ._code_history import fork_at_call, rerun_from_call
 from ._codec import decode_json, encode_state
 from ._effects import Announce, Effect, Load, Pause, Save, astep_through, step_through
 from ._errors import (
@@ -292,7 +293,9 @@ def _after(store: Store, run_id: str, cp: Checkpoint, at_step: int) -> Op:
 # --- fork and rerun ---------------------------------------------------------------------
 
 
-def _fork(store: Store, run_id: str, at_step: int, new_run_id: str) -> Op:
+def _fork(store: Store, run_id: str, at_step: int | str, new_run_id: str) -> Op:
+    if isinstance(at_step, str):
+        return (yield from fork_at_call(run_id, at_step, new_run_id))
     check_run_id(new_run_id)
     cp = yield from _current(store, run_id)
     state, names = yield from _after(store, run_id, cp, at_step)
@@ -331,11 +334,20 @@ _RERUN_ADVICE = (
 def _rerun(
     store: Store,
     run_id: str,
-    from_step: int,
+    from_step: int | str,
     state: State | None,
     patch: Mapping[str, Any] | None,
     input: State | None,
 ) -> Op:
+    if isinstance(from_step, str):
+        if state is not None or patch is not None or input is not None:
+            raise StepNotKept(
+                "rerun from a journaled call takes no state=, patch= or input=: the "
+                "function's calls make the state",
+                run_id,
+                from_step,
+            )
+        return (yield from rerun_from_call(run_id, from_step))
     if state is not None and patch is not None:
         raise StepNotKept("rerun takes state= or patch=, not both", run_id, from_step)
     if input is not None and from_step != 0:
@@ -418,8 +430,12 @@ async def ahistory(store: Store, run_id: str) -> list[HistoryEntry]:
     return result
 
 
-def fork(store: Store, run_id: str, at_step: int, new_run_id: str) -> Checkpoint:
+def fork(store: Store, run_id: str, at_step: int | str, new_run_id: str) -> Checkpoint:
     """Start ``new_run_id`` from the state ``run_id`` had after step ``at_step``.
+
+    For a code workflow's run, ``at_step`` may name a journaled call (``"revise#2"``):
+    the new run's journal holds the calls up to and including it, and its function
+    runs the later ones (``_code_history``; no ``history=True`` needed).
 
     The new run has the same workflow, input and completed steps up to ``at_step``; it
     continues at step ``at_step + 1``: queued for the workers if the run came from a
@@ -435,7 +451,7 @@ def fork(store: Store, run_id: str, at_step: int, new_run_id: str) -> Checkpoint
     return result
 
 
-async def afork(store: Store, run_id: str, at_step: int, new_run_id: str) -> Checkpoint:
+async def afork(store: Store, run_id: str, at_step: int | str, new_run_id: str) -> Checkpoint:
     """Async ``fork``."""
     result: Checkpoint = await astep_through(
         _fork(store, run_id, at_step, new_run_id), _aperform(store)
@@ -446,13 +462,17 @@ async def afork(store: Store, run_id: str, at_step: int, new_run_id: str) -> Che
 def rerun(
     store: Store,
     run_id: str,
-    from_step: int,
+    from_step: int | str,
     *,
     state: State | None = None,
     patch: Mapping[str, Any] | None = None,
     input: State | None = None,
 ) -> Checkpoint:
     """Rewind ``run_id`` to before step ``from_step``, to run it again from there.
+
+    For a code workflow's run, ``from_step`` may name a journaled call (``"revise#3"``):
+    the journal is cut before it, so that call and every later one run again (no
+    ``history=True`` needed; ``state``, ``patch`` and ``input`` are refused).
 
     The run's state becomes the one it had after step ``from_step - 1`` (its input for
     0), replaced by ``state`` or updated with ``patch`` if given; ``input`` replaces the
@@ -479,7 +499,7 @@ def rerun(
 async def arerun(
     store: Store,
     run_id: str,
-    from_step: int,
+    from_step: int | str,
     *,
     state: State | None = None,
     patch: Mapping[str, Any] | None = None,

@@ -3,12 +3,13 @@
 A list under ``JOURNAL_KEY``, one entry per answered call, in the order the answers
 were saved (parallel calls complete in any order)::
 
-    {"seq": 3, "call": "revise#2", "attempt": 1, "result": {...}}
-    {"seq": 4, "call": "charge#1", "attempt": 3, "error": {"type": "Timeout", "message": "..."}}
+    {"seq": 3, "call": "revise#2", "attempt": 1, "at": "2026-...", "result": {...}}
+    {"seq": 4, "call": "charge#1", "attempt": 3, "at": "...", "error": {"type": ...}}
 
 ``seq`` is the call's position in the function's call order (fixed when the call is
 made), ``call`` its name numbered per name (``revise#1``, ``revise#2``), ``attempt``
-how many attempts it took. Entries are only ever appended, never changed: so a save
+how many attempts it took, ``at`` when it ended (ISO 8601, UTC; entries written before
+it was recorded have none). Entries are only ever appended, never changed: so a save
 of a long state stores the new entry alone (an ``x`` op of ``_statelog``).
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._checkpoint import utcnow
 from ._codec import encode_state
 from ._errors import InvalidState, InvalidWorkflow
 
@@ -69,7 +71,7 @@ def recorded_calls(run_id: str, journal: list[Any]) -> dict[int, dict[str, Any]]
 
 def entry_ok(seq: int, call: str, attempt: int, value: Any) -> dict[str, Any]:
     """Return the entry of call ``seq`` that returned ``value`` (already JSON-checked)."""
-    return {"seq": seq, "call": call, "attempt": attempt, "result": value}
+    return {"seq": seq, "call": call, "attempt": attempt, "at": _now(), "result": value}
 
 
 def entry_failed(
@@ -80,8 +82,13 @@ def entry_failed(
         "seq": seq,
         "call": call,
         "attempt": attempt,
+        "at": _now(),
         "error": {"type": error_type, "message": message},
     }
+
+
+def _now() -> str:
+    return utcnow().isoformat()
 
 
 def answer_of(entry: dict[str, Any]) -> Any:

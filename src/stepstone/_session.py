@@ -99,30 +99,40 @@ def current_call() -> StepContext | None:
 
 
 class _Reply:
-    """An answer awaited by a thread (a plain ``def`` workflow's)."""
+    """An answer awaited by a thread (a plain ``def`` workflow's).
 
-    __slots__ = ("error", "event", "value")
+    The waiter blocks on a lock taken when the reply is made and released by the
+    answer: half the cost of an ``Event`` (whose ``wait`` makes a lock of its own and
+    takes a condition's), paid on every call of a plain workflow. Only the core's
+    thread answers (``ok``/``fail``), once: a lock may be released by another thread.
+    """
+
+    __slots__ = ("error", "lock", "settled", "value")
 
     def __init__(self) -> None:
-        self.event = threading.Event()
+        self.lock = threading.Lock()
+        self.lock.acquire()
+        self.settled = False
         self.value: Any = None
         self.error: BaseException | None = None
 
     def done(self) -> bool:
-        return self.event.is_set()
+        return self.settled
 
     def ok(self, value: Any) -> None:
-        if not self.event.is_set():
+        if not self.settled:
+            self.settled = True
             self.value = value
-            self.event.set()
+            self.lock.release()
 
     def fail(self, error: BaseException) -> None:
-        if not self.event.is_set():
+        if not self.settled:
+            self.settled = True
             self.error = error
-            self.event.set()
+            self.lock.release()
 
     def get(self) -> Any:
-        self.event.wait()
+        self.lock.acquire()
         if self.error is not None:
             raise self.error
         return self.value

@@ -22,6 +22,11 @@ The rules (``upgraded``, no I/O):
   flight that the new version's step would not collect are refused.
 - ``fn`` gets a copy of the state and returns the new state, a JSON dict. If it raises
   (or returns something else) nothing is written.
+- A code workflow (``@workflow(..., upgrades=...)``) is one step, so its boundary is
+  the call its run waits at: the wait goes on (its due time stays), and on resume the
+  new function must make the calls its journal recorded, in order (``WorkflowChanged``
+  parks the run otherwise). ``fn`` may change the journaled results, not which calls
+  were made. A run waiting for a ``ctx.map``'s children is refused until they end.
 - Nothing else changes: input, signals, consumed counts, the failure record, the
   epoch and the run's times stay as they were.
 
@@ -45,6 +50,7 @@ from typing import Any
 
 from . import _hooks
 from ._checkpoint import Checkpoint, evolve
+from ._code import CodeStep
 from ._codec import encode_state, pristine
 from ._control import _async, _sync
 from ._effects import Effect, Load, Save
@@ -58,6 +64,7 @@ from ._errors import (
     WorkflowChanged,
     safe_text,
 )
+from ._journal import JOURNAL_KEY, journal_of, recorded_calls
 from ._observe import logger
 from ._steps import Workflow
 from ._store import Store
@@ -170,7 +177,19 @@ def upgraded(cp: Checkpoint, workflow: Workflow) -> Checkpoint:
     _check_steps(cp, workflow)
     position = cp.step + 1
     step = workflow.steps[position] if position < len(workflow.steps) else None
-    goes_on = step is not None and _goes_on(cp, step)
+    code = isinstance(step, CodeStep)
+    # A code workflow's function resumes from the top: its journal answers each call
+    # before the one it waits at, and that wait keeps its recorded due time.
+    goes_on = code or (step is not None and _goes_on(cp, step))
+    if cp.children and code:
+        raise _refused(
+            cp,
+            workflow,
+            f"it waits for {len(cp.children)} child runs of a ctx.map call, which the new "
+            "function might not make at that position. Upgrade it once that call is "
+            "journaled",
+            position,
+        )
     if cp.children and not goes_on:
         raise _refused(
             cp,
@@ -206,6 +225,8 @@ def upgraded(cp: Checkpoint, workflow: Workflow) -> Checkpoint:
             f"state that is not JSON: {exc}; the run was left as it was",
             exc.path,
         ) from exc
+    if code:
+        _check_journal(cp, workflow, state, position)
     _hooks.fire("upgrade.transformed")  # fn returned; nothing of the upgrade is written yet
     moved = evolve(
         cp,
@@ -219,6 +240,30 @@ def upgraded(cp: Checkpoint, workflow: Workflow) -> Checkpoint:
     # The new version's step at the boundary starts afresh: what the old one waited
     # for (its signal, its deadline) and its attempts are not this step's.
     return evolve(moved, waiting_for=None, wake_at=None, attempt=0)
+
+
+def _check_journal(cp: Checkpoint, workflow: Workflow, state: State, position: int) -> None:
+    """Refuse an upgraded code run's state unless it keeps the journal's calls as they were.
+
+    The function may change what a journaled call returned (its results are the
+    state's), but not which calls were made: a dropped entry would run a paid call again.
+    """
+    try:
+        before = [(e["seq"], e["call"]) for e in journal_of(pristine(cp))]
+        after = [
+            (e["seq"], e["call"]) for e in recorded_calls(cp.run_id, journal_of(state)).values()
+        ]
+    except InvalidWorkflow as exc:
+        raise _refused(cp, workflow, f"the upgrade function returned {exc}", position) from None
+    if sorted(after) != sorted(before):
+        raise _refused(
+            cp,
+            workflow,
+            f"the upgrade function changed the journaled calls under {JOURNAL_KEY!r} "
+            f"({len(before)} calls before, {len(after)} after); it may change their "
+            "results, not which calls were made",
+            position,
+        )
 
 
 def upgrade_op(run_id: str, workflow: Workflow) -> Generator[Effect, Any, Checkpoint]:

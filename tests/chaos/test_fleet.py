@@ -3,7 +3,8 @@
 The harness lives in ``tools/fleet`` (``scripts/fleet`` runs it at any size and writes
 ``tests/chaos/FLEET.md``). Per durable backend: 4 worker processes (``Worker.serve`` in
 fresh processes that open the store from its config string) drain 100 started runs
-(steps, two ``WaitFor`` on one signal, a ``Sleep``, a ``Map`` over three children) while
+(steps, two ``WaitFor`` on one signal, a ``Sleep``, a ``Map`` over three children, and
+``@workflow`` functions doing the same through ``ctx``) while
 the harness SIGKILLs workers ~10 times (replacements start at once), SIGSTOPs them ~3
 times for longer than their lease, SIGTERMs them twice (a graceful hand-over), and sends
 signals at random times, some ids twice. Then every
@@ -227,3 +228,25 @@ def test_graceful_stop_logs_no_unexpected_error(
         assert not thread.is_alive(), "serve() did not return within 15 s of stop()"
     store.close()
     assert "unexpected error" not in caplog.text, caplog.text
+
+
+def test_fleet_of_code_workflows(tmp_path: Path) -> None:
+    """Code workflows (calls, a wait, a sleep, a map) drain through kills with every invariant.
+
+    The campaigns above mix them with the step lists; this short one on SQLite starts
+    only ``code`` runs, so that every fault lands in a ``@workflow`` function's run.
+    """
+    opts = Options(
+        runs=24,
+        kills=6,
+        freezes=1,
+        stops=1,
+        seed=int(uuid.uuid4().int % 10_000),
+        timeout=120,
+        workdir=str(tmp_path / "fleet"),
+        kinds=("code",),
+    )
+    result = run_fleet(local_config("sqlite", str(tmp_path)), opts, "sqlite")
+    summary = result.summary()
+    assert result.ok, f"seed {opts.seed}: {summary}\n" + "\n".join(result.report.violations)
+    assert summary["kills"] >= 1 and summary["takeovers"] > 0, f"seed {opts.seed}: {summary}"

@@ -12,6 +12,8 @@ One module per concern:
 - ``harness``: the driver: forking, killing, restarting, concurrent workers, shards;
 - ``churn``: churn cases (long states deleted and started again, killed inside piece
   writes, deletes and collections) and the final sweep (no piece left);
+- ``code``: the same for code workflows (``@workflow`` functions killed between
+  journal appends), a campaign of its own (``tests/chaos/test_chaos_code.py``);
 - ``invariants``: what must hold after every death and at the end;
 - ``backends``: per-backend set-up (servers, tables, the emulator), capabilities read
   from the Store classes;

@@ -256,7 +256,12 @@ def _cli_run(
 
 
 def main(argv: list[str]) -> int:
-    """``child SPEC`` (spawn mode), ``shard OPTIONS`` (one driver), else the command line."""
+    """``child SPEC`` (spawn mode), ``shard OPTIONS`` (one driver), ``code-child SPEC`` (a
+    code workflow's process, ``chaos.code``), else the command line."""
+    if argv and argv[0] == "code-child":  # a code workflow's process (``chaos.code``)
+        from .code import child_main as code_child  # noqa: PLC0415 - only that child needs it
+
+        return code_child(json.loads(argv[1]))
     if not argv or argv[0] not in ("child", "churn", "shard"):
         return cli(argv)
     kind, payload_json = argv[0], argv[1]

@@ -4,7 +4,8 @@ Repository tooling (not in the wheel), run by ``tests/chaos/test_fleet.py`` at C
 and by ``scripts/fleet`` (``python -m fleet``) at any size. ``harness`` starts the runs
 and the workers and injects the faults, ``workload`` holds the workflows and the exact
 final state of each run, ``invariants`` checks what must hold, ``report`` renders
-``tests/chaos/FLEET.md`` and the README block, ``worker`` is one worker process.
+``tests/chaos/FLEET.md`` and the README block, ``worker`` is one worker process,
+``signals`` plans and delivers the signals a campaign sends.
 """
 
 from .backends import BACKENDS

@@ -44,13 +44,13 @@ from pathlib import Path
 from typing import Any
 
 from stepstone import open_store, start
-from stepstone import signal as send_signal
-from stepstone._errors import RunNotActive, StepstoneError
+from stepstone._errors import StepstoneError
 from stepstone._store import Store
 
 from .backends import REPO
 from .invariants import Fault, Report, check
-from .workload import KIDS, SIGNAL, WORKFLOWS, kind_of, waits_of
+from .signals import deliver, signal_plan
+from .workload import KIDS, WORKFLOWS, kind_of
 
 __all__ = ["Options", "Result", "run_fleet"]
 
@@ -75,6 +75,8 @@ class Options:
     point_kills: int = 0
     arm_wait: float = 8.0
     seed: int = 1
+    #: The kinds of run started, in turn (``workload.KINDS``); empty: all of them.
+    kinds: tuple[str, ...] = ()
     #: Seconds a step sleeps after its side effect: picked in [step_min, step_max].
     step_min: float = 0.03
     step_max: float = 0.15
@@ -407,41 +409,6 @@ def _owner_pid(owner: str | None) -> int | None:
     return int(parts[2]) if len(parts) > 2 and parts[2].isdigit() else None
 
 
-def _signal_plan(
-    rng: random.Random, kinds: dict[str, str], opts: Options
-) -> list[tuple[float, str, str, dict[str, Any]]]:
-    """(seconds after start, run_id, signal id, payload), sorted by time."""
-    events: list[tuple[float, str, str, dict[str, Any]]] = []
-    for run_id, kind in kinds.items():
-        count = waits_of(kind)
-        if count == 0:
-            continue
-        if rng.random() < opts.extra_rate:
-            count += 1
-        for j in range(count):
-            sid = f"{run_id}#sig{j}"
-            at = rng.uniform(0, opts.signal_window)
-            events.append((at, run_id, sid, {"id": sid, "rep": 0}))
-            if rng.random() < opts.repeat_rate:
-                again = rng.uniform(at, opts.signal_window)
-                events.append((again, run_id, sid, {"id": sid, "rep": 1}))
-    events.sort(key=lambda e: e[0])
-    return events
-
-
-def _deliver(store: Store, run_id: str, sid: str, payload: Any) -> str:
-    """Send one signal; return 'new', 'repeat', 'inactive' (run over) or 'error'."""
-    for attempt in range(10):
-        try:
-            return "new" if send_signal(store, run_id, SIGNAL, payload, signal_id=sid) else "repeat"
-        except RunNotActive:
-            return "inactive"
-        except StepstoneError:
-            # Unknown whether it landed: the same id again is safe (a repeat is a no-op).
-            time.sleep(0.05 * (attempt + 1))
-    return "error"
-
-
 def _rings(logdir: Path) -> tuple[int, int]:
     """(wake-ups seen, wake-ups dropped) by the workers, from their ``rings-PID.log``."""
     seen = lost = 0
@@ -468,15 +435,15 @@ def run_fleet(config: str, opts: Options, backend: str = "?") -> Result:  # noqa
     try:
         for _ in range(opts.workers):
             fleet.spawn()
-        kinds = {f"fleet-{opts.seed}-{i:04d}": kind_of(i) for i in range(opts.runs)}
+        kinds = {f"fleet-{opts.seed}-{i:04d}": kind_of(i, opts.kinds) for i in range(opts.runs)}
         inputs = {run_id: {"seed": f"{opts.seed}-{n}", "n": n} for n, run_id in enumerate(kinds)}
         for run_id, kind in kinds.items():
             start(store, WORKFLOWS[kind], run_id, inputs[run_id])
-        children = KIDS * sum(kind in ("map", "mixed") for kind in kinds.values())
+        children = KIDS * sum(kind in ("map", "mixed", "code") for kind in kinds.values())
         total = opts.runs + children
         t_start = time.monotonic()
 
-        plan = _signal_plan(rng, kinds, opts)
+        plan = signal_plan(rng, kinds, opts.extra_rate, opts.repeat_rate, opts.signal_window)
         delivered: dict[str, list[tuple[str, str]]] = {run_id: [] for run_id in kinds}
         sent = repeated = 0
         order = ["freeze"] * opts.freezes + ["kill"] * opts.kills + ["stop"] * opts.stops
@@ -493,7 +460,7 @@ def run_fleet(config: str, opts: Options, backend: str = "?") -> Result:  # noqa
             now = time.monotonic()
             while plan and now - t_start >= plan[0][0]:
                 _at, run_id, sid, payload = plan.pop(0)
-                outcome = _deliver(store, run_id, sid, payload)
+                outcome = deliver(store, run_id, sid, payload)
                 sent += 1
                 repeated += payload["rep"] == 1
                 delivered[run_id].append((sid, outcome))

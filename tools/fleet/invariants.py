@@ -44,7 +44,7 @@ from stepstone import Checkpoint, Step
 from stepstone._store import Store
 from stepstone._suspend import CHILD_POLL, child_run_id
 
-from .workload import NAP_MARK, SIGNAL, WORKFLOWS, expected_state, waits_of
+from .workload import CODE_KINDS, CODE_MAP, NAP_MARK, SIGNAL, WORKFLOWS, expected_state, waits_of
 
 __all__ = ["TAIL", "Fault", "Report", "check", "drain_bound"]
 
@@ -176,7 +176,8 @@ def check(
             bad.append(f"run {run_id!r}: consumed {dict(cp.consumed)}, expected {waits}")
         payloads = [s.payload for s in cp.signals if s.name == SIGNAL]
         want = expected_state(kind, inputs[run_id], payloads)
-        got = _normal(cp.state, bad, run_id)
+        final = cp.state.get("result") if kind in CODE_KINDS else cp.state
+        got = _normal(final if isinstance(final, dict) else {}, bad, run_id)
         if got != want:
             diff = sorted(k for k in set(got) | set(want) if got.get(k) != want.get(k))
             bad.append(f"run {run_id!r} ({kind}): final state differs at keys {diff}")
@@ -232,11 +233,14 @@ def _check_children(
 ) -> None:
     """Rule 1 for a Map's child runs: each one done, with the state its parent expects."""
     bad = report.violations
-    for step in WORKFLOWS[kind].steps:
+    steps = WORKFLOWS[CODE_KINDS.get(kind, kind)].steps
+    for step in steps:
         if isinstance(step, Step) or not hasattr(step, "workflow"):
             continue
+        # A code workflow's ``ctx.map`` names its children by the call's journal name.
+        name = CODE_MAP if kind in CODE_KINDS else step.name
         for k, child_want in enumerate(want[step.name]):
-            child_id = child_run_id(run_id, step.name, k)
+            child_id = child_run_id(run_id, name, k)
             expected_ids.add(child_id)
             report.children += 1
             child = store.load(child_id)
@@ -250,7 +254,8 @@ def _check_children(
 
 
 def _steps_of(run_id: str, kinds: dict[str, str]) -> list[int]:
-    workflow = WORKFLOWS[kinds[run_id]] if run_id in kinds else WORKFLOWS["map"].steps[1].workflow
+    kind = CODE_KINDS.get(kinds.get(run_id, ""), kinds.get(run_id, ""))
+    workflow = WORKFLOWS[kind] if run_id in kinds else WORKFLOWS["map"].steps[1].workflow
     return [i for i, step in enumerate(workflow.steps) if isinstance(step, Step)]
 
 

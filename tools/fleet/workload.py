@@ -1,10 +1,12 @@
 """The fleet's workflows, their step functions, and the final state each run must reach.
 
-Five kinds of run, chosen by the run's number: ``plain`` (steps only), ``signal`` (two
+Six kinds of run, chosen by the run's number: ``plain`` (steps only), ``signal`` (two
 ``WaitFor`` on the same signal name: the first consumes the first signal received, the
 second the next one), ``sleep`` (a ``Sleep`` of a fraction of a second), ``map`` (a
-``Map`` over three children of two steps) and ``mixed`` (a ``WaitFor``, a ``Sleep`` and a
-``Map``). Every step is ``effect``: it computes its update as a pure function of the state
+``Map`` over three children of two steps), ``mixed`` (a ``WaitFor``, a ``Sleep`` and a
+``Map``) and ``code`` (``mixed`` written as a ``@workflow`` function: ``ctx.step``,
+``ctx.wait_for``, ``ctx.sleep``, ``ctx.map``; its result is ``mixed``'s final state).
+Every step is ``effect``: it computes its update as a pure function of the state
 (``update_of``), so the final state of every run is known from its input and the signals
 it was sent (``expected_state``), then records its side effect, one JSON line appended
 with ``O_APPEND`` to its process's log, then sleeps a little so that faults land inside
@@ -24,10 +26,13 @@ import os
 import time
 from typing import Any
 
-from stepstone import Map, Sleep, Step, StepContext, WaitFor, Workflow
+from stepstone import Map, Sleep, Step, StepContext, WaitFor, Workflow, current_call, workflow
+from stepstone._journal import JOURNAL_KEY
 from stepstone._store import Store
 
 __all__ = [
+    "CODE_KINDS",
+    "CODE_MAP",
     "KINDS",
     "SIGNAL",
     "WORKFLOWS",
@@ -77,21 +82,38 @@ def update_of(state: dict[str, Any], index: int) -> dict[str, Any]:
 
 def effect(state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
     """A fleet step: compute the update, record the side effect, take a little time."""
-    update = update_of(state, ctx.step_index)
+    return _effect(state, ctx.run_id, ctx.step_index, ctx.attempt)
+
+
+def code_effect(state: dict[str, Any], index: int) -> dict[str, Any]:
+    """``effect`` as a code workflow's call (``ctx.step``): step ``index`` of the run."""
+    call = current_call()
+    assert call is not None, "code_effect runs inside a ctx.step"
+    return _effect(state, call.run_id, index, call.attempt)
+
+
+def _saved(cp: Any) -> int:
+    """How far a record got: its saved step, or a code run's journaled calls."""
+    journal = cp.state.get(JOURNAL_KEY) if isinstance(cp.state, dict) else None
+    return len(journal) if isinstance(journal, list) else int(cp.step)
+
+
+def _effect(state: dict[str, Any], run_id: str, index: int, attempt: int) -> dict[str, Any]:
+    update = update_of(state, index)
     store, fd = Process.store, Process.log_fd
     if store is not None and fd is not None:
         t0 = time.monotonic_ns()
-        cp = store.load(ctx.run_id)
+        cp = store.load(run_id)
         t1 = time.monotonic_ns()
         line = {
-            "run": ctx.run_id,
-            "step": ctx.step_index,
-            "attempt": ctx.attempt,
+            "run": run_id,
+            "step": index,
+            "attempt": attempt,
             "pid": os.getpid(),
             "owner": None if cp is None else cp.owner,
             "mine": cp is not None and cp.owner == Process.owner,
             "epoch": None if cp is None else cp.epoch,
-            "stored": None if cp is None else cp.step,
+            "stored": None if cp is None else _saved(cp),
             "t0": t0,
             "t1": t1,
         }
@@ -99,7 +121,7 @@ def effect(state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
         # SIGKILL leaves whole lines only (a line is far below PIPE_BUF-sized writes).
         os.write(fd, (json.dumps(line, separators=(",", ":")) + "\n").encode())
     least, most = Process.step_seconds
-    spread = _hash(ctx.run_id, ctx.step_index) % 1000 / 1000
+    spread = _hash(run_id, index) % 1000 / 1000
     time.sleep(least + (most - least) * spread)
     return update
 
@@ -139,18 +161,43 @@ WORKFLOWS: dict[str, Workflow] = {
         ],
     ),
 }
+
+
+@workflow("fleet-code")
+def code_flow(ctx: Any, input: dict[str, Any]) -> dict[str, Any]:
+    """``mixed`` as a code workflow: a call, a wait, a sleep, a map, a call.
+
+    Its result is the state ``mixed`` ends with (the step indices are the list's), so
+    the same expected state and side-effect rules check it.
+    """
+    state = dict(input)
+    state.update(ctx.step("s0", code_effect, state, 0))
+    state["first"] = ctx.wait_for(SIGNAL)
+    state["nap"] = ctx.sleep(NAP).isoformat()
+    state["kids"] = ctx.map("kids", CHILD, kid_items(state))
+    state.update(ctx.step("s4", code_effect, state, 4))
+    return state
+
+
+WORKFLOWS["code"] = code_flow
+#: The kinds that are code workflows, and the step list each one's result must equal.
+CODE_KINDS = {"code": "mixed"}
+#: ``ctx.map`` names its children by its journal name.
+CODE_MAP = "@map:kids#1"
 KINDS = tuple(WORKFLOWS)
 #: Every workflow a fleet worker serves (the child one comes with the Maps).
 SERVED = list(WORKFLOWS.values())
 
 
-def kind_of(number: int) -> str:
-    """Return the kind of run number ``number``."""
-    return KINDS[number % len(KINDS)]
+def kind_of(number: int, kinds: tuple[str, ...] = ()) -> str:
+    """Return the kind of run number ``number`` (among ``kinds``, or all of them)."""
+    among = kinds or KINDS
+    return among[number % len(among)]
 
 
 def waits_of(kind: str) -> int:
     """Return how many signals a run of ``kind`` consumes."""
+    kind = CODE_KINDS.get(kind, kind)
     return sum(isinstance(step, WaitFor) for step in WORKFLOWS[kind].steps)
 
 
@@ -181,4 +228,4 @@ def expected_state(kind: str, input: dict[str, Any], payloads: list[Any]) -> dic
     ``payloads`` are the payloads of the signals it received, in arrival order (only the
     first ``waits_of(kind)`` are consumed). A ``Sleep``'s value is ``NAP_MARK``.
     """
-    return _final(WORKFLOWS[kind], input, payloads)
+    return _final(WORKFLOWS[CODE_KINDS.get(kind, kind)], input, payloads)

@@ -27,6 +27,7 @@ from ._common import (
 from ._output import age, emit_json, iso, out, safe, safe_lines, span, table, when
 from ._prune import add_prune_parser
 from ._retry import add_retry_parser
+from ._rewind import add_rewind_parsers, journal_lines, runtime
 from ._tail import add_tail_parser
 from ._upgrade import add_upgrade_parser
 from ._worker import add_start_parser
@@ -82,45 +83,7 @@ def add_parsers(commands: Any, store: argparse.ArgumentParser, parser_class: typ
     show.add_argument("run_id", metavar="RUN_ID")
     show.set_defaults(handler=_show)
 
-    hist = actions.add_parser(
-        "history",
-        parents=[store],
-        help="list a run's kept saves (runs of Workflow(history=True))",
-        description=(
-            "List every kept save of a run, oldest first: step, time, attempt, status, "
-            "state size and what the save changed."
-        ),
-    )
-    hist.add_argument("run_id", metavar="RUN_ID")
-    hist.set_defaults(handler=_history)
-
-    fork = actions.add_parser(
-        "fork",
-        parents=[store],
-        help="start a new run from the state a run had after a step",
-        description=(
-            "Write NEW_RUN_ID with the state RUN_ID had after step AT_STEP (-1: its input); "
-            "it continues at the next step. RUN_ID is not changed."
-        ),
-    )
-    fork.add_argument("run_id", metavar="RUN_ID")
-    fork.add_argument("at_step", metavar="AT_STEP", type=int)
-    fork.add_argument("new_run_id", metavar="NEW_RUN_ID")
-    fork.set_defaults(handler=_fork)
-
-    rerun = actions.add_parser(
-        "rerun",
-        parents=[store],
-        help="rewind a run to before a step, to run it again from there",
-        description=(
-            "Rewind RUN_ID to the state it had before step FROM_STEP (its failure and "
-            "attempts cleared), optionally updated with --patch, a JSON object."
-        ),
-    )
-    rerun.add_argument("run_id", metavar="RUN_ID")
-    rerun.add_argument("from_step", metavar="FROM_STEP", type=int)
-    rerun.add_argument("--patch", metavar="JSON", help="a JSON object merged into the state")
-    rerun.set_defaults(handler=_rerun)
+    add_rewind_parsers(actions, store)
 
     delete = actions.add_parser("delete", parents=[store], help="delete one run")
     delete.add_argument("run_id", metavar="RUN_ID")
@@ -519,6 +482,8 @@ def _show(args: argparse.Namespace) -> int:
         out(f"  message:  {lines[0]}")
         for line in lines[1:]:
             out(f"            {line}")
+    for line in journal_lines(cp):
+        out(line)
     out("state:")
     try:
         text = json.dumps(cp.state, ensure_ascii=False, indent=2)
@@ -527,74 +492,6 @@ def _show(args: argparse.Namespace) -> int:
     # json escapes C0 controls; safe() the rest (C1, bidi), line by line.
     for line in text.split("\n"):
         out(safe(line))
-    return EXIT_OK
-
-
-def _history(args: argparse.Namespace) -> int:
-    history = _runtime("history")
-    with existing(store_config(args)) as store:
-        entries = history(store, args.run_id)
-    if args.json:
-        emit_json(
-            [
-                {
-                    "step": e.step,
-                    "step_name": e.step_names[-1] if e.step_names else None,
-                    "at": iso(e.at),
-                    "attempt": e.attempt,
-                    "status": e.status,
-                    "size": e.size,
-                    "changes": list(e.changes),
-                }
-                for e in entries
-            ]
-        )
-        return EXIT_OK
-    rows = [
-        [
-            str(e.step),
-            safe(e.step_names[-1]) if e.step_names else "-",
-            when(e.at),
-            str(e.attempt),
-            e.status,
-            str(e.size),
-            safe(", ".join(e.changes))[:60],
-        ]
-        for e in entries
-    ]
-    for line in table(["STEP", "NAME", "AT", "ATTEMPT", "STATUS", "BYTES", "CHANGED"], rows):
-        out(line)
-    return EXIT_OK
-
-
-def _fork(args: argparse.Namespace) -> int:
-    fork = _runtime("fork")
-    with existing(store_config(args)) as store:
-        cp = fork(store, args.run_id, args.at_step, args.new_run_id)
-    if args.json:
-        emit_json({"run_id": cp.run_id, "step": cp.step, "status": cp.status})
-    else:
-        out(f"forked {safe(repr(args.run_id))} after step {args.at_step}: {safe(repr(cp.run_id))}")
-        out(f"  {cp.status}, continues at step {cp.step + 1}")
-    return EXIT_OK
-
-
-def _rerun(args: argparse.Namespace) -> int:
-    rerun = _runtime("rerun")
-    patch = None
-    if args.patch is not None:
-        try:
-            patch = json.loads(args.patch)
-        except ValueError as exc:
-            raise UsageError(f"--patch is not JSON ({exc}); give a JSON object") from None
-        if not isinstance(patch, dict):
-            raise UsageError(f"--patch must be a JSON object, got {type(patch).__name__}")
-    with existing(store_config(args)) as store:
-        cp = rerun(store, args.run_id, args.from_step, patch=patch)
-    if args.json:
-        emit_json({"run_id": cp.run_id, "step": cp.step, "status": cp.status})
-    else:
-        out(f"rewound {safe(repr(cp.run_id))}: {cp.status}, runs again from step {cp.step + 1}")
     return EXIT_OK
 
 
@@ -630,26 +527,13 @@ def _delete(args: argparse.Namespace) -> int:
 # --- cancel, signal (the runtime API) ------------------------------------------------
 
 
-def _runtime(name: str) -> Any:
-    """Return ``stepstone.NAME`` of the runtime API, or explain that it is missing."""
-    import stepstone  # noqa: PLC0415  (the package imports this module's parent)
-
-    found = getattr(stepstone, name, None)
-    if found is None:
-        raise OperationalError(
-            f"this installation of stepstone has no stepstone.{name} (the runtime API); "
-            "upgrade stepstone"
-        )
-    return found
-
-
 def _status_of(result: Any) -> str | None:
     status = getattr(result, "status", None)
     return status if isinstance(status, str) else None
 
 
 def _cancel(args: argparse.Namespace) -> int:
-    cancel = _runtime("cancel")
+    cancel = runtime("cancel")
     config = store_config(args)
     with existing(config) as store:
         result = cancel(store, args.run_id)
@@ -674,7 +558,7 @@ def _signal(args: argparse.Namespace) -> int:
         raise UsageError(
             f"--data is not JSON ({exc}): e.g. --data '{{\"approved\": true}}'"
         ) from None
-    signal = _runtime("signal")
+    signal = runtime("signal")
     config = store_config(args)
     with existing(config) as store:
         result = signal(store, args.run_id, args.name, payload, signal_id=args.signal_id)

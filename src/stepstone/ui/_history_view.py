@@ -229,7 +229,7 @@ def parse_patch(text: str) -> dict[str, Any] | None:
     return patch
 
 
-def rerun(store: Store, run_id: str, version: str, from_step: int, patch_text: str) -> str:
+def rerun(store: Store, run_id: str, version: str, from_step: int | str, patch_text: str) -> str:
     """Rewind the run to before ``from_step`` (``stepstone.rerun``), if still at ``version``.
 
     Raises:
@@ -258,10 +258,11 @@ def rerun(store: Store, run_id: str, version: str, from_step: int, patch_text: s
         if isinstance(exc, RunChanged):
             raise
         raise RunChanged(str(exc), run_id) from exc
-    return f"rewound the run to run again from step {from_step}"
+    where = f"call {from_step}" if isinstance(from_step, str) else f"step {from_step}"
+    return f"rewound the run to run again from {where}"
 
 
-def fork(store: Store, run_id: str, version: str, at_step: int, new_run_id: str) -> str:
+def fork(store: Store, run_id: str, version: str, at_step: int | str, new_run_id: str) -> str:
     """Start ``new_run_id`` from the state after ``at_step`` (``stepstone.fork``), if the
     run is still at ``version``.
 

@@ -184,6 +184,7 @@ def run_context(dash: Dashboard, cp: Checkpoint) -> dict[str, Any]:
         "name": name,
         "status": status,
         "steps": _views.timeline(cp, now, names),
+        "calls": _views.journal_rows(cp),
         "signals": _views.signal_rows(cp),
         "lease": _views.lease_text(cp, now),
         "state_json": _views.pretty_json(cp.state, cp.state_json),

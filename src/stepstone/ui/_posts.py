@@ -99,12 +99,17 @@ def _sep(href: str) -> str:
     return "&" if "?" in href else "?"
 
 
-def _step_field(form: FormData) -> int:
+def _step_field(form: FormData) -> int | str:
+    """A step index, or a code workflow run's journaled call (``revise#2``)."""
     text = _field(form, "step")
     try:
         return int(text)
     except ValueError:
-        raise ValueError(f"the step is a step index, e.g. 1; got {text!r}") from None
+        if "#" in text:
+            return text
+        raise ValueError(
+            f"the step is a step index (e.g. 1) or a journaled call (e.g. revise#2); got {text!r}"
+        ) from None
 
 
 def _rewind(dash: Dashboard, form: FormData, run_id: str, version: str, action: str) -> Response:

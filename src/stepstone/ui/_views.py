@@ -17,6 +17,9 @@ from typing import Any
 from urllib.parse import unquote
 
 from .._checkpoint import Checkpoint
+from .._code_history import entries_of
+from .._errors import StepstoneError
+from .._journal import JOURNAL_KEY
 from .._store import RunInfo
 
 __all__ = [
@@ -292,3 +295,36 @@ def signal_rows(cp: Checkpoint) -> list[SignalRow]:
             )
         )
     return rows
+
+
+@dataclass(frozen=True, slots=True)
+class CallRow:
+    """One journaled call of a code workflow's run, as the run page lists it."""
+
+    seq: int
+    call: str
+    attempt: int
+    at: str
+    size: int
+    outcome: str
+
+
+def journal_rows(cp: Checkpoint) -> list[CallRow] | None:
+    """The run's journaled calls in call order (None: not a code workflow's run)."""
+    if JOURNAL_KEY not in cp.state:
+        return None
+    try:
+        entries = entries_of(cp.run_id, cp.state)
+    except StepstoneError:
+        return None  # malformed: the state section shows it as it is
+    return [
+        CallRow(
+            e.seq,
+            e.call,
+            e.attempt,
+            when(e.at) if e.at is not None else "-",
+            e.size,
+            "ok" if e.error_type is None else f"failed: {e.error_type}",
+        )
+        for e in entries
+    ]

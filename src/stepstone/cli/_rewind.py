@@ -1,0 +1,237 @@
+"""``stepstone runs history|journal|fork|rerun``: a run's past, and starting again from it.
+
+``history`` lists a run's kept saves (``Workflow(history=True)``); ``journal`` lists a
+code workflow run's journaled calls. ``fork`` and ``rerun`` take a step index, or, for
+a code workflow's run, a journaled call's name (``revise#3``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from .._checkpoint import Checkpoint
+from .._errors import InvalidWorkflow
+from ._common import EXIT_OK, OperationalError, UsageError, existing, store_config
+from ._output import emit_json, iso, out, safe, table, when
+
+__all__ = ["add_rewind_parsers", "journal_lines", "runtime"]
+
+
+def runtime(name: str) -> Any:
+    """Return ``stepstone.NAME`` of the runtime API, or explain that it is missing."""
+    import stepstone  # noqa: PLC0415  (the package imports this module's parent)
+
+    found = getattr(stepstone, name, None)
+    if found is None:
+        raise OperationalError(
+            f"this installation of stepstone has no stepstone.{name} (the runtime API); "
+            "upgrade stepstone"
+        )
+    return found
+
+
+def _step_or_call(text: str) -> int | str:
+    """A step index (an int), or else a journaled call's name (``revise#3``)."""
+    try:
+        return int(text)
+    except ValueError:
+        if "#" not in text:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is neither a step index nor a journaled call (NAME#N, e.g. revise#3)"
+            ) from None
+        return text
+
+
+def add_rewind_parsers(actions: Any, store: argparse.ArgumentParser) -> None:
+    """Add ``history``, ``journal``, ``fork`` and ``rerun`` to ``stepstone runs``."""
+    hist = actions.add_parser(
+        "history",
+        parents=[store],
+        help="list a run's kept saves (runs of Workflow(history=True))",
+        description=(
+            "List every kept save of a run, oldest first: step, time, attempt, status, "
+            "state size and what the save changed."
+        ),
+    )
+    hist.add_argument("run_id", metavar="RUN_ID")
+    hist.set_defaults(handler=_history)
+
+    calls = actions.add_parser(
+        "journal",
+        parents=[store],
+        help="list a code workflow run's journaled calls",
+        description=(
+            "List the journaled calls of a run of a @workflow function, in call order: "
+            "position, call (NAME#N), attempts, when it ended, bytes and outcome."
+        ),
+    )
+    calls.add_argument("run_id", metavar="RUN_ID")
+    calls.set_defaults(handler=_journal)
+
+    fork = actions.add_parser(
+        "fork",
+        parents=[store],
+        help="start a new run from the state a run had after a step (or a journaled call)",
+        description=(
+            "Write NEW_RUN_ID with the state RUN_ID had after step AT_STEP (-1: its input); "
+            "it continues at the next step. For a code workflow's run, AT_STEP may be a "
+            "journaled call (revise#2): the new run keeps the calls up to it. RUN_ID is not "
+            "changed."
+        ),
+    )
+    fork.add_argument("run_id", metavar="RUN_ID")
+    fork.add_argument("at_step", metavar="AT_STEP", type=_step_or_call)
+    fork.add_argument("new_run_id", metavar="NEW_RUN_ID")
+    fork.set_defaults(handler=_fork)
+
+    rerun = actions.add_parser(
+        "rerun",
+        parents=[store],
+        help="rewind a run to before a step (or a journaled call), to run it again from there",
+        description=(
+            "Rewind RUN_ID to the state it had before step FROM_STEP (its failure and "
+            "attempts cleared), optionally updated with --patch, a JSON object. For a code "
+            "workflow's run, FROM_STEP may be a journaled call (revise#3): it and every "
+            "later call run again."
+        ),
+    )
+    rerun.add_argument("run_id", metavar="RUN_ID")
+    rerun.add_argument("from_step", metavar="FROM_STEP", type=_step_or_call)
+    rerun.add_argument("--patch", metavar="JSON", help="a JSON object merged into the state")
+    rerun.set_defaults(handler=_rerun)
+
+
+def _history(args: argparse.Namespace) -> int:
+    history = runtime("history")
+    with existing(store_config(args)) as store:
+        entries = history(store, args.run_id)
+    if args.json:
+        emit_json(
+            [
+                {
+                    "step": e.step,
+                    "step_name": e.step_names[-1] if e.step_names else None,
+                    "at": iso(e.at),
+                    "attempt": e.attempt,
+                    "status": e.status,
+                    "size": e.size,
+                    "changes": list(e.changes),
+                }
+                for e in entries
+            ]
+        )
+        return EXIT_OK
+    rows = [
+        [
+            str(e.step),
+            safe(e.step_names[-1]) if e.step_names else "-",
+            when(e.at),
+            str(e.attempt),
+            e.status,
+            str(e.size),
+            safe(", ".join(e.changes))[:60],
+        ]
+        for e in entries
+    ]
+    for line in table(["STEP", "NAME", "AT", "ATTEMPT", "STATUS", "BYTES", "CHANGED"], rows):
+        out(line)
+    return EXIT_OK
+
+
+def _rows(entries: list[Any]) -> list[list[str]]:
+    return [
+        [
+            str(e.seq),
+            safe(e.call),
+            str(e.attempt),
+            when(e.at) if e.at is not None else "-",
+            str(e.size),
+            "ok" if e.error_type is None else f"failed: {safe(e.error_type)}",
+        ]
+        for e in entries
+    ]
+
+
+_HEADERS = ["SEQ", "CALL", "ATTEMPT", "AT", "BYTES", "OUTCOME"]
+
+
+def journal_lines(cp: Checkpoint) -> list[str]:
+    """The journal section of ``runs show`` for a code workflow's run (none for others)."""
+    from .._code_history import entries_of  # noqa: PLC0415 - the runtime, only when used
+
+    try:
+        entries = entries_of(cp.run_id, cp.state)
+    except InvalidWorkflow as exc:
+        return [f"journal:  malformed ({safe(str(exc))[:200]})"]
+    if not entries:
+        return []
+    return [
+        f"journal:  {len(entries)} calls",
+        *(f"  {line}" for line in table(_HEADERS, _rows(entries))),
+    ]
+
+
+def _journal(args: argparse.Namespace) -> int:
+    journal = runtime("journal")
+    with existing(store_config(args)) as store:
+        entries = journal(store, args.run_id)
+    if args.json:
+        emit_json(
+            [
+                {
+                    "seq": e.seq,
+                    "call": e.call,
+                    "name": e.name,
+                    "ordinal": e.ordinal,
+                    "attempt": e.attempt,
+                    "at": iso(e.at),
+                    "size": e.size,
+                    "error_type": e.error_type,
+                }
+                for e in entries
+            ]
+        )
+        return EXIT_OK
+    for line in table(_HEADERS, _rows(entries)):
+        out(line)
+    return EXIT_OK
+
+
+def _fork(args: argparse.Namespace) -> int:
+    fork = runtime("fork")
+    with existing(store_config(args)) as store:
+        cp = fork(store, args.run_id, args.at_step, args.new_run_id)
+    if args.json:
+        emit_json({"run_id": cp.run_id, "step": cp.step, "status": cp.status})
+    elif isinstance(args.at_step, str):
+        new = safe(repr(cp.run_id))
+        out(f"forked {safe(repr(args.run_id))} after call {safe(args.at_step)}: {new}")
+        out(f"  {cp.status}, the calls after it run again")
+    else:
+        out(f"forked {safe(repr(args.run_id))} after step {args.at_step}: {safe(repr(cp.run_id))}")
+        out(f"  {cp.status}, continues at step {cp.step + 1}")
+    return EXIT_OK
+
+
+def _rerun(args: argparse.Namespace) -> int:
+    rerun = runtime("rerun")
+    patch = None
+    if args.patch is not None:
+        try:
+            patch = json.loads(args.patch)
+        except ValueError as exc:
+            raise UsageError(f"--patch is not JSON ({exc}); give a JSON object") from None
+        if not isinstance(patch, dict):
+            raise UsageError(f"--patch must be a JSON object, got {type(patch).__name__}")
+    with existing(store_config(args)) as store:
+        cp = rerun(store, args.run_id, args.from_step, patch=patch)
+    if args.json:
+        emit_json({"run_id": cp.run_id, "step": cp.step, "status": cp.status})
+    elif isinstance(args.from_step, str):
+        call = safe(args.from_step)
+        out(f"rewound {safe(repr(cp.run_id))}: {cp.status}, runs again from call {call}")
+    else:
+        out(f"rewound {safe(repr(cp.run_id))}: {cp.status}, runs again from step {cp.step + 1}")
+    return EXIT_OK
