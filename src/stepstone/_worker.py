@@ -52,6 +52,7 @@ from ._observe import count_in_flight, emit, logger
 from ._outcomes import SETTLED, changed, claim_event, ending, park
 from ._plan import Plan
 from ._runner import make_plan
+from ._schedule_fire import SchedulePoller
 from ._steps import Workflow, workflow_label
 from ._store import Listener, RunInfo, Store
 from ._suspend import Map
@@ -208,6 +209,8 @@ class Worker:
         self._one_call = store.claims_in_one_call and not any(
             "\x00" in name or "\x00" in (version or "") for name, version in self._served
         )
+        # Schedules (issue 33, ``_schedule_fire``): due slots of the workflows served.
+        self._schedules = SchedulePoller(self.poll)
 
     def __repr__(self) -> str:
         return f"Worker(owner={self.owner!r}, concurrency={self.concurrency}, lease={self.lease:g})"
@@ -373,6 +376,9 @@ class Worker:
             free = self.concurrency - len(self._plans)  # one C call: no lock, no copy
             plans: list[Plan] = []
             failed = False
+            soonest = yield from self._schedules.look(self.workflows)  # issue 33: schedules
+            if soonest is not None:
+                self._remember_due(soonest)
             if free > 0:
                 try:
                     yield from self._claim_some(free, plans, asynchronous)
