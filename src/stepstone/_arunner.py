@@ -40,6 +40,7 @@ from ._errors import ConflictError
 from ._observe import logger
 from ._plan import Plan, to_release
 from ._store import Store
+from ._timeouts import atimed_call
 from ._wake import aannounce
 
 __all__ = ["adrive", "arenew_once", "arun"]
@@ -168,7 +169,10 @@ async def _acall(effect: Call, plan: Plan, store: Store) -> Any:
     renewal: _AsyncRenewal | None = None
     try:
         try:
-            if step.is_async:
+            if getattr(step, "timed", False):  # issue 33: cancelled at its timeout
+                renewal = _AsyncRenewal(plan, store)
+                update = await atimed_call(step, effect.state, effect.ctx)
+            elif step.is_async:
                 steps = step.fn(*args).__await__()
                 try:
                     # Up to its first suspension in our task. A step that returns before

@@ -42,7 +42,9 @@ def _cronsim() -> Any:
     try:
         import cronsim  # noqa: PLC0415 - only schedules need it
     except ImportError as exc:  # pragma: no cover - a dependency of the package
-        raise ConfigError("schedules need the cronsim package: pip install cronsim") from exc
+        raise ConfigError(
+            "schedules need the cronsim package: pip install 'stepstone[schedules]'"
+        ) from exc
     return cronsim
 
 

@@ -45,6 +45,7 @@ from ._steps import (
     idempotency_key,
 )
 from ._store import Store
+from ._timeouts import timed_call
 from ._wake import announce
 
 __all__ = [
@@ -144,7 +145,9 @@ def _perform(effect: Effect, plan: Plan, store: Store) -> Any:
         step = effect.step
         ticket = _renewer.enter(plan, store)
         try:
-            if effect.ctx is not None:
+            if getattr(step, "timed", False):  # issue 33: a thread of its own (_timeouts)
+                update = timed_call(step, effect.state, effect.ctx)
+            elif effect.ctx is not None:
                 update = step.fn(effect.state, effect.ctx)
             else:
                 update = step.fn(effect.state)

@@ -13,7 +13,7 @@ import math
 import random
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Any
 
@@ -21,6 +21,7 @@ from ._checkpoint import Checkpoint
 from ._effects import Effect
 from ._errors import InvalidWorkflow, safe_text
 from ._plan import Plan
+from ._timeouts import check_timeout
 
 __all__ = [
     "AttemptsExhausted",
@@ -146,6 +147,19 @@ class StepContext:
     step_name: str
     attempt: int
     idempotency_key: str
+    # Issue 33: the attempt's heartbeat (``_timeouts.Beat``), set by a driver running a
+    # step with a timeout; None otherwise.
+    _beat: Any = field(default=None, repr=False, compare=False)
+
+    def heartbeat(self) -> None:
+        """Tell the runner this step is alive (``Step(idle_timeout=...)`` counts from here).
+
+        Raises:
+            StepTimeout: this attempt timed out; whatever it does now is fenced off, so
+                stop: another attempt runs (or ran) in its place.
+        """
+        if self._beat is not None:
+            self._beat.beat()
 
 
 def idempotency_key(run_id: str, step_index: int, step_name: str) -> str:
@@ -183,6 +197,10 @@ class Step:
     name: str
     fn: Callable[..., Any]
     retry: RetryPolicy | None = None
+    #: Issue 33 (``_timeouts``): seconds an attempt may run, and may run without a
+    #: ``ctx.heartbeat()``, before it fails with ``StepTimeout``. None: no limit.
+    timeout: float | timedelta | None = None
+    idle_timeout: float | timedelta | None = None
     takes_context: bool = field(init=False, repr=False, compare=False)
     is_async: bool = field(init=False, repr=False, compare=False)
 
@@ -194,6 +212,15 @@ class Step:
             raise InvalidWorkflow(f"step {self.name!r}: retry must be a RetryPolicy or None")
         object.__setattr__(self, "takes_context", _takes_context(self.fn))
         object.__setattr__(self, "is_async", _is_async(self.fn))
+        what = f"step {self.name!r}"
+        object.__setattr__(self, "timeout", check_timeout(what, "timeout", self.timeout))
+        idle = check_timeout(what, "idle_timeout", self.idle_timeout)
+        object.__setattr__(self, "idle_timeout", idle)
+
+    @property
+    def timed(self) -> bool:
+        """Whether the step has a timeout or an idle timeout (``_timeouts``)."""
+        return self.timeout is not None or self.idle_timeout is not None
 
 
 def _is_async(fn: Callable[..., Any]) -> bool:
