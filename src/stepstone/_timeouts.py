@@ -19,6 +19,7 @@ through the clock seam (``_clock``): ``FakeClock`` tests move it.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import dataclasses
 import math
@@ -172,7 +173,9 @@ async def acall(
     if is_async:
         task: asyncio.Future[Any] = asyncio.ensure_future(fn(*args))
     else:
-        task = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+        # A daemon thread of ours, not ``asyncio.to_thread``: the loop's executor is
+        # joined when the loop closes, and a late thread hung in a read would hang that.
+        task = _in_thread(asyncio.get_running_loop(), fn, args)
     done = asyncio.Event()
     task.add_done_callback(lambda _: done.set())
     started = beat.last = _clock.monotonic()
@@ -216,3 +219,28 @@ async def atimed_call(step: Any, state: Any, ctx: Any) -> Any:
     """Await a ``Step`` with a timeout (the async driver's ``Call``)."""
     beat, args = _step_call(step, state, ctx)
     return await acall(step.fn, args, step.is_async, step.timeout, step.idle_timeout, beat)
+
+
+def _in_thread(loop: Any, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    """Run ``fn(*args)`` in a daemon thread; return a future of ``loop`` for its outcome."""
+    future = loop.create_future()
+    context = contextvars.copy_context()
+
+    def settle(ok: bool, value: Any) -> None:
+        if future.done():
+            return  # timed out and cancelled: the late outcome is dropped
+        if ok:
+            future.set_result(value)
+        else:
+            future.set_exception(value)
+
+    def target() -> None:
+        try:
+            outcome = (True, context.run(fn, *args))
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
+            outcome = (False, exc)
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody awaits it now
+            loop.call_soon_threadsafe(settle, *outcome)
+
+    threading.Thread(target=target, name="stepstone-step", daemon=True).start()
+    return future
