@@ -169,9 +169,10 @@ async def _acall(effect: Call, plan: Plan, store: Store) -> Any:
     renewal: _AsyncRenewal | None = None
     try:
         try:
-            if getattr(step, "timed", False):  # issue 33: cancelled at its timeout
+            if plan.deadline_at is not None or getattr(step, "timed", False):  # issue 33
                 renewal = _AsyncRenewal(plan, store)
-                update = await atimed_call(step, effect.state, effect.ctx)
+                late, at = plan.late, plan.deadline_at
+                update = await atimed_call(step, effect.state, effect.ctx, at, late)
             elif step.is_async:
                 steps = step.fn(*args).__await__()
                 try:

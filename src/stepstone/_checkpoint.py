@@ -173,6 +173,9 @@ class Checkpoint:
         children: The child run_ids of the ``Map`` step the run is at, while it runs.
         history: Every save of the run is kept (``stepstone.history``, ``fork``,
             ``rerun``); set when the run starts, kept by every later save.
+        timing: The run's deadline (``Workflow(deadline=)``, ``start(deadline=)``):
+            its length, the time it falls at (fixed at the first claim, inherited by a
+            ``Map``'s children) and what happens then; None without one.
     """
 
     run_id: str
@@ -206,6 +209,10 @@ class Checkpoint:
     parent: str | None = None
     children: tuple[str, ...] = ()
     history: bool = False
+    #: Issue 33 (``_deadline``): the run's deadline, ``{"deadline": seconds from the
+    #: first claim, "deadline_at": ISO time, "on_deadline": "fail" | "wait"}``, each key
+    #: optional; None for runs without one. Namespaced: one field for time control.
+    timing: dict[str, Any] | None = None
     # What the store that produced this object knows of the stored state (``_statelog``):
     # lets the next save of a long run write only what changed. Never compared or shown.
     stored_state: Stored | None = field(default=None, repr=False, compare=False)
@@ -382,6 +389,7 @@ if TYPE_CHECKING:
         parent: str | None = ...,
         children: tuple[str, ...] = ...,
         history: bool = ...,
+        timing: dict[str, Any] | None = ...,
         stored_state: Stored | None = ...,
     ) -> Checkpoint:
         """Return a copy of ``cp`` with the fields given changed, like ``dataclasses.replace``."""

@@ -145,8 +145,8 @@ def _perform(effect: Effect, plan: Plan, store: Store) -> Any:
         step = effect.step
         ticket = _renewer.enter(plan, store)
         try:
-            if getattr(step, "timed", False):  # issue 33: a thread of its own (_timeouts)
-                update = timed_call(step, effect.state, effect.ctx)
+            if plan.deadline_at is not None or getattr(step, "timed", False):  # issue 33
+                update = timed_call(step, effect.state, effect.ctx, plan.deadline_at, plan.late)
             elif effect.ctx is not None:
                 update = step.fn(effect.state, effect.ctx)
             else:

@@ -18,6 +18,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ._checkpoint import Checkpoint
+from ._deadline import check_deadline, check_on_deadline
 from ._effects import Effect
 from ._errors import InvalidWorkflow, safe_text
 from ._plan import Plan
@@ -326,7 +327,7 @@ class Workflow:
     (on a backend that holds pieces: memory, file, SQLite, PostgreSQL, MySQL).
     """
 
-    __slots__ = ("history", "name", "steps", "upgrades", "version")
+    __slots__ = ("deadline", "history", "name", "on_deadline", "steps", "upgrades", "version")
 
     def __init__(
         self,
@@ -336,6 +337,8 @@ class Workflow:
         version: str | None = None,
         upgrades: Mapping[str | None, Callable[[dict[str, Any]], dict[str, Any]]] | None = None,
         history: bool = False,
+        deadline: float | timedelta | None = None,
+        on_deadline: str = "fail",
     ) -> None:
         if not isinstance(history, bool):
             raise InvalidWorkflow(f"workflow {name!r}: history must be True or False")
@@ -350,6 +353,10 @@ class Workflow:
         self.version = version
         #: Every save of its runs is kept (``stepstone.history``, ``fork``, ``rerun``).
         self.history = history
+        #: Issue 33 (``_deadline``): seconds from a run's first claim to its end, and
+        #: what happens then (``fail``, or ``wait`` for the signal ``deadline``).
+        self.deadline = check_deadline(f"workflow {name!r}", deadline)
+        self.on_deadline = check_on_deadline(f"workflow {name!r}", on_deadline)
         self.steps: tuple[Any, ...] = tuple(check_steps(steps))
         seen: set[str] = set()
         for step in self.steps:
@@ -376,6 +383,8 @@ class Workflow:
             shown += f", upgrades from {', '.join(repr(v) for v in self.upgrades)}"
         if self.history:
             shown += ", history kept"
+        if self.deadline is not None:
+            shown += f", deadline {self.deadline:g}s"
         return f"Workflow({self.name!r}, {len(self.steps)} steps{shown})"
 
 

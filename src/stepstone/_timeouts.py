@@ -25,7 +25,7 @@ import dataclasses
 import math
 import threading
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from . import _clock
@@ -79,12 +79,15 @@ def check_timeout(what: str, name: str, value: object) -> float | None:
 class Beat:
     """One attempt's heartbeat: when it last showed life, and whether it timed out."""
 
-    __slots__ = ("expired", "last", "what")
+    __slots__ = ("expired", "last", "late", "until", "what")
 
     def __init__(self, what: str) -> None:
         self.what = what
         self.last = _clock.monotonic()
         self.expired = False
+        #: The run's deadline, in monotonic seconds, and the error it raises (``_deadline``).
+        self.until: float | None = None
+        self.late: Callable[[], Exception] | None = None
 
     def beat(self) -> None:
         """Record a sign of life, or raise ``StepTimeout`` if the attempt has timed out."""
@@ -101,12 +104,16 @@ def _left(started: float, beat: Beat, timeout: float | None, idle: float | None)
         left = started + timeout - now
     if idle is not None:
         left = min(left, beat.last + idle - now)
+    if beat.until is not None:
+        left = min(left, beat.until - now)
     return left
 
 
-def _expired(beat: Beat, timeout: float | None, idle: float | None, started: float) -> StepTimeout:
+def _expired(beat: Beat, timeout: float | None, idle: float | None, started: float) -> Exception:
     beat.expired = True
     now = _clock.monotonic()
+    if beat.until is not None and beat.late is not None and now >= beat.until:
+        return beat.late()  # the run's deadline fell first: not the step's own timeout
     if (
         idle is not None
         and now - beat.last >= idle
@@ -202,23 +209,35 @@ async def acall(
     return result
 
 
-def _step_call(step: Any, state: Any, ctx: Any) -> tuple[Beat, tuple[Any, ...]]:
+def _step_call(
+    step: Any, state: Any, ctx: Any, deadline: datetime | None, late: Callable[[], Exception]
+) -> tuple[Beat, tuple[Any, ...]]:
     what = f"step {step.name!r}" + ("" if ctx is None else f" attempt {ctx.attempt}")
     beat = Beat(what)
+    if deadline is not None:
+        beat.until = _clock.monotonic() + (deadline - _clock.now()).total_seconds()
+        beat.late = late
     ctx = with_beat(ctx, beat)
     return beat, ((state,) if ctx is None else (state, ctx))
 
 
-def timed_call(step: Any, state: Any, ctx: Any) -> Any:
-    """Call a ``Step`` with a timeout (the sync driver's ``Call``)."""
-    beat, args = _step_call(step, state, ctx)
-    return call(step.fn, args, step.timeout, step.idle_timeout, beat)
+def timed_call(
+    step: Any, state: Any, ctx: Any, deadline: datetime | None, late: Callable[[], Exception]
+) -> Any:
+    """Call a ``Step`` with its timeouts and the run's ``deadline`` (the sync ``Call``)."""
+    beat, args = _step_call(step, state, ctx, deadline, late)
+    return call(
+        step.fn, args, getattr(step, "timeout", None), getattr(step, "idle_timeout", None), beat
+    )
 
 
-async def atimed_call(step: Any, state: Any, ctx: Any) -> Any:
-    """Await a ``Step`` with a timeout (the async driver's ``Call``)."""
-    beat, args = _step_call(step, state, ctx)
-    return await acall(step.fn, args, step.is_async, step.timeout, step.idle_timeout, beat)
+async def atimed_call(
+    step: Any, state: Any, ctx: Any, deadline: datetime | None, late: Callable[[], Exception]
+) -> Any:
+    """Await a ``Step`` with its timeouts and the run's ``deadline`` (the async ``Call``)."""
+    beat, args = _step_call(step, state, ctx, deadline, late)
+    timeout, idle = getattr(step, "timeout", None), getattr(step, "idle_timeout", None)
+    return await acall(step.fn, args, step.is_async, timeout, idle, beat)
 
 
 def _in_thread(loop: Any, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
