@@ -24,6 +24,7 @@ from typing import Any
 from ._errors import ConfigError
 
 __all__ = [
+    "RECORD",
     "check_cron",
     "check_tz",
     "latest_slot",
@@ -33,6 +34,9 @@ __all__ = [
     "slots_between",
 ]
 
+#: The run id of the record holding a store's schedules (``_schedule``); here, in a leaf
+#: module, so that the CLI can tell it apart from runs without importing the runtime.
+RECORD = "~schedules"
 #: Iterations before giving up on finding a slot: a valid expression that never
 #: matches (``0 0 30 2 *``, 30 February) would otherwise loop forever.
 _MAX_STEPS = 100_000

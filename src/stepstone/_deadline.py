@@ -36,6 +36,7 @@ __all__ = [
     "check_deadline",
     "check_on_deadline",
     "deadline_of",
+    "describe",
     "extended",
     "inherited",
     "left",
@@ -146,3 +147,17 @@ def extended(cp: Checkpoint, seconds: float) -> Checkpoint:
     timing = dict(cp.timing or {})
     timing["deadline_at"] = (utcnow() + timedelta(seconds=seconds)).isoformat()
     return evolve(cp, timing=timing)
+
+
+def describe(timing: dict[str, Any], now: datetime) -> str:
+    """Return a line about a run's deadline for ``runs show`` and the dashboard."""
+    at = timing.get("deadline_at")
+    then = "fail" if timing.get("on_deadline", "fail") == "fail" else "wait for the signal deadline"
+    if at is None:
+        seconds = timing.get("deadline")
+        return f"{seconds:g}s from the first claim, then {then}" if seconds else "-"
+    when = datetime.fromisoformat(at)
+    left = (when - now).total_seconds()
+    where = f"{left:.0f}s left" if left > 0 else f"passed {-left:.0f}s ago"
+    inherited = ", inherited from the parent" if timing.get("inherited") else ""
+    return f"{at} ({where}{inherited}), then {then}"

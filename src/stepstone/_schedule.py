@@ -58,7 +58,7 @@ __all__ = [
 ]
 
 #: The run id of the record holding every schedule. ``~`` sorts it after the runs.
-RECORD = "~schedules"
+RECORD = _cron.RECORD
 OVERLAP = ("skip", "buffer_one", "allow", "cancel_previous")
 CATCHUP = ("latest", "all")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
