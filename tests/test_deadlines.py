@@ -157,8 +157,10 @@ def test_wait_for_a_person_to_extend_the_deadline(store: Store, clock: FakeClock
         return {}
 
     flow = Workflow(
-        "ask", [Step("slow", slow), Step("end", lambda s: {"end": True})],
-        deadline=3600, on_deadline="wait",
+        "ask",
+        [Step("slow", slow), Step("end", lambda s: {"end": True})],
+        deadline=3600,
+        on_deadline="wait",
     )
     run_id = _rid()
     with pytest.raises(Suspended) as caught:
@@ -178,9 +180,11 @@ def test_bad_deadlines_are_refused() -> None:
         Workflow("w", [Step("s", lambda s: {})], deadline=0)
     with pytest.raises(InvalidWorkflow, match="'fail' or 'wait'"):
         Workflow("w", [Step("s", lambda s: {})], deadline=5, on_deadline="retry")
-    with pytest.raises(InvalidWorkflow, match="needs a deadline"):
-        with open_store("memory://bad-deadline") as store:
-            start(store, Workflow("w", [Step("s", lambda s: {})]), "r", on_deadline="wait")
+    flow = Workflow("w", [Step("s", lambda s: {})])
+    with open_store("memory://bad-deadline") as store:
+        with pytest.raises(InvalidWorkflow, match="needs a deadline"):
+            start(store, flow, "r", on_deadline="wait")
+        assert store.load("r") is None
 
 
 def test_runs_without_a_deadline_store_no_timing(clock: FakeClock) -> None:

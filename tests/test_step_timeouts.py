@@ -55,9 +55,7 @@ def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
     b.close()
 
 
-def _blocked_reader(
-    reader: socket.socket, late: queue.Queue[str], hang_until: int
-) -> Any:
+def _blocked_reader(reader: socket.socket, late: queue.Queue[str], hang_until: int) -> Any:
     def read(state: State, ctx: StepContext) -> State:
         if ctx.attempt < hang_until:
             reader.recv(1)  # blocks past the timeout; the test sends a byte later
@@ -136,7 +134,7 @@ def test_an_async_step_is_cancelled_at_its_timeout(store: Store) -> None:
 
 
 def test_idle_timeout_counts_from_the_last_heartbeat() -> None:
-    """With the fake clock: heartbeats keep a step alive past 3x its idle timeout; silence ends it."""
+    """Fake clock: heartbeats keep a step alive past 3x its idle timeout; silence ends it."""
     with open_store(f"memory://idle-{uuid.uuid4().hex}") as store, FakeClock() as clock:
         ticks: queue.Queue[bool] = queue.Queue()
         beaten = threading.Semaphore(0)
