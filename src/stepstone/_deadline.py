@@ -25,7 +25,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ._checkpoint import Checkpoint, evolve, utcnow
-from ._errors import InvalidWorkflow, StepstoneError
+from ._errors import DeadlineExceeded, InvalidWorkflow
 
 __all__ = [
     "MAX_DEADLINE",
@@ -48,18 +48,6 @@ MAX_DEADLINE = 366 * 86_400.0
 ON_DEADLINE = ("fail", "wait")
 #: The signal that extends a deadline a run waits at (``on_deadline="wait"``).
 DEADLINE_SIGNAL = "deadline"
-
-
-class DeadlineExceeded(StepstoneError):
-    """The run reached its deadline; it failed (recorded), and its children were cancelled."""
-
-    def __init__(self, run_id: str, deadline_at: datetime) -> None:
-        super().__init__(
-            f"run {run_id!r} reached its deadline of {deadline_at.isoformat()}; it ran out "
-            "of time (see Workflow(deadline=) and start(..., deadline=))"
-        )
-        self.run_id = run_id
-        self.deadline_at = deadline_at
 
 
 def check_deadline(what: str, value: object) -> float | None:

@@ -35,7 +35,7 @@ from ._checkpoint import Checkpoint, evolve, utcnow
 from ._codec import encode_state
 from ._control import _async, _sync
 from ._effects import Effect, Load, Save
-from ._errors import ConfigError, ConflictError, StepstoneError
+from ._errors import ConfigError, ConflictError, ScheduleExists, ScheduleNotFound
 from ._steps import Workflow
 
 __all__ = [
@@ -67,14 +67,6 @@ _MAX_TRIES = 100
 Overlap = Literal["skip", "buffer_one", "allow", "cancel_previous"]
 Catchup = Literal["latest", "all"]
 Op = Generator[Effect, Any, Any]
-
-
-class ScheduleExists(StepstoneError, ValueError):
-    """A schedule of that name exists with another spec (pass ``replace=True``)."""
-
-
-class ScheduleNotFound(StepstoneError, LookupError):
-    """No schedule has that name."""
 
 
 @dataclass(frozen=True, slots=True)

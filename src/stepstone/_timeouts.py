@@ -29,7 +29,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from . import _clock
-from ._errors import InvalidWorkflow, StepstoneError
+from ._errors import InvalidWorkflow, StepTimeout
 
 __all__ = [
     "Beat",
@@ -46,14 +46,6 @@ __all__ = [
 MAX_TIMEOUT = 7 * 86_400.0
 #: Real seconds a cancelled async step is given to end before its timeout is raised.
 _CANCEL_GRACE = 5.0
-
-
-class StepTimeout(StepstoneError, TimeoutError):
-    """A step ran past its ``timeout`` (or its ``idle_timeout`` without a heartbeat).
-
-    Raised as the attempt's failure: the step's retry policy decides whether another
-    attempt follows. Also raised by ``ctx.heartbeat()`` in an attempt that timed out.
-    """
 
 
 def check_timeout(what: str, name: str, value: object) -> float | None:
