@@ -13,7 +13,7 @@ from collections.abc import Generator, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from . import _clock, _cron
+from . import _clock, _cron, _hooks
 from ._checkpoint import ACTIVE_STATUSES, Checkpoint, utcnow
 from ._control import _async, _start, _sync, cancel_op
 from ._effects import Effect, Load, Save
@@ -94,6 +94,7 @@ def fire_due(served: Served, now: datetime | None = None) -> Op:
                 cp = yield Save(_record(cp, table), "schedules fired", owned=False)
             except ConflictError:
                 continue  # another worker advanced them: look again
+            _hooks.fire("schedule.advanced")  # the crash tests kill here: slots pending
         break
     else:
         raise ConflictError(f"{RECORD}: {_MAX_TRIES} other writers got in first", RECORD)
@@ -127,7 +128,9 @@ def _settle(name: str, workflow: Workflow, spec: dict[str, Any]) -> Op:
     for slot in pending:
         run_id = f"sched/{name}/{slot}"
         existing = yield Load(run_id)
-        if existing is None:
+        if existing is not None:
+            started += 1  # started by a worker that died before recording it
+        else:
             overlap = spec["overlap"]
             previous = None
             if overlap != "allow" and last_run is not None:
@@ -148,6 +151,7 @@ def _settle(name: str, workflow: Workflow, spec: dict[str, Any]) -> Op:
             yield from _start(workflow, run_id, _input(spec, name, slot))
             started += 1
             logger.info("schedule %r: fired slot %s as run %r", name, slot, run_id)
+            _hooks.fire("schedule.started")  # the crash tests kill here: started, unrecorded
         last_run = run_id
     if buffered is not None and buffered not in pending:
         previous = None if last_run is None else (yield Load(last_run))
