@@ -29,6 +29,7 @@ from ._dashboard import Dashboard, guarded_endpoint
 from ._guard import LOOPBACK_HOSTS, MAX_BODY, PAGE_SIZE, TOKEN_COOKIE, Guard
 from ._pages import run_live, run_page, runs_live, runs_page
 from ._posts import post_action, post_bulk
+from ._schedules_view import schedules_page
 
 __all__ = ["LOOPBACK_HOSTS", "TOKEN_COOKIE", "create_app"]
 
@@ -75,6 +76,7 @@ def create_app(
         Route("/run", sync(run_page)),
         Route("/run/live", sync(run_live)),
         Route("/run/action", posted(post_action), methods=["POST"]),
+        Route("/schedules", sync(schedules_page)),  # issue 33
         Mount("/static", StaticFiles(packages=[("stepstone.ui", "static")]), name="static"),
     ]
 
