@@ -253,7 +253,9 @@ class SchedulePoller:
 
     def __init__(self, every: float) -> None:
         self.every = max(0.05, every)
-        self.next_look = -float("inf")
+        # The first look one poll after the worker starts: its first look at the claim
+        # index comes first (a worker started for a backlog starts on it at once).
+        self.next_look = _clock.monotonic() + self.every
 
     def look(self, served: Served) -> Op:
         """Fire what is due if it is time to look; return the soonest slot to wake at."""
@@ -263,8 +265,11 @@ class SchedulePoller:
         self.next_look = began + self.every
         try:
             soonest: datetime | None = yield from fire_due(served)
-        except (StoreError, ValueError) as exc:
+        except StoreError as exc:
             logger.warning("looking at the schedules failed: %s", exc)
+            return None
+        except Exception:  # noqa: BLE001 - as a failed claim: logged, the worker lives on
+            logger.exception("looking at the schedules failed; trying again in %gs", self.every)
             return None
         if soonest is not None:
             left = (soonest - utcnow()).total_seconds()
