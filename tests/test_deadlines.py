@@ -21,6 +21,7 @@ from stepstone import (
     Workflow,
     arun,
     open_store,
+    retry,
     run,
     signal,
     start,
@@ -76,6 +77,13 @@ def test_a_deadline_between_steps_fails_the_run(store: Store, clock: FakeClock) 
     cp = store.load(run_id)
     assert cp is not None and cp.status == "failed" and cp.failure is not None
     assert (cp.failure.error_type, cp.failure.step_name) == ("DeadlineExceeded", "after")
+    # A retry gets a fresh deadline from its next claim, as a fresh attempt budget.
+    assert cp.timing is not None and cp.timing["expired_at"] == "2030-01-01T01:00:00+00:00"
+    retry(store, run_id)
+    assert run(run_id, flow, store) == {"slow": True}
+    again = store.load(run_id)
+    assert again is not None and again.timing is not None
+    assert again.timing["deadline_at"] == (T0 + timedelta(hours=3)).isoformat()
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])

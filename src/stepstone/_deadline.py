@@ -110,6 +110,7 @@ def armed(cp: Checkpoint, own: float | None, on_deadline: str) -> Checkpoint | N
     timing["deadline_at"] = (utcnow() + timedelta(seconds=float(seconds))).isoformat()
     timing.setdefault("on_deadline", on_deadline)
     timing.pop("inherited", None)
+    timing.pop("expired_at", None)
     return evolve(cp, timing=timing)
 
 
@@ -141,6 +142,8 @@ def describe(timing: dict[str, Any], now: datetime) -> str:
     """Return a line about a run's deadline for ``runs show`` and the dashboard."""
     at = timing.get("deadline_at")
     then = "fail" if timing.get("on_deadline", "fail") == "fail" else "wait for the signal deadline"
+    if at is None and timing.get("expired_at"):
+        return f"reached at {timing['expired_at']} (a retry gets a fresh one)"
     if at is None:
         seconds = timing.get("deadline")
         return f"{seconds:g}s from the first claim, then {then}" if seconds else "-"

@@ -86,8 +86,21 @@ def deadline_reached(
         attempt=cp.attempt,
         at=utcnow(),
     )
+    # The deadline is spent: its time is dropped and its length kept, so that a retry
+    # (``stepstone.retry``, ``runs retry``) gets a fresh deadline from its next claim,
+    # as it gets a fresh attempt budget. ``expired_at`` says when this one fell.
+    spent = {k: v for k, v in timing.items() if k != "deadline_at"}
+    spent["expired_at"] = at.isoformat()
     final = _lease.released(
-        evolve(cp, state=pristine(cp), attempt=0, failure=failure, waiting_for=None, wake_at=None)
+        evolve(
+            cp,
+            state=pristine(cp),
+            attempt=0,
+            failure=failure,
+            waiting_for=None,
+            wake_at=None,
+            timing=spent,
+        )
     )
     cp = yield from write(plan, cp, final, "deadline")
     if cp.children:
