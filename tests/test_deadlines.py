@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -12,6 +13,7 @@ from typing import Any
 
 import pytest
 
+import stepstone
 from stepstone import (
     InvalidWorkflow,
     Map,
@@ -201,3 +203,35 @@ def test_runs_without_a_deadline_store_no_timing(clock: FakeClock) -> None:
         run("plain", [Step("s", lambda s: {"x": 1})], store)
         cp = store.load("plain")
         assert cp is not None and cp.timing is None
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_worker_fixes_the_deadline_at_its_claim(store: Store, mode: str) -> None:
+    """A worker's claim (one call or run by run, on every backend) keeps and fixes timing."""
+    done = threading.Event()
+
+    def work(state: State) -> State:
+        done.set()
+        return {"ok": True}
+
+    flow = Workflow("timed", [Step("work", work)])
+    run_id = _rid()
+    start(store, flow, run_id, deadline=600)
+    worker = stepstone.Worker(store, [flow], poll=0.05)
+    if mode == "sync":
+        thread = threading.Thread(target=worker.serve, daemon=True)
+    else:
+        thread = threading.Thread(target=lambda: asyncio.run(worker.aserve()), daemon=True)
+    thread.start()
+    try:
+        assert done.wait(HANG), "the worker never ran the run"
+        until = time.monotonic() + HANG
+        while (cp := store.load(run_id)) is None or cp.status != "done":
+            assert time.monotonic() < until, "the run never finished"
+            threading.Event().wait(0.01)
+    finally:
+        worker.stop()
+        thread.join(HANG)
+    cp = store.load(run_id)
+    assert cp is not None and cp.timing is not None and cp.status == "done"
+    assert cp.timing["deadline"] == 600.0 and "deadline_at" in cp.timing
