@@ -34,7 +34,7 @@ from stepstone.testing import FakeClock
 from test_wakeups import _config
 
 State = dict[str, Any]
-BACKENDS = ("memory", "file", "sqlite", "postgresql", "mysql")
+BACKENDS = ("memory", "file", "sqlite", "postgresql", "mysql", "cosmos")
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 HANG = 30.0
 

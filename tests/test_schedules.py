@@ -40,7 +40,7 @@ from stepstone.testing import FakeClock
 from test_wakeups import _config
 
 State = dict[str, Any]
-BACKENDS = ("memory", "file", "sqlite", "postgresql", "mysql")
+BACKENDS = ("memory", "file", "sqlite", "postgresql", "mysql", "cosmos")
 
 
 def _noop(state: State) -> State:

@@ -31,7 +31,7 @@ from stepstone.testing import FakeClock
 from test_wakeups import _config
 
 State = dict[str, Any]
-BACKENDS = ("memory", "file", "sqlite", "postgresql", "mysql")
+BACKENDS = ("memory", "file", "sqlite", "postgresql", "mysql", "cosmos")
 #: Real seconds a test waits for something that happens at once; never reached when green.
 HANG = 30.0
 #: The timeout of the blocked steps below (real seconds: a socket read cannot be faked).
