@@ -37,6 +37,7 @@ from ._control import _async, _sync
 from ._effects import Effect, Load, Save
 from ._errors import ConfigError, ConflictError, ScheduleExists, ScheduleNotFound
 from ._steps import Workflow
+from ._store import Store
 
 __all__ = [
     "CATCHUP",
@@ -233,7 +234,7 @@ def _put(name: str, spec: dict[str, Any], replace: bool) -> Op:
 
 
 def schedule(
-    store: Any,
+    store: Store,
     name: str,
     *,
     cron: str,
@@ -288,7 +289,7 @@ def schedule(
 
 
 async def aschedule(
-    store: Any,
+    store: Store,
     name: str,
     *,
     cron: str,
@@ -319,13 +320,13 @@ def _list() -> Op:
     return [ScheduleInfo.of(name, spec) for name, spec in sorted(table_of(cp).items())]
 
 
-def schedules(store: Any) -> list[ScheduleInfo]:
+def schedules(store: Store) -> list[ScheduleInfo]:
     """Return every schedule of ``store``, by name."""
     result: list[ScheduleInfo] = _sync(_list(), store)
     return result
 
 
-async def aschedules(store: Any) -> list[ScheduleInfo]:
+async def aschedules(store: Store) -> list[ScheduleInfo]:
     """Async ``schedules``."""
     result: list[ScheduleInfo] = await _async(_list(), store)
     return result
@@ -358,7 +359,7 @@ def _change(name: str, what: str) -> Op:
     raise ConflictError(f"schedule {name!r}: {_MAX_TRIES} other writers got in first", RECORD)
 
 
-def pause_schedule(store: Any, name: str) -> ScheduleInfo:
+def pause_schedule(store: Store, name: str) -> ScheduleInfo:
     """Stop firing ``name``'s slots until ``resume_schedule``.
 
     Raises:
@@ -368,7 +369,7 @@ def pause_schedule(store: Any, name: str) -> ScheduleInfo:
     return result
 
 
-def resume_schedule(store: Any, name: str) -> ScheduleInfo:
+def resume_schedule(store: Store, name: str) -> ScheduleInfo:
     """Fire ``name``'s slots again, from the next one after now (none missed is fired).
 
     Raises:
@@ -378,7 +379,7 @@ def resume_schedule(store: Any, name: str) -> ScheduleInfo:
     return result
 
 
-def delete_schedule(store: Any, name: str) -> ScheduleInfo:
+def delete_schedule(store: Store, name: str) -> ScheduleInfo:
     """Delete the schedule ``name`` (the runs it started stay).
 
     Raises:
@@ -388,7 +389,7 @@ def delete_schedule(store: Any, name: str) -> ScheduleInfo:
     return result
 
 
-async def adelete_schedule(store: Any, name: str) -> ScheduleInfo:
+async def adelete_schedule(store: Store, name: str) -> ScheduleInfo:
     """Async ``delete_schedule``."""
     result: ScheduleInfo = await _async(_change(name, "delete"), store)
     return result

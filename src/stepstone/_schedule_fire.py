@@ -17,7 +17,7 @@ from . import _clock, _cron, _hooks
 from ._checkpoint import ACTIVE_STATUSES, Checkpoint, utcnow
 from ._control import _async, _start, _sync, cancel_op
 from ._effects import Effect, Load, Save
-from ._errors import ConflictError, RunNotActive, StoreError
+from ._errors import ConfigError, ConflictError, RunNotActive, StoreError
 from ._observe import logger
 from ._schedule import (
     RECORD,
@@ -29,6 +29,7 @@ from ._schedule import (
     table_of,
 )
 from ._steps import Workflow
+from ._store import Store
 
 __all__ = ["MAX_CATCHUP", "SchedulePoller", "abackfill", "backfill", "fire_due"]
 
@@ -203,14 +204,20 @@ def _record_settled(
 
 def _backfill(name: str, workflow: Workflow, start: datetime, end: datetime) -> Op:
     check_name(name)
-    if start.tzinfo is None or end.tzinfo is None:
-        raise ValueError("backfill needs timezone-aware start and end datetimes")
+    if not isinstance(workflow, Workflow):
+        raise ConfigError(f"backfill needs the schedule's Workflow, got {type(workflow).__name__}")
+    for name_, value in (("start", start), ("end", end)):
+        if not isinstance(value, datetime) or value.tzinfo is None:
+            raise ConfigError(
+                f"backfill needs a timezone-aware datetime as {name_}, got {value!r} "
+                "(e.g. datetime(2030, 1, 1, tzinfo=UTC))"
+            )
     cp = yield Load(RECORD)
     spec = table_of(cp).get(name)
     if spec is None:
         raise ScheduleNotFound(f"no schedule is named {name!r}")
     if (spec["workflow"], spec.get("version")) != workflow.key:
-        raise ValueError(
+        raise ConfigError(
             f"schedule {name!r} starts workflow {spec['workflow']!r} version "
             f"{spec.get('version')!r}, not {workflow.name!r} version {workflow.version!r}"
         )
@@ -223,23 +230,24 @@ def _backfill(name: str, workflow: Workflow, start: datetime, end: datetime) -> 
 
 
 def backfill(
-    store: Any, name: str, workflow: Workflow, start: datetime, end: datetime
+    store: Store, name: str, workflow: Workflow, start: datetime, end: datetime
 ) -> list[str]:
     """Start ``name``'s slots in ``[start, end]`` that have no run yet; return their run ids.
 
     A slot whose run exists (fired, or backfilled before) is left as it is: backfilling
-    twice, or over fired slots, starts nothing twice.
+    twice, or over fired slots, starts nothing twice. Up to 10,000 slots per call (the
+    oldest); call again from the last one for more. Overlap policies do not apply.
 
     Raises:
         ScheduleNotFound: no schedule has that name.
-        ValueError: naive datetimes, or ``workflow`` is not the schedule's.
+        ConfigError: naive datetimes, or ``workflow`` is not the schedule's.
     """
     result: list[str] = _sync(_backfill(name, workflow, start, end), store)
     return result
 
 
 async def abackfill(
-    store: Any, name: str, workflow: Workflow, start: datetime, end: datetime
+    store: Store, name: str, workflow: Workflow, start: datetime, end: datetime
 ) -> list[str]:
     """Async ``backfill``."""
     result: list[str] = await _async(_backfill(name, workflow, start, end), store)
