@@ -235,3 +235,48 @@ def test_a_worker_fixes_the_deadline_at_its_claim(store: Store, mode: str) -> No
     cp = store.load(run_id)
     assert cp is not None and cp.timing is not None and cp.status == "done"
     assert cp.timing["deadline"] == 600.0 and "deadline_at" in cp.timing
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_code_workflow_under_a_deadline(clock: FakeClock, mode: str) -> None:
+    """A code workflow with a deadline runs as usual; resumed past it, it fails."""
+    from stepstone import workflow
+
+    def fetch(n: int) -> int:
+        return n * 2
+
+    if mode == "sync":
+
+        @workflow("code-deadline")
+        def flow(ctx: Any, data: State) -> int:
+            value: int = ctx.step("fetch", fetch, 21)
+            ctx.sleep(timedelta(hours=2))
+            return value
+
+    else:
+
+        @workflow("code-deadline")
+        async def flow(ctx: Any, data: State) -> int:
+            value: int = await ctx.step("fetch", fetch, 21)
+            await ctx.sleep(timedelta(hours=2))
+            return value
+
+    def drive(run_id: str, store: Store) -> Any:
+        if mode == "sync":
+            return run(run_id, flow, store)
+        return asyncio.run(arun(run_id, flow, store))
+
+    with open_store(f"memory://{uuid.uuid4().hex}") as store:
+        start(store, flow, "c1", deadline=timedelta(hours=1))
+        with pytest.raises(Suspended):
+            drive("c1", store)
+        cp = store.load("c1")
+        assert cp is not None and cp.wake_at == T0 + timedelta(hours=1)  # due at the deadline
+        clock.advance(timedelta(hours=1))
+        with pytest.raises(DeadlineExceeded):
+            drive("c1", store)
+        start(store, flow, "c2", deadline=timedelta(hours=3))
+        with pytest.raises(Suspended):
+            drive("c2", store)
+        clock.advance(timedelta(hours=2))
+        assert drive("c2", store)["result"] == 42

@@ -40,7 +40,7 @@ from ._errors import ConflictError
 from ._observe import logger
 from ._plan import Plan, to_release
 from ._store import Store
-from ._timeouts import atimed_call
+from ._timeouts import applies, atimed_call
 from ._wake import aannounce
 
 __all__ = ["adrive", "arenew_once", "arun"]
@@ -169,7 +169,7 @@ async def _acall(effect: Call, plan: Plan, store: Store) -> Any:
     renewal: _AsyncRenewal | None = None
     try:
         try:
-            if plan.deadline_at is not None or getattr(step, "timed", False):  # issue 33
+            if applies(plan, step):  # issue 33: a timeout, or the run's deadline
                 renewal = _AsyncRenewal(plan, store)
                 late, at = plan.late, plan.deadline_at
                 update = await atimed_call(step, effect.state, effect.ctx, at, late)

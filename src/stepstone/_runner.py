@@ -45,7 +45,7 @@ from ._steps import (
     idempotency_key,
 )
 from ._store import Store
-from ._timeouts import timed_call
+from ._timeouts import applies, timed_call
 from ._wake import announce
 
 __all__ = [
@@ -145,7 +145,7 @@ def _perform(effect: Effect, plan: Plan, store: Store) -> Any:
         step = effect.step
         ticket = _renewer.enter(plan, store)
         try:
-            if plan.deadline_at is not None or getattr(step, "timed", False):  # issue 33
+            if applies(plan, step):  # issue 33: a timeout, or the run's deadline
                 update = timed_call(step, effect.state, effect.ctx, plan.deadline_at, plan.late)
             elif effect.ctx is not None:
                 update = step.fn(effect.state, effect.ctx)

@@ -35,6 +35,7 @@ __all__ = [
     "Beat",
     "StepTimeout",
     "acall",
+    "applies",
     "atimed_call",
     "call",
     "check_timeout",
@@ -199,6 +200,17 @@ async def acall(
     if inspect.isawaitable(result):
         result = await result
     return result
+
+
+def applies(plan: Any, step: Any) -> bool:
+    """Whether the driver runs ``step`` with a limit: its own timeouts, or the run's deadline.
+
+    The deadline bounds the run's own steps only (found by identity among them), never
+    the core's internal calls (a ``Map``'s items, a code workflow's requests).
+    """
+    if getattr(step, "timed", False):
+        return True
+    return plan.deadline_at is not None and any(s is step for s in plan.steps)
 
 
 def _step_call(
