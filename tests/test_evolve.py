@@ -96,6 +96,7 @@ def test_evolve_changes_only_what_it_is_given() -> None:
         "children": ("c",),
         "history": True,
         "streams": {"0": "token"},
+        "timing": {"deadline": 60.0},
         "stored_state": Stored(1, "r", "v9", 3, None, None, None, None),
     }
     assert set(samples) == {f.name for f in FIELDS}

@@ -41,6 +41,7 @@ from ._observe import logger
 from ._plan import Plan, to_release
 from ._store import Store
 from ._stream import _hooks as _stream
+from ._timeouts import applies, atimed_call
 from ._wake import aannounce
 
 __all__ = ["adrive", "arenew_once", "arun"]
@@ -172,7 +173,11 @@ async def _acall(effect: Call, plan: Plan, store: Store) -> Any:
     attempt = _stream.begin(store, plan, effect)  # streams (issue 34)
     try:
         try:
-            if step.is_async:
+            if applies(plan, step):  # issue 33: a timeout, or the run's deadline
+                renewal = _AsyncRenewal(plan, store)
+                late, at = plan.late, plan.deadline_at
+                update = await atimed_call(step, effect.state, effect.ctx, at, late)
+            elif step.is_async:
                 steps = step.fn(*args).__await__()
                 try:
                     # Up to its first suspension in our task. A step that returns before

@@ -176,6 +176,9 @@ class Checkpoint:
         streams: Event streams (``stepstone._stream``): step index -> the token of the
             attempt that committed that step, for steps whose committing attempt emitted
             events. Readers hide the events of every other attempt of a committed step.
+        timing: The run's deadline (``Workflow(deadline=)``, ``start(deadline=)``):
+            its length, the time it falls at (fixed at the first claim, inherited by a
+            ``Map``'s children) and what happens then; None without one.
     """
 
     run_id: str
@@ -211,6 +214,10 @@ class Checkpoint:
     history: bool = False
     # --- streams (issue 34): the committing attempt of each step that emitted ---------
     streams: dict[str, str] = field(default_factory=dict)
+    #: Issue 33 (``_deadline``): the run's deadline, ``{"deadline": seconds from the
+    #: first claim, "deadline_at": ISO time, "on_deadline": "fail" | "wait"}``, each key
+    #: optional; None for runs without one. Namespaced: one field for time control.
+    timing: dict[str, Any] | None = None
     # What the store that produced this object knows of the stored state (``_statelog``):
     # lets the next save of a long run write only what changed. Never compared or shown.
     stored_state: Stored | None = field(default=None, repr=False, compare=False)
@@ -388,6 +395,7 @@ if TYPE_CHECKING:
         children: tuple[str, ...] = ...,
         history: bool = ...,
         streams: dict[str, str] = ...,
+        timing: dict[str, Any] | None = ...,
         stored_state: Stored | None = ...,
     ) -> Checkpoint:
         """Return a copy of ``cp`` with the fields given changed, like ``dataclasses.replace``."""

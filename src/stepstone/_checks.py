@@ -79,7 +79,7 @@ def make_plan(
         # Validated (and copied) here: a bad input is refused before anything is stored.
         input = encode_state(input)[1]
     seconds = _lease.DEFAULT_LEASE if lease is None else _lease.check_lease(lease)
-    return Plan(
+    plan = Plan(
         run_id,
         items,
         input=input,
@@ -90,6 +90,9 @@ def make_plan(
         preclaimed=preclaimed,
         history=isinstance(steps, Workflow) and steps.history,
     )
+    if isinstance(steps, Workflow):  # issue 33: the workflow's deadline (``_deadline``)
+        plan.deadline, plan.on_deadline = steps.deadline, steps.on_deadline
+    return plan
 
 
 def check_names(run_id: str, names: tuple[str, ...], done: tuple[str, ...]) -> None:

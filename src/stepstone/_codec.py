@@ -391,6 +391,8 @@ def _add_runtime_meta(cp: Checkpoint, meta: dict[str, Any]) -> None:  # noqa: C9
         meta["children"] = list(cp.children)
     if cp.streams:  # streams (issue 34): absent unless a committing attempt emitted
         meta["streams"] = dict(cp.streams)
+    if cp.timing:  # issue 33: absent on every run without a deadline
+        meta["timing"] = cp.timing
 
 
 def _meta_json(cp: Checkpoint, meta: dict[str, Any]) -> str:
@@ -537,6 +539,11 @@ def _runtime_fields(doc: dict[str, Any]) -> dict[str, Any]:  # noqa: C901 - see 
             )
             for item in signals
         )
+    timing = doc.get("timing")
+    if timing is not None:  # issue 33; documents of earlier releases have none
+        if not isinstance(timing, dict):
+            raise TypeError("timing is not an object")
+        fields["timing"] = timing
     children = doc.get("children")
     if children:
         if not isinstance(children, list):

@@ -16,7 +16,7 @@ from concurrent.futures import Future
 from datetime import datetime, timedelta
 from typing import Any
 
-from . import _clock
+from . import _clock, _timeouts
 from ._checkpoint import utcnow
 from ._codec import copy_containers
 from ._errors import InvalidWorkflow, safe_text
@@ -105,6 +105,7 @@ def _run_call(
     fn: Callable[..., Any],
     args: tuple[Any, ...],
     policy: RetryPolicy | None,
+    timeout: float | None = None,
 ) -> Any:
     """Run a plain workflow's call (retries included) and journal how it ended."""
     durable = policy is not None and policy.max_attempts > 1
@@ -121,7 +122,10 @@ def _run_call(
         token = inside.set((session.run_id, seq, call, attempt))
         scope = _stream.begin_call(seq, attempt)  # streams (issue 34)
         try:
-            result = fn(*args)
+            if timeout is not None:  # issue 33: StepTimeout at the timeout (_timeouts)
+                result = _timeouts.call(fn, args, timeout, None, _timeouts.Beat(what))
+            else:
+                result = fn(*args)
             if inspect.isawaitable(result):
                 close(result)
                 raise InvalidWorkflow(
@@ -192,9 +196,17 @@ class WorkflowContext:
         _emit(topic, data)
 
     def step(
-        self, name: str, fn: Callable[..., Any], *args: Any, retry: RetryPolicy | None = None
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        *args: Any,
+        retry: RetryPolicy | None = None,
+        timeout: float | timedelta | None = None,
     ) -> Any:
         """Call ``fn(*args)`` once for this run; return its JSON result, journaled.
+
+        ``timeout``: seconds an attempt may take before it fails with ``StepTimeout``
+        (``retry`` applies); the call then runs in a thread of its own (``_timeouts``).
 
         The result (or the final failure, after ``retry``'s attempts) is saved in the run
         before this returns; on resume the journal returns it and ``fn`` is not called.
@@ -209,10 +221,11 @@ class WorkflowContext:
         what = f"ctx.step({name!r})"
         seq, call = session.begin(_check_step_name(name, what), what)
         policy = _check_retry(retry, what)
+        limit = _timeouts.check_timeout(what, "timeout", timeout)
         entry = session.replay(seq, call)
         if entry is not None:
             return _answer(session, entry)
-        return _run_call(session, seq, call, what, fn, args, policy)
+        return _run_call(session, seq, call, what, fn, args, policy, limit)
 
     def submit(
         self, name: str, fn: Callable[..., Any], *args: Any, retry: RetryPolicy | None = None
@@ -355,9 +368,17 @@ class AsyncWorkflowContext:
         _emit(topic, data)
 
     def step(
-        self, name: str, fn: Callable[..., Any], *args: Any, retry: RetryPolicy | None = None
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        *args: Any,
+        retry: RetryPolicy | None = None,
+        timeout: float | timedelta | None = None,
     ) -> Awaitable[Any]:
         """Await ``fn(*args)`` once for this run (see ``WorkflowContext.step``).
+
+        ``timeout``: an ``async def`` ``fn`` is cancelled after that many seconds, and
+        the attempt fails with ``StepTimeout`` (``retry`` applies).
 
         ``fn`` may be ``async def``; a plain function runs in a worker thread, so that a
         blocking call cannot stall the event loop.
@@ -366,8 +387,9 @@ class AsyncWorkflowContext:
         what = f"ctx.step({name!r})"
         seq, call = session.begin(_check_step_name(name, what), what)
         policy = _check_retry(retry, what)
+        limit = _timeouts.check_timeout(what, "timeout", timeout)
         entry = session.replay(seq, call)
-        return self._step(seq, call, what, entry, fn, args, policy)
+        return self._step(seq, call, what, entry, fn, args, policy, limit)
 
     async def _step(
         self,
@@ -378,6 +400,7 @@ class AsyncWorkflowContext:
         fn: Callable[..., Any],
         args: tuple[Any, ...],
         policy: RetryPolicy | None,
+        limit: float | None = None,
     ) -> Any:
         import asyncio  # noqa: PLC0415 - see _AReply
 
@@ -396,7 +419,11 @@ class AsyncWorkflowContext:
             token = inside.set((session.run_id, seq, call, attempt))
             scope = _stream.begin_call(seq, attempt)  # streams (issue 34)
             try:
-                if inspect.iscoroutinefunction(fn):
+                if limit is not None:  # issue 33: cancelled at the timeout (_timeouts)
+                    beat = _timeouts.Beat(what)
+                    is_async = inspect.iscoroutinefunction(fn)
+                    result = await _timeouts.acall(fn, args, is_async, limit, None, beat)
+                elif inspect.iscoroutinefunction(fn):
                     result = await fn(*args)
                 else:
                     result = await asyncio.to_thread(fn, *args)

@@ -14,12 +14,14 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Generator
+from datetime import timedelta
 from typing import Any
 
 from . import _clock
 from ._checkpoint import DUE_NOW, Checkpoint, Signal, check_run_id, evolve, utcnow
 from ._checks import check_clock, check_input
 from ._codec import encode_state
+from ._deadline import check_deadline, check_on_deadline, start_timing
 from ._effects import Announce, Effect, Load, Save, astep_through, step_through
 from ._errors import (
     ConflictError,
@@ -91,7 +93,12 @@ def _too_busy(run_id: str) -> ConflictError:
 # --- start ----------------------------------------------------------------------------
 
 
-def _start(workflow: Workflow, run_id: str, input: dict[str, Any] | None) -> Op:
+def _start(
+    workflow: Workflow,
+    run_id: str,
+    input: dict[str, Any] | None,
+    timing: dict[str, Any] | None = None,
+) -> Op:
     if not isinstance(workflow, Workflow):
         raise InvalidWorkflow(f"start needs a Workflow, got {type(workflow).__name__}")
     check_run_id(run_id)
@@ -99,7 +106,7 @@ def _start(workflow: Workflow, run_id: str, input: dict[str, Any] | None) -> Op:
     for _ in range(_MAX_TRIES):
         cp = yield Load(run_id)
         if cp is None:
-            fresh = evolve(queued(workflow, run_id, given or {}), input=given)
+            fresh = evolve(queued(workflow, run_id, given or {}, None, timing), input=given)
             try:
                 saved: Checkpoint = yield Save(fresh, "start")
             except ConflictError:
@@ -135,6 +142,8 @@ def start(
     input: dict[str, Any] | None = None,
     *,
     clock: _clock.Clock | None = None,
+    deadline: float | timedelta | None = None,
+    on_deadline: str | None = None,
 ) -> RunInfo:
     """Record a new run of ``workflow`` as ``queued``, for a worker to run.
 
@@ -143,14 +152,19 @@ def start(
     record is stamped with (``created_at``), in place of the installed one; a
     ``stepstone.testing.FakeClock`` in tests.
 
+    ``deadline`` (issue 33): the run's time from its first claim to its end, instead
+    of the workflow's; ``on_deadline``: ``fail`` (``DeadlineExceeded``) or ``wait`` (for
+    the signal ``deadline``), instead of the workflow's.
+
     Raises:
         WorkflowChanged: the run exists and was started from another workflow or version.
         InputMismatch: the run exists with another input.
         InvalidState: ``input`` is not a JSON dict.
-        InvalidWorkflow: ``clock`` is not a clock.
+        InvalidWorkflow: ``clock`` is not a clock; a bad ``deadline`` or ``on_deadline``.
     """
+    timing = _timing(workflow, deadline, on_deadline)
     with _clock.using(check_clock(clock)):
-        result: RunInfo = _sync(_start(workflow, run_id, input), store)
+        result: RunInfo = _sync(_start(workflow, run_id, input, timing), store)
     return result
 
 
@@ -161,11 +175,28 @@ async def astart(
     input: dict[str, Any] | None = None,
     *,
     clock: _clock.Clock | None = None,
+    deadline: float | timedelta | None = None,
+    on_deadline: str | None = None,
 ) -> RunInfo:
     """Async ``start``."""
+    timing = _timing(workflow, deadline, on_deadline)
     with _clock.using(check_clock(clock)):
-        result: RunInfo = await _async(_start(workflow, run_id, input), store)
+        result: RunInfo = await _async(_start(workflow, run_id, input, timing), store)
     return result
+
+
+def _timing(workflow: Any, deadline: object, on_deadline: object) -> dict[str, Any] | None:
+    """Return the ``timing`` ``start`` records (issue 33, ``_deadline``), checked."""
+    seconds = check_deadline("start", deadline)
+    if on_deadline is None and seconds is None:
+        return None
+    name = getattr(workflow, "on_deadline", "fail") if on_deadline is None else on_deadline
+    mode = check_on_deadline("start", name)
+    if seconds is None:
+        seconds = getattr(workflow, "deadline", None)
+        if seconds is None:
+            raise InvalidWorkflow("start: on_deadline needs a deadline (here or the workflow's)")
+    return start_timing(seconds, mode)
 
 
 # --- cancel ---------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from ._checkpoint import Checkpoint, Failure, evolve, utcnow
 from ._checks import check_input, check_names, check_workflow, first_difference
 from ._codec import pristine
 from ._control import cancel_children
+from ._deadline_run import DeadlineExceeded, deadline_armed, deadline_reached
 from ._effects import (
     Announce,
     Call,
@@ -122,6 +123,8 @@ def execute(plan: Plan) -> Run:
     run_id = plan.run_id
     with span(plan.on, "stepstone.run", run_id=run_id, steps=plan.total) as run_span:
         cp = yield from acquire(plan)
+        if cp.owner == plan.owner and (plan.deadline is not None or cp.timing):
+            cp = yield from deadline_armed(plan, cp, write)  # issue 33
         if cp.step + 1 >= plan.total:
             if cp.owner == plan.owner:
                 # Claimed with nothing left to run (no steps at all): give it back.
@@ -135,6 +138,9 @@ def execute(plan: Plan) -> Run:
         while index < plan.total:
             if cp.cancel_requested:
                 yield from _finish_cancelled(plan, cp)
+            if plan.deadline_at is not None and utcnow() >= plan.deadline_at:
+                cp = yield from deadline_reached(plan, cp, index, write)  # issue 33
+                working = pristine(cp)
             if plan.stop_requested:
                 yield from write(plan, cp, _lease.released(cp), "hand-over")
                 yield Announce()  # another worker may take it now
@@ -320,6 +326,11 @@ def _run_step(
             except Exception as error:  # noqa: BLE001 - a step may raise anything: its failure
                 cp = _latest(plan, cp)
                 step_span.record_exception(error)
+                if isinstance(error, DeadlineExceeded):  # issue 33: never retried
+                    cp = yield from deadline_reached(plan, cp, index, write)
+                    working = pristine(cp)
+                    attempt = cp.attempt
+                    continue
                 if retries(policy, attempt, error):
                     step_span.set_attribute("outcome", "retry")
                     cp = yield from _record_failure(plan, cp, index, step.name, attempt, error)
@@ -505,6 +516,8 @@ def _run_suspending(
                 return saved, pristine(saved)
             assert isinstance(outcome, Wait)
             wake_at = outcome.wake_at
+            if plan.deadline_at is not None and (wake_at is None or wake_at > plan.deadline_at):
+                wake_at = plan.deadline_at  # issue 33: due at its deadline at the latest
             if cp.wake_at != seen_wake_at and cp.wake_at is not None:
                 # Someone made the run due while we looked (a child finished and nudged
                 # us); a renewal kept that on the record: keep the earlier time.

@@ -15,6 +15,10 @@ says what kind of mistake it is, so ``except ValueError`` still works::
     ├── RunCancelled                    the run was cancelled; it runs nothing more
     ├── RunNotFound (LookupError)       no run has this run_id
     ├── RunNotActive (ValueError)       the run is done or cancelled: it cannot take that
+    ├── StepTimeout (TimeoutError)      a step ran past its timeout (or idle timeout)
+    ├── DeadlineExceeded                the run reached its deadline; it failed, recorded
+    ├── ScheduleExists (ValueError)     a schedule of that name holds another spec
+    ├── ScheduleNotFound (LookupError)  no schedule has that name
     └── StoreError                      anything a backend reports
         ├── ConflictError               compare-and-swap lost: someone else advanced the run
         │   ├── LeaseLost               another worker took the run over; stop, write nothing
@@ -39,6 +43,7 @@ __all__ = [
     "ConfigError",
     "ConflictError",
     "CorruptCheckpoint",
+    "DeadlineExceeded",
     "InputMismatch",
     "InvalidRunId",
     "InvalidState",
@@ -48,7 +53,10 @@ __all__ = [
     "RunNotActive",
     "RunNotFound",
     "RunOwned",
+    "ScheduleExists",
+    "ScheduleNotFound",
     "StepFailed",
+    "StepTimeout",
     "StepstoneError",
     "StoreError",
     "StorePermissionError",
@@ -177,6 +185,37 @@ class StepNotKept(StepstoneError, ValueError):
         super().__init__(message)
         self.run_id = run_id
         self.step = step
+
+
+# --- time control (issue 33: ``_timeouts``, ``_deadline``, ``_schedule``) ---------
+
+
+class StepTimeout(StepstoneError, TimeoutError):
+    """A step ran past its ``timeout`` (or its ``idle_timeout`` without a heartbeat).
+
+    Raised as the attempt's failure: the step's retry policy decides whether another
+    attempt follows. Also raised by ``ctx.heartbeat()`` in an attempt that timed out.
+    """
+
+
+class DeadlineExceeded(StepstoneError):
+    """The run reached its deadline; it failed (recorded), and its children were cancelled."""
+
+    def __init__(self, run_id: str, deadline_at: datetime) -> None:
+        super().__init__(
+            f"run {run_id!r} reached its deadline of {deadline_at.isoformat()}; it ran out "
+            "of time (see Workflow(deadline=) and start(..., deadline=))"
+        )
+        self.run_id = run_id
+        self.deadline_at = deadline_at
+
+
+class ScheduleExists(StepstoneError, ValueError):
+    """A schedule of that name exists with another spec (pass ``replace=True``)."""
+
+
+class ScheduleNotFound(StepstoneError, LookupError):
+    """No schedule has that name."""
 
 
 class StoreError(StepstoneError):

@@ -9,8 +9,10 @@ driven), ``lease.renewed`` (a renewal landed), ``wait.consumed`` (a ``WaitFor`` 
 its signal, the consumption not yet saved), ``map.child_created`` (a child record
 landed, its parent not yet saved), ``worker.resting`` (a worker found nothing and is
 about to sleep), ``wake.ring`` (a doorbell is rung: the lost-wake-up faults drop it
-there) and ``upgrade.transformed`` (an upgrade's function returned, the run not yet
-saved); the fleet harness kills workers there. A long state's save
+there), ``upgrade.transformed`` (an upgrade's function returned, the run not yet
+saved), ``schedule.advanced`` (a schedule's due slots are pending, none started) and
+``schedule.started`` (a slot's run started, the schedule not yet told); the fleet
+harness kills workers there. A long state's save
 (``stepstone._statelog``) fires ``pieces.written`` (its pieces are stored, the
 document not yet swapped) and ``pieces.collect`` (the document swapped, older pieces
 not yet collected) in every backend that keeps pieces, and ``pieces.piece`` after each

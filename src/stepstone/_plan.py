@@ -6,6 +6,7 @@ claim); the core reads it, the drivers keep its execution state.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Final
 
 from . import _clock, _lease
@@ -28,11 +29,14 @@ class Plan:
 
     __slots__ = (
         "current",
+        "deadline",
+        "deadline_at",
         "history",
         "input",
         "lease",
         "names",
         "on",
+        "on_deadline",
         "owner",
         "preclaimed",
         "renewal",
@@ -86,6 +90,19 @@ class Plan:
         #: Streams (issue 34): the token of the last step call's attempt if it stored
         #: events (set by the driver after each call), recorded by the step's commit.
         self.streamed: str | None = None
+        # --- issue 33 (``_deadline``) ----------------------------------------------------
+        #: The workflow's deadline (seconds from the first claim) and what happens then.
+        self.deadline: float | None = None
+        self.on_deadline = "fail"
+        #: When this run reaches its deadline (None: it has none), once claimed.
+        self.deadline_at: datetime | None = None
+
+    def late(self) -> Exception:
+        """Return the ``DeadlineExceeded`` a step running past the run's deadline raises."""
+        from ._deadline import DeadlineExceeded  # noqa: PLC0415 - only once a deadline fell
+
+        assert self.deadline_at is not None
+        return DeadlineExceeded(self.run_id, self.deadline_at)
 
 
 def to_release(plan: Plan) -> Checkpoint | None:

@@ -46,6 +46,7 @@ from ._steps import (
 )
 from ._store import Store
 from ._stream import _hooks as _stream
+from ._timeouts import applies, timed_call
 from ._wake import announce
 
 __all__ = [
@@ -151,7 +152,9 @@ def _perform(effect: Effect, plan: Plan, store: Store) -> Any:
         ticket = _renewer.enter(plan, store)
         attempt = _stream.begin(store, plan, effect)  # streams (issue 34)
         try:
-            if effect.ctx is not None:
+            if applies(plan, step):  # issue 33: a timeout, or the run's deadline
+                update = timed_call(step, effect.state, effect.ctx, plan.deadline_at, plan.late)
+            elif effect.ctx is not None:
                 update = step.fn(effect.state, effect.ctx)
             else:
                 update = step.fn(effect.state)

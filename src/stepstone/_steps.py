@@ -13,16 +13,18 @@ import math
 import random
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Any, TypeGuard
 
 from ._checkpoint import Checkpoint
+from ._deadline import check_deadline, check_on_deadline
 from ._effects import Effect
 from ._errors import InvalidWorkflow, safe_text
 from ._observe import logger
 from ._plan import Plan
 from ._stream._writer import emit as _emit
+from ._timeouts import check_timeout
 
 __all__ = [
     "AttemptsExhausted",
@@ -149,6 +151,19 @@ class StepContext:
     step_name: str
     attempt: int
     idempotency_key: str
+    # Issue 33: the attempt's heartbeat (``_timeouts.Beat``), set by a driver running a
+    # step with a timeout; None otherwise.
+    _beat: Any = field(default=None, repr=False, compare=False)
+
+    def heartbeat(self) -> None:
+        """Tell the runner this step is alive (``Step(idle_timeout=...)`` counts from here).
+
+        Raises:
+            StepTimeout: this attempt timed out; whatever it does now is fenced off, so
+                stop: another attempt runs (or ran) in its place.
+        """
+        if self._beat is not None:
+            self._beat.beat()
 
     def emit(self, topic: str, data: Any) -> None:
         """Append an event to the run's stream (``stepstone.stream`` reads it); see ``emit``.
@@ -217,6 +232,10 @@ class Step:
     name: str
     fn: Callable[..., Any]
     retry: RetryPolicy | None = None
+    #: Issue 33 (``_timeouts``): seconds an attempt may run, and may run without a
+    #: ``ctx.heartbeat()``, before it fails with ``StepTimeout``. None: no limit.
+    timeout: float | timedelta | None = None
+    idle_timeout: float | timedelta | None = None
     takes_context: bool = field(init=False, repr=False, compare=False)
     is_async: bool = field(init=False, repr=False, compare=False)
 
@@ -228,6 +247,15 @@ class Step:
             raise InvalidWorkflow(f"step {self.name!r}: retry must be a RetryPolicy or None")
         object.__setattr__(self, "takes_context", _takes_context(self.fn))
         object.__setattr__(self, "is_async", _is_async(self.fn))
+        what = f"step {self.name!r}"
+        object.__setattr__(self, "timeout", check_timeout(what, "timeout", self.timeout))
+        idle = check_timeout(what, "idle_timeout", self.idle_timeout)
+        object.__setattr__(self, "idle_timeout", idle)
+
+    @property
+    def timed(self) -> bool:
+        """Whether the step has a timeout or an idle timeout (``_timeouts``)."""
+        return self.timeout is not None or self.idle_timeout is not None
 
 
 def _is_async(fn: Callable[..., Any]) -> bool:
@@ -333,7 +361,7 @@ class Workflow:
     (on a backend that holds pieces: memory, file, SQLite, PostgreSQL, MySQL).
     """
 
-    __slots__ = ("history", "name", "steps", "upgrades", "version")
+    __slots__ = ("deadline", "history", "name", "on_deadline", "steps", "upgrades", "version")
 
     def __init__(
         self,
@@ -343,6 +371,8 @@ class Workflow:
         version: str | None = None,
         upgrades: Mapping[str | None, Callable[[dict[str, Any]], dict[str, Any]]] | None = None,
         history: bool = False,
+        deadline: float | timedelta | None = None,
+        on_deadline: str = "fail",
     ) -> None:
         if not isinstance(history, bool):
             raise InvalidWorkflow(f"workflow {name!r}: history must be True or False")
@@ -357,6 +387,10 @@ class Workflow:
         self.version = version
         #: Every save of its runs is kept (``stepstone.history``, ``fork``, ``rerun``).
         self.history = history
+        #: Issue 33 (``_deadline``): seconds from a run's first claim to its end, and
+        #: what happens then (``fail``, or ``wait`` for the signal ``deadline``).
+        self.deadline = check_deadline(f"workflow {name!r}", deadline)
+        self.on_deadline = check_on_deadline(f"workflow {name!r}", on_deadline)
         self.steps: tuple[Any, ...] = tuple(check_steps(steps))
         seen: set[str] = set()
         for step in self.steps:
@@ -383,6 +417,8 @@ class Workflow:
             shown += f", upgrades from {', '.join(repr(v) for v in self.upgrades)}"
         if self.history:
             shown += ", history kept"
+        if self.deadline is not None:
+            shown += f", deadline {self.deadline:g}s"
         return f"Workflow({self.name!r}, {len(self.steps)} steps{shown})"
 
 

@@ -22,6 +22,7 @@ from typing import Any, cast
 from . import _hooks
 from ._checkpoint import DUE_NOW, MAX_RUN_ID_LENGTH, Checkpoint, Signal, evolve, utcnow
 from ._codec import encode_state, pristine
+from ._deadline import inherited
 from ._effects import Announce, Call, Effect, Load, Renewing, Save, Together
 from ._errors import ConflictError, InvalidState, InvalidWorkflow, LeaseLost, StoreError
 from ._mapseen import SEEN as _SEEN
@@ -412,7 +413,7 @@ class Map(SuspendingStep):
         if missing:
             saves: list[Load | Save] = [
                 Save(
-                    queued(self.workflow, ids[n], inputs[n], parent=cp.run_id),
+                    queued(self.workflow, ids[n], inputs[n], cp.run_id, inherited(cp)),
                     f"start child {ids[n]}",
                     owned=False,
                 )
@@ -437,7 +438,7 @@ class Map(SuspendingStep):
             child: Checkpoint | None = yield Load(child_id)
             if child is not None:
                 return child
-            fresh = queued(self.workflow, child_id, item, parent=cp.run_id)
+            fresh = queued(self.workflow, child_id, item, cp.run_id, inherited(cp))
             try:
                 created: Checkpoint = yield Save(fresh, f"start child {child_id}", owned=False)
                 _hooks.fire("map.child_created")
@@ -496,9 +497,13 @@ def _requeue(child: Checkpoint) -> Generator[Effect, Any, Checkpoint]:
 
 
 def queued(
-    workflow: Workflow, run_id: str, input: dict[str, Any], parent: str | None = None
+    workflow: Workflow,
+    run_id: str,
+    input: dict[str, Any],
+    parent: str | None = None,
+    timing: dict[str, Any] | None = None,
 ) -> Checkpoint:
-    """Return the record of a new run of ``workflow``, queued for a worker."""
+    """Return the record of a new run of ``workflow``, queued (``timing``: issue 33)."""
     return Checkpoint(
         run_id=run_id,
         state=encode_state(input)[1],
@@ -509,6 +514,7 @@ def queued(
         queued=True,
         parent=parent,
         history=workflow.history,
+        timing=timing,
     )
 
 

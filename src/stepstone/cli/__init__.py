@@ -32,7 +32,7 @@ from .. import __version__
 from .._errors import ConfigError, InvalidRunId, StepstoneError
 from .._redact import redact_url as redact
 from .._registry import DEFAULT_STORE, ENV_VAR
-from . import _demo_bench, _runs, _store_cmds, _ui, _worker
+from . import _demo_bench, _runs, _schedules, _store_cmds, _ui, _worker
 from ._common import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
@@ -109,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     _store_cmds.add_parsers(commands, store, common)
     _demo_bench.add_parsers(commands, store)
     _ui.add_parsers(commands, store)
+    _schedules.add_parsers(commands, store, Parser)  # issue 33
     return parser
 
 

@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from .._checkpoint import ACTIVE_STATUSES, STATUSES
+from .._cron import RECORD as SCHEDULES_RECORD
 from .._errors import ConflictError
 from .._statelog import ORPHAN_AGE
 from .._store import RunInfo
@@ -90,6 +91,8 @@ def add_prune_parser(actions: Any, store: argparse.ArgumentParser) -> None:
 
 
 def _matches(info: RunInfo, statuses: tuple[str, ...], cutoff: datetime) -> bool:
+    if info.run_id == SCHEDULES_RECORD:
+        return False  # issue 33: the schedules themselves, never pruned with the runs
     return info.status in statuses and info_matches(info, None, cutoff, None)
 
 

@@ -9,6 +9,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .._checkpoint import STATUSES, Checkpoint
+from .._cron import RECORD as SCHEDULES_RECORD
+from .._deadline import describe
 from .._errors import CorruptCheckpoint
 from .._redact import redact_url
 from .._store import RunInfo
@@ -143,7 +145,7 @@ def add_parsers(commands: Any, store: argparse.ArgumentParser, parser_class: typ
 #: the pydantic-ai adapter. Everything else is a stepstone run.
 _ADAPTER_HEADS = ("langgraph", "maf", "openai-agents")
 _JOURNAL_SUFFIX = "/pydantic-ai-journal"
-_KINDS = ("run", *_ADAPTER_HEADS, "pydantic-ai", "stream")
+_KINDS = ("run", *_ADAPTER_HEADS, "pydantic-ai", "stream", "schedules")
 #: The head of a stream block's record id (``_stream._events.HEAD``), here as text so
 #: that ``stepstone --help`` imports nothing of streams.
 _STREAM_HEAD = "stream:"
@@ -153,6 +155,8 @@ def _kind(run_id: str) -> str:
     """Return what wrote the record: ``run`` (stepstone's runner) or an adapter's name."""
     if run_id.startswith(_STREAM_HEAD):
         return "stream"  # a block of a run's event stream (issue 34)
+    if run_id == SCHEDULES_RECORD:
+        return "schedules"  # issue 33: the record of the store's schedules
     for head in _ADAPTER_HEADS:
         if len(run_id) > len(head) + 1 and run_id[len(head)] in ":/" and run_id.startswith(head):
             return head
@@ -411,6 +415,7 @@ def _checkpoint_json(cp: Checkpoint, now: datetime) -> dict[str, Any]:
         "wake_at": iso(cp.wake_at),
         "due_at": iso(cp.due_at),
         "parent": cp.parent,
+        "timing": cp.timing,  # issue 33: the run's deadline
         "signals": [
             {"name": s.name, "id": s.id, "payload": s.payload, "at": iso(s.at)} for s in cp.signals
         ],
@@ -458,6 +463,8 @@ def _show(args: argparse.Namespace) -> int:
     if cp.waiting_for is not None:
         wake = "" if cp.wake_at is None else f", until {when(cp.wake_at)}"
         fields.append(("waiting for", f"{safe(cp.waiting_for)}{wake}"))
+    if cp.timing:  # issue 33
+        fields.append(("deadline", safe(describe(cp.timing, now))))
     if cp.signals:
         pending = ", ".join(safe(s.name) for s in cp.signals[-5:])
         fields.append(("signals", f"{len(cp.signals)} received (latest: {pending})"))

@@ -30,6 +30,7 @@ from ._guard import LOOPBACK_HOSTS, MAX_BODY, PAGE_SIZE, TOKEN_COOKIE, Guard
 from ._pages import run_live, run_page, runs_live, runs_page
 from ._posts import post_action, post_bulk
 from ._sse import stream_endpoint
+from ._schedules_view import schedules_page
 
 __all__ = ["LOOPBACK_HOSTS", "TOKEN_COOKIE", "create_app"]
 
@@ -78,6 +79,7 @@ def create_app(
         Route("/run/action", posted(post_action), methods=["POST"]),
         # Streams (issue 34): the run page tails its events from here.
         Route("/run/stream", stream_endpoint(dash.store)),
+        Route("/schedules", sync(schedules_page)),  # issue 33
         Mount("/static", StaticFiles(packages=[("stepstone.ui", "static")]), name="static"),
     ]
 

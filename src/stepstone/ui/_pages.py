@@ -13,6 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from .._checkpoint import STATUSES, Checkpoint, RunStatus
+from .._deadline import describe
 from .._errors import StepstoneError, StoreError
 from .._store import RunInfo, page_key
 from . import _actions, _history_view, _views
@@ -190,6 +191,7 @@ def run_context(dash: Dashboard, cp: Checkpoint) -> dict[str, Any]:
         "state_json": _views.pretty_json(cp.state, cp.state_json),
         "input_json": None if cp.input is None else _views.pretty_json(cp.input),
         "parent_href": None if cp.parent is None else run_href(cp.parent),
+        "deadline": describe(cp.timing, now) if cp.timing else None,  # issue 33
         "children": [(c, run_href(c)) for c in cp.children],
         "href": run_href(cp.run_id),
         "id_query": urlencode({"id": cp.run_id}),

@@ -48,6 +48,7 @@ from .._errors import (
 from .._observe import count_in_flight, emit, logger
 from .._plan import Plan
 from .._runner import make_plan
+from .._schedule_fire import SchedulePoller
 from .._store import RunInfo, Store
 from ._config import WorkflowTable
 from ._io import ClaimReady, Execute, Page, Rest, Spawn
@@ -146,6 +147,8 @@ class Claims:
         self.one_call = store.claims_in_one_call and not any(
             "\x00" in name or "\x00" in (version or "") for name, version in self.served
         )
+        # Schedules (issue 33, ``_schedule_fire``): due slots of the workflows served.
+        self.schedules = SchedulePoller(poll)
 
     def __repr__(self) -> str:
         return self.label
@@ -280,6 +283,9 @@ class Claims:
             free = self.concurrency - len(self.plans)  # one C call: no lock, no copy
             plans: list[Plan] = []
             failed = False
+            soonest = yield from self.schedules.look(self.workflows)  # issue 33: schedules
+            if soonest is not None:
+                self._remember_due(soonest)
             if free > 0:
                 try:
                     yield from self._claim_some(free, plans, asynchronous)
