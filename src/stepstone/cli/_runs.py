@@ -439,9 +439,29 @@ def _show(args: argparse.Namespace) -> int:
             # Too deep for json's recursion: the stored text, as the store holds it.
             emit_json({**data, "state": None, "state_json": cp.state_json, "input": None})
         return EXIT_OK
+    fields = _fields(cp, now)
+    width = max(len(label) for label, _ in fields) + 2
+    for label, value in fields:
+        out(f"{label + ':':<{width}}{value}")
+    _print_failure(cp, width)
+    for line in journal_lines(cp):
+        out(line)
+    out("state:")
+    try:
+        text = json.dumps(cp.state, ensure_ascii=False, indent=2)
+    except RecursionError:
+        text = cp.state_json or "(nested too deeply to print)"
+    # json escapes C0 controls; safe() the rest (C1, bidi), line by line.
+    for line in text.split("\n"):
+        out(safe(line))
+    return EXIT_OK
+
+
+def _fields(cp: Checkpoint, now: datetime) -> list[tuple[str, str]]:
+    """The labelled lines ``runs show`` prints above the failure, the journal and the state."""
     total = "?" if cp.total_steps is None else str(cp.total_steps)
     names = ", ".join(safe(n) for n in cp.step_names) if cp.step_names else "none yet"
-    fields = [
+    fields: list[tuple[str, str]] = [
         ("run id", safe(cp.run_id)),
         ("status", _status_text(cp, now)),
         ("progress", f"{cp.step + 1} of {total} steps completed (last completed index {cp.step})"),
@@ -473,9 +493,10 @@ def _show(args: argparse.Namespace) -> int:
         ("updated", when(cp.updated_at)),
         ("version", safe(cp.version) if cp.version else "-"),
     ]
-    width = max(len(label) for label, _ in fields) + 2
-    for label, value in fields:
-        out(f"{label + ':':<{width}}{value}")
+    return fields
+
+
+def _print_failure(cp: Checkpoint, width: int) -> None:
     failure = cp.failure
     if failure is None:
         out(f"{'failure:':<{width}}none")
@@ -489,17 +510,6 @@ def _show(args: argparse.Namespace) -> int:
         out(f"  message:  {lines[0]}")
         for line in lines[1:]:
             out(f"            {line}")
-    for line in journal_lines(cp):
-        out(line)
-    out("state:")
-    try:
-        text = json.dumps(cp.state, ensure_ascii=False, indent=2)
-    except RecursionError:
-        text = cp.state_json or "(nested too deeply to print)"
-    # json escapes C0 controls; safe() the rest (C1, bidi), line by line.
-    for line in text.split("\n"):
-        out(safe(line))
-    return EXIT_OK
 
 
 def _missing(run_id: str, config: str) -> OperationalError:

@@ -29,8 +29,8 @@ from ._dashboard import Dashboard, guarded_endpoint
 from ._guard import LOOPBACK_HOSTS, MAX_BODY, PAGE_SIZE, TOKEN_COOKIE, Guard
 from ._pages import run_live, run_page, runs_live, runs_page
 from ._posts import post_action, post_bulk
-from ._sse import stream_endpoint
 from ._schedules_view import schedules_page
+from ._sse import stream_endpoint
 
 __all__ = ["LOOPBACK_HOSTS", "TOKEN_COOKIE", "create_app"]
 
