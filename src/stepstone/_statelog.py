@@ -83,6 +83,7 @@ import itertools
 import os
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -146,6 +147,7 @@ __all__ = [
     "inc_of_doc",
     "is_orphan",
     "new_inc",
+    "observe",
     "pieces_of",
     "prepare_save",
     "serial",
@@ -176,11 +178,29 @@ def prepare_save(
     against, for a store whose pieces expire (Cosmos DB's TTL): the base records when
     it was written (``at``), and no document names a piece older than this.
     """
-    planned = _plan(store, cp, piece_max, cp.history, max_base_age)
-    if not cp.history:
-        return planned
-    handle = _handle(cp)
-    return _recorded(planned, cp, handle)
+    prepared = _plan(store, cp, piece_max, cp.history, max_base_age)
+    if cp.history:
+        prepared = _recorded(prepared, cp, _handle(cp))
+    for observe in _observers:
+        observe(prepared)
+    return prepared
+
+
+#: Who is told of every planned save (``stepstone.testing.StateMeter``); empty in
+#: production, where the loop above costs one empty-tuple iteration.
+_observers: tuple[Callable[[Prepared], None], ...] = ()
+
+
+def observe(observer: Callable[[Prepared], None]) -> Callable[[], None]:
+    """Call ``observer`` with every save's plan from now on; return what stops it."""
+    global _observers  # noqa: PLW0603 - a process-wide test seam, as ``_hooks``
+    _observers = (*_observers, observer)
+
+    def stop() -> None:
+        global _observers  # noqa: PLW0603 - see above
+        _observers = tuple(o for o in _observers if o is not observer)
+
+    return stop
 
 
 def _inc_for(cp: Checkpoint, handle: Stored | None) -> str | None:

@@ -30,6 +30,9 @@ that crash or fail a run at a chosen moment.
 ``FakeClock`` is time your tests move: ``with FakeClock() as clock:`` installs it as the
 clock the runner, the worker, leases, timers and backoff read (``use_clock`` installs any
 ``Clock``), and ``clock.advance(timedelta(days=2))`` ends a two-day wait in milliseconds.
+
+``StateMeter`` counts the saves planned inside a ``with`` block and the state bytes they
+hand the store (document text and pieces), on every built-in backend.
 """
 
 from .._clock import Clock, use_clock
@@ -37,12 +40,14 @@ from ._contract import StoreContract, backend_unavailable
 from ._fake_clock import FakeClock
 from ._ops import Ops
 from ._points import KillPoint, kill_point
+from ._state_meter import StateMeter
 
 __all__ = [
     "Clock",
     "FakeClock",
     "KillPoint",
     "Ops",
+    "StateMeter",
     "StoreContract",
     "backend_unavailable",
     "kill_point",
