@@ -198,12 +198,7 @@ class Store(abc.ABC):
                 yield RunInfo.of(cp)
 
     def claimable(
-        self,
-        now: datetime,
-        limit: int = 100,
-        *,
-        status: RunStatus | None = None,
-        skip: int = 0,
+        self, now: datetime, limit: int = 100, *, status: RunStatus | None = None, skip: int = 0
     ) -> list[RunInfo]:
         """Return the runs a worker may have to act on, from an index where there is one.
 
@@ -451,12 +446,7 @@ class Store(abc.ABC):
             yield info
 
     async def aclaimable(
-        self,
-        now: datetime,
-        limit: int = 100,
-        *,
-        status: RunStatus | None = None,
-        skip: int = 0,
+        self, now: datetime, limit: int = 100, *, status: RunStatus | None = None, skip: int = 0
     ) -> list[RunInfo]:
         """Async ``claimable``."""
         return await _to_thread(claim_page, self, now, limit, status, skip)

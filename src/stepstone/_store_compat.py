@@ -29,21 +29,11 @@ class Store(Protocol):
     def delete(self, run_id: str, *, expected_version: str | None = None) -> bool: ...
 
     def claimable(
-        self,
-        now: datetime,
-        limit: int = 100,
-        *,
-        status: RunStatus | None = None,
-        skip: int = 0,
+        self, now: datetime, limit: int = 100, *, status: RunStatus | None = None, skip: int = 0
     ) -> list[RunInfo]: ...
 
     async def aclaimable(
-        self,
-        now: datetime,
-        limit: int = 100,
-        *,
-        status: RunStatus | None = None,
-        skip: int = 0,
+        self, now: datetime, limit: int = 100, *, status: RunStatus | None = None, skip: int = 0
     ) -> list[RunInfo]: ...
 
 

@@ -13,7 +13,7 @@ from typing import Final
 from .._errors import StoreError, StorePermissionError, StoreUnavailable
 from ._errortable import ErrorRule
 from ._sql import DEFAULT_TABLE, PASSWORD_ENV, SQLText, statements_of
-from ._sql.pieces import piece_sql
+from ._sql.pieces import schema_script
 
 _FORMS: Final = (
     "mysql://USER[:PASSWORD]@HOST[:PORT]/DATABASE (also mysql+pymysql://; MySQL or "
@@ -66,10 +66,7 @@ def schema_ddl(table: str = DEFAULT_TABLE) -> str:
         "-- When the table is missing, MySQLStore runs these statements one by one\n"
         "-- (MySQL commits each DDL statement by itself).\n"
     )
-    # The pieces table (a long run's state, ``_sql/pieces.py``) is created when the
-    # tables are, and on first need in tables an earlier release made.
-    statements = [*_statements(table).create, piece_sql("mysql", table).create]
-    return header + "\n\n".join(f"{s};" for s in statements) + "\n"
+    return schema_script("mysql", table, header)
 
 
 # --- errors -----------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from typing import Final
 from .._errors import CorruptCheckpoint, StoreError, StorePermissionError, StoreUnavailable
 from ._errortable import ErrorRule
 from ._sql import SQLText, statements_of
-from ._sql.pieces import piece_sql
+from ._sql.pieces import schema_script
 
 __all__ = ["ERRORS", "schema_ddl"]
 
@@ -26,10 +26,7 @@ def schema_ddl() -> str:
         "-- Generated from stepstone.stores.sqlite (schema_ddl()); do not edit by hand.\n"
         "-- SQLiteStore runs these statements in one BEGIN IMMEDIATE transaction on open.\n"
     )
-    # The pieces table (a long run's state, ``_sql/pieces.py``) is created when the
-    # tables are, and on first need in tables an earlier release made.
-    statements = [*_statements().create, piece_sql("sqlite", None).create]
-    return header + "\n\n".join(f"{s};" for s in statements) + "\n"
+    return schema_script("sqlite", None, header)
 
 
 # --- errors -----------------------------------------------------------------------------

@@ -41,9 +41,8 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Awaitable, Callable, Generator, Mapping
+from collections.abc import Awaitable, Callable, Generator
 from datetime import UTC, datetime
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Self, cast
 
 from .._errors import (
@@ -127,15 +126,8 @@ class MySQLStore(ServerStore):
     scheme: ClassVar[str] = "mysql"
     _DIALECT: ClassVar[str] = "mysql"
     kind: ClassVar[str] = "mysql"  # type: ignore[misc]
-    durability_levels: ClassVar[tuple[str, ...]] = ()
-    kill_points: ClassVar[Mapping[str, bool]] = MappingProxyType(
-        {"sql.before_request": False, "sql.request_sent": True}
-    )
-    counts_requests: ClassVar[bool] = True
-    native_async: ClassVar[bool] = True
-    # One transaction (SELECT ... FOR UPDATE SKIP LOCKED, UPDATE); False on the instance
-    # of a server too old for it (``_after_open``).
-    claims_in_one_call: ClassVar[bool] = True
+    # claims_in_one_call (``ServerStore``): one transaction (SELECT ... FOR UPDATE SKIP
+    # LOCKED, UPDATE); False on the instance of a server too old for it (``_after_open``).
     # No push wake-ups (listen: None, workers back off): no LISTEN/NOTIFY; a table is a poll.
     _ERRORS: ClassVar[tuple[ErrorRule, ...]] = ERRORS
     _DRIVER: ClassVar[str] = "pymysql"
