@@ -32,6 +32,7 @@ from typing import Any, Self
 
 import pytest
 
+from fresh_stores import fresh_database
 from stepstone import (
     Checkpoint,
     ConfigError,
@@ -129,32 +130,28 @@ def _bounded(what: str, fn: Callable[[], Any]) -> Any:
 KEYWORDS = ("select", "order", "table", "group", "user")
 
 
-@pytest.mark.xdist_group("keyword-tables")  # both use the table `order`
-def test_sql_keywords_are_usable_table_names(kind: str, admin: Any) -> None:
+def test_sql_keywords_are_usable_table_names(kind: str, request: pytest.FixtureRequest) -> None:
     """?table=select (order, table, group, user) saves, lists, claims, deletes, sync and async."""
-    base = SERVERS[kind]
-    _drop(kind, admin, *KEYWORDS)
-    try:
-        for name in KEYWORDS:
-            with open_store(f"{base}?table={name}") as store:
-                saved = store.save(_cp("r", queued=True))
-                assert store.load("r") == saved
-                assert [i.run_id for i in store.list_info()] == ["r"]
-                assert [i.run_id for i in store.claimable(FUTURE)] == ["r"]
+    # The names are fixed (they are the point), so they live in a database of their own.
+    base, admin = fresh_database(request, kind)
+    for name in KEYWORDS:
+        with open_store(f"{base}?table={name}") as store:
+            saved = store.save(_cp("r", queued=True))
+            assert store.load("r") == saved
+            assert [i.run_id for i in store.list_info()] == ["r"]
+            assert [i.run_id for i in store.claimable(FUTURE)] == ["r"]
 
-                async def main(s: Store = store) -> None:
-                    loaded = await s.aload("r")
-                    assert loaded is not None
-                    await s.asave(_cp("r", version=loaded.version))
-                    assert [r async for r in s.alist_runs()] == ["r"]
+            async def main(s: Store = store) -> None:
+                loaded = await s.aload("r")
+                assert loaded is not None
+                await s.asave(_cp("r", version=loaded.version))
+                assert [r async for r in s.alist_runs()] == ["r"]
 
-                asyncio.run(asyncio.wait_for(main(), HANG))
-                assert store.delete("r") is True
-                assert list(store.list_runs()) == []
-            # The server has exactly that table, under its own name.
-            assert _query(admin, f"SELECT COUNT(*) FROM {_quote(kind, name)}") == [(0,)]
-    finally:
-        _drop(kind, admin, *KEYWORDS)
+            asyncio.run(asyncio.wait_for(main(), HANG))
+            assert store.delete("r") is True
+            assert list(store.list_runs()) == []
+        # The server has exactly that table, under its own name.
+        assert _query(admin, f"SELECT COUNT(*) FROM {_quote(kind, name)}") == [(0,)]
 
 
 _V1 = {
@@ -180,19 +177,17 @@ _V1 = {
 }
 
 
-@pytest.mark.xdist_group("keyword-tables")  # both use the table `order`
-def test_a_schema_1_table_named_by_a_keyword_is_migrated(kind: str, admin: Any) -> None:
+def test_a_schema_1_table_named_by_a_keyword_is_migrated(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
     """The schema 1 -> 2 migration quotes the table name too: ?table=order migrates."""
-    _drop(kind, admin, "order")
-    try:
-        for statement in _V1[kind]:
-            _query(admin, statement.format(t="order"))
-        with open_store(f"{SERVERS[kind]}?table=order") as store:
-            store.save(_cp("new", queued=True))
-            assert [i.run_id for i in store.claimable(FUTURE)] == ["new"]
-        assert _query(admin, f"SELECT value FROM {_quote(kind, 'order_meta')}") == [("2",)]
-    finally:
-        _drop(kind, admin, "order")
+    base, admin = fresh_database(request, kind)  # `order` is fixed: a database of its own
+    for statement in _V1[kind]:
+        _query(admin, statement.format(t="order"))
+    with open_store(f"{base}?table=order") as store:
+        store.save(_cp("new", queued=True))
+        assert [i.run_id for i in store.claimable(FUTURE)] == ["new"]
+    assert _query(admin, f"SELECT value FROM {_quote(kind, 'order_meta')}") == [("2",)]
 
 
 @pytest.mark.parametrize(

@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 
 import stepstone
+from fresh_stores import BACKENDS, fresh_config
 from stepstone import (
     Step,
     Store,
@@ -45,47 +46,22 @@ from stepstone._checkpoint import Checkpoint
 from stepstone._runner import make_plan
 from stepstone.cli import main
 from stepstone.testing._barrier import WAIT_TIMEOUT
-from test_contract import fresh_table
 
 SRC = str(Path(stepstone.__file__).resolve().parents[1])
-BACKENDS = ("memory", "file", "sqlite", "postgresql", "mysql", "cosmos")
 DURABLE = BACKENDS[1:]
 State = dict[str, Any]
-
-
-def _config(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """Return a fresh store's config string for ``kind``, as ``tests/test_contract.py`` does."""
-    if kind == "memory":
-        return f"memory://hardening-{uuid.uuid4().hex}"
-    if kind == "file":
-        return f"file://{tmp_path}/runs"
-    if kind == "sqlite":
-        return f"sqlite:///{tmp_path}/runs.db"
-    if kind == "postgresql":
-        return fresh_table(request, "postgresql://postgres@127.0.0.1:5432/test")
-    if kind == "mysql":
-        return fresh_table(request, "mysql://root@127.0.0.1:3306/test")
-    emulator: Any = request.getfixturevalue("emulator")
-    monkeypatch: pytest.MonkeyPatch = request.getfixturevalue("monkeypatch")
-    monkeypatch.setenv("AZURE_COSMOS_KEY", emulator.key)
-    monkeypatch.delenv("AZURE_COSMOS_CONNECTION_STRING", raising=False)
-    protocol = "&protocol=http" if emulator.endpoint.startswith("http://") else ""
-    return (
-        f"cosmos://{emulator.host}:{emulator.port}/contract/runs-{uuid.uuid4().hex[:12]}"
-        f"?verify=false&create=true{protocol}"
-    )
 
 
 @pytest.fixture(params=BACKENDS)
 def store_config(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A fresh store of each backend."""
-    return _config(str(request.param), request, tmp_path)
+    return fresh_config(str(request.param), request, tmp_path)
 
 
 @pytest.fixture(params=DURABLE)
 def durable_config(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A fresh store of each backend another process can open."""
-    return _config(str(request.param), request, tmp_path)
+    return fresh_config(str(request.param), request, tmp_path)
 
 
 @pytest.fixture

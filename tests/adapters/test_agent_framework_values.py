@@ -159,7 +159,7 @@ def make(kind: str, request: pytest.FixtureRequest, tmp: Path, **options: Any) -
     elif kind == "sqlite":
         config = f"sqlite:///{tmp}/runs.db"
     else:
-        from test_contract import fresh_table
+        from fresh_stores import fresh_table
 
         config = fresh_table(request, "postgresql://postgres@127.0.0.1:5432/test")
     storage = StepstoneCheckpointStorage(config, **options)

@@ -43,7 +43,8 @@ from langgraph.checkpoint.serde.types import ERROR
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 
-from langgraph_support import BACKENDS, CHILD_TIMEOUT, DURABLE, _config_for, _context
+from fresh_stores import BACKENDS
+from langgraph_support import CHILD_TIMEOUT, DURABLE, _config_for, _context
 from stepstone import ConfigError, Store, open_store
 from stepstone.adapters.langgraph import (
     CheckpointConflict,

@@ -222,7 +222,7 @@ def config(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.M
     if name == "sqlite":
         return f"sqlite:///{tmp_path}/runs.db"
     if name in ("postgresql", "mysql"):
-        from test_contract import fresh_table
+        from fresh_stores import fresh_table
 
         server = {
             "postgresql": "postgresql://postgres@127.0.0.1:5432/test",

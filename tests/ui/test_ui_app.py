@@ -30,7 +30,7 @@ LOOPBACK = "http://127.0.0.1"
 def config(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A fresh store per test (a fresh table on the SQL servers, as test_contract.py)."""
     if request.param in ("postgresql", "mysql"):
-        from test_contract import fresh_table
+        from fresh_stores import fresh_table
 
         server = {
             "postgresql": "postgresql://postgres@127.0.0.1:5432/test",

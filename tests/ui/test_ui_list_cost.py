@@ -16,11 +16,10 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
+from fresh_stores import BACKENDS, fresh_table
 from stepstone import Checkpoint, Store, _statelog, open_store
 from stepstone.ui import create_app
-from test_contract import fresh_table
 
-BACKENDS = ["memory", "file", "sqlite", "postgresql", "mysql", "cosmos"]
 #: Past ``_statelog.INLINE_MAX``: the state is kept in pieces.
 _BIG = 4 * _statelog.INLINE_MAX
 
