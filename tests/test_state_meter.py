@@ -8,35 +8,30 @@ from pathlib import Path
 
 import pytest
 
+from fresh_stores import LOCAL_BACKENDS, fresh_config
 from stepstone import Checkpoint, Step, open_store, run
 from stepstone._statelog import INLINE_MAX
 from stepstone.testing import StateMeter
 
-BACKENDS = ("memory", "file", "sqlite")
 
-
-def _config(kind: str, tmp_path: Path) -> str:
-    return {
-        "memory": "memory://",
-        "file": f"file://{tmp_path / 'runs'}",
-        "sqlite": f"sqlite:///{tmp_path / 'runs.db'}",
-    }[kind]
-
-
-@pytest.mark.parametrize("kind", BACKENDS)
-def test_an_inline_state_counts_its_text(kind: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", LOCAL_BACKENDS)
+def test_an_inline_state_counts_its_text(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
     """A small state's save counts once, with the bytes of the state's JSON text."""
-    with open_store(_config(kind, tmp_path)) as store, StateMeter() as meter:
+    with open_store(fresh_config(kind, request, tmp_path)) as store, StateMeter() as meter:
         store.save(Checkpoint("r1", state={"a": "é"}))
     assert meter.saves == 1
     assert meter.bytes == len('{"a":"é"}'.encode())
 
 
-@pytest.mark.parametrize("kind", BACKENDS)
-def test_a_long_state_counts_its_pieces_then_only_its_log(kind: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", LOCAL_BACKENDS)
+def test_a_long_state_counts_its_pieces_then_only_its_log(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
     """A state over INLINE_MAX counts its base; an appended item counts only its log piece."""
     big = {"items": ["x" * 100 for _ in range(2 * INLINE_MAX // 100)]}
-    with open_store(_config(kind, tmp_path)) as store:
+    with open_store(fresh_config(kind, request, tmp_path)) as store:
         with StateMeter() as first:
             saved = store.save(Checkpoint("r1", state=big))
         assert first.bytes > 2 * INLINE_MAX
