@@ -74,16 +74,20 @@ def _diff(
     return True
 
 
-# The private state is never changed in place (a racing save of the same handle may be
-# reading it): each change copies the dicts on its path, and a list it extends.
-def _with(state: dict[str, Any], path: tuple[str, ...], value: Any) -> dict[str, Any]:
-    top = dict(state)
-    node = top
+def _parent(node: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
+    """The dict holding ``path``'s last key, each dict above it in ``node`` a fresh copy."""
     for key in path[:-1]:
         child = dict(node[key])
         node[key] = child
         node = child
-    node[path[-1]] = value
+    return node
+
+
+# The private state is never changed in place (a racing save of the same handle may be
+# reading it): each change copies the dicts on its path, and a list it extends.
+def _with(state: dict[str, Any], path: tuple[str, ...], value: Any) -> dict[str, Any]:
+    top = dict(state)
+    _parent(top, path)[path[-1]] = value
     return top
 
 
@@ -93,34 +97,20 @@ def _extended(state: dict[str, Any], path: tuple[str, ...], items: list[Any]) ->
 
 def _without(state: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
     top = dict(state)
-    node = top
-    for key in path[:-1]:
-        child = dict(node[key])
-        node[key] = child
-        node = child
-    del node[path[-1]]
+    del _parent(top, path)[path[-1]]
     return top
 
 
 # The handed state is the caller's: its dicts on a changed path are copied (the step's
 # own objects are not changed under it), the changed values are fresh copies.
 def _set_in(state: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
-    node = state
-    for key in path[:-1]:
-        child = dict(node[key])
-        node[key] = child
-        node = child
-    node[path[-1]] = value
+    _parent(state, path)[path[-1]] = value
 
 
 def _extend_in(state: dict[str, Any], path: tuple[str, ...], items: list[Any], keep: int) -> None:
     """Replace the list at ``path`` by its first ``keep`` items (the stored ones), then
     ``items`` (fresh copies of the step's new ones)."""
-    node = state
-    for key in path[:-1]:
-        child = dict(node[key])
-        node[key] = child
-        node = child
+    node = _parent(state, path)
     node[path[-1]] = [*islice(node[path[-1]], keep), *items]
 
 
@@ -132,9 +122,4 @@ def _at(state: dict[str, Any], path: tuple[str, ...]) -> Any:
 
 
 def _del_in(state: dict[str, Any], path: tuple[str, ...]) -> None:
-    node = state
-    for key in path[:-1]:
-        child = dict(node[key])
-        node[key] = child
-        node = child
-    node.pop(path[-1], None)
+    _parent(state, path).pop(path[-1], None)

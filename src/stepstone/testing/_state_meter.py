@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from types import TracebackType
 from typing import Self
 
 from .._statelog import Prepared, observe
@@ -39,12 +38,7 @@ class StateMeter:
         self._stop = observe(self._count)
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         stop, self._stop = self._stop, None
         if stop is not None:
             stop()
