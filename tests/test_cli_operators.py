@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 
 import stepstone
+from fresh_stores import POSTGRES_URL
 from stepstone import (
     Checkpoint,
     InvalidWorkflow,
@@ -46,7 +47,7 @@ from stepstone.testing import backend_unavailable
 pytestmark = pytest.mark.timeout(120)
 
 LOCAL_KINDS = ["sqlite", "file"]
-POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
+POSTGRES = POSTGRES_URL
 WAIT_TIMEOUT = 60.0
 SRC = str(Path(stepstone.__file__).resolve().parents[1])
 

@@ -44,7 +44,7 @@ from agent_framework import (
 )
 from agent_framework.exceptions import WorkflowCheckpointException
 
-from fresh_stores import BACKENDS
+from fresh_stores import BACKENDS, SERVERS
 from stepstone import ConflictError, InvalidState, open_store
 from stepstone.adapters.agent_framework import (
     AgentFrameworkCheckpointError,
@@ -183,10 +183,7 @@ def config(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.M
     if name in ("postgresql", "mysql"):
         from fresh_stores import fresh_table
 
-        server = {
-            "postgresql": "postgresql://postgres@127.0.0.1:5432/test",
-            "mysql": "mysql://root@127.0.0.1:3306/test",
-        }[name]
+        server = SERVERS[name]
         return fresh_table(request, server)
     emulator = request.getfixturevalue("emulator")
     # In the environment, so the child processes find the key as the parent does.
