@@ -19,7 +19,8 @@ import pytest
 from fresh_stores import fresh_config
 from stepstone import RetryPolicy, Step, Workflow, open_store
 from stepstone._checkpoint import Checkpoint, Failure, utcnow
-from test_hardening_claims import DURABLE, MODES, reap, serving, spawn, status_of, until
+from test_hardening_claims import DURABLE, MODES, reap, serving, spawn, status_of
+from waiting import until
 
 State = dict[str, Any]
 

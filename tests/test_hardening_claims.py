@@ -19,8 +19,7 @@ import signal as signals
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -50,6 +49,7 @@ from stepstone._watch import Watch
 from stepstone.stores.memory import MemoryStore
 from stepstone.testing._barrier import WAIT_TIMEOUT
 from stepstone.testing._base import child_env
+from waiting import until
 
 DURABLE = BACKENDS[1:]
 MODES = ("sync", "async")
@@ -74,14 +74,6 @@ def store(store_config: str) -> Iterator[Store]:
     """The store under test, opened by the test itself."""
     with open_store(store_config) as opened:
         yield opened
-
-
-def until(what: str, check: Callable[[], bool], timeout: float = WAIT_TIMEOUT) -> None:
-    """Poll ``check`` until it holds; fail naming ``what`` if ``timeout`` passes first."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out after {timeout:g}s waiting for {what}"
-        time.sleep(0.02)
 
 
 @contextmanager

@@ -19,7 +19,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -46,6 +45,7 @@ from stepstone._checkpoint import Checkpoint
 from stepstone._runner import make_plan
 from stepstone.cli import main
 from stepstone.testing._barrier import WAIT_TIMEOUT
+from waiting import until
 
 SRC = str(Path(stepstone.__file__).resolve().parents[1])
 DURABLE = BACKENDS[1:]
@@ -69,14 +69,6 @@ def store(store_config: str) -> Iterator[Store]:
     """The store under test, opened by the test itself."""
     with open_store(store_config) as opened:
         yield opened
-
-
-def until(what: str, check: Callable[[], bool], timeout: float = WAIT_TIMEOUT) -> None:
-    """Poll ``check`` until it holds; fail naming ``what`` if ``timeout`` passes first."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out after {timeout:g}s waiting for {what}"
-        time.sleep(0.01)
 
 
 def cli(*args: str) -> tuple[int, str, str]:

@@ -31,7 +31,7 @@ from stepstone import (
     start,
 )
 from stepstone.testing._barrier import WAIT_TIMEOUT
-from test_hardening_worker import until
+from waiting import until
 
 State = dict[str, Any]
 BACKENDS = ("memory", "sqlite")

@@ -26,7 +26,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -57,6 +56,7 @@ from stepstone import (
 from stepstone._checkpoint import Checkpoint
 from stepstone.cli import main
 from stepstone.testing._barrier import WAIT_TIMEOUT
+from waiting import until
 
 SRC = str(Path(stepstone.__file__).resolve().parents[1])
 TESTS = str(Path(__file__).resolve().parent)
@@ -194,14 +194,6 @@ def _fresh_counts_and_logs() -> Iterator[None]:
     logger.propagate = True
     yield
     logger.handlers[:], logger.propagate, logger.level = saved
-
-
-def until(what: str, check: Callable[[], bool], timeout: float = WAIT_TIMEOUT) -> None:
-    """Poll ``check`` until it holds; fail naming ``what`` if ``timeout`` passes first."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out after {timeout:g}s waiting for {what}"
-        time.sleep(0.01)
 
 
 class Serving:

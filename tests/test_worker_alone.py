@@ -19,7 +19,7 @@ import stepstone._worker
 from fresh_stores import BACKENDS, fresh_config
 from stepstone import Step, Store, Worker, Workflow, open_store, start
 from stepstone.testing._barrier import WAIT_TIMEOUT
-from test_hardening_worker import until
+from waiting import until
 
 State = dict[str, Any]
 
