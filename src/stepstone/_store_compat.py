@@ -20,8 +20,8 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-class Store(Protocol):
-    """What these helpers use of a ``stepstone.Store`` (named so, without importing it)."""
+class StoreLike(Protocol):
+    """What these helpers use of a ``stepstone.Store`` (without importing it: no cycle)."""
 
     @property
     def claims_by_kind(self) -> bool: ...
@@ -45,7 +45,7 @@ async def _to_thread(fn: Callable[..., T], *args: Any) -> T:
     return await asyncio.to_thread(fn, *args)
 
 
-def _delete(store: Store, run_id: str, expected_version: str | None) -> bool:
+def _delete(store: StoreLike, run_id: str, expected_version: str | None) -> bool:
     if expected_version is None:
         # A third-party store written to the previous contract has ``delete(run_id)``
         # only: call it that way whenever no version is expected.
@@ -59,10 +59,10 @@ def _delete(store: Store, run_id: str, expected_version: str | None) -> bool:
     return store.delete(run_id, expected_version=expected_version)
 
 
-_SIGNATURES: dict[type[Store], bool] = {}
+_SIGNATURES: dict[type[StoreLike], bool] = {}
 
 
-def _takes_expected_version(cls: type[Store]) -> bool:
+def _takes_expected_version(cls: type[StoreLike]) -> bool:
     known = _SIGNATURES.get(cls)
     if known is None:
         import inspect  # noqa: PLC0415 - only for this rare path; ~10 ms at import
@@ -80,7 +80,7 @@ def _takes_expected_version(cls: type[Store]) -> bool:
 
 
 def claim_page(
-    store: Store, now: datetime, limit: int, status: RunStatus | None, skip: int
+    store: StoreLike, now: datetime, limit: int, status: RunStatus | None, skip: int
 ) -> list[RunInfo]:
     """Call ``store.claimable`` for one page, also on a store written to its old form.
 
@@ -97,7 +97,7 @@ def claim_page(
 
 
 async def aclaim_page(
-    store: Store, now: datetime, limit: int, status: RunStatus | None, skip: int
+    store: StoreLike, now: datetime, limit: int, status: RunStatus | None, skip: int
 ) -> list[RunInfo]:
     """Async ``claim_page``: ``store.aclaimable``, or the sync page in a thread."""
     if status is None and skip == 0:
