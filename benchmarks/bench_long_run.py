@@ -113,7 +113,7 @@ def _child(store_name: str, ns: list[int], directory: str) -> None:
         one_run(store, "warm-up", WARMUP_STEPS)
         results = [operator.call(one_run, store, f"chat-{n}", n) for n in ns]
         # Outside the counted calls: what the saves handed the store (document state
-        # text plus pieces), by wrapping the planner every built-in store calls.
+        # text plus pieces), measured by ``stepstone.testing.StateMeter``.
         for result, n in zip(results, ns, strict=True):
             result["bytes_encoded"] = _stored_bytes(store, f"chat-again-{n}", n)
     finally:
@@ -122,26 +122,12 @@ def _child(store_name: str, ns: list[int], directory: str) -> None:
 
 
 def _stored_bytes(store: Any, run_id: str, n: int) -> int:
-    """Run the chat again, summing the state bytes each save hands the store."""
-    from stepstone import _statelog
+    """Run the chat again, summing the state bytes its saves hand the store."""
+    from stepstone.testing import StateMeter
 
-    total = 0
-    plan = _statelog.prepare_save
-
-    def counting(*args: Any, **kwargs: Any) -> Any:
-        nonlocal total
-        prepared = plan(*args, **kwargs)
-        total += sum(len(piece.data) for piece in prepared.pieces)
-        if prepared.state_text is not None:
-            total += len(prepared.state_text.encode("utf-8"))
-        return prepared
-
-    _statelog.prepare_save = counting
-    try:
+    with StateMeter() as meter:
         one_run(store, run_id, n)
-    finally:
-        _statelog.prepare_save = plan
-    return total
+    return meter.bytes
 
 
 def _callgrind(store: str, ns: list[int], src: str | None, profile: bool) -> tuple[list[int], Any]:

@@ -10,9 +10,8 @@ from typing import Any
 
 import pytest
 
-from test_contract import fresh_table
+from fresh_stores import BACKENDS, MYSQL_URL, POSTGRES_URL, fresh_table
 
-BACKENDS = ["memory", "file", "sqlite", "postgresql", "mysql", "cosmos"]
 DURABLE = BACKENDS[1:]
 # A generous bound on anything a child process does; hitting it names what hung.
 CHILD_TIMEOUT = 120.0
@@ -27,9 +26,9 @@ def _config_for(name: str, request: pytest.FixtureRequest, tmp: pytest.TempPathF
     if name == "sqlite":
         return f"sqlite:///{tmp.mktemp('lg')}/runs.db"
     if name == "postgresql":
-        return fresh_table(request, "postgresql://postgres@127.0.0.1:5432/test")
+        return fresh_table(request, POSTGRES_URL)
     if name == "mysql":
-        return fresh_table(request, "mysql://root@127.0.0.1:3306/test")
+        return fresh_table(request, MYSQL_URL)
     emulator: Any = request.getfixturevalue("emulator")
     # In the environment, not the string, and inherited by child processes.
     previous = os.environ.get("AZURE_COSMOS_KEY")

@@ -16,9 +16,11 @@ from typing import Any
 
 import pytest
 
+from fresh_stores import fresh_config
 from stepstone import RetryPolicy, Step, Workflow, open_store
 from stepstone._checkpoint import Checkpoint, Failure, utcnow
-from test_hardening_claims import DURABLE, MODES, _config, reap, serving, spawn, status_of, until
+from test_hardening_claims import DURABLE, MODES, reap, serving, spawn, status_of
+from waiting import until
 
 State = dict[str, Any]
 
@@ -78,7 +80,7 @@ def test_an_owner_killed_in_a_backoff_is_taken_over(
     index, and a worker in another process takes it over and finishes it: the step ran
     once in the dead owner and once more after the takeover.
     """
-    config = _config(kind, request, tmp_path)
+    config = fresh_config(kind, request, tmp_path)
     run_id = f"backoff-{uuid.uuid4().hex[:8]}"
     marks = tmp_path / "marks"
     code, err = reap(spawn(_OWNER, config, run_id, str(marks)), "the owner")

@@ -21,7 +21,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from fresh_stores import BACKENDS, fresh_config
 from stepstone import (
     ConflictError,
     Step,
@@ -44,9 +44,7 @@ from stepstone._checkpoint import Checkpoint, Signal, evolve, utcnow
 from stepstone._store import Claim
 from stepstone.testing._barrier import WAIT_TIMEOUT
 from stepstone.testing._base import child_env
-from test_contract import fresh_table
 
-BACKENDS = ("memory", "file", "sqlite", "postgresql", "mysql", "cosmos")
 #: The backends that declare ``claims_in_one_call``.
 ONE_CALL = frozenset({"memory", "sqlite", "postgresql", "mysql"})
 MODES = ("sync", "async")
@@ -58,29 +56,6 @@ SERVED = frozenset({WF})
 STAMPED = ("version", "updated_at", "renewed_at")
 
 
-def _config(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """Return a fresh store's config string for ``kind``, as ``tests/test_contract.py`` does."""
-    if kind == "memory":
-        return f"memory://one-call-{uuid.uuid4().hex}"
-    if kind == "file":
-        return f"file://{tmp_path}/runs"
-    if kind == "sqlite":
-        return f"sqlite:///{tmp_path}/runs.db"
-    if kind == "postgresql":
-        return fresh_table(request, "postgresql://postgres@127.0.0.1:5432/test")
-    if kind == "mysql":
-        return fresh_table(request, "mysql://root@127.0.0.1:3306/test")
-    emulator: Any = request.getfixturevalue("emulator")
-    monkeypatch: pytest.MonkeyPatch = request.getfixturevalue("monkeypatch")
-    monkeypatch.setenv("AZURE_COSMOS_KEY", emulator.key)
-    monkeypatch.delenv("AZURE_COSMOS_CONNECTION_STRING", raising=False)
-    protocol = "&protocol=http" if emulator.endpoint.startswith("http://") else ""
-    return (
-        f"cosmos://{emulator.host}:{emulator.port}/contract/runs-{uuid.uuid4().hex[:12]}"
-        f"?verify=false&create=true{protocol}"
-    )
-
-
 @pytest.fixture(params=BACKENDS)
 def kind(request: pytest.FixtureRequest) -> str:
     """Each backend's name."""
@@ -90,7 +65,7 @@ def kind(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def store_config(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A fresh store of each backend."""
-    return _config(kind, request, tmp_path)
+    return fresh_config(kind, request, tmp_path)
 
 
 @pytest.fixture
@@ -423,7 +398,7 @@ def test_four_processes_spread_over_the_queue(
     server: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
     """Four worker processes on one server table: no run twice, <= 1.2 loads per claim."""
-    config = _config(server, request, tmp_path)
+    config = fresh_config(server, request, tmp_path)
     runs = 200
     from stepstone import start
 
@@ -469,7 +444,7 @@ def test_four_processes_spread_over_the_queue(
 )
 def test_mysql_claims_in_one_call_from_8_0_21_and_mariadb_10_6(version: str, able: bool) -> None:
     """Only servers with SKIP LOCKED, JSON_TABLE and JSON_VALUE claim in one call."""
-    from stepstone.stores.mysql import one_call_reason
+    from stepstone.stores._mysql_dialect import one_call_reason
 
     reason = one_call_reason(version)
     assert (reason is None) is able, reason
@@ -483,7 +458,7 @@ def test_an_old_mysql_server_keeps_the_per_run_path(
     from stepstone.stores import mysql
 
     monkeypatch.setattr(mysql, "one_call_reason", lambda version: f"{version} is too old")
-    config = _config("mysql", request, tmp_path)
+    config = fresh_config("mysql", request, tmp_path)
     done: list[str] = []
     workflow = _workflow(done, threading.Lock())
     with open_store(config) as store:

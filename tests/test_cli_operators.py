@@ -17,9 +17,8 @@ import os
 import subprocess
 import sys
 import threading
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -28,6 +27,7 @@ from typing import Any
 import pytest
 
 import stepstone
+from fresh_stores import POSTGRES_URL
 from stepstone import (
     Checkpoint,
     InvalidWorkflow,
@@ -42,11 +42,12 @@ from stepstone import (
 from stepstone._checkpoint import Failure, evolve, utcnow
 from stepstone.cli import main
 from stepstone.testing import backend_unavailable
+from waiting import until
 
 pytestmark = pytest.mark.timeout(120)
 
 LOCAL_KINDS = ["sqlite", "file"]
-POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
+POSTGRES = POSTGRES_URL
 WAIT_TIMEOUT = 60.0
 SRC = str(Path(stepstone.__file__).resolve().parents[1])
 
@@ -71,14 +72,6 @@ def cli(*args: str) -> Result:
         if saved is not None:
             os.environ["STEPSTONE_STORE"] = saved
     return Result(code, out.getvalue(), err.getvalue())
-
-
-def until(what: str, check: Callable[[], bool], timeout: float = WAIT_TIMEOUT) -> None:
-    """Poll ``check`` until it holds; fail naming ``what`` if ``timeout`` passes first."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out after {timeout:g}s waiting for {what}"
-        time.sleep(0.01)
 
 
 def local_url(kind: str, base: Path, name: str = "store") -> str:

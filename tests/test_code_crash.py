@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 import stepstone
+from fresh_stores import fresh_config
 from stepstone import open_store, signal
 from stepstone._journal import JOURNAL_KEY
-from test_contract import fresh_table
 
 SRC = str(Path(stepstone.__file__).resolve().parents[1])
 BACKENDS = ("sqlite", "postgresql", "mysql")
@@ -178,14 +178,6 @@ with open_store(config) as store:
 """
 
 
-def _config(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if kind == "sqlite":
-        return f"sqlite:///{tmp_path}/runs.db"
-    if kind == "mysql":
-        return fresh_table(request, "mysql://root@127.0.0.1:3306/test")
-    return fresh_table(request, "postgresql://postgres@127.0.0.1:5432/test")
-
-
 def _child(
     config: str, side: Path, mode: str, kind: str, kill: str = ""
 ) -> subprocess.CompletedProcess[str]:
@@ -216,7 +208,7 @@ def _starts(side: Path) -> Counter[str]:
 @pytest.fixture(params=BACKENDS)
 def config(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A fresh durable store's config string (the server's backends skip if it is down)."""
-    return _config(str(request.param), request, tmp_path)
+    return fresh_config(str(request.param), request, tmp_path)
 
 
 @pytest.mark.crash

@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
+from fresh_stores import MYSQL_URL, POSTGRES_URL, cosmos_config, fresh_table
 from stepstone import Store
-from stepstone.testing import StoreContract, backend_unavailable
+from stepstone.testing import StoreContract
 
 
 class TestMemoryStore(StoreContract):
@@ -49,42 +50,9 @@ class TestCosmosStore(StoreContract):
     """cosmos://: one item per run, ETag compare-and-swap, against the emulator."""
 
     @pytest.fixture
-    def store_config(self, emulator: Any, monkeypatch: pytest.MonkeyPatch) -> str:
+    def store_config(self, request: pytest.FixtureRequest) -> str:
         """A fresh container per test, created on first use; the key comes from the env."""
-        monkeypatch.setenv("AZURE_COSMOS_KEY", emulator.key)
-        monkeypatch.delenv("AZURE_COSMOS_CONNECTION_STRING", raising=False)
-        protocol = "&protocol=http" if emulator.endpoint.startswith("http://") else ""
-        container = f"runs-{uuid.uuid4().hex[:12]}"
-        return (
-            f"cosmos://{emulator.host}:{emulator.port}/contract/{container}"
-            f"?verify=false&create=true{protocol}"
-        )
-
-
-def fresh_table(request: pytest.FixtureRequest, config: str) -> str:
-    """Return ``config`` naming a new table, skip if the server is down; drop it after."""
-    table = f"t_{uuid.uuid4().hex}"
-    try:
-        if config.startswith("postgresql"):
-            import psycopg
-
-            conn: Any = psycopg.connect(config, autocommit=True, connect_timeout=3)
-        else:
-            import pymysql
-
-            conn = pymysql.connect(
-                host="127.0.0.1", user="root", database="test", connect_timeout=3
-            )
-    except Exception as exc:  # noqa: BLE001 - a server that fails in any way is unavailable: skip, loudly
-        backend_unavailable(f"{config}: {type(exc).__name__}: {exc}")
-
-    def drop() -> None:
-        with conn.cursor() as cursor:
-            cursor.execute(f"DROP TABLE IF EXISTS {table}, {table}_meta, {table}_pieces")
-        conn.close()
-
-    request.addfinalizer(drop)
-    return f"{config}?table={table}"
+        return cosmos_config(request)
 
 
 class TestPostgresStore(StoreContract):
@@ -93,7 +61,7 @@ class TestPostgresStore(StoreContract):
     @pytest.fixture
     def store_config(self, request: pytest.FixtureRequest) -> str:
         """A new table per test in the loopback server's test database, dropped after."""
-        return fresh_table(request, "postgresql://postgres@127.0.0.1:5432/test")
+        return fresh_table(request, POSTGRES_URL)
 
     def hold_saves(
         self, store: Store, store_config: str
@@ -109,7 +77,7 @@ class TestMySQLStore(StoreContract):
     @pytest.fixture
     def store_config(self, request: pytest.FixtureRequest) -> str:
         """A new table per test in the loopback server's test database, dropped after."""
-        return fresh_table(request, "mysql://root@127.0.0.1:3306/test")
+        return fresh_table(request, MYSQL_URL)
 
     def hold_saves(
         self, store: Store, store_config: str

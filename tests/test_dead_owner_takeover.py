@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from fresh_stores import MYSQL_URL, POSTGRES_URL, fresh_table
 from stepstone import Step, Worker, Workflow, _lease, open_store
 from stepstone._checkpoint import Checkpoint
-from test_contract import fresh_table
 from test_worker_events import _FLOWS, WorkerProcess, event_line, queue_run
 
 #: The lease both workers hold: far longer than any wait below, so a takeover inside
@@ -38,8 +38,8 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path}/runs.db"
     if request.param == "postgresql":
-        return fresh_table(request, "postgresql://postgres@127.0.0.1:5432/test")
-    return fresh_table(request, "mysql://root@127.0.0.1:3306/test")
+        return fresh_table(request, POSTGRES_URL)
+    return fresh_table(request, MYSQL_URL)
 
 
 @pytest.fixture

@@ -32,6 +32,7 @@ from stepstone import (
     WaitFor,
     Workflow,
     _codec,
+    _statejson,
     open_store,
     run,
     signal,
@@ -92,10 +93,10 @@ def at_level(depth: int, shape: str, leaf: str, wrap: int = 1) -> Any:
 def json_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Each of the two encoding paths, which must refuse alike."""
     if request.param == "orjson":
-        if _codec._load_orjson() is None:
+        if _statejson._load_orjson() is None:
             pytest.skip("orjson is not installed")
     else:
-        monkeypatch.setattr(_codec, "_orjson", None)
+        monkeypatch.setattr(_statejson, "_orjson", None)
     return str(request.param)
 
 
@@ -341,14 +342,14 @@ def test_walked_copy_is_what_the_round_trip_gives(
     monkeypatch: pytest.MonkeyPatch, state: dict[str, Any]
 ) -> None:
     """With or without the walked copy, each state gets the same text, copy and refusal."""
-    if _codec._load_orjson() is None:
+    if _statejson._load_orjson() is None:
         pytest.skip("orjson is not installed")
     walked = _outcome(state)
 
     def never(value: Any, level: int) -> Any:
-        raise _codec._NotPlain
+        raise _statejson._NotPlain
 
-    monkeypatch.setattr(_codec, "_plain_dict", never)
+    monkeypatch.setattr(_statejson, "_plain_dict", never)
     assert _outcome(state) == walked
 
 

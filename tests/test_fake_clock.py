@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
-import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from fresh_stores import fresh_config
 from stepstone import (
     Checkpoint,
     RetryPolicy,
@@ -37,7 +37,6 @@ from stepstone import (
     start,
 )
 from stepstone.testing import Clock, FakeClock, use_clock
-from test_contract import fresh_table
 
 BACKENDS = ("memory", "file", "sqlite", "postgresql", "mysql")
 #: Real seconds any wait for the worker may take before the test fails naming it.
@@ -45,23 +44,10 @@ PATIENCE = 30.0
 State = dict[str, Any]
 
 
-def _config(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """Return a fresh store's config string for ``kind``, as ``tests/test_contract.py`` does."""
-    if kind == "memory":
-        return f"memory://fake-clock-{uuid.uuid4().hex}"
-    if kind == "file":
-        return f"file://{tmp_path}/runs"
-    if kind == "sqlite":
-        return f"sqlite:///{tmp_path}/runs.db"
-    if kind == "postgresql":
-        return fresh_table(request, "postgresql://postgres@127.0.0.1:5432/test")
-    return fresh_table(request, "mysql://root@127.0.0.1:3306/test")
-
-
 @pytest.fixture(params=BACKENDS)
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     """Yield a fresh store of each backend (Cosmos aside: the clock is read in process)."""
-    with open_store(_config(request.param, request, tmp_path)) as opened:
+    with open_store(fresh_config(request.param, request, tmp_path)) as opened:
         yield opened
 
 

@@ -19,9 +19,7 @@ import signal as signals
 import subprocess
 import sys
 import threading
-import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -29,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from fresh_stores import BACKENDS, fresh_config
 from stepstone import (
     RunOwned,
     Step,
@@ -50,48 +49,24 @@ from stepstone.testing._barrier import WAIT_TIMEOUT
 from stepstone.testing._base import child_env
 from stepstone.worker import _claims
 from stepstone.worker._watch import Watch
-from test_contract import fresh_table
+from waiting import until
 
-BACKENDS = ("memory", "file", "sqlite", "postgresql", "mysql", "cosmos")
 DURABLE = BACKENDS[1:]
 MODES = ("sync", "async")
 POINTS = ("wait-saved", "reclaimed")
 State = dict[str, Any]
 
 
-def _config(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """Return a fresh store's config string for ``kind``, as ``tests/test_contract.py`` does."""
-    if kind == "memory":
-        return f"memory://claims-{uuid.uuid4().hex}"
-    if kind == "file":
-        return f"file://{tmp_path}/runs"
-    if kind == "sqlite":
-        return f"sqlite:///{tmp_path}/runs.db"
-    if kind == "postgresql":
-        return fresh_table(request, "postgresql://postgres@127.0.0.1:5432/test")
-    if kind == "mysql":
-        return fresh_table(request, "mysql://root@127.0.0.1:3306/test")
-    emulator: Any = request.getfixturevalue("emulator")
-    monkeypatch: pytest.MonkeyPatch = request.getfixturevalue("monkeypatch")
-    monkeypatch.setenv("AZURE_COSMOS_KEY", emulator.key)
-    monkeypatch.delenv("AZURE_COSMOS_CONNECTION_STRING", raising=False)
-    protocol = "&protocol=http" if emulator.endpoint.startswith("http://") else ""
-    return (
-        f"cosmos://{emulator.host}:{emulator.port}/contract/runs-{uuid.uuid4().hex[:12]}"
-        f"?verify=false&create=true{protocol}"
-    )
-
-
 @pytest.fixture(params=BACKENDS)
 def store_config(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A fresh store of each backend."""
-    return _config(str(request.param), request, tmp_path)
+    return fresh_config(str(request.param), request, tmp_path)
 
 
 @pytest.fixture(params=DURABLE)
 def durable_config(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A fresh store of each backend another process can open."""
-    return _config(str(request.param), request, tmp_path)
+    return fresh_config(str(request.param), request, tmp_path)
 
 
 @pytest.fixture
@@ -99,14 +74,6 @@ def store(store_config: str) -> Iterator[Store]:
     """The store under test, opened by the test itself."""
     with open_store(store_config) as opened:
         yield opened
-
-
-def until(what: str, check: Callable[[], bool], timeout: float = WAIT_TIMEOUT) -> None:
-    """Poll ``check`` until it holds; fail naming ``what`` if ``timeout`` passes first."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out after {timeout:g}s waiting for {what}"
-        time.sleep(0.02)
 
 
 @contextmanager
@@ -280,7 +247,7 @@ def test_a_wait_stranded_by_a_killed_owner_is_finished_by_a_worker(
     another process opening the store from its config string finishes the run with the
     signal's payload.
     """
-    durable_config = _config(kind, request, tmp_path)
+    durable_config = fresh_config(kind, request, tmp_path)
     run_id = f"strand-{point}-{mode}"
     code, err = reap(spawn(_STRAND, durable_config, run_id, point, mode), "the owner")
     assert code == -signals.SIGKILL, f"the owner was not killed at {point}: {code} {err[-2000:]}"

@@ -32,6 +32,7 @@ from typing import Any, Self
 
 import pytest
 
+from fresh_stores import MYSQL_URL, POSTGRES_URL, SERVERS, admin_connection, fresh_database
 from stepstone import (
     Checkpoint,
     ConfigError,
@@ -43,30 +44,12 @@ from stepstone import (
 )
 from stepstone._migrate import migrate
 from stepstone.cli import main
-from stepstone.testing import backend_unavailable
 
-PG = "postgresql://postgres@127.0.0.1:5432/test"
-MY = "mysql://root@127.0.0.1:3306/test"
-SERVERS = {"postgresql": PG, "mysql": MY}
+PG = POSTGRES_URL
+MY = MYSQL_URL
 FUTURE = datetime(2100, 1, 1, tzinfo=UTC)
 #: Generous bound for anything that must not hang; its failure names what hung.
 HANG = 60.0
-
-
-def _admin(kind: str) -> Any:
-    """An autocommit driver connection to the loopback server, or skip/fail."""
-    try:
-        if kind == "postgresql":
-            import psycopg
-
-            return psycopg.connect(PG, autocommit=True, connect_timeout=3)
-        import pymysql
-
-        return pymysql.connect(
-            host="127.0.0.1", user="root", database="test", autocommit=True, connect_timeout=3
-        )
-    except Exception as exc:  # noqa: BLE001 - a server that fails in any way is unavailable: skip, loudly
-        backend_unavailable(f"{kind} on 127.0.0.1: {type(exc).__name__}: {exc}")
 
 
 def _query(conn: Any, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
@@ -88,7 +71,7 @@ def kind(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def admin(kind: str) -> Iterator[Any]:
     """An admin connection to the server of ``kind``."""
-    conn = _admin(kind)
+    conn = admin_connection(kind)
     yield conn
     conn.close()
 
@@ -129,32 +112,28 @@ def _bounded(what: str, fn: Callable[[], Any]) -> Any:
 KEYWORDS = ("select", "order", "table", "group", "user")
 
 
-@pytest.mark.xdist_group("keyword-tables")  # both use the table `order`
-def test_sql_keywords_are_usable_table_names(kind: str, admin: Any) -> None:
+def test_sql_keywords_are_usable_table_names(kind: str, request: pytest.FixtureRequest) -> None:
     """?table=select (order, table, group, user) saves, lists, claims, deletes, sync and async."""
-    base = SERVERS[kind]
-    _drop(kind, admin, *KEYWORDS)
-    try:
-        for name in KEYWORDS:
-            with open_store(f"{base}?table={name}") as store:
-                saved = store.save(_cp("r", queued=True))
-                assert store.load("r") == saved
-                assert [i.run_id for i in store.list_info()] == ["r"]
-                assert [i.run_id for i in store.claimable(FUTURE)] == ["r"]
+    # The names are fixed (they are the point), so they live in a database of their own.
+    base, admin = fresh_database(request, kind)
+    for name in KEYWORDS:
+        with open_store(f"{base}?table={name}") as store:
+            saved = store.save(_cp("r", queued=True))
+            assert store.load("r") == saved
+            assert [i.run_id for i in store.list_info()] == ["r"]
+            assert [i.run_id for i in store.claimable(FUTURE)] == ["r"]
 
-                async def main(s: Store = store) -> None:
-                    loaded = await s.aload("r")
-                    assert loaded is not None
-                    await s.asave(_cp("r", version=loaded.version))
-                    assert [r async for r in s.alist_runs()] == ["r"]
+            async def main(s: Store = store) -> None:
+                loaded = await s.aload("r")
+                assert loaded is not None
+                await s.asave(_cp("r", version=loaded.version))
+                assert [r async for r in s.alist_runs()] == ["r"]
 
-                asyncio.run(asyncio.wait_for(main(), HANG))
-                assert store.delete("r") is True
-                assert list(store.list_runs()) == []
-            # The server has exactly that table, under its own name.
-            assert _query(admin, f"SELECT COUNT(*) FROM {_quote(kind, name)}") == [(0,)]
-    finally:
-        _drop(kind, admin, *KEYWORDS)
+            asyncio.run(asyncio.wait_for(main(), HANG))
+            assert store.delete("r") is True
+            assert list(store.list_runs()) == []
+        # The server has exactly that table, under its own name.
+        assert _query(admin, f"SELECT COUNT(*) FROM {_quote(kind, name)}") == [(0,)]
 
 
 _V1 = {
@@ -180,19 +159,17 @@ _V1 = {
 }
 
 
-@pytest.mark.xdist_group("keyword-tables")  # both use the table `order`
-def test_a_schema_1_table_named_by_a_keyword_is_migrated(kind: str, admin: Any) -> None:
+def test_a_schema_1_table_named_by_a_keyword_is_migrated(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
     """The schema 1 -> 2 migration quotes the table name too: ?table=order migrates."""
-    _drop(kind, admin, "order")
-    try:
-        for statement in _V1[kind]:
-            _query(admin, statement.format(t="order"))
-        with open_store(f"{SERVERS[kind]}?table=order") as store:
-            store.save(_cp("new", queued=True))
-            assert [i.run_id for i in store.claimable(FUTURE)] == ["new"]
-        assert _query(admin, f"SELECT value FROM {_quote(kind, 'order_meta')}") == [("2",)]
-    finally:
-        _drop(kind, admin, "order")
+    base, admin = fresh_database(request, kind)  # `order` is fixed: a database of its own
+    for statement in _V1[kind]:
+        _query(admin, statement.format(t="order"))
+    with open_store(f"{base}?table=order") as store:
+        store.save(_cp("new", queued=True))
+        assert [i.run_id for i in store.claimable(FUTURE)] == ["new"]
+    assert _query(admin, f"SELECT value FROM {_quote(kind, 'order_meta')}") == [("2",)]
 
 
 @pytest.mark.parametrize(
@@ -270,7 +247,7 @@ def test_mysql_open_against_a_silent_server_fails_in_the_connect_phase() -> None
 
 def test_mysql_async_connect_to_a_silent_server_fails_in_the_connect_phase() -> None:
     """A new async connection to a server that never greets fails within connect_timeout."""
-    _admin("mysql").close()
+    admin_connection("mysql").close()
     gate = _Gate(3306)
     table = f"t_{uuid.uuid4().hex}"
     config = (
@@ -294,7 +271,7 @@ def test_mysql_async_connect_to_a_silent_server_fails_in_the_connect_phase() -> 
             assert elapsed < 600
     finally:
         gate.close()
-        admin = _admin("mysql")
+        admin = admin_connection("mysql")
         _drop("mysql", admin, table)
         admin.close()
 
@@ -303,7 +280,7 @@ def test_mysql_a_login_refusal_is_still_a_permission_error() -> None:
     """The capped handshake keeps the server's own answers: a bad password is not a timeout."""
     from stepstone import StorePermissionError
 
-    _admin("mysql").close()
+    admin_connection("mysql").close()
     with pytest.raises(StorePermissionError):
         open_store("mysql://nobody_stepstone:wrong@127.0.0.1:3306/test?connect_timeout=5")
 
@@ -626,7 +603,7 @@ def destination(
             f"?verify=false&create=true{protocol}"
         )
     else:
-        admin = _admin(name)
+        admin = admin_connection(name)
         table = f"t_{uuid.uuid4().hex}"
 
         def drop() -> None:
@@ -743,7 +720,7 @@ def test_async_with_leaves_no_descriptor_open(name: str, tmp_path: Path) -> None
     if name == "sqlite":
         config, table = f"sqlite:///{tmp_path}/runs.db", ""
     else:
-        _admin(name).close()
+        admin_connection(name).close()
         table = f"t_{uuid.uuid4().hex}"
         config = f"{SERVERS[name]}?table={table}"
 
@@ -762,6 +739,6 @@ def test_async_with_leaves_no_descriptor_open(name: str, tmp_path: Path) -> None
         assert left == set(), f"descriptors still open after async with: {sorted(left)}"
     finally:
         if table:
-            admin = _admin(name)
+            admin = admin_connection(name)
             _drop(name, admin, table)
             admin.close()

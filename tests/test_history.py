@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 import stepstone
+from fresh_stores import BACKENDS, fresh_config
 from stepstone import (
     HistoryNotKept,
     Step,
@@ -37,7 +38,6 @@ from stepstone import (
 
 SRC = str(Path(stepstone.__file__).resolve().parents[1])
 TESTS = str(Path(__file__).resolve().parent)
-BACKENDS = ("memory", "file", "sqlite", "postgresql", "mysql", "cosmos")
 State = dict[str, Any]
 
 pytestmark = pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")
@@ -71,9 +71,7 @@ def _expected(upto: int, bad: bool = False) -> State:
 @pytest.fixture(params=BACKENDS)
 def config(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A fresh store of each backend that holds pieces."""
-    from test_upgrades import _config
-
-    return _config(str(request.param), request, tmp_path)
+    return fresh_config(str(request.param), request, tmp_path)
 
 
 @pytest.fixture

@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 
+from fresh_stores import fresh_config
 from stepstone import ConflictError, CorruptCheckpoint, Store, open_store
 from stepstone import _statelog as sl
 from stepstone._checkpoint import Checkpoint
@@ -37,7 +38,6 @@ from stepstone.testing import FakeClock, kill_point
 from test_long_states import (
     SRC,
     TESTS,
-    _config,
     _keys,
     _load,
     _named,
@@ -58,13 +58,13 @@ pytestmark = pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequ
 @pytest.fixture(params=RACING)
 def racing_config(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A fresh store of each backend whose saves and deletes interleave."""
-    return _config(str(request.param), request, tmp_path)
+    return fresh_config(str(request.param), request, tmp_path)
 
 
 @pytest.fixture(params=DURABLE)
 def durable_config(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A fresh store of each backend another process can open."""
-    return _config(str(request.param), request, tmp_path)
+    return fresh_config(str(request.param), request, tmp_path)
 
 
 @pytest.fixture(params=MODES)
@@ -352,7 +352,7 @@ def test_doctor_fix_collects_old_orphans_and_says_what(
     run, pieces and bytes; younger ones stay and nothing is printed for them."""
     from test_cli import cli
 
-    config = _config(kind, request, tmp_path)
+    config = fresh_config(kind, request, tmp_path)
     _kill_a_first_save(config, "orphaned", 2 * 3600)
     young = cli("doctor", "--fix", "--min-age", str(3 * 3600), "--store", config)
     assert young.returncode == 0, young.stderr

@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 
 import stepstone
+from fresh_stores import BACKENDS, fresh_config
 from stepstone import ConflictError, Step, Store, open_store
 from stepstone import _statelog as sl
 from stepstone._checkpoint import Checkpoint, Stored
@@ -37,7 +38,6 @@ from stepstone._codec import dump_json
 SRC = str(Path(stepstone.__file__).resolve().parents[1])
 TESTS = str(Path(__file__).resolve().parent)
 # Every built-in backend holds pieces (Cosmos DB as piece items beside the run's item).
-BACKENDS = ("memory", "file", "sqlite", "postgresql", "mysql", "cosmos")
 DURABLE = BACKENDS[1:]
 MODES = ("sync", "async")
 State = dict[str, Any]
@@ -45,23 +45,16 @@ State = dict[str, Any]
 pytestmark = pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")
 
 
-def _config(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A fresh store of ``kind``, as ``tests/test_upgrades.py`` makes one."""
-    from test_upgrades import _config as upgrades_config
-
-    return upgrades_config(kind, request, tmp_path)
-
-
 @pytest.fixture(params=BACKENDS)
 def store_config(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A fresh store of each backend."""
-    return _config(str(request.param), request, tmp_path)
+    return fresh_config(str(request.param), request, tmp_path)
 
 
 @pytest.fixture(params=DURABLE)
 def durable_config(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A fresh store of each backend another process can open."""
-    return _config(str(request.param), request, tmp_path)
+    return fresh_config(str(request.param), request, tmp_path)
 
 
 @pytest.fixture
@@ -424,7 +417,7 @@ def test_cosmos_keeps_a_long_state_in_items_under_its_limit(
     from stepstone.stores.cosmos import CosmosStore
     from stepstone.stores.cosmos._wire import MAX_ITEM_BYTES, NOT_PIECE
 
-    with open_store(_config("cosmos", request, tmp_path)) as store:
+    with open_store(fresh_config("cosmos", request, tmp_path)) as store:
         assert isinstance(store, CosmosStore)
         first = store.save(Checkpoint("r", state={"n": 1}))
         big = store.save(_next(first, {"n": 2, "blob": "x" * (3 * 1024 * 1024)}))

@@ -24,12 +24,12 @@ from typing import Any
 
 import pytest
 
+from fresh_stores import BACKENDS, fresh_config
 from stepstone import ConflictError, StoreUnavailable, open_store
 from stepstone._checkpoint import Checkpoint
 from stepstone._store import Store
 from stepstone.testing import kill_point
 
-BACKENDS = ("memory", "file", "sqlite", "postgresql", "mysql", "cosmos")
 MODES = ("sync", "async")
 State = dict[str, Any]
 
@@ -62,10 +62,8 @@ def kind(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def store(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    """A fresh store of ``kind``, as ``tests/test_upgrades.py`` makes one."""
-    from test_upgrades import _config
-
-    with open_store(_config(kind, request, tmp_path)) as opened:
+    """A fresh store of ``kind``, as ``fresh_stores`` makes one."""
+    with open_store(fresh_config(kind, request, tmp_path)) as opened:
         yield opened
 
 
@@ -276,7 +274,7 @@ def test_a_postgresql_answer_lost_on_the_network_is_retried(
     request: pytest.FixtureRequest, mode: str, size: str
 ) -> None:
     """A save whose answer a proxy drops after COMMIT fails unavailable; its retry succeeds."""
-    from test_contract import fresh_table
+    from fresh_stores import fresh_table
 
     proxy = _DroppingProxy(("127.0.0.1", 5432))
     request.addfinalizer(proxy.close)

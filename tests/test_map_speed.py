@@ -49,12 +49,9 @@ def config(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return f"file://{tmp_path}/runs"
     if name == "sqlite":
         return f"sqlite:///{tmp_path}/runs.db"
-    from test_contract import fresh_table
+    from fresh_stores import SERVERS, fresh_table
 
-    server = {
-        "postgresql": "postgresql://postgres@127.0.0.1:5432/test",
-        "mysql": "mysql://root@127.0.0.1:3306/test",
-    }[name]
+    server = SERVERS[name]
     return fresh_table(request, server)
 
 

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from fresh_stores import MYSQL_URL, fresh_table
 from stepstone import Checkpoint, Store, _statelog, open_store
-from test_contract import fresh_table
 
 #: Past ``_statelog.INLINE_MAX``: the state is kept in pieces.
 _LONG = {"text": "x" * (4 * _statelog.INLINE_MAX)}
@@ -25,7 +25,7 @@ _LONG = {"text": "x" * (4 * _statelog.INLINE_MAX)}
 @pytest.fixture
 def config(request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh MySQL/MariaDB table whose schema, pieces table included, exists already."""
-    config = fresh_table(request, "mysql://root@127.0.0.1:3306/test")
+    config = fresh_table(request, MYSQL_URL)
     with open_store(config) as store:
         store.init()
     yield config

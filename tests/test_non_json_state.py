@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from fresh_stores import fresh_config
 from stepstone import (
     InvalidState,
     RetryPolicy,
@@ -30,7 +31,7 @@ from stepstone import (
     start,
 )
 from stepstone.testing._barrier import WAIT_TIMEOUT
-from test_hardening_worker import _config, until
+from waiting import until
 
 State = dict[str, Any]
 BACKENDS = ("memory", "sqlite")
@@ -41,7 +42,7 @@ BAD_PATH = "state['report']['tags'][1]"
 @pytest.fixture(params=BACKENDS)
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     """A fresh store of each backend."""
-    with open_store(_config(str(request.param), request, tmp_path)) as opened:
+    with open_store(fresh_config(str(request.param), request, tmp_path)) as opened:
         yield opened
 
 

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 import stepstone
+from fresh_stores import fresh_config
 from stepstone import RunOwned, Step, Store, Workflow, open_store
 from stepstone._checkpoint import utcnow
 
@@ -48,10 +49,8 @@ def workflow() -> Workflow:
 
 @pytest.fixture(params=BACKENDS)
 def config(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A fresh store of each backend, as ``tests/test_upgrades.py`` makes one."""
-    from test_upgrades import _config
-
-    return _config(str(request.param), request, tmp_path)
+    """A fresh store of each backend, as ``fresh_stores`` makes one."""
+    return fresh_config(str(request.param), request, tmp_path)
 
 
 @pytest.fixture

@@ -28,6 +28,7 @@ from stepstone import (
     Workflow,
     _codec,
     _lease,
+    _statejson,
     open_store,
     run,
 )
@@ -60,10 +61,10 @@ def test_both_json_paths_refuse_alike(
     monkeypatch: pytest.MonkeyPatch, fast: bool, label: str, state: dict[str, Any], path: str
 ) -> None:
     """With or without orjson, a non-JSON state is refused with the same path."""
-    if fast and _codec._load_orjson() is None:
+    if fast and _statejson._load_orjson() is None:
         pytest.skip("orjson is not installed")
     if not fast:
-        monkeypatch.setattr(_codec, "_orjson", None)
+        monkeypatch.setattr(_statejson, "_orjson", None)
     with pytest.raises(InvalidState) as info:
         _codec.encode_state(state)
     assert info.value.path == path
@@ -84,7 +85,7 @@ def test_both_json_paths_accept_alike(
 ) -> None:
     """Values orjson does not take (huge ints, deep nesting) still pass, by the fallback."""
     text, copy = _codec.encode_state(state)
-    monkeypatch.setattr(_codec, "_orjson", None)
+    monkeypatch.setattr(_statejson, "_orjson", None)
     slow_text, slow_copy = _codec.encode_state(state)
     assert copy == slow_copy == state
     assert json.loads(text) == json.loads(slow_text)
@@ -237,7 +238,7 @@ def test_worker_refuses_bad_arguments(tmp_path: Path) -> None:
 def test_too_deep_state_is_refused(monkeypatch: pytest.MonkeyPatch, fast: bool) -> None:
     """A state nested past MAX_DEPTH is refused, so every saved state loads anywhere."""
     if not fast:
-        monkeypatch.setattr(_codec, "_orjson", None)
+        monkeypatch.setattr(_statejson, "_orjson", None)
     fits = json.loads("[" * (_codec.MAX_DEPTH - 1) + "]" * (_codec.MAX_DEPTH - 1))
     _codec.encode_state({"x": fits})
     for depth in (_codec.MAX_DEPTH, 600, 900):

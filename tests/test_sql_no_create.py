@@ -13,11 +13,11 @@ import io
 
 import pytest
 
+from fresh_stores import fresh_table
 from stepstone import ConfigError, StoreError, open_store
 from stepstone.cli import main
 from stepstone.stores.mysql import MySQLStore
 from stepstone.stores.postgres import PostgresStore
-from test_contract import fresh_table
 
 SERVERS = {
     "postgresql": "postgresql://postgres@127.0.0.1:5432/test",

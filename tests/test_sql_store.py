@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from fresh_stores import MYSQL_URL, POSTGRES_URL
 from stepstone import (
     ConfigError,
     ConflictError,
@@ -38,8 +39,8 @@ from stepstone.stores._sql import TABLE_SCHEMA, ServerStore
 from stepstone.testing import backend_unavailable
 
 REPO = Path(__file__).resolve().parent.parent
-PG = "postgresql://postgres@127.0.0.1:5432/test"
-MY = "mysql://root@127.0.0.1:3306/test"
+PG = POSTGRES_URL
+MY = MYSQL_URL
 SECRET = "s3cr3t-Pa55word-xyzzy"
 
 

@@ -26,8 +26,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -37,6 +35,7 @@ from typing import Any
 import pytest
 
 import stepstone
+from fresh_stores import BACKENDS, fresh_config
 from stepstone import (
     InvalidState,
     InvalidWorkflow,
@@ -57,10 +56,10 @@ from stepstone import (
 from stepstone._checkpoint import Checkpoint
 from stepstone.cli import main
 from stepstone.testing._barrier import WAIT_TIMEOUT
+from waiting import until
 
 SRC = str(Path(stepstone.__file__).resolve().parents[1])
 TESTS = str(Path(__file__).resolve().parent)
-BACKENDS = ("memory", "file", "sqlite", "postgresql", "mysql", "cosmos")
 DURABLE = BACKENDS[1:]
 MODES = ("sync", "async")
 State = dict[str, Any]
@@ -157,41 +156,16 @@ V2_END = {"rows": [1, 2, 3], "approve": APPROVAL, "published": "v2", "count": 3}
 # --- stores, workers, waiting -------------------------------------------------------------
 
 
-def _config(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """Return a fresh store's config string for ``kind``, as ``tests/test_contract.py`` does."""
-    from test_contract import fresh_table
-
-    if kind == "memory":
-        return f"memory://upgrades-{uuid.uuid4().hex}"
-    if kind == "file":
-        return f"file://{tmp_path}/runs"
-    if kind == "sqlite":
-        return f"sqlite:///{tmp_path}/runs.db"
-    if kind == "postgresql":
-        return fresh_table(request, "postgresql://postgres@127.0.0.1:5432/test")
-    if kind == "mysql":
-        return fresh_table(request, "mysql://root@127.0.0.1:3306/test")
-    emulator: Any = request.getfixturevalue("emulator")
-    monkeypatch: pytest.MonkeyPatch = request.getfixturevalue("monkeypatch")
-    monkeypatch.setenv("AZURE_COSMOS_KEY", emulator.key)
-    monkeypatch.delenv("AZURE_COSMOS_CONNECTION_STRING", raising=False)
-    protocol = "&protocol=http" if emulator.endpoint.startswith("http://") else ""
-    return (
-        f"cosmos://{emulator.host}:{emulator.port}/contract/runs-{uuid.uuid4().hex[:12]}"
-        f"?verify=false&create=true{protocol}"
-    )
-
-
 @pytest.fixture(params=BACKENDS)
 def store_config(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A fresh store of each backend."""
-    return _config(str(request.param), request, tmp_path)
+    return fresh_config(str(request.param), request, tmp_path)
 
 
 @pytest.fixture(params=DURABLE)
 def durable_config(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A fresh store of each backend another process can open."""
-    return _config(str(request.param), request, tmp_path)
+    return fresh_config(str(request.param), request, tmp_path)
 
 
 @pytest.fixture
@@ -220,14 +194,6 @@ def _fresh_counts_and_logs() -> Iterator[None]:
     logger.propagate = True
     yield
     logger.handlers[:], logger.propagate, logger.level = saved
-
-
-def until(what: str, check: Callable[[], bool], timeout: float = WAIT_TIMEOUT) -> None:
-    """Poll ``check`` until it holds; fail naming ``what`` if ``timeout`` passes first."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out after {timeout:g}s waiting for {what}"
-        time.sleep(0.01)
 
 
 class Serving:

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 import stepstone
+from fresh_stores import POSTGRES_URL
 from stepstone import Workflow, open_store
 from stepstone._checkpoint import Checkpoint
 from stepstone._store import Store
@@ -31,7 +32,7 @@ from stepstone.stores.file import _notify
 from stepstone.stores.postgres import PostgresStore
 from stepstone.testing import backend_unavailable
 
-PG = "postgresql://postgres@127.0.0.1:5432/test"
+PG = POSTGRES_URL
 WAIT = 30.0  # generous: a ring takes milliseconds, a loaded CI machine may take seconds
 LINUX = sys.platform.startswith("linux")
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from typing import Any
 import pytest
 
 import stepstone._suspend
+from fresh_stores import BACKENDS, fresh_config
 from stepstone import (
     Map,
     Sleep,
@@ -45,9 +45,7 @@ from stepstone.stores.memory import MemoryStore
 from stepstone.testing._barrier import WAIT_TIMEOUT
 from stepstone.worker import _claims
 from stepstone.worker._claims import next_idle
-from test_contract import fresh_table
 
-BACKENDS = ("memory", "file", "sqlite", "postgresql", "mysql", "cosmos")
 #: The poll of every worker that must be woken by a push: far beyond ``PROMPT``.
 SLOW_POLL = 60.0
 #: Seconds a test waits for what a push makes happen at once.
@@ -55,33 +53,10 @@ PROMPT = 10.0
 State = dict[str, Any]
 
 
-def _config(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """Return a fresh store's config string for ``kind``, as ``tests/test_contract.py`` does."""
-    if kind == "memory":
-        return f"memory://wakeups-{uuid.uuid4().hex}"
-    if kind == "file":
-        return f"file://{tmp_path}/runs"
-    if kind == "sqlite":
-        return f"sqlite:///{tmp_path}/runs.db"
-    if kind == "postgresql":
-        return fresh_table(request, "postgresql://postgres@127.0.0.1:5432/test")
-    if kind == "mysql":
-        return fresh_table(request, "mysql://root@127.0.0.1:3306/test")
-    emulator: Any = request.getfixturevalue("emulator")
-    monkeypatch: pytest.MonkeyPatch = request.getfixturevalue("monkeypatch")
-    monkeypatch.setenv("AZURE_COSMOS_KEY", emulator.key)
-    monkeypatch.delenv("AZURE_COSMOS_CONNECTION_STRING", raising=False)
-    protocol = "&protocol=http" if emulator.endpoint.startswith("http://") else ""
-    return (
-        f"cosmos://{emulator.host}:{emulator.port}/contract/runs-{uuid.uuid4().hex[:12]}"
-        f"?verify=false&create=true{protocol}"
-    )
-
-
 @pytest.fixture(params=BACKENDS)
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     """A fresh store of each backend, one object shared by the test and its worker."""
-    with open_store(_config(str(request.param), request, tmp_path)) as opened:
+    with open_store(fresh_config(str(request.param), request, tmp_path)) as opened:
         yield opened
 
 

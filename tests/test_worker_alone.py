@@ -15,10 +15,11 @@ from typing import Any
 
 import pytest
 
+from fresh_stores import BACKENDS, fresh_config
 from stepstone import Step, Store, Worker, Workflow, open_store, start
 from stepstone.testing._barrier import WAIT_TIMEOUT
 from stepstone.worker import _claims
-from test_hardening_worker import BACKENDS, _config, until
+from waiting import until
 
 State = dict[str, Any]
 
@@ -26,7 +27,7 @@ State = dict[str, Any]
 @pytest.fixture(params=BACKENDS)
 def config(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A fresh store of each backend, as a config string."""
-    return _config(str(request.param), request, tmp_path)
+    return fresh_config(str(request.param), request, tmp_path)
 
 
 @pytest.fixture

@@ -7,11 +7,7 @@ newer file is refused instead of misread.
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
-from itertools import chain, compress, repeat
-from math import isfinite as _isfinite
-from operator import is_
 from typing import Any
 
 from ._checkpoint import (
@@ -22,9 +18,18 @@ from ._checkpoint import (
     Failure,
     Signal,
     Stored,
-    invalid_state,
 )
-from ._errors import CorruptCheckpoint, InvalidState
+from ._errors import CorruptCheckpoint
+from ._statejson import (
+    MAX_DEPTH,
+    _dumps,
+    _loads,
+    copy_containers,
+    decode_json,
+    dump_json,
+    encode_state,
+    orjson_module,
+)
 
 __all__ = [
     "MAX_DEPTH",
@@ -43,11 +48,6 @@ __all__ = [
     "pristine",
 ]
 
-_dumps = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode
-_loads = json.loads
-#: The stored JSON form (compact, UTF-8 as is, no NaN) and its reader, for ``_statelog``.
-dump_json = _dumps
-decode_json = _loads
 #: The document's key naming a state kept in pieces (schema 3), instead of ``state``.
 REF_KEY = "state_ref"
 
@@ -65,159 +65,6 @@ class PiecesNeeded(Exception):
 
 
 _UNSET: Any = object()
-#: orjson (the optional extra ``stepstone[fast]``), None without it; imported on the
-#: first save, not with ``import stepstone`` (it imports uuid and platform itself).
-_orjson: Any = _UNSET
-
-
-def _load_orjson() -> Any:
-    global _orjson  # noqa: PLW0603 - a lazily imported module, set once
-    try:
-        # Deferred: an optional extra, imported on the first save (see ``_orjson``).
-        import orjson  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415
-    except ImportError:  # pragma: no cover - exercised where orjson is absent
-        orjson = None  # type: ignore[assignment,unused-ignore]
-    _orjson = orjson
-    return orjson
-
-
-def encode_state(state: object) -> tuple[str, dict[str, Any]]:
-    """Return ``(json_text, fresh_copy)`` of ``state``, or raise ``InvalidState``.
-
-    Round-trips the state and compares: this catches what ``json.dumps`` quietly
-    changes (int keys become strings, tuples become lists) at C speed, and the decoded
-    copy is exactly what a later load returns, so the runner hands it to the next step.
-
-    With orjson installed (``stepstone[fast]``) the round trip is tried with it first,
-    about nine times faster. Whatever orjson does not accept exactly as the standard
-    library does (integers over 64 bits, NaN, which it writes as null, lone surrogates,
-    non-str keys, nesting past 254 levels) fails its comparison or raises, and falls
-    back to the standard-library path below, which alone decides what is refused: the
-    refusals are the same with or without orjson.
-
-    Most states are plain (see ``_plain_dict``): for those the copy is built by walking
-    the state and the text written from it, instead of parsing the text back and
-    comparing, which costs per value rather than per byte (a transcript's long strings
-    are shared, being immutable, not copied).
-    """
-    if type(state) is not dict:
-        raise invalid_state(state)
-    module = _load_orjson() if _orjson is _UNSET else _orjson
-    if module is not None:
-        try:
-            plain: dict[str, Any] | None = _plain_dict(state, 1)
-        except (_NotPlain, RecursionError):
-            plain = None
-        try:
-            if plain is not None:
-                # The text is written from the copy, so the two agree even if another
-                # thread changes the state meanwhile.
-                return module.dumps(plain).decode("utf-8"), plain
-            raw = module.dumps(state)
-            fast: dict[str, Any] = module.loads(raw)
-            if fast == state:
-                text = raw.decode("utf-8")
-                _check_depth(fast, text)
-                return text, fast
-        except (TypeError, ValueError, RecursionError):
-            pass
-    try:
-        text = _dumps(state)
-    except (TypeError, ValueError, RecursionError) as exc:
-        raise invalid_state(state, str(exc)) from exc
-    try:
-        copy = _loads(text)
-        same = copy == state
-    except RecursionError as exc:
-        raise invalid_state(state, "it is nested too deeply") from exc
-    if not same:
-        raise invalid_state(state)
-    try:
-        # Lone surrogates survive json.dumps with ensure_ascii=False but are not UTF-8:
-        # refuse them here so that no backend fails on them halfway through a write.
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise invalid_state(state, "a string holds a lone surrogate, which is not UTF-8") from exc
-    _check_depth(copy, text)
-    return text, copy
-
-
-class _NotPlain(Exception):
-    """``_plain_dict`` met something that is not plain; the round trip decides it."""
-
-
-_PLAIN_SCALARS = frozenset((str, int, bool, type(None)))
-
-
-# Why, for a plain state, the copy equals ``orjson.loads(text)`` and the state (so the
-# round trip and its comparison would have accepted it, with this text). Plain: every
-# dict and list is exactly a dict or list, every key exactly a str, every other value
-# exactly a str, int, bool, None or finite float, and no value lies past MAX_DEPTH:
-# - the walk stops at level MAX_DEPTH, so a cycle is never followed for ever; the copy
-#   it builds is a tree equal to the state, with the same keys and items in order;
-# - ``encode_state`` uses the copy only if orjson.dumps of it succeeded, so no string
-#   holds a lone surrogate and no int is past 64 bits (orjson raises on those);
-# - orjson writes each such value as JSON that reads back equal and of the same type:
-#   str, int, true/false, null, and finite floats in their shortest form that reads
-#   back to the same double (-0.0 included);
-# - every dict and list is a new one (a list held twice is copied twice, as parsing
-#   would), and each scalar is the state's own object: immutable, so sharing it is
-#   what an equal fresh object would be.
-# And the depth rule holds (``_check_depth``). Anything else (a subclass, a tuple, NaN,
-# a datetime orjson writes as a string, a value at level 201, an int past 64 bits) goes
-# the way it always went, which decides alone what is refused and with which path.
-def _plain_dict(value: dict[str, Any], level: int) -> dict[str, Any]:
-    """Return a fresh copy of a plain dict at ``level``, or raise ``_NotPlain``."""
-    if level >= MAX_DEPTH and value:
-        raise _NotPlain
-    scalars = _PLAIN_SCALARS
-    copy: dict[str, Any] = {}
-    for key, item in value.items():
-        kind = type(item)
-        if type(key) is not str:
-            raise _NotPlain
-        if kind in scalars:
-            copy[key] = item
-        elif kind is dict:
-            copy[key] = _plain_dict(item, level + 1)
-        elif kind is list:
-            copy[key] = _plain_list(item, level + 1)
-        elif kind is float and _isfinite(item):
-            copy[key] = item
-        else:
-            raise _NotPlain
-    return copy
-
-
-def _plain_list(value: list[Any], level: int) -> list[Any]:
-    """Return a fresh copy of a plain list at ``level``, or raise ``_NotPlain``."""
-    if level >= MAX_DEPTH and value:
-        raise _NotPlain
-    scalars = _PLAIN_SCALARS
-    if scalars.issuperset(map(type, value)):
-        return value[:]  # scalars only (floats aside): copied at C speed
-    copy: list[Any] = []
-    append = copy.append
-    for item in value:
-        kind = type(item)
-        if kind in scalars:
-            append(item)
-        elif kind is dict:
-            append(_plain_dict(item, level + 1))
-        elif kind is list:
-            append(_plain_list(item, level + 1))
-        elif kind is float and _isfinite(item):
-            append(item)
-        else:
-            raise _NotPlain
-    return copy
-
-
-#: Deepest nesting a state may have (the state itself is level 1). A state that only
-#: just fits the encoder's recursion limit could not be loaded again from a deeper call
-#: stack (a worker thread, a CLI command, a step that loads it): the limit keeps every
-#: saved state loadable anywhere.
-MAX_DEPTH = 200
 
 
 def pristine(cp: Checkpoint) -> dict[str, Any]:
@@ -232,66 +79,6 @@ def pristine(cp: Checkpoint) -> dict[str, Any]:
         copy: dict[str, Any] = copy_containers(stored.private)
         return copy
     return encode_state(cp.state)[1]
-
-
-def copy_containers(value: Any) -> Any:
-    """A copy of ``value``'s dicts and lists, sharing its (immutable) scalars."""
-    kind = type(value)
-    if kind is dict:
-        return {key: copy_containers(item) for key, item in value.items()}
-    if kind is list:
-        return [copy_containers(item) for item in value]
-    return value
-
-
-def _check_depth(copy: dict[str, Any], text: str) -> None:
-    """Raise ``InvalidState`` if ``copy`` (the decoded state, ``text`` its JSON) is too deep.
-
-    The rule, unchanged: ``copy`` is level 1 and each value inside a dict or list one
-    level below it; a value of any kind (container or scalar) at a level past
-    ``MAX_DEPTH`` is refused, so 199 nested lists under a key fit (the innermost, empty,
-    is level 200) and 200 do not. One exception is kept exactly as it was: a state with
-    at most ``MAX_DEPTH`` ``[`` and ``{`` characters in its text passes (the old check
-    counted them first, to skip its walk), which lets through a lone chain of 200
-    containers with a scalar at the bottom, at level 201.
-
-    ``copy`` holds plain dicts and lists only, so ``type() is`` tells them apart. The
-    walk goes level by level in C iterators (chain, map, compress): each value is looked
-    at once, by its type, never its characters, so a 2 KB string costs what a small int
-    costs; a level of scalars ends it, and at most ``MAX_DEPTH`` levels are walked
-    whatever the nesting. Only a state already found too deep has its text counted.
-
-    Why the whole state and not only what the step changed: a step is handed the state
-    itself and may change it in place (``state["messages"].append(...)``), so no part
-    of it is known unchanged without looking at it; the round trip in ``encode_state``
-    looks at every value anyway. The two counts of the whole text this replaces were a
-    third of a long run's instructions.
-    """
-    dicts: list[dict[str, Any]] = [copy]
-    lists: list[list[Any]] = []
-    for level in range(2, MAX_DEPTH + 2):  # the level of the values being looked at
-        below = chain(chain.from_iterable(map(_values, dicts)), chain.from_iterable(lists))
-        if level > MAX_DEPTH:
-            deeper = next(below, _UNSET) is not _UNSET
-            # Counted only now, for the one exception kept (see above).
-            if deeper and text.count("[") + text.count("{") > MAX_DEPTH:
-                raise InvalidState(
-                    f"state: nested more than {MAX_DEPTH} levels deep; a state that deep "
-                    "could not be loaded from every call stack. Flatten it (keep deep data "
-                    "as a JSON string, say)",
-                    "state",
-                )
-            return
-        values = [*below]
-        types = [*map(type, values)]
-        kinds = set(types)
-        if dict not in kinds and list not in kinds:
-            return
-        dicts = [*compress(values, map(is_, types, repeat(dict)))] if dict in kinds else []
-        lists = [*compress(values, map(is_, types, repeat(list)))] if list in kinds else []
-
-
-_values = dict.values
 
 
 def _time(value: datetime | None) -> str | None:
@@ -405,7 +192,7 @@ def _meta_json(cp: Checkpoint, meta: dict[str, Any]) -> str:
     the checkpoint (``input``, signal payloads) may hold any float or a NaN, which
     orjson would write as null where ``_dumps`` refuses: those always go the standard way.
     """
-    module = _load_orjson() if _orjson is _UNSET else _orjson
+    module = orjson_module()
     lease = cp.lease
     if (
         module is not None

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from datetime import timedelta
 from typing import Any
 
@@ -48,6 +48,7 @@ __all__ = [
     "cancel",
     "cancel_children",
     "cancel_op",
+    "performer",
     "retry",
     "retry_op",
     "signal",
@@ -62,7 +63,9 @@ _MAX_SIGNAL_ID = 200
 Op = Generator[Effect, Any, Any]
 
 
-def _sync(gen: Op, store: Store) -> Any:
+def performer(store: Store) -> Callable[[Effect], Any]:
+    """The sync ``perform`` of a control operation's effects on ``store``."""
+
     def perform(effect: Effect) -> Any:
         if isinstance(effect, Save):
             return store.save(effect.cp)
@@ -71,7 +74,11 @@ def _sync(gen: Op, store: Store) -> Any:
         assert isinstance(effect, Load)
         return store.load(effect.run_id)
 
-    return step_through(gen, perform)
+    return perform
+
+
+def _sync(gen: Op, store: Store) -> Any:
+    return step_through(gen, performer(store))
 
 
 async def _async(gen: Op, store: Store) -> Any:

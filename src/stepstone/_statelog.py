@@ -83,23 +83,12 @@ import itertools
 import os
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from itertools import islice
-from operator import is_
 from typing import Any
 
 from ._checkpoint import Checkpoint, Stored, utcnow
-from ._codec import (
-    MAX_DEPTH,
-    REF_KEY,
-    PiecesNeeded,
-    checkpoint_from_doc,
-    copy_containers,
-    decode_json,
-    dump_json,
-    encode_state,
-)
-from ._errors import CorruptCheckpoint
+from ._codec import MAX_DEPTH, REF_KEY, PiecesNeeded, dump_json, encode_state
 from ._incarnation import (
     INC_LEN,
     ORPHAN_AGE,
@@ -112,6 +101,29 @@ from ._incarnation import (
     key_in,
     new_inc,
 )
+from ._statediff import (
+    _at,
+    _containers,
+    _del_in,
+    _diff,
+    _extend_in,
+    _extended,
+    _set_in,
+    _with,
+    _without,
+)
+from ._statepieces import (
+    INLINE_MAX,
+    LOG_FACTOR,
+    LOG_MAX,
+    PIECE_MAX,
+    Piece,
+    PiecesMissing,
+    Prepared,
+    pieces_of,
+    serial,
+)
+from ._stateread import assemble, checkpoint_with_pieces, missing_error
 
 __all__ = [
     "INC_LEN",
@@ -135,127 +147,11 @@ __all__ = [
     "inc_of_doc",
     "is_orphan",
     "new_inc",
+    "observe",
     "pieces_of",
     "prepare_save",
     "serial",
 ]
-
-#: A state whose JSON text is at most this many bytes stays in the run's document.
-INLINE_MAX = 8 * 1024
-#: The largest piece a store is handed by default; a store may ask for smaller.
-PIECE_MAX = 1 << 20
-#: A new base is written once the log holds this many times the base's bytes...
-LOG_FACTOR = 3
-#: ... or this many pieces (a load fetches each).
-LOG_MAX = 256
-
-
-@dataclass(frozen=True, slots=True)
-class Piece:
-    """One immutable piece of a run's stored state: written once, never changed."""
-
-    key: str
-    gen: int
-    data: bytes
-
-
-class PiecesMissing(Exception):
-    """A document names pieces that are not stored (a newer save collected them).
-
-    Internal: a store that sees it reads the document again; if the same document
-    still names missing pieces, it raises ``CorruptCheckpoint``.
-    """
-
-    def __init__(self, keys: list[str]) -> None:
-        super().__init__(f"{len(keys)} pieces missing, first {keys[0]!r}")
-        self.keys = keys
-
-
-@dataclass(frozen=True, slots=True)
-class Prepared:
-    """What a save must do, in order: write ``pieces``, then the document, then collect.
-
-    - ``state_text``: the state's JSON for the document (inline), or None;
-    - ``ref``: the ``state_ref`` for the document (chunked), or None;
-    - ``pieces``: to be stored before the document's compare-and-swap;
-    - ``collect_below``: after the swap succeeded, delete the run's pieces whose
-      generation is below this (None: nothing to collect);
-    - ``state``: the state for the returned checkpoint; ``stored``: its handle (give the
-      returned checkpoint ``stored_state=prepared.bind(version)``).
-    """
-
-    state_text: str | None
-    ref: dict[str, Any] | None
-    pieces: list[Piece]
-    collect_below: int | None
-    state: dict[str, Any]
-    gen: int
-    private: dict[str, Any] | None
-    store: int
-    run_id: str
-    #: What the save changed, as ``op path`` strings (``x messages``); None: written whole.
-    changes: list[str] | None = None
-    #: The key of the run's newest history record (a run that keeps history), or None.
-    history: str | None = None
-    #: The log chain a log piece was numbered in (``_Chain``), handed to the next save.
-    chain: Any = None
-    #: The run's incarnation (``new_inc``); None: a legacy lineage (keys without one).
-    inc: str | None = None
-
-    def bind(self, version: str) -> Stored | None:
-        """The handle of the saved checkpoint, once its version is known.
-
-        None for a state that is inline and never had pieces (most runs): nothing to
-        carry. The handed values are kept as a shallow copy, so a step that rebinds a
-        key of the state it was handed in place is still seen to have replaced it.
-        """
-        if self.ref is None and self.gen == 0:
-            return None
-        handed = dict(self.state) if self.ref is not None else None
-        return Stored(
-            self.store,
-            self.run_id,
-            version,
-            self.gen,
-            self.ref,
-            self.private,
-            handed,
-            self.history,
-            self.chain,
-            self.inc,
-        )
-
-    def document_fields(self) -> dict[str, Any]:
-        """``encode_document``'s keywords for this save's document (``ref``, ``gen``, ...)."""
-        if self.ref is not None:
-            return {"ref": self.ref}
-        return {"gen": self.gen, "history_head": self.history, "inc": self.inc}
-
-    @property
-    def piece_keys(self) -> list[str]:
-        return [piece.key for piece in self.pieces]
-
-
-def pieces_of(ref: dict[str, Any]) -> list[str]:
-    """Every piece key a ``state_ref`` names, base first, in order."""
-    keys: list[str] = list(ref["base"])
-    for prefix, first, count in ref["log"]:
-        keys.extend(f"{prefix}{n}" for n in range(first, first + count))
-    return keys
-
-
-_serials = itertools.count(1)
-
-
-def serial(store: object) -> int:
-    """A number for the store object, unique in the process (``id`` may be reused)."""
-    try:
-        return store._statelog_serial  # type: ignore[attr-defined,no-any-return]  # noqa: SLF001
-    except AttributeError:
-        number = next(_serials)
-        # Two threads racing here give it two numbers: a save then merely writes whole.
-        store._statelog_serial = number  # type: ignore[attr-defined]  # noqa: SLF001
-        return number
 
 
 def _handle(cp: Checkpoint) -> Stored | None:
@@ -282,11 +178,29 @@ def prepare_save(
     against, for a store whose pieces expire (Cosmos DB's TTL): the base records when
     it was written (``at``), and no document names a piece older than this.
     """
-    planned = _plan(store, cp, piece_max, cp.history, max_base_age)
-    if not cp.history:
-        return planned
-    handle = _handle(cp)
-    return _recorded(planned, cp, handle)
+    prepared = _plan(store, cp, piece_max, cp.history, max_base_age)
+    if cp.history:
+        prepared = _recorded(prepared, cp, _handle(cp))
+    for observe in _observers:
+        observe(prepared)
+    return prepared
+
+
+#: Who is told of every planned save (``stepstone.testing.StateMeter``); empty in
+#: production, where the loop above costs one empty-tuple iteration.
+_observers: tuple[Callable[[Prepared], None], ...] = ()
+
+
+def observe(observer: Callable[[Prepared], None]) -> Callable[[], None]:
+    """Call ``observer`` with every save's plan from now on; return what stops it."""
+    global _observers  # noqa: PLW0603 - a process-wide test seam, as ``_hooks``
+    _observers = (*_observers, observer)
+
+    def stop() -> None:
+        global _observers  # noqa: PLW0603 - see above
+        _observers = tuple(o for o in _observers if o is not observer)
+
+    return stop
 
 
 def _inc_for(cp: Checkpoint, handle: Stored | None) -> str | None:
@@ -547,229 +461,3 @@ def _new_process_token() -> None:
 
 _process_token = secrets.token_hex(8)
 os.register_at_fork(after_in_child=_new_process_token)
-
-
-def _containers(value: Any) -> Any:
-    """A copy of ``value``'s dicts and lists, sharing its (immutable) scalars.
-
-    The private copy shares strings with the handed state on purpose: the next save's
-    equality test then finds them identical at once instead of comparing their text.
-    """
-    return copy_containers(value)
-
-
-_MISSING: Any = object()
-
-
-def _diff(
-    path: tuple[str, ...],
-    new: dict[str, Any],
-    handed: dict[str, Any] | None,
-    old: dict[str, Any],
-    out: list[tuple[tuple[str, ...], str, Any]],
-) -> bool:
-    """Append ``(path, op, value)`` for what differs between ``new`` and ``old``.
-
-    Returns False when the change cannot be expressed (a key that is not a str, which
-    the whole-state path refuses with its message).
-    """
-    if handed is None:
-        handed = {}
-    for key, value in new.items():
-        if type(key) is not str:
-            return False
-        before = old.get(key, _MISSING)
-        if before is _MISSING:
-            out.append(((*path, key), "s", value))
-            continue
-        given = handed.get(key, _MISSING)
-        kind = type(value)
-        if value is given and kind is type(before) and value == before:
-            continue  # the object handed out, unchanged in place
-        if kind is list and type(before) is list:
-            n = len(before)
-            if (
-                len(value) >= n
-                and type(given) is list
-                and len(given) >= n
-                and all(map(is_, islice(value, n), islice(given, n)))
-                and value[:n] == before
-            ):
-                if len(value) > n:
-                    out.append(((*path, key), "x", value[n:]))
-                continue
-        elif kind is dict and type(before) is dict:
-            if not _diff((*path, key), value, given if type(given) is dict else None, before, out):
-                return False
-            continue
-        out.append(((*path, key), "s", value))
-    if len(new) < len(old) or any(key not in new for key in old):
-        out.extend(((*path, key), "d", None) for key in old if key not in new)
-    return True
-
-
-# The private state is never changed in place (a racing save of the same handle may be
-# reading it): each change copies the dicts on its path, and a list it extends.
-def _with(state: dict[str, Any], path: tuple[str, ...], value: Any) -> dict[str, Any]:
-    top = dict(state)
-    node = top
-    for key in path[:-1]:
-        child = dict(node[key])
-        node[key] = child
-        node = child
-    node[path[-1]] = value
-    return top
-
-
-def _extended(state: dict[str, Any], path: tuple[str, ...], items: list[Any]) -> dict[str, Any]:
-    return _with(state, path, [*_at(state, path), *items])
-
-
-def _without(state: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
-    top = dict(state)
-    node = top
-    for key in path[:-1]:
-        child = dict(node[key])
-        node[key] = child
-        node = child
-    del node[path[-1]]
-    return top
-
-
-# The handed state is the caller's: its dicts on a changed path are copied (the step's
-# own objects are not changed under it), the changed values are fresh copies.
-def _set_in(state: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
-    node = state
-    for key in path[:-1]:
-        child = dict(node[key])
-        node[key] = child
-        node = child
-    node[path[-1]] = value
-
-
-def _extend_in(state: dict[str, Any], path: tuple[str, ...], items: list[Any], keep: int) -> None:
-    """Replace the list at ``path`` by its first ``keep`` items (the stored ones), then
-    ``items`` (fresh copies of the step's new ones)."""
-    node = state
-    for key in path[:-1]:
-        child = dict(node[key])
-        node[key] = child
-        node = child
-    node[path[-1]] = [*islice(node[path[-1]], keep), *items]
-
-
-def _at(state: dict[str, Any], path: tuple[str, ...]) -> Any:
-    node: Any = state
-    for key in path:
-        node = node[key]
-    return node
-
-
-def _del_in(state: dict[str, Any], path: tuple[str, ...]) -> None:
-    node = state
-    for key in path[:-1]:
-        child = dict(node[key])
-        node[key] = child
-        node = child
-    node.pop(path[-1], None)
-
-
-def _apply(state: dict[str, Any], ops: Any, source: str) -> None:
-    """Apply a log piece's operations to a freshly decoded state, in place."""
-    if not isinstance(ops, list):
-        raise CorruptCheckpoint(f"{source}: a log piece is not a list; left untouched")
-    for op in ops:
-        try:
-            kind, path = op[0], op[1]
-            node: Any = state
-            for key in path[:-1]:
-                node = node[key]
-            last = path[-1]
-            if kind == "s":
-                node[last] = op[2]
-            elif kind == "x":
-                node[last].extend(op[2])
-            elif kind == "d":
-                del node[last]
-            else:
-                raise ValueError(f"unknown operation {kind!r}")
-        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
-            raise CorruptCheckpoint(
-                f"{source}: a log piece does not apply to its base ({type(exc).__name__}: "
-                f"{exc}); left untouched"
-            ) from exc
-
-
-def assemble(
-    store: object,
-    run_id: str,
-    version: str | None,
-    ref: dict[str, Any],
-    pieces: dict[str, bytes],
-    source: str,
-) -> tuple[dict[str, Any], Stored]:
-    """Rebuild the state a ``state_ref`` names from its pieces: (state, handle).
-
-    Raises ``PiecesMissing`` if a piece is absent, ``CorruptCheckpoint`` if malformed.
-    """
-    try:
-        base = ref["base"]
-        gen = ref["gen"]
-        keys = pieces_of(ref)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CorruptCheckpoint(
-            f"{source}: malformed state_ref ({type(exc).__name__}: {exc}); left untouched"
-        ) from exc
-    missing = [key for key in keys if key not in pieces]
-    if missing:
-        raise PiecesMissing(missing)
-    text = b"".join(pieces[key] for key in base)
-    if len(text) != ref.get("base_bytes"):
-        raise CorruptCheckpoint(
-            f"{source}: the state's base is {len(text)} bytes, its reference says "
-            f"{ref.get('base_bytes')!r}; left untouched"
-        )
-    try:
-        state: Any = decode_json(text)
-        logs = [decode_json(pieces[key]) for key in keys[len(base) :]]
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise CorruptCheckpoint(
-            f"{source}: a piece of the state is not JSON ({exc}); left untouched"
-        ) from exc
-    if type(state) is not dict:
-        raise CorruptCheckpoint(f"{source}: the state's base is not an object; left untouched")
-    for ops in logs:
-        _apply(state, ops, source)
-    # No list or dict shared with the state (which is the caller's); strings shared.
-    private = _containers(state)
-    history = ref.get("history")
-    inc = ref.get("inc")
-    if inc is not None and not isinstance(inc, str):
-        raise CorruptCheckpoint(f"{source}: state_ref's inc is not a string; left untouched")
-    return state, Stored(
-        serial(store), run_id, version, int(gen), ref, private, dict(state), history, None, inc
-    )
-
-
-def checkpoint_with_pieces(
-    store: object,
-    doc: dict[str, Any],
-    version: str | None,
-    source: str,
-    run_id: str | None,
-    pieces: dict[str, bytes],
-) -> Checkpoint:
-    """The checkpoint of a schema-3 document, its state rebuilt from ``pieces``.
-
-    Raises ``PiecesMissing`` (read the document again) or ``CorruptCheckpoint``.
-    """
-    state, handle = assemble(store, str(doc.get("run_id")), version, doc[REF_KEY], pieces, source)
-    return checkpoint_from_doc(doc, version, source, run_id, state=state, stored=handle)
-
-
-def missing_error(source: str, missing: PiecesMissing) -> CorruptCheckpoint:
-    """The error for a document that still names missing pieces after re-reading it."""
-    return CorruptCheckpoint(
-        f"{source}: the stored state names {len(missing.keys)} piece(s) that are not stored "
-        f"(first {missing.keys[0]!r}); left untouched"
-    )

@@ -7,14 +7,16 @@ import heapq
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from types import MappingProxyType, TracebackType
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol, Self, TypeVar
+from typing import TYPE_CHECKING, ClassVar, Self
 
 from ._checkpoint import ACTIVE_STATUSES, STATUSES, Checkpoint, keep_times
 from ._errors import CorruptCheckpoint, StoreError
 from ._incarnation import ORPHAN_AGE
 from ._observe import logger
+from ._runinfo import Claim, Diagnosis, Listener, RunInfo, check_page, page_key
+from ._store_compat import _delete, _to_thread, aclaim_page, claim_page
 from ._wake import Doorbell
 
 if TYPE_CHECKING:
@@ -22,133 +24,17 @@ if TYPE_CHECKING:
     from ._incarnation import Orphan
     from ._statelog import Piece
 
-__all__ = ["Claim", "Diagnosis", "Listener", "RunInfo", "Store", "page_key"]
-
-T = TypeVar("T")
-_NEVER = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-def page_key(info: RunInfo) -> tuple[datetime, str]:
-    """Return the order of ``Store.list_page``: (updated_at in UTC, run_id); larger first."""
-    updated = info.updated_at
-    if updated is None:
-        updated = _NEVER
-    elif updated.tzinfo is None:
-        updated = updated.replace(tzinfo=UTC)
-    return updated, info.run_id
-
-
-async def _to_thread(fn: Callable[..., T], *args: Any) -> T:
-    # asyncio is imported here, not at the top: it costs ~40 ms that sync users and
-    # every command-line call would pay for nothing.
-    import asyncio  # noqa: PLC0415 - deferred (~40 ms), see above
-
-    return await asyncio.to_thread(fn, *args)
-
-
-class Listener(Protocol):
-    """What ``Store.listen`` returns: hears other processes' announcements until closed."""
-
-    def close(self) -> None:
-        """Stop listening and release what the listener holds. Closing twice is allowed."""
-        ...
-
-
-class Claim(NamedTuple):
-    """One run claimed by ``Store.claim_ready``: its record before and as now stored.
-
-    ``before.version`` is None where the database does not return the replaced version.
-    """
-
-    before: Checkpoint
-    claimed: Checkpoint
-
-
-class Diagnosis(NamedTuple):
-    """One check made by ``Store.doctor``."""
-
-    check: str
-    ok: bool
-    detail: str
-
-
-class RunInfo:
-    """What ``Store.list_info`` reports for one run: enough to list, prune and claim.
-
-    ``version`` lets a caller act on what it read by compare-and-swap (prune deletes
-    with it, a worker claims with it); ``owner`` and ``due_at`` come from the same
-    record (``Checkpoint.owner``, ``Checkpoint.due_at``). Backends that cannot report
-    them leave them None; ``Store.list_info``'s default fills every field.
-
-    ``workflow``, ``workflow_version`` and ``waiting_for`` are what a listing row shows
-    besides (the dashboard's). ``Store.list_page`` reports them on every built-in backend
-    from the run's metadata, never its state; ``list_info`` and ``claimable`` may leave
-    them None.
-    """
-
-    __slots__ = (
-        "due_at",
-        "owner",
-        "run_id",
-        "status",
-        "step",
-        "total_steps",
-        "updated_at",
-        "version",
-        "waiting_for",
-        "workflow",
-        "workflow_version",
-    )
-
-    def __init__(
-        self,
-        run_id: str,
-        status: RunStatus,
-        step: int,
-        total_steps: int | None,
-        updated_at: datetime | None,
-        *,
-        version: str | None = None,
-        owner: str | None = None,
-        due_at: datetime | None = None,
-        workflow: str | None = None,
-        workflow_version: str | None = None,
-        waiting_for: str | None = None,
-    ) -> None:
-        self.run_id = run_id
-        self.status: RunStatus = status
-        self.step = step
-        self.total_steps = total_steps
-        self.updated_at = updated_at
-        self.version = version
-        self.owner = owner
-        self.due_at = due_at
-        self.workflow = workflow
-        self.workflow_version = workflow_version
-        self.waiting_for = waiting_for
-
-    @classmethod
-    def of(cls, cp: Checkpoint) -> RunInfo:
-        """Return the ``RunInfo`` of a loaded checkpoint."""
-        return cls(
-            cp.run_id,
-            cp.status,
-            cp.step,
-            cp.total_steps,
-            cp.updated_at,
-            version=cp.version,
-            owner=cp.owner,
-            due_at=cp.due_at,
-            workflow=cp.workflow,
-            workflow_version=cp.workflow_version,
-            waiting_for=cp.waiting_for,
-        )
-
-    def __repr__(self) -> str:
-        return (
-            f"RunInfo(run_id={self.run_id!r}, status={self.status!r}, step={self.step}, "
-            f"updated_at={self.updated_at!r}, owner={self.owner!r}, due_at={self.due_at!r})"
-        )
+__all__ = [
+    "Claim",
+    "Diagnosis",
+    "Listener",
+    "RunInfo",
+    "Store",
+    "aclaim_page",
+    "check_page",
+    "claim_page",
+    "page_key",
+]
 
 
 class Store(abc.ABC):
@@ -312,12 +198,7 @@ class Store(abc.ABC):
                 yield RunInfo.of(cp)
 
     def claimable(
-        self,
-        now: datetime,
-        limit: int = 100,
-        *,
-        status: RunStatus | None = None,
-        skip: int = 0,
+        self, now: datetime, limit: int = 100, *, status: RunStatus | None = None, skip: int = 0
     ) -> list[RunInfo]:
         """Return the runs a worker may have to act on, from an index where there is one.
 
@@ -565,12 +446,7 @@ class Store(abc.ABC):
             yield info
 
     async def aclaimable(
-        self,
-        now: datetime,
-        limit: int = 100,
-        *,
-        status: RunStatus | None = None,
-        skip: int = 0,
+        self, now: datetime, limit: int = 100, *, status: RunStatus | None = None, skip: int = 0
     ) -> list[RunInfo]:
         """Async ``claimable``."""
         return await _to_thread(claim_page, self, now, limit, status, skip)
@@ -669,75 +545,3 @@ class Store(abc.ABC):
     async def acollect_orphans(self, min_age: float = ORPHAN_AGE) -> list[Orphan]:
         """Async ``collect_orphans``."""
         return await _to_thread(self.collect_orphans, min_age)
-
-
-def _delete(store: Store, run_id: str, expected_version: str | None) -> bool:
-    if expected_version is None:
-        # A third-party store written to the previous contract has ``delete(run_id)``
-        # only: call it that way whenever no version is expected.
-        return store.delete(run_id)
-    if not _takes_expected_version(type(store)):
-        raise StoreError(
-            f"{type(store).__qualname__}.delete takes no expected_version (it was written "
-            "to an older Store contract), so it cannot delete by compare-and-swap; nothing "
-            "was deleted. Add the keyword-only expected_version argument to that delete"
-        )
-    return store.delete(run_id, expected_version=expected_version)
-
-
-_SIGNATURES: dict[type[Store], bool] = {}
-
-
-def _takes_expected_version(cls: type[Store]) -> bool:
-    known = _SIGNATURES.get(cls)
-    if known is None:
-        import inspect  # noqa: PLC0415 - only for this rare path; ~10 ms at import
-
-        try:
-            parameters = inspect.signature(cls.delete).parameters
-        except (TypeError, ValueError):  # no signature to read: let the call tell
-            known = True
-        else:
-            known = "expected_version" in parameters or any(
-                p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
-            )
-        _SIGNATURES[cls] = known
-    return known
-
-
-def check_page(status: object, skip: object) -> None:
-    """Raise ``ValueError`` unless ``status`` and ``skip`` name a page of ``claimable``."""
-    if status is not None and status not in ACTIVE_STATUSES:
-        raise ValueError(
-            f"status must be None or one of {', '.join(ACTIVE_STATUSES)}, got {status!r}"
-        )
-    if type(skip) is not int or skip < 0:
-        raise ValueError(f"skip must be an int >= 0, got {skip!r}")
-
-
-def claim_page(
-    store: Store, now: datetime, limit: int, status: RunStatus | None, skip: int
-) -> list[RunInfo]:
-    """Call ``store.claimable`` for one page, also on a store written to its old form.
-
-    A third-party store whose ``claimable(now, limit)`` predates paging gets a longer
-    limit and the page is cut from its answer: slower, never stuck.
-    """
-    if status is None and skip == 0:
-        return store.claimable(now, limit)
-    if store.claims_by_kind:
-        return store.claimable(now, limit, status=status, skip=skip)
-    check_page(status, skip)
-    kind = [info for info in store.claimable(now, skip + limit) if info.status == status]
-    return kind[skip : skip + limit]
-
-
-async def aclaim_page(
-    store: Store, now: datetime, limit: int, status: RunStatus | None, skip: int
-) -> list[RunInfo]:
-    """Async ``claim_page``: ``store.aclaimable``, or the sync page in a thread."""
-    if status is None and skip == 0:
-        return await store.aclaimable(now, limit)
-    if store.claims_by_kind:
-        return await store.aclaimable(now, limit, status=status, skip=skip)
-    return await _to_thread(claim_page, store, now, limit, status, skip)

@@ -44,6 +44,7 @@ from agent_framework import (
 )
 from agent_framework.exceptions import WorkflowCheckpointException
 
+from fresh_stores import BACKENDS, SERVERS
 from stepstone import ConflictError, InvalidState, open_store
 from stepstone.adapters.agent_framework import (
     AgentFrameworkCheckpointError,
@@ -55,7 +56,6 @@ from stepstone.adapters.agent_framework import (
 
 WORKFLOW = "pipeline"
 STAGES = ("fetch", "parse", "think", "write", "publish")
-BACKENDS = ("memory", "file", "sqlite", "postgresql", "mysql", "cosmos")
 DURABLE = BACKENDS[1:]
 #: Seconds a child process may take (it imports MAF and opens the store).
 CHILD_TIMEOUT = 180.0
@@ -181,12 +181,9 @@ def config(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.M
     if name == "sqlite":
         return f"sqlite:///{tmp_path}/runs.db"
     if name in ("postgresql", "mysql"):
-        from test_contract import fresh_table
+        from fresh_stores import fresh_table
 
-        server = {
-            "postgresql": "postgresql://postgres@127.0.0.1:5432/test",
-            "mysql": "mysql://root@127.0.0.1:3306/test",
-        }[name]
+        server = SERVERS[name]
         return fresh_table(request, server)
     emulator = request.getfixturevalue("emulator")
     # In the environment, so the child processes find the key as the parent does.

@@ -44,6 +44,7 @@ from agent_framework import (
 )
 from agent_framework.exceptions import WorkflowCheckpointException
 
+from fresh_stores import POSTGRES_URL
 from stepstone import Checkpoint, CorruptCheckpoint, InvalidState, open_store
 from stepstone.adapters.agent_framework import FORMAT, StepstoneCheckpointStorage, record_id
 
@@ -159,9 +160,9 @@ def make(kind: str, request: pytest.FixtureRequest, tmp: Path, **options: Any) -
     elif kind == "sqlite":
         config = f"sqlite:///{tmp}/runs.db"
     else:
-        from test_contract import fresh_table
+        from fresh_stores import fresh_table
 
-        config = fresh_table(request, "postgresql://postgres@127.0.0.1:5432/test")
+        config = fresh_table(request, POSTGRES_URL)
     storage = StepstoneCheckpointStorage(config, **options)
     request.addfinalizer(storage.close)
     return storage

@@ -44,7 +44,8 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 
 import langgraph_support as lgs
-from langgraph_support import BACKENDS, CHILD_TIMEOUT, DURABLE, _config_for, _context
+from fresh_stores import BACKENDS
+from langgraph_support import CHILD_TIMEOUT, DURABLE, _config_for, _context
 from stepstone import ConfigError, Store, open_store
 from stepstone.adapters.langgraph import (
     CheckpointConflict,

@@ -33,8 +33,8 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Command, Durability, interrupt
 
+from fresh_stores import BACKENDS
 from langgraph_support import (
-    BACKENDS,
     CHILD_TIMEOUT,
     DURABLE,
     _config_for,

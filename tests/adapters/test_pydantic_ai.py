@@ -181,12 +181,9 @@ def config(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.M
     if name == "sqlite":
         return f"sqlite:///{tmp_path}/runs.db"
     if name in ("postgresql", "mysql"):
-        from test_contract import fresh_table
+        from fresh_stores import SERVERS, fresh_table
 
-        server = {
-            "postgresql": "postgresql://postgres@127.0.0.1:5432/test",
-            "mysql": "mysql://root@127.0.0.1:3306/test",
-        }[name]
+        server = SERVERS[name]
         return fresh_table(request, server)
     emulator = request.getfixturevalue("emulator")
     # In the environment, so the child processes find the key as the parent does.

@@ -29,9 +29,9 @@ def store_config(
         # A relative path, as an operator would type it (and as the screenshots show).
         monkeypatch.chdir(tmp_path)
         return "sqlite:///runs.db"
-    from test_contract import fresh_table
+    from fresh_stores import POSTGRES_URL, fresh_table
 
-    return fresh_table(request, "postgresql://postgres@127.0.0.1:5432/test")
+    return fresh_table(request, POSTGRES_URL)
 
 
 @pytest.fixture

@@ -30,12 +30,9 @@ LOOPBACK = "http://127.0.0.1"
 def config(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A fresh store per test (a fresh table on the SQL servers, as test_contract.py)."""
     if request.param in ("postgresql", "mysql"):
-        from test_contract import fresh_table
+        from fresh_stores import SERVERS, fresh_table
 
-        server = {
-            "postgresql": "postgresql://postgres@127.0.0.1:5432/test",
-            "mysql": "mysql://root@127.0.0.1:3306/test",
-        }
+        server = SERVERS
         return fresh_table(request, server[request.param])
     return {
         "memory": f"memory://ui-{uuid.uuid4().hex}",

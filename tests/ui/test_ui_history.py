@@ -57,9 +57,9 @@ PAY = Workflow(
 def config(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A fresh store per test (a fresh table on PostgreSQL, as test_contract.py)."""
     if request.param == "postgresql":
-        from test_contract import fresh_table
+        from fresh_stores import POSTGRES_URL, fresh_table
 
-        return fresh_table(request, "postgresql://postgres@127.0.0.1:5432/test")
+        return fresh_table(request, POSTGRES_URL)
     return {
         "memory": f"memory://ui-{uuid.uuid4().hex}",
         "file": f"file://{tmp_path}/runs",

@@ -16,11 +16,10 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
+from fresh_stores import BACKENDS, SERVERS, fresh_table
 from stepstone import Checkpoint, Store, _statelog, open_store
 from stepstone.ui import create_app
-from test_contract import fresh_table
 
-BACKENDS = ["memory", "file", "sqlite", "postgresql", "mysql", "cosmos"]
 #: Past ``_statelog.INLINE_MAX``: the state is kept in pieces.
 _BIG = 4 * _statelog.INLINE_MAX
 
@@ -34,10 +33,7 @@ def _config(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.
     if name == "sqlite":
         return f"sqlite:///{tmp_path}/runs.db"
     if name in ("postgresql", "mysql"):
-        server = {
-            "postgresql": "postgresql://postgres@127.0.0.1:5432/test",
-            "mysql": "mysql://root@127.0.0.1:3306/test",
-        }[name]
+        server = SERVERS[name]
         return fresh_table(request, server)
     emulator: Any = request.getfixturevalue("emulator")
     monkeypatch.setenv("AZURE_COSMOS_KEY", emulator.key)

@@ -17,12 +17,11 @@ from typing import Any
 
 import pytest
 
+from fresh_stores import BACKENDS, MYSQL_URL, POSTGRES_URL, fresh_table
 from stepstone import Checkpoint, Failure, Store, open_store
 from stepstone._checkpoint import STATUSES, RunStatus, evolve
 from stepstone._store import page_key
-from test_contract import fresh_table
 
-BACKENDS = ["memory", "file", "sqlite", "postgresql", "mysql", "cosmos"]
 _BASE = datetime(2026, 1, 1, tzinfo=UTC)
 # Ids with shared prefixes, cases, LIKE wildcards and non-ASCII (no astral characters:
 # the emulator orders strings by UTF-16 units, Python by code points).
@@ -54,9 +53,9 @@ def listing_store(
     elif name == "sqlite":
         config = f"sqlite:///{tmp_path}/runs.db"
     elif name == "postgresql":
-        config = fresh_table(request, "postgresql://postgres@127.0.0.1:5432/test")
+        config = fresh_table(request, POSTGRES_URL)
     elif name == "mysql":
-        config = fresh_table(request, "mysql://root@127.0.0.1:3306/test")
+        config = fresh_table(request, MYSQL_URL)
     else:
         config = _cosmos_config(request, monkeypatch)
     with open_store(config) as store:

@@ -10,13 +10,10 @@ from typing import Any
 
 from .._checkpoint import STATUSES, Checkpoint
 from .._cron import RECORD as SCHEDULES_RECORD
-from .._deadline import describe
 from .._errors import CorruptCheckpoint
-from .._redact import redact_url
 from .._store import RunInfo
 from ._common import (
     EXIT_OK,
-    OperationalError,
     UsageError,
     age_arg,
     existing,
@@ -26,10 +23,11 @@ from ._common import (
     positive_int,
     store_config,
 )
-from ._output import age, emit_json, iso, out, safe, safe_lines, span, table, when
+from ._output import age, emit_json, iso, out, safe, span, table, when
 from ._prune import add_prune_parser
 from ._retry import add_retry_parser
-from ._rewind import add_rewind_parsers, journal_lines, runtime
+from ._rewind import add_rewind_parsers, runtime
+from ._show import missing, show_run
 from ._tail import add_tail_parser
 from ._upgrade import add_upgrade_parser
 from ._worker import add_start_parser
@@ -83,7 +81,7 @@ def add_parsers(commands: Any, store: argparse.ArgumentParser, parser_class: typ
         "show", parents=[store], help="show one run: status, lease, what it waits for, state"
     )
     show.add_argument("run_id", metavar="RUN_ID")
-    show.set_defaults(handler=_show)
+    show.set_defaults(handler=show_run)
 
     add_rewind_parsers(actions, store)
 
@@ -289,233 +287,6 @@ def _list(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-# --- show ----------------------------------------------------------------------------
-
-
-def _lease(cp: Checkpoint, now: datetime) -> tuple[str, bool | None]:
-    """Return a sentence about the run's lease, and whether it looks live (None: no
-    lease). Judged by this machine's clock against the owner's last renewal: a hint, as
-    workers decide takeovers by seeing no renewal for a whole lease, not by clocks."""
-    if cp.owner is None:
-        return "none (no process owns the run)", None
-    if cp.lease is None or cp.renewed_at is None:
-        return f"held by {safe(cp.owner)} (no lease length recorded)", None
-    renewed = cp.renewed_at if cp.renewed_at.tzinfo else cp.renewed_at.replace(tzinfo=UTC)
-    left = (renewed - now).total_seconds() + cp.lease
-    ago = span((now - renewed).total_seconds())
-    if left > 0:
-        return (
-            f"live: held by {safe(cp.owner)}, renewed {ago} ago, expires in {span(left)} "
-            f"unless renewed (lease {cp.lease:g}s)",
-            True,
-        )
-    return (
-        f"EXPIRED {span(-left)} ago: {safe(cp.owner)} last renewed it {ago} ago (lease "
-        f"{cp.lease:g}s); the next worker that looks will take the run over",
-        False,
-    )
-
-
-def _owner_lost(cp: Checkpoint, now: datetime) -> float | None:
-    """Return how many seconds ago a running run's lease expired, or None if it did not."""
-    if cp.status != "running" or cp.owner is None or cp.lease is None or cp.renewed_at is None:
-        return None
-    renewed = cp.renewed_at if cp.renewed_at.tzinfo else cp.renewed_at.replace(tzinfo=UTC)
-    over = (now - renewed).total_seconds() - cp.lease
-    return over if over > 0 else None
-
-
-def _status_text(cp: Checkpoint, now: datetime) -> str:
-    """Return the status as an operator should read it: a running run nobody runs says so."""
-    text: str = cp.status
-    lost = _owner_lost(cp, now)
-    if lost is not None:
-        text += f" (owner lost, lease expired {span(lost)} ago: a worker will take it over)"
-    elif cp.status == "running" and cp.owner is None:
-        text += " (no process holds it: the next worker that looks claims it)"
-    return text + (" (cancel requested)" if cp.cancel_requested else "")
-
-
-def _in_flight(cp: Checkpoint, now: datetime) -> tuple[int, str | None, float | None] | None:
-    """Return ``(index, name, seconds)`` of the step a running run is executing, or None.
-
-    The name is known only once that step has failed (its failure names it); the time
-    is since the run's last save, which is when the previous step completed or the
-    step's last attempt was counted.
-    """
-    if cp.status != "running":
-        return None
-    index = cp.step + 1
-    failure = cp.failure
-    name = failure.step_name if failure is not None and failure.step_index == index else None
-    since = None
-    if cp.updated_at is not None:
-        updated = cp.updated_at if cp.updated_at.tzinfo else cp.updated_at.replace(tzinfo=UTC)
-        since = max((now - updated).total_seconds(), 0.0)
-    return index, name, since
-
-
-def _attempt(cp: Checkpoint) -> tuple[int | None, str]:
-    """Return the attempt that is running or failed on the next step, and a sentence."""
-    failure = cp.failure
-    failed_here = failure is not None and failure.step_index == cp.step + 1
-    if cp.status == "failed" and failure is not None:
-        return failure.attempt, f"{failure.attempt} (failed; see failure)"
-    if cp.status == "running":
-        if failed_here and failure is not None and cp.attempt <= failure.attempt:
-            # A failed attempt whose retry has not begun yet: the owner waits the backoff.
-            return failure.attempt, f"{failure.attempt} failed, retrying after a backoff"
-        running = max(cp.attempt, 1)
-        return running, f"{running} running"
-    if cp.attempt:
-        return cp.attempt, f"{cp.attempt} begun on the next step, none running now"
-    return None, "none running"
-
-
-def _checkpoint_json(cp: Checkpoint, now: datetime) -> dict[str, Any]:
-    failure = cp.failure
-    lease_text, live = _lease(cp, now)
-    return {
-        "run_id": cp.run_id,
-        "status": cp.status,
-        "step": cp.step,
-        "completed_steps": cp.step + 1,
-        "total_steps": cp.total_steps,
-        "step_names": list(cp.step_names),
-        "attempt": _attempt(cp)[0],
-        "attempts_recorded": cp.attempt,
-        "status_text": _status_text(cp, now),
-        "owner_lost": _owner_lost(cp, now) is not None,
-        "in_flight": None
-        if (flight := _in_flight(cp, now)) is None
-        else {"step_index": flight[0], "step_name": flight[1], "seconds": flight[2]},
-        "failure": None
-        if failure is None
-        else {
-            "step_index": failure.step_index,
-            "step_name": failure.step_name,
-            "error_type": failure.error_type,
-            "message": failure.message,
-            "attempt": failure.attempt,
-            "at": iso(failure.at),
-        },
-        "created_at": iso(cp.created_at),
-        "updated_at": iso(cp.updated_at),
-        "version": cp.version,
-        "workflow": cp.workflow,
-        "workflow_version": cp.workflow_version,
-        "owner": cp.owner,
-        "epoch": cp.epoch,
-        "lease": cp.lease,
-        "renewed_at": iso(cp.renewed_at),
-        "lease_live": live,
-        "lease_text": lease_text,
-        "cancel_requested": cp.cancel_requested,
-        "waiting_for": cp.waiting_for,
-        "wake_at": iso(cp.wake_at),
-        "due_at": iso(cp.due_at),
-        "parent": cp.parent,
-        "timing": cp.timing,  # issue 33: the run's deadline
-        "signals": [
-            {"name": s.name, "id": s.id, "payload": s.payload, "at": iso(s.at)} for s in cp.signals
-        ],
-        "input": cp.input,
-        "state": cp.state,
-    }
-
-
-def _show(args: argparse.Namespace) -> int:
-    config = store_config(args)
-    with existing(config) as store:
-        cp = store.load(args.run_id)
-    if cp is None:
-        raise _missing(args.run_id, config)
-    now = datetime.now(UTC)
-    if args.json:
-        data = _checkpoint_json(cp, now)
-        try:
-            emit_json(data)
-        except RecursionError:
-            # Too deep for json's recursion: the stored text, as the store holds it.
-            emit_json({**data, "state": None, "state_json": cp.state_json, "input": None})
-        return EXIT_OK
-    fields = _fields(cp, now)
-    width = max(len(label) for label, _ in fields) + 2
-    for label, value in fields:
-        out(f"{label + ':':<{width}}{value}")
-    _print_failure(cp, width)
-    for line in journal_lines(cp):
-        out(line)
-    out("state:")
-    try:
-        text = json.dumps(cp.state, ensure_ascii=False, indent=2)
-    except RecursionError:
-        text = cp.state_json or "(nested too deeply to print)"
-    # json escapes C0 controls; safe() the rest (C1, bidi), line by line.
-    for line in text.split("\n"):
-        out(safe(line))
-    return EXIT_OK
-
-
-def _fields(cp: Checkpoint, now: datetime) -> list[tuple[str, str]]:
-    """The labelled lines ``runs show`` prints above the failure, the journal and the state."""
-    total = "?" if cp.total_steps is None else str(cp.total_steps)
-    names = ", ".join(safe(n) for n in cp.step_names) if cp.step_names else "none yet"
-    fields: list[tuple[str, str]] = [
-        ("run id", safe(cp.run_id)),
-        ("status", _status_text(cp, now)),
-        ("progress", f"{cp.step + 1} of {total} steps completed (last completed index {cp.step})"),
-        ("completed", names),
-    ]
-    flight = _in_flight(cp, now)
-    if flight is not None:
-        index, name, since = flight
-        named = f" ({safe(name)})" if name else ""
-        ran = "" if since is None else f", for {span(since)} since the last save"
-        fields.append(("in flight", f"step {index}{named}{ran}"))
-    fields.append(("attempt", _attempt(cp)[1]))
-    if cp.workflow is not None:
-        version = f" version {safe(cp.workflow_version)}" if cp.workflow_version else ""
-        fields.append(("workflow", f"{safe(cp.workflow)}{version}"))
-    if cp.parent is not None:
-        fields.append(("parent", safe(cp.parent)))
-    fields.append(("lease", _lease(cp, now)[0]))
-    if cp.waiting_for is not None:
-        wake = "" if cp.wake_at is None else f", until {when(cp.wake_at)}"
-        fields.append(("waiting for", f"{safe(cp.waiting_for)}{wake}"))
-    if cp.timing:  # issue 33
-        fields.append(("deadline", safe(describe(cp.timing, now))))
-    if cp.signals:
-        pending = ", ".join(safe(s.name) for s in cp.signals[-5:])
-        fields.append(("signals", f"{len(cp.signals)} received (latest: {pending})"))
-    fields += [
-        ("created", when(cp.created_at)),
-        ("updated", when(cp.updated_at)),
-        ("version", safe(cp.version) if cp.version else "-"),
-    ]
-    return fields
-
-
-def _print_failure(cp: Checkpoint, width: int) -> None:
-    failure = cp.failure
-    if failure is None:
-        out(f"{'failure:':<{width}}none")
-    else:
-        out("failure:")
-        out(f"  step:     {failure.step_index} ({safe(failure.step_name)})")
-        out(f"  error:    {safe(failure.error_type)}")
-        out(f"  attempt:  {failure.attempt}")
-        out(f"  at:       {when(failure.at)}")
-        lines = safe_lines(failure.message)
-        out(f"  message:  {lines[0]}")
-        for line in lines[1:]:
-            out(f"            {line}")
-
-
-def _missing(run_id: str, config: str) -> OperationalError:
-    return OperationalError(f"no run {run_id!r} in {redact_url(config)}")
-
-
 # --- delete -------------------------------------------------------------------
 
 
@@ -538,7 +309,7 @@ def _delete(args: argparse.Namespace) -> int:
         else:
             out(f"no run {safe(repr(args.run_id))}; nothing to delete")
         return EXIT_OK
-    raise _missing(args.run_id, config)
+    raise missing(args.run_id, config)
 
 
 # --- cancel, signal (the runtime API) ------------------------------------------------

@@ -212,12 +212,7 @@ class MemoryStore(Store):
     # -- the claims and the dashboard's listing, from the indexes ``IndexedRuns`` keeps --
 
     def claimable(
-        self,
-        now: datetime,
-        limit: int = 100,
-        *,
-        status: RunStatus | None = None,
-        skip: int = 0,
+        self, now: datetime, limit: int = 100, *, status: RunStatus | None = None, skip: int = 0
     ) -> list[RunInfo]:
         """Return the running runs and the queued/waiting ones due by ``now`` (indexed).
 

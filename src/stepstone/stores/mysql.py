@@ -39,35 +39,37 @@ hooks. Design, and why:
 
 from __future__ import annotations
 
-import functools
-import re
 import socket
 import time
-from collections.abc import Awaitable, Callable, Generator, Mapping
+from collections.abc import Awaitable, Callable, Generator
 from datetime import UTC, datetime
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Self, cast
 
 from .._errors import (
     CheckpointTooLarge,
     ConfigError,
     StoreError,
-    StorePermissionError,
     StoreUnavailable,
 )
 from .._observe import logger
 from ._errortable import ErrorRule
+from ._mysql_dialect import (
+    _FORMS,
+    _NO_SUCH_TABLE,
+    _OPTIONS,
+    ERRORS,
+    _statements,
+    one_call_reason,
+    schema_ddl,
+)
+from ._mysql_wire import _HandshakeSocket, _quiet
 from ._sql import (
     DEFAULT_TABLE,
-    PASSWORD_ENV,
     Held,
     ServerStore,
-    SQLText,
     detach_socket,
-    statements_of,
 )
 from ._sql.engine import check_engine, server_url_of
-from ._sql.pieces import piece_sql
 
 if TYPE_CHECKING:
     from .._store import Claim
@@ -78,119 +80,14 @@ __all__ = ["DEFAULT_TABLE", "ERRORS", "MySQLStore", "schema_ddl"]
 DEFAULT_CONNECT_TIMEOUT: Final = 10.0
 DEFAULT_READ_TIMEOUT: Final = 30.0
 DEFAULT_WRITE_TIMEOUT: Final = 30.0
-_FORMS: Final = (
-    "mysql://USER[:PASSWORD]@HOST[:PORT]/DATABASE (also mysql+pymysql://; MySQL or "
-    "MariaDB); options: ?table=NAME&connect_timeout=S&read_timeout=S&write_timeout=S"
-    "&create=true|false; "
-    f"give the password in {PASSWORD_ENV} rather than in the URL"
-)
-_OPTIONS: Final = ("table", "connect_timeout", "read_timeout", "write_timeout", "create")
 # Room for everything in an INSERT besides the escaped document (a 1024-character
 # run_id escaped, the key, the other columns and the SQL text).
 _STATEMENT_OVERHEAD: Final = 16 * 1024
-_NO_SUCH_TABLE: Final = 1146
 #: Between the statements of ``claim_ready``'s transaction (``tools/sqlgen.py``).
 _SEPARATOR: Final = "\n;\n"
-#: The oldest servers with SKIP LOCKED, JSON_TABLE and JSON_VALUE.
-_ONE_CALL_MYSQL: Final = (8, 0, 21)
-_ONE_CALL_MARIADB: Final = (10, 6, 0)
 _MIN_DUE: Final = datetime.min.replace(tzinfo=UTC)
 #: A claim transaction's steps: (statement, parameters) out, (rowcount, rows) in.
 _Steps = Generator[tuple[str, Any], tuple[int, list[Any]], list[Any]]
-
-
-def one_call_reason(version: str) -> str | None:
-    """Return why a server of ``version`` (``SELECT VERSION()``) cannot claim in one call.
-
-    None when it can (MySQL 8.0.21+, MariaDB 10.6+).
-    """
-    # Through old clients' protocol, MariaDB calls itself "5.5.5-10.x.y-MariaDB".
-    match = re.match(r"(?:5\.5\.5-(?=\d+\.\d+\.\d+-MariaDB))?(\d+)\.(\d+)\.(\d+)", version)
-    if match is None:
-        return f"server version {version!r} is not understood"
-    found = tuple(int(part) for part in match.groups())
-    least = _ONE_CALL_MARIADB if "mariadb" in version.lower() else _ONE_CALL_MYSQL
-    if found < least:
-        name = "MariaDB" if least == _ONE_CALL_MARIADB else "MySQL"
-        return (
-            f"{name} {version} has no SKIP LOCKED / JSON_TABLE / JSON_VALUE "
-            f"(needs {'.'.join(map(str, least))}+)"
-        )
-    return None
-
-
-# --- schema -----------------------------------------------------------------------------
-
-
-def _statements(table: str) -> SQLText:
-    return statements_of("mysql", table)
-
-
-def schema_ddl(table: str = DEFAULT_TABLE) -> str:
-    """Return the SQL the store runs to create its schema (``backends/mysql/schema.sql``).
-
-    Args:
-        table: The checkpoint table's name; the meta table is ``<table>_meta``.
-    """
-    header = (
-        "-- Generated from stepstone.stores.mysql (schema_ddl()); do not edit by hand.\n"
-        "-- When the table is missing, MySQLStore runs these statements one by one\n"
-        "-- (MySQL commits each DDL statement by itself).\n"
-    )
-    # The pieces table (a long run's state, ``_sql/pieces.py``) is created when the
-    # tables are, and on first need in tables an earlier release made.
-    statements = [*_statements(table).create, piece_sql("mysql", table).create]
-    return header + "\n\n".join(f"{s};" for s in statements) + "\n"
-
-
-# --- errors -----------------------------------------------------------------------------
-
-#: PyMySQL / aiomysql errors (the same classes) -> stepstone errors, first match wins.
-ERRORS: Final = (
-    ErrorRule(
-        StoreError,
-        "{where}: table {table} is missing ({text}); run `stepstone init` or "
-        "backends/mysql/schema.sql",
-        codes=frozenset({_NO_SUCH_TABLE}),
-    ),
-    ErrorRule(
-        StorePermissionError,
-        "{where}: permission denied ({text})",
-        codes=frozenset({1044, 1045, 1142, 1143, 1227, 1370, 1698}),
-    ),
-    ErrorRule(
-        StoreUnavailable,
-        "{where}: the statement was rolled back; nothing was stored ({text})",
-        codes=frozenset({1205, 1213}),  # lock wait timeout, deadlock
-    ),
-    ErrorRule(
-        StoreUnavailable,
-        "{where}: cannot reach the server, it did not answer in time, or the connection "
-        "broke ({text})",
-        codes=frozenset(
-            {
-                1040,  # too many connections
-                1053,  # server shutdown in progress
-                1927,  # connection was killed (MariaDB)
-                2002,  # can't connect through socket
-                2003,  # can't connect to server (refused, timed out)
-                2005,  # unknown host
-                2006,  # server has gone away
-                2013,  # lost connection during query (also: read/write timeout)
-                2055,  # lost connection (system error)
-                3024,  # max_execution_time exceeded
-            }
-        ),
-        classes=("TimeoutError",),
-    ),
-    ErrorRule(StoreError, "{where}: the database does not exist ({text})", codes=frozenset({1049})),
-    ErrorRule(
-        StoreError,
-        "{where}: statement over max_allowed_packet ({text})",
-        codes=frozenset({1153, 1301}),
-    ),
-    ErrorRule(StoreUnavailable, "{where}: connection closed ({text})", classes=("InterfaceError",)),
-)
 
 
 # --- the store --------------------------------------------------------------------------
@@ -229,15 +126,8 @@ class MySQLStore(ServerStore):
     scheme: ClassVar[str] = "mysql"
     _DIALECT: ClassVar[str] = "mysql"
     kind: ClassVar[str] = "mysql"  # type: ignore[misc]
-    durability_levels: ClassVar[tuple[str, ...]] = ()
-    kill_points: ClassVar[Mapping[str, bool]] = MappingProxyType(
-        {"sql.before_request": False, "sql.request_sent": True}
-    )
-    counts_requests: ClassVar[bool] = True
-    native_async: ClassVar[bool] = True
-    # One transaction (SELECT ... FOR UPDATE SKIP LOCKED, UPDATE); False on the instance
-    # of a server too old for it (``_after_open``).
-    claims_in_one_call: ClassVar[bool] = True
+    # claims_in_one_call (``ServerStore``): one transaction (SELECT ... FOR UPDATE SKIP
+    # LOCKED, UPDATE); False on the instance of a server too old for it (``_after_open``).
     # No push wake-ups (listen: None, workers back off): no LISTEN/NOTIFY; a table is a poll.
     _ERRORS: ClassVar[tuple[ErrorRule, ...]] = ERRORS
     _DRIVER: ClassVar[str] = "pymysql"
@@ -695,49 +585,5 @@ class MySQLStore(ServerStore):
         return flush == 1, f"innodb_flush_log_at_trx_commit={flush}"
 
 
-@functools.cache
-def _quiet(base: type) -> type:
-    """Return the aiomysql cursor class ``base``, quiet about the server's notes.
-
-    aiomysql turns each note into a Python warning (after one more round trip, ``SHOW
-    WARNINGS``); PyMySQL, the sync path, never does. The notes the store meets are
-    expected, ``CREATE TABLE IF NOT EXISTS`` finding the pieces table there, and errors
-    arrive as errors on both paths, so the async path stays as quiet as the sync one.
-    """
-
-    async def _show_warnings(self: Any, conn: Any) -> None:
-        return None
-
-    return type(f"Quiet{base.__name__}", (base,), {"_show_warnings": _show_warnings})
-
-
 #: Before the claim's statements: no gap locks (a ``start`` never waits on a claim).
 _BEGIN: Final = ("SET TRANSACTION ISOLATION LEVEL READ COMMITTED", "START TRANSACTION")
-
-
-class _HandshakeSocket(socket.socket):
-    """A socket whose timeouts end at ``deadline`` until ``release`` lifts the cap."""
-
-    __slots__ = ("asked", "deadline")
-
-    def __init__(self, fileno: int) -> None:
-        super().__init__(fileno=fileno)
-        self.asked: float | None = None
-        self.deadline: float | None = None
-
-    def settimeout(self, value: float | None) -> None:
-        """Set the timeout PyMySQL asks for, but never past the deadline."""
-        self.asked = value
-        if self.deadline is not None:
-            left = max(self.deadline - time.monotonic(), 0.001)
-            value = left if value is None else min(value, left)
-        super().settimeout(value)
-
-    def expired(self) -> bool:
-        """Whether the deadline has passed (a timeout then was the connect's)."""
-        return self.deadline is not None and time.monotonic() >= self.deadline
-
-    def release(self) -> None:
-        """Lift the cap: from now on the timeouts are the ones PyMySQL asked for."""
-        self.deadline = None
-        super().settimeout(self.asked)

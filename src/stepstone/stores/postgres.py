@@ -38,8 +38,7 @@ import contextlib
 import functools
 import hashlib
 import math
-from collections.abc import Awaitable, Callable, Mapping
-from types import MappingProxyType
+from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, Final, Self
 
 from .._errors import CheckpointTooLarge, StoreError, StorePermissionError, StoreUnavailable
@@ -55,7 +54,7 @@ from ._sql import (
 )
 from ._sql.engine import check_engine, server_url_of
 from ._sql.listen_pg import PostgresListener, channel_of
-from ._sql.pieces import piece_sql
+from ._sql.pieces import schema_script
 
 __all__ = ["DEFAULT_TABLE", "ERRORS", "PostgresStore", "schema_ddl"]
 
@@ -92,10 +91,7 @@ def schema_ddl(table: str = DEFAULT_TABLE) -> str:
         "-- When the table is missing, PostgresStore runs these statements in one "
         "transaction,\n-- holding an advisory lock on the table name.\n"
     )
-    # The pieces table (a long run's state, ``_sql/pieces.py``) is created when the
-    # tables are, and on first need in tables an earlier release made.
-    statements = [*_statements(table).create, piece_sql("postgresql", table).create]
-    return header + "\n\n".join(f"{s};" for s in statements) + "\n"
+    return schema_script("postgresql", table, header)
 
 
 # --- errors -----------------------------------------------------------------------------
@@ -245,16 +241,10 @@ class PostgresStore(ServerStore):
 
     scheme: ClassVar[str] = "postgresql"
     _DIALECT: ClassVar[str] = "postgresql"
-    #: One UPDATE over a FOR UPDATE SKIP LOCKED pick, RETURNING the claimed rows.
-    claims_in_one_call: ClassVar[bool] = True
+    # claims_in_one_call (``ServerStore``): one UPDATE over a FOR UPDATE SKIP LOCKED
+    # pick, RETURNING the claimed rows.
     _LIST_PARAMS: ClassVar[bool] = True
     kind: ClassVar[str] = "postgresql"  # type: ignore[misc]
-    durability_levels: ClassVar[tuple[str, ...]] = ()
-    kill_points: ClassVar[Mapping[str, bool]] = MappingProxyType(
-        {"sql.before_request": False, "sql.request_sent": True}
-    )
-    counts_requests: ClassVar[bool] = True
-    native_async: ClassVar[bool] = True
     pushes_wakeups: ClassVar[bool] = True
     _ERRORS: ClassVar[tuple[ErrorRule, ...]] = ERRORS
     _DRIVER: ClassVar[str] = "psycopg"

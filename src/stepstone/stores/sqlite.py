@@ -58,22 +58,19 @@ from .._checkpoint import Checkpoint
 from .._errors import (
     CheckpointTooLarge,
     ConfigError,
-    CorruptCheckpoint,
     StoreError,
-    StorePermissionError,
-    StoreUnavailable,
 )
 from .._observe import logger
 from ._errortable import ErrorRule
 from ._group import GroupCommit, Pending
 from ._options import Option, parse, text
-from ._sql import Held, SQLStore, SQLText, statements_of
+from ._sql import Held, SQLStore
 from ._sql.engine import check_engine
 from ._sql.errors import Undecodable
 from ._sql.files import create_database_file
 from ._sql.listen_sqlite import SQLiteListener
-from ._sql.pieces import piece_sql
 from ._sql.transactions import rollback, run_batch
+from ._sqlite_dialect import ERRORS, _statements, schema_ddl
 
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
@@ -104,66 +101,6 @@ _OPTIONS: Final[tuple[Option[Any], ...]] = (
 )
 TABLE: Final = "stepstone_checkpoints"
 META: Final = "stepstone_meta"
-
-# --- schema -----------------------------------------------------------------------------
-
-
-def _statements() -> SQLText:
-    return statements_of("sqlite")
-
-
-def schema_ddl() -> str:
-    """Return the SQL the store runs to create its schema, as in ``backends/sqlite/schema.sql``."""
-    header = (
-        "-- Generated from stepstone.stores.sqlite (schema_ddl()); do not edit by hand.\n"
-        "-- SQLiteStore runs these statements in one BEGIN IMMEDIATE transaction on open.\n"
-    )
-    # The pieces table (a long run's state, ``_sql/pieces.py``) is created when the
-    # tables are, and on first need in tables an earlier release made.
-    statements = [*_statements().create, piece_sql("sqlite", None).create]
-    return header + "\n\n".join(f"{s};" for s in statements) + "\n"
-
-
-# --- errors -----------------------------------------------------------------------------
-
-# Primary result codes (extended codes carry them in the low byte).
-_SQLITE_PERM, _SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_READONLY = 3, 5, 6, 8
-_SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_CANTOPEN = 11, 13, 14
-_SQLITE_AUTH, _SQLITE_NOTADB = 23, 26
-
-#: sqlite3 errors -> stepstone errors; the first matching rule wins.
-ERRORS: Final = (
-    ErrorRule(
-        StoreUnavailable,
-        "{where}: database is locked by another connection and stayed locked for the "
-        "whole busy_timeout ({text}); raise busy_timeout or shorten other writers",
-        codes=frozenset({_SQLITE_BUSY, _SQLITE_LOCKED}),
-        text=("database is locked", "database table is locked"),
-    ),
-    ErrorRule(
-        CorruptCheckpoint,
-        "{where}: not a SQLite database or corrupted ({text}); left untouched",
-        codes=frozenset({_SQLITE_NOTADB, _SQLITE_CORRUPT}),
-        text=("not a database", "malformed"),
-    ),
-    ErrorRule(
-        StorePermissionError,
-        "{where}: permission denied ({text})",
-        codes=frozenset({_SQLITE_PERM, _SQLITE_READONLY, _SQLITE_AUTH}),
-        text=("readonly",),
-    ),
-    ErrorRule(
-        StoreError,
-        "{where}: cannot open the database file ({text})",
-        codes=frozenset({_SQLITE_CANTOPEN}),
-        text=("unable to open",),
-    ),
-    ErrorRule(
-        StoreError, "{where}: disk or database full ({text})", codes=frozenset({_SQLITE_FULL})
-    ),
-    ErrorRule(StoreError, "{where}: the store is closed", text=("closed database",)),
-)
-
 
 # --- the store --------------------------------------------------------------------------
 

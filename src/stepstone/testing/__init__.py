@@ -32,6 +32,9 @@ clock the runner, the worker, leases, timers and backoff read (``use_clock`` ins
 ``Clock``), and ``clock.advance(timedelta(days=2))`` ends a two-day wait in milliseconds.
 ``run``, ``arun``, ``start`` and ``Worker`` also take ``clock=``: a clock for that call
 only, the installed one left as it is.
+
+``StateMeter`` counts the saves planned inside a ``with`` block and the state bytes they
+hand the store (document text and pieces), on every built-in backend.
 """
 
 from .._clock import Clock, use_clock
@@ -39,12 +42,14 @@ from ._contract import StoreContract, backend_unavailable
 from ._fake_clock import FakeClock
 from ._ops import Ops
 from ._points import KillPoint, kill_point
+from ._state_meter import StateMeter
 
 __all__ = [
     "Clock",
     "FakeClock",
     "KillPoint",
     "Ops",
+    "StateMeter",
     "StoreContract",
     "backend_unavailable",
     "kill_point",

@@ -13,7 +13,6 @@ import asyncio
 import threading
 from collections.abc import AsyncIterator, Callable, Collection, Iterator
 from contextlib import AbstractContextManager, asynccontextmanager
-from types import TracebackType
 from typing import Any, ClassVar, Self
 
 import pytest
@@ -87,12 +86,7 @@ class SaveGate:
             self.store.save = save  # type: ignore[method-assign]
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         if self._point is not None:
             self._point.remove()
         else:

@@ -10,7 +10,6 @@ points of every thread, and decides for itself which thread to act in.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from types import TracebackType
 from typing import Self
 
 from .. import _hooks
@@ -47,12 +46,7 @@ class KillPoint:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.remove()
 
 

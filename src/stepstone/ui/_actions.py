@@ -15,13 +15,12 @@ from collections.abc import Callable
 from typing import Any
 
 from .._checkpoint import Checkpoint, evolve
-from .._control import Op, cancel_op, signal_op
+from .._control import Op, cancel_op, performer, signal_op
 from .._core import Effect, Load, Save, step_through
 from .._effects import Announce
 from .._errors import ConflictError, RunNotActive, RunNotFound, StepstoneError
 from .._store import RunInfo, Store, page_key
 from .._stream._retention import delete_stream
-from .._wake import announce
 
 __all__ = [
     "BULK_ACTIONS",
@@ -61,16 +60,17 @@ def _changed(run_id: str) -> RunChanged:
 def _pinned(gen: Op, store: Store, run_id: str, version: str) -> Any:
     """Drive a control operation, refusing it if ``run_id`` is not at ``version``."""
 
+    plain = performer(store)
+
     def perform(effect: Effect) -> Any:
-        if isinstance(effect, Save):
-            return store.save(effect.cp)
-        if isinstance(effect, Announce):
-            return announce(store)
-        assert isinstance(effect, Load)
-        cp = store.load(effect.run_id)
-        if effect.run_id == run_id and (cp is None or cp.version != version):
+        found = plain(effect)
+        if (
+            isinstance(effect, Load)
+            and effect.run_id == run_id
+            and (found is None or found.version != version)
+        ):
             raise _changed(run_id)
-        return cp
+        return found
 
     return step_through(gen, perform)
 

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["PieceSQL", "piece_sql"]
+from .schema import statements_of
+
+__all__ = ["PieceSQL", "piece_sql", "schema_script"]
 
 #: The most keys one ``IN (...)`` list names (a 64 MiB state has 64 base pieces).
 IN_MAX = 100
@@ -143,3 +145,13 @@ def piece_sql(dialect: str, table: str | None) -> PieceSQL:
         _delete_head=f"DELETE FROM {quoted} WHERE {key} = {p('run_key')} AND piece_key IN",
         _style=style,
     )
+
+
+def schema_script(dialect: str, table: str | None, header: str) -> str:
+    """Return a ``schema.sql`` file's text: ``header``, then every table's statement.
+
+    The pieces table (a long run's state) is created when the tables are, and on first
+    need in tables an earlier release made, so the script holds it too.
+    """
+    statements = [*statements_of(dialect, table).create, piece_sql(dialect, table).create]
+    return header + "\n\n".join(f"{s};" for s in statements) + "\n"

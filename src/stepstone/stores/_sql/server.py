@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from datetime import UTC, datetime
+from types import MappingProxyType
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
@@ -30,6 +32,15 @@ class ServerStore(SQLStore):
     """What PostgresStore and MySQLStore share: URL, password, timeouts, hooks."""
 
     kind: str
+    # Every server store: durability is the server's, each call a request (counted, and
+    # a kill before or after it sent), native async drivers, claims in one call.
+    durability_levels: ClassVar[tuple[str, ...]] = ()
+    kill_points: ClassVar[Mapping[str, bool]] = MappingProxyType(
+        {"sql.before_request": False, "sql.request_sent": True}
+    )
+    counts_requests: ClassVar[bool] = True
+    native_async: ClassVar[bool] = True
+    claims_in_one_call: ClassVar[bool] = True
     _DRIVER: ClassVar[str]
     _EXTRA: ClassVar[str]
     _PORT: ClassVar[int]

@@ -25,28 +25,27 @@ created and migrated under that server's locking rules.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Iterator, Sequence
-from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, ClassVar, Final, TypeVar
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from ... import _statelog
-from ..._checkpoint import DUE_NOW, STATUSES, Checkpoint, check_run_id, evolve, utcnow
+from ..._checkpoint import STATUSES, Checkpoint, check_run_id, utcnow
 from ..._codec import (
-    checkpoint_from_doc,
     decode_document,
     encode_document,
     format_created,
 )
 from ..._errors import ConflictError, CorruptCheckpoint, StoreError
 from ..._observe import logger
-from ..._store import Claim, RunInfo, Store, check_page
-from .._common import new_version, version_token
+from ..._store import Claim, RunInfo, Store
+from .._common import new_version
+from .claim_plans import SQLClaims
 from .connections import Connections, Held
 from .effects import Exec, Plan, Result, adrive, drive
 from .errors import Undecodable
 from .pages import count_query, listed_fields, page_query
-from .piece_plans import SQLPieces, _Deleted, _Loading, _SavePlan, _Unreadable
+from .piece_plans import _Deleted, _Loading, _SavePlan, _Unreadable
 from .schema import MIGRATABLE, TABLE_SCHEMA, SQLText
 
 if TYPE_CHECKING:
@@ -56,23 +55,11 @@ __all__ = ["SQLStore"]
 
 T = TypeVar("T")
 
-_CLAIM_KINDS: Final = ("running", "queued", "waiting")
-_MIN: Final = datetime.min.replace(tzinfo=UTC)
 
-
-def _served_key(name: str, version: str | None) -> str:
-    """The text ``claim_ready``'s statement builds from a document's workflow fields."""
-    return f"{name}\x1f" if version is None else f"{name}\x1f\x1e{version}"
-
-
-class SQLStore(Connections, SQLPieces, Store):
+class SQLStore(Connections, SQLClaims, Store):
     """The SQL store logic, once; subclasses supply the dialect hooks."""
 
     claims_by_kind: ClassVar[bool] = True  # claimable(status=, skip=): an indexed page
-
-    #: ``claim_ready``'s lists (served workflows, excluded runs) are passed as arrays
-    #: (PostgreSQL), not as JSON text (SQLite's ``json_each``).
-    _LIST_PARAMS: ClassVar[bool] = False
 
     #: ``_db_time(t)`` is ``t.isoformat()`` for a UTC ``t``: the save reuses the text it
     #: formatted for the document instead of formatting each time twice.
@@ -345,113 +332,6 @@ class SQLStore(Connections, SQLPieces, Store):
     def _run_infos(self) -> Plan[list[RunInfo]]:
         return self._infos((yield from self._listing(self._sql.info)))
 
-    def _claimable(
-        self, now: datetime, limit: int, status: RunStatus | None, skip: int
-    ) -> Plan[list[RunInfo]]:
-        check_page(status, skip)
-        claims = self._sql.claims
-        queries = claims if status is None else [claims[_CLAIM_KINDS.index(status)]]
-        params = {"now": self._db_time(now), "limit": int(limit), "skip": skip}
-        parts: list[list[RunInfo]] = []
-        for sql, keys in queries:
-            parts.append(self._infos((yield from self._listing(sql, params, keys))))
-        if status is not None:
-            return parts[0]
-        running, queued, waiting = parts
-        due = sorted(queued + waiting, key=lambda info: info.due_at or _MIN)
-        return running[:limit] + due[:limit]
-
-    def _claim_ready(
-        self,
-        owner: str,
-        lease: float,
-        limit: int,
-        served: frozenset[tuple[str, str | None]],
-        now: datetime,
-        exclude: frozenset[str],
-    ) -> Plan[list[Claim]]:
-        """Claim what needs no judgement in the one statement ``_sql.claim_ready``."""
-        sql = self._sql.claim_ready
-        if not sql:
-            raise StoreError(
-                f"{self.where}: this database cannot claim in one statement; load and save "
-                "each run instead"
-            )
-        if type(limit) is not int or limit <= 0 or not served:
-            return []
-        stamp = utcnow()  # renewed_at and updated_at, as the claim's save would set them
-        stamp_text = stamp.isoformat()
-        # The claim's fields (``_lease.claimed``, then ``save``), appended to the
-        # metadata line; the statement adds the epoch's value and a comma.
-        head = json.dumps(
-            {
-                "owner": owner,
-                "lease": float(lease),
-                "renewed_at": stamp_text,
-                "updated_at": stamp_text,
-                "queued": False,
-            },
-            ensure_ascii=False,
-            separators=(",", ":"),
-        )
-        fields = head[1:-1] + ',"epoch":'
-        keys = sorted(_served_key(name, version) for name, version in served)
-        skipped = sorted(exclude)
-        params = {
-            "owner": owner,
-            "fields": fields,
-            "token": version_token(),
-            "now": self._db_time(now),
-            "stamp": self._db_time(stamp),
-            "due_running": self._db_time(stamp + timedelta(seconds=float(lease))),
-            "due_now": self._db_time(DUE_NOW),
-            "limit": limit,
-            "served": keys if self._LIST_PARAMS else json.dumps(keys),
-            "exclude": skipped if self._LIST_PARAMS else json.dumps(skipped),
-        }
-        try:
-            _, rows = yield Exec(sql, params)
-        except Undecodable as exc:
-            raise StoreError(f"{self.where}: a claimed row is not UTF-8 ({exc})") from exc
-        claims: list[Claim] = []
-        for row in rows:
-            claim = yield from self._claimed(row, fields)
-            if claim is not None:
-                claims.append(claim)
-        # In the order claimed (earliest due first): RETURNING's order is the table's.
-        claims.sort(key=lambda claim: claim.before.due_at or _MIN)
-        return claims
-
-    def _claimed(self, row: Any, fields: str) -> Plan[Claim | None]:
-        """Return the ``Claim`` of one row ``claim_ready`` returned; None (logged) if unreadable."""
-        run_id, version, document = row[0], row[1], row[2]
-        was = row[3] if len(row) > 3 else None
-        source = self._source(run_id)
-        try:
-            claimed = yield from self._checkpoint(
-                run_id, decode_document(document, source), version, source
-            )
-            cut = document.index("\n")
-            appended = f"{fields}{claimed.epoch},"
-            line = document[:cut]
-            if not line.endswith(appended):
-                raise CorruptCheckpoint(f"{source}: the claim's fields are not where written")
-            # The record as it was: its metadata line without what the claim appended.
-            old = decode_document(line[: -len(appended) - 1] + "}", source)
-            old["state"] = claimed.state
-            before = checkpoint_from_doc(old, was, source, run_id, state=claimed.state)
-        except (CorruptCheckpoint, ValueError) as exc:
-            # Owned by us now, and never driven: another worker takes it over after the
-            # lease, and its load then reports the document as corrupt.
-            logger.warning("run %r: claimed, but its document is unreadable: %s", run_id, exc)
-            return None
-        rest = document[cut + 1 :]
-        if rest.startswith('"state":') and rest.endswith("}\n"):
-            claimed = evolve(claimed, state_json=rest[8:-2])
-        return Claim(before, claimed)
-
-    # --- the Store contract -------------------------------------------------------------
-
     def load(self, run_id: str) -> Checkpoint | None:
         """Return the run's checkpoint, or None.
 
@@ -503,43 +383,6 @@ class SQLStore(Connections, SQLPieces, Store):
             StoreUnavailable: the database cannot be reached, or timed out.
         """
         return iter(drive(self._run_infos(), self._perform))
-
-    def claimable(
-        self, now: datetime, limit: int = 100, *, status: RunStatus | None = None, skip: int = 0
-    ) -> list[RunInfo]:
-        """Return the running runs and the queued/waiting ones due by ``now`` (indexed).
-
-        With ``status``, one page of that kind only (``Store.claimable``).
-
-        Raises:
-            ValueError: ``status`` is not an active status, or ``skip`` is negative.
-            StoreUnavailable: the database cannot be reached, or timed out.
-        """
-        return drive(self._claimable(now, limit, status, skip), self._perform)
-
-    def claim_ready(
-        self,
-        owner: str,
-        lease: float,
-        limit: int,
-        served: frozenset[tuple[str, str | None]],
-        now: datetime,
-        *,
-        exclude: frozenset[str] = frozenset(),
-    ) -> list[Claim]:
-        """Claim up to ``limit`` unowned, due runs of ``served`` workflows in one statement.
-
-        See ``Store.claim_ready``. PostgreSQL: ``UPDATE ... FROM (SELECT ... FOR UPDATE
-        SKIP LOCKED LIMIT n) RETURNING``; SQLite: one ``UPDATE ... RETURNING``; MySQL and
-        MariaDB: one transaction (``SELECT ... FOR UPDATE SKIP LOCKED LIMIT n``, then an
-        ``UPDATE`` of those rows and a read of them).
-
-        Raises:
-            StoreError: the server cannot claim in one call (MySQL before 8.0.21,
-                MariaDB before 10.6).
-            StoreUnavailable: the database cannot be reached, or timed out.
-        """
-        return drive(self._claim_ready(owner, lease, limit, served, now, exclude), self._perform)
 
     def piece_keys(self, run_id: str) -> list[str]:
         """Every piece key stored for ``run_id``, sorted."""
