@@ -374,7 +374,7 @@ def test_prune_sweeps_orphans_older_than_a_day(
     how many); a younger orphan and a live run's pieces stay."""
     from test_cli import cli
 
-    config = _config("sqlite", request, tmp_path)
+    config = fresh_config("sqlite", request, tmp_path)
     _kill_a_first_save(config, "old-orphan", 25 * 3600)
     _kill_a_first_save(config, "young-orphan", 2 * 3600)
     with open_store(config) as store:
