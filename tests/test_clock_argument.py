@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from fresh_stores import fresh_config as _config
 from stepstone import (
     InvalidWorkflow,
     Sleep,
@@ -37,7 +38,7 @@ from stepstone import (
 )
 from stepstone.testing import FakeClock
 from stepstone.testing._barrier import WAIT_TIMEOUT
-from test_hardening_worker import _config, until
+from waiting import until
 
 BACKENDS = ("memory", "file", "sqlite", "postgresql", "mysql")
 State = dict[str, Any]

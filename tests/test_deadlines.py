@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 import stepstone
+from fresh_stores import fresh_config as _config
 from stepstone import (
     InvalidWorkflow,
     Map,
@@ -31,7 +32,6 @@ from stepstone import (
 from stepstone._deadline import DeadlineExceeded, deadline_of
 from stepstone._store import Store
 from stepstone.testing import FakeClock
-from test_wakeups import _config
 
 State = dict[str, Any]
 BACKENDS = ("memory", "file", "sqlite", "postgresql", "mysql", "cosmos")

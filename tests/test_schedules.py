@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from fresh_stores import fresh_config as _config
 from stepstone import (
     ConfigError,
     InvalidState,
@@ -37,7 +38,6 @@ from stepstone._schedule import (
 from stepstone._schedule_fire import abackfill, backfill, fire_due
 from stepstone._store import Store
 from stepstone.testing import FakeClock
-from test_wakeups import _config
 
 State = dict[str, Any]
 BACKENDS = ("memory", "file", "sqlite", "postgresql", "mysql", "cosmos")

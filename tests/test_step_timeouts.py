@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from fresh_stores import fresh_config as _config
 from stepstone import (
     InvalidWorkflow,
     RetryPolicy,
@@ -28,7 +29,6 @@ from stepstone import (
 from stepstone._store import Store
 from stepstone._timeouts import StepTimeout
 from stepstone.testing import FakeClock
-from test_wakeups import _config
 
 State = dict[str, Any]
 BACKENDS = ("memory", "file", "sqlite", "postgresql", "mysql", "cosmos")
