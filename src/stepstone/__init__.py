@@ -23,6 +23,7 @@ from ._errors import (
     CorruptCheckpoint,
     HistoryNotKept,
     InputMismatch,
+    InvalidCharge,
     InvalidRunId,
     InvalidState,
     InvalidWorkflow,
@@ -43,6 +44,7 @@ from ._errors import (
 
 if TYPE_CHECKING:  # what the names below are, for type checkers; imported on first use
     from ._arunner import arun
+    from ._budget import Budget, BudgetExhausted, Spend, spend_of
     from ._checkpoint import SCHEMA_VERSION, Checkpoint, Failure, RunStatus, Signal, check_run_id
     from ._code import (
         AsyncWorkflowContext,
@@ -69,6 +71,8 @@ if TYPE_CHECKING:  # what the names below are, for type checkers; imported on fi
 _LAZY: dict[str, str] = {
     "AsyncWorkflowContext": "._code",
     "AttemptsExhausted": "._steps",
+    "Budget": "._budget",
+    "BudgetExhausted": "._budget",
     "CallFailed": "._code",
     "Checkpoint": "._checkpoint",
     "ChildFailed": "._suspend",
@@ -85,6 +89,7 @@ _LAZY: dict[str, str] = {
     "SCHEMA_VERSION": "._checkpoint",
     "Signal": "._checkpoint",
     "Sleep": "._suspend",
+    "Spend": "._budget",
     "Step": "._steps",
     "StepContext": "._steps",
     "Store": "._store",
@@ -114,6 +119,7 @@ _LAZY: dict[str, str] = {
     "run": "._runner",
     "schemes": "._registry",
     "signal": "._control",
+    "spend_of": "._budget",
     "start": "._control",
     "upgrade": "._upgrade",
     "workflow": "._code",
@@ -136,6 +142,8 @@ def __dir__() -> list[str]:
 __all__ = [
     "AsyncWorkflowContext",
     "AttemptsExhausted",
+    "Budget",
+    "BudgetExhausted",
     "CallFailed",
     "Checkpoint",
     "CheckpointTooLarge",
@@ -151,6 +159,7 @@ __all__ = [
     "HistoryEntry",
     "HistoryNotKept",
     "InputMismatch",
+    "InvalidCharge",
     "InvalidRunId",
     "InvalidState",
     "InvalidWorkflow",
@@ -166,6 +175,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "Signal",
     "Sleep",
+    "Spend",
     "Step",
     "StepContext",
     "StepFailed",
@@ -203,6 +213,7 @@ __all__ = [
     "run",
     "schemes",
     "signal",
+    "spend_of",
     "start",
     "upgrade",
     "workflow",

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from . import _clock
 from ._checkpoint import Checkpoint
+from ._budget import Budget, current_store
 from ._checks import Steps, make_plan
 from ._core import execute, renew
 from ._effects import (
@@ -55,6 +56,7 @@ async def arun(
     *,
     input: State | None = None,
     lease: float | timedelta | None = None,
+    budget: Budget | None = None,
 ) -> State:
     """Await the run: the contract of ``run``, for async steps and async stores.
 
@@ -69,12 +71,15 @@ async def arun(
         StepstoneError: the errors of ``run``.
         asyncio.CancelledError: the task was cancelled.
     """
-    plan = make_plan(run_id, steps, store, input=input, lease=lease, asynchronous=True)
+    plan = make_plan(
+        run_id, steps, store, input=input, lease=lease, asynchronous=True, budget=budget
+    )
     return await adrive(plan, store)
 
 
 async def adrive(plan: Plan, store: Store) -> State:
     """Perform the core's effects with awaits until the run ends."""
+    current_store.set(store)  # for ctx.reserve() inside the steps (``_budget``)
     try:
         result: State = await astep_through(
             execute(plan), lambda effect: _aperform(effect, plan, store)

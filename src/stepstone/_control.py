@@ -16,6 +16,7 @@ import os
 from collections.abc import Generator
 from typing import Any
 
+from ._budget import SPEND_KEY, Budget, check_budget
 from ._checkpoint import DUE_NOW, Checkpoint, Signal, check_run_id, evolve, utcnow
 from ._checks import check_input
 from ._codec import encode_state
@@ -90,15 +91,22 @@ def _too_busy(run_id: str) -> ConflictError:
 # --- start ----------------------------------------------------------------------------
 
 
-def _start(workflow: Workflow, run_id: str, input: dict[str, Any] | None) -> Op:
+def _start(
+    workflow: Workflow, run_id: str, input: dict[str, Any] | None, budget: Budget | None = None
+) -> Op:
     if not isinstance(workflow, Workflow):
         raise InvalidWorkflow(f"start needs a Workflow, got {type(workflow).__name__}")
     check_run_id(run_id)
+    budget = check_budget(budget)
     given = None if input is None else encode_state(input)[1]
     for _ in range(_MAX_TRIES):
         cp = yield Load(run_id)
         if cp is None:
             fresh = evolve(queued(workflow, run_id, given or {}), input=given)
+            if budget is not None:
+                # The run's own budget, in its ledger from the start (``_budget``).
+                state = {**fresh.state, SPEND_KEY: {"budget": budget.to_json()}}
+                fresh = evolve(fresh, state=state)
             try:
                 saved: Checkpoint = yield Save(fresh, "start")
             except ConflictError:
@@ -128,27 +136,38 @@ def _start(workflow: Workflow, run_id: str, input: dict[str, Any] | None) -> Op:
 
 
 def start(
-    store: Store, workflow: Workflow, run_id: str, input: dict[str, Any] | None = None
+    store: Store,
+    workflow: Workflow,
+    run_id: str,
+    input: dict[str, Any] | None = None,
+    *,
+    budget: Budget | None = None,
 ) -> RunInfo:
     """Record a new run of ``workflow`` as ``queued``, for a worker to run.
 
     Starting the same run_id again with the same workflow (name and version) and input
-    is a no-op that returns the run's status now.
+    is a no-op that returns the run's status now. ``budget``: the run's spend limit
+    (``stepstone.Budget``), instead of the workflow's.
 
     Raises:
         WorkflowChanged: the run exists and was started from another workflow or version.
         InputMismatch: the run exists with another input.
         InvalidState: ``input`` is not a JSON dict.
     """
-    result: RunInfo = _sync(_start(workflow, run_id, input), store)
+    result: RunInfo = _sync(_start(workflow, run_id, input, budget), store)
     return result
 
 
 async def astart(
-    store: Store, workflow: Workflow, run_id: str, input: dict[str, Any] | None = None
+    store: Store,
+    workflow: Workflow,
+    run_id: str,
+    input: dict[str, Any] | None = None,
+    *,
+    budget: Budget | None = None,
 ) -> RunInfo:
     """Async ``start``."""
-    result: RunInfo = await _async(_start(workflow, run_id, input), store)
+    result: RunInfo = await _async(_start(workflow, run_id, input, budget), store)
     return result
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Generator, Mapping
 from typing import Any
 
-from . import _hooks, _lease
+from . import _budget, _hooks, _lease
 from ._acquire import acquire, ready
 from ._checkpoint import Checkpoint, Failure, evolve, utcnow
 from ._checks import check_input, check_names, check_workflow, first_difference
@@ -284,6 +284,10 @@ def _run_step(
                 )
                 step_span.set_attribute("outcome", "exhausted")
                 yield from _fail(plan, cp, index, step.name, attempt - 1, exc)
+            # Spend budgets (``_budget``): at the hard limit the run pauses here, saved.
+            spending = _budget.active(plan, cp)
+            if spending:
+                cp = yield from _budget.gate(plan, cp, write)
             if durable_attempts:
                 # Count the attempt before making it: a crash inside must not reset it.
                 cp = yield from write(
@@ -293,9 +297,15 @@ def _run_step(
                     yield from _finish_cancelled(plan, cp)
             logger.debug("run %r: step %d (%r) attempt %d", run_id, index, step.name, attempt)
             _hooks.fire("runner.before_step")
+            meter = _budget.Meter(plan, cp, step.name, attempt) if step.takes_context else None
             ctx = (
                 StepContext(
-                    run_id, index, step.name, attempt, idempotency_key(run_id, index, step.name)
+                    run_id,
+                    index,
+                    step.name,
+                    attempt,
+                    idempotency_key(run_id, index, step.name),
+                    meter,
                 )
                 if step.takes_context
                 else None
@@ -312,6 +322,10 @@ def _run_step(
                 changes = dict(update) if update else None
             except LeaseLost:
                 raise
+            except _budget.BudgetExhausted as paused:  # ctx.reserve() met the hard limit
+                step_span.set_attribute("outcome", "budget")
+                yield from _budget.gate(plan, _latest(plan, cp), write, str(paused))
+                raise  # pragma: no cover - the gate raised Suspended
             except Exception as error:  # noqa: BLE001 - a step may raise anything: its failure
                 cp = _latest(plan, cp)
                 step_span.record_exception(error)
@@ -345,6 +359,9 @@ def _run_step(
             _hooks.fire("runner.after_step")
             if changes:
                 working.update(changes)
+            # The attempt's charges join the ledger in the state: saved by this very write.
+            spent = meter is not None and (meter.charges or meter.reserved)
+            note = _budget.settle(plan, cp, working, meter) if spending or spent else None
             try:
                 saved = yield from write(
                     plan, cp, _completed(plan, cp, index, working), f"step {index}"
@@ -357,6 +374,8 @@ def _run_step(
                 step_span.set_attribute("outcome", "failed")
                 yield from _fail(plan, cp, index, step.name, attempt, error)
             _hooks.fire("runner.after_save")
+            if spending or spent:
+                _budget.after_save(plan, meter, note)
             step_span.set_attribute("outcome", "ok")
             # The stored copy is ours alone; hand it on rather than copying again.
             # (A long state's store hands back a state of its own too: ``stored_state``.)

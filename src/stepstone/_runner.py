@@ -21,6 +21,7 @@ from datetime import timedelta
 from typing import Any
 
 from . import _clock
+from ._budget import Budget, current_store
 from ._checks import Steps, make_plan
 from ._core import execute, renew
 from ._effects import (
@@ -71,6 +72,7 @@ def run(
     *,
     input: State | None = None,
     lease: float | timedelta | None = None,
+    budget: Budget | None = None,
 ) -> State:
     """Run ``steps`` durably under ``run_id``, resuming from its last checkpoint.
 
@@ -87,6 +89,8 @@ def run(
         lease: Seconds (or a ``timedelta``) this call promises to renew its ownership
             within; another process may take the run over after that long without a
             renewal. Default 30.
+        budget: The run's spend limit (``stepstone.Budget``; see Spend budgets), instead
+            of its workflow's. Kept in the run's ledger from its first step on.
 
     Returns:
         The final state, a dict the caller owns.
@@ -105,12 +109,15 @@ def run(
         ConflictError: another writer advanced the run meanwhile.
         StoreError: the store failed; the run stops at its last checkpoint.
     """
-    plan = make_plan(run_id, steps, store, input=input, lease=lease, asynchronous=False)
+    plan = make_plan(
+        run_id, steps, store, input=input, lease=lease, asynchronous=False, budget=budget
+    )
     return drive(plan, store)
 
 
 def drive(plan: Plan, store: Store) -> State:
     """Perform the core's effects with plain calls until the run ends."""
+    current_store.set(store)  # for ctx.reserve() inside the steps (``_budget``)
     try:
         result: State = step_through(execute(plan), lambda effect: _perform(effect, plan, store))
         return result
@@ -342,11 +349,12 @@ async def arun(
     *,
     input: State | None = None,
     lease: float | timedelta | None = None,
+    budget: Budget | None = None,
 ) -> State:
     """Await the run: ``stepstone.arun`` (``_arunner.arun``), under its old address."""
     from ._arunner import arun as arun_  # noqa: PLC0415 - defers asyncio, see above
 
-    return await arun_(run_id, steps, store, input=input, lease=lease)
+    return await arun_(run_id, steps, store, input=input, lease=lease, budget=budget)
 
 
 async def adrive(plan: Plan, store: Store) -> State:

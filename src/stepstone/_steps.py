@@ -17,6 +17,7 @@ from datetime import datetime
 from types import MappingProxyType
 from typing import Any
 
+from ._budget import Budget, Meter, check_budget
 from ._checkpoint import Checkpoint
 from ._effects import Effect
 from ._errors import InvalidWorkflow, safe_text
@@ -146,6 +147,47 @@ class StepContext:
     step_name: str
     attempt: int
     idempotency_key: str
+    #: What this attempt charged and reserved (``_budget``); None outside a run.
+    meter: Meter | None = field(default=None, repr=False, compare=False)
+
+    def charge(
+        self, *, usd: float = 0.0, tokens: int = 0, ref: str | None = None, **unknown: Any
+    ) -> bool:
+        """Record what this step spent; saved with the step's result, by the same write.
+
+        ``ref`` (a provider's response id, say) makes the charge idempotent: a charge
+        whose ref the run's ledger already holds is a no-op (returns False), so a step
+        that runs again after a crash never counts twice.
+
+        Raises:
+            InvalidCharge: a negative or non-numeric amount, an unknown field, or a
+                charge after the step returned; nothing was recorded.
+        """
+        return self._meter().charge(usd, tokens, ref, unknown)
+
+    def reserve(self, *, usd: float = 0.0, tokens: int = 0, **unknown: Any) -> str:
+        """Reserve an estimate before an expensive call; return the reservation's id.
+
+        Saved at once (one compare-and-swap, refused if the run's lease moved on). The
+        step's commit settles it; if the attempt dies, it stays on the books as spent,
+        unconfirmed. Past the hard limit the run pauses (``BudgetExhausted``: let it
+        propagate) and this step runs again once the budget is raised.
+        """
+        return self._meter().reserve(usd, tokens, unknown)
+
+    async def areserve(self, *, usd: float = 0.0, tokens: int = 0, **unknown: Any) -> str:
+        """``reserve`` for an ``async def`` step: the save is awaited."""
+        return await self._meter().areserve(usd, tokens, unknown)
+
+    def _meter(self) -> Meter:
+        if self.meter is None:
+            from ._errors import InvalidCharge  # noqa: PLC0415 - rare: a hand-made context
+
+            raise InvalidCharge(
+                f"step {self.step_name!r}: this context was not made by a run; "
+                "ctx.charge() and ctx.reserve() work inside a step that a run is running"
+            )
+        return self.meter
 
 
 def idempotency_key(run_id: str, step_index: int, step_name: str) -> str:
@@ -299,7 +341,7 @@ class Workflow:
     (on a backend that holds pieces: memory, file, SQLite, PostgreSQL, MySQL).
     """
 
-    __slots__ = ("history", "name", "steps", "upgrades", "version")
+    __slots__ = ("budget", "history", "name", "steps", "upgrades", "version")
 
     def __init__(
         self,
@@ -309,6 +351,7 @@ class Workflow:
         version: str | None = None,
         upgrades: Mapping[str | None, Callable[[dict[str, Any]], dict[str, Any]]] | None = None,
         history: bool = False,
+        budget: Budget | None = None,
     ) -> None:
         if not isinstance(history, bool):
             raise InvalidWorkflow(f"workflow {name!r}: history must be True or False")
@@ -323,6 +366,8 @@ class Workflow:
         self.version = version
         #: Every save of its runs is kept (``stepstone.history``, ``fork``, ``rerun``).
         self.history = history
+        #: Each run's spend budget (``stepstone.Budget``), unless ``start``/``run`` gives one.
+        self.budget = check_budget(budget)
         self.steps: tuple[Any, ...] = tuple(check_steps(steps))
         seen: set[str] = set()
         for step in self.steps:

@@ -1,0 +1,585 @@
+"""Spend budgets: ``Budget``, the run's cost ledger, and the meter a step charges to.
+
+The ledger is a JSON object in the run's state under ``SPEND_KEY`` (as a code
+workflow's journal is under ``~journal``), so it is saved by the very compare-and-swap
+that saves the step's result, on every backend, and a store written before budgets
+existed reads as a run with no ledger::
+
+    {"budget": {"usd": 5.0, "tokens": 2000000, "soft": 0.8},
+     "usd": 1.25, "tokens": 41000,                  # confirmed: charged by committed steps
+     "by_step": {"draft": {"usd": 1.25, "tokens": 41000}},
+     "refs": {"resp_1": "draft"},                   # a repeated ref is a no-op
+     "settled": ["9f..."],                          # reservations settled by a commit
+     "unconfirmed": [{"id": "3a...", "step": "draft", "attempt": "4.1", "usd": 0.5,
+                      "tokens": 0}],                # reserved by attempts that never committed
+     "soft_warned": true}
+
+Two kinds of record come from writers other than the step's own save, and both are
+signals (``Checkpoint.signals``), because a signal is what every save of the owner
+keeps when it is re-based (``_lease.rebase``), and what a lease renewal never undoes:
+
+- a reservation (``ctx.reserve``), the signal ``RESERVE_SIGNAL``, written by the step
+  itself before its expensive call: one compare-and-swap, refused if the run's lease
+  has another owner or epoch (fenced). The step's commit settles it; if the attempt
+  dies instead, the next commit moves it to ``unconfirmed`` ("spent, unconfirmed"), so
+  the cap errs on the side of spending less;
+- a raise (``stepstone runs budget RUN --raise-usd N``, or ``signal(store, run,
+  "budget.raise", {"usd": N})``), the signal ``RAISE_SIGNAL``: the limits are the
+  budget plus every raise received.
+
+Before each attempt of a step the core asks ``gate``: at or over the hard limit
+(confirmed + unconfirmed + open reservations), the run is saved ``waiting`` for the
+signal ``budget.raise``, exactly as a ``WaitFor`` leaves it: no process is held, a raise
+makes it due, ``cancel`` ends it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+from collections.abc import Callable, Generator, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from . import _hooks, _lease
+from ._checkpoint import Checkpoint, Signal, evolve, utcnow
+from ._codec import pristine
+from ._effects import Announce, Effect
+from ._errors import ConflictError, InvalidCharge, InvalidWorkflow, LeaseLost, Suspended
+from ._observe import logger
+
+if TYPE_CHECKING:
+    from ._plan import Plan
+    from ._store import Store
+
+__all__ = [
+    "BUDGET_WAIT",
+    "RAISE_SIGNAL",
+    "RESERVE_SIGNAL",
+    "SPEND_KEY",
+    "Budget",
+    "BudgetExhausted",
+    "Meter",
+    "Spend",
+    "current_store",
+    "gate",
+    "ledger_of",
+    "settle",
+    "spend_of",
+]
+
+#: Where the ledger lives in a run's state.
+SPEND_KEY = "~spend"
+#: The signal that raises a run's budget (payload ``{"usd": N, "tokens": M}``).
+RAISE_SIGNAL = "budget.raise"
+#: The signal a reservation is recorded as.
+RESERVE_SIGNAL = "~reserve"
+#: What a run paused by its budget waits for (``Checkpoint.waiting_for``).
+BUDGET_WAIT = f"signal {RAISE_SIGNAL}"
+#: The store the run being driven lives in: set by the drivers, read by ``reserve``.
+current_store: ContextVar[Store | None] = ContextVar("stepstone_budget_store", default=None)
+_MAX_TRIES = 50
+_DIGITS = 9  # dollars are summed rounded to a billionth: the same sum on every host
+
+
+def _usd(value: object, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidCharge(f"{what}: usd must be a number of dollars, got {value!r}")
+    number = float(value)
+    if not math.isfinite(number) or number < 0:
+        raise InvalidCharge(f"{what}: usd must be a finite number >= 0, got {value!r}")
+    return number
+
+
+def _tokens(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidCharge(f"{what}: tokens must be an int >= 0, got {value!r}")
+    return value
+
+
+def _unknown(fields: Mapping[str, Any], what: str) -> None:
+    if fields:
+        raise InvalidCharge(
+            f"{what}: unknown field {sorted(fields)[0]!r}; a charge has usd= (dollars), "
+            "tokens= and ref= only"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """A run's spend limit: dollars, tokens, or both (``None``: no limit on that one).
+
+    Past ``soft`` (a fraction of a limit) the run logs a warning and adds to the
+    OpenTelemetry counter ``stepstone.budget.soft``; at the hard limit it is saved
+    waiting for ``budget.raise`` before its next step (or its next ``ctx.reserve``).
+    """
+
+    usd: float | None = None
+    tokens: int | None = None
+    soft: float = 0.8
+
+    def __post_init__(self) -> None:
+        if self.usd is None and self.tokens is None:
+            raise InvalidWorkflow("Budget needs usd=, tokens= or both")
+        if self.usd is not None:
+            try:
+                _usd(self.usd, "Budget")
+            except InvalidCharge as exc:
+                raise InvalidWorkflow(str(exc)) from None
+        if self.tokens is not None:
+            try:
+                _tokens(self.tokens, "Budget")
+            except InvalidCharge as exc:
+                raise InvalidWorkflow(str(exc)) from None
+        soft = self.soft
+        if isinstance(soft, bool) or not isinstance(soft, (int, float)) or not 0 < soft <= 1:
+            raise InvalidWorkflow(f"Budget: soft must be a fraction in (0, 1], got {soft!r}")
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the budget as stored in the ledger."""
+        out: dict[str, Any] = {"soft": float(self.soft)}
+        if self.usd is not None:
+            out["usd"] = float(self.usd)
+        if self.tokens is not None:
+            out["tokens"] = self.tokens
+        return out
+
+
+def check_budget(budget: object) -> Budget | None:
+    """Return ``budget`` if it is a ``Budget`` or None, else raise ``InvalidWorkflow``."""
+    if budget is not None and not isinstance(budget, Budget):
+        raise InvalidWorkflow(f"budget must be a stepstone.Budget or None, got {budget!r}")
+    return budget
+
+
+class BudgetExhausted(Exception):  # noqa: N818 - a pause, not an error to its caller
+    """``ctx.reserve`` found the run at or over its hard limit; let it propagate.
+
+    The core saves the run waiting for ``budget.raise``; the step runs again from its
+    start once the budget is raised. Not a step failure, never retried.
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class Spend:
+    """A run's spend as its ledger says (``stepstone.spend_of``).
+
+    ``unconfirmed_*`` counts reservations of attempts that never committed (and, while
+    a step runs, its own open ones): spent or not, the cap counts them.
+    """
+
+    usd: float
+    tokens: int
+    unconfirmed_usd: float
+    unconfirmed_tokens: int
+    limit_usd: float | None
+    limit_tokens: int | None
+    soft: float | None
+    by_step: dict[str, dict[str, Any]]
+    unconfirmed: list[dict[str, Any]]
+
+    @property
+    def over(self) -> bool:
+        """Whether confirmed plus unconfirmed spend is at or over a hard limit."""
+        return _over(self) is not None
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the figures as a JSON object (``runs show --json``)."""
+        return {
+            "usd": self.usd,
+            "tokens": self.tokens,
+            "unconfirmed_usd": self.unconfirmed_usd,
+            "unconfirmed_tokens": self.unconfirmed_tokens,
+            "limit_usd": self.limit_usd,
+            "limit_tokens": self.limit_tokens,
+            "soft": self.soft,
+            "over": self.over,
+            "by_step": self.by_step,
+            "unconfirmed": self.unconfirmed,
+        }
+
+
+def _over(spend: Spend) -> str | None:
+    used = round(spend.usd + spend.unconfirmed_usd, _DIGITS)
+    if spend.limit_usd is not None and used >= spend.limit_usd:
+        return f"spent ${used:g} of ${spend.limit_usd:g}"
+    tokens = spend.tokens + spend.unconfirmed_tokens
+    if spend.limit_tokens is not None and tokens >= spend.limit_tokens:
+        return f"spent {tokens} of {spend.limit_tokens} tokens"
+    return None
+
+
+def ledger_of(state: Mapping[str, Any]) -> dict[str, Any]:
+    """Return the ledger held in ``state`` (empty for a run that never spent)."""
+    ledger = state.get(SPEND_KEY)
+    if ledger is None:
+        return {}
+    if not isinstance(ledger, dict):
+        raise InvalidWorkflow(
+            f"the state's {SPEND_KEY!r} is a {type(ledger).__name__}, not a spend ledger; "
+            "that key is reserved for it"
+        )
+    return ledger
+
+
+def _reservations(signals: tuple[Signal, ...]) -> list[Signal]:
+    return [s for s in signals if s.name == RESERVE_SIGNAL and isinstance(s.payload, dict)]
+
+
+def _raised(signals: tuple[Signal, ...]) -> tuple[float, int, int]:
+    """Return the dollars and tokens every ``budget.raise`` added, and how many came."""
+    usd, tokens, count = 0.0, 0, 0
+    for s in signals:
+        if s.name != RAISE_SIGNAL:
+            continue
+        count += 1
+        payload = s.payload if isinstance(s.payload, dict) else {}
+        value = payload.get("usd")
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+            usd = round(usd + float(value), _DIGITS)
+        value = payload.get("tokens")
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            tokens += value
+    return usd, tokens, count
+
+
+def spend_of(cp: Checkpoint, budget: Budget | None = None) -> Spend:
+    """Return the spend of the run ``cp`` holds: confirmed, unconfirmed, limits.
+
+    ``budget`` is the one declared (``Workflow(budget=)``, ``run(budget=)``), used when
+    the run's ledger has none yet.
+    """
+    ledger = ledger_of(cp.state)
+    declared = ledger.get("budget")
+    if declared is None and budget is not None:
+        declared = budget.to_json()
+    done = set(ledger.get("settled", ()))
+    unconfirmed = [dict(item) for item in ledger.get("unconfirmed", ())]
+    done.update(item.get("id") for item in unconfirmed)
+    for s in _reservations(cp.signals):
+        if s.id not in done:
+            unconfirmed.append({"id": s.id, **s.payload, "open": True})
+    limit_usd = limit_tokens = soft = None
+    if isinstance(declared, dict):
+        up_usd, up_tokens, _ = _raised(cp.signals)
+        soft = declared.get("soft")
+        if declared.get("usd") is not None:
+            limit_usd = round(float(declared["usd"]) + up_usd, _DIGITS)
+        if declared.get("tokens") is not None:
+            limit_tokens = int(declared["tokens"]) + up_tokens
+    return Spend(
+        usd=float(ledger.get("usd", 0.0)),
+        tokens=int(ledger.get("tokens", 0)),
+        unconfirmed_usd=round(sum(float(u.get("usd", 0.0)) for u in unconfirmed), _DIGITS),
+        unconfirmed_tokens=sum(int(u.get("tokens", 0)) for u in unconfirmed),
+        limit_usd=limit_usd,
+        limit_tokens=limit_tokens,
+        soft=soft,
+        by_step={k: dict(v) for k, v in ledger.get("by_step", {}).items()},
+        unconfirmed=unconfirmed,
+    )
+
+
+def active(plan: Plan, cp: Checkpoint) -> bool:
+    """Return whether the run has a budget or a ledger (else the hooks cost nothing)."""
+    return plan.budget is not None or SPEND_KEY in cp.state
+
+
+# --- the meter: what one attempt of one step charges and reserves ------------------------
+
+
+class Meter:
+    """The charges and reservations of one attempt of one step (behind ``ctx.charge``).
+
+    Charges are held here until the step returns; the core then adds them to the ledger
+    in the save of the step's result (``settle``). Reservations are written at once.
+    """
+
+    __slots__ = (
+        "attempt",
+        "base",
+        "budget",
+        "charges",
+        "closed",
+        "refs",
+        "reserved",
+        "run_id",
+        "settled_usd",
+        "step",
+    )
+
+    def __init__(self, plan: Plan, cp: Checkpoint, step: str, attempt: int) -> None:
+        self.run_id = plan.run_id
+        self.step = step
+        #: The attempt as the ledger names it: the lease's epoch, then the attempt in it.
+        self.attempt = f"{cp.epoch}.{attempt}"
+        self.base = cp
+        self.budget = plan.budget
+        self.charges: list[dict[str, Any]] = []
+        self.refs: set[str] = set()
+        self.reserved: list[dict[str, Any]] = []
+        self.closed = False
+        self.settled_usd = 0.0
+
+    def charge(self, usd: object, tokens: object, ref: object, unknown: Mapping[str, Any]) -> bool:
+        what = f"ctx.charge() in step {self.step!r}"
+        _unknown(unknown, what)
+        amount = _usd(usd, what)
+        count = _tokens(tokens, what)
+        if ref is not None and (not isinstance(ref, str) or not ref or len(ref) > 500):
+            raise InvalidCharge(f"{what}: ref must be a str of 1-500 characters, got {ref!r}")
+        if self.closed:
+            raise InvalidCharge(
+                f"{what}: the step has returned; charge inside the step, before it returns"
+            )
+        if ref is not None:
+            if ref in self.refs or ref in ledger_of(self.base.state).get("refs", {}):
+                logger.info("run %r: charge %r already recorded; not counted again", self.run_id, ref)
+                return False
+            self.refs.add(ref)
+        self.charges.append({"usd": amount, "tokens": count, "ref": ref})
+        return True
+
+    def _reservation(self, usd: object, tokens: object, unknown: Mapping[str, Any]) -> Signal:
+        what = f"ctx.reserve() in step {self.step!r}"
+        _unknown(unknown, what)
+        payload = {
+            "step": self.step,
+            "attempt": self.attempt,
+            "usd": _usd(usd, what),
+            "tokens": _tokens(tokens, what),
+        }
+        if self.closed:
+            raise InvalidCharge(f"{what}: the step has returned; reserve inside the step")
+        spend = spend_of(self.base, self.budget)
+        pending_usd = sum(float(r["usd"]) for r in self.reserved) + payload["usd"]
+        pending_tokens = sum(int(r["tokens"]) for r in self.reserved) + payload["tokens"]
+        pending_usd += sum(float(c["usd"]) for c in self.charges)
+        pending_tokens += sum(int(c["tokens"]) for c in self.charges)
+        ahead = Spend(
+            spend.usd,
+            spend.tokens,
+            round(spend.unconfirmed_usd + pending_usd, _DIGITS),
+            spend.unconfirmed_tokens + pending_tokens,
+            spend.limit_usd,
+            spend.limit_tokens,
+            spend.soft,
+            {},
+            [],
+        )
+        # At the limit is allowed for the reservation itself: over it is not.
+        reason = _over(ahead)
+        if reason is not None and (
+            (ahead.limit_usd is not None and ahead.usd + ahead.unconfirmed_usd > ahead.limit_usd)
+            or (
+                ahead.limit_tokens is not None
+                and ahead.tokens + ahead.unconfirmed_tokens > ahead.limit_tokens
+            )
+        ):
+            raise BudgetExhausted(f"reserving would pass the budget: {reason}")
+        return Signal(RESERVE_SIGNAL, os.urandom(12).hex(), payload, utcnow())
+
+    def _fenced(self, cp: Checkpoint | None, reservation: Signal) -> Checkpoint:
+        if cp is None:
+            raise LeaseLost(f"run {self.run_id!r} was deleted during step {self.step!r}", self.run_id)
+        if cp.owner != self.base.owner or cp.epoch != self.base.epoch:
+            raise LeaseLost(
+                f"run {self.run_id!r}: lease lost before ctx.reserve() in step {self.step!r} "
+                f"(now held by {cp.owner!r} at epoch {cp.epoch}); nothing was reserved",
+                self.run_id,
+            )
+        return evolve(cp, signals=(*cp.signals, reservation))
+
+    def reserve(self, usd: object, tokens: object, unknown: Mapping[str, Any]) -> str:
+        reservation = self._reservation(usd, tokens, unknown)
+        store = _store(self.run_id)
+        for _ in range(_MAX_TRIES):
+            try:
+                store.save(self._fenced(store.load(self.run_id), reservation))
+            except LeaseLost:
+                raise
+            except ConflictError:
+                continue  # a renewal or a signal landed meanwhile: on the newest version
+            return self._reserved(reservation)
+        raise ConflictError(f"run {self.run_id!r}: ctx.reserve() lost {_MAX_TRIES} races")
+
+    async def areserve(self, usd: object, tokens: object, unknown: Mapping[str, Any]) -> str:
+        reservation = self._reservation(usd, tokens, unknown)
+        store = _store(self.run_id)
+        for _ in range(_MAX_TRIES):
+            try:
+                await store.asave(self._fenced(await store.aload(self.run_id), reservation))
+            except LeaseLost:
+                raise
+            except ConflictError:
+                continue
+            return self._reserved(reservation)
+        raise ConflictError(f"run {self.run_id!r}: ctx.reserve() lost {_MAX_TRIES} races")
+
+    def _reserved(self, reservation: Signal) -> str:
+        self.reserved.append({"id": reservation.id, **reservation.payload})
+        logger.debug("run %r: reserved %s", self.run_id, reservation.payload)
+        # Saved, the call not yet made: the crash tests kill the process here.
+        _hooks.fire("budget.reserved")
+        return reservation.id
+
+
+def _store(run_id: str) -> Store:
+    store = current_store.get()
+    if store is None:
+        raise InvalidCharge(
+            f"run {run_id!r}: ctx.reserve() is only possible inside a step that "
+            "stepstone.run, arun or a worker is running"
+        )
+    return store
+
+
+# --- the core's hooks ----------------------------------------------------------------------
+
+Write = Callable[[Any, Checkpoint, Checkpoint, str], Generator[Effect, Any, Checkpoint]]
+
+
+def gate(
+    plan: Plan, cp: Checkpoint, write: Write, exhausted: str | None = None
+) -> Generator[Effect, Any, Checkpoint]:
+    """Before an attempt: pause the run at its hard limit, or take it out of that pause.
+
+    Over the limit (or ``exhausted``: a reservation was refused), the run is saved
+    waiting for ``budget.raise`` (lease given back) and ``Suspended`` raised. Resumed
+    from such a wait with room again, the wait is cleared (one save) and the attempt
+    goes on.
+    """
+    spend = spend_of(cp, plan.budget)
+    _, _, raises = _raised(cp.signals)
+    consumed = dict(cp.consumed)
+    seen = consumed.get(RAISE_SIGNAL, 0)
+    consumed[RAISE_SIGNAL] = raises
+    reason = exhausted or _over(spend)
+    if reason is None:
+        if cp.waiting_for == BUDGET_WAIT or seen != raises:
+            state = pristine(cp)
+            ledger = dict(ledger_of(state))
+            ledger.pop("paused", None)
+            state[SPEND_KEY] = ledger
+            cp = yield from write(
+                plan,
+                cp,
+                evolve(cp, state=state, waiting_for=None, wake_at=None, consumed=consumed),
+                "budget resumed",
+            )
+            logger.info("run %r: budget raised; resuming", plan.run_id)
+        return cp
+    state = pristine(cp)
+    ledger = dict(ledger_of(state))
+    if "budget" not in ledger and plan.budget is not None:
+        ledger["budget"] = plan.budget.to_json()
+    ledger["paused"] = reason
+    state[SPEND_KEY] = ledger
+    waiting = _lease.released(
+        evolve(cp, state=state, waiting_for=BUDGET_WAIT, wake_at=None, consumed=consumed)
+    )
+    saved = yield from write(plan, cp, waiting, f"budget pause at step {cp.step + 1}")
+    logger.warning(
+        "run %r: budget reached (%s); waiting for %r", plan.run_id, reason, RAISE_SIGNAL
+    )
+    _count("stepstone.budget.paused", 1, plan.run_id)
+    if _raised(saved.signals)[2] > raises:
+        yield Announce()  # a raise landed while we paused: a worker takes it now
+    raise Suspended(plan.run_id, BUDGET_WAIT, None)
+
+
+def settle(plan: Plan, cp: Checkpoint, working: dict[str, Any], meter: Meter | None) -> str | None:
+    """Put the attempt's charges into the ledger in ``working`` (saved with the step).
+
+    The attempt's reservations are settled; any other open reservation in ``cp`` is an
+    attempt that never committed: moved to ``unconfirmed``. Returns the soft-limit
+    warning to log once the save has landed, if this save crosses it.
+    """
+    ledger = {k: v for k, v in ledger_of(cp.state).items() if k != "paused"}
+    if "budget" not in ledger and plan.budget is not None:
+        ledger["budget"] = plan.budget.to_json()
+    charges = meter.charges if meter is not None else []
+    reserved = meter.reserved if meter is not None else []
+    if meter is not None:
+        meter.closed = True
+    if charges:
+        usd = float(ledger.get("usd", 0.0))
+        tokens = int(ledger.get("tokens", 0))
+        by_step = {k: dict(v) for k, v in ledger.get("by_step", {}).items()}
+        refs = dict(ledger.get("refs", {}))
+        mine = by_step.setdefault(meter.step if meter is not None else "?", {"usd": 0.0, "tokens": 0})
+        for c in charges:
+            usd = round(usd + c["usd"], _DIGITS)
+            tokens += c["tokens"]
+            mine["usd"] = round(float(mine["usd"]) + c["usd"], _DIGITS)
+            mine["tokens"] = int(mine["tokens"]) + c["tokens"]
+            if c["ref"] is not None:
+                refs[c["ref"]] = meter.step if meter is not None else "?"
+        ledger.update(usd=usd, tokens=tokens, by_step=by_step, refs=refs)
+    settled = list(ledger.get("settled", ()))
+    settled.extend(r["id"] for r in reserved)
+    done = set(settled)
+    unconfirmed = list(ledger.get("unconfirmed", ()))
+    done.update(u.get("id") for u in unconfirmed)
+    for s in _reservations(cp.signals):
+        if s.id not in done:
+            unconfirmed.append({"id": s.id, **s.payload})
+            done.add(s.id)
+    if settled:
+        ledger["settled"] = settled
+    if unconfirmed:
+        ledger["unconfirmed"] = unconfirmed
+    working[SPEND_KEY] = ledger
+    note = None
+    probe = evolve(cp, state={SPEND_KEY: ledger})
+    spend = spend_of(probe)
+    if spend.soft is not None and not ledger.get("soft_warned"):
+        used = spend.usd + spend.unconfirmed_usd
+        tokens_used = spend.tokens + spend.unconfirmed_tokens
+        if (spend.limit_usd is not None and used >= spend.soft * spend.limit_usd) or (
+            spend.limit_tokens is not None and tokens_used >= spend.soft * spend.limit_tokens
+        ):
+            ledger["soft_warned"] = True
+            note = (
+                f"run {plan.run_id!r} passed {spend.soft:.0%} of its budget: ${used:g} of "
+                f"{_limit(spend.limit_usd, '$')}, {tokens_used} of "
+                f"{_limit(spend.limit_tokens, '')} tokens"
+            )
+    if charges and meter is not None:
+        meter.charges = []
+        meter.settled_usd = sum(c["usd"] for c in charges)
+    return note
+
+
+def _limit(value: float | None, unit: str) -> str:
+    return "no limit" if value is None else f"{unit}{value:g}"
+
+
+def after_save(plan: Plan, meter: Meter | None, note: str | None) -> None:
+    """The step's save landed: count what it charged (OpenTelemetry), warn once if soft."""
+    if meter is not None:
+        if meter.settled_usd:
+            _count("stepstone.spend", meter.settled_usd, plan.run_id, unit="USD")
+    if note is not None:
+        logger.warning("%s", note)
+        _count("stepstone.budget.soft", 1, plan.run_id)
+
+
+_instruments: dict[str, Any] = {}
+
+
+def _count(name: str, value: float, run_id: str, unit: str = "1") -> None:
+    """Add to the OpenTelemetry counter ``name`` (nothing without opentelemetry)."""
+    if name not in _instruments:
+        try:
+            metrics = importlib.import_module("opentelemetry.metrics")
+        except ImportError:
+            _instruments[name] = None
+        else:
+            meter = metrics.get_meter("stepstone")
+            _instruments[name] = meter.create_counter(name, unit=unit)
+    counter = _instruments[name]
+    if counter is not None:
+        counter.add(value, {"run_id": run_id})
