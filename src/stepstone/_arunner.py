@@ -22,8 +22,8 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from . import _clock
+from ._budget import Budget
 from ._checkpoint import Checkpoint
-from ._budget import Budget, current_store
 from ._checks import Steps, make_plan
 from ._core import execute, renew
 from ._effects import (
@@ -38,6 +38,7 @@ from ._effects import (
     astep_through,
 )
 from ._errors import ConflictError
+from ._meter import current_store
 from ._observe import logger
 from ._plan import Plan, to_release
 from ._store import Store

@@ -37,22 +37,19 @@ from __future__ import annotations
 
 import importlib
 import math
-import os
 from collections.abc import Callable, Generator, Mapping
-from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from . import _hooks, _lease
-from ._checkpoint import Checkpoint, Signal, evolve, utcnow
+from . import _lease
+from ._checkpoint import Checkpoint, Signal, evolve
 from ._codec import pristine
 from ._effects import Announce, Effect
-from ._errors import ConflictError, InvalidCharge, InvalidWorkflow, LeaseLost, Suspended
+from ._errors import InvalidCharge, InvalidWorkflow, Suspended
 from ._observe import logger
 
 if TYPE_CHECKING:
     from ._plan import Plan
-    from ._store import Store
 
 __all__ = [
     "BUDGET_WAIT",
@@ -61,9 +58,11 @@ __all__ = [
     "SPEND_KEY",
     "Budget",
     "BudgetExhausted",
-    "Meter",
     "Spend",
-    "current_store",
+    "check_fields",
+    "check_tokens",
+    "check_usd",
+    "past",
     "gate",
     "ledger_of",
     "settle",
@@ -78,13 +77,10 @@ RAISE_SIGNAL = "budget.raise"
 RESERVE_SIGNAL = "~reserve"
 #: What a run paused by its budget waits for (``Checkpoint.waiting_for``).
 BUDGET_WAIT = f"signal {RAISE_SIGNAL}"
-#: The store the run being driven lives in: set by the drivers, read by ``reserve``.
-current_store: ContextVar[Store | None] = ContextVar("stepstone_budget_store", default=None)
-_MAX_TRIES = 50
 _DIGITS = 9  # dollars are summed rounded to a billionth: the same sum on every host
 
 
-def _usd(value: object, what: str) -> float:
+def check_usd(value: object, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InvalidCharge(f"{what}: usd must be a number of dollars, got {value!r}")
     number = float(value)
@@ -93,13 +89,13 @@ def _usd(value: object, what: str) -> float:
     return number
 
 
-def _tokens(value: object, what: str) -> int:
+def check_tokens(value: object, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise InvalidCharge(f"{what}: tokens must be an int >= 0, got {value!r}")
     return value
 
 
-def _unknown(fields: Mapping[str, Any], what: str) -> None:
+def check_fields(fields: Mapping[str, Any], what: str) -> None:
     if fields:
         raise InvalidCharge(
             f"{what}: unknown field {sorted(fields)[0]!r}; a charge has usd= (dollars), "
@@ -125,12 +121,12 @@ class Budget:
             raise InvalidWorkflow("Budget needs usd=, tokens= or both")
         if self.usd is not None:
             try:
-                _usd(self.usd, "Budget")
+                check_usd(self.usd, "Budget")
             except InvalidCharge as exc:
                 raise InvalidWorkflow(str(exc)) from None
         if self.tokens is not None:
             try:
-                _tokens(self.tokens, "Budget")
+                check_tokens(self.tokens, "Budget")
             except InvalidCharge as exc:
                 raise InvalidWorkflow(str(exc)) from None
         soft = self.soft
@@ -154,7 +150,7 @@ def check_budget(budget: object) -> Budget | None:
     return budget
 
 
-class BudgetExhausted(Exception):  # noqa: N818 - a pause, not an error to its caller
+class BudgetExhausted(Exception):
     """``ctx.reserve`` found the run at or over its hard limit; let it propagate.
 
     The core saves the run waiting for ``budget.raise``; the step runs again from its
@@ -199,6 +195,21 @@ class Spend:
             "by_step": self.by_step,
             "unconfirmed": self.unconfirmed,
         }
+
+
+def past(spend: Spend, usd: float, tokens: int) -> str | None:
+    """Why ``spend`` plus ``usd`` and ``tokens`` more would pass a hard limit, if it would.
+
+    Reaching a limit exactly is allowed here (a reservation may use the last cent);
+    ``_over`` pauses a run that has reached it.
+    """
+    used = round(spend.usd + spend.unconfirmed_usd + usd, _DIGITS)
+    if spend.limit_usd is not None and used > spend.limit_usd:
+        return f"${used:g} of ${spend.limit_usd:g}"
+    count = spend.tokens + spend.unconfirmed_tokens + tokens
+    if spend.limit_tokens is not None and count > spend.limit_tokens:
+        return f"{count} of {spend.limit_tokens} tokens"
+    return None
 
 
 def _over(spend: Spend) -> str | None:
@@ -287,153 +298,14 @@ def active(plan: Plan, cp: Checkpoint) -> bool:
     return plan.budget is not None or SPEND_KEY in cp.state
 
 
-# --- the meter: what one attempt of one step charges and reserves ------------------------
+class Meter(Protocol):
+    """What ``settle`` needs of a step's meter (``_meter.Meter``, which imports this)."""
 
-
-class Meter:
-    """The charges and reservations of one attempt of one step (behind ``ctx.charge``).
-
-    Charges are held here until the step returns; the core then adds them to the ledger
-    in the save of the step's result (``settle``). Reservations are written at once.
-    """
-
-    __slots__ = (
-        "attempt",
-        "base",
-        "budget",
-        "charges",
-        "closed",
-        "refs",
-        "reserved",
-        "run_id",
-        "settled_usd",
-        "step",
-    )
-
-    def __init__(self, plan: Plan, cp: Checkpoint, step: str, attempt: int) -> None:
-        self.run_id = plan.run_id
-        self.step = step
-        #: The attempt as the ledger names it: the lease's epoch, then the attempt in it.
-        self.attempt = f"{cp.epoch}.{attempt}"
-        self.base = cp
-        self.budget = plan.budget
-        self.charges: list[dict[str, Any]] = []
-        self.refs: set[str] = set()
-        self.reserved: list[dict[str, Any]] = []
-        self.closed = False
-        self.settled_usd = 0.0
-
-    def charge(self, usd: object, tokens: object, ref: object, unknown: Mapping[str, Any]) -> bool:
-        what = f"ctx.charge() in step {self.step!r}"
-        _unknown(unknown, what)
-        amount = _usd(usd, what)
-        count = _tokens(tokens, what)
-        if ref is not None and (not isinstance(ref, str) or not ref or len(ref) > 500):
-            raise InvalidCharge(f"{what}: ref must be a str of 1-500 characters, got {ref!r}")
-        if self.closed:
-            raise InvalidCharge(
-                f"{what}: the step has returned; charge inside the step, before it returns"
-            )
-        if ref is not None:
-            if ref in self.refs or ref in ledger_of(self.base.state).get("refs", {}):
-                logger.info("run %r: charge %r already recorded; not counted again", self.run_id, ref)
-                return False
-            self.refs.add(ref)
-        self.charges.append({"usd": amount, "tokens": count, "ref": ref})
-        return True
-
-    def _reservation(self, usd: object, tokens: object, unknown: Mapping[str, Any]) -> Signal:
-        what = f"ctx.reserve() in step {self.step!r}"
-        _unknown(unknown, what)
-        payload = {
-            "step": self.step,
-            "attempt": self.attempt,
-            "usd": _usd(usd, what),
-            "tokens": _tokens(tokens, what),
-        }
-        if self.closed:
-            raise InvalidCharge(f"{what}: the step has returned; reserve inside the step")
-        spend = spend_of(self.base, self.budget)
-        pending_usd = sum(float(r["usd"]) for r in self.reserved) + payload["usd"]
-        pending_tokens = sum(int(r["tokens"]) for r in self.reserved) + payload["tokens"]
-        pending_usd += sum(float(c["usd"]) for c in self.charges)
-        pending_tokens += sum(int(c["tokens"]) for c in self.charges)
-        ahead = Spend(
-            spend.usd,
-            spend.tokens,
-            round(spend.unconfirmed_usd + pending_usd, _DIGITS),
-            spend.unconfirmed_tokens + pending_tokens,
-            spend.limit_usd,
-            spend.limit_tokens,
-            spend.soft,
-            {},
-            [],
-        )
-        # At the limit is allowed for the reservation itself: over it is not.
-        reason = _over(ahead)
-        if reason is not None and (
-            (ahead.limit_usd is not None and ahead.usd + ahead.unconfirmed_usd > ahead.limit_usd)
-            or (
-                ahead.limit_tokens is not None
-                and ahead.tokens + ahead.unconfirmed_tokens > ahead.limit_tokens
-            )
-        ):
-            raise BudgetExhausted(f"reserving would pass the budget: {reason}")
-        return Signal(RESERVE_SIGNAL, os.urandom(12).hex(), payload, utcnow())
-
-    def _fenced(self, cp: Checkpoint | None, reservation: Signal) -> Checkpoint:
-        if cp is None:
-            raise LeaseLost(f"run {self.run_id!r} was deleted during step {self.step!r}", self.run_id)
-        if cp.owner != self.base.owner or cp.epoch != self.base.epoch:
-            raise LeaseLost(
-                f"run {self.run_id!r}: lease lost before ctx.reserve() in step {self.step!r} "
-                f"(now held by {cp.owner!r} at epoch {cp.epoch}); nothing was reserved",
-                self.run_id,
-            )
-        return evolve(cp, signals=(*cp.signals, reservation))
-
-    def reserve(self, usd: object, tokens: object, unknown: Mapping[str, Any]) -> str:
-        reservation = self._reservation(usd, tokens, unknown)
-        store = _store(self.run_id)
-        for _ in range(_MAX_TRIES):
-            try:
-                store.save(self._fenced(store.load(self.run_id), reservation))
-            except LeaseLost:
-                raise
-            except ConflictError:
-                continue  # a renewal or a signal landed meanwhile: on the newest version
-            return self._reserved(reservation)
-        raise ConflictError(f"run {self.run_id!r}: ctx.reserve() lost {_MAX_TRIES} races")
-
-    async def areserve(self, usd: object, tokens: object, unknown: Mapping[str, Any]) -> str:
-        reservation = self._reservation(usd, tokens, unknown)
-        store = _store(self.run_id)
-        for _ in range(_MAX_TRIES):
-            try:
-                await store.asave(self._fenced(await store.aload(self.run_id), reservation))
-            except LeaseLost:
-                raise
-            except ConflictError:
-                continue
-            return self._reserved(reservation)
-        raise ConflictError(f"run {self.run_id!r}: ctx.reserve() lost {_MAX_TRIES} races")
-
-    def _reserved(self, reservation: Signal) -> str:
-        self.reserved.append({"id": reservation.id, **reservation.payload})
-        logger.debug("run %r: reserved %s", self.run_id, reservation.payload)
-        # Saved, the call not yet made: the crash tests kill the process here.
-        _hooks.fire("budget.reserved")
-        return reservation.id
-
-
-def _store(run_id: str) -> Store:
-    store = current_store.get()
-    if store is None:
-        raise InvalidCharge(
-            f"run {run_id!r}: ctx.reserve() is only possible inside a step that "
-            "stepstone.run, arun or a worker is running"
-        )
-    return store
+    step: str
+    charges: list[dict[str, Any]]
+    reserved: list[dict[str, Any]]
+    closed: bool
+    settled_usd: float
 
 
 # --- the core's hooks ----------------------------------------------------------------------
@@ -481,9 +353,7 @@ def gate(
         evolve(cp, state=state, waiting_for=BUDGET_WAIT, wake_at=None, consumed=consumed)
     )
     saved = yield from write(plan, cp, waiting, f"budget pause at step {cp.step + 1}")
-    logger.warning(
-        "run %r: budget reached (%s); waiting for %r", plan.run_id, reason, RAISE_SIGNAL
-    )
+    logger.warning("run %r: budget reached (%s); waiting for %r", plan.run_id, reason, RAISE_SIGNAL)
     _count("stepstone.budget.paused", 1, plan.run_id)
     if _raised(saved.signals)[2] > raises:
         yield Announce()  # a raise landed while we paused: a worker takes it now
@@ -500,24 +370,24 @@ def settle(plan: Plan, cp: Checkpoint, working: dict[str, Any], meter: Meter | N
     ledger = {k: v for k, v in ledger_of(cp.state).items() if k != "paused"}
     if "budget" not in ledger and plan.budget is not None:
         ledger["budget"] = plan.budget.to_json()
-    charges = meter.charges if meter is not None else []
-    reserved = meter.reserved if meter is not None else []
+    charges, reserved = ([], []) if meter is None else (meter.charges, meter.reserved)
     if meter is not None:
         meter.closed = True
-    if charges:
+    if meter is not None and charges:
         usd = float(ledger.get("usd", 0.0))
         tokens = int(ledger.get("tokens", 0))
         by_step = {k: dict(v) for k, v in ledger.get("by_step", {}).items()}
         refs = dict(ledger.get("refs", {}))
-        mine = by_step.setdefault(meter.step if meter is not None else "?", {"usd": 0.0, "tokens": 0})
+        mine = by_step.setdefault(meter.step, {"usd": 0.0, "tokens": 0})
         for c in charges:
             usd = round(usd + c["usd"], _DIGITS)
             tokens += c["tokens"]
             mine["usd"] = round(float(mine["usd"]) + c["usd"], _DIGITS)
             mine["tokens"] = int(mine["tokens"]) + c["tokens"]
             if c["ref"] is not None:
-                refs[c["ref"]] = meter.step if meter is not None else "?"
+                refs[c["ref"]] = meter.step
         ledger.update(usd=usd, tokens=tokens, by_step=by_step, refs=refs)
+        meter.settled_usd = round(sum(c["usd"] for c in charges), _DIGITS)
     settled = list(ledger.get("settled", ()))
     settled.extend(r["id"] for r in reserved)
     done = set(settled)
@@ -547,9 +417,6 @@ def settle(plan: Plan, cp: Checkpoint, working: dict[str, Any], meter: Meter | N
                 f"{_limit(spend.limit_usd, '$')}, {tokens_used} of "
                 f"{_limit(spend.limit_tokens, '')} tokens"
             )
-    if charges and meter is not None:
-        meter.charges = []
-        meter.settled_usd = sum(c["usd"] for c in charges)
     return note
 
 
@@ -559,9 +426,8 @@ def _limit(value: float | None, unit: str) -> str:
 
 def after_save(plan: Plan, meter: Meter | None, note: str | None) -> None:
     """The step's save landed: count what it charged (OpenTelemetry), warn once if soft."""
-    if meter is not None:
-        if meter.settled_usd:
-            _count("stepstone.spend", meter.settled_usd, plan.run_id, unit="USD")
+    if meter is not None and meter.settled_usd:
+        _count("stepstone.spend", meter.settled_usd, plan.run_id, unit="USD")
     if note is not None:
         logger.warning("%s", note)
         _count("stepstone.budget.soft", 1, plan.run_id)

@@ -53,6 +53,7 @@ from ._errors import (
     Suspended,
     WorkflowChanged,
 )
+from ._meter import Meter
 from ._observe import logger, span
 from ._plan import Plan
 from ._steps import (
@@ -297,7 +298,7 @@ def _run_step(
                     yield from _finish_cancelled(plan, cp)
             logger.debug("run %r: step %d (%r) attempt %d", run_id, index, step.name, attempt)
             _hooks.fire("runner.before_step")
-            meter = _budget.Meter(plan, cp, step.name, attempt) if step.takes_context else None
+            meter = Meter(plan, cp, step.name, attempt) if step.takes_context else None
             ctx = (
                 StepContext(
                     run_id,

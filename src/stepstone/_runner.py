@@ -21,7 +21,7 @@ from datetime import timedelta
 from typing import Any
 
 from . import _clock
-from ._budget import Budget, current_store
+from ._budget import Budget
 from ._checks import Steps, make_plan
 from ._core import execute, renew
 from ._effects import (
@@ -36,6 +36,7 @@ from ._effects import (
     step_through,
 )
 from ._errors import ConflictError
+from ._meter import current_store
 from ._observe import logger
 from ._plan import Plan, to_release
 from ._steps import (

@@ -17,10 +17,11 @@ from datetime import datetime
 from types import MappingProxyType
 from typing import Any
 
-from ._budget import Budget, Meter, check_budget
+from ._budget import Budget, check_budget
 from ._checkpoint import Checkpoint
 from ._effects import Effect
 from ._errors import InvalidWorkflow, safe_text
+from ._meter import Meter
 from ._plan import Plan
 
 __all__ = [
