@@ -330,18 +330,25 @@ def gate(
     consumed[RAISE_SIGNAL] = raises
     reason = exhausted or _over(spend)
     if reason is None:
-        if cp.waiting_for == BUDGET_WAIT or seen != raises:
+        # Saved only when something changed: the run leaves a budget pause, a raise
+        # came while it ran, or its declared budget is not in its ledger yet (so that
+        # whoever resumes it, a worker too, keeps to the budget it was run with).
+        unrecorded = plan.budget is not None and "budget" not in ledger_of(cp.state)
+        if cp.waiting_for == BUDGET_WAIT or seen != raises or unrecorded:
             state = pristine(cp)
             ledger = dict(ledger_of(state))
             ledger.pop("paused", None)
+            if unrecorded and plan.budget is not None:
+                ledger["budget"] = plan.budget.to_json()
             state[SPEND_KEY] = ledger
             cp = yield from write(
                 plan,
                 cp,
                 evolve(cp, state=state, waiting_for=None, wake_at=None, consumed=consumed),
-                "budget resumed",
+                "budget",
             )
-            logger.info("run %r: budget raised; resuming", plan.run_id)
+            if seen != raises:
+                logger.info("run %r: budget raised; resuming", plan.run_id)
         return cp
     state = pristine(cp)
     ledger = dict(ledger_of(state))
