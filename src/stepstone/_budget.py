@@ -283,7 +283,7 @@ def spend_of(cp: Checkpoint, budget: Budget | None = None) -> Spend:
     return Spend(
         usd=float(ledger.get("usd", 0.0)),
         tokens=int(ledger.get("tokens", 0)),
-        unconfirmed_usd=round(sum(float(u.get("usd", 0.0)) for u in unconfirmed), _DIGITS),
+        unconfirmed_usd=round(sum((float(u.get("usd", 0.0)) for u in unconfirmed), 0.0), _DIGITS),
         unconfirmed_tokens=sum(int(u.get("tokens", 0)) for u in unconfirmed),
         limit_usd=limit_usd,
         limit_tokens=limit_tokens,
@@ -419,16 +419,13 @@ def settle(plan: Plan, cp: Checkpoint, working: dict[str, Any], meter: Meter | N
             spend.limit_tokens is not None and tokens_used >= spend.soft * spend.limit_tokens
         ):
             ledger["soft_warned"] = True
-            note = (
-                f"run {plan.run_id!r} passed {spend.soft:.0%} of its budget: ${used:g} of "
-                f"{_limit(spend.limit_usd, '$')}, {tokens_used} of "
-                f"{_limit(spend.limit_tokens, '')} tokens"
-            )
+            shown = []
+            if spend.limit_usd is not None:
+                shown.append(f"${used:g} of ${spend.limit_usd:g}")
+            if spend.limit_tokens is not None:
+                shown.append(f"{tokens_used} of {spend.limit_tokens} tokens")
+            note = f"run {plan.run_id!r} passed {spend.soft:.0%} of its budget: {', '.join(shown)}"
     return note
-
-
-def _limit(value: float | None, unit: str) -> str:
-    return "no limit" if value is None else f"{unit}{value:g}"
 
 
 def after_save(plan: Plan, meter: Meter | None, note: str | None) -> None:
