@@ -58,7 +58,10 @@ __all__ = [
     "SPEND_KEY",
     "Budget",
     "BudgetExhausted",
+    "Meter",
     "Spend",
+    "charge_ledger",
+    "check",
     "check_fields",
     "check_tokens",
     "check_usd",
@@ -323,12 +326,31 @@ def gate(
     from such a wait with room again, the wait is cleared (one save) and the attempt
     goes on.
     """
+    cp, waiting = yield from check(plan, cp, write, exhausted)
+    if waiting is None:
+        return cp
+    saved = yield from write(plan, cp, _lease.released(waiting), f"budget pause at {cp.step + 1}")
+    if _raised(saved.signals)[2] > waiting.consumed.get(RAISE_SIGNAL, 0):
+        yield Announce()  # a raise landed while we paused: a worker takes it now
+    raise Suspended(plan.run_id, BUDGET_WAIT, None)
+
+
+def check(
+    plan: Plan, cp: Checkpoint, write: Write, exhausted: str | None = None
+) -> Generator[Effect, Any, tuple[Checkpoint, Checkpoint | None]]:
+    """Return ``(cp, None)`` if the run may spend (saving what changed), else the pause.
+
+    The pause is the record to save the run waiting with (``waiting_for`` set, the
+    reason in the ledger, the raises seen counted as consumed), not yet saved: a step
+    list saves it (``gate``), a code workflow hands it to the core as a ``Wait``.
+    """
     spend = spend_of(cp, plan.budget)
     _, _, raises = _raised(cp.signals)
     consumed = dict(cp.consumed)
     seen = consumed.get(RAISE_SIGNAL, 0)
     consumed[RAISE_SIGNAL] = raises
     reason = exhausted or _over(spend)
+    state = None
     if reason is None:
         # Saved only when something changed: the run leaves a budget pause, a raise
         # came while it ran, or its declared budget is not in its ledger yet (so that
@@ -349,22 +371,47 @@ def gate(
             )
             if seen != raises:
                 logger.info("run %r: budget raised; resuming", plan.run_id)
-        return cp
+        return cp, None
     state = pristine(cp)
     ledger = dict(ledger_of(state))
     if "budget" not in ledger and plan.budget is not None:
         ledger["budget"] = plan.budget.to_json()
     ledger["paused"] = reason
     state[SPEND_KEY] = ledger
-    waiting = _lease.released(
-        evolve(cp, state=state, waiting_for=BUDGET_WAIT, wake_at=None, consumed=consumed)
-    )
-    saved = yield from write(plan, cp, waiting, f"budget pause at step {cp.step + 1}")
     logger.warning("run %r: budget reached (%s); waiting for %r", plan.run_id, reason, RAISE_SIGNAL)
     _count("stepstone.budget.paused", 1, plan.run_id)
-    if _raised(saved.signals)[2] > raises:
-        yield Announce()  # a raise landed while we paused: a worker takes it now
-    raise Suspended(plan.run_id, BUDGET_WAIT, None)
+    waiting = evolve(cp, state=state, waiting_for=BUDGET_WAIT, wake_at=None, consumed=consumed)
+    return cp, waiting
+
+
+def charge_ledger(
+    plan: Plan, state: Mapping[str, Any], charge: dict[str, Any], step: str
+) -> tuple[dict[str, Any], bool]:
+    """Return the ledger of ``state`` with ``charge`` added, and whether it counted.
+
+    For a code workflow's ``ctx.charge``: journaled, so it is saved with its journal
+    entry by one write; a ref the ledger holds counts nothing.
+    """
+    ledger = {k: v for k, v in ledger_of(state).items() if k != "paused"}
+    if "budget" not in ledger and plan.budget is not None:
+        ledger["budget"] = plan.budget.to_json()
+    ref = charge["ref"]
+    refs = dict(ledger.get("refs", {}))
+    if ref is not None and ref in refs:
+        return ledger, False
+    by_step = {k: dict(v) for k, v in ledger.get("by_step", {}).items()}
+    mine = by_step.setdefault(step, {"usd": 0.0, "tokens": 0})
+    mine["usd"] = round(float(mine["usd"]) + charge["usd"], _DIGITS)
+    mine["tokens"] = int(mine["tokens"]) + charge["tokens"]
+    if ref is not None:
+        refs[ref] = step
+    ledger.update(
+        usd=round(float(ledger.get("usd", 0.0)) + charge["usd"], _DIGITS),
+        tokens=int(ledger.get("tokens", 0)) + charge["tokens"],
+        by_step=by_step,
+        refs=refs,
+    )
+    return ledger, True
 
 
 def settle(plan: Plan, cp: Checkpoint, working: dict[str, Any], meter: Meter | None) -> str | None:

@@ -27,7 +27,7 @@ from collections.abc import Callable, Coroutine, Generator
 from datetime import timedelta
 from typing import Any
 
-from . import _hooks, _lease
+from . import _budget, _hooks, _lease
 from ._checkpoint import Checkpoint, Failure, evolve, utcnow
 from ._codec import copy_containers
 from ._context import MISSING, AsyncWorkflowContext, WorkflowContext, failure
@@ -103,7 +103,7 @@ class CodeStep(SuspendingStep):
             return True
         return _due(cp.wake_at)
 
-    def evaluate(
+    def evaluate(  # noqa: C901 - one branch per kind of request, read in one place
         self, plan: Plan, cp: Checkpoint, index: int, state: State, first: bool
     ) -> Generator[Effect, Any, Outcome]:
         recorded = recorded_calls(plan.run_id, journal_of(cp.state))
@@ -112,6 +112,7 @@ class CodeStep(SuspendingStep):
             plan.run_id, self.name, recorded, self.fn, copy_containers(given), self.is_async
         )
         session.ctx = (AsyncWorkflowContext if self.is_async else WorkflowContext)(session)
+        session.budgeted = _budget.active(plan, cp)
         # Awaited under arun. The sync driver calls it instead, and gets a coroutine: the
         # core then waits in the driver's thread (``next_requests``).
         waiter = Waiter(self.name, session.anext_requests, True)
@@ -154,6 +155,8 @@ class CodeStep(SuspendingStep):
                         continue
                     if kind == "sleep":
                         cp, wait = yield from _sleep(plan, cp, session, request)
+                    elif kind in ("charge", "budget"):  # spend budgets (``_budget``)
+                        cp, wait = yield from _spending(plan, cp, session, request)
                     elif kind == "map":
                         cp, wait = yield from _map(plan, cp, index, state, session, request)
                     else:
@@ -223,7 +226,7 @@ def _finished(session: Session, state: State, cp: Checkpoint, value: Any) -> Com
     session.stop("returned")
     # The state completed with is the one last saved (its journal included), not the
     # copy the core started from: the final save then adds only the result.
-    for key in (JOURNAL_KEY, ATTEMPTS_KEY):
+    for key in (JOURNAL_KEY, ATTEMPTS_KEY, _budget.SPEND_KEY):
         if key in cp.state:
             state[key] = cp.state[key]
         else:
@@ -232,7 +235,11 @@ def _finished(session: Session, state: State, cp: Checkpoint, value: Any) -> Com
 
 
 def _append(
-    plan: Plan, cp: Checkpoint, entries: list[dict[str, Any]], changes: dict[str, Any]
+    plan: Plan,
+    cp: Checkpoint,
+    entries: list[dict[str, Any]],
+    changes: dict[str, Any],
+    extra: dict[str, Any] | None = None,
 ) -> Generator[Effect, Any, Checkpoint]:
     """Save ``entries`` at the end of the journal (one compare-and-swap); return the record.
 
@@ -243,6 +250,8 @@ def _append(
     base = cp.state
     new = dict(base)
     new[JOURNAL_KEY] = [*journal_of(base), *entries]
+    if extra:
+        new.update(extra)  # other keys of the state saved with the entries (the ledger)
     attempts = base.get(ATTEMPTS_KEY)
     if isinstance(attempts, dict) and attempts:
         # A journaled call's attempts are in its entry now.
@@ -271,6 +280,47 @@ def _attempt(
     session.answered(reply)
     reply.ok(attempt)
     return cp
+
+
+def _spending(
+    plan: Plan, cp: Checkpoint, session: Session, request: tuple[Any, ...]
+) -> Generator[Effect, Any, tuple[Checkpoint, Wait | None]]:
+    """A ``ctx.charge`` to journal, or the check before a ``ctx.step`` of a budgeted run."""
+    if request[0] == "budget":
+        return (yield from _gated(plan, cp, session, request))
+    cp = yield from _charged(plan, cp, session, request)
+    return cp, None
+
+
+def _charged(
+    plan: Plan, cp: Checkpoint, session: Session, request: tuple[Any, ...]
+) -> Generator[Effect, Any, Checkpoint]:
+    """Journal a ``ctx.charge`` and add it to the ledger, by one write; answer if it counted."""
+    _, seq, call, charge, reply = request
+    # Charged to the call made just before it (``ctx.step("draft", ...)``: "draft").
+    before = [e["call"] for e in journal_of(cp.state) if e.get("seq") == seq - 1]
+    step = before[0].rsplit("#", 1)[0] if before else session.name
+    ledger, counted = _budget.charge_ledger(plan, cp.state, charge, step)
+    entry = entry_ok(seq, call, 1, counted)
+    cp = yield from _append(plan, cp, [entry], {}, {_budget.SPEND_KEY: ledger})
+    session.answered(reply)
+    reply.ok(counted)
+    return cp
+
+
+def _gated(
+    plan: Plan, cp: Checkpoint, session: Session, request: tuple[Any, ...]
+) -> Generator[Effect, Any, tuple[Checkpoint, Wait | None]]:
+    """Before a ``ctx.step`` of a run with a budget: go on, or wait for ``budget.raise``."""
+    _, reply = request
+    cp, waiting = yield from _budget.check(plan, cp, write)
+    if waiting is not None:
+        session.stop("stopped")
+        pause = {"state": waiting.state, "consumed": waiting.consumed}
+        return cp, Wait(_budget.BUDGET_WAIT, None, pause)
+    session.answered(reply)
+    reply.ok(None)
+    return cp, None
 
 
 def _sleep(
