@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ from stepstone import (
     StepContext,
     Store,
     Suspended,
+    Worker,
     Workflow,
     _hooks,
     arun,
@@ -208,6 +211,35 @@ def test_start_and_workflow_budgets_reach_the_run(store: Store) -> None:
     run("s", flow, store)
     assert spend_of(store.load("s")).limit_usd == 100.0  # type: ignore[arg-type]
     assert store.load("s").status == "done"  # type: ignore[union-attr]
+
+
+def test_a_worker_leaves_a_paused_run_and_resumes_it_once_raised(store: Store) -> None:
+    """A worker pauses the run at its budget, holds nothing, and finishes it after a raise."""
+    finished = threading.Event()
+    flow = Workflow(
+        "budgeted",
+        [_charging("a", 1.0, ref="one"), Step("b", lambda state: finished.set())],
+        budget=Budget(usd=1),
+    )
+    start(store, flow, "w")
+    worker = Worker(store, [flow], concurrency=1, poll=0.05)
+    thread = threading.Thread(target=worker.serve, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while (cp := store.load("w")) is None or cp.waiting_for != BUDGET_WAIT:
+            assert time.monotonic() < deadline, "the worker never paused the run at its budget"
+            time.sleep(0.01)
+        assert cp.owner is None and not finished.is_set()
+        signal(store, "w", RAISE_SIGNAL, {"usd": 1})
+        assert finished.wait(30), "the worker never resumed the raised run"
+    finally:
+        worker.stop()
+        thread.join(30)
+    assert not thread.is_alive(), "the worker did not stop"
+    cp = store.load("w")
+    assert cp is not None and cp.status == "done"
+    assert (spend_of(cp).usd, spend_of(cp).limit_usd) == (1.0, 2.0)
 
 
 def test_passing_the_soft_limit_logs_once(store: Store, caplog: pytest.LogCaptureFixture) -> None:
