@@ -21,6 +21,7 @@ from stepstone import (
     BudgetExhausted,
     InvalidCharge,
     InvalidWorkflow,
+    Map,
     RunCancelled,
     Step,
     StepContext,
@@ -337,3 +338,29 @@ def test_pause_and_raise_on_the_sql_servers(request: pytest.FixtureRequest, serv
         run("r", steps, sql)
         spend = spend_of(sql.load("r"))  # type: ignore[arg-type]
         assert (spend.usd, spend.unconfirmed_usd, spend.limit_usd) == (2.0, 0.0, 3.0)
+
+
+def test_map_children_draw_from_their_parents_pool(store: Store) -> None:
+    """Children charge the root's pool; past its limit the next child pauses until raised."""
+    kid = Workflow("kid", [_charging("work", 1.0)])
+    parent = Workflow(
+        "parent",
+        [Map("kids", kid, lambda state: [{"i": i} for i in range(4)]), _charging("sum", 0.5)],
+    )
+    with pytest.raises(Suspended):
+        run("p", parent, store, budget=Budget(usd=2.5))
+    children = store.load("p").children  # type: ignore[union-attr]
+    for child in children[:3]:
+        run(child, kid, store)  # what a worker serving ``kid`` does
+    with pytest.raises(Suspended) as paused:
+        run(children[3], kid, store)  # $3 of the pool's $2.5 spent: it waits
+    assert paused.value.waiting_for == BUDGET_WAIT and paused.value.wake_at is not None
+    pool = spend_of(store.load("p"))  # type: ignore[arg-type]
+    assert (pool.children_usd, pool.over) == (3.0, True)
+    signal(store, "p", RAISE_SIGNAL, {"usd": 10})
+    run(children[3], kid, store)
+    final = run("p", parent, store)
+    assert [kid_state["work"] for kid_state in final["kids"]] == [1, 1, 1, 1]
+    pool = spend_of(store.load("p"))  # type: ignore[arg-type]
+    assert (pool.usd, pool.children_usd, pool.limit_usd, pool.over) == (0.5, 4.0, 12.5, False)
+    assert all(spend_of(store.load(c)).usd == 1.0 for c in children)  # type: ignore[arg-type]

@@ -39,14 +39,16 @@ import importlib
 import math
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
 from . import _lease
-from ._checkpoint import Checkpoint, Signal, evolve
+from ._checkpoint import Checkpoint, Signal, evolve, utcnow
 from ._codec import pristine
-from ._effects import Announce, Effect
+from ._effects import Announce, Effect, Load
 from ._errors import InvalidCharge, InvalidWorkflow, Suspended
 from ._observe import logger
+from ._pool import POOL_POLL, pool_id, pooled, push
 
 if TYPE_CHECKING:
     from ._plan import Plan
@@ -62,6 +64,7 @@ __all__ = [
     "Spend",
     "charge_ledger",
     "check",
+    "record",
     "check_fields",
     "check_tokens",
     "check_usd",
@@ -178,6 +181,9 @@ class Spend:
     soft: float | None
     by_step: dict[str, dict[str, Any]]
     unconfirmed: list[dict[str, Any]]
+    #: What the run's children charged to its pool (``_pool``): counted against its limits.
+    children_usd: float = 0.0
+    children_tokens: int = 0
 
     @property
     def over(self) -> bool:
@@ -197,6 +203,8 @@ class Spend:
             "over": self.over,
             "by_step": self.by_step,
             "unconfirmed": self.unconfirmed,
+            "children_usd": self.children_usd,
+            "children_tokens": self.children_tokens,
         }
 
 
@@ -206,20 +214,20 @@ def past(spend: Spend, usd: float, tokens: int) -> str | None:
     Reaching a limit exactly is allowed here (a reservation may use the last cent);
     ``_over`` pauses a run that has reached it.
     """
-    used = round(spend.usd + spend.unconfirmed_usd + usd, _DIGITS)
+    used = round(spend.usd + spend.unconfirmed_usd + spend.children_usd + usd, _DIGITS)
     if spend.limit_usd is not None and used > spend.limit_usd:
         return f"${used:g} of ${spend.limit_usd:g}"
-    count = spend.tokens + spend.unconfirmed_tokens + tokens
+    count = spend.tokens + spend.unconfirmed_tokens + spend.children_tokens + tokens
     if spend.limit_tokens is not None and count > spend.limit_tokens:
         return f"{count} of {spend.limit_tokens} tokens"
     return None
 
 
 def _over(spend: Spend) -> str | None:
-    used = round(spend.usd + spend.unconfirmed_usd, _DIGITS)
+    used = round(spend.usd + spend.unconfirmed_usd + spend.children_usd, _DIGITS)
     if spend.limit_usd is not None and used >= spend.limit_usd:
         return f"spent ${used:g} of ${spend.limit_usd:g}"
-    tokens = spend.tokens + spend.unconfirmed_tokens
+    tokens = spend.tokens + spend.unconfirmed_tokens + spend.children_tokens
     if spend.limit_tokens is not None and tokens >= spend.limit_tokens:
         return f"spent {tokens} of {spend.limit_tokens} tokens"
     return None
@@ -276,6 +284,7 @@ def spend_of(cp: Checkpoint, budget: Budget | None = None) -> Spend:
         if s.id not in done:
             unconfirmed.append({"id": s.id, **s.payload, "open": True})
     limit_usd = limit_tokens = soft = None
+    children = pooled(cp.signals)
     if isinstance(declared, dict):
         up_usd, up_tokens, _ = _raised(cp.signals)
         soft = declared.get("soft")
@@ -293,6 +302,8 @@ def spend_of(cp: Checkpoint, budget: Budget | None = None) -> Spend:
         soft=soft,
         by_step={k: dict(v) for k, v in ledger.get("by_step", {}).items()},
         unconfirmed=unconfirmed,
+        children_usd=children[0],
+        children_tokens=children[1],
     )
 
 
@@ -305,6 +316,7 @@ class Meter(Protocol):
     """What ``settle`` needs of a step's meter (``_meter.Meter``, which imports this)."""
 
     step: str
+    attempt: str
     charges: list[dict[str, Any]]
     reserved: list[dict[str, Any]]
     closed: bool
@@ -332,7 +344,21 @@ def gate(
     saved = yield from write(plan, cp, _lease.released(waiting), f"budget pause at {cp.step + 1}")
     if _raised(saved.signals)[2] > waiting.consumed.get(RAISE_SIGNAL, 0):
         yield Announce()  # a raise landed while we paused: a worker takes it now
-    raise Suspended(plan.run_id, BUDGET_WAIT, None)
+    raise Suspended(plan.run_id, BUDGET_WAIT, waiting.wake_at)
+
+
+def record(plan: Plan, cp: Checkpoint, write: Write) -> Generator[Effect, Any, Checkpoint]:
+    """Write the run's declared budget into its ledger, if it is not there yet (one save).
+
+    Then whoever resumes the run (a worker too) keeps to it, and a ``Map``'s children
+    (``_pool.inherit``) draw from it from the first step on.
+    """
+    if plan.budget is None or "budget" in ledger_of(cp.state):
+        return cp
+    state = pristine(cp)
+    state[SPEND_KEY] = {**ledger_of(state), "budget": plan.budget.to_json()}
+    saved: Checkpoint = yield from write(plan, cp, evolve(cp, state=state), "budget")
+    return saved
 
 
 def check(
@@ -350,6 +376,15 @@ def check(
     seen = consumed.get(RAISE_SIGNAL, 0)
     consumed[RAISE_SIGNAL] = raises
     reason = exhausted or _over(spend)
+    wake_at = None
+    root_id = pool_id(cp)
+    if reason is None and root_id is not None:
+        # A child of a budgeted run: the tree's one pool is its root's record.
+        root: Checkpoint | None = yield Load(root_id)
+        pool = None if root is None else _over(spend_of(root))
+        if pool is not None:
+            reason = f"the pool of run {root_id!r}: {pool}"
+            wake_at = utcnow() + timedelta(seconds=POOL_POLL)  # a raise there wakes no child
     state = None
     if reason is None:
         # Saved only when something changed: the run leaves a budget pause, a raise
@@ -380,7 +415,7 @@ def check(
     state[SPEND_KEY] = ledger
     logger.warning("run %r: budget reached (%s); waiting for %r", plan.run_id, reason, RAISE_SIGNAL)
     _count("stepstone.budget.paused", 1, plan.run_id)
-    waiting = evolve(cp, state=state, waiting_for=BUDGET_WAIT, wake_at=None, consumed=consumed)
+    waiting = evolve(cp, state=state, waiting_for=BUDGET_WAIT, wake_at=wake_at, consumed=consumed)
     return cp, waiting
 
 
@@ -475,8 +510,27 @@ def settle(plan: Plan, cp: Checkpoint, working: dict[str, Any], meter: Meter | N
     return note
 
 
-def after_save(plan: Plan, meter: Meter | None, note: str | None) -> None:
+def commit(
+    plan: Plan, cp: Checkpoint, working: dict[str, Any], meter: Meter | None, spending: bool
+) -> Generator[Effect, Any, tuple[Meter | None, str | None] | None]:
+    """Before a step's save: its charges into the ledger in ``working`` (``settle``) and,
+    for a budgeted tree's child, into the root's pool (``_pool``). None: nothing to do."""
+    spent = meter is not None and (meter.charges or meter.reserved)
+    if not spending and not spent:
+        return None
+    note = settle(plan, cp, working, meter)
+    if meter is not None and meter.charges and pool_id(cp) is not None:
+        usd = round(sum(float(c["usd"]) for c in meter.charges), _DIGITS)
+        tokens = sum(int(c["tokens"]) for c in meter.charges)
+        yield from push(cp, cp.step + 1, meter.attempt, usd, tokens)
+    return meter, note
+
+
+def after_save(plan: Plan, settled: tuple[Meter | None, str | None] | None) -> None:
     """The step's save landed: count what it charged (OpenTelemetry), warn once if soft."""
+    if settled is None:
+        return
+    meter, note = settled
     if meter is not None and meter.settled_usd:
         _count("stepstone.spend", meter.settled_usd, plan.run_id, unit="USD")
     if note is not None:

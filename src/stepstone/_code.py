@@ -54,6 +54,7 @@ from ._journal import (
 )
 from ._observe import logger
 from ._plan import Plan
+from ._pool import push
 from ._session import CallFailed, Session, Waiter, close, current_call
 from ._steps import (
     Complete,
@@ -301,6 +302,8 @@ def _charged(
     before = [e["call"] for e in journal_of(cp.state) if e.get("seq") == seq - 1]
     step = before[0].rsplit("#", 1)[0] if before else session.name
     ledger, counted = _budget.charge_ledger(plan, cp.state, charge, step)
+    if counted:  # a budgeted tree's child: its root's pool first (``_pool``)
+        yield from push(cp, seq, f"{cp.epoch}.code", charge["usd"], charge["tokens"])
     entry = entry_ok(seq, call, 1, counted)
     cp = yield from _append(plan, cp, [entry], {}, {_budget.SPEND_KEY: ledger})
     session.answered(reply)

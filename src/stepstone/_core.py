@@ -130,6 +130,8 @@ def execute(plan: Plan) -> Run:
             logger.info("run %r: already done, nothing to run", run_id)
             run_span.set_attribute("outcome", "already_done")
             return pristine(cp)
+        if plan.budget is not None:
+            cp = yield from _budget.record(plan, cp, write)  # on record before any step
         working = pristine(cp)
         index = cp.step + 1
         while index < plan.total:
@@ -361,8 +363,7 @@ def _run_step(
             if changes:
                 working.update(changes)
             # The attempt's charges join the ledger in the state: saved by this very write.
-            spent = meter is not None and (meter.charges or meter.reserved)
-            note = _budget.settle(plan, cp, working, meter) if spending or spent else None
+            settled = yield from _budget.commit(plan, cp, working, meter, spending)
             try:
                 saved = yield from write(
                     plan, cp, _completed(plan, cp, index, working), f"step {index}"
@@ -375,8 +376,7 @@ def _run_step(
                 step_span.set_attribute("outcome", "failed")
                 yield from _fail(plan, cp, index, step.name, attempt, error)
             _hooks.fire("runner.after_save")
-            if spending or spent:
-                _budget.after_save(plan, meter, note)
+            _budget.after_save(plan, settled)
             step_span.set_attribute("outcome", "ok")
             # The stored copy is ours alone; hand it on rather than copying again.
             # (A long state's store hands back a state of its own too: ``stored_state``.)
