@@ -44,7 +44,7 @@ from ._errors import (
 
 if TYPE_CHECKING:  # what the names below are, for type checkers; imported on first use
     from ._arunner import arun
-    from ._budget import Budget, BudgetExhausted, Spend, spend_of
+    from ._budget import Budget, BudgetExhausted, Prices, Spend, spend_of
     from ._checkpoint import SCHEMA_VERSION, Checkpoint, Failure, RunStatus, Signal, check_run_id
     from ._code import (
         AsyncWorkflowContext,
@@ -83,6 +83,7 @@ _LAZY: dict[str, str] = {
     "Failure": "._checkpoint",
     "HistoryEntry": "._history",
     "Map": "._suspend",
+    "Prices": "._budget",
     "RetryPolicy": "._steps",
     "RunInfo": "._store",
     "RunStatus": "._checkpoint",
@@ -165,6 +166,7 @@ __all__ = [
     "InvalidWorkflow",
     "LeaseLost",
     "Map",
+    "Prices",
     "RetryPolicy",
     "RunCancelled",
     "RunInfo",

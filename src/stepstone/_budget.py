@@ -61,6 +61,7 @@ __all__ = [
     "Budget",
     "BudgetExhausted",
     "Meter",
+    "Prices",
     "Spend",
     "charge_ledger",
     "check",
@@ -73,6 +74,7 @@ __all__ = [
     "ledger_of",
     "settle",
     "spend_of",
+    "usage_charge",
 ]
 
 #: Where the ledger lives in a run's state.
@@ -147,6 +149,60 @@ class Budget:
         if self.tokens is not None:
             out["tokens"] = self.tokens
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class Prices:
+    """What a model's tokens cost, for the adapters' automatic charges.
+
+    Dollars per million input and output tokens, and the date those prices were read
+    (``as_of``, shown beside every charge made with them): stepstone ships no price
+    table of its own, so no charge is ever made at a stale price without saying so.
+    """
+
+    input_per_million: float
+    output_per_million: float
+    as_of: str
+
+    def __post_init__(self) -> None:
+        for name in ("input_per_million", "output_per_million"):
+            try:
+                check_usd(getattr(self, name), f"Prices.{name}")
+            except InvalidCharge as exc:
+                raise InvalidWorkflow(str(exc)) from None
+        if not isinstance(self.as_of, str) or not self.as_of:
+            raise InvalidWorkflow(
+                "Prices.as_of must say when the prices were read, e.g. 2026-12-01"
+            )
+
+    def cost(self, input_tokens: int, output_tokens: int) -> float:
+        """Return the dollars ``input_tokens`` and ``output_tokens`` cost."""
+        usd = input_tokens * self.input_per_million + output_tokens * self.output_per_million
+        return round(usd / 1_000_000, _DIGITS)
+
+
+def usage_charge(
+    plan: Plan,
+    state: dict[str, Any],
+    step: str,
+    usage: dict[str, int],
+    prices: Prices | None,
+) -> dict[str, Any] | None:
+    """An adapter step's ledger after charging its agent run's usage, or None to leave it.
+
+    Charged when the run has a budget or a ledger, or ``prices`` are given; tokens
+    always, dollars with ``prices``. The ref is the step's own: it completes once, so
+    its usage is charged once, with its output, by the same save.
+    """
+    if plan.budget is None and SPEND_KEY not in state and prices is None:
+        return None
+    inputs, outputs = int(usage.get("input", 0)), int(usage.get("output", 0))
+    usd = 0.0 if prices is None else prices.cost(inputs, outputs)
+    charge = {"usd": usd, "tokens": inputs + outputs, "ref": f"{plan.run_id}#{step}"}
+    ledger, _ = charge_ledger(plan, state, charge, step)
+    if prices is not None:
+        ledger["prices_as_of"] = prices.as_of
+    return ledger
 
 
 def check_budget(budget: object) -> Budget | None:

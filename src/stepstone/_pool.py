@@ -68,7 +68,7 @@ def push(
     root_id = pool_id(cp)
     if root_id is None or (not usd and not tokens):
         return
-    signal_id = f"{cp.run_id}\x00{index}\x00{attempt}"
+    signal_id = f"{cp.run_id}#{index}#{attempt}"
     payload = {"run": cp.run_id, "step": index, "attempt": attempt, "usd": usd, "tokens": tokens}
     for _ in range(_MAX_TRIES):
         root: Checkpoint | None = yield Load(root_id)
