@@ -241,6 +241,22 @@ class Spend:
     children_usd: float = 0.0
     children_tokens: int = 0
 
+    def text(self) -> str:
+        """One line: ``$5.5 of $5, 2100 tokens, unconfirmed $1 (1), OVER BUDGET``."""
+        used = round(self.usd + self.children_usd, _DIGITS)
+        parts = [f"${used:g}" + ("" if self.limit_usd is None else f" of ${self.limit_usd:g}")]
+        tokens = self.tokens + self.children_tokens
+        parts.append(
+            f"{tokens} tokens" + ("" if self.limit_tokens is None else f" of {self.limit_tokens}")
+        )
+        if self.children_usd or self.children_tokens:
+            parts.append(f"children ${self.children_usd:g}")
+        if self.unconfirmed:
+            parts.append(f"unconfirmed ${self.unconfirmed_usd:g} ({len(self.unconfirmed)})")
+        if self.over:
+            parts.append("OVER BUDGET")
+        return ", ".join(parts)
+
     @property
     def over(self) -> bool:
         """Whether confirmed plus unconfirmed spend is at or over a hard limit."""

@@ -69,28 +69,22 @@ def _spend(cp: Checkpoint) -> Spend | None:
         spend = spend_of(cp)
     except Exception:  # noqa: BLE001 - a malformed ledger is shown as none, never a crash
         return None
-    if spend.limit_usd is None and spend.limit_tokens is None and not spend.by_step:
-        return None if not spend.unconfirmed else spend
+    if (
+        spend.limit_usd is None
+        and spend.limit_tokens is None
+        and not spend.by_step
+        and not spend.unconfirmed
+        and not spend.children_usd
+        and not spend.children_tokens
+    ):
+        return None
     return spend
 
 
 def spend_text(cp: Checkpoint) -> str | None:
     """One line of spend for ``runs show`` and the SPEND column of ``runs list``."""
     spend = _spend(cp)
-    if spend is None:
-        return None
-    parts = [f"${spend.usd:g}"]
-    if spend.limit_usd is not None:
-        parts[0] += f" of ${spend.limit_usd:g}"
-    tokens = f"{spend.tokens} tokens"
-    if spend.limit_tokens is not None:
-        tokens += f" of {spend.limit_tokens}"
-    parts.append(tokens)
-    if spend.unconfirmed:
-        parts.append(f"unconfirmed ${spend.unconfirmed_usd:g} ({len(spend.unconfirmed)})")
-    if spend.over:
-        parts.append("OVER BUDGET")
-    return ", ".join(parts)
+    return None if spend is None else spend.text()
 
 
 def over_budget(cp: Checkpoint | None) -> bool:
