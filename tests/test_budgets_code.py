@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -152,3 +153,18 @@ def test_call_failed_is_unchanged_by_budgets(store: Store) -> None:
         return "?"
 
     assert run("r", fails, store, budget=Budget(usd=1))["result"] == "ValueError"
+
+
+def test_a_code_workflow_warns_once_past_the_soft_limit(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """ctx.charge past soft logs one warning, however many charges follow."""
+
+    @stepstone.workflow("soft")
+    def soft(ctx: WorkflowContext, input: dict[str, Any]) -> None:
+        for i in range(4):
+            ctx.charge(usd=0.3, ref=f"r{i}")
+
+    with caplog.at_level(logging.WARNING, logger="stepstone"):
+        run("r", soft, store, budget=Budget(usd=2, soft=0.5))
+    assert sum("passed 50% of its budget" in r.getMessage() for r in caplog.records) == 1

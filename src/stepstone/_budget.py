@@ -73,6 +73,7 @@ __all__ = [
     "gate",
     "ledger_of",
     "settle",
+    "soft_warning",
     "spend_of",
     "usage_charge",
 ]
@@ -563,23 +564,29 @@ def settle(plan: Plan, cp: Checkpoint, working: dict[str, Any], meter: Meter | N
     if unconfirmed:
         ledger["unconfirmed"] = unconfirmed
     working[SPEND_KEY] = ledger
-    note = None
-    probe = evolve(cp, state={SPEND_KEY: ledger})
-    spend = spend_of(probe)
-    if spend.soft is not None and not ledger.get("soft_warned"):
-        used = spend.usd + spend.unconfirmed_usd
-        tokens_used = spend.tokens + spend.unconfirmed_tokens
-        if (spend.limit_usd is not None and used >= spend.soft * spend.limit_usd) or (
-            spend.limit_tokens is not None and tokens_used >= spend.soft * spend.limit_tokens
-        ):
-            ledger["soft_warned"] = True
-            shown = []
-            if spend.limit_usd is not None:
-                shown.append(f"${used:g} of ${spend.limit_usd:g}")
-            if spend.limit_tokens is not None:
-                shown.append(f"{tokens_used} of {spend.limit_tokens} tokens")
-            note = f"run {plan.run_id!r} passed {spend.soft:.0%} of its budget: {', '.join(shown)}"
-    return note
+    return soft_warning(plan, cp, ledger)
+
+
+def soft_warning(plan: Plan, cp: Checkpoint, ledger: dict[str, Any]) -> str | None:
+    """If ``ledger`` (about to be saved for ``cp``) first passes the soft threshold, mark
+    it so (``soft_warned``: once per run) and return the warning to log after the save."""
+    spend = spend_of(evolve(cp, state={SPEND_KEY: ledger}))
+    if spend.soft is None or ledger.get("soft_warned"):
+        return None
+    used = round(spend.usd + spend.unconfirmed_usd + spend.children_usd, _DIGITS)
+    tokens_used = spend.tokens + spend.unconfirmed_tokens + spend.children_tokens
+    if not (
+        (spend.limit_usd is not None and used >= spend.soft * spend.limit_usd)
+        or (spend.limit_tokens is not None and tokens_used >= spend.soft * spend.limit_tokens)
+    ):
+        return None
+    ledger["soft_warned"] = True
+    shown = []
+    if spend.limit_usd is not None:
+        shown.append(f"${used:g} of ${spend.limit_usd:g}")
+    if spend.limit_tokens is not None:
+        shown.append(f"{tokens_used} of {spend.limit_tokens} tokens")
+    return f"run {plan.run_id!r} passed {spend.soft:.0%} of its budget: {', '.join(shown)}"
 
 
 def commit(

@@ -305,7 +305,9 @@ def _charged(
     if counted:  # a budgeted tree's child: its root's pool first (``_pool``)
         yield from push(cp, seq, f"{cp.epoch}.code", charge["usd"], charge["tokens"])
     entry = entry_ok(seq, call, 1, counted)
+    note = _budget.soft_warning(plan, cp, ledger)
     cp = yield from _append(plan, cp, [entry], {}, {_budget.SPEND_KEY: ledger})
+    _budget.after_save(plan, (None, note))
     session.answered(reply)
     reply.ok(counted)
     return cp
