@@ -479,6 +479,10 @@ def _run_suspending(
     policy = step.retry
     attempt = cp.attempt
     resumed = cp.waiting_for is not None or cp.wake_at is not None
+    if _budget.active(plan, cp) and (not resumed or cp.waiting_for == _budget.BUDGET_WAIT):
+        # Spend budgets: before a step that may spend (an agent, children), as before a Step.
+        cp = yield from _budget.gate(plan, cp, write)
+        resumed = cp.waiting_for is not None or cp.wake_at is not None
     looks = 0
     while True:
         looks += 1

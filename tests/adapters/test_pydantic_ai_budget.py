@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,6 +15,7 @@ from pydantic_ai import Agent
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
+import stepstone
 from stepstone import (
     Budget,
     InvalidWorkflow,
@@ -24,6 +30,8 @@ from stepstone import (
 )
 from stepstone._budget import BUDGET_WAIT, RAISE_SIGNAL, SPEND_KEY
 from stepstone.adapters.pydantic_ai import AgentStep, StepstoneDurability
+
+SRC = str(Path(stepstone.__file__).resolve().parents[1])
 
 
 def _model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
@@ -106,3 +114,63 @@ def test_bad_prices_are_refused(kwargs: dict[str, Any], says: str) -> None:
     """Prices check their numbers and insist on a date."""
     with pytest.raises(InvalidWorkflow, match=says):
         Prices(**kwargs)
+
+
+CHILD = r"""
+import json, sys
+from pydantic_ai import Agent
+from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.models.function import FunctionModel
+from stepstone import Budget, Suspended, open_store, run
+from stepstone.adapters.pydantic_ai import AgentStep, StepstoneDurability
+
+def model(messages, info):
+    if len(messages) == 1:
+        return ModelResponse(parts=[ToolCallPart("lookup", {"x": 1})])
+    return ModelResponse(parts=[TextPart("answer")])
+
+def agent():
+    made = Agent(FunctionModel(model), name="spender", capabilities=[StepstoneDurability()])
+    @made.tool_plain
+    def lookup(x: int) -> str:
+        return f"v{x}"
+    return made
+
+with open_store(sys.argv[1]) as store:
+    steps = [AgentStep(n, agent(), "q", store=store) for n in ("first", "second")]
+    try:
+        run("r", steps, store, budget=Budget(tokens=1))
+    except Suspended as exc:
+        print(json.dumps(exc.waiting_for))
+        sys.exit(0)
+    print(json.dumps("done"))
+"""
+
+
+def _process(*args: str) -> str:
+    env = {**os.environ, "PYTHONPATH": SRC}
+    done = subprocess.run(
+        [sys.executable, *args], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip().splitlines()[-1]
+
+
+@pytest.mark.process
+def test_a_paused_agent_run_is_raised_from_another_process_and_ends_exact(
+    tmp_path: Path,
+) -> None:
+    """Paused after its first agent, raised by `stepstone runs budget` in another process,
+    the run finishes in a third with each agent's usage charged once."""
+    inputs, outputs = _expected_usage()
+    config = f"sqlite:///{tmp_path}/runs.db"
+    assert json.loads(_process("-c", CHILD, config)) == BUDGET_WAIT
+    _process(
+        "-m", "stepstone", "runs", "budget", "r", "--raise-tokens", "100000", "--store", config
+    )
+    assert json.loads(_process("-c", CHILD, config)) == "done"
+    with open_store(config) as store:
+        spend = spend_of(store.load("r"))  # type: ignore[arg-type]
+    each = {"usd": 0.0, "tokens": inputs + outputs}
+    assert spend.by_step == {"first": each, "second": each}
+    assert (spend.tokens, spend.limit_tokens) == (2 * (inputs + outputs), 100_001)
