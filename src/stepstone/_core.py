@@ -300,7 +300,6 @@ def _run_step(
                     yield from _finish_cancelled(plan, cp)
             logger.debug("run %r: step %d (%r) attempt %d", run_id, index, step.name, attempt)
             _hooks.fire("runner.before_step")
-            meter = Meter(plan, cp, step.name, attempt) if step.takes_context else None
             ctx = (
                 StepContext(
                     run_id,
@@ -308,13 +307,16 @@ def _run_step(
                     step.name,
                     attempt,
                     idempotency_key(run_id, index, step.name),
-                    meter,
+                    None,
+                    (plan, cp),  # its meter's seed, for ctx.charge/reserve (``_meter``)
                 )
                 if step.takes_context
                 else None
             )
+            meter: Meter | None = None
             try:
                 update = yield Call(step, working, ctx, cp)
+                meter = ctx.returned() if ctx is not None else None
                 if update is not None and not isinstance(update, Mapping):
                     raise TypeError(
                         f"step {step.name!r} returned a {type(update).__name__}; "
@@ -363,7 +365,11 @@ def _run_step(
             if changes:
                 working.update(changes)
             # The attempt's charges join the ledger in the state: saved by this very write.
-            settled = yield from _budget.commit(plan, cp, working, meter, spending)
+            settled = (
+                (yield from _budget.commit(plan, cp, working, meter, spending))
+                if spending or meter is not None
+                else None
+            )
             try:
                 saved = yield from write(
                     plan, cp, _completed(plan, cp, index, working), f"step {index}"

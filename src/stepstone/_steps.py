@@ -20,7 +20,7 @@ from typing import Any
 from ._budget import Budget, check_budget
 from ._checkpoint import Checkpoint
 from ._effects import Effect
-from ._errors import InvalidWorkflow, safe_text
+from ._errors import InvalidCharge, InvalidWorkflow, safe_text
 from ._meter import Meter
 from ._plan import Plan
 
@@ -148,8 +148,10 @@ class StepContext:
     step_name: str
     attempt: int
     idempotency_key: str
-    #: What this attempt charged and reserved (``_budget``); None outside a run.
+    #: What this attempt charged and reserved (``_meter``), made on first use.
     meter: Meter | None = field(default=None, repr=False, compare=False)
+    #: What the meter is made from (plan, checkpoint): None outside a run.
+    seed: Any = field(default=None, repr=False, compare=False)
 
     def charge(
         self, *, usd: float = 0.0, tokens: int = 0, ref: str | None = None, **unknown: Any
@@ -181,14 +183,35 @@ class StepContext:
         return await self._meter().areserve(usd, tokens, unknown)
 
     def _meter(self) -> Meter:
-        if self.meter is None:
-            from ._errors import InvalidCharge  # noqa: PLC0415 - rare: a hand-made context
-
+        meter = self.meter
+        if meter is not None:
+            return meter
+        if self.seed is _RETURNED:
+            raise InvalidCharge(
+                f"step {self.step_name!r}: the step has returned; charge inside the step, "
+                "before it returns"
+            )
+        if self.seed is None:
             raise InvalidCharge(
                 f"step {self.step_name!r}: this context was not made by a run; "
                 "ctx.charge() and ctx.reserve() work inside a step that a run is running"
             )
-        return self.meter
+        plan, cp = self.seed
+        meter = Meter(plan, cp, self.step_name, self.attempt)
+        object.__setattr__(self, "meter", meter)  # made on first use: most steps never charge
+        return meter
+
+    def returned(self) -> Meter | None:
+        """The step returned: refuse later charges; return its meter, if it charged."""
+        meter = self.meter
+        if meter is None:
+            object.__setattr__(self, "seed", _RETURNED)
+        else:
+            meter.closed = True
+        return meter
+
+
+_RETURNED: Any = object()
 
 
 def idempotency_key(run_id: str, step_index: int, step_name: str) -> str:
