@@ -177,3 +177,80 @@ def test_a_kill_around_a_charged_save_counts_the_charge_exactly_once(
     assert ledger["refs"] == {"resp-a": "a", "resp-b": "b", "resp-c": "c"}
     calls = Counter(side.read_text().splitlines())
     assert calls == {"call a": 1, "call b": 2 if kill == "after_step" else 1, "call c": 1}
+
+
+POOL_CHILD = r"""
+import json, os, signal, sys
+
+from stepstone import Budget, Map, Step, Suspended, Workflow, _hooks, open_store, run
+
+config, kill = sys.argv[1:3]
+
+
+def work(state, ctx):
+    ctx.charge(usd=1.0, ref=f"resp-{state['i']}")
+    return {"done": True}
+
+
+kid = Workflow("kid", [Step("work", work)])
+parent = Workflow("parent", [Map("kids", kid, lambda s: [{"i": i} for i in range(2)])])
+
+
+def die(point):
+    if point == "budget.pooled":
+        os.kill(os.getpid(), signal.SIGKILL)  # in the root's pool, the child's save not made
+
+
+if kill:
+    _hooks.install(die)
+with open_store(config) as store:
+    try:
+        run("p", parent, store, budget=Budget(usd=10))
+    except Suspended:
+        pass
+    for child in store.load("p").children:
+        run(child, kid, store)  # what a worker serving ``kid`` does; the kill is in the first
+    run("p", parent, store)
+    print(json.dumps("done"))
+"""
+
+
+@pytest.mark.crash
+def test_a_child_killed_after_charging_the_pool_stays_counted_there_and_exact_in_itself(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Killed between its pool charge and its save, a Map child's rerun charges the pool
+    again (the pool errs on the safe side) while its own ledger holds the charge once."""
+    config = _config("sqlite", request, tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-c", POOL_CHILD, config, "kill"],
+        env={**os.environ, "PYTHONPATH": SRC},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    _killed(done)
+    finished = subprocess.run(
+        [sys.executable, "-c", POOL_CHILD, config, ""],
+        env={**os.environ, "PYTHONPATH": SRC},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert _said(finished) == "done"
+    with open_store(config) as store:
+        root = store.load("p")
+        assert root is not None and root.status == "done"
+        kids = [store.load(child) for child in ("p/kids/0", "p/kids/1")]
+        pushes = [s.payload for s in root.signals if s.name == "~pool"]
+    assert [spend_of(k).usd for k in kids if k is not None] == [1.0, 1.0]  # exact, each once
+    # The dead attempt's push stays: child 0 twice (two attempts), child 1 once.
+    assert sorted((p["run"], p["usd"]) for p in pushes) == [
+        ("p/kids/0", 1.0),
+        ("p/kids/0", 1.0),
+        ("p/kids/1", 1.0),
+    ]
+    assert len({p["attempt"] for p in pushes if p["run"] == "p/kids/0"}) == 2
+    assert spend_of(root).children_usd == 3.0

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Generator
 from typing import Any
 
+from . import _hooks
 from ._checkpoint import Checkpoint, Signal, evolve, utcnow
 from ._effects import Effect, Load, Save
 from ._errors import ConflictError
@@ -81,5 +82,6 @@ def push(
             yield Save(pushed, f"pool charge of {cp.run_id}", owned=False)
         except ConflictError:
             continue
+        _hooks.fire("budget.pooled")  # in the pool, the child's save not made: a kill point
         return
     raise ConflictError(f"run {root_id!r}: too many writers while its pool was charged", root_id)
