@@ -346,6 +346,11 @@ def spend_of(cp: Checkpoint, budget: Budget | None = None) -> Spend:
     ``budget`` is the one declared (``Workflow(budget=)``, ``run(budget=)``), used when
     the run's ledger has none yet.
     """
+    return _spend(cp, budget, detail=True)
+
+
+def _spend(cp: Checkpoint, budget: Budget | None, detail: bool = False) -> Spend:
+    """``spend_of``; without ``detail``, no copy of the per-step sums (the checks')."""
     ledger = ledger_of(cp.state)
     declared = ledger.get("budget")
     if declared is None and budget is not None:
@@ -373,7 +378,7 @@ def spend_of(cp: Checkpoint, budget: Budget | None = None) -> Spend:
         limit_usd=limit_usd,
         limit_tokens=limit_tokens,
         soft=soft,
-        by_step={k: dict(v) for k, v in ledger.get("by_step", {}).items()},
+        by_step={k: dict(v) for k, v in ledger.get("by_step", {}).items()} if detail else {},
         unconfirmed=unconfirmed,
         children_usd=children[0],
         children_tokens=children[1],
@@ -443,7 +448,7 @@ def check(
     reason in the ledger, the raises seen counted as consumed), not yet saved: a step
     list saves it (``gate``), a code workflow hands it to the core as a ``Wait``.
     """
-    spend = spend_of(cp, plan.budget)
+    spend = _spend(cp, plan.budget)
     _, _, raises = _raised(cp.signals)
     consumed = dict(cp.consumed)
     seen = consumed.get(RAISE_SIGNAL, 0)
@@ -454,7 +459,7 @@ def check(
     if reason is None and root_id is not None:
         # A child of a budgeted run: the tree's one pool is its root's record.
         root: Checkpoint | None = yield Load(root_id)
-        pool = None if root is None else _over(spend_of(root))
+        pool = None if root is None else _over(_spend(root, None))
         if pool is not None:
             reason = f"the pool of run {root_id!r}: {pool}"
             wake_at = utcnow() + timedelta(seconds=POOL_POLL)  # a raise there wakes no child
@@ -507,8 +512,10 @@ def charge_ledger(
     refs = dict(ledger.get("refs", {}))
     if ref is not None and ref in refs:
         return ledger, False
-    by_step = {k: dict(v) for k, v in ledger.get("by_step", {}).items()}
-    mine = by_step.setdefault(step, {"usd": 0.0, "tokens": 0})
+    # Shallow copies, the charged step's entry new: the stored ledger is never changed
+    # in place (a long state's save compares the old with the new).
+    by_step = dict(ledger.get("by_step", {}))
+    mine = by_step[step] = dict(by_step.get(step, {"usd": 0.0, "tokens": 0}))
     mine["usd"] = round(float(mine["usd"]) + charge["usd"], _DIGITS)
     mine["tokens"] = int(mine["tokens"]) + charge["tokens"]
     if ref is not None:
@@ -538,9 +545,9 @@ def settle(plan: Plan, cp: Checkpoint, working: dict[str, Any], meter: Meter | N
     if meter is not None and charges:
         usd = float(ledger.get("usd", 0.0))
         tokens = int(ledger.get("tokens", 0))
-        by_step = {k: dict(v) for k, v in ledger.get("by_step", {}).items()}
+        by_step = dict(ledger.get("by_step", {}))  # shallow: only this step's entry is new
         refs = dict(ledger.get("refs", {}))
-        mine = by_step.setdefault(meter.step, {"usd": 0.0, "tokens": 0})
+        mine = by_step[meter.step] = dict(by_step.get(meter.step, {"usd": 0.0, "tokens": 0}))
         for c in charges:
             usd = round(usd + c["usd"], _DIGITS)
             tokens += c["tokens"]
@@ -570,8 +577,10 @@ def settle(plan: Plan, cp: Checkpoint, working: dict[str, Any], meter: Meter | N
 def soft_warning(plan: Plan, cp: Checkpoint, ledger: dict[str, Any]) -> str | None:
     """If ``ledger`` (about to be saved for ``cp``) first passes the soft threshold, mark
     it so (``soft_warned``: once per run) and return the warning to log after the save."""
-    spend = spend_of(evolve(cp, state={SPEND_KEY: ledger}))
-    if spend.soft is None or ledger.get("soft_warned"):
+    if ledger.get("soft_warned") or "budget" not in ledger:
+        return None  # warned once already, or nothing to warn of
+    spend = _spend(evolve(cp, state={SPEND_KEY: ledger}), None)
+    if spend.soft is None:
         return None
     used = round(spend.usd + spend.unconfirmed_usd + spend.children_usd, _DIGITS)
     tokens_used = spend.tokens + spend.unconfirmed_tokens + spend.children_tokens

@@ -10,7 +10,9 @@ its signal, the consumption not yet saved), ``map.child_created`` (a child recor
 landed, its parent not yet saved), ``worker.resting`` (a worker found nothing and is
 about to sleep), ``wake.ring`` (a doorbell is rung: the lost-wake-up faults drop it
 there) and ``upgrade.transformed`` (an upgrade's function returned, the run not yet
-saved); the fleet harness kills workers there. A long state's save
+saved); the fleet harness kills workers there. Spend budgets: ``budget.reserved``
+(a ``ctx.reserve`` saved, the call not yet made) and ``budget.pooled`` (a child's
+charge added to its root's pool, the child's save not yet made). A long state's save
 (``stepstone._statelog``) fires ``pieces.written`` (its pieces are stored, the
 document not yet swapped) and ``pieces.collect`` (the document swapped, older pieces
 not yet collected) in every backend that keeps pieces; the SQL and file stores also
