@@ -172,7 +172,7 @@ def ready(plan: Plan, cp: Checkpoint) -> bool:
     """Return whether a waiting run has what it waits for (signal, due timer, children)."""
     index = cp.step + 1
     if index >= plan.total or cp.waiting_for == BUDGET_WAIT:
-        return True  # a budget pause: the core's budget check decides (``_budget.gate``)
+        return True  # a budget pause: the core's budget check decides (``_spending.gate``)
     step = plan.steps[index]
     if isinstance(step, Step):
         return True

@@ -27,7 +27,7 @@ from collections.abc import Callable, Coroutine, Generator
 from datetime import timedelta
 from typing import Any
 
-from . import _budget, _hooks, _lease
+from . import _budget, _hooks, _lease, _spending
 from ._checkpoint import Checkpoint, Failure, evolve, utcnow
 from ._codec import copy_containers
 from ._context import MISSING, AsyncWorkflowContext, WorkflowContext, failure
@@ -157,7 +157,7 @@ class CodeStep(SuspendingStep):
                     if kind == "sleep":
                         cp, wait = yield from _sleep(plan, cp, session, request)
                     elif kind in ("charge", "budget"):  # spend budgets (``_budget``)
-                        cp, wait = yield from _spending(plan, cp, session, request)
+                        cp, wait = yield from _spend_request(plan, cp, session, request)
                     elif kind == "map":
                         cp, wait = yield from _map(plan, cp, index, state, session, request)
                     else:
@@ -283,7 +283,7 @@ def _attempt(
     return cp
 
 
-def _spending(
+def _spend_request(
     plan: Plan, cp: Checkpoint, session: Session, request: tuple[Any, ...]
 ) -> Generator[Effect, Any, tuple[Checkpoint, Wait | None]]:
     """A ``ctx.charge`` to journal, or the check before a ``ctx.step`` of a budgeted run."""
@@ -301,13 +301,13 @@ def _charged(
     # Charged to the call made just before it (``ctx.step("draft", ...)``: "draft").
     before = [e["call"] for e in journal_of(cp.state) if e.get("seq") == seq - 1]
     step = before[0].rsplit("#", 1)[0] if before else session.name
-    ledger, counted = _budget.charge_ledger(plan, cp.state, charge, step)
+    ledger, counted = _spending.charge_ledger(plan, cp.state, charge, step)
     if counted:  # a budgeted tree's child: its root's pool first (``_pool``)
         yield from push(cp, seq, f"{cp.epoch}.code", charge["usd"], charge["tokens"])
     entry = entry_ok(seq, call, 1, counted)
-    note = _budget.soft_warning(plan, cp, ledger)
+    note = _spending.soft_warning(plan, cp, ledger)
     cp = yield from _append(plan, cp, [entry], {}, {_budget.SPEND_KEY: ledger})
-    _budget.after_save(plan, (None, note))
+    _spending.after_save(plan, (None, note))
     session.answered(reply)
     reply.ok(counted)
     return cp
@@ -318,7 +318,7 @@ def _gated(
 ) -> Generator[Effect, Any, tuple[Checkpoint, Wait | None]]:
     """Before a ``ctx.step`` of a run with a budget: go on, or wait for ``budget.raise``."""
     _, reply = request
-    cp, waiting = yield from _budget.check(plan, cp, write)
+    cp, waiting = yield from _spending.check(plan, cp, write)
     if waiting is not None:
         session.stop("stopped")
         pause = {"state": waiting.state, "consumed": waiting.consumed}

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Generator, Mapping
 from typing import Any
 
-from . import _budget, _hooks, _lease
+from . import _budget, _hooks, _lease, _spending
 from ._acquire import acquire, ready
 from ._checkpoint import Checkpoint, Failure, evolve, utcnow
 from ._checks import check_input, check_names, check_workflow, first_difference
@@ -131,7 +131,7 @@ def execute(plan: Plan) -> Run:
             run_span.set_attribute("outcome", "already_done")
             return pristine(cp)
         if plan.budget is not None:
-            cp = yield from _budget.record(plan, cp, write)  # on record before any step
+            cp = yield from _spending.record(plan, cp, write)  # on record before any step
         working = pristine(cp)
         index = cp.step + 1
         while index < plan.total:
@@ -290,7 +290,7 @@ def _run_step(
             # Spend budgets (``_budget``): at the hard limit the run pauses here, saved.
             spending = _budget.active(plan, cp)
             if spending:
-                cp = yield from _budget.gate(plan, cp, write)
+                cp = yield from _spending.gate(plan, cp, write)
             if durable_attempts:
                 # Count the attempt before making it: a crash inside must not reset it.
                 cp = yield from write(
@@ -329,7 +329,7 @@ def _run_step(
                 raise
             except _budget.BudgetExhausted as paused:  # ctx.reserve() met the hard limit
                 step_span.set_attribute("outcome", "budget")
-                yield from _budget.gate(plan, _latest(plan, cp), write, str(paused))
+                yield from _spending.gate(plan, _latest(plan, cp), write, str(paused))
                 raise  # pragma: no cover - the gate raised Suspended
             except Exception as error:  # noqa: BLE001 - a step may raise anything: its failure
                 cp = _latest(plan, cp)
@@ -366,7 +366,7 @@ def _run_step(
                 working.update(changes)
             # The attempt's charges join the ledger in the state: saved by this very write.
             settled = (
-                (yield from _budget.commit(plan, cp, working, meter, spending))
+                (yield from _spending.commit(plan, cp, working, meter, spending))
                 if spending or meter is not None
                 else None
             )
@@ -382,7 +382,7 @@ def _run_step(
                 step_span.set_attribute("outcome", "failed")
                 yield from _fail(plan, cp, index, step.name, attempt, error)
             _hooks.fire("runner.after_save")
-            _budget.after_save(plan, settled)
+            _spending.after_save(plan, settled)
             step_span.set_attribute("outcome", "ok")
             # The stored copy is ours alone; hand it on rather than copying again.
             # (A long state's store hands back a state of its own too: ``stored_state``.)
@@ -487,7 +487,7 @@ def _run_suspending(
     resumed = cp.waiting_for is not None or cp.wake_at is not None
     if _budget.active(plan, cp) and (not resumed or cp.waiting_for == _budget.BUDGET_WAIT):
         # Spend budgets: before a step that may spend (an agent, children), as before a Step.
-        cp = yield from _budget.gate(plan, cp, write)
+        cp = yield from _spending.gate(plan, cp, write)
         resumed = cp.waiting_for is not None or cp.wake_at is not None
     looks = 0
     while True:

@@ -1,7 +1,7 @@
 """The meter behind ``ctx.charge`` and ``ctx.reserve``: one attempt of one step.
 
 Charges wait here until the step returns; the core then adds them to the ledger in the
-save of the step's result (``_budget.settle``), so they commit with it or not at all.
+save of the step's result (``_spending.settle``), so they commit with it or not at all.
 A reservation is written at once, as a signal of the run (``_budget``'s docstring says
 why a signal), fenced by the run's lease: refused if another owner or epoch holds it.
 """

@@ -12,11 +12,12 @@ from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 from agents import Agent, RunConfig, Runner, RunState
 from agents.run import DEFAULT_MAX_TURNS
 
-from ..._budget import SPEND_KEY, Prices, usage_charge
+from ..._budget import SPEND_KEY, Prices
 from ..._checkpoint import Checkpoint, utcnow
 from ..._effects import Effect
 from ..._errors import InvalidWorkflow
 from ..._runner import arun, run
+from ..._spending import usage_charge
 from ..._steps import RetryPolicy, check_name
 from ..._store import Store
 from ..._suspend import Complete, SuspendingStep, Wait

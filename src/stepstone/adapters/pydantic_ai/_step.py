@@ -12,11 +12,12 @@ from pydantic_ai.durable_exec import (
 from pydantic_ai.run import AgentRunResult
 from pydantic_core import to_jsonable_python
 
-from ..._budget import SPEND_KEY, Prices, usage_charge
+from ..._budget import SPEND_KEY, Prices
 from ..._checkpoint import Checkpoint, utcnow
 from ..._effects import Effect
 from ..._errors import InvalidWorkflow, LeaseLost
 from ..._runner import arun, run
+from ..._spending import usage_charge
 from ..._steps import RetryPolicy, check_name
 from ..._store import Store
 from ..._suspend import Complete, SuspendingStep, Wait, pending_signals
