@@ -1,4 +1,7 @@
-"""Spend budgets: ``Budget``, the run's cost ledger, and the meter a step charges to.
+"""Spend budgets: ``Budget``, ``Prices``, the run's cost ledger and ``Spend`` read from it.
+
+(What the core does with them is in ``_spending``; a step's charges in ``_meter``; a
+run tree's pool in ``_pool``.)
 
 The ledger is a JSON object in the run's state under ``SPEND_KEY`` (as a code
 workflow's journal is under ``~journal``), so it is saved by the very compare-and-swap
@@ -27,10 +30,10 @@ keeps when it is re-based (``_lease.rebase``), and what a lease renewal never un
   "budget.raise", {"usd": N})``), the signal ``RAISE_SIGNAL``: the limits are the
   budget plus every raise received.
 
-Before each attempt of a step the core asks ``_spending.gate``: at or over the hard limit
-(confirmed + unconfirmed + open reservations), the run is saved ``waiting`` for the
-signal ``budget.raise``, exactly as a ``WaitFor`` leaves it: no process is held, a raise
-makes it due, ``cancel`` ends it.
+Before each step the core asks ``_spending.gate``: at or over the hard limit (confirmed
++ unconfirmed + open reservations + what the run's children charged), the run is saved
+``waiting`` for the signal ``budget.raise``, exactly as a ``WaitFor`` leaves it: no
+process is held, a raise makes it due, ``cancel`` ends it.
 """
 
 from __future__ import annotations
