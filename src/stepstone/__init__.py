@@ -24,6 +24,7 @@ from ._errors import (
     DeadlineExceeded,
     HistoryNotKept,
     InputMismatch,
+    InvalidCharge,
     InvalidRunId,
     InvalidState,
     InvalidWorkflow,
@@ -47,6 +48,7 @@ from ._errors import (
 
 if TYPE_CHECKING:  # what the names below are, for type checkers; imported on first use
     from ._arunner import arun
+    from ._budget import Budget, BudgetExhausted, Prices, Spend, spend_of
     from ._checkpoint import SCHEMA_VERSION, Checkpoint, Failure, RunStatus, Signal, check_run_id
     from ._code import (
         AsyncWorkflowContext,
@@ -95,6 +97,8 @@ if TYPE_CHECKING:  # what the names below are, for type checkers; imported on fi
 _LAZY: dict[str, str] = {
     "AsyncWorkflowContext": "._code",
     "AttemptsExhausted": "._steps",
+    "Budget": "._budget",
+    "BudgetExhausted": "._budget",
     "CallFailed": "._code",
     "Checkpoint": "._checkpoint",
     "ChildFailed": "._suspend",
@@ -108,6 +112,7 @@ _LAZY: dict[str, str] = {
     "HistoryEntry": "._history",
     "JournalEntry": "._code_history",
     "Map": "._suspend",
+    "Prices": "._budget",
     "RetryPolicy": "._steps",
     "RunInfo": "._store",
     "RunStatus": "._checkpoint",
@@ -115,6 +120,7 @@ _LAZY: dict[str, str] = {
     "ScheduleInfo": "._schedule",
     "Signal": "._checkpoint",
     "Sleep": "._suspend",
+    "Spend": "._budget",
     "Step": "._steps",
     "StepContext": "._steps",
     "Store": "._store",
@@ -160,6 +166,7 @@ _LAZY: dict[str, str] = {
     "schedules": "._schedule",
     "schemes": "._registry",
     "signal": "._control",
+    "spend_of": "._budget",
     "start": "._control",
     "stream": "._stream",
     "upgrade": "._upgrade",
@@ -183,6 +190,8 @@ def __dir__() -> list[str]:
 __all__ = [
     "AsyncWorkflowContext",
     "AttemptsExhausted",
+    "Budget",
+    "BudgetExhausted",
     "CallFailed",
     "Checkpoint",
     "CheckpointTooLarge",
@@ -201,12 +210,14 @@ __all__ = [
     "HistoryEntry",
     "HistoryNotKept",
     "InputMismatch",
+    "InvalidCharge",
     "InvalidRunId",
     "InvalidState",
     "InvalidWorkflow",
     "JournalEntry",
     "LeaseLost",
     "Map",
+    "Prices",
     "RetryPolicy",
     "RunCancelled",
     "RunInfo",
@@ -220,6 +231,7 @@ __all__ = [
     "ScheduleNotFound",
     "Signal",
     "Sleep",
+    "Spend",
     "Step",
     "StepContext",
     "StepFailed",
@@ -274,6 +286,7 @@ __all__ = [
     "schedules",
     "schemes",
     "signal",
+    "spend_of",
     "start",
     "stream",
     "upgrade",

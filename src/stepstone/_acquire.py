@@ -12,6 +12,7 @@ from collections.abc import Generator
 from typing import Any
 
 from . import _clock, _lease
+from ._budget import BUDGET_WAIT
 from ._checkpoint import Checkpoint, utcnow
 from ._checks import check_input, check_names, check_workflow
 from ._codec import encode_state
@@ -171,8 +172,8 @@ def watch_lease(
 def ready(plan: Plan, cp: Checkpoint) -> bool:
     """Return whether a waiting run has what it waits for (signal, due timer, children)."""
     index = cp.step + 1
-    if index >= plan.total:
-        return True
+    if index >= plan.total or cp.waiting_for == BUDGET_WAIT:
+        return True  # a budget pause: the core's budget check decides (``_spending.gate``)
     step = plan.steps[index]
     if isinstance(step, Step):
         return True

@@ -22,6 +22,7 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from . import _clock
+from ._budget import Budget
 from ._checkpoint import Checkpoint
 from ._checks import Steps, check_clock, make_plan
 from ._core import execute, renew
@@ -37,6 +38,7 @@ from ._effects import (
     astep_through,
 )
 from ._errors import ConflictError
+from ._meter import current_store
 from ._observe import logger
 from ._plan import Plan, to_release
 from ._store import Store
@@ -58,6 +60,7 @@ async def arun(
     input: State | None = None,
     lease: float | timedelta | None = None,
     clock: _clock.Clock | None = None,
+    budget: Budget | None = None,
 ) -> State:
     """Await the run: the contract of ``run``, for async steps and async stores.
 
@@ -73,12 +76,15 @@ async def arun(
         asyncio.CancelledError: the task was cancelled.
     """
     with _clock.using(check_clock(clock)):
-        plan = make_plan(run_id, steps, store, input=input, lease=lease, asynchronous=True)
+        plan = make_plan(
+            run_id, steps, store, input=input, lease=lease, asynchronous=True, budget=budget
+        )
         return await adrive(plan, store)
 
 
 async def adrive(plan: Plan, store: Store) -> State:
     """Perform the core's effects with awaits until the run ends."""
+    current_store.set(store)  # for ctx.reserve() inside the steps (``_budget``)
     try:
         result: State = await astep_through(
             execute(plan), lambda effect: _aperform(effect, plan, store)

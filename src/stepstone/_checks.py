@@ -14,6 +14,7 @@ from datetime import timedelta
 from typing import Any
 
 from . import _clock, _lease
+from ._budget import check_budget
 from ._checkpoint import Checkpoint, check_run_id
 from ._codec import encode_state
 from ._errors import InputMismatch, InvalidWorkflow, WorkflowChanged
@@ -60,6 +61,7 @@ def make_plan(
     owner: str | None = None,
     preclaimed: Checkpoint | None = None,
     asynchronous: bool,
+    budget: Any = None,
 ) -> Plan:
     """Check the arguments of ``run``/``arun`` up front and return the core's ``Plan``."""
     check_run_id(run_id)
@@ -89,6 +91,8 @@ def make_plan(
         on=tracing(),
         preclaimed=preclaimed,
         history=isinstance(steps, Workflow) and steps.history,
+        # Spend budgets (``_budget``): the run's own, else its workflow's.
+        budget=check_budget(budget) or (steps.budget if isinstance(steps, Workflow) else None),
     )
     if isinstance(steps, Workflow):  # issue 33: the workflow's deadline (``_deadline``)
         plan.deadline, plan.on_deadline = steps.deadline, steps.on_deadline

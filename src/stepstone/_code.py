@@ -27,7 +27,7 @@ from collections.abc import Callable, Coroutine, Generator, Mapping
 from datetime import timedelta
 from typing import Any
 
-from . import _hooks, _lease
+from . import _budget, _hooks, _lease, _spending
 from ._checkpoint import Checkpoint, Failure, evolve, utcnow
 from ._codec import copy_containers
 from ._context import MISSING, AsyncWorkflowContext, WorkflowContext, failure
@@ -54,6 +54,7 @@ from ._journal import (
 )
 from ._observe import logger
 from ._plan import Plan
+from ._pool import push
 from ._session import CallFailed, Session, Waiter, close, current_call
 from ._steps import (
     Complete,
@@ -104,7 +105,7 @@ class CodeStep(SuspendingStep):
             return True
         return _due(cp.wake_at)
 
-    def evaluate(
+    def evaluate(  # noqa: C901 - one branch per kind of request, read in one place
         self, plan: Plan, cp: Checkpoint, index: int, state: State, first: bool
     ) -> Generator[Effect, Any, Outcome]:
         recorded = recorded_calls(plan.run_id, journal_of(cp.state))
@@ -113,6 +114,7 @@ class CodeStep(SuspendingStep):
             plan.run_id, self.name, recorded, self.fn, copy_containers(given), self.is_async
         )
         session.ctx = (AsyncWorkflowContext if self.is_async else WorkflowContext)(session)
+        session.budgeted = _budget.active(plan, cp)
         # Awaited under arun. The sync driver calls it instead, and gets a coroutine: the
         # core then waits in the driver's thread (``next_requests``).
         waiter = Waiter(self.name, session.anext_requests, True)
@@ -155,6 +157,8 @@ class CodeStep(SuspendingStep):
                         continue
                     if kind == "sleep":
                         cp, wait = yield from _sleep(plan, cp, session, request)
+                    elif kind in ("charge", "budget"):  # spend budgets (``_budget``)
+                        cp, wait = yield from _spend_request(plan, cp, session, request)
                     elif kind == "map":
                         cp, wait = yield from _map(plan, cp, index, state, session, request)
                     else:
@@ -224,7 +228,7 @@ def _finished(session: Session, state: State, cp: Checkpoint, value: Any) -> Com
     session.stop("returned")
     # The state completed with is the one last saved (its journal included), not the
     # copy the core started from: the final save then adds only the result.
-    for key in (JOURNAL_KEY, ATTEMPTS_KEY):
+    for key in (JOURNAL_KEY, ATTEMPTS_KEY, _budget.SPEND_KEY):
         if key in cp.state:
             state[key] = cp.state[key]
         else:
@@ -233,7 +237,11 @@ def _finished(session: Session, state: State, cp: Checkpoint, value: Any) -> Com
 
 
 def _append(
-    plan: Plan, cp: Checkpoint, entries: list[dict[str, Any]], changes: dict[str, Any]
+    plan: Plan,
+    cp: Checkpoint,
+    entries: list[dict[str, Any]],
+    changes: dict[str, Any],
+    extra: dict[str, Any] | None = None,
 ) -> Generator[Effect, Any, Checkpoint]:
     """Save ``entries`` at the end of the journal (one compare-and-swap); return the record.
 
@@ -244,6 +252,8 @@ def _append(
     base = cp.state
     new = dict(base)
     new[JOURNAL_KEY] = [*journal_of(base), *entries]
+    if extra:
+        new.update(extra)  # other keys of the state saved with the entries (the ledger)
     attempts = base.get(ATTEMPTS_KEY)
     if isinstance(attempts, dict) and attempts:
         # A journaled call's attempts are in its entry now.
@@ -272,6 +282,51 @@ def _attempt(
     session.answered(reply)
     reply.ok(attempt)
     return cp
+
+
+def _spend_request(
+    plan: Plan, cp: Checkpoint, session: Session, request: tuple[Any, ...]
+) -> Generator[Effect, Any, tuple[Checkpoint, Wait | None]]:
+    """A ``ctx.charge`` to journal, or the check before a ``ctx.step`` of a budgeted run."""
+    if request[0] == "budget":
+        return (yield from _gated(plan, cp, session, request))
+    cp = yield from _charged(plan, cp, session, request)
+    return cp, None
+
+
+def _charged(
+    plan: Plan, cp: Checkpoint, session: Session, request: tuple[Any, ...]
+) -> Generator[Effect, Any, Checkpoint]:
+    """Journal a ``ctx.charge`` and add it to the ledger, by one write; answer if it counted."""
+    _, seq, call, charge, reply = request
+    # Charged to the call made just before it (``ctx.step("draft", ...)``: "draft").
+    before = [e["call"] for e in journal_of(cp.state) if e.get("seq") == seq - 1]
+    step = before[0].rsplit("#", 1)[0] if before else session.name
+    ledger, counted = _spending.charge_ledger(plan, cp.state, charge, step)
+    if counted:  # a budgeted tree's child: its root's pool first (``_pool``)
+        yield from push(cp, seq, f"{cp.epoch}.code", charge["usd"], charge["tokens"])
+    entry = entry_ok(seq, call, 1, counted)
+    note = _spending.soft_warning(plan, cp, ledger)
+    cp = yield from _append(plan, cp, [entry], {}, {_budget.SPEND_KEY: ledger})
+    _spending.after_save(plan, (None, note))
+    session.answered(reply)
+    reply.ok(counted)
+    return cp
+
+
+def _gated(
+    plan: Plan, cp: Checkpoint, session: Session, request: tuple[Any, ...]
+) -> Generator[Effect, Any, tuple[Checkpoint, Wait | None]]:
+    """Before a ``ctx.step`` of a run with a budget: go on, or wait for ``budget.raise``."""
+    _, reply = request
+    cp, waiting = yield from _spending.check(plan, cp, write)
+    if waiting is not None:
+        session.stop("stopped")
+        pause = {"state": waiting.state, "consumed": waiting.consumed}
+        return cp, Wait(_budget.BUDGET_WAIT, None, pause)
+    session.answered(reply)
+    reply.ok(None)
+    return cp, None
 
 
 def _sleep(

@@ -17,9 +17,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from . import _clock, _timeouts
+from ._budget import check_fields, check_tokens, check_usd
 from ._checkpoint import utcnow
 from ._codec import copy_containers
-from ._errors import InvalidWorkflow, safe_text
+from ._errors import InvalidCharge, InvalidWorkflow, safe_text
 from ._journal import answer_of, entry_failed, entry_ok, json_value
 from ._session import POOL_THREADS, CallFailed, Session, close, inside
 from ._steps import (
@@ -110,6 +111,8 @@ def _run_call(
     """Run a plain workflow's call (retries included) and journal how it ended."""
     durable = policy is not None and policy.max_attempts > 1
     attempt = 0
+    if session.budgeted:
+        session.ask(("budget",))  # at its hard limit the run pauses here (``_budget``)
     while True:
         # With retries, the attempt is counted in the run before it is made, as a
         # step's is: a call that kills its process every time stops after max_attempts.
@@ -263,6 +266,24 @@ class WorkflowContext:
             done.set_exception(exc)
         return done
 
+    def charge(
+        self, *, usd: float = 0.0, tokens: int = 0, ref: str | None = None, **unknown: Any
+    ) -> bool:
+        """Record what the workflow spent (journaled, with the ledger, by one write).
+
+        Call it after the ``ctx.step`` that spent, with the provider's response id as
+        ``ref``: a replay answers it from the journal, and a run resumed between the
+        step and the charge charges once. A ref the ledger holds counts nothing
+        (returns False). Raises ``InvalidCharge`` on a bad amount; nothing recorded.
+        """
+        session = self._session
+        charge = _charge_args(usd, tokens, ref, unknown)
+        seq, call = session.begin(f"{RESERVED}charge", "ctx.charge()")
+        entry = session.replay(seq, call)
+        if entry is None:
+            return bool(session.ask(("charge", seq, call, charge)))
+        return bool(_answer(session, entry))
+
     def now(self) -> datetime:
         """Return the current time (UTC), journaled: a replay returns the same time."""
         session = self._session
@@ -409,6 +430,8 @@ class AsyncWorkflowContext:
             return _answer(session, entry)
         durable = policy is not None and policy.max_attempts > 1
         attempt = 0
+        if session.budgeted:
+            await session.aask(("budget",))  # at its hard limit the run pauses here
         while True:
             attempt = await session.aask(("attempt", seq, call)) if durable else attempt + 1
             exhausted = _exhausted(what, attempt, policy)
@@ -445,6 +468,18 @@ class AsyncWorkflowContext:
             value = json_value(result, session.run_id, call, seq)
             await session.aask(("save", _streamed(entry_ok(seq, call, attempt, value), streamed)))
             return copy_containers(value)
+
+    async def charge(
+        self, *, usd: float = 0.0, tokens: int = 0, ref: str | None = None, **unknown: Any
+    ) -> bool:
+        """Record what the workflow spent (see ``WorkflowContext.charge``)."""
+        session = self._session
+        charge = _charge_args(usd, tokens, ref, unknown)
+        seq, call = session.begin(f"{RESERVED}charge", "ctx.charge()")
+        entry = session.replay(seq, call)
+        if entry is None:
+            return bool(await session.aask(("charge", seq, call, charge)))
+        return bool(_answer(session, entry))
 
     async def now(self) -> datetime:
         """Return the current time (UTC), journaled (see ``WorkflowContext.now``)."""
@@ -544,3 +579,14 @@ def _wait_args(signal: object, timeout: object, default: Any) -> tuple[str, floa
     if default is not MISSING:
         default = json_value(default, "", f"ctx.wait_for({signal!r}) default", -1)
     return signal, seconds, default
+
+
+def _charge_args(
+    usd: object, tokens: object, ref: object, unknown: dict[str, Any]
+) -> dict[str, Any]:
+    """Check a code workflow's charge before it takes a place in the journal."""
+    what = "ctx.charge()"
+    check_fields(unknown, what)
+    if ref is not None and (not isinstance(ref, str) or not ref or len(ref) > 500):
+        raise InvalidCharge(f"{what}: ref must be a str of 1-500 characters, got {ref!r}")
+    return {"usd": check_usd(usd, what), "tokens": check_tokens(tokens, what), "ref": ref}

@@ -18,6 +18,7 @@ from datetime import timedelta
 from typing import Any
 
 from . import _clock
+from ._budget import SPEND_KEY, Budget, check_budget
 from ._checkpoint import DUE_NOW, Checkpoint, Signal, check_run_id, evolve, utcnow
 from ._checks import check_clock, check_input
 from ._codec import encode_state
@@ -105,15 +106,21 @@ def _start(
     run_id: str,
     input: dict[str, Any] | None,
     timing: dict[str, Any] | None = None,
+    budget: Budget | None = None,
 ) -> Op:
     if not isinstance(workflow, Workflow):
         raise InvalidWorkflow(f"start needs a Workflow, got {type(workflow).__name__}")
     check_run_id(run_id)
+    budget = check_budget(budget)
     given = None if input is None else encode_state(input)[1]
     for _ in range(_MAX_TRIES):
         cp = yield Load(run_id)
         if cp is None:
             fresh = evolve(queued(workflow, run_id, given or {}, None, timing), input=given)
+            if budget is not None:
+                # The run's own budget, in its ledger from the start (``_budget``).
+                state = {**fresh.state, SPEND_KEY: {"budget": budget.to_json()}}
+                fresh = evolve(fresh, state=state)
             try:
                 saved: Checkpoint = yield Save(fresh, "start")
             except ConflictError:
@@ -151,6 +158,7 @@ def start(
     clock: _clock.Clock | None = None,
     deadline: float | timedelta | None = None,
     on_deadline: str | None = None,
+    budget: Budget | None = None,
 ) -> RunInfo:
     """Record a new run of ``workflow`` as ``queued``, for a worker to run.
 
@@ -163,6 +171,8 @@ def start(
     of the workflow's; ``on_deadline``: ``fail`` (``DeadlineExceeded``) or ``wait`` (for
     the signal ``deadline``), instead of the workflow's.
 
+    ``budget``: the run's spend limit (``stepstone.Budget``), instead of the workflow's.
+
     Raises:
         WorkflowChanged: the run exists and was started from another workflow or version.
         InputMismatch: the run exists with another input.
@@ -171,7 +181,7 @@ def start(
     """
     timing = _timing(workflow, deadline, on_deadline)
     with _clock.using(check_clock(clock)):
-        result: RunInfo = _sync(_start(workflow, run_id, input, timing), store)
+        result: RunInfo = _sync(_start(workflow, run_id, input, timing, budget), store)
     return result
 
 
@@ -184,11 +194,12 @@ async def astart(
     clock: _clock.Clock | None = None,
     deadline: float | timedelta | None = None,
     on_deadline: str | None = None,
+    budget: Budget | None = None,
 ) -> RunInfo:
     """Async ``start``."""
     timing = _timing(workflow, deadline, on_deadline)
     with _clock.using(check_clock(clock)):
-        result: RunInfo = await _async(_start(workflow, run_id, input, timing), store)
+        result: RunInfo = await _async(_start(workflow, run_id, input, timing, budget), store)
     return result
 
 

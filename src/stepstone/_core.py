@@ -25,7 +25,7 @@ import inspect
 from collections.abc import Generator, Mapping
 from typing import Any
 
-from . import _hooks, _lease
+from . import _budget, _hooks, _lease, _spending
 from ._acquire import acquire, ready
 from ._checkpoint import Checkpoint, Failure, evolve, utcnow
 from ._checks import check_input, check_names, check_workflow, first_difference
@@ -55,6 +55,7 @@ from ._errors import (
     Suspended,
     WorkflowChanged,
 )
+from ._meter import Meter
 from ._observe import logger, span
 from ._plan import Plan
 from ._steps import (
@@ -133,6 +134,8 @@ def execute(plan: Plan) -> Run:
             logger.info("run %r: already done, nothing to run", run_id)
             run_span.set_attribute("outcome", "already_done")
             return pristine(cp)
+        if plan.budget is not None:
+            cp = yield from _spending.record(plan, cp, write)  # on record before any step
         working = pristine(cp)
         index = cp.step + 1
         while index < plan.total:
@@ -270,6 +273,37 @@ def _latest(plan: Plan, cp: Checkpoint) -> Checkpoint:
     return cp
 
 
+def _exhausted(
+    plan: Plan, cp: Checkpoint, index: int, attempt: int, step_span: Any
+) -> Generator[Effect, Any, None]:
+    """Fail the run if earlier processes already began every attempt the policy allows."""
+    step = plan.steps[index]
+    policy = step.retry
+    if policy is not None and attempt > policy.max_attempts:
+        exc: Exception = AttemptsExhausted(
+            f"step {step.name!r} already began {attempt - 1} of "
+            f"{policy.max_attempts} allowed attempts in earlier processes"
+        )
+        step_span.set_attribute("outcome", "exhausted")
+        yield from _fail(plan, cp, index, step.name, attempt - 1, exc)
+
+
+def _context(
+    plan: Plan, step: Step, index: int, attempt: int, cp: Checkpoint
+) -> StepContext | None:
+    """The ``ctx`` a step that takes one gets for this attempt (None for one that does not)."""
+    if not step.takes_context:
+        return None
+    return StepContext(
+        plan.run_id,
+        index,
+        step.name,
+        attempt,
+        idempotency_key(plan.run_id, index, step.name),
+        seed=(plan, cp),  # its meter's seed, for ctx.charge/reserve (``_meter``)
+    )
+
+
 def _run_step(
     plan: Plan, index: int, cp: Checkpoint, working: State
 ) -> Generator[Effect, Any, tuple[Checkpoint, State]]:
@@ -284,13 +318,11 @@ def _run_step(
         with span(
             plan.on, "stepstone.step", run_id=run_id, step=step.name, index=index, attempt=attempt
         ) as step_span:
-            if policy is not None and attempt > policy.max_attempts:
-                exc: Exception = AttemptsExhausted(
-                    f"step {step.name!r} already began {attempt - 1} of "
-                    f"{policy.max_attempts} allowed attempts in earlier processes"
-                )
-                step_span.set_attribute("outcome", "exhausted")
-                yield from _fail(plan, cp, index, step.name, attempt - 1, exc)
+            yield from _exhausted(plan, cp, index, attempt, step_span)
+            # Spend budgets (``_budget``): at the hard limit the run pauses here, saved.
+            spending = _budget.active(plan, cp)
+            if spending:
+                cp = yield from _spending.gate(plan, cp, write)
             if durable_attempts:
                 # Count the attempt before making it: a crash inside must not reset it.
                 cp = yield from write(
@@ -300,15 +332,11 @@ def _run_step(
                     yield from _finish_cancelled(plan, cp)
             logger.debug("run %r: step %d (%r) attempt %d", run_id, index, step.name, attempt)
             _hooks.fire("runner.before_step")
-            ctx = (
-                StepContext(
-                    run_id, index, step.name, attempt, idempotency_key(run_id, index, step.name)
-                )
-                if step.takes_context
-                else None
-            )
+            ctx = _context(plan, step, index, attempt, cp)
+            meter: Meter | None = None
             try:
                 update = yield Call(step, working, ctx, cp)
+                meter = ctx.returned() if ctx is not None else None
                 if update is not None and not isinstance(update, Mapping):
                     if inspect.iscoroutine(update):
                         # Nothing will await it (a sync driver): close it, so the error
@@ -323,6 +351,10 @@ def _run_step(
                 changes = dict(update) if update else None
             except LeaseLost:
                 raise
+            except _budget.BudgetExhausted as paused:  # ctx.reserve() met the hard limit
+                step_span.set_attribute("outcome", "budget")
+                yield from _spending.gate(plan, _latest(plan, cp), write, str(paused))
+                raise  # pragma: no cover - the gate raised Suspended
             except Exception as error:  # noqa: BLE001 - a step may raise anything: its failure
                 cp = _latest(plan, cp)
                 step_span.record_exception(error)
@@ -360,6 +392,12 @@ def _run_step(
             # Streams (issue 34): the attempt that emitted and commits is recorded.
             streamed = plan.streamed
             extra = {} if streamed is None else {"streams": {**cp.streams, str(index): streamed}}
+            # The attempt's charges join the ledger in the state: saved by this very write.
+            settled = (
+                (yield from _spending.commit(plan, cp, working, meter, spending))
+                if spending or meter is not None
+                else None
+            )
             try:
                 saved = yield from write(
                     plan, cp, _completed(plan, cp, index, working, **extra), f"step {index}"
@@ -372,6 +410,7 @@ def _run_step(
                 step_span.set_attribute("outcome", "failed")
                 yield from _fail(plan, cp, index, step.name, attempt, error)
             _hooks.fire("runner.after_save")
+            _spending.after_save(plan, settled)
             step_span.set_attribute("outcome", "ok")
             # The stored copy is ours alone; hand it on rather than copying again.
             # (A long state's store hands back a state of its own too: ``stored_state``.)
@@ -465,6 +504,10 @@ def _run_suspending(
     policy = step.retry
     attempt = cp.attempt
     resumed = cp.waiting_for is not None or cp.wake_at is not None
+    if _budget.active(plan, cp) and (not resumed or cp.waiting_for == _budget.BUDGET_WAIT):
+        # Spend budgets: before a step that may spend (an agent, children), as before a Step.
+        cp = yield from _spending.gate(plan, cp, write)
+        resumed = cp.waiting_for is not None or cp.wake_at is not None
     looks = 0
     while True:
         looks += 1

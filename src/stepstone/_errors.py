@@ -9,6 +9,7 @@ says what kind of mistake it is, so ``except ValueError`` still works::
     ├── InvalidState (TypeError)        state that does not round-trip through JSON
     ├── InvalidWorkflow (TypeError, ValueError)  a malformed Step, RetryPolicy or step list
     ├── InputMismatch (ValueError)      resumed or started again with a different input
+    ├── InvalidCharge (ValueError)      a bad ctx.charge/ctx.reserve: negative, not a number...
     ├── WorkflowChanged                 resumed with steps whose names differ from the record
     ├── StepFailed                      a step raised; the cause is ``__cause__``
     ├── Suspended                       the run waits (signal, timer, children); not an error
@@ -45,6 +46,7 @@ __all__ = [
     "CorruptCheckpoint",
     "DeadlineExceeded",
     "InputMismatch",
+    "InvalidCharge",
     "InvalidRunId",
     "InvalidState",
     "InvalidWorkflow",
@@ -127,6 +129,10 @@ class InputMismatch(StepstoneError, ValueError):
         super().__init__(message)
         self.run_id = run_id
         self.path = path
+
+
+class InvalidCharge(StepstoneError, ValueError):
+    """A charge or reservation that cannot be recorded; nothing was recorded (``_budget``)."""
 
 
 class Suspended(StepstoneError):

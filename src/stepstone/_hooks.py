@@ -12,7 +12,9 @@ about to sleep), ``wake.ring`` (a doorbell is rung: the lost-wake-up faults drop
 there), ``upgrade.transformed`` (an upgrade's function returned, the run not yet
 saved), ``schedule.advanced`` (a schedule's due slots are pending, none started) and
 ``schedule.started`` (a slot's run started, the schedule not yet told); the fleet
-harness kills workers there. A long state's save
+harness kills workers there. Spend budgets: ``budget.reserved`` (a ``ctx.reserve``
+saved, the call not yet made) and ``budget.pooled`` (a child's charge added to its
+root's pool, the child's save not yet made). A long state's save
 (``stepstone._statelog``) fires ``pieces.written`` (its pieces are stored, the
 document not yet swapped) and ``pieces.collect`` (the document swapped, older pieces
 not yet collected) in every backend that keeps pieces, and ``pieces.piece`` after each

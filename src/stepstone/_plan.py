@@ -28,6 +28,7 @@ class Plan:
     """
 
     __slots__ = (
+        "budget",
         "current",
         "deadline",
         "deadline_at",
@@ -61,6 +62,7 @@ class Plan:
         on: bool,
         preclaimed: Checkpoint | None = None,
         history: bool = False,
+        budget: Any = None,
     ) -> None:
         # --- the run's inputs, fixed -------------------------------------------------
         self.run_id: Final = run_id
@@ -75,6 +77,8 @@ class Plan:
         self.lease: Final = lease
         #: Whether spans are recorded (an OpenTelemetry SDK is configured).
         self.on: Final = on
+        #: The spend budget declared for the run (``_budget.Budget``), if any.
+        self.budget: Final = budget
         # --- the execution state, owned by the driver ----------------------------------
         #: The record a worker claimed for this execution (None: the core claims it).
         self.preclaimed: Checkpoint | None = preclaimed

@@ -21,6 +21,7 @@ from datetime import timedelta
 from typing import Any
 
 from . import _clock
+from ._budget import Budget
 from ._checks import Steps, check_clock, make_plan
 from ._core import execute, renew
 from ._effects import (
@@ -35,6 +36,7 @@ from ._effects import (
     step_through,
 )
 from ._errors import ConflictError
+from ._meter import current_store
 from ._observe import logger
 from ._plan import Plan, to_release
 from ._steps import (
@@ -74,6 +76,7 @@ def run(
     input: State | None = None,
     lease: float | timedelta | None = None,
     clock: _clock.Clock | None = None,
+    budget: Budget | None = None,
 ) -> State:
     """Run ``steps`` durably under ``run_id``, resuming from its last checkpoint.
 
@@ -93,6 +96,8 @@ def run(
         clock: The clock this call reads (its timers, backoff and lease), in place of
             the installed one (``stepstone.testing.use_clock``); a
             ``stepstone.testing.FakeClock`` in tests. Default: the installed clock.
+        budget: The run's spend limit (``stepstone.Budget``; see Spend budgets), instead
+            of its workflow's. Kept in the run's ledger from its first step on.
 
     Returns:
         The final state, a dict the caller owns.
@@ -112,12 +117,15 @@ def run(
         StoreError: the store failed; the run stops at its last checkpoint.
     """
     with _clock.using(check_clock(clock)):
-        plan = make_plan(run_id, steps, store, input=input, lease=lease, asynchronous=False)
+        plan = make_plan(
+            run_id, steps, store, input=input, lease=lease, asynchronous=False, budget=budget
+        )
         return drive(plan, store)
 
 
 def drive(plan: Plan, store: Store) -> State:
     """Perform the core's effects with plain calls until the run ends."""
+    current_store.set(store)  # for ctx.reserve() inside the steps (``_budget``)
     try:
         result: State = step_through(execute(plan), lambda effect: _perform(effect, plan, store))
         return result
@@ -410,11 +418,12 @@ async def arun(
     input: State | None = None,
     lease: float | timedelta | None = None,
     clock: _clock.Clock | None = None,
+    budget: Budget | None = None,
 ) -> State:
     """Await the run: ``stepstone.arun`` (``_arunner.arun``), under its old address."""
     from ._arunner import arun as arun_  # noqa: PLC0415 - defers asyncio, see above
 
-    return await arun_(run_id, steps, store, input=input, lease=lease, clock=clock)
+    return await arun_(run_id, steps, store, input=input, lease=lease, clock=clock, budget=budget)
 
 
 async def adrive(plan: Plan, store: Store) -> State:

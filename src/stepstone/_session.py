@@ -204,6 +204,8 @@ class Session:
         self.task: asyncio.Task[None] | None = None
         #: The function's context (``_context``), set by whoever makes the session.
         self.ctx: Any = None
+        #: The run has a spend budget: each ``ctx.step`` asks the core first (``_budget``).
+        self.budgeted = False
 
     # -- the function's side -----------------------------------------------------------
 

@@ -17,10 +17,12 @@ from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Any, TypeGuard
 
+from ._budget import Budget, check_budget
 from ._checkpoint import Checkpoint
 from ._deadline import check_deadline, check_on_deadline
 from ._effects import Effect
-from ._errors import InvalidWorkflow, safe_text
+from ._errors import InvalidCharge, InvalidWorkflow, safe_text
+from ._meter import Meter
 from ._observe import logger
 from ._plan import Plan
 from ._stream._writer import emit as _emit
@@ -177,6 +179,71 @@ class StepContext:
             EventTooLarge: the event is over ``MAX_EVENT_BYTES``.
         """
         _emit(topic, data)
+
+    #: What this attempt charged and reserved (``_meter``), made on first use.
+    meter: Meter | None = field(default=None, repr=False, compare=False)
+    #: What the meter is made from (plan, checkpoint): None outside a run.
+    seed: Any = field(default=None, repr=False, compare=False)
+
+    def charge(
+        self, *, usd: float = 0.0, tokens: int = 0, ref: str | None = None, **unknown: Any
+    ) -> bool:
+        """Record what this step spent; saved with the step's result, by the same write.
+
+        ``ref`` (a provider's response id, say) makes the charge idempotent: a charge
+        whose ref the run's ledger already holds is a no-op (returns False), so a step
+        that runs again after a crash never counts twice.
+
+        Raises:
+            InvalidCharge: a negative or non-numeric amount, an unknown field, or a
+                charge after the step returned; nothing was recorded.
+        """
+        return self._meter().charge(usd, tokens, ref, unknown)
+
+    def reserve(self, *, usd: float = 0.0, tokens: int = 0, **unknown: Any) -> str:
+        """Reserve an estimate before an expensive call; return the reservation's id.
+
+        Saved at once (one compare-and-swap, refused if the run's lease moved on). The
+        step's commit settles it; if the attempt dies, it stays on the books as spent,
+        unconfirmed. Past the hard limit the run pauses (``BudgetExhausted``: let it
+        propagate) and this step runs again once the budget is raised.
+        """
+        return self._meter().reserve(usd, tokens, unknown)
+
+    async def areserve(self, *, usd: float = 0.0, tokens: int = 0, **unknown: Any) -> str:
+        """``reserve`` for an ``async def`` step: the save is awaited."""
+        return await self._meter().areserve(usd, tokens, unknown)
+
+    def _meter(self) -> Meter:
+        meter = self.meter
+        if meter is not None:
+            return meter
+        if self.seed is _RETURNED:
+            raise InvalidCharge(
+                f"step {self.step_name!r}: the step has returned; charge inside the step, "
+                "before it returns"
+            )
+        if self.seed is None:
+            raise InvalidCharge(
+                f"step {self.step_name!r}: this context was not made by a run; "
+                "ctx.charge() and ctx.reserve() work inside a step that a run is running"
+            )
+        plan, cp = self.seed
+        meter = Meter(plan, cp, self.step_name, self.attempt)
+        object.__setattr__(self, "meter", meter)  # made on first use: most steps never charge
+        return meter
+
+    def returned(self) -> Meter | None:
+        """The step returned: refuse later charges; return its meter, if it charged."""
+        meter = self.meter
+        if meter is None:
+            object.__setattr__(self, "seed", _RETURNED)
+        else:
+            meter.closed = True
+        return meter
+
+
+_RETURNED: Any = object()
 
 
 def retries(
@@ -361,7 +428,16 @@ class Workflow:
     (on a backend that holds pieces: memory, file, SQLite, PostgreSQL, MySQL).
     """
 
-    __slots__ = ("deadline", "history", "name", "on_deadline", "steps", "upgrades", "version")
+    __slots__ = (
+        "budget",
+        "deadline",
+        "history",
+        "name",
+        "on_deadline",
+        "steps",
+        "upgrades",
+        "version",
+    )
 
     def __init__(
         self,
@@ -373,6 +449,7 @@ class Workflow:
         history: bool = False,
         deadline: float | timedelta | None = None,
         on_deadline: str = "fail",
+        budget: Budget | None = None,
     ) -> None:
         if not isinstance(history, bool):
             raise InvalidWorkflow(f"workflow {name!r}: history must be True or False")
@@ -391,6 +468,8 @@ class Workflow:
         #: what happens then (``fail``, or ``wait`` for the signal ``deadline``).
         self.deadline = check_deadline(f"workflow {name!r}", deadline)
         self.on_deadline = check_on_deadline(f"workflow {name!r}", on_deadline)
+        #: Each run's spend budget (``stepstone.Budget``), unless ``start``/``run`` gives one.
+        self.budget = check_budget(budget)
         self.steps: tuple[Any, ...] = tuple(check_steps(steps))
         seen: set[str] = set()
         for step in self.steps:

@@ -30,6 +30,7 @@ from ._mapseen import Key as _Key
 from ._mapseen import nudged
 from ._observe import logger
 from ._plan import Plan
+from ._pool import inherit  # a budgeted run's children draw from its pool
 from ._steps import (
     Complete,
     Outcome,
@@ -413,7 +414,7 @@ class Map(SuspendingStep):
         if missing:
             saves: list[Load | Save] = [
                 Save(
-                    queued(self.workflow, ids[n], inputs[n], cp.run_id, inherited(cp)),
+                    inherit(cp, queued(self.workflow, ids[n], inputs[n], cp.run_id, inherited(cp))),
                     f"start child {ids[n]}",
                     owned=False,
                 )
@@ -438,7 +439,7 @@ class Map(SuspendingStep):
             child: Checkpoint | None = yield Load(child_id)
             if child is not None:
                 return child
-            fresh = queued(self.workflow, child_id, item, cp.run_id, inherited(cp))
+            fresh = inherit(cp, queued(self.workflow, child_id, item, cp.run_id, inherited(cp)))
             try:
                 created: Checkpoint = yield Save(fresh, f"start child {child_id}", owned=False)
                 _hooks.fire("map.child_created")

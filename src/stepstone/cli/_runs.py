@@ -12,6 +12,7 @@ from .._checkpoint import STATUSES, Checkpoint
 from .._cron import RECORD as SCHEDULES_RECORD
 from .._errors import CorruptCheckpoint
 from .._store import RunInfo
+from ._budget import add_budget_parser, over_budget, spend_json, spend_text
 from ._common import (
     EXIT_OK,
     UsageError,
@@ -73,6 +74,7 @@ def add_parsers(commands: Any, store: argparse.ArgumentParser, parser_class: typ
     )
     ls.add_argument("--limit", type=positive_int, metavar="N", help="show at most N runs")
     ls.set_defaults(handler=_list)
+    add_budget_parser(actions, store, ls)  # runs budget; runs list --over-budget
 
     add_start_parser(actions, store)
     add_upgrade_parser(actions, store)
@@ -237,6 +239,9 @@ def _list(args: argparse.Namespace) -> int:
         if args.limit is not None:
             found = found[: args.limit]
         loaded = _details(store, found)
+    if getattr(args, "over_budget", False):  # spend budgets (``cli/_budget``)
+        found = [i for i in found if over_budget(loaded.get(i.run_id))]
+    spends = {k: text for k, cp in loaded.items() if (text := spend_text(cp)) is not None}
     waits = {k: cp.waiting_for for k, cp in loaded.items() if cp.status == "waiting"}
     if args.json:
         emit_json(
@@ -245,13 +250,21 @@ def _list(args: argparse.Namespace) -> int:
                     **_info_json(i),
                     **({"workflow": loaded[i.run_id].workflow} if i.run_id in loaded else {}),
                     **({"waiting_for": waits.get(i.run_id)} if i.status == "waiting" else {}),
+                    **({"spend": spend_json(loaded[i.run_id])} if i.run_id in spends else {}),
                 }
                 for i in found
             ]
         )
         return EXIT_OK
     if not found:
-        filtered = args.status or args.older_than or args.newer_than or args.prefix or args.kind
+        filtered = (
+            args.status
+            or args.older_than
+            or args.newer_than
+            or args.prefix
+            or args.kind
+            or getattr(args, "over_budget", False)
+        )
         out("no matching runs" if filtered else "no runs")
         return EXIT_OK
     now = datetime.now(UTC)
@@ -282,6 +295,10 @@ def _list(args: argparse.Namespace) -> int:
                 row.append("-")
             else:
                 row.append(safe(waits.get(info.run_id) or "?"))
+    if spends:
+        headers.append("SPEND")
+        for row, info in zip(rows, found, strict=True):
+            row.append(safe(spends.get(info.run_id, "-")))
     for line in table(headers, rows):
         out(line)
     return EXIT_OK

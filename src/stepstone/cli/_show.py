@@ -14,6 +14,7 @@ from typing import Any
 from .._checkpoint import Checkpoint
 from .._deadline import describe
 from .._redact import redact_url
+from ._budget import spend_json, spend_text
 from ._common import EXIT_OK, OperationalError, existing, store_config
 from ._output import emit_json, iso, out, safe, safe_lines, span, when
 from ._rewind import journal_lines
@@ -153,6 +154,7 @@ def _checkpoint_json(cp: Checkpoint, now: datetime) -> dict[str, Any]:
         "signals": [
             {"name": s.name, "id": s.id, "payload": s.payload, "at": iso(s.at)} for s in cp.signals
         ],
+        "spend": spend_json(cp),
         "input": cp.input,
         "state": cp.state,
     }
@@ -218,6 +220,9 @@ def _fields(cp: Checkpoint, now: datetime) -> list[tuple[str, str]]:
     if cp.waiting_for is not None:
         wake = "" if cp.wake_at is None else f", until {when(cp.wake_at)}"
         fields.append(("waiting for", f"{safe(cp.waiting_for)}{wake}"))
+    spent = spend_text(cp)
+    if spent is not None:
+        fields.append(("spend", safe(spent)))
     if cp.timing:  # issue 33
         fields.append(("deadline", safe(describe(cp.timing, now))))
     if cp.signals:

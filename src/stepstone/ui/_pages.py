@@ -16,6 +16,7 @@ from .._checkpoint import STATUSES, Checkpoint, RunStatus
 from .._deadline import describe
 from .._errors import StepstoneError, StoreError
 from .._store import RunInfo, page_key
+from ..cli._budget import spend_text
 from . import _actions, _history_view, _views
 from ._dashboard import DONE, Dashboard, live_error
 
@@ -181,6 +182,7 @@ def run_context(dash: Dashboard, cp: Checkpoint) -> dict[str, Any]:
     actions = not dash.read_only
     return {
         "cp": cp,
+        "spend": spend_text(cp),  # spend budgets (``cli/_budget``)
         "kind": kind,
         "name": name,
         "status": status,

@@ -12,10 +12,12 @@ from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 from agents import Agent, RunConfig, Runner, RunState
 from agents.run import DEFAULT_MAX_TURNS
 
+from ..._budget import SPEND_KEY, Prices
 from ..._checkpoint import Checkpoint, utcnow
 from ..._effects import Effect
 from ..._errors import InvalidWorkflow
 from ..._runner import arun, run
+from ..._spending import usage_charge
 from ..._steps import RetryPolicy, check_name
 from ..._store import Store
 from ..._suspend import Complete, SuspendingStep, Wait
@@ -39,6 +41,9 @@ class AgentRunStep(SuspendingStep):
     step saves the run ``waiting`` for the signal ``approval_signal``; it completes with
     the final output in its JSON form. ``retry`` retries a failed agent run; the retry
     replays the journal, so finished model calls are not paid again.
+
+    In a run with a spend budget (or given ``prices``), the agent run's usage
+    (``result.context_wrapper.usage``) is charged with its output, by the same save.
     """
 
     __slots__ = (
@@ -48,6 +53,7 @@ class AgentRunStep(SuspendingStep):
         "input",
         "max_turns",
         "options",
+        "prices",
         "run_config",
         "store",
     )
@@ -65,9 +71,13 @@ class AgentRunStep(SuspendingStep):
         durable_tools: bool = True,
         approval_signal: str = APPROVAL_SIGNAL,
         retry: RetryPolicy | None = None,
+        prices: Prices | None = None,
         **options: Any,
     ) -> None:
         self.name = check_name(name)
+        if prices is not None and not isinstance(prices, Prices):
+            raise InvalidWorkflow(f"AgentRunStep {name!r}: prices must be a stepstone.Prices")
+        self.prices = prices
         if not isinstance(agent, Agent):
             raise InvalidWorkflow(f"AgentRunStep {name!r}: agent must be an agents.Agent")
         if store is not None and not isinstance(store, Store):
@@ -123,7 +133,11 @@ class AgentRunStep(SuspendingStep):
             changes["consumed"] = {**cp.consumed, self.approval_signal: outcome["upto"]}
         if outcome.get("wait"):
             return Wait(f"signal {self.approval_signal}", None, changes)
-        return Complete({self.name: outcome["output"]}, changes)
+        update = {self.name: outcome["output"]}
+        ledger = usage_charge(plan, state, self.name, outcome["usage"], self.prices)
+        if ledger is not None:
+            update[SPEND_KEY] = ledger  # spend budgets: the run's usage, saved with its output
+        return Complete(update, changes)
 
     async def _execute(
         self, journal: Journal, state: dict[str, Any], signals: list[Any], consumed: int
@@ -165,7 +179,9 @@ class AgentRunStep(SuspendingStep):
                 )
                 if not result.interruptions:
                     output = to_json(result.final_output, "the agent's final output")
-                    return {"output": output, "upto": upto}
+                    used = result.context_wrapper.usage
+                    usage = {"input": used.input_tokens, "output": used.output_tokens}
+                    return {"output": output, "upto": upto, "usage": usage}
                 k += 1
                 pause = await journal.put(
                     f"pause#{k}",

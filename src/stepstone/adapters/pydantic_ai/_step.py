@@ -12,10 +12,12 @@ from pydantic_ai.durable_exec import (
 from pydantic_ai.run import AgentRunResult
 from pydantic_core import to_jsonable_python
 
+from ..._budget import SPEND_KEY, Prices
 from ..._checkpoint import Checkpoint, utcnow
 from ..._effects import Effect
 from ..._errors import InvalidWorkflow, LeaseLost
 from ..._runner import arun, run
+from ..._spending import usage_charge
 from ..._steps import RetryPolicy, check_name
 from ..._store import Store
 from ..._suspend import Complete, SuspendingStep, Wait, pending_signals
@@ -54,9 +56,12 @@ class AgentStep(SuspendingStep):
     and completes with the agent's output in its JSON form (``to_jsonable_python``), or
     ``output(result)``. ``retry`` retries a failed agent run; the retry replays the
     journal, so finished units are not paid again.
+
+    In a run with a spend budget (or given ``prices``), the agent run's usage is charged
+    with its output, by the same save: its tokens, and dollars at ``prices``.
     """
 
-    __slots__ = ("agent", "deps", "output", "prompt", "store")
+    __slots__ = ("agent", "deps", "output", "prices", "prompt", "store")
 
     def __init__(
         self,
@@ -68,8 +73,12 @@ class AgentStep(SuspendingStep):
         deps: Callable[[dict[str, Any]], Any] | None = None,
         output: Callable[[AgentRunResult[Any]], Any] | None = None,
         retry: RetryPolicy | None = None,
+        prices: Prices | None = None,
     ) -> None:
         self.name = check_name(name)
+        if prices is not None and not isinstance(prices, Prices):
+            raise InvalidWorkflow(f"AgentStep {name!r}: prices must be a stepstone.Prices")
+        self.prices = prices
         if not isinstance(store, Store):
             raise InvalidWorkflow(f"AgentStep {name!r}: store must be a stepstone Store")
         self.store = store
@@ -125,7 +134,11 @@ class AgentStep(SuspendingStep):
                 None if wake is None else datetime.fromisoformat(wake),
                 changes,
             )
-        return Complete({self.name: outcome["output"]}, changes)
+        update = {self.name: outcome["output"]}
+        ledger = usage_charge(plan, state, self.name, outcome["usage"], self.prices)
+        if ledger is not None:
+            update[SPEND_KEY] = ledger  # spend budgets: saved with the output
+        return Complete(update, changes)
 
     async def _execute(self, session: Session, state: dict[str, Any]) -> dict[str, Any]:
         """Run the agent with the journal; return its output, or the wait that stopped it."""
@@ -154,7 +167,9 @@ class AgentStep(SuspendingStep):
             wake = None if suspended.wake_at is None else suspended.wake_at.isoformat()
             return {"wait": suspended.signal, "wake_at": wake, "taken": taken}
         value = self.output(result) if self.output is not None else result.output
-        return {"output": to_jsonable_python(value), "taken": taken}
+        used = result.usage
+        usage = {"input": used.input_tokens or 0, "output": used.output_tokens or 0}
+        return {"output": to_jsonable_python(value), "taken": taken, "usage": usage}
 
 
 def read_journal(store: Store, run_id: str, step_name: str = "agent") -> dict[str, Any]:

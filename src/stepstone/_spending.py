@@ -1,0 +1,331 @@
+"""The core's side of spend budgets: the check before a step, the ledger's updates.
+
+``_budget`` holds what a budget and a ledger are; this module what the run's core
+(``_core``, ``_code``) and the adapters do with them: ``gate``/``check`` before a step
+(pause at the hard limit, or leave a pause), ``record`` (the declared budget on record
+when the run is taken), ``settle``/``commit`` (an attempt's charges into the ledger in
+the state the step's save writes, and a child's into its tree's pool), ``charge_ledger``
+(a code workflow's journaled charge), ``usage_charge`` (an agent step's usage), and the
+soft-limit warning and OpenTelemetry counters once a save has landed.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Generator, Mapping
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Protocol
+
+from . import _lease
+from ._budget import (
+    BUDGET_WAIT,
+    DIGITS,
+    RAISE_SIGNAL,
+    SPEND_KEY,
+    Prices,
+    ledger_of,
+    over,
+    raised,
+    reservations,
+    spend_now,
+)
+from ._checkpoint import Checkpoint, evolve, utcnow
+from ._codec import pristine
+from ._effects import Announce, Effect, Load
+from ._errors import Suspended
+from ._observe import logger
+from ._pool import POOL_POLL, pool_id, push
+
+if TYPE_CHECKING:
+    from ._plan import Plan
+
+__all__ = [
+    "Meter",
+    "after_save",
+    "charge_ledger",
+    "check",
+    "commit",
+    "gate",
+    "record",
+    "settle",
+    "soft_warning",
+    "usage_charge",
+]
+
+
+def usage_charge(
+    plan: Plan,
+    state: dict[str, Any],
+    step: str,
+    usage: dict[str, int],
+    prices: Prices | None,
+) -> dict[str, Any] | None:
+    """An adapter step's ledger after charging its agent run's usage, or None to leave it.
+
+    Charged when the run has a budget or a ledger, or ``prices`` are given; tokens
+    always, dollars with ``prices``. The ref is the step's own: it completes once, so
+    its usage is charged once, with its output, by the same save.
+    """
+    if plan.budget is None and SPEND_KEY not in state and prices is None:
+        return None
+    inputs, outputs = int(usage.get("input", 0)), int(usage.get("output", 0))
+    usd = 0.0 if prices is None else prices.cost(inputs, outputs)
+    charge = {"usd": usd, "tokens": inputs + outputs, "ref": f"{plan.run_id}#{step}"}
+    ledger, _ = charge_ledger(plan, state, charge, step)
+    if prices is not None:
+        ledger["prices_as_of"] = prices.as_of
+    return ledger
+
+
+class Meter(Protocol):
+    """What ``settle`` needs of a step's meter (``_meter.Meter``, which imports this)."""
+
+    step: str
+    attempt: str
+    charges: list[dict[str, Any]]
+    reserved: list[dict[str, Any]]
+    closed: bool
+    settled_usd: float
+
+
+# --- the core's hooks ----------------------------------------------------------------------
+
+Write = Callable[[Any, Checkpoint, Checkpoint, str], Generator[Effect, Any, Checkpoint]]
+
+
+def gate(
+    plan: Plan, cp: Checkpoint, write: Write, exhausted: str | None = None
+) -> Generator[Effect, Any, Checkpoint]:
+    """Before an attempt: pause the run at its hard limit, or take it out of that pause.
+
+    Over the limit (or ``exhausted``: a reservation was refused), the run is saved
+    waiting for ``budget.raise`` (lease given back) and ``Suspended`` raised. Resumed
+    from such a wait with room again, the wait is cleared (one save) and the attempt
+    goes on.
+    """
+    cp, waiting = yield from check(plan, cp, write, exhausted)
+    if waiting is None:
+        return cp
+    saved = yield from write(plan, cp, _lease.released(waiting), f"budget pause at {cp.step + 1}")
+    if raised(saved.signals)[2] > waiting.consumed.get(RAISE_SIGNAL, 0):
+        yield Announce()  # a raise landed while we paused: a worker takes it now
+    raise Suspended(plan.run_id, BUDGET_WAIT, waiting.wake_at)
+
+
+def record(plan: Plan, cp: Checkpoint, write: Write) -> Generator[Effect, Any, Checkpoint]:
+    """Write the run's declared budget into its ledger, if it is not there yet (one save).
+
+    Then whoever resumes the run (a worker too) keeps to it, and a ``Map``'s children
+    (``_pool.inherit``) draw from it from the first step on.
+    """
+    if plan.budget is None or "budget" in ledger_of(cp.state):
+        return cp
+    state = pristine(cp)
+    state[SPEND_KEY] = {**ledger_of(state), "budget": plan.budget.to_json()}
+    saved: Checkpoint = yield from write(plan, cp, evolve(cp, state=state), "budget")
+    return saved
+
+
+def check(
+    plan: Plan, cp: Checkpoint, write: Write, exhausted: str | None = None
+) -> Generator[Effect, Any, tuple[Checkpoint, Checkpoint | None]]:
+    """Return ``(cp, None)`` if the run may spend (saving what changed), else the pause.
+
+    The pause is the record to save the run waiting with (``waiting_for`` set, the
+    reason in the ledger, the raises seen counted as consumed), not yet saved: a step
+    list saves it (``gate``), a code workflow hands it to the core as a ``Wait``.
+    """
+    spend = spend_now(cp, plan.budget)
+    _, _, raises = raised(cp.signals)
+    consumed = dict(cp.consumed)
+    seen = consumed.get(RAISE_SIGNAL, 0)
+    consumed[RAISE_SIGNAL] = raises
+    reason = exhausted or over(spend)
+    wake_at = None
+    root_id = pool_id(cp)
+    if reason is None and root_id is not None:
+        # A child of a budgeted run: the tree's one pool is its root's record.
+        root: Checkpoint | None = yield Load(root_id)
+        pool = None if root is None else over(spend_now(root, None))
+        if pool is not None:
+            reason = f"the pool of run {root_id!r}: {pool}"
+            wake_at = utcnow() + timedelta(seconds=POOL_POLL)  # a raise there wakes no child
+    state = None
+    if reason is None:
+        # Saved only when something changed: the run leaves a budget pause, a raise
+        # came while it ran, or its declared budget is not in its ledger yet (so that
+        # whoever resumes it, a worker too, keeps to the budget it was run with).
+        unrecorded = plan.budget is not None and "budget" not in ledger_of(cp.state)
+        if cp.waiting_for == BUDGET_WAIT or seen != raises or unrecorded:
+            state = pristine(cp)
+            ledger = dict(ledger_of(state))
+            ledger.pop("paused", None)
+            if unrecorded and plan.budget is not None:
+                ledger["budget"] = plan.budget.to_json()
+            state[SPEND_KEY] = ledger
+            cp = yield from write(
+                plan,
+                cp,
+                evolve(cp, state=state, waiting_for=None, wake_at=None, consumed=consumed),
+                "budget",
+            )
+            if seen != raises:
+                logger.info("run %r: budget raised; resuming", plan.run_id)
+        return cp, None
+    state = pristine(cp)
+    ledger = dict(ledger_of(state))
+    if "budget" not in ledger and plan.budget is not None:
+        ledger["budget"] = plan.budget.to_json()
+    ledger["paused"] = reason
+    state[SPEND_KEY] = ledger
+    logger.warning("run %r: budget reached (%s); waiting for %r", plan.run_id, reason, RAISE_SIGNAL)
+    _count("stepstone.budget.paused", 1, plan.run_id)
+    waiting = evolve(cp, state=state, waiting_for=BUDGET_WAIT, wake_at=wake_at, consumed=consumed)
+    return cp, waiting
+
+
+def charge_ledger(
+    plan: Plan, state: Mapping[str, Any], charge: dict[str, Any], step: str
+) -> tuple[dict[str, Any], bool]:
+    """Return the ledger of ``state`` with ``charge`` added, and whether it counted.
+
+    For a code workflow's ``ctx.charge``: journaled, so it is saved with its journal
+    entry by one write; a ref the ledger holds counts nothing.
+    """
+    ledger = {k: v for k, v in ledger_of(state).items() if k != "paused"}
+    if "budget" not in ledger and plan.budget is not None:
+        ledger["budget"] = plan.budget.to_json()
+    ref = charge["ref"]
+    refs = dict(ledger.get("refs", {}))
+    if ref is not None and ref in refs:
+        return ledger, False
+    # Shallow copies, the charged step's entry new: the stored ledger is never changed
+    # in place (a long state's save compares the old with the new).
+    by_step = dict(ledger.get("by_step", {}))
+    mine = by_step[step] = dict(by_step.get(step, {"usd": 0.0, "tokens": 0}))
+    mine["usd"] = round(float(mine["usd"]) + charge["usd"], DIGITS)
+    mine["tokens"] = int(mine["tokens"]) + charge["tokens"]
+    if ref is not None:
+        refs[ref] = step
+    ledger.update(
+        usd=round(float(ledger.get("usd", 0.0)) + charge["usd"], DIGITS),
+        tokens=int(ledger.get("tokens", 0)) + charge["tokens"],
+        by_step=by_step,
+        refs=refs,
+    )
+    return ledger, True
+
+
+def settle(plan: Plan, cp: Checkpoint, working: dict[str, Any], meter: Meter | None) -> str | None:
+    """Put the attempt's charges into the ledger in ``working`` (saved with the step).
+
+    The attempt's reservations are settled; any other open reservation in ``cp`` is an
+    attempt that never committed: moved to ``unconfirmed``. Returns the soft-limit
+    warning to log once the save has landed, if this save crosses it.
+    """
+    ledger = {k: v for k, v in ledger_of(cp.state).items() if k != "paused"}
+    if "budget" not in ledger and plan.budget is not None:
+        ledger["budget"] = plan.budget.to_json()
+    charges, reserved = ([], []) if meter is None else (meter.charges, meter.reserved)
+    if meter is not None:
+        meter.closed = True
+    if meter is not None and charges:
+        usd = float(ledger.get("usd", 0.0))
+        tokens = int(ledger.get("tokens", 0))
+        by_step = dict(ledger.get("by_step", {}))  # shallow: only this step's entry is new
+        refs = dict(ledger.get("refs", {}))
+        mine = by_step[meter.step] = dict(by_step.get(meter.step, {"usd": 0.0, "tokens": 0}))
+        for c in charges:
+            usd = round(usd + c["usd"], DIGITS)
+            tokens += c["tokens"]
+            mine["usd"] = round(float(mine["usd"]) + c["usd"], DIGITS)
+            mine["tokens"] = int(mine["tokens"]) + c["tokens"]
+            if c["ref"] is not None:
+                refs[c["ref"]] = meter.step
+        ledger.update(usd=usd, tokens=tokens, by_step=by_step, refs=refs)
+        meter.settled_usd = round(sum(c["usd"] for c in charges), DIGITS)
+    settled = list(ledger.get("settled", ()))
+    settled.extend(r["id"] for r in reserved)
+    done = set(settled)
+    unconfirmed = list(ledger.get("unconfirmed", ()))
+    done.update(u.get("id") for u in unconfirmed)
+    for s in reservations(cp.signals):
+        if s.id not in done:
+            unconfirmed.append({"id": s.id, **s.payload})
+            done.add(s.id)
+    if settled:
+        ledger["settled"] = settled
+    if unconfirmed:
+        ledger["unconfirmed"] = unconfirmed
+    working[SPEND_KEY] = ledger
+    return soft_warning(plan, cp, ledger)
+
+
+def soft_warning(plan: Plan, cp: Checkpoint, ledger: dict[str, Any]) -> str | None:
+    """If ``ledger`` (about to be saved for ``cp``) first passes the soft threshold, mark
+    it so (``soft_warned``: once per run) and return the warning to log after the save."""
+    if ledger.get("soft_warned") or "budget" not in ledger:
+        return None  # warned once already, or nothing to warn of
+    spend = spend_now(evolve(cp, state={SPEND_KEY: ledger}), None)
+    if spend.soft is None:
+        return None
+    used = round(spend.usd + spend.unconfirmed_usd + spend.children_usd, DIGITS)
+    tokens_used = spend.tokens + spend.unconfirmed_tokens + spend.children_tokens
+    if not (
+        (spend.limit_usd is not None and used >= spend.soft * spend.limit_usd)
+        or (spend.limit_tokens is not None and tokens_used >= spend.soft * spend.limit_tokens)
+    ):
+        return None
+    ledger["soft_warned"] = True
+    shown = []
+    if spend.limit_usd is not None:
+        shown.append(f"${used:g} of ${spend.limit_usd:g}")
+    if spend.limit_tokens is not None:
+        shown.append(f"{tokens_used} of {spend.limit_tokens} tokens")
+    return f"run {plan.run_id!r} passed {spend.soft:.0%} of its budget: {', '.join(shown)}"
+
+
+def commit(
+    plan: Plan, cp: Checkpoint, working: dict[str, Any], meter: Meter | None, spending: bool
+) -> Generator[Effect, Any, tuple[Meter | None, str | None] | None]:
+    """Before a step's save: its charges into the ledger in ``working`` (``settle``) and,
+    for a budgeted tree's child, into the root's pool (``_pool``). None: nothing to do."""
+    spent = meter is not None and (meter.charges or meter.reserved)
+    if not spending and not spent:
+        return None
+    note = settle(plan, cp, working, meter)
+    if meter is not None and meter.charges and pool_id(cp) is not None:
+        usd = round(sum(float(c["usd"]) for c in meter.charges), DIGITS)
+        tokens = sum(int(c["tokens"]) for c in meter.charges)
+        yield from push(cp, cp.step + 1, meter.attempt, usd, tokens)
+    return meter, note
+
+
+def after_save(plan: Plan, settled: tuple[Meter | None, str | None] | None) -> None:
+    """The step's save landed: count what it charged (OpenTelemetry), warn once if soft."""
+    if settled is None:
+        return
+    meter, note = settled
+    if meter is not None and meter.settled_usd:
+        _count("stepstone.spend", meter.settled_usd, plan.run_id, unit="USD")
+    if note is not None:
+        logger.warning("%s", note)
+        _count("stepstone.budget.soft", 1, plan.run_id)
+
+
+_instruments: dict[str, Any] = {}
+
+
+def _count(name: str, value: float, run_id: str, unit: str = "1") -> None:
+    """Add to the OpenTelemetry counter ``name`` (nothing without opentelemetry)."""
+    if name not in _instruments:
+        try:
+            metrics = importlib.import_module("opentelemetry.metrics")
+        except ImportError:
+            _instruments[name] = None
+        else:
+            meter = metrics.get_meter("stepstone")
+            _instruments[name] = meter.create_counter(name, unit=unit)
+    counter = _instruments[name]
+    if counter is not None:
+        counter.add(value, {"run_id": run_id})

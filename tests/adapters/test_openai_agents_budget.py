@@ -1,0 +1,79 @@
+"""OpenAI Agents SDK runs under a spend budget: their usage is charged with their output."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+from agents import Agent, Model, ModelProvider, ModelResponse, ModelSettings, RunConfig, Usage
+from agents.models.interface import ModelTracing
+from agents.testing import assistant_message
+
+from stepstone import Budget, Prices, Step, Store, Suspended, open_store, run, signal, spend_of
+from stepstone._budget import BUDGET_WAIT, RAISE_SIGNAL, SPEND_KEY
+from stepstone.adapters.openai_agents import AgentRunStep
+
+
+class CountingModel(Model):
+    """Answers at once, reporting 120 input and 30 output tokens."""
+
+    async def get_response(
+        self,
+        system_instructions: str | None,
+        input: str | list[Any],
+        model_settings: ModelSettings,
+        tools: list[Any],
+        output_schema: Any,
+        handoffs: list[Any],
+        tracing: ModelTracing,
+        *,
+        previous_response_id: str | None,
+        conversation_id: str | None,
+        prompt: Any,
+    ) -> ModelResponse:
+        usage = Usage(requests=1, input_tokens=120, output_tokens=30, total_tokens=150)
+        return ModelResponse(output=[assistant_message("ok")], usage=usage, response_id=None)
+
+    def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        raise NotImplementedError
+
+
+class CountingProvider(ModelProvider):
+    def get_model(self, model_name: str | None) -> Model:
+        return CountingModel()
+
+
+def _step(store: Store, **kwargs: Any) -> AgentRunStep:
+    config = RunConfig(model_provider=CountingProvider(), tracing_disabled=True)
+    agent: Agent[Any] = Agent(name="counter", instructions="answer")
+    return AgentRunStep("agent", agent, "hi", store=store, run_config=config, **kwargs)
+
+
+@pytest.fixture
+def store() -> Iterator[Store]:
+    """A fresh memory store."""
+    with open_store("memory://openai-agents-budget") as opened:
+        yield opened
+
+
+def test_the_runs_usage_is_charged_and_the_next_step_pauses(store: Store) -> None:
+    """150 tokens land in the ledger with the output; past the limit the run waits."""
+    ran: list[str] = []
+    steps = [_step(store), Step("after", lambda state: ran.append("after"))]
+    with pytest.raises(Suspended) as paused:
+        run("r", steps, store, budget=Budget(tokens=100))
+    assert paused.value.waiting_for == BUDGET_WAIT and ran == []
+    cp = store.load("r")
+    assert cp is not None and cp.state["agent"] == "ok" and spend_of(cp).tokens == 150
+    signal(store, "r", RAISE_SIGNAL, {"tokens": 1000})
+    final = run("r", steps, store)
+    assert ran == ["after"] and final[SPEND_KEY]["tokens"] == 150
+
+
+def test_prices_make_dollars(store: Store) -> None:
+    """At $2 in / $8 out per million tokens, 120 + 30 tokens cost $0.00048."""
+    prices = Prices(input_per_million=2.0, output_per_million=8.0, as_of="2026-12-01")
+    run("p", [_step(store, prices=prices)], store)
+    spend = spend_of(store.load("p"))  # type: ignore[arg-type]
+    assert (spend.usd, spend.tokens) == (0.00048, 150)

@@ -1,0 +1,176 @@
+"""pydantic-ai agents under a spend budget: their usage is charged with their output."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic_ai import Agent
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+import stepstone
+from stepstone import (
+    Budget,
+    InvalidWorkflow,
+    Prices,
+    Step,
+    Store,
+    Suspended,
+    open_store,
+    run,
+    signal,
+    spend_of,
+)
+from stepstone._budget import BUDGET_WAIT, RAISE_SIGNAL, SPEND_KEY
+from stepstone.adapters.pydantic_ai import AgentStep, StepstoneDurability
+
+SRC = str(Path(stepstone.__file__).resolve().parents[1])
+
+
+def _model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    if len(messages) == 1:
+        return ModelResponse(parts=[ToolCallPart("lookup", {"x": 1})])
+    return ModelResponse(parts=[TextPart("answer")])
+
+
+def _agent(durable: bool) -> Agent[None, str]:
+    capabilities = [StepstoneDurability()] if durable else []
+    agent: Agent[None, str] = Agent(
+        FunctionModel(_model), name="spender", capabilities=capabilities
+    )
+
+    @agent.tool_plain
+    def lookup(x: int) -> str:
+        return f"v{x}"
+
+    return agent
+
+
+def _expected_usage() -> tuple[int, int]:
+    """The usage the same agent reports when run without stepstone."""
+    used = _agent(durable=False).run_sync("q").usage
+    return used.input_tokens or 0, used.output_tokens or 0
+
+
+@pytest.fixture
+def store() -> Iterator[Store]:
+    """A fresh memory store."""
+    with open_store("memory://pydantic-ai-budget") as opened:
+        yield opened
+
+
+def test_an_agent_steps_usage_is_charged_and_the_next_step_pauses(store: Store) -> None:
+    """The agent's tokens land in the ledger with its output; past the limit the run waits."""
+    inputs, outputs = _expected_usage()
+    ran: list[str] = []
+    steps = [
+        AgentStep("agent", _agent(durable=True), "q", store=store),
+        Step("after", lambda state: ran.append("after")),
+    ]
+    with pytest.raises(Suspended) as paused:
+        run("r", steps, store, budget=Budget(tokens=1))
+    assert paused.value.waiting_for == BUDGET_WAIT and ran == []
+    cp = store.load("r")
+    assert cp is not None and cp.state["agent"] == "answer"
+    assert spend_of(cp).tokens == inputs + outputs > 0
+    signal(store, "r", RAISE_SIGNAL, {"tokens": 10_000})
+    final = run("r", steps, store)
+    assert ran == ["after"]
+    assert final[SPEND_KEY]["by_step"] == {"agent": {"usd": 0.0, "tokens": inputs + outputs}}
+
+
+def test_prices_turn_the_usage_into_dollars_and_say_their_date(store: Store) -> None:
+    """With Prices the charge has dollars too, and the ledger names the prices' date."""
+    inputs, outputs = _expected_usage()
+    prices = Prices(input_per_million=2.0, output_per_million=8.0, as_of="2026-12-01")
+    step = AgentStep("agent", _agent(durable=True), "q", store=store, prices=prices)
+    final = run("p", [step], store)
+    spend = spend_of(store.load("p"))  # type: ignore[arg-type]
+    assert spend.usd == round((inputs * 2.0 + outputs * 8.0) / 1e6, 9) > 0
+    assert final[SPEND_KEY]["prices_as_of"] == "2026-12-01"
+
+
+def test_without_a_budget_or_prices_nothing_is_added_to_the_state(store: Store) -> None:
+    """An agent step in a run with no budget keeps its state as before: no ledger."""
+    final = run("n", [AgentStep("agent", _agent(durable=True), "q", store=store)], store)
+    assert SPEND_KEY not in final
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "says"),
+    [
+        ({"input_per_million": -1, "output_per_million": 1, "as_of": "x"}, ">= 0"),
+        ({"input_per_million": 1, "output_per_million": 1, "as_of": ""}, "as_of"),
+    ],
+)
+def test_bad_prices_are_refused(kwargs: dict[str, Any], says: str) -> None:
+    """Prices check their numbers and insist on a date."""
+    with pytest.raises(InvalidWorkflow, match=says):
+        Prices(**kwargs)
+
+
+CHILD = r"""
+import json, sys
+from pydantic_ai import Agent
+from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.models.function import FunctionModel
+from stepstone import Budget, Suspended, open_store, run
+from stepstone.adapters.pydantic_ai import AgentStep, StepstoneDurability
+
+def model(messages, info):
+    if len(messages) == 1:
+        return ModelResponse(parts=[ToolCallPart("lookup", {"x": 1})])
+    return ModelResponse(parts=[TextPart("answer")])
+
+def agent():
+    made = Agent(FunctionModel(model), name="spender", capabilities=[StepstoneDurability()])
+    @made.tool_plain
+    def lookup(x: int) -> str:
+        return f"v{x}"
+    return made
+
+with open_store(sys.argv[1]) as store:
+    steps = [AgentStep(n, agent(), "q", store=store) for n in ("first", "second")]
+    try:
+        run("r", steps, store, budget=Budget(tokens=1))
+    except Suspended as exc:
+        print(json.dumps(exc.waiting_for))
+        sys.exit(0)
+    print(json.dumps("done"))
+"""
+
+
+def _process(*args: str) -> str:
+    env = {**os.environ, "PYTHONPATH": SRC}
+    done = subprocess.run(
+        [sys.executable, *args], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip().splitlines()[-1]
+
+
+@pytest.mark.process
+def test_a_paused_agent_run_is_raised_from_another_process_and_ends_exact(
+    tmp_path: Path,
+) -> None:
+    """Paused after its first agent, raised by `stepstone runs budget` in another process,
+    the run finishes in a third with each agent's usage charged once."""
+    inputs, outputs = _expected_usage()
+    config = f"sqlite:///{tmp_path}/runs.db"
+    assert json.loads(_process("-c", CHILD, config)) == BUDGET_WAIT
+    _process(
+        "-m", "stepstone", "runs", "budget", "r", "--raise-tokens", "100000", "--store", config
+    )
+    assert json.loads(_process("-c", CHILD, config)) == "done"
+    with open_store(config) as store:
+        spend = spend_of(store.load("r"))  # type: ignore[arg-type]
+    each = {"usd": 0.0, "tokens": inputs + outputs}
+    assert spend.by_step == {"first": each, "second": each}
+    assert (spend.tokens, spend.limit_tokens) == (2 * (inputs + outputs), 100_001)
