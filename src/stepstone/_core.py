@@ -68,6 +68,10 @@ from ._steps import (
 )
 from ._suspend import nudge
 
+# Flow control (issue 37): what a step that names limits does around its call.
+from ._flow import _hook as _flow  # isort: skip
+from ._flow._call import FlowCall  # isort: skip
+
 __all__ = [
     # The run's rules, defined here.
     "Interrupted",
@@ -272,6 +276,13 @@ def _run_step(
     policy = step.retry
     durable_attempts = policy is not None and policy.max_attempts > 1
     attempt = cp.attempt  # attempts already begun on this step, by earlier processes too
+    # Flow control (issue 37, ``_flow._hook``): the keys this call holds, and one that
+    # ``ctx.acquire`` asked for. ``save`` writes as the run's owner.
+    call, extra = FlowCall(), None
+
+    def save(base: Checkpoint, intended: Checkpoint, what: str) -> Generator[Effect, Any, Any]:
+        return write(plan, base, intended, what)
+
     while True:
         attempt += 1
         with span(
@@ -284,6 +295,13 @@ def _run_step(
                 )
                 step_span.set_attribute("outcome", "exhausted")
                 yield from _fail(plan, cp, index, step.name, attempt - 1, exc)
+            if step.limits or extra is not None or _flow.resumed(cp):
+                try:
+                    cp = yield from _flow.before(cp, step, working, call, extra, save)
+                except (Suspended, StoreError):
+                    raise
+                except Exception as error:  # noqa: BLE001 - reject, unknown key, bad estimate
+                    yield from _fail(plan, cp, index, step.name, attempt, error)
             if durable_attempts:
                 # Count the attempt before making it: a crash inside must not reset it.
                 cp = yield from write(
@@ -295,7 +313,12 @@ def _run_step(
             _hooks.fire("runner.before_step")
             ctx = (
                 StepContext(
-                    run_id, index, step.name, attempt, idempotency_key(run_id, index, step.name)
+                    run_id,
+                    index,
+                    step.name,
+                    attempt,
+                    idempotency_key(run_id, index, step.name),
+                    call,
                 )
                 if step.takes_context
                 else None
@@ -314,6 +337,11 @@ def _run_step(
                 raise
             except Exception as error:  # noqa: BLE001 - a step may raise anything: its failure
                 cp = _latest(plan, cp)
+                if call.held or isinstance(error, (_flow.NeedLimit, _flow.RateLimited)):
+                    extra = yield from _flow.after_error(cp, step, call, error, attempt, save)
+                    if extra is not None:  # ``ctx.acquire`` of a key not held: take it first
+                        attempt -= 1
+                        continue
                 step_span.record_exception(error)
                 if (
                     policy is not None
@@ -342,6 +370,8 @@ def _run_step(
                 step_span.set_attribute("outcome", "failed")
                 yield from _fail(plan, cp, index, step.name, attempt, error)
             cp = _latest(plan, cp)
+            if call.held:
+                yield from _flow.give_back(run_id, cp.epoch, call, ran=True)
             _hooks.fire("runner.after_step")
             if changes:
                 working.update(changes)

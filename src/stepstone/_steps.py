@@ -20,6 +20,8 @@ from typing import Any
 from ._checkpoint import Checkpoint
 from ._effects import Effect
 from ._errors import InvalidWorkflow, safe_text
+from ._flow._call import FlowCall, check_tokens
+from ._flow._limit import Limit, check_limits
 from ._plan import Plan
 
 __all__ = [
@@ -146,6 +148,25 @@ class StepContext:
     step_name: str
     attempt: int
     idempotency_key: str
+    # --- flow control (issue 37): the keys this call holds, ``_flow._call`` ----------
+    flow: FlowCall | None = field(default=None, repr=False, compare=False)
+
+    def acquire(self, key: str, tokens: float = 0) -> None:
+        """Hold limit ``key`` (one request, ``tokens`` estimated) until the step returns.
+
+        If the key is not held yet the call stops here and the runner takes it (or
+        parks the run until it can) and calls the step again: code before ``acquire``
+        may run twice, so acquire first, outside any ``except Exception``.
+        """
+        if self.flow is None:
+            raise InvalidWorkflow("ctx.acquire: this context does not come from a step run")
+        self.flow.acquire(key, tokens)
+
+    def settle(self, tokens: float) -> None:
+        """Record the tokens this call really used; the estimate is corrected after it."""
+        if self.flow is None:
+            raise InvalidWorkflow("ctx.settle: this context does not come from a step run")
+        self.flow.settle(tokens)
 
 
 def idempotency_key(run_id: str, step_index: int, step_name: str) -> str:
@@ -183,6 +204,10 @@ class Step:
     name: str
     fn: Callable[..., Any]
     retry: RetryPolicy | None = None
+    #: Flow control (issue 37): the limits (``Limit`` or a stored key) every call takes,
+    #: and the tokens it is estimated to use (a number, or ``fn(state)``).
+    limits: tuple[Limit | str, ...] = ()
+    tokens: float | Callable[[dict[str, Any]], float] | None = None
     takes_context: bool = field(init=False, repr=False, compare=False)
     is_async: bool = field(init=False, repr=False, compare=False)
 
@@ -192,6 +217,10 @@ class Step:
             raise InvalidWorkflow(f"step {self.name!r}: fn must be callable, got {self.fn!r}")
         if self.retry is not None and not isinstance(self.retry, RetryPolicy):
             raise InvalidWorkflow(f"step {self.name!r}: retry must be a RetryPolicy or None")
+        if self.limits or self.tokens is not None:
+            object.__setattr__(self, "limits", check_limits(self.limits, f"step {self.name!r}"))
+            if self.tokens is not None and not callable(self.tokens):
+                check_tokens(self.tokens, f"step {self.name!r}")
         object.__setattr__(self, "takes_context", _takes_context(self.fn))
         object.__setattr__(self, "is_async", _is_async(self.fn))
 

@@ -1,0 +1,254 @@
+"""Limit records on the Store: read, declare, acquire, release, settle, block.
+
+Each operation is a generator of ``Load``/``Save`` effects (the core's, ``_effects``),
+so the runner performs them inside a run with its own sync or async driver, and the
+public functions (``set_limit``, ``get_limit``, ``list_limits`` and their ``a`` twins)
+drive the same generators on a store. Every change is one compare-and-swap on the
+record ``~limit/<key>``; a lost race loads and decides again. No backend needs code
+of its own.
+
+**Fencing.** A slot is held by ``(run_id, epoch)``: the run's lease epoch at the time
+it acquired. An acquirer that finds the key full loads its holders and reclaims every
+slot whose run no longer holds that lease: the run is gone, finished or parked (no
+owner), was claimed again (another epoch: its owner died and a worker took it over),
+or its owner is a process on this machine that no longer exists. So a holder killed
+between acquiring and releasing never leaks its slot past its lease.
+
+**Clock.** Rates are judged on the clock of the process acquiring (``stepstone._clock``).
+On memory, file and SQLite stores that is one host's clock. Processes on several hosts
+sharing a PostgreSQL, MySQL or Cosmos store must keep their clocks in step (NTP): a host
+``d`` seconds ahead may start up to ``d`` seconds' worth of rate early.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Iterator
+from typing import Any
+
+from .. import _clock, _lease
+from .._checkpoint import DUE_NOW, Checkpoint, evolve
+from .._effects import Announce, Effect, Load, Save, Together
+from .._errors import ConfigError, ConflictError, StoreError
+from .._observe import logger
+from . import _bucket
+from ._limit import PREFIX, Limit, check_key, record_id
+
+__all__ = [
+    "acquire",
+    "block",
+    "find",
+    "holder_is_stale",
+    "keys_of",
+    "read",
+    "release",
+    "settle",
+    "write_limit",
+]
+
+_TRIES = 50
+Gen = Generator[Effect, Any, Any]
+
+
+def _now() -> float:
+    return _clock.now().timestamp()
+
+
+def read(cp: Checkpoint) -> Limit:
+    """Return the ``Limit`` record ``cp`` declares."""
+    key = cp.run_id[len(PREFIX) :]
+    return Limit.from_config(key, cp.state.get("config", {}), cp.updated_at)
+
+
+def _new_record(limit: Limit) -> Checkpoint:
+    # total_steps=0: the record reads as a finished run, so no worker ever claims it.
+    return Checkpoint(
+        run_id=record_id(limit.key), step=-1, total_steps=0, state=_bucket.fresh(limit)
+    )
+
+
+def find(key: str, declared: Limit | None = None) -> Generator[Effect, Any, Checkpoint]:
+    """Return the record of ``key``, creating it from ``declared`` if there is none.
+
+    A stored record wins over ``declared``: limits changed at run time (``stepstone
+    limits set``) are not undone by the code that declared them.
+
+    Raises:
+        ConfigError: no record and nothing declared (an unknown key).
+    """
+    for _ in range(_TRIES):
+        cp: Checkpoint | None = yield Load(record_id(key))
+        if cp is not None:
+            return cp
+        if declared is None:
+            raise ConfigError(
+                f"unknown limit key {key!r}: no limit is stored under it; declare it with "
+                f"stepstone.set_limit(store, Limit({key!r}, ...)), `stepstone limits set`, "
+                "or pass a Limit instead of its key"
+            )
+        try:
+            created: Checkpoint = yield Save(_new_record(declared), f"limit {key}", owned=False)
+        except ConflictError:
+            continue
+        return created
+    raise ConflictError(f"limit {key!r}: could not create its record", record_id(key))
+
+
+def write_limit(limit: Limit) -> Generator[Effect, Any, Limit]:
+    """Store ``limit``'s values on its record (created if absent), keeping its holders."""
+    for _ in range(_TRIES):
+        cp: Checkpoint | None = yield Load(record_id(limit.key))
+        if cp is None:
+            target = _new_record(limit)
+        else:
+            target = evolve(cp, state={**cp.state, "config": limit.config()})
+        try:
+            saved: Checkpoint = yield Save(target, f"limit {limit.key}", owned=False)
+        except ConflictError:
+            continue
+        if cp is not None and len(cp.state.get("waiters", [])) > 0:
+            # A raised limit may let parked runs go now.
+            for waiter in cp.state["waiters"]:
+                yield from _wake(waiter, limit.key)
+        return read(saved)
+    raise ConflictError(f"limit {limit.key!r}: {_TRIES} writers raced", record_id(limit.key))
+
+
+def holder_is_stale(cp: Checkpoint | None, epoch: int) -> bool:
+    """Return whether a slot taken at ``epoch`` by the run ``cp`` is no longer held."""
+    return (
+        cp is None
+        or cp.epoch != epoch
+        or cp.owner is None
+        or cp.status not in ("running", "waiting")
+        or _lease.dead_here(cp.owner)
+    )
+
+
+def acquire(
+    key: str, run_id: str, epoch: int, tokens: float, declared: Limit | None = None
+) -> Generator[Effect, Any, tuple[Limit, _bucket.Decision]]:
+    """Take one slot, one request and ``tokens`` tokens of ``key`` for ``run_id``, or say when.
+
+    One compare-and-swap when granted; when the key is full, the holders are loaded
+    once (together) to reclaim the slots of dead ones.
+    """
+    checked: set[str] = set()
+    stale: set[str] = set()
+    for _ in range(_TRIES):
+        cp = yield from find(key, declared)
+        limit = read(cp)
+        holders: dict[str, list[Any]] = cp.state.get("holders", {})
+        full = limit.concurrency is not None and len(holders) >= limit.concurrency
+        unchecked = [h for h in holders if h != run_id and h not in checked] if full else []
+        if unchecked:
+            found = yield Together([Load(h) for h in unchecked])
+            for holder, got in zip(unchecked, found, strict=True):
+                checked.add(holder)
+                if isinstance(got, BaseException):
+                    continue  # unknown: count it as live
+                if holder_is_stale(got, holders[holder][0]):
+                    stale.add(holder)
+        state, decision = _bucket.decide(
+            cp.state, limit, run_id, epoch, tokens, _now(), stale
+        )
+        if state is None:
+            return limit, decision
+        try:
+            yield Save(evolve(cp, state=state), f"acquire {key}", owned=False)
+        except ConflictError:
+            continue
+        if stale:
+            logger.info("limit %r: reclaimed the slots of %s", key, ", ".join(sorted(stale)))
+        return limit, decision
+    raise ConflictError(f"limit {key!r}: {_TRIES} acquirers raced", record_id(key))
+
+
+def release(key: str, run_id: str, epoch: int) -> Generator[Effect, Any, None]:
+    """Give back ``run_id``'s slot of ``key`` and wake the first run waiting for it.
+
+    Best effort: a release that cannot be written is logged; the slot lapses anyway
+    once the run gives its lease back.
+    """
+    try:
+        for _ in range(_TRIES):
+            cp: Checkpoint | None = yield Load(record_id(key))
+            if cp is None:
+                return
+            state, woken = _bucket.release(cp.state, run_id, epoch)
+            if state is None:
+                return
+            try:
+                yield Save(evolve(cp, state=state), f"release {key}", owned=False)
+            except ConflictError:
+                continue
+            if woken is not None:
+                yield from _wake(woken, key)
+            return
+    except StoreError as exc:
+        logger.warning("limit %r: could not release run %r's slot: %s (it lapses)", key, run_id, exc)
+
+
+def _wake(run_id: str, key: str) -> Generator[Effect, Any, None]:
+    """Make a run parked on ``key`` due now, and tell the workers (it also polls)."""
+    for _ in range(3):
+        try:
+            cp: Checkpoint | None = yield Load(run_id)
+            # Parked on the key, or still running and maybe about to park (its own save
+            # re-bases on this one and keeps the earlier due time, ``_lease.rebase``).
+            parked = cp is not None and cp.owner is None and cp.waiting_for == f"limit:{key}"
+            if cp is None or not (parked or (cp.owner is not None and cp.status == "running")):
+                return
+            yield Save(evolve(cp, wake_at=DUE_NOW), f"wake for limit {key}", owned=False)
+        except ConflictError:
+            continue
+        except StoreError:
+            return
+        yield Announce()
+        return
+
+
+def settle(key: str, estimate: float, actual: float) -> Generator[Effect, Any, None]:
+    """Charge ``actual - estimate`` more tokens to ``key`` (or refund them)."""
+    for _ in range(_TRIES):
+        cp: Checkpoint | None = yield Load(record_id(key))
+        if cp is None:
+            return
+        state = _bucket.settle(cp.state, read(cp), estimate, actual, _now())
+        if state is None:
+            return
+        try:
+            yield Save(evolve(cp, state=state), f"settle {key}", owned=False)
+        except ConflictError:
+            continue
+        return
+
+
+def block(key: str, seconds: float) -> Generator[Effect, Any, float | None]:
+    """Block ``key`` for every run for ``seconds``; return until when (None: no record)."""
+    until = _now() + seconds
+    for _ in range(_TRIES):
+        cp: Checkpoint | None = yield Load(record_id(key))
+        if cp is None:
+            return None
+        state = _bucket.block(cp.state, until)
+        if state is None:
+            return float(cp.state["blocked_until"])
+        try:
+            yield Save(evolve(cp, state=state), f"block {key}", owned=False)
+        except ConflictError:
+            continue
+        return until
+    return until
+
+
+def keys_of(run_ids: Iterator[str]) -> list[str]:
+    """Return the limit keys among ``run_ids``, sorted."""
+    return sorted(r[len(PREFIX) :] for r in run_ids if r.startswith(PREFIX))
+
+
+def check_keys(keys: object) -> None:
+    """Check a list of keys given by a caller."""
+    if isinstance(keys, str):
+        raise ConfigError("keys must be a list of str, not one str")
+    for key in keys:  # type: ignore[attr-defined]
+        check_key(key, "limits")
