@@ -53,10 +53,6 @@ if TYPE_CHECKING:  # what the names below are, for type checkers; imported on fi
         workflow,
     )
     from ._control import acancel, aretry, asignal, astart, cancel, retry, signal, start
-    from ._history import HistoryEntry, afork, ahistory, arerun, fork, history, rerun
-    from ._lease import DEFAULT_LEASE
-    from ._registry import DEFAULT_STORE, open_store, register_store, schemes
-    from ._runner import run
     from ._flow import (
         Limit,
         LimitReached,
@@ -71,6 +67,10 @@ if TYPE_CHECKING:  # what the names below are, for type checkers; imported on fi
         list_limits,
         set_limit,
     )
+    from ._history import HistoryEntry, afork, ahistory, arerun, fork, history, rerun
+    from ._lease import DEFAULT_LEASE
+    from ._registry import DEFAULT_STORE, open_store, register_store, schemes
+    from ._runner import run
     from ._steps import AttemptsExhausted, RetryPolicy, Step, StepContext, Workflow
     from ._store import Diagnosis, RunInfo, Store
     from ._suspend import ChildFailed, Map, Sleep, WaitFor, WaitTimeout

@@ -277,12 +277,8 @@ def _run_step(
     durable_attempts = policy is not None and policy.max_attempts > 1
     attempt = cp.attempt  # attempts already begun on this step, by earlier processes too
     # Flow control (issue 37, ``_flow._hook``): the keys this call holds, and one that
-    # ``ctx.acquire`` asked for. ``save`` writes as the run's owner.
+    # ``ctx.acquire`` asked for.
     call, extra = FlowCall(), None
-
-    def save(base: Checkpoint, intended: Checkpoint, what: str) -> Generator[Effect, Any, Any]:
-        return write(plan, base, intended, what)
-
     while True:
         attempt += 1
         with span(
@@ -295,13 +291,8 @@ def _run_step(
                 )
                 step_span.set_attribute("outcome", "exhausted")
                 yield from _fail(plan, cp, index, step.name, attempt - 1, exc)
-            if step.limits or extra is not None or _flow.resumed(cp):
-                try:
-                    cp = yield from _flow.before(cp, step, working, call, extra, save)
-                except (Suspended, StoreError):
-                    raise
-                except Exception as error:  # noqa: BLE001 - reject, unknown key, bad estimate
-                    yield from _fail(plan, cp, index, step.name, attempt, error)
+            if _flow.wants(step, extra, cp):
+                cp = yield from _flow.before(plan, index, cp, working, call, extra, write, _fail)
             if durable_attempts:
                 # Count the attempt before making it: a crash inside must not reset it.
                 cp = yield from write(
@@ -337,11 +328,10 @@ def _run_step(
                 raise
             except Exception as error:  # noqa: BLE001 - a step may raise anything: its failure
                 cp = _latest(plan, cp)
-                if call.held or isinstance(error, (_flow.NeedLimit, _flow.RateLimited)):
-                    extra = yield from _flow.after_error(cp, step, call, error, attempt, save)
-                    if extra is not None:  # ``ctx.acquire`` of a key not held: take it first
-                        attempt -= 1
-                        continue
+                extra = yield from _flow.after_error(plan, cp, step, call, error, attempt, write)
+                if extra is not None:  # ``ctx.acquire`` of a key not held: take it first
+                    attempt -= 1
+                    continue
                 step_span.record_exception(error)
                 if (
                     policy is not None

@@ -206,7 +206,7 @@ class Step:
     retry: RetryPolicy | None = None
     #: Flow control (issue 37): the limits (``Limit`` or a stored key) every call takes,
     #: and the tokens it is estimated to use (a number, or ``fn(state)``).
-    limits: tuple[Limit | str, ...] = ()
+    limits: Sequence[Limit | str] = ()
     tokens: float | Callable[[dict[str, Any]], float] | None = None
     takes_context: bool = field(init=False, repr=False, compare=False)
     is_async: bool = field(init=False, repr=False, compare=False)

@@ -70,7 +70,7 @@ def _gcra(tat: float | None, now: float, cost: float, rate: tuple[float, float])
     return new
 
 
-class _Later(Exception):  # noqa: N818 - internal signal, never escapes this module
+class _Later(Exception):
     def __init__(self, at: float) -> None:
         self.at = at
 
@@ -133,7 +133,9 @@ def _with(state: dict[str, Any], holders: dict[str, list[Any]]) -> dict[str, Any
     return state
 
 
-def release(state: dict[str, Any], run_id: str, epoch: int) -> tuple[dict[str, Any] | None, str | None]:
+def release(
+    state: dict[str, Any], run_id: str, epoch: int
+) -> tuple[dict[str, Any] | None, str | None]:
     """Give back ``run_id``'s slot (only the one of ``epoch``); return the state and a waiter.
 
     The waiter (the first one recorded) is removed from the list: the caller wakes it,

@@ -17,7 +17,7 @@ from ._limit import check_key
 __all__ = ["FlowCall", "NeedLimit"]
 
 
-class NeedLimit(Exception):  # noqa: N818 - a control signal, not an error
+class NeedLimit(Exception):
     """Raised by ``ctx.acquire`` for a key the call does not hold yet (never seen by users).
 
     An ``Exception`` (the drivers hand only those back to the core): a step must let

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple, NoReturn
 from .. import _lease
 from .._checkpoint import Checkpoint, evolve, utcnow
 from .._effects import Announce, Effect
-from .._errors import Suspended
+from .._errors import StoreError, Suspended
 from .._observe import logger
 from . import _ops
 from ._call import FlowCall, NeedLimit, check_tokens
@@ -72,7 +72,9 @@ def wanted(step: Any, state: dict[str, Any], extra: tuple[str, float] | None) ->
     return found
 
 
-def take(run_id: str, epoch: int, want: Wanted, call: FlowCall) -> Generator[Effect, Any, Park | None]:
+def take(
+    run_id: str, epoch: int, want: Wanted, call: FlowCall
+) -> Generator[Effect, Any, Park | None]:
     """Acquire every key of ``want`` for ``call``; a ``Park`` if one must be waited for.
 
     Raises:
@@ -121,42 +123,65 @@ def rate_limited(error: RateLimited, keys: list[str]) -> Generator[Effect, Any, 
     return until
 
 
-Write = Callable[[Checkpoint, Checkpoint, str], Generator[Effect, Any, Checkpoint]]
+#: ``_core.write``: save a record of the run as its owner (passed in: no import cycle).
+Write = Callable[[Any, Checkpoint, Checkpoint, str], Generator[Effect, Any, Checkpoint]]
+
+
+def wants(step: Any, extra: tuple[str, float] | None, cp: Checkpoint) -> bool:
+    """Return whether a call of ``step`` has limits to take (or a parked wait to end)."""
+    return bool(getattr(step, "limits", ())) or extra is not None or resumed(cp)
 
 
 def before(
+    plan: Any,
+    index: int,
     cp: Checkpoint,
-    step: Any,
     state: dict[str, Any],
     call: FlowCall,
     extra: tuple[str, float] | None,
     write: Write,
+    fail: Callable[..., Generator[Effect, Any, None]],
 ) -> Generator[Effect, Any, Checkpoint]:
-    """Take the keys of a call of ``step`` (or park the run); return the latest record.
+    """Take the keys of a call of step ``index`` (or park the run); return the latest record.
+
+    A key whose policy is ``reject`` and is full (``LimitReached``), an unknown key or a
+    bad ``tokens`` estimate (``ConfigError``) fail the step through ``fail``
+    (``_core._fail``), recorded.
 
     Raises:
         Suspended: the run was parked on a key (saved waiting, its lease given back).
-        LimitReached: a full key's policy is ``reject``.
-        ConfigError: an unknown key, or a bad ``tokens`` estimate.
     """
+    step = plan.steps[index]
     if resumed(cp):
-        cp = yield from write(cp, evolve(cp, waiting_for=None, wake_at=None), "limit taken up")
-    want = wanted(step, state, extra)
-    if not want:
-        return cp
-    wait = yield from take(cp.run_id, cp.epoch, want, call)
+        ended = evolve(cp, waiting_for=None, wake_at=None)
+        cp = yield from write(plan, cp, ended, "limit taken up")
+    try:
+        want = wanted(step, state, extra)
+        wait = (yield from take(cp.run_id, cp.epoch, want, call)) if want else None
+    except StoreError:
+        raise
+    except Exception as error:
+        yield from fail(plan, cp, index, step.name, cp.attempt + 1, error)
+        raise  # pragma: no cover - fail raises
     if wait is not None:
-        yield from park(cp.run_id, cp, wait, cp.attempt, write)
+        yield from park(plan, cp, wait, cp.attempt, write)
     return cp
 
 
 def after_error(
-    cp: Checkpoint, step: Any, call: FlowCall, error: Exception, attempt: int, write: Write
+    plan: Any,
+    cp: Checkpoint,
+    step: Any,
+    call: FlowCall,
+    error: Exception,
+    attempt: int,
+    write: Write,
 ) -> Generator[Effect, Any, tuple[str, float] | None]:
     """Handle a call that raised: give its keys back; park on ``RateLimited``.
 
     Returns the key to take before calling the step again when ``ctx.acquire`` asked
-    for one (``NeedLimit``; the keys held are kept), else None.
+    for one (``NeedLimit``; the keys held are kept), else None: the error is then the
+    step's failure, handled as any other.
 
     Raises:
         Suspended: ``RateLimited``: the run was parked until its retry time, the step's
@@ -164,12 +189,14 @@ def after_error(
     """
     if isinstance(error, NeedLimit):
         return (error.key, error.tokens)
+    if not call.held and not isinstance(error, RateLimited):
+        return None
     keys = step_keys(step, call)
     yield from give_back(cp.run_id, cp.epoch, call, ran=True)
     if isinstance(error, RateLimited):
         until = yield from rate_limited(error, keys)
         key = error.key or (keys[0] if keys else "rate")
-        yield from park(cp.run_id, cp, Park(key, until), attempt - 1, write)
+        yield from park(plan, cp, Park(key, until), attempt - 1, write)
     return None
 
 
@@ -179,11 +206,7 @@ def resumed(cp: Checkpoint) -> bool:
 
 
 def park(
-    run_id: str,
-    cp: Checkpoint,
-    wait: Park,
-    attempt: int,
-    write: Write,
+    plan: Any, cp: Checkpoint, wait: Park, attempt: int, write: Write
 ) -> Generator[Effect, Any, NoReturn]:
     """Save the run waiting on ``limit:<key>`` (``attempt`` as it was), give its lease back."""
     if wait.retry_at is not None:
@@ -192,8 +215,8 @@ def park(
         wake = utcnow() + timedelta(seconds=LIMIT_POLL)
     waiting_for = f"limit:{wait.key}"
     parked = _lease.released(evolve(cp, attempt=attempt, waiting_for=waiting_for, wake_at=wake))
-    saved = yield from write(cp, parked, f"wait for limit {wait.key}")
+    saved = yield from write(plan, cp, parked, f"wait for limit {wait.key}")
     if saved.wake_at is not None and saved.wake_at <= utcnow():
         # A release woke us while we parked: nobody else will announce it.
         yield Announce()
-    raise Suspended(run_id, waiting_for, saved.wake_at)
+    raise Suspended(cp.run_id, waiting_for, saved.wake_at)

@@ -45,7 +45,7 @@ class LimitReached(StepstoneError):
         self.key = key
 
 
-class RateLimited(Exception):  # noqa: N818 - the name a provider's 429 reads as
+class RateLimited(Exception):
     """Raise from a step when a provider answers "rate limited" (HTTP 429).
 
     The run parks until ``retry_after`` (seconds from now) without spending an attempt,

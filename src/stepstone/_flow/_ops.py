@@ -148,9 +148,7 @@ def acquire(
                     continue  # unknown: count it as live
                 if holder_is_stale(got, holders[holder][0]):
                     stale.add(holder)
-        state, decision = _bucket.decide(
-            cp.state, limit, run_id, epoch, tokens, _now(), stale
-        )
+        state, decision = _bucket.decide(cp.state, limit, run_id, epoch, tokens, _now(), stale)
         if state is None:
             return limit, decision
         try:
@@ -185,7 +183,9 @@ def release(key: str, run_id: str, epoch: int) -> Generator[Effect, Any, None]:
                 yield from _wake(woken, key)
             return
     except StoreError as exc:
-        logger.warning("limit %r: could not release run %r's slot: %s (it lapses)", key, run_id, exc)
+        logger.warning(
+            "limit %r: could not release run %r's slot: %s (it lapses)", key, run_id, exc
+        )
 
 
 def _wake(run_id: str, key: str) -> Generator[Effect, Any, None]:
