@@ -173,6 +173,8 @@ class Checkpoint:
         children: The child run_ids of the ``Map`` step the run is at, while it runs.
         history: Every save of the run is kept (``stepstone.history``, ``fork``,
             ``rerun``); set when the run starts, kept by every later save.
+        flow: Flow control: ``{"keys": [...], "limits": {key: config}, "priority": n}``
+            as ``start`` recorded it; None for a run with no keys and priority 0.
     """
 
     run_id: str
@@ -206,6 +208,9 @@ class Checkpoint:
     parent: str | None = None
     children: tuple[str, ...] = ()
     history: bool = False
+    #: Flow control (issue 37, ``_flow``): the run's own limit keys, the limits its
+    #: workflow declared for them, and its priority (``start(keys=, priority=)``).
+    flow: dict[str, Any] | None = None
     # What the store that produced this object knows of the stored state (``_statelog``):
     # lets the next save of a long run write only what changed. Never compared or shown.
     stored_state: Stored | None = field(default=None, repr=False, compare=False)
@@ -382,6 +387,7 @@ if TYPE_CHECKING:
         parent: str | None = ...,
         children: tuple[str, ...] = ...,
         history: bool = ...,
+        flow: dict[str, Any] | None = ...,
         stored_state: Stored | None = ...,
     ) -> Checkpoint:
         """Return a copy of ``cp`` with the fields given changed, like ``dataclasses.replace``."""

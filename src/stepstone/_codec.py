@@ -389,6 +389,8 @@ def _add_runtime_meta(cp: Checkpoint, meta: dict[str, Any]) -> None:  # noqa: C9
         meta["parent"] = cp.parent
     if cp.children:
         meta["children"] = list(cp.children)
+    if cp.flow is not None:  # flow control (issue 37); older documents have none
+        meta["flow"] = cp.flow
 
 
 def _meta_json(cp: Checkpoint, meta: dict[str, Any]) -> str:
@@ -406,6 +408,7 @@ def _meta_json(cp: Checkpoint, meta: dict[str, Any]) -> str:
     if (
         module is not None
         and cp.input is None
+        and cp.flow is None  # flow control's limits may hold any float: the standard way
         and not cp.signals
         and (lease is None or (type(lease) is float and 1e-4 <= lease < 1e16))
     ):
@@ -547,6 +550,11 @@ def _runtime_fields(doc: dict[str, Any]) -> dict[str, Any]:  # noqa: C901 - see 
         ):
             raise TypeError("consumed is not an object of counts")
         fields["consumed"] = dict(consumed)
+    flow = doc.get("flow")  # flow control (issue 37)
+    if flow is not None:
+        if not isinstance(flow, dict):
+            raise TypeError("flow is not an object")
+        fields["flow"] = flow
     return fields
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
 from typing import Any
 
 from ._checkpoint import DUE_NOW, Checkpoint, Signal, check_run_id, evolve, utcnow
@@ -28,6 +28,7 @@ from ._errors import (
     RunNotFound,
     WorkflowChanged,
 )
+from ._flow import _runs as _flow_runs
 from ._observe import logger
 from ._steps import Workflow, workflow_label
 from ._store import RunInfo, Store
@@ -90,15 +91,23 @@ def _too_busy(run_id: str) -> ConflictError:
 # --- start ----------------------------------------------------------------------------
 
 
-def _start(workflow: Workflow, run_id: str, input: dict[str, Any] | None) -> Op:
+def _start(
+    workflow: Workflow,
+    run_id: str,
+    input: dict[str, Any] | None,
+    keys: Mapping[str, str] | None = None,
+    priority: int = 0,
+) -> Op:
     if not isinstance(workflow, Workflow):
         raise InvalidWorkflow(f"start needs a Workflow, got {type(workflow).__name__}")
     check_run_id(run_id)
     given = None if input is None else encode_state(input)[1]
+    flow = _flow_runs.run_flow(workflow.limits, keys, priority)  # flow control (issue 37)
     for _ in range(_MAX_TRIES):
         cp = yield Load(run_id)
         if cp is None:
-            fresh = evolve(queued(workflow, run_id, given or {}), input=given)
+            yield from _flow_runs.check_start(flow)
+            fresh = evolve(queued(workflow, run_id, given or {}), input=given, flow=flow)
             try:
                 saved: Checkpoint = yield Save(fresh, "start")
             except ConflictError:
@@ -128,27 +137,45 @@ def _start(workflow: Workflow, run_id: str, input: dict[str, Any] | None) -> Op:
 
 
 def start(
-    store: Store, workflow: Workflow, run_id: str, input: dict[str, Any] | None = None
+    store: Store,
+    workflow: Workflow,
+    run_id: str,
+    input: dict[str, Any] | None = None,
+    *,
+    keys: Mapping[str, str] | None = None,
+    priority: int = 0,
 ) -> RunInfo:
     """Record a new run of ``workflow`` as ``queued``, for a worker to run.
 
     Starting the same run_id again with the same workflow (name and version) and input
     is a no-op that returns the run's status now.
 
+    Flow control: the run holds its workflow's ``limits`` and its own ``keys``
+    (``{"tenant": "acme"}`` is the key ``tenant:acme``, limited as ``tenant`` is) while
+    it executes; ``priority`` orders it among the runs waiting for a key.
+
     Raises:
         WorkflowChanged: the run exists and was started from another workflow or version.
         InputMismatch: the run exists with another input.
         InvalidState: ``input`` is not a JSON dict.
+        ConfigError: an unknown key, or a bad ``keys`` or ``priority``.
+        LimitReached: a key whose policy is ``reject`` is full.
     """
-    result: RunInfo = _sync(_start(workflow, run_id, input), store)
+    result: RunInfo = _sync(_start(workflow, run_id, input, keys, priority), store)
     return result
 
 
 async def astart(
-    store: Store, workflow: Workflow, run_id: str, input: dict[str, Any] | None = None
+    store: Store,
+    workflow: Workflow,
+    run_id: str,
+    input: dict[str, Any] | None = None,
+    *,
+    keys: Mapping[str, str] | None = None,
+    priority: int = 0,
 ) -> RunInfo:
     """Async ``start``."""
-    result: RunInfo = await _async(_start(workflow, run_id, input), store)
+    result: RunInfo = await _async(_start(workflow, run_id, input, keys, priority), store)
     return result
 
 

@@ -70,6 +70,7 @@ from ._suspend import nudge
 
 # Flow control (issue 37): what a step that names limits does around its call.
 from ._flow import _hook as _flow  # isort: skip
+from ._flow import _runs as _flow_runs  # isort: skip
 from ._flow._call import FlowCall  # isort: skip
 
 __all__ = [
@@ -133,6 +134,7 @@ def execute(plan: Plan) -> Run:
             logger.info("run %r: already done, nothing to run", run_id)
             run_span.set_attribute("outcome", "already_done")
             return pristine(cp)
+        cp = yield from _flow_runs.take(plan, cp, write)  # flow control: the run's own keys
         working = pristine(cp)
         index = cp.step + 1
         while index < plan.total:
@@ -149,6 +151,7 @@ def execute(plan: Plan) -> Run:
             else:
                 cp, working = yield from _run_suspending(plan, index, cp, working)
             index = cp.step + 1
+        yield from _flow_runs.end(cp)
         if cp.parent is not None:
             yield from nudge(cp.parent, done=cp.run_id)
         logger.info("run %r: done after %d steps", run_id, plan.total)
@@ -230,6 +233,7 @@ def write(
 def _finish_cancelled(plan: Plan, cp: Checkpoint) -> Generator[Effect, Any, None]:
     final = _lease.released(evolve(cp, cancelled=True, waiting_for=None, wake_at=None))
     yield from write(plan, cp, final, "cancellation")
+    yield from _flow_runs.end(cp)
     if cp.children:
         yield from cancel_children(cp.children)
     if cp.parent is not None:
@@ -455,6 +459,7 @@ def _fail(
     except StoreError as save_error:
         # The run fails either way; the step's error is the one the caller needs.
         logger.error("run %r: could not save the failure record: %s", cp.run_id, save_error)
+    yield from _flow_runs.end(cp)
     if cp.parent is not None:
         yield from nudge(cp.parent)
     logger.error(

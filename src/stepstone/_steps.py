@@ -323,12 +323,15 @@ class Workflow:
     version "2" onto this one at a step boundary, its state replaced by ``fn(state)``
     (``stepstone.upgrade``; the rules are in ``_upgrade``).
 
+    ``limits=[Limit(...) or key]``: every run started from it holds these keys while it
+    executes (``start(keys=...)`` adds the run's own; ``_flow._runs``).
+
     ``history=True``: each run keeps every save, not only its latest, so that
     ``stepstone.history`` lists them and ``fork``/``rerun`` start again from any step
     (on a backend that holds pieces: memory, file, SQLite, PostgreSQL, MySQL).
     """
 
-    __slots__ = ("history", "name", "steps", "upgrades", "version")
+    __slots__ = ("history", "limits", "name", "steps", "upgrades", "version")
 
     def __init__(
         self,
@@ -338,6 +341,7 @@ class Workflow:
         version: str | None = None,
         upgrades: Mapping[str | None, Callable[[dict[str, Any]], dict[str, Any]]] | None = None,
         history: bool = False,
+        limits: Sequence[Limit | str] = (),
     ) -> None:
         if not isinstance(history, bool):
             raise InvalidWorkflow(f"workflow {name!r}: history must be True or False")
@@ -352,6 +356,8 @@ class Workflow:
         self.version = version
         #: Every save of its runs is kept (``stepstone.history``, ``fork``, ``rerun``).
         self.history = history
+        #: Flow control (issue 37): keys every run holds from its claim to its end.
+        self.limits = check_limits(limits, f"workflow {name!r}")
         self.steps: tuple[Any, ...] = tuple(check_steps(steps))
         seen: set[str] = set()
         for step in self.steps:

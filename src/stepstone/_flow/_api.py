@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .._effects import Announce, Effect, Load, Save, Together, astep_through, step_through
 from .._wake import aannounce, announce
-from . import _ops
+from . import _bucket, _ops
 from ._limit import Limit, check_key, record_id
 
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ class LimitUsage(NamedTuple):
     """A limit and what is happening on it now."""
 
     limit: Limit
-    #: run_id -> the lease epoch its slot was taken at.
+    #: run_id -> the lease epoch its slot was taken at (-1: kept for a woken waiter).
     holders: dict[str, int]
     #: Runs parked on the key, first woken first.
     waiters: list[str]
@@ -133,8 +133,11 @@ def _usage(cp: Any) -> LimitUsage:
     blocked = state.get("blocked_until")
     return LimitUsage(
         _ops.read(cp),
-        {run_id: int(held[0]) for run_id, held in state.get("holders", {}).items()},
-        list(state.get("waiters", [])),
+        {
+            run_id: -1 if _bucket.is_reserved(held) else int(held[0])
+            for run_id, held in state.get("holders", {}).items()
+        },
+        [str(waiter[0]) for waiter in state.get("waiters", [])],
         None if blocked is None else datetime.fromtimestamp(blocked, UTC),
     )
 

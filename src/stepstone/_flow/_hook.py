@@ -73,7 +73,7 @@ def wanted(step: Any, state: dict[str, Any], extra: tuple[str, float] | None) ->
 
 
 def take(
-    run_id: str, epoch: int, want: Wanted, call: FlowCall
+    run_id: str, epoch: int, want: Wanted, call: FlowCall, priority: int = 0
 ) -> Generator[Effect, Any, Park | None]:
     """Acquire every key of ``want`` for ``call``; a ``Park`` if one must be waited for.
 
@@ -84,7 +84,7 @@ def take(
     for key, tokens, declared in want:
         if key in call.held:
             continue
-        limit, decision = yield from _ops.acquire(key, run_id, epoch, tokens, declared)
+        limit, decision = yield from _ops.acquire(key, run_id, epoch, tokens, declared, priority)
         if decision.granted:
             call.held[key] = tokens
             continue
@@ -157,7 +157,8 @@ def before(
         cp = yield from write(plan, cp, ended, "limit taken up")
     try:
         want = wanted(step, state, extra)
-        wait = (yield from take(cp.run_id, cp.epoch, want, call)) if want else None
+        priority = int(cp.flow.get("priority", 0)) if cp.flow else 0
+        wait = (yield from take(cp.run_id, cp.epoch, want, call, priority)) if want else None
     except StoreError:
         raise
     except Exception as error:

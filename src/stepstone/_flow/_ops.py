@@ -69,6 +69,9 @@ def _new_record(limit: Limit) -> Checkpoint:
 def find(key: str, declared: Limit | None = None) -> Generator[Effect, Any, Checkpoint]:
     """Return the record of ``key``, creating it from ``declared`` if there is none.
 
+    A key ``name:value`` with neither is created from the record of ``name`` (its
+    template), so ``start(keys={"tenant": "acme"})`` gives each tenant its own limit.
+
     A stored record wins over ``declared``: limits changed at run time (``stepstone
     limits set``) are not undone by the code that declared them.
 
@@ -79,6 +82,12 @@ def find(key: str, declared: Limit | None = None) -> Generator[Effect, Any, Chec
         cp: Checkpoint | None = yield Load(record_id(key))
         if cp is not None:
             return cp
+        if declared is None and ":" in key:
+            # A dynamic key (``tenant:acme``) is limited as its template (``tenant``) is.
+            template: Checkpoint | None = yield Load(record_id(key.partition(":")[0]))
+            if template is not None:
+                config = template.state.get("config", {})
+                declared = Limit.from_config(key, config, None)
         if declared is None:
             raise ConfigError(
                 f"unknown limit key {key!r}: no limit is stored under it; declare it with "
@@ -108,7 +117,7 @@ def write_limit(limit: Limit) -> Generator[Effect, Any, Limit]:
         if cp is not None and len(cp.state.get("waiters", [])) > 0:
             # A raised limit may let parked runs go now.
             for waiter in cp.state["waiters"]:
-                yield from _wake(waiter, limit.key)
+                yield from _wake(str(waiter[0]), limit.key)
         return read(saved)
     raise ConflictError(f"limit {limit.key!r}: {_TRIES} writers raced", record_id(limit.key))
 
@@ -125,7 +134,12 @@ def holder_is_stale(cp: Checkpoint | None, epoch: int) -> bool:
 
 
 def acquire(
-    key: str, run_id: str, epoch: int, tokens: float, declared: Limit | None = None
+    key: str,
+    run_id: str,
+    epoch: int,
+    tokens: float,
+    declared: Limit | None = None,
+    priority: int = 0,
 ) -> Generator[Effect, Any, tuple[Limit, _bucket.Decision]]:
     """Take one slot, one request and ``tokens`` tokens of ``key`` for ``run_id``, or say when.
 
@@ -139,16 +153,28 @@ def acquire(
         limit = read(cp)
         holders: dict[str, list[Any]] = cp.state.get("holders", {})
         full = limit.concurrency is not None and len(holders) >= limit.concurrency
-        unchecked = [h for h in holders if h != run_id and h not in checked] if full else []
+        unchecked = (
+            [
+                h
+                for h, v in holders.items()
+                if h != run_id and h not in checked and not _bucket.is_reserved(v)
+            ]
+            if full
+            else []
+        )
         if unchecked:
             found = yield Together([Load(h) for h in unchecked])
             for holder, got in zip(unchecked, found, strict=True):
                 checked.add(holder)
                 if isinstance(got, BaseException):
                     continue  # unknown: count it as live
-                if holder_is_stale(got, holders[holder][0]):
+                if not _bucket.is_reserved(holders[holder]) and holder_is_stale(
+                    got, holders[holder][0]
+                ):
                     stale.add(holder)
-        state, decision = _bucket.decide(cp.state, limit, run_id, epoch, tokens, _now(), stale)
+        state, decision = _bucket.decide(
+            cp.state, limit, run_id, epoch, tokens, _now(), stale, priority
+        )
         if state is None:
             return limit, decision
         try:
@@ -172,7 +198,7 @@ def release(key: str, run_id: str, epoch: int) -> Generator[Effect, Any, None]:
             cp: Checkpoint | None = yield Load(record_id(key))
             if cp is None:
                 return
-            state, woken = _bucket.release(cp.state, run_id, epoch)
+            state, woken = _bucket.release(cp.state, run_id, epoch, _now())
             if state is None:
                 return
             try:

@@ -1,0 +1,153 @@
+"""A run's own limit keys: recorded by ``start``, held from its claim to its end.
+
+``Workflow(limits=[...])`` declares keys every run of the workflow holds while it
+executes; ``start(..., keys={"tenant": "acme"})`` adds the run's own, named
+``tenant:acme`` and limited as the limit ``tenant`` says (each value its own record,
+created from that template on first use); ``priority=`` orders the run among the
+waiters of its keys. ``start`` records all three in the run's ``flow`` field and
+checks every key exists, refusing at once (``LimitReached``) a run whose key is full
+and says ``policy="reject"``.
+
+The worker's claim is followed by taking the keys (``take``): a key that is full parks
+the run ``waiting`` on ``limit:<key>``, holding no thread, until a release hands it the
+slot. The keys are given back when the run ends, fails or is cancelled (``end``);
+a run that suspends or dies gives its lease back, which is what fences its slots.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Generator, Mapping, Sequence
+from typing import Any
+
+from .._checkpoint import Checkpoint, evolve
+from .._effects import Effect, Load
+from .._errors import ConfigError
+from . import _ops
+from ._hook import Park, park, resumed
+from ._limit import Limit, LimitReached, check_key
+
+__all__ = ["check_start", "end", "run_flow", "take"]
+
+Gen = Generator[Effect, Any, Any]
+MAX_PRIORITY = 1_000_000
+#: Executions that hold their run keys in this process: (run_id, epoch) -> True. A
+#: cache of "already taken" (an acquisition at the same epoch is granted again anyway),
+#: bounded so that runs that ended elsewhere cannot make it grow.
+_TAKEN: OrderedDict[tuple[str, int], bool] = OrderedDict()
+_TAKEN_MAX = 10_000
+
+
+def run_flow(
+    declared: Sequence[Limit | str], keys: object, priority: object
+) -> dict[str, Any] | None:
+    """Return the ``flow`` field for a run of a workflow declaring ``declared``.
+
+    Raises:
+        ConfigError: ``keys`` is not a mapping of str to str, or ``priority`` is not an
+            int from -1,000,000 to 1,000,000.
+    """
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise ConfigError(f"start: priority must be an int, got {priority!r}")
+    if not -MAX_PRIORITY <= priority <= MAX_PRIORITY:
+        raise ConfigError(
+            f"start: priority must be from {-MAX_PRIORITY} to {MAX_PRIORITY}, got {priority}"
+        )
+    if keys is None:
+        keys = {}
+    if not isinstance(keys, Mapping):
+        raise ConfigError(f"start: keys must be a dict of str to str, got {keys!r}")
+    templates = {e.key: e for e in declared if isinstance(e, Limit)}
+    names: list[str] = [e.key if isinstance(e, Limit) else e for e in declared]
+    limits = {key: limit.config() for key, limit in templates.items()}
+    for name, value in keys.items():
+        check_key(name, "start: keys")
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"start: keys[{name!r}] must be a non-empty str, got {value!r}")
+        key = check_key(f"{name}:{value}", "start: keys")
+        if key not in names:
+            names.append(key)
+        if name in templates:
+            limits[key] = templates[name].config()
+    if not names and priority == 0:
+        return None
+    return {"keys": names, "limits": limits, "priority": priority}
+
+
+def _declared(flow: dict[str, Any], key: str) -> Limit | None:
+    config = flow.get("limits", {}).get(key)
+    return None if config is None else Limit.from_config(key, config, None)
+
+
+def check_start(flow: dict[str, Any] | None) -> Gen:
+    """Check a new run's keys exist; refuse it if a ``reject`` key is full now.
+
+    Raises:
+        ConfigError: a key with no record, no template record and nothing declared.
+        LimitReached: a key whose policy is ``reject`` has no free slot.
+    """
+    if flow is None:
+        return
+    for key in flow["keys"]:
+        cp = yield from _ops.find(key, _declared(flow, key))
+        limit = _ops.read(cp)
+        if limit.policy != "reject" or limit.concurrency is None:
+            continue
+        holders: dict[str, list[Any]] = cp.state.get("holders", {})
+        if len(holders) < limit.concurrency:
+            continue
+        live = 0
+        for holder, held in holders.items():
+            got = yield Load(holder)  # one at a time: ``start``'s drivers load and save only
+            if not isinstance(held[0], int) or not _ops.holder_is_stale(got, held[0]):
+                live += 1
+        if live >= limit.concurrency:
+            raise LimitReached(key, f"{live} of {limit.concurrency} slots held")
+
+
+def priority_of(cp: Checkpoint) -> int:
+    """Return the run's priority (0 unless ``start`` gave one)."""
+    return int(cp.flow.get("priority", 0)) if cp.flow else 0
+
+
+def take(
+    plan: Any, cp: Checkpoint, write: Callable[..., Gen]
+) -> Generator[Effect, Any, Checkpoint]:
+    """Take the run's own keys after its claim, or park it on the first that is full.
+
+    Raises:
+        Suspended: the run was parked (saved waiting on ``limit:<key>``, lease given back).
+    """
+    flow = cp.flow
+    if not flow or not flow.get("keys") or (cp.run_id, cp.epoch) in _TAKEN:
+        return cp
+    if resumed(cp):
+        cp = yield from write(
+            plan, cp, evolve(cp, waiting_for=None, wake_at=None), "limit taken up"
+        )
+    taken: list[str] = []
+    for key in flow["keys"]:
+        _, decision = yield from _ops.acquire(
+            key, cp.run_id, cp.epoch, 0, _declared(flow, key), priority_of(cp)
+        )
+        if decision.granted:
+            taken.append(key)
+            continue
+        for each in taken:
+            yield from _ops.release(each, cp.run_id, cp.epoch)
+        yield from park(plan, cp, Park(key, decision.retry_at), cp.attempt, write)
+    _TAKEN[(cp.run_id, cp.epoch)] = True
+    while len(_TAKEN) > _TAKEN_MAX:
+        _TAKEN.popitem(last=False)
+    return cp
+
+
+def end(cp: Checkpoint) -> Gen:
+    """Give back the run's own keys (it ended, failed or was cancelled); best effort."""
+    flow = cp.flow
+    if not flow or not flow.get("keys"):
+        return
+    _TAKEN.pop((cp.run_id, cp.epoch), None)
+    for key in flow["keys"]:
+        # Best effort: a slot not given back lapses with the lease the run gave back.
+        yield from _ops.release(key, cp.run_id, cp.epoch)

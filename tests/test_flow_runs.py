@@ -1,0 +1,191 @@
+"""Flow control of whole runs (issue 37): workflow and dynamic keys, priority, workers.
+
+A run started with keys holds them from its claim to its end; a run whose key is full
+is parked ``waiting`` on ``limit:<key>`` and woken by the release (no poll needed);
+``priority`` and age decide which waiter a release hands its slot to.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stepstone import (
+    ConfigError,
+    Limit,
+    LimitReached,
+    Step,
+    Store,
+    Suspended,
+    Worker,
+    Workflow,
+    limit_usage,
+    open_store,
+    run,
+    set_limit,
+    start,
+)
+from stepstone._checkpoint import Checkpoint
+from stepstone._flow import _bucket
+from stepstone.testing._barrier import WAIT_TIMEOUT
+
+State = dict[str, Any]
+
+
+@pytest.fixture(params=("memory", "file", "sqlite"))
+def local(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    config = {
+        "memory": f"memory://flow-runs-{uuid.uuid4().hex}",
+        "file": f"file://{tmp_path}/runs",
+        "sqlite": f"sqlite:///{tmp_path}/runs.db",
+    }[request.param]
+    with open_store(config) as opened:
+        yield opened
+
+
+def test_start_records_keys_and_priority(local: Store) -> None:
+    """start(keys=, priority=) records the run's keys (name:value) and priority."""
+    set_limit(local, Limit("tenant", concurrency=2))
+    flow = Workflow("w", [Step("s", lambda s: None)], limits=[Limit("api", concurrency=4)])
+    start(local, flow, "r", keys={"tenant": "acme"}, priority=3)
+    cp = local.load("r")
+    assert cp is not None and cp.flow is not None
+    assert cp.flow["keys"] == ["api", "tenant:acme"] and cp.flow["priority"] == 3
+    plain = Workflow("plain", [Step("s", lambda s: None)])
+    start(local, plain, "p")
+    assert local.load("p").flow is None  # type: ignore[union-attr]
+
+
+def test_start_refuses_bad_keys(local: Store) -> None:
+    """An unknown key, a non-str value or a bad priority is a ConfigError; nothing stored."""
+    flow = Workflow("w", [Step("s", lambda s: None)])
+    with pytest.raises(ConfigError, match="unknown limit key 'tenant:acme'"):
+        start(local, flow, "r", keys={"tenant": "acme"})
+    with pytest.raises(ConfigError, match="non-empty str"):
+        start(local, flow, "r", keys={"tenant": 3})  # type: ignore[dict-item]
+    with pytest.raises(ConfigError, match="priority"):
+        start(local, flow, "r", priority=1.5)  # type: ignore[arg-type]
+    assert local.load("r") is None
+
+
+def test_reject_policy_refuses_at_start(local: Store) -> None:
+    """A full key whose policy is reject refuses the start with LimitReached."""
+    set_limit(local, Limit("solo", concurrency=1, policy="reject"))
+    local.save(Checkpoint("holder", total_steps=2, owner="w:elsewhere:1:m.0:x", epoch=1))
+    from stepstone._flow import _ops
+    from stepstone._flow._api import drive
+
+    assert drive(local, _ops.acquire("solo", "holder", 1, 0))[1].granted
+    flow = Workflow("w", [Step("s", lambda s: None)], limits=["solo"])
+    with pytest.raises(LimitReached, match="solo"):
+        start(local, flow, "r")
+    assert local.load("r") is None
+
+
+def test_a_tenant_waits_for_its_own_key_only(local: Store) -> None:
+    """Tenant acme's second run parks while its first runs; tenant other's runs at once."""
+    set_limit(local, Limit("tenant", concurrency=1))
+    entered = threading.Event()
+    release = threading.Event()
+
+    def work(state: State) -> State:
+        if state.get("block"):
+            entered.set()
+            assert release.wait(WAIT_TIMEOUT), "the test never released the first run"
+        return {"done": True}
+
+    flow = Workflow("tenants", [Step("work", work)])
+    start(local, flow, "a1", {"block": True}, keys={"tenant": "acme"})
+    start(local, flow, "a2", keys={"tenant": "acme"})
+    start(local, flow, "o1", keys={"tenant": "other"})
+    first = threading.Thread(target=run, args=("a1", flow, local))
+    first.start()
+    assert entered.wait(WAIT_TIMEOUT), "the first run never started"
+    with pytest.raises(Suspended, match="limit:tenant:acme"):
+        run("a2", flow, local)
+    assert local.load("a2").status == "waiting"  # type: ignore[union-attr]
+    assert run("o1", flow, local) == {"done": True}
+    release.set()
+    first.join(WAIT_TIMEOUT)
+    usage = limit_usage(local, "tenant:acme")
+    assert usage is not None and usage.holders == {"a2": -1}  # handed to the waiter
+    assert run("a2", flow, local) == {"done": True}
+    assert limit_usage(local, "tenant:acme").holders == {}  # type: ignore[union-attr]
+
+
+def test_a_worker_runs_every_run_through_a_full_key(local: Store) -> None:
+    """A worker with 4 threads runs 12 runs of a concurrency-2 key: never 3 at once."""
+    set_limit(local, Limit("pool", concurrency=2))
+    lock = threading.Lock()
+    inside = [0]
+    most = [0]
+
+    def work(state: State) -> State:
+        with lock:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        threading.Event().wait(0.02)  # linger, so that a third holder would overlap
+        with lock:
+            inside[0] -= 1
+        return {"done": True}
+
+    flow = Workflow("pooled", [Step("work", work)], limits=["pool"])
+    ids = [f"r{i}" for i in range(12)]
+    for run_id in ids:
+        start(local, flow, run_id)
+    worker = Worker(local, [flow], concurrency=4, poll=0.05)
+    thread = threading.Thread(target=worker.serve)
+    thread.start()
+    try:
+        done = threading.Event()
+
+        def check() -> bool:
+            return all(local.load(r).status == "done" for r in ids)  # type: ignore[union-attr]
+
+        for _ in range(int(WAIT_TIMEOUT / 0.05)):
+            if check():
+                done.set()
+                break
+            done.wait(0.05)
+        assert done.is_set(), "the worker did not finish the runs through the key"
+    finally:
+        worker.stop()
+        thread.join(WAIT_TIMEOUT)
+    assert most[0] == 2
+
+
+def test_release_hands_the_slot_to_the_highest_effective_priority() -> None:
+    """Priority first; a waiter that waited AGING*n seconds beats a new one of priority n."""
+    limit = Limit("k", concurrency=1)
+    state: dict[str, Any] = _bucket.fresh(limit)
+    for run_id, priority, at in (("held", 0, 0.0), ("low", 0, 1.0), ("high", 5, 2.0)):
+        new, _ = _bucket.decide(state, limit, run_id, 1, 0, at, set(), priority)
+        assert new is not None
+        state = new
+    released, woken = _bucket.release(state, "held", 1, 3.0)
+    assert woken == "high" and released is not None
+    assert released["holders"] == {"high": ["r", 3.0]}
+    # Much later, an old low-priority waiter beats a fresh priority-5 one.
+    aged: dict[str, Any] = {
+        "config": limit.config(),
+        "holders": {"held": [1, 0]},
+        "waiters": [["old", 0, 0.0], ["new", 5, 1000.0]],
+    }
+    _, woken = _bucket.release(aged, "held", 1, 1000.0 + 1)
+    assert woken == "old"  # 0 + 1001/60 > 5 + 1/60
+
+
+def test_a_kept_slot_lapses_if_its_waiter_never_comes() -> None:
+    """A slot handed to a woken waiter is kept RESERVE seconds, then taken by another."""
+    limit = Limit("k", concurrency=1)
+    state = {**_bucket.fresh(limit), "holders": {"gone": ["r", 0.0]}}
+    _, early = _bucket.decide(state, limit, "other", 1, 0, _bucket.RESERVE / 2, set())
+    assert not early.granted
+    _, late = _bucket.decide(state, limit, "other", 1, 0, _bucket.RESERVE + 1, set())
+    assert late.granted
+    _, mine = _bucket.decide(state, limit, "gone", 2, 0, 1.0, set())
+    assert mine.granted
