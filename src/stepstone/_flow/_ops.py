@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Generator, Iterator
 from typing import Any
 
-from .. import _clock, _lease
+from .. import _clock, _hooks, _lease
 from .._checkpoint import DUE_NOW, Checkpoint, evolve
 from .._effects import Announce, Effect, Load, Save, Together
 from .._errors import ConfigError, ConflictError, StoreError
@@ -183,6 +183,8 @@ def acquire(
             continue
         if stale:
             logger.info("limit %r: reclaimed the slots of %s", key, ", ".join(sorted(stale)))
+        if decision.granted:
+            _hooks.fire("flow.acquired")  # a kill here: the slot is held by a dead run
         return limit, decision
     raise ConflictError(f"limit {key!r}: {_TRIES} acquirers raced", record_id(key))
 
@@ -205,6 +207,7 @@ def release(key: str, run_id: str, epoch: int) -> Generator[Effect, Any, None]:
                 yield Save(evolve(cp, state=state), f"release {key}", owned=False)
             except ConflictError:
                 continue
+            _hooks.fire("flow.released")  # a kill here: the slot is handed, the waiter asleep
             if woken is not None:
                 yield from _wake(woken, key)
             return

@@ -1,0 +1,78 @@
+"""A holder of a limit killed by SIGKILL leaks no slot (issue 37), checked from a fresh process.
+
+The holder process runs a run through a concurrency-1 key and is killed at a flow
+control point: ``flow.acquired`` (it holds the only slot) or ``flow.released`` (it gave
+the slot back, handed to a parked waiter it never woke). A second process opens the
+store from its config string and must get every run through the key: the dead
+holder's slot is reclaimed (its owner is a dead process here; elsewhere a worker's
+takeover moves the epoch), the handed slot is taken by its waiter, and in the end no
+slot is held.
+"""
+
+from __future__ import annotations
+
+import signal as signals
+import uuid
+from pathlib import Path
+
+import pytest
+
+from stepstone import Limit, open_store, set_limit
+from test_hardening_claims import reap, spawn
+
+_HOLDER = r"""
+import os, signal, sys
+from stepstone import Step, Suspended, _hooks, open_store, run
+
+config, point = sys.argv[1:3]
+store = open_store(config)
+waiter = [Step("w", lambda state: {"w": 1}, limits=["gpu"])]
+
+def hold(state):
+    if point == "flow.released":
+        try:
+            run("waiter", waiter, store)  # parks: the only slot is ours
+        except Suspended:
+            pass
+    return {"held": 1}
+
+def hook(name):
+    if name == point:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+_hooks.install(hook)
+run("holder", [Step("hold", hold, limits=["gpu"])], store)
+sys.exit("the holder was never killed at " + point)
+"""
+
+_CHECKER = r"""
+import sys
+from stepstone import Step, Suspended, limit_usage, open_store, run
+
+config, point = sys.argv[1:3]
+store = open_store(config)
+fresh = [Step("f", lambda state: {"f": 1}, limits=["gpu"])]
+if point == "flow.released":
+    assert limit_usage(store, "gpu").holders == {"waiter": -1}, limit_usage(store, "gpu")
+    assert store.load("waiter").waiting_for == "limit:gpu"
+    assert run("waiter", [Step("w", lambda state: {"w": 1}, limits=["gpu"])], store) == {"w": 1}
+else:
+    assert list(limit_usage(store, "gpu").holders) == ["holder"], limit_usage(store, "gpu")
+assert run("fresh", fresh, store) == {"f": 1}, "the dead holder's slot was not reclaimed"
+assert run("holder", [Step("hold", lambda state: {"held": 1}, limits=["gpu"])], store)
+usage = limit_usage(store, "gpu")
+assert usage.holders == {} and usage.waiters == [], usage
+"""
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize("point", ["flow.acquired", "flow.released"])
+def test_a_killed_holder_leaks_no_slot(point: str, tmp_path: Path) -> None:
+    """SIGKILL at a flow point; a fresh process gets every run through the key."""
+    config = f"sqlite:///{tmp_path}/runs-{uuid.uuid4().hex[:8]}.db"
+    with open_store(config) as store:
+        set_limit(store, Limit("gpu", concurrency=1))
+    code, err = reap(spawn(_HOLDER, config, point), "the holder")
+    assert code == -signals.SIGKILL, f"the holder was not killed at {point}: {code} {err[-2000:]}"
+    code, err = reap(spawn(_CHECKER, config, point), "the checker")
+    assert code == 0, f"the fresh process found a leaked slot or a stuck run: {err[-2000:]}"
