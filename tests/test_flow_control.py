@@ -119,6 +119,7 @@ def test_limits_round_trip_and_keep_holders(store: Store) -> None:
     key = f"api-{uuid.uuid4().hex[:6]}"
     assert get_limit(store, key) is None
     set_limit(store, Limit(key, concurrency=2, rpm=500, tpm=200_000))
+    store.save(_holder(store, "holder-run"))
     decision = drive(store, _ops.acquire(key, "holder-run", 1, 10))[1]
     assert decision.granted
     changed = set_limit(store, Limit(key, concurrency=5, requests=10, per=1.0))

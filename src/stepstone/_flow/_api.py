@@ -42,6 +42,9 @@ class LimitUsage(NamedTuple):
     waiters: list[str]
     #: Until when a rate-limit answer blocks the key (None: not blocked).
     blocked_until: datetime | None
+    #: Slots still recorded whose run has given its lease back (or died): free to the
+    #: next acquirer that finds the key full.
+    lapsed: list[str] = []
 
 
 def _perform(store: Store, effect: Effect) -> Any:
@@ -142,16 +145,33 @@ def _usage(cp: Any) -> LimitUsage:
     )
 
 
+def _live(usage: LimitUsage, runs: dict[str, Any]) -> LimitUsage:
+    """Return ``usage`` without the slots that lapsed (their run gave its lease back)."""
+    holders = {
+        run_id: epoch
+        for run_id, epoch in usage.holders.items()
+        if epoch < 0 or not _ops.holder_is_stale(runs.get(run_id), epoch)
+    }
+    lapsed = sorted(set(usage.holders) - set(holders))
+    return usage._replace(holders=holders, lapsed=lapsed)
+
+
 def limit_usage(store: Store, key: str) -> LimitUsage | None:
-    """Return ``key``'s limit with its holders, waiters and block, or None."""
+    """Return ``key``'s limit with its live holders, waiters and block, or None."""
     cp = store.load(record_id(check_key(key, "limit_usage")))
-    return None if cp is None else _usage(cp)
+    if cp is None:
+        return None
+    usage = _usage(cp)
+    return _live(usage, {run_id: store.load(run_id) for run_id in usage.holders})
 
 
 async def alimit_usage(store: Store, key: str) -> LimitUsage | None:
     """``limit_usage`` for async callers."""
     cp = await store.aload(record_id(check_key(key, "limit_usage")))
-    return None if cp is None else _usage(cp)
+    if cp is None:
+        return None
+    usage = _usage(cp)
+    return _live(usage, {run_id: await store.aload(run_id) for run_id in usage.holders})
 
 
 def list_limits(store: Store) -> list[Limit]:

@@ -189,16 +189,22 @@ def acquire(
     raise ConflictError(f"limit {key!r}: {_TRIES} acquirers raced", record_id(key))
 
 
-def release(key: str, run_id: str, epoch: int) -> Generator[Effect, Any, None]:
+def release(
+    key: str, run_id: str, epoch: int, *, lapsed: bool = False
+) -> Generator[Effect, Any, None]:
     """Give back ``run_id``'s slot of ``key`` and wake the first run waiting for it.
 
     Best effort: a release that cannot be written is logged; the slot lapses anyway
-    once the run gives its lease back.
+    once the run gives its lease back. ``lapsed``: the run has given its lease back
+    already, so its slot is free to whoever finds the key full; it is written back only
+    when a run waits for it (to hand it over), saving a write per run otherwise.
     """
     try:
         for _ in range(_TRIES):
             cp: Checkpoint | None = yield Load(record_id(key))
             if cp is None:
+                return
+            if lapsed and not cp.state.get("waiters"):
                 return
             state, woken = _bucket.release(cp.state, run_id, epoch, _now())
             if state is None:

@@ -10,8 +10,9 @@ and says ``policy="reject"``.
 
 The worker's claim is followed by taking the keys (``take``): a key that is full parks
 the run ``waiting`` on ``limit:<key>``, holding no thread, until a release hands it the
-slot. The keys are given back when the run ends, fails or is cancelled (``end``);
-a run that suspends or dies gives its lease back, which is what fences its slots.
+slot. A run's slots lapse when it gives its lease back (it ended, failed, was cancelled,
+suspended or died): the next acquirer that finds the key full reclaims them. ``end``
+writes a release only to hand a slot to a run waiting for it.
 """
 
 from __future__ import annotations
@@ -149,5 +150,6 @@ def end(cp: Checkpoint) -> Gen:
         return
     _TAKEN.pop((cp.run_id, cp.epoch), None)
     for key in flow["keys"]:
-        # Best effort: a slot not given back lapses with the lease the run gave back.
-        yield from _ops.release(key, cp.run_id, cp.epoch)
+        # The run gave its lease back first: its slots have lapsed; a release is written
+        # only to hand a slot to a waiter (best effort: a waiter also polls).
+        yield from _ops.release(key, cp.run_id, cp.epoch, lapsed=True)

@@ -93,6 +93,7 @@ def _show(args: argparse.Namespace) -> int:
                 **_row(usage.limit),
                 "holders": usage.holders,
                 "waiters": usage.waiters,
+                "lapsed": usage.lapsed,
                 "blocked_until": blocked,
             }
         )
@@ -105,6 +106,8 @@ def _show(args: argparse.Namespace) -> int:
         f"waiters:  {len(usage.waiters)}"
         + (f": {', '.join(map(safe, usage.waiters))}" if usage.waiters else "")
     )
+    if usage.lapsed:
+        out(f"lapsed:   {len(usage.lapsed)} (their runs gave their lease back; free to take)")
     if blocked is not None:
         out(f"blocked until {blocked} (a rate-limit answer)")
     return EXIT_OK
