@@ -58,7 +58,7 @@ if point == "flow.released":
     assert run("waiter", [Step("w", lambda state: {"w": 1}, limits=["gpu"])], store) == {"w": 1}
 else:
     usage = limit_usage(store, "gpu")  # recorded, but its owner is a dead process here
-    assert usage.holders == {} and usage.lapsed == ["holder"], usage
+    assert usage.holders == {} and usage.lapsed == ("holder",), usage
 assert run("fresh", fresh, store) == {"f": 1}, "the dead holder's slot was not reclaimed"
 assert run("holder", [Step("hold", lambda state: {"held": 1}, limits=["gpu"])], store)
 usage = limit_usage(store, "gpu")

@@ -44,7 +44,7 @@ class LimitUsage(NamedTuple):
     blocked_until: datetime | None
     #: Slots still recorded whose run has given its lease back (or died): free to the
     #: next acquirer that finds the key full.
-    lapsed: list[str] = []
+    lapsed: tuple[str, ...] = ()
 
 
 def _perform(store: Store, effect: Effect) -> Any:
@@ -152,7 +152,7 @@ def _live(usage: LimitUsage, runs: dict[str, Any]) -> LimitUsage:
         for run_id, epoch in usage.holders.items()
         if epoch < 0 or not _ops.holder_is_stale(runs.get(run_id), epoch)
     }
-    lapsed = sorted(set(usage.holders) - set(holders))
+    lapsed = tuple(sorted(set(usage.holders) - set(holders)))
     return usage._replace(holders=holders, lapsed=lapsed)
 
 

@@ -93,7 +93,7 @@ def _show(args: argparse.Namespace) -> int:
                 **_row(usage.limit),
                 "holders": usage.holders,
                 "waiters": usage.waiters,
-                "lapsed": usage.lapsed,
+                "lapsed": list(usage.lapsed),
                 "blocked_until": blocked,
             }
         )
