@@ -96,14 +96,16 @@ def _serve(config: str, limited: bool, concurrency: int, total: int) -> None:
 
 def fleet(config: str, runs: int, processes: int, limited: bool, concurrency: int) -> float:
     """Return runs per second of ``processes`` workers through the key (or none)."""
+    prefix = uuid.uuid4().hex[:8]  # a server store may be shared by the three fleets
     with open_store(config) as store:
         flow = _workflow(limited, concurrency)
+        done_before = store.count_by_status().get("done", 0)
         for i in range(runs):
-            start(store, flow, f"run-{i}")
+            start(store, flow, f"run-{prefix}-{i}")
     context = multiprocessing.get_context("spawn")
     began = time.perf_counter()
     procs = [
-        context.Process(target=_serve, args=(config, limited, concurrency, runs))
+        context.Process(target=_serve, args=(config, limited, concurrency, done_before + runs))
         for _ in range(processes)
     ]
     for proc in procs:
@@ -143,7 +145,7 @@ def main() -> None:
     def fresh() -> str:
         if args.fleet == "sqlite":
             return f"sqlite:///{directory}/fleet-{uuid.uuid4().hex[:8]}.db"
-        return args.fleet
+        return str(args.fleet)
 
     free = fleet(fresh(), args.runs, args.processes, False, 8)
     held = fleet(fresh(), args.runs, args.processes, True, 8)
