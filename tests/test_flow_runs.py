@@ -18,6 +18,7 @@ from stepstone import (
     ConfigError,
     Limit,
     LimitReached,
+    Map,
     Step,
     Store,
     Suspended,
@@ -189,3 +190,51 @@ def test_a_kept_slot_lapses_if_its_waiter_never_comes() -> None:
     assert late.granted
     _, mine = _bucket.decide(state, limit, "gone", 2, 0, 1.0, set())
     assert mine.granted
+
+
+def test_map_max_concurrency_runs_children_a_few_at_a_time(local: Store) -> None:
+    """Map(max_concurrency=2) over 6 items: a worker never runs 3 children at once."""
+    lock = threading.Lock()
+    inside = [0]
+    most = [0]
+
+    def child(state: State) -> State:
+        with lock:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        threading.Event().wait(0.02)  # linger, so that a third child would overlap
+        with lock:
+            inside[0] -= 1
+        return {"double": state["n"] * 2}
+
+    kid = Workflow("kid", [Step("child", child)])
+    parent = Workflow(
+        "fan",
+        [Map("each", kid, lambda state: [{"n": n} for n in range(6)], max_concurrency=2)],
+    )
+    start(local, parent, "p")
+    worker = Worker(local, [parent, kid], concurrency=6, poll=0.05)
+    thread = threading.Thread(target=worker.serve)
+    thread.start()
+    try:
+        finished = threading.Event()
+        for _ in range(int(WAIT_TIMEOUT / 0.05)):
+            if local.load("p").status == "done":  # type: ignore[union-attr]
+                finished.set()
+                break
+            finished.wait(0.05)
+        assert finished.is_set(), "the Map parent did not finish"
+    finally:
+        worker.stop()
+        thread.join(WAIT_TIMEOUT)
+    assert most[0] == 2
+    result = local.load("p").state["each"]  # type: ignore[union-attr]
+    assert [r["double"] for r in result] == [0, 2, 4, 6, 8, 10]
+
+
+def test_map_max_concurrency_must_be_positive() -> None:
+    """max_concurrency of 0, a bool or a float is a ConfigError naming it."""
+    kid = Workflow("kid", [Step("s", lambda s: None)])
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(ConfigError, match="max_concurrency"):
+            Map("each", kid, lambda s: [], max_concurrency=bad)  # type: ignore[arg-type]

@@ -107,7 +107,7 @@ def _start(
         cp = yield Load(run_id)
         if cp is None:
             yield from _flow_runs.check_start(flow)
-            fresh = evolve(queued(workflow, run_id, given or {}), input=given, flow=flow)
+            fresh = evolve(queued(workflow, run_id, given or {}, flow=flow), input=given)
             try:
                 saved: Checkpoint = yield Save(fresh, "start")
             except ConflictError:

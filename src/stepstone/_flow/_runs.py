@@ -17,6 +17,8 @@ writes a release only to hand a slot to a run waiting for it.
 
 from __future__ import annotations
 
+import hashlib
+import re
 from collections import OrderedDict
 from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any
@@ -26,12 +28,13 @@ from .._effects import Effect, Load
 from .._errors import ConfigError
 from . import _ops
 from ._hook import Park, park, resumed
-from ._limit import Limit, LimitReached, check_key
+from ._limit import MAX_KEY_LENGTH, Limit, LimitReached, check_key
 
-__all__ = ["check_start", "end", "run_flow", "take"]
+__all__ = ["check_max_concurrency", "check_start", "child_flow", "end", "run_flow", "take"]
 
 Gen = Generator[Effect, Any, Any]
 MAX_PRIORITY = 1_000_000
+_BAD = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 #: Executions that hold their run keys in this process: (run_id, epoch) -> True. A
 #: cache of "already taken" (an acquisition at the same epoch is granted again anyway),
 #: bounded so that runs that ended elsewhere cannot make it grow.
@@ -73,6 +76,35 @@ def run_flow(
     if not names and priority == 0:
         return None
     return {"keys": names, "limits": limits, "priority": priority}
+
+
+def check_max_concurrency(name: str, value: object) -> int | None:
+    """Return a ``Map``'s ``max_concurrency`` if it is None or an int >= 1."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(
+            f"Map {name!r}: max_concurrency must be an int >= 1 or None, got {value!r}"
+        )
+    return value
+
+
+def map_key(parent: str, name: str) -> str:
+    """Return the key a ``Map``'s children hold: ``map/<parent>/<name>`` (hashed if long)."""
+    key = f"map/{parent}/{name}"
+    if len(key) <= MAX_KEY_LENGTH and not _BAD.search(key):
+        return key
+    digest = hashlib.sha256(f"{parent}\x00{name}".encode("utf-8", "surrogatepass")).hexdigest()
+    return f"map/{digest[:32]}"
+
+
+def child_flow(
+    declared: Sequence[Limit | str], parent: str, name: str, max_concurrency: int | None
+) -> dict[str, Any] | None:
+    """Return the ``flow`` of a ``Map``'s child: its workflow's keys, and the Map's own."""
+    if max_concurrency is not None:
+        declared = [*declared, Limit(map_key(parent, name), concurrency=max_concurrency)]
+    return run_flow(declared, None, 0)
 
 
 def _declared(flow: dict[str, Any], key: str) -> Limit | None:
