@@ -104,20 +104,20 @@ def decide(
     epoch: int,
     tokens: float,
     now: float,
-    stale: set[str],
+    stale: set[tuple[str, Any]],
     priority: int = 0,
 ) -> tuple[dict[str, Any] | None, Decision]:
     """Decide one acquisition of ``limit`` by ``run_id`` at lease ``epoch``.
 
-    ``stale`` are holders known dead (their run finished, was taken over, or its owner
-    died): their slots are reclaimed, as are slots kept for a woken waiter longer than
+    ``stale`` are slots ``(run_id, epoch)`` known dead (their run finished, was taken
+    over, or its owner died): they are reclaimed, as are slots kept for a woken waiter longer than
     ``RESERVE``. Returns the new state (None when nothing changed) and the decision. A
     refusal for concurrency records the run as a waiter, to be woken by a release.
     """
     new = dict(state)
     before = state.get("holders", {})
     holders: dict[str, list[Any]] = {
-        h: v for h, v in before.items() if h not in stale and not _lapsed(h, v, run_id, now)
+        h: v for h, v in before.items() if (h, v[0]) not in stale and not _lapsed(h, v, run_id, now)
     }
     changed = len(holders) != len(before)
     mine = holders.get(run_id)

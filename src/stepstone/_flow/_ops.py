@@ -22,6 +22,9 @@ sharing a PostgreSQL, MySQL or Cosmos store must keep their clocks in step (NTP)
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import threading
 from collections.abc import Generator, Iterator
 from typing import Any
 
@@ -46,6 +49,7 @@ __all__ = [
 ]
 
 _TRIES = 50
+_TURN_WAIT = 2.0
 Gen = Generator[Effect, Any, Any]
 
 
@@ -147,7 +151,21 @@ def acquire(
     once (together) to reclaim the slots of dead ones.
     """
     checked: set[str] = set()
-    stale: set[str] = set()
+    stale: set[tuple[str, Any]] = set()
+    with _turn(key):
+        return (yield from _acquire(key, run_id, epoch, tokens, declared, priority, checked, stale))
+
+
+def _acquire(
+    key: str,
+    run_id: str,
+    epoch: int,
+    tokens: float,
+    declared: Limit | None,
+    priority: int,
+    checked: set[str],
+    stale: set[tuple[str, Any]],
+) -> Generator[Effect, Any, tuple[Limit, _bucket.Decision]]:
     for _ in range(_TRIES):
         cp = yield from find(key, declared)
         limit = read(cp)
@@ -168,10 +186,9 @@ def acquire(
                 checked.add(holder)
                 if isinstance(got, BaseException):
                     continue  # unknown: count it as live
-                if not _bucket.is_reserved(holders[holder]) and holder_is_stale(
-                    got, holders[holder][0]
-                ):
-                    stale.add(holder)
+                held = holders[holder]
+                if not _bucket.is_reserved(held) and holder_is_stale(got, held[0]):
+                    stale.add((holder, held[0]))  # that slot, not a later one of the run
         state, decision = _bucket.decide(
             cp.state, limit, run_id, epoch, tokens, _now(), stale, priority
         )
@@ -182,7 +199,7 @@ def acquire(
         except ConflictError:
             continue
         if stale:
-            logger.info("limit %r: reclaimed the slots of %s", key, ", ".join(sorted(stale)))
+            logger.info("limit %r: reclaimed %d slots of dead holders", key, len(stale))
         if decision.granted:
             _hooks.fire("flow.acquired")  # a kill here: the slot is held by a dead run
         return limit, decision
@@ -200,27 +217,61 @@ def release(
     when a run waits for it (to hand it over), saving a write per run otherwise.
     """
     try:
-        for _ in range(_TRIES):
-            cp: Checkpoint | None = yield Load(record_id(key))
-            if cp is None:
-                return
-            if lapsed and not cp.state.get("waiters"):
-                return
-            state, woken = _bucket.release(cp.state, run_id, epoch, _now())
-            if state is None:
-                return
-            try:
-                yield Save(evolve(cp, state=state), f"release {key}", owned=False)
-            except ConflictError:
-                continue
-            _hooks.fire("flow.released")  # a kill here: the slot is handed, the waiter asleep
-            if woken is not None:
-                yield from _wake(woken, key)
-            return
+        with _turn(key):
+            woken = yield from _release(key, run_id, epoch, lapsed)
+        if woken is not None:
+            yield from _wake(woken, key)
     except StoreError as exc:
         logger.warning(
             "limit %r: could not release run %r's slot: %s (it lapses)", key, run_id, exc
         )
+
+
+def _release(key: str, run_id: str, epoch: int, lapsed: bool) -> Generator[Effect, Any, str | None]:
+    for _ in range(_TRIES):
+        cp: Checkpoint | None = yield Load(record_id(key))
+        if cp is None:
+            return None
+        if lapsed and not cp.state.get("waiters"):
+            return None
+        state, woken = _bucket.release(cp.state, run_id, epoch, _now())
+        if state is None:
+            return None
+        try:
+            yield Save(evolve(cp, state=state), f"release {key}", owned=False)
+        except ConflictError:
+            continue
+        _hooks.fire("flow.released")  # a kill here: the slot is handed, the waiter asleep
+        return woken
+    return None
+
+
+#: One lock per key in this process: threads of one process take turns on a key's
+#: record instead of racing each other's compare-and-swap (a lost race costs a load and
+#: a failed write). Other processes still race; the compare-and-swap decides.
+_LOCKS: dict[str, threading.Lock] = {}
+_LOCKS_GUARD = threading.Lock()
+
+
+@contextlib.contextmanager
+def _turn(key: str) -> Iterator[None]:
+    """Hold this process's turn on ``key`` if it comes soon; go on without it otherwise.
+
+    On an event loop the turn is taken only if free (blocking would stall the loop, and
+    the holder may be a coroutine on it); a thread waits at most ``_TURN_WAIT``.
+    """
+    with _LOCKS_GUARD:
+        lock = _LOCKS.setdefault(key, threading.Lock())
+    try:
+        asyncio.get_running_loop()
+        got = lock.acquire(blocking=False)
+    except RuntimeError:
+        got = lock.acquire(timeout=_TURN_WAIT)
+    try:
+        yield
+    finally:
+        if got:
+            lock.release()
 
 
 def _wake(run_id: str, key: str) -> Generator[Effect, Any, None]:
