@@ -122,6 +122,7 @@ def main() -> None:
     parser.add_argument("--backends", default="memory,file,sqlite")
     parser.add_argument("--fleet", default="sqlite", help="sqlite, or a server config string")
     parser.add_argument("--processes", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     directory = tempfile.mkdtemp(prefix="flow-bench-")
     configs = {
@@ -147,12 +148,17 @@ def main() -> None:
             return f"sqlite:///{directory}/fleet-{uuid.uuid4().hex[:8]}.db"
         return str(args.fleet)
 
-    free = fleet(fresh(), args.runs, args.processes, False, 8)
-    held = fleet(fresh(), args.runs, args.processes, True, 8)
+    # Alternate the two, so that a machine getting busier or quieter favours neither.
+    frees, helds = [], []
+    for _ in range(args.rounds):
+        frees.append(fleet(fresh(), args.runs, args.processes, False, 8))
+        helds.append(fleet(fresh(), args.runs, args.processes, True, 8))
+    free, held = statistics.median(frees), statistics.median(helds)
     print(
-        f"fleet {args.runs} runs, {args.processes} processes x 2 threads, 10 ms step: "
-        f"no limit {free:.0f} runs/s, concurrency-8 key {held:.0f} runs/s, "
-        f"ratio {held / free:.2f}x"
+        f"fleet {args.runs} runs, {args.processes} processes x 2 threads, 10 ms step, "
+        f"median of {args.rounds}: no limit {free:.0f} runs/s, concurrency-8 key "
+        f"{held:.0f} runs/s, ratio {held / free:.2f}x "
+        f"(rounds: {', '.join(f'{h / f:.2f}' for f, h in zip(frees, helds, strict=True))})"
     )
     hot = fleet(fresh(), args.runs, 8, True, 2)
     print(f"hot key: {args.runs} runs, 8 processes x 2 threads, concurrency 2: {hot:.0f} runs/s")
