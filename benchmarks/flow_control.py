@@ -73,6 +73,26 @@ def acquire_cost(config: str, n: int) -> tuple[float, float, float]:
         return statistics.median(times) * 1e6, counting.loads / n, counting.saves / n
 
 
+def drop_tables(config: str) -> None:
+    """Drop a server store's tables (the benchmark shares the servers with others)."""
+    table = config.partition("table=")[2]
+    if not table:
+        return
+    names = ", ".join(f"{table}{suffix}" for suffix in ("", "_meta", "_pieces"))
+    if config.startswith("postgresql"):
+        import psycopg
+
+        with psycopg.connect(config.partition("?")[0], autocommit=True) as conn:
+            conn.execute(f"DROP TABLE IF EXISTS {names}")
+    elif config.startswith("mysql"):
+        import pymysql
+
+        conn = pymysql.connect(host="127.0.0.1", user="root", database="test")
+        with conn.cursor() as cursor:
+            cursor.execute(f"DROP TABLE IF EXISTS {names}")
+        conn.close()
+
+
 def _call(state: dict[str, Any]) -> dict[str, Any]:
     threading.Event().wait(0.01)  # the model or API call the key protects
     return {"ok": True}
@@ -120,7 +140,11 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=1000)
     parser.add_argument("--acquires", type=int, default=500)
     parser.add_argument("--backends", default="memory,file,sqlite")
-    parser.add_argument("--fleet", default="sqlite", help="sqlite, or a server config string")
+    parser.add_argument(
+        "--fleet",
+        default="sqlite",
+        help="sqlite, or a server config string (its table is shared by the fleets; drop it)",
+    )
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
@@ -135,7 +159,10 @@ def main() -> None:
     }
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores")
     for backend in args.backends.split(","):
-        micros, loads, saves = acquire_cost(configs[backend], args.acquires)
+        try:
+            micros, loads, saves = acquire_cost(configs[backend], args.acquires)
+        finally:
+            drop_tables(configs[backend])
         print(
             f"acquire+release {backend:<10} {micros:8.0f} us median  "
             f"{loads:.1f} loads + {saves:.1f} saves per pair"
