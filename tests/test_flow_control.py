@@ -28,6 +28,7 @@ from stepstone import (
     StepFailed,
     Store,
     Suspended,
+    Workflow,
     aget_limit,
     alist_limits,
     arun,
@@ -38,6 +39,7 @@ from stepstone import (
     open_store,
     run,
     set_limit,
+    start,
 )
 from stepstone._flow import _bucket, _ops
 from stepstone._flow._api import drive
@@ -58,10 +60,20 @@ def _config(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return f"sqlite:///{tmp_path}/runs.db"
     if kind == "postgresql":
         return fresh_table(request, "postgresql://postgres@127.0.0.1:5432/test")
-    return fresh_table(request, "mysql://root@127.0.0.1:3306/test")
+    if kind == "mysql":
+        return fresh_table(request, "mysql://root@127.0.0.1:3306/test")
+    emulator: Any = request.getfixturevalue("emulator")
+    monkeypatch: pytest.MonkeyPatch = request.getfixturevalue("monkeypatch")
+    monkeypatch.setenv("AZURE_COSMOS_KEY", emulator.key)
+    monkeypatch.delenv("AZURE_COSMOS_CONNECTION_STRING", raising=False)
+    protocol = "&protocol=http" if emulator.endpoint.startswith("http://") else ""
+    return (
+        f"cosmos://{emulator.host}:{emulator.port}/contract/flow-{uuid.uuid4().hex[:12]}"
+        f"?verify=false&create=true{protocol}"
+    )
 
 
-@pytest.fixture(params=(*LOCAL, "postgresql", "mysql"))
+@pytest.fixture(params=(*LOCAL, "postgresql", "mysql", "cosmos"))
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
     with open_store(_config(request.param, request, tmp_path)) as opened:
         yield opened
@@ -127,6 +139,22 @@ def test_limits_round_trip_and_keep_holders(store: Store) -> None:
     usage = limit_usage(store, key)
     assert usage is not None and usage.holders == {"holder-run": 1}
     assert [limit.key for limit in list_limits(store)] == [key]
+
+
+def test_run_and_step_limits_on_every_backend(store: Store) -> None:
+    """A run holding a tenant key and a rate-limited step, sync then async, on each backend."""
+    set_limit(store, Limit("tenant", concurrency=1))
+    flow = Workflow("w", [Step("s", lambda s: {"ok": True}, limits=[Limit("api", rpm=600)])])
+    start(store, flow, "r1", keys={"tenant": "acme"}, priority=2)
+    start(store, flow, "r2", keys={"tenant": "acme"})
+    assert run("r1", flow, store) == {"ok": True}
+    assert asyncio.run(arun("r2", flow, store)) == {"ok": True}
+    cp = store.load("r1")
+    assert cp is not None and cp.flow is not None and cp.flow["priority"] == 2
+    for key in ("tenant:acme", "api"):
+        usage = limit_usage(store, key)
+        assert usage is not None and usage.holders == {}, key
+    assert sorted(limit.key for limit in list_limits(store)) == ["api", "tenant", "tenant:acme"]
 
 
 def test_async_twins(local: Store) -> None:
