@@ -29,6 +29,7 @@ from stepstone import (
     run,
     set_limit,
     start,
+    workflow,
 )
 from stepstone._checkpoint import Checkpoint
 from stepstone._flow import _bucket
@@ -238,3 +239,20 @@ def test_map_max_concurrency_must_be_positive() -> None:
     for bad in (0, -1, True, 1.5):
         with pytest.raises(ConfigError, match="max_concurrency"):
             Map("each", kid, lambda s: [], max_concurrency=bad)  # type: ignore[arg-type]
+
+
+def test_a_code_workflow_holds_its_keys(local: Store) -> None:
+    """@workflow(limits=...) runs hold the key from claim to end, as a Workflow's do."""
+    set_limit(local, Limit("tenant", concurrency=1))
+
+    @workflow("coded", limits=[Limit("coded-runs", concurrency=1)])
+    def coded(ctx: Any, input: State) -> int:
+        usage = limit_usage(local, "coded-runs")
+        assert usage is not None and list(usage.holders) == [ctx.run_id]
+        return int(ctx.step("one", lambda: 1))
+
+    start(local, coded, "c1", keys={"tenant": "acme"})
+    assert run("c1", coded, local)["result"] == 1
+    cp = local.load("c1")
+    assert cp is not None and cp.flow is not None
+    assert cp.flow["keys"] == ["coded-runs", "tenant:acme"]

@@ -23,7 +23,7 @@ it cannot answer runs for real. Code between calls therefore re-runs.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Coroutine, Generator
+from collections.abc import Callable, Coroutine, Generator, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -42,6 +42,7 @@ from ._errors import (
     WorkflowChanged,
     safe_text,
 )
+from ._flow._limit import Limit
 from ._journal import (
     ATTEMPTS_KEY,
     JOURNAL_KEY,
@@ -425,10 +426,13 @@ class CodeWorkflow(Workflow):
         *,
         version: str | None = None,
         history: bool = False,
+        limits: Sequence[Limit | str] = (),
     ) -> None:
         if not callable(fn):
             raise InvalidWorkflow(f"workflow {name!r}: expected a function, got {fn!r}")
-        super().__init__(name, [CodeStep(name, fn)], version=version, history=history)
+        super().__init__(
+            name, [CodeStep(name, fn)], version=version, history=history, limits=limits
+        )
         self.fn = fn
         self.is_async = inspect.iscoroutinefunction(fn)
 
@@ -439,7 +443,11 @@ class CodeWorkflow(Workflow):
 
 
 def workflow(
-    name: str, *, version: str | None = None, history: bool = False
+    name: str,
+    *,
+    version: str | None = None,
+    history: bool = False,
+    limits: Sequence[Limit | str] = (),
 ) -> Callable[
     [Callable[[Any, State], Any] | Callable[[Any, State], Coroutine[Any, Any, Any]]],
     CodeWorkflow,
@@ -449,6 +457,7 @@ def workflow(
     A plain ``def`` gets a ``WorkflowContext`` and runs under ``run`` and ``arun``; an
     ``async def`` gets an ``AsyncWorkflowContext`` and runs under ``arun`` (and
     ``Worker.aserve``). ``input`` is the run's recorded input (a fresh copy each time).
+    ``limits``: flow-control keys each run holds while it executes (``Workflow``'s).
 
     Example::
 
@@ -463,6 +472,6 @@ def workflow(
     def decorate(
         fn: Callable[[Any, State], Any] | Callable[[Any, State], Coroutine[Any, Any, Any]],
     ) -> CodeWorkflow:
-        return CodeWorkflow(name, fn, version=version, history=history)
+        return CodeWorkflow(name, fn, version=version, history=history, limits=limits)
 
     return decorate
