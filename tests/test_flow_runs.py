@@ -256,3 +256,48 @@ def test_a_code_workflow_holds_its_keys(local: Store) -> None:
     cp = local.load("c1")
     assert cp is not None and cp.flow is not None
     assert cp.flow["keys"] == ["coded-runs", "tenant:acme"]
+
+
+def test_code_workflow_steps_take_limits(local: Store) -> None:
+    """ctx.step(limits=...) holds the key for the call; a full key parks the run."""
+    set_limit(local, Limit("gpu", concurrency=1))
+    seen: list[list[str]] = []
+
+    def use() -> int:
+        usage = limit_usage(local, "gpu")
+        assert usage is not None
+        seen.append(list(usage.holders))
+        return 7
+
+    @workflow("gpu-user")
+    def user(ctx: Any, input: State) -> int:
+        first = int(ctx.step("prep", lambda: 1))
+        return first + int(ctx.step("use", use, limits=["gpu"], tokens=0))
+
+    local.save(Checkpoint("other", total_steps=2, owner="w:elsewhere:1:m.0:x", epoch=1))
+    from stepstone._flow import _ops
+    from stepstone._flow._api import drive
+
+    assert drive(local, _ops.acquire("gpu", "other", 1, 0))[1].granted
+    with pytest.raises(Suspended, match="limit:gpu"):
+        run("u", user, local)
+    assert local.load("u").waiting_for == "limit:gpu"  # type: ignore[union-attr]
+    assert seen == []
+    local.save(Checkpoint("other", total_steps=2, epoch=1, version=local.load("other").version))  # type: ignore[union-attr]
+    assert run("u", user, local)["result"] == 8
+    assert seen == [["u"]]
+    assert limit_usage(local, "gpu").holders == {}  # type: ignore[union-attr]
+
+
+def test_async_code_workflow_steps_take_limits(local: Store) -> None:
+    """An async def workflow's ctx.step(limits=...) takes and gives back the key."""
+    import asyncio
+
+    from stepstone import arun
+
+    @workflow("agpu-user")
+    async def user(ctx: Any, input: State) -> int:
+        return int(await ctx.step("use", lambda: 3, limits=[Limit("agpu", concurrency=1)]))
+
+    assert asyncio.run(arun("au", user, local))["result"] == 3
+    assert limit_usage(local, "agpu").holders == {}  # type: ignore[union-attr]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 import uuid as uuidlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Future
 from datetime import datetime, timedelta
 from typing import Any
@@ -18,6 +18,8 @@ from . import _clock
 from ._checkpoint import utcnow
 from ._codec import copy_containers
 from ._errors import InvalidWorkflow, safe_text
+from ._flow._call import check_tokens
+from ._flow._limit import Limit, check_limits
 from ._journal import answer_of, entry_failed, entry_ok, json_value
 from ._observe import logger
 from ._session import POOL_THREADS, CallFailed, Session, close, inside
@@ -55,6 +57,15 @@ def _check_step_name(name: object, what: str) -> str:
             f"calls are journaled under such names), got {checked!r}"
         )
     return checked
+
+
+def _limits(limits: object, tokens: object, what: str) -> list[Any] | None:
+    """Return what a call with ``limits`` takes (``_flow._hook.Wanted``), None if nothing."""
+    if not limits and tokens is None:
+        return None
+    checked = check_limits(limits, what)
+    estimate = 0.0 if tokens is None else check_tokens(tokens, what)
+    return [(e.key, estimate, e) if isinstance(e, Limit) else (e, estimate, None) for e in checked]
 
 
 def _check_retry(retry: object, what: str) -> RetryPolicy | None:
@@ -166,13 +177,21 @@ class WorkflowContext:
         return self._session.run_id
 
     def step(
-        self, name: str, fn: Callable[..., Any], *args: Any, retry: RetryPolicy | None = None
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        *args: Any,
+        retry: RetryPolicy | None = None,
+        limits: Sequence[Limit | str] = (),
+        tokens: float | None = None,
     ) -> Any:
         """Call ``fn(*args)`` once for this run; return its JSON result, journaled.
 
         The result (or the final failure, after ``retry``'s attempts) is saved in the run
         before this returns; on resume the journal returns it and ``fn`` is not called.
         Repeated names are numbered in call order (``revise#1``, ``revise#2``).
+        ``limits`` (flow control): keys the call holds, ``tokens`` estimated; a full key
+        parks the run (saved waiting on ``limit:<key>``) until it can take it.
 
         Raises:
             CallFailed: ``fn`` failed for good (now or, journaled, on an earlier run).
@@ -183,9 +202,12 @@ class WorkflowContext:
         what = f"ctx.step({name!r})"
         seq, call = session.begin(_check_step_name(name, what), what)
         policy = _check_retry(retry, what)
+        want = _limits(limits, tokens, what)
         entry = session.replay(seq, call)
         if entry is not None:
             return _answer(session, entry)
+        if want:
+            session.ask(("acquire", seq, call, want))  # flow control: or the run parks
         return _run_call(session, seq, call, what, fn, args, policy)
 
     def submit(
@@ -304,7 +326,13 @@ class AsyncWorkflowContext:
         return self._session.run_id
 
     def step(
-        self, name: str, fn: Callable[..., Any], *args: Any, retry: RetryPolicy | None = None
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        *args: Any,
+        retry: RetryPolicy | None = None,
+        limits: Sequence[Limit | str] = (),
+        tokens: float | None = None,
     ) -> Awaitable[Any]:
         """Await ``fn(*args)`` once for this run (see ``WorkflowContext.step``).
 
@@ -315,8 +343,9 @@ class AsyncWorkflowContext:
         what = f"ctx.step({name!r})"
         seq, call = session.begin(_check_step_name(name, what), what)
         policy = _check_retry(retry, what)
+        want = _limits(limits, tokens, what)
         entry = session.replay(seq, call)
-        return self._step(seq, call, what, entry, fn, args, policy)
+        return self._step(seq, call, what, entry, fn, args, policy, want)
 
     async def _step(
         self,
@@ -327,12 +356,15 @@ class AsyncWorkflowContext:
         fn: Callable[..., Any],
         args: tuple[Any, ...],
         policy: RetryPolicy | None,
+        want: list[Any] | None = None,
     ) -> Any:
         import asyncio  # noqa: PLC0415 - see _AReply
 
         session = self._session
         if entry is not None:
             return _answer(session, entry)
+        if want:
+            await session.aask(("acquire", seq, call, want))  # flow control: or the run parks
         durable = policy is not None and policy.max_attempts > 1
         attempt = 0
         while True:
