@@ -53,7 +53,7 @@ MAX_WAITERS = 256
 #: Seconds of waiting worth one level of priority (anti-starvation).
 AGING = 60.0
 #: Seconds a released slot stays kept for the waiter it was handed to.
-RESERVE = 10.0
+RESERVE = 2.0
 _RESERVED = "r"
 
 
