@@ -14,6 +14,7 @@ from starlette.responses import Response
 
 from .._checkpoint import STATUSES, Checkpoint, RunStatus
 from .._errors import StepstoneError, StoreError
+from .._flow._limit import PREFIX as LIMIT_PREFIX
 from .._store import RunInfo, page_key
 from . import _actions, _history_view, _views
 from ._dashboard import DONE, Dashboard, live_error
@@ -79,6 +80,8 @@ def _list_data(dash: Dashboard, flt: _Filter) -> tuple[dict[str, int], list[RunI
     limit = dash.page_size + 1
     infos = store.list_page(flt.status, prefix=flt.prefix, after=flt.after, limit=limit)
     more = len(infos) > dash.page_size
+    # Flow control's limit records are not runs (the limits page shows them).
+    infos = [i for i in infos if not i.run_id.startswith(LIMIT_PREFIX)]
     return counts, infos[: dash.page_size], more
 
 
