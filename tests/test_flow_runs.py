@@ -301,3 +301,52 @@ def test_async_code_workflow_steps_take_limits(local: Store) -> None:
 
     assert asyncio.run(arun("au", user, local))["result"] == 3
     assert limit_usage(local, "agpu").holders == {}  # type: ignore[union-attr]
+
+
+def test_replace_pending_keeps_only_the_latest_run(local: Store) -> None:
+    """Debounce: each start of a replace_pending key cancels the runs not started yet."""
+    set_limit(local, Limit("thread", concurrency=1, policy="replace_pending"))
+    flow = Workflow("reply", [Step("answer", lambda state: {"answered": state["text"]})])
+    start(local, flow, "m1", {"text": "hi"}, keys={"thread": "t1"})
+    start(local, flow, "m2", {"text": "hi there"}, keys={"thread": "t1"})
+    start(local, flow, "other", {"text": "x"}, keys={"thread": "t2"})
+    assert local.load("m1").status == "cancelled"  # type: ignore[union-attr]
+    assert local.load("other").status == "queued"  # type: ignore[union-attr]
+    assert run("m2", flow, local) == {"text": "hi there", "answered": "hi there"}
+    start(local, flow, "m3", {"text": "later"}, keys={"thread": "t1"})
+    assert local.load("m2").status == "done"  # type: ignore[union-attr]
+    assert local.load("m3").status == "queued"  # type: ignore[union-attr]
+
+
+def test_cancel_running_stops_the_holder(local: Store) -> None:
+    """A start on a cancel_running key cancels the run holding it at its next boundary."""
+    set_limit(local, Limit("chat", concurrency=1, policy="cancel_running"))
+    entered = threading.Event()
+    go_on = threading.Event()
+
+    def first(state: State) -> State:
+        if state.get("block"):
+            entered.set()
+            assert go_on.wait(WAIT_TIMEOUT), "the test never let the first step finish"
+        return {"first": True}
+
+    flow = Workflow("chat", [Step("first", first), Step("second", lambda s: {"second": True})])
+    start(local, flow, "old", {"block": True}, keys={"chat": "c1"})
+    errors: list[BaseException] = []
+
+    def run_old() -> None:
+        try:
+            run("old", flow, local)
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            errors.append(exc)
+
+    thread = threading.Thread(target=run_old)
+    thread.start()
+    assert entered.wait(WAIT_TIMEOUT), "the old run never started"
+    start(local, flow, "new", keys={"chat": "c1"})
+    assert local.load("old").cancel_requested  # type: ignore[union-attr]
+    go_on.set()
+    thread.join(WAIT_TIMEOUT)
+    assert local.load("old").status == "cancelled"  # type: ignore[union-attr]
+    assert [type(e).__name__ for e in errors] == ["RunCancelled"]
+    assert run("new", flow, local) == {"first": True, "second": True}

@@ -106,12 +106,15 @@ def _start(
     for _ in range(_MAX_TRIES):
         cp = yield Load(run_id)
         if cp is None:
-            yield from _flow_runs.check_start(flow)
+            victims = yield from _flow_runs.check_start(flow, run_id)
             fresh = evolve(queued(workflow, run_id, given or {}, flow=flow), input=given)
             try:
                 saved: Checkpoint = yield Save(fresh, "start")
             except ConflictError:
                 continue
+            for victim in victims:  # a key's replace_pending or cancel_running policy
+                with contextlib.suppress(RunNotActive, RunNotFound):
+                    yield from cancel_op(victim)
             yield Announce()  # a worker may claim it now
             logger.info("run %r: queued (workflow %r)", run_id, workflow.name)
             return RunInfo.of(saved)

@@ -10,7 +10,8 @@ The record (the ``state`` of checkpoint ``~limit/<key>``)::
                                              # (["r", t]: kept at t for a woken waiter)
      "req_tat": t, "tok_tat": t,             # GCRA theoretical arrival times (seconds)
      "blocked_until": t,                     # a 429's retry-after, shared by all
-     "waiters": [[run_id, priority, since]]} # parked runs, to wake on a release
+     "waiters": [[run_id, priority, since]], # parked runs, to wake on a release
+     "pending": [run_id]}                    # replace_pending: started, not yet holding
 
 **Priority.** A release hands its slot to the waiter of highest *effective* priority,
 ``priority + seconds waited / AGING``, and keeps it for that run (``RESERVE`` seconds)
@@ -140,6 +141,8 @@ def decide(
     if limit.concurrency is not None:
         holders[run_id] = [epoch, tokens]
     new["waiters"] = [w for w in state.get("waiters", []) if w[0] != run_id]
+    if run_id in state.get("pending", ()):
+        new["pending"] = [p for p in state["pending"] if p != run_id]
     return _with(new, holders), Decision(True)
 
 

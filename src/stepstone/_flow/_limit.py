@@ -30,10 +30,13 @@ __all__ = [
 #: user run ids in every listing that sorts, and the CLI hides them from ``runs list``.
 PREFIX = "~limit/"
 MAX_KEY_LENGTH = 200
-Policy = Literal["queue", "reject"]
-#: What a step does when its key is full: wait its turn (the run parks, holding no
-#: thread), or fail at once with ``LimitReached`` (its retry policy applies).
-POLICIES: tuple[Policy, ...] = ("queue", "reject")
+Policy = Literal["queue", "reject", "replace_pending", "cancel_running"]
+#: What happens when a key is full. ``queue``: wait (the run parks, holding no thread).
+#: ``reject``: a step fails with ``LimitReached`` (its retry policy applies), and
+#: ``start`` of a run holding the key refuses it. For a run's own keys (``start``):
+#: ``replace_pending`` cancels the runs started with the key that have not taken it yet
+#: (debounce), ``cancel_running`` cancels the runs holding it; a step's keys queue.
+POLICIES: tuple[Policy, ...] = ("queue", "reject", "replace_pending", "cancel_running")
 _BAD_KEY_CHAR = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
@@ -111,8 +114,9 @@ class Limit:
         requests: Requests per ``per`` seconds (the general form of ``rpm``).
         tokens: Tokens per ``per`` seconds (the general form of ``tpm``).
         per: The window of ``requests`` and ``tokens``, in seconds.
-        policy: ``"queue"`` (wait, the default) or ``"reject"`` (fail with
-            ``LimitReached``).
+        policy: ``"queue"`` (wait, the default), ``"reject"`` (fail with
+            ``LimitReached``), ``"replace_pending"`` or ``"cancel_running"`` (for the
+            keys of runs, at ``start``: see ``POLICIES``).
 
     Raises:
         ConfigError: a value <= 0, a rate with no window, two forms of one rate, or an

@@ -38,6 +38,7 @@ from ._limit import PREFIX, Limit, check_key, record_id
 
 __all__ = [
     "acquire",
+    "replace_pending",
     "block",
     "find",
     "holder_is_stale",
@@ -272,6 +273,29 @@ def _turn(key: str) -> Iterator[None]:
     finally:
         if got:
             lock.release()
+
+
+def replace_pending(key: str, run_id: str) -> Generator[Effect, Any, list[str]]:
+    """Make ``run_id`` the one run of ``key`` waiting to start; return those it replaces.
+
+    The replaced are the runs recorded as pending (started, not yet holding the key)
+    and those parked waiting for it; they are dropped from the record here, and the
+    caller cancels them.
+    """
+    with _turn(key):
+        for _ in range(_TRIES):
+            cp: Checkpoint | None = yield Load(record_id(key))
+            if cp is None:
+                return []
+            replaced = [p for p in cp.state.get("pending", []) if p != run_id]
+            replaced += [w[0] for w in cp.state.get("waiters", []) if w[0] != run_id]
+            state = {**cp.state, "pending": [run_id], "waiters": []}
+            try:
+                yield Save(evolve(cp, state=state), f"replace pending of {key}", owned=False)
+            except ConflictError:
+                continue
+            return replaced
+    raise ConflictError(f"limit {key!r}: {_TRIES} writers raced", record_id(key))
 
 
 def _wake(run_id: str, key: str) -> Generator[Effect, Any, None]:

@@ -112,30 +112,44 @@ def _declared(flow: dict[str, Any], key: str) -> Limit | None:
     return None if config is None else Limit.from_config(key, config, None)
 
 
-def check_start(flow: dict[str, Any] | None) -> Gen:
-    """Check a new run's keys exist; refuse it if a ``reject`` key is full now.
+def check_start(flow: dict[str, Any] | None, run_id: str) -> Generator[Effect, Any, list[str]]:
+    """Check a new run's keys and apply their policies; return the runs to cancel.
+
+    ``reject``: refuse the run if the key is full now. ``cancel_running``: the key's
+    live holders are returned, to be cancelled (they stop at their next step boundary,
+    and the new run waits for their slots). ``replace_pending`` (debounce): the runs
+    started with the key that have not taken it yet are returned, to be cancelled, and
+    ``run_id`` is recorded as the key's one pending run.
 
     Raises:
         ConfigError: a key with no record, no template record and nothing declared.
         LimitReached: a key whose policy is ``reject`` has no free slot.
     """
+    victims: list[str] = []
     if flow is None:
-        return
+        return victims
     for key in flow["keys"]:
         cp = yield from _ops.find(key, _declared(flow, key))
         limit = _ops.read(cp)
-        if limit.policy != "reject" or limit.concurrency is None:
-            continue
-        holders: dict[str, list[Any]] = cp.state.get("holders", {})
-        if len(holders) < limit.concurrency:
-            continue
-        live = 0
-        for holder, held in holders.items():
-            got = yield Load(holder)  # one at a time: ``start``'s drivers load and save only
-            if not isinstance(held[0], int) or not _ops.holder_is_stale(got, held[0]):
-                live += 1
-        if live >= limit.concurrency:
-            raise LimitReached(key, f"{live} of {limit.concurrency} slots held")
+        if limit.policy == "replace_pending":
+            victims += yield from _ops.replace_pending(key, run_id)
+        elif limit.policy in ("reject", "cancel_running") and limit.concurrency is not None:
+            live = yield from _live_holders(cp.state.get("holders", {}))
+            if limit.policy == "cancel_running":
+                victims += live
+            elif len(live) >= limit.concurrency:
+                raise LimitReached(key, f"{len(live)} of {limit.concurrency} slots held")
+    return [victim for victim in dict.fromkeys(victims) if victim != run_id]
+
+
+def _live_holders(holders: dict[str, list[Any]]) -> Generator[Effect, Any, list[str]]:
+    """Return the holders whose runs still hold their slots (kept slots count as held)."""
+    live = []
+    for holder, held in holders.items():
+        got = yield Load(holder)  # one at a time: ``start``'s drivers load and save only
+        if not isinstance(held[0], int) or not _ops.holder_is_stale(got, held[0]):
+            live.append(holder)
+    return live
 
 
 def priority_of(cp: Checkpoint) -> int:
