@@ -107,7 +107,7 @@ def _start(
         cp = yield Load(run_id)
         if cp is None:
             victims = yield from _flow_runs.check_start(flow, run_id)
-            fresh = evolve(queued(workflow, run_id, given or {}, flow=flow), input=given)
+            fresh = evolve(queued(workflow, run_id, given or {}), input=given, flow=flow)
             try:
                 saved: Checkpoint = yield Save(fresh, "start")
             except ConflictError:

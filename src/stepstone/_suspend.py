@@ -24,7 +24,7 @@ from ._checkpoint import DUE_NOW, MAX_RUN_ID_LENGTH, Checkpoint, Signal, evolve,
 from ._codec import encode_state, pristine
 from ._effects import Announce, Call, Effect, Load, Renewing, Save, Together
 from ._errors import ConflictError, InvalidState, InvalidWorkflow, LeaseLost, StoreError
-from ._flow import _runs as _flow_runs
+from ._flow._runs import check_max_concurrency, with_flow
 from ._mapseen import SEEN as _SEEN
 from ._mapseen import Key as _Key
 from ._mapseen import nudged
@@ -279,9 +279,8 @@ class Map(SuspendingStep):
         self.workflow = workflow
         self.items = items
         self.retry = retry
-        #: Flow control (issue 37): at most this many children run at once, each holding
-        #: the key ``map/<parent>/<name>`` from its claim to its end (``_flow._runs``).
-        self.max_concurrency = _flow_runs.check_max_concurrency(name, max_concurrency)
+        #: Flow control (issue 37): at most this many children at once (``_flow._runs``).
+        self.max_concurrency = check_max_concurrency(name, max_concurrency)
 
     def __repr__(self) -> str:
         return f"Map({self.name!r}, {self.workflow!r})"
@@ -417,7 +416,7 @@ class Map(SuspendingStep):
         if missing:
             saves: list[Load | Save] = [
                 Save(
-                    queued(self.workflow, ids[n], inputs[n], cp.run_id, self._flow(cp)),
+                    with_flow(queued(self.workflow, ids[n], inputs[n], parent=cp.run_id), self),
                     f"start child {ids[n]}",
                     owned=False,
                 )
@@ -434,12 +433,6 @@ class Map(SuspendingStep):
             yield Announce(local=True)
         return cast(list[Checkpoint], loaded)
 
-    def _flow(self, cp: Checkpoint) -> dict[str, Any] | None:
-        """Return the ``flow`` of this Map's children: its workflow's keys, and its own."""
-        return _flow_runs.child_flow(
-            self.workflow.limits, cp.run_id, self.name, self.max_concurrency
-        )
-
     def _child(
         self, cp: Checkpoint, child_id: str, item: dict[str, Any]
     ) -> Generator[Effect, Any, Checkpoint]:
@@ -448,7 +441,7 @@ class Map(SuspendingStep):
             child: Checkpoint | None = yield Load(child_id)
             if child is not None:
                 return child
-            fresh = queued(self.workflow, child_id, item, cp.run_id, self._flow(cp))
+            fresh = with_flow(queued(self.workflow, child_id, item, parent=cp.run_id), self)
             try:
                 created: Checkpoint = yield Save(fresh, f"start child {child_id}", owned=False)
                 _hooks.fire("map.child_created")
@@ -507,16 +500,9 @@ def _requeue(child: Checkpoint) -> Generator[Effect, Any, Checkpoint]:
 
 
 def queued(
-    workflow: Workflow,
-    run_id: str,
-    input: dict[str, Any],
-    parent: str | None = None,
-    flow: dict[str, Any] | None = None,
+    workflow: Workflow, run_id: str, input: dict[str, Any], parent: str | None = None
 ) -> Checkpoint:
-    """Return the record of a new run of ``workflow``, queued for a worker.
-
-    ``flow``: the run's limit keys (``_flow._runs``); ``start`` and ``Map`` give them.
-    """
+    """Return the record of a new run of ``workflow``, queued for a worker."""
     return Checkpoint(
         run_id=run_id,
         state=encode_state(input)[1],
@@ -527,7 +513,6 @@ def queued(
         queued=True,
         parent=parent,
         history=workflow.history,
-        flow=flow,
     )
 
 

@@ -30,7 +30,7 @@ from . import _ops
 from ._hook import Park, park, resumed
 from ._limit import MAX_KEY_LENGTH, Limit, LimitReached, check_key
 
-__all__ = ["check_max_concurrency", "check_start", "child_flow", "end", "run_flow", "take"]
+__all__ = ["check_max_concurrency", "check_start", "end", "run_flow", "take", "with_flow"]
 
 Gen = Generator[Effect, Any, Any]
 MAX_PRIORITY = 1_000_000
@@ -98,13 +98,14 @@ def map_key(parent: str, name: str) -> str:
     return f"map/{digest[:32]}"
 
 
-def child_flow(
-    declared: Sequence[Limit | str], parent: str, name: str, max_concurrency: int | None
-) -> dict[str, Any] | None:
-    """Return the ``flow`` of a ``Map``'s child: its workflow's keys, and the Map's own."""
-    if max_concurrency is not None:
-        declared = [*declared, Limit(map_key(parent, name), concurrency=max_concurrency)]
-    return run_flow(declared, None, 0)
+def with_flow(child: Checkpoint, step: Any) -> Checkpoint:
+    """Return a new child of ``Map`` ``step`` holding its workflow's keys and the Map's own."""
+    declared: Sequence[Limit | str] = step.workflow.limits
+    if step.max_concurrency is not None and child.parent is not None:
+        key = map_key(child.parent, step.name)
+        declared = [*declared, Limit(key, concurrency=step.max_concurrency)]
+    flow = run_flow(declared, None, 0)
+    return child if flow is None else evolve(child, flow=flow)
 
 
 def _declared(flow: dict[str, Any], key: str) -> Limit | None:
