@@ -350,3 +350,32 @@ def test_cancel_running_stops_the_holder(local: Store) -> None:
     assert local.load("old").status == "cancelled"  # type: ignore[union-attr]
     assert [type(e).__name__ for e in errors] == ["RunCancelled"]
     assert run("new", flow, local) == {"first": True, "second": True}
+
+
+def test_code_workflow_rate_limited_parks_and_blocks(local: Store) -> None:
+    """A ctx.step raising RateLimited parks the run until then and blocks its key."""
+    from datetime import timedelta
+
+    from stepstone import RateLimited
+    from stepstone.testing import FakeClock
+
+    answers: list[BaseException | None] = [RateLimited(30), None]
+
+    def call() -> int:
+        answer = answers.pop(0)
+        if answer is not None:
+            raise answer
+        return 5
+
+    @workflow("rl-user")
+    def user(ctx: Any, input: State) -> int:
+        return int(ctx.step("call", call, limits=[Limit("llm", rpm=600)]))
+
+    with FakeClock() as clock:
+        with pytest.raises(Suspended, match="limit:llm"):
+            run("rl", user, local)
+        usage = limit_usage(local, "llm")
+        assert usage is not None and usage.blocked_until == clock.now() + timedelta(seconds=30)
+        clock.advance(timedelta(seconds=30))
+        assert run("rl", user, local)["result"] == 5
+    assert answers == []

@@ -186,7 +186,23 @@ def _other(
         return (yield from _map(plan, cp, index, state, session, request))
     if kind == "acquire":
         return (yield from _acquire(plan, cp, session, request, held))
+    if kind == "rate_limited":
+        return (yield from _rate_limited(cp, session, request, held))
     return (yield from _wait(plan, cp, session, request))
+
+
+def _rate_limited(
+    cp: Checkpoint, session: Session, request: tuple[Any, ...], held: dict[int, FlowCall]
+) -> Generator[Effect, Any, tuple[Checkpoint, Wait | None]]:
+    """A call raised ``RateLimited``: give back its keys, block them, park the run."""
+    _, seq, _call, error, _reply = request
+    taken = held.pop(seq, FlowCall())
+    keys = list(taken.held)
+    yield from _flow.give_back(cp.run_id, cp.epoch, taken, ran=True)
+    until = yield from _flow.rate_limited(error, keys)
+    session.stop("stopped")
+    key = error.key or (keys[0] if keys else "rate")
+    return cp, Wait(f"limit:{key}", datetime.fromtimestamp(until, UTC))
 
 
 def _give_back(

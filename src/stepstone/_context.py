@@ -19,7 +19,7 @@ from ._checkpoint import utcnow
 from ._codec import copy_containers
 from ._errors import InvalidWorkflow, safe_text
 from ._flow._call import check_tokens
-from ._flow._limit import Limit, check_limits
+from ._flow._limit import Limit, RateLimited, check_limits
 from ._journal import answer_of, entry_failed, entry_ok, json_value
 from ._observe import logger
 from ._session import POOL_THREADS, CallFailed, Session, close, inside
@@ -144,6 +144,8 @@ def _run_call(
                     "`async def` workflow, or pass a plain function"
                 )
         except Exception as exc:
+            if isinstance(exc, RateLimited):  # flow control: park the run, block its keys
+                session.ask(("rate_limited", seq, call, exc))
             if _should_retry(policy, attempt, exc):
                 assert policy is not None
                 _clock.sleep(policy.delay(attempt))
@@ -383,6 +385,8 @@ class AsyncWorkflowContext:
                     if inspect.isawaitable(result):
                         result = await result
             except Exception as exc:
+                if isinstance(exc, RateLimited):  # flow control: park the run, block its keys
+                    await session.aask(("rate_limited", seq, call, exc))
                 if _should_retry(policy, attempt, exc):
                     assert policy is not None
                     await _clock.asleep(policy.delay(attempt))
