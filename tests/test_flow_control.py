@@ -436,3 +436,15 @@ def test_async_runs_take_limits(local: Store) -> None:
     asyncio.run(main())
     usage = limit_usage(local, "alimit")
     assert usage is not None and usage.holders == {}
+
+
+def test_ctx_acquire_restarts_the_step_on_its_saved_state(local: Store) -> None:
+    """A step that changed its state before ctx.acquire is called again on the saved one."""
+    set_limit(local, Limit("k", concurrency=1))
+
+    def step(state: State, ctx: Any) -> State:
+        state["n"] = state.get("n", 0) + 1  # changed in place, before the acquisition
+        ctx.acquire("k")
+        return {"seen": state["n"]}
+
+    assert run("r", [Step("s", step)], local, input={"n": 10}) == {"n": 11, "seen": 11}

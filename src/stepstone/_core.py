@@ -334,7 +334,7 @@ def _run_step(
                 cp = _latest(plan, cp)
                 extra = yield from _flow.after_error(plan, cp, step, call, error, attempt, write)
                 if extra is not None:  # ``ctx.acquire`` of a key not held: take it first
-                    attempt -= 1
+                    attempt, working = attempt - 1, pristine(cp)
                     continue
                 step_span.record_exception(error)
                 if (

@@ -32,7 +32,7 @@ PREFIX = "~limit/"
 MAX_KEY_LENGTH = 200
 Policy = Literal["queue", "reject", "replace_pending", "cancel_running"]
 #: What happens when a key is full. ``queue``: wait (the run parks, holding no thread).
-#: ``reject``: a step fails with ``LimitReached`` (its retry policy applies), and
+#: ``reject``: a step fails with ``LimitReached`` (recorded, not retried), and
 #: ``start`` of a run holding the key refuses it. For a run's own keys (``start``):
 #: ``replace_pending`` cancels the runs started with the key that have not taken it yet
 #: (debounce), ``cancel_running`` cancels the runs holding it; a step's keys queue.
