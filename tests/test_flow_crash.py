@@ -6,7 +6,8 @@ the slot back, handed to a parked waiter it never woke). A second process opens 
 store from its config string and must get every run through the key: the dead
 holder's slot is reclaimed (its owner is a dead process here; elsewhere a worker's
 takeover moves the epoch), the handed slot is taken by its waiter, and in the end no
-slot is held.
+slot is held. And three worker processes through one key never hold more slots than it
+allows (intervals logged on the host's one monotonic clock).
 """
 
 from __future__ import annotations
@@ -79,3 +80,58 @@ def test_a_killed_holder_leaks_no_slot(point: str, tmp_path: Path) -> None:
     assert code == -signals.SIGKILL, f"the holder was not killed at {point}: {code} {err[-2000:]}"
     code, err = reap(spawn(_CHECKER, config, point), "the checker")
     assert code == 0, f"the fresh process found a leaked slot or a stuck run: {err[-2000:]}"
+
+
+_SERVER = r"""
+import os, sys, threading, time
+from stepstone import Limit, Step, Worker, Workflow, open_store
+
+config, log, total = sys.argv[1], sys.argv[2], int(sys.argv[3])
+
+def work(state):
+    began = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process of the host
+    threading.Event().wait(0.05)
+    with open(log, "a") as f:
+        f.write(f"{began} {time.monotonic()}\n")
+    return {"done": True}
+
+flow = Workflow("pooled", [Step("work", work)], limits=[Limit("pool", concurrency=2)])
+store = open_store(config)
+worker = Worker(store, [flow], concurrency=2, poll=0.05)
+thread = threading.Thread(target=worker.serve)
+thread.start()
+deadline = time.monotonic() + 100
+while store.count_by_status().get("done", 0) < total and time.monotonic() < deadline:
+    time.sleep(0.05)
+worker.stop()
+thread.join()
+"""
+
+
+@pytest.mark.process
+def test_processes_never_exceed_concurrency(tmp_path: Path) -> None:
+    """Three worker processes, 2 threads each, 12 runs of a concurrency-2 key: never 3."""
+    from stepstone import Step, Workflow, limit_usage, start
+
+    config = f"sqlite:///{tmp_path}/runs.db"
+    flow = Workflow("pooled", [Step("work", lambda s: None)], limits=[Limit("pool", concurrency=2)])
+    with open_store(config) as store:
+        for i in range(12):
+            start(store, flow, f"r{i}")
+    log = tmp_path / "intervals"
+    procs = [spawn(_SERVER, config, str(log), "12") for _ in range(3)]
+    for proc in procs:
+        code, err = reap(proc, "a worker process")
+        assert code == 0, err[-2000:]
+    intervals = [tuple(map(float, line.split())) for line in log.read_text().splitlines()]
+    assert len(intervals) >= 12
+    events = sorted([(b, 1) for b, _ in intervals] + [(e, -1) for _, e in intervals])
+    inside = most = 0
+    for _, change in events:
+        inside += change
+        most = max(most, inside)
+    assert most <= 2, f"{most} holders at once"
+    with open_store(config) as store:
+        assert all(store.load(f"r{i}").status == "done" for i in range(12))  # type: ignore[union-attr]
+        usage = limit_usage(store, "pool")
+        assert usage is not None and usage.holders == {}
