@@ -295,7 +295,7 @@ def _run_step(
                 )
                 step_span.set_attribute("outcome", "exhausted")
                 yield from _fail(plan, cp, index, step.name, attempt - 1, exc)
-            if _flow.wants(step, extra, cp):
+            if step.limits or extra is not None or cp.waiting_for is not None:
                 cp = yield from _flow.before(plan, index, cp, working, call, extra, write, _fail)
             if durable_attempts:
                 # Count the attempt before making it: a crash inside must not reset it.

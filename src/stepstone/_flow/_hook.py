@@ -127,11 +127,6 @@ def rate_limited(error: RateLimited, keys: list[str]) -> Generator[Effect, Any, 
 Write = Callable[[Any, Checkpoint, Checkpoint, str], Generator[Effect, Any, Checkpoint]]
 
 
-def wants(step: Any, extra: tuple[str, float] | None, cp: Checkpoint) -> bool:
-    """Return whether a call of ``step`` has limits to take (or a parked wait to end)."""
-    return bool(getattr(step, "limits", ())) or extra is not None or resumed(cp)
-
-
 def before(
     plan: Any,
     index: int,
