@@ -379,3 +379,17 @@ def test_code_workflow_rate_limited_parks_and_blocks(local: Store) -> None:
         clock.advance(timedelta(seconds=30))
         assert run("rl", user, local)["result"] == 5
     assert answers == []
+
+
+def test_a_workflow_run_directly_holds_its_keys(local: Store) -> None:
+    """run() of a new run of a Workflow with limits holds them, as a started run does."""
+
+    def check(state: State) -> State:
+        usage = limit_usage(local, "direct")
+        assert usage is not None
+        return {"holders": list(usage.holders)}
+
+    flow = Workflow("direct", [Step("check", check)], limits=[Limit("direct", concurrency=1)])
+    assert run("d1", flow, local) == {"holders": ["d1"]}
+    cp = local.load("d1")
+    assert cp is not None and cp.flow is not None and cp.flow["keys"] == ["direct"]

@@ -17,6 +17,7 @@ from . import _lease
 from ._checkpoint import Checkpoint, check_run_id
 from ._codec import encode_state
 from ._errors import InputMismatch, InvalidWorkflow, WorkflowChanged
+from ._flow._runs import run_flow
 from ._observe import tracing
 from ._plan import Plan
 from ._steps import Workflow, check_steps, workflow_label
@@ -74,6 +75,7 @@ def make_plan(
         on=tracing(),
         preclaimed=preclaimed,
         history=isinstance(steps, Workflow) and steps.history,
+        flow=run_flow(steps.limits, None, 0) if isinstance(steps, Workflow) else None,
     )
 
 

@@ -28,6 +28,7 @@ class Plan:
 
     __slots__ = (
         "current",
+        "flow",
         "history",
         "input",
         "lease",
@@ -56,6 +57,7 @@ class Plan:
         on: bool,
         preclaimed: Checkpoint | None = None,
         history: bool = False,
+        flow: dict[str, Any] | None = None,
     ) -> None:
         # --- the run's inputs, fixed -------------------------------------------------
         self.run_id: Final = run_id
@@ -66,6 +68,8 @@ class Plan:
         self.workflow: Final = workflow
         #: A new run keeps every save (``Workflow(history=True)``).
         self.history: Final = history
+        #: A new run's flow-control keys, from its workflow's ``limits`` (``_flow._runs``).
+        self.flow: Final = flow
         self.owner: Final = owner
         self.lease: Final = lease
         #: Whether spans are recorded (an OpenTelemetry SDK is configured).
