@@ -393,3 +393,17 @@ def test_a_workflow_run_directly_holds_its_keys(local: Store) -> None:
     assert run("d1", flow, local) == {"holders": ["d1"]}
     cp = local.load("d1")
     assert cp is not None and cp.flow is not None and cp.flow["keys"] == ["direct"]
+
+
+def test_keys_made_from_a_template_follow_it(local: Store) -> None:
+    """Changing tenant changes tenant:acme, until tenant:acme is set itself."""
+    from stepstone import get_limit
+
+    set_limit(local, Limit("tenant", concurrency=1))
+    flow = Workflow("t", [Step("s", lambda s: None)])
+    start(local, flow, "r", keys={"tenant": "acme"})
+    set_limit(local, Limit("tenant", concurrency=3))
+    assert get_limit(local, "tenant:acme").concurrency == 3  # type: ignore[union-attr]
+    set_limit(local, Limit("tenant:acme", concurrency=5))
+    set_limit(local, Limit("tenant", concurrency=2))
+    assert get_limit(local, "tenant:acme").concurrency == 5  # type: ignore[union-attr]

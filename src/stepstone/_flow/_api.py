@@ -8,6 +8,7 @@ blocked.
 from __future__ import annotations
 
 from collections.abc import Generator
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -107,16 +108,34 @@ def _check_limit(limit: object) -> Limit:
 def set_limit(store: Store, limit: Limit) -> Limit:
     """Store ``limit`` (create its record, or change its values; holders are kept).
 
+    The keys made from it as a template (``start(keys={"tenant": ...})`` makes
+    ``tenant:acme`` from ``tenant``) change with it, unless they were set themselves.
+
     Raises:
         ConfigError: ``limit`` is not a ``Limit``.
         StoreError: the store failed.
     """
-    return drive(store, _ops.write_limit(_check_limit(limit)))  # type: ignore[no-any-return]
+    saved: Limit = drive(store, _ops.write_limit(_check_limit(limit)))
+    for key in _ops.keys_of(store.list_runs()):
+        if key.startswith(f"{limit.key}:"):
+            cp = store.load(record_id(key))
+            if cp is not None and cp.state.get("template") == limit.key:
+                derived = replace(limit, key=key, updated_at=None)
+                drive(store, _ops.write_limit(derived, template=limit.key))
+    return saved
 
 
 async def aset_limit(store: Store, limit: Limit) -> Limit:
     """``set_limit`` for async callers."""
-    return await adrive(store, _ops.write_limit(_check_limit(limit)))  # type: ignore[no-any-return]
+    saved: Limit = await adrive(store, _ops.write_limit(_check_limit(limit)))
+    keys = _ops.keys_of(iter([run_id async for run_id in store.alist_runs()]))
+    for key in keys:
+        if key.startswith(f"{limit.key}:"):
+            cp = await store.aload(record_id(key))
+            if cp is not None and cp.state.get("template") == limit.key:
+                derived = replace(limit, key=key, updated_at=None)
+                await adrive(store, _ops.write_limit(derived, template=limit.key))
+    return saved
 
 
 def get_limit(store: Store, key: str) -> Limit | None:

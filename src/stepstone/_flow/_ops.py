@@ -87,12 +87,16 @@ def find(key: str, declared: Limit | None = None) -> Generator[Effect, Any, Chec
         cp: Checkpoint | None = yield Load(record_id(key))
         if cp is not None:
             return cp
+        record = None
         if declared is None and ":" in key:
-            # A dynamic key (``tenant:acme``) is limited as its template (``tenant``) is.
-            template: Checkpoint | None = yield Load(record_id(key.partition(":")[0]))
+            # A dynamic key (``tenant:acme``) is limited as its template (``tenant``) is,
+            # and follows it when ``set_limit`` changes the template.
+            name = key.partition(":")[0]
+            template: Checkpoint | None = yield Load(record_id(name))
             if template is not None:
-                config = template.state.get("config", {})
-                declared = Limit.from_config(key, config, None)
+                declared = Limit.from_config(key, template.state.get("config", {}), None)
+                record = _new_record(declared)
+                record = evolve(record, state={**record.state, "template": name})
         if declared is None:
             raise ConfigError(
                 f"unknown limit key {key!r}: no limit is stored under it; declare it with "
@@ -100,21 +104,30 @@ def find(key: str, declared: Limit | None = None) -> Generator[Effect, Any, Chec
                 "or pass a Limit instead of its key"
             )
         try:
-            created: Checkpoint = yield Save(_new_record(declared), f"limit {key}", owned=False)
+            created: Checkpoint = yield Save(
+                record or _new_record(declared), f"limit {key}", owned=False
+            )
         except ConflictError:
             continue
         return created
     raise ConflictError(f"limit {key!r}: could not create its record", record_id(key))
 
 
-def write_limit(limit: Limit) -> Generator[Effect, Any, Limit]:
-    """Store ``limit``'s values on its record (created if absent), keeping its holders."""
+def write_limit(limit: Limit, *, template: str | None = None) -> Generator[Effect, Any, Limit]:
+    """Store ``limit``'s values on its record (created if absent), keeping its holders.
+
+    ``template``: the change comes from that template key (the record follows it); a
+    change made to the key itself detaches it from its template.
+    """
     for _ in range(_TRIES):
         cp: Checkpoint | None = yield Load(record_id(limit.key))
         if cp is None:
             target = _new_record(limit)
         else:
-            target = evolve(cp, state={**cp.state, "config": limit.config()})
+            state = {**cp.state, "config": limit.config()}
+            if template is None:
+                state.pop("template", None)
+            target = evolve(cp, state=state)
         try:
             saved: Checkpoint = yield Save(target, f"limit {limit.key}", owned=False)
         except ConflictError:
