@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections import OrderedDict
 from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any
 
@@ -35,11 +34,6 @@ __all__ = ["check_max_concurrency", "check_start", "end", "run_flow", "take", "w
 Gen = Generator[Effect, Any, Any]
 MAX_PRIORITY = 1_000_000
 _BAD = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
-#: Executions that hold their run keys in this process: (run_id, epoch) -> True. A
-#: cache of "already taken" (an acquisition at the same epoch is granted again anyway),
-#: bounded so that runs that ended elsewhere cannot make it grow.
-_TAKEN: OrderedDict[tuple[str, int], bool] = OrderedDict()
-_TAKEN_MAX = 10_000
 
 
 def run_flow(
@@ -163,11 +157,14 @@ def take(
 ) -> Generator[Effect, Any, Checkpoint]:
     """Take the run's own keys after its claim, or park it on the first that is full.
 
+    Called once per execution (``_core.execute``); a slot already held at this epoch
+    is granted again without a charge.
+
     Raises:
         Suspended: the run was parked (saved waiting on ``limit:<key>``, lease given back).
     """
     flow = cp.flow
-    if not flow or not flow.get("keys") or (cp.run_id, cp.epoch) in _TAKEN:
+    if not flow or not flow.get("keys"):
         return cp
     if resumed(cp):
         cp = yield from write(
@@ -184,9 +181,6 @@ def take(
         for each in taken:
             yield from _ops.release(each, cp.run_id, cp.epoch)
         yield from park(plan, cp, Park(key, decision.retry_at), cp.attempt, write)
-    _TAKEN[(cp.run_id, cp.epoch)] = True
-    while len(_TAKEN) > _TAKEN_MAX:
-        _TAKEN.popitem(last=False)
     return cp
 
 
@@ -195,7 +189,6 @@ def end(cp: Checkpoint) -> Gen:
     flow = cp.flow
     if not flow or not flow.get("keys"):
         return
-    _TAKEN.pop((cp.run_id, cp.epoch), None)
     for key in flow["keys"]:
         # The run gave its lease back first: its slots have lapsed; a release is written
         # only to hand a slot to a waiter (best effort: a waiter also polls).
