@@ -108,7 +108,7 @@ def _serve(config: str, limited: bool, concurrency: int, total: int) -> None:
     worker = Worker(store, [_workflow(limited, concurrency)], concurrency=2, poll=0.05)
     thread = threading.Thread(target=worker.serve)
     thread.start()
-    while store.count_by_status().get("done", 0) < total:
+    while store.count_by_status("run-").get("done", 0) < total:  # not ~limit/ records
         time.sleep(0.1)
     worker.stop()
     thread.join()
@@ -119,7 +119,7 @@ def fleet(config: str, runs: int, processes: int, limited: bool, concurrency: in
     prefix = uuid.uuid4().hex[:8]  # a server store may be shared by the three fleets
     with open_store(config) as store:
         flow = _workflow(limited, concurrency)
-        done_before = store.count_by_status().get("done", 0)
+        done_before = store.count_by_status("run-").get("done", 0)
         for i in range(runs):
             start(store, flow, f"run-{prefix}-{i}")
     context = multiprocessing.get_context("spawn")

@@ -39,7 +39,7 @@ def stepstone_rate(runs: int, limited: bool) -> float:
         thread = threading.Thread(target=worker.serve)
         began = time.perf_counter()
         thread.start()
-        while store.count_by_status().get("done", 0) < runs:
+        while store.count_by_status("r").get("done", 0) < runs:  # not ~limit/ records
             time.sleep(0.02)
         elapsed = time.perf_counter() - began
         worker.stop()
