@@ -32,3 +32,5 @@ def test_limits_page_shows_holders_and_waiters(tmp_path: Path) -> None:
     assert "gpu" in limits and "concurrency 1, 60 requests/60s, queue" in limits
     assert 'href="/runs/holder"' in limits and 'href="/runs/waiter"' in limits
     assert "~limit/" not in pages["runs"] and "waiter" in pages["runs"]
+    # Two runs (the holder, running; the waiter); the limit record is not counted.
+    assert 'data-status="any">all <b>2</b>' in pages["runs"]

@@ -77,6 +77,9 @@ def _list_digest(counts: dict[str, int], infos: list[RunInfo]) -> str:
 def _list_data(dash: Dashboard, flt: _Filter) -> tuple[dict[str, int], list[RunInfo], bool]:
     store = dash.store()
     counts = store.count_by_status(flt.prefix)
+    if LIMIT_PREFIX.startswith(flt.prefix):  # limit records read as done runs: not runs
+        for status, n in store.count_by_status(LIMIT_PREFIX).items():
+            counts[status] = counts.get(status, 0) - n
     limit = dash.page_size + 1
     infos = store.list_page(flt.status, prefix=flt.prefix, after=flt.after, limit=limit)
     more = len(infos) > dash.page_size
