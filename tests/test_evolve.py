@@ -97,6 +97,7 @@ def test_evolve_changes_only_what_it_is_given() -> None:
         "history": True,
         "streams": {"0": "token"},
         "timing": {"deadline": 60.0},
+        "flow": {"keys": ["k"], "limits": {}, "priority": 1},  # flow control (issue 37)
         "stored_state": Stored(1, "r", "v9", 3, None, None, None, None),
     }
     assert set(samples) == {f.name for f in FIELDS}

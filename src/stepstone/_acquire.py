@@ -98,6 +98,7 @@ def _create(plan: Plan) -> Generator[Effect, Any, Checkpoint | None]:
         workflow=workflow,
         workflow_version=version,
         history=plan.history,
+        flow=plan.flow,  # flow control: the keys its workflow declares
     )
     try:
         cp: Checkpoint = yield Save(_lease.claimed(fresh, plan.owner, plan.lease), "start")

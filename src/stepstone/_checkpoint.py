@@ -179,6 +179,8 @@ class Checkpoint:
         timing: The run's deadline (``Workflow(deadline=)``, ``start(deadline=)``):
             its length, the time it falls at (fixed at the first claim, inherited by a
             ``Map``'s children) and what happens then; None without one.
+        flow: Flow control: ``{"keys": [...], "limits": {key: config}, "priority": n}``
+            as ``start`` recorded it; None for a run with no keys and priority 0.
     """
 
     run_id: str
@@ -218,6 +220,9 @@ class Checkpoint:
     #: first claim, "deadline_at": ISO time, "on_deadline": "fail" | "wait"}``, each key
     #: optional; None for runs without one. Namespaced: one field for time control.
     timing: dict[str, Any] | None = None
+    #: Flow control (issue 37, ``_flow``): the run's own limit keys, the limits its
+    #: workflow declared for them, and its priority (``start(keys=, priority=)``).
+    flow: dict[str, Any] | None = None
     # What the store that produced this object knows of the stored state (``_statelog``):
     # lets the next save of a long run write only what changed. Never compared or shown.
     stored_state: Stored | None = field(default=None, repr=False, compare=False)
@@ -396,6 +401,7 @@ if TYPE_CHECKING:
         history: bool = ...,
         streams: dict[str, str] = ...,
         timing: dict[str, Any] | None = ...,
+        flow: dict[str, Any] | None = ...,
         stored_state: Stored | None = ...,
     ) -> Checkpoint:
         """Return a copy of ``cp`` with the fields given changed, like ``dataclasses.replace``."""

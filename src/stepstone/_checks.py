@@ -18,6 +18,7 @@ from ._budget import check_budget
 from ._checkpoint import Checkpoint, check_run_id
 from ._codec import encode_state
 from ._errors import InputMismatch, InvalidWorkflow, WorkflowChanged
+from ._flow._runs import run_flow
 from ._observe import tracing
 from ._plan import Plan
 from ._steps import Workflow, check_steps, workflow_label
@@ -93,6 +94,7 @@ def make_plan(
         history=isinstance(steps, Workflow) and steps.history,
         # Spend budgets (``_budget``): the run's own, else its workflow's.
         budget=check_budget(budget) or (steps.budget if isinstance(steps, Workflow) else None),
+        flow=run_flow(steps.limits, None, 0) if isinstance(steps, Workflow) else None,
     )
     if isinstance(steps, Workflow):  # issue 33: the workflow's deadline (``_deadline``)
         plan.deadline, plan.on_deadline = steps.deadline, steps.on_deadline

@@ -23,8 +23,8 @@ it cannot answer runs for real. Code between calls therefore re-runs.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Coroutine, Generator, Mapping
-from datetime import timedelta
+from collections.abc import Callable, Coroutine, Generator, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from . import _budget, _hooks, _lease, _spending
@@ -35,6 +35,7 @@ from ._core import Interrupted, write
 from ._core import _finish_cancelled as finish_cancelled
 from ._effects import Announce, Call, Effect
 from ._errors import (
+    ConfigError,
     ConflictError,
     InvalidState,
     InvalidWorkflow,
@@ -42,6 +43,9 @@ from ._errors import (
     WorkflowChanged,
     safe_text,
 )
+from ._flow import _hook as _flow
+from ._flow._call import FlowCall
+from ._flow._limit import Limit, LimitReached
 from ._journal import (
     ATTEMPTS_KEY,
     JOURNAL_KEY,
@@ -103,9 +107,10 @@ class CodeStep(SuspendingStep):
         waiting = cp.waiting_for or ""
         if waiting.startswith("signal ") and pending_signals(cp, waiting[len("signal ") :]):
             return True
-        return _due(cp.wake_at)
+        # A key may have come free before the due time (flow control): ask it again.
+        return waiting.startswith("limit:") or _due(cp.wake_at)
 
-    def evaluate(  # noqa: C901 - one branch per kind of request, read in one place
+    def evaluate(
         self, plan: Plan, cp: Checkpoint, index: int, state: State, first: bool
     ) -> Generator[Effect, Any, Outcome]:
         recorded = recorded_calls(plan.run_id, journal_of(cp.state))
@@ -118,6 +123,7 @@ class CodeStep(SuspendingStep):
         # Awaited under arun. The sync driver calls it instead, and gets a coroutine: the
         # core then waits in the driver's thread (``next_requests``).
         waiter = Waiter(self.name, session.anext_requests, True)
+        held: dict[int, FlowCall] = {}  # flow control: the keys each call in flight holds
         try:
             while True:
                 batch = yield Call(waiter, state, None, cp)
@@ -143,6 +149,7 @@ class CodeStep(SuspendingStep):
                     for request in saves:
                         session.answered(request[2])
                         request[2].ok(None)
+                    yield from _give_back(cp, saves, held)
                 for request in batch:
                     kind = request[0]
                     if kind == "save":
@@ -159,14 +166,90 @@ class CodeStep(SuspendingStep):
                         cp, wait = yield from _sleep(plan, cp, session, request)
                     elif kind in ("charge", "budget"):  # spend budgets (``_budget``)
                         cp, wait = yield from _spend_request(plan, cp, session, request)
-                    elif kind == "map":
-                        cp, wait = yield from _map(plan, cp, index, state, session, request)
-                    else:
-                        cp, wait = yield from _wait(plan, cp, session, request)
+                    else:  # map, acquire, rate_limited, wait (``_other``)
+                        cp, wait = yield from _other(plan, cp, index, state, session, request, held)
                     if wait is not None:
                         return wait
         finally:
             session.stop("stopped")
+            # Keys of calls that will not be journaled now (the run parks, fails or is
+            # handed over) lapse with the lease the run gives back.
+
+
+def _other(
+    plan: Plan,
+    cp: Checkpoint,
+    index: int,
+    state: State,
+    session: Session,
+    request: tuple[Any, ...],
+    held: dict[int, FlowCall],
+) -> Generator[Effect, Any, tuple[Checkpoint, Wait | None]]:
+    """Perform a ``map``, ``acquire`` or ``wait`` request."""
+    kind = request[0]
+    if kind == "map":
+        return (yield from _map(plan, cp, index, state, session, request))
+    if kind == "acquire":
+        return (yield from _acquire(plan, cp, session, request, held))
+    if kind == "rate_limited":
+        return (yield from _rate_limited(cp, session, request, held))
+    return (yield from _wait(plan, cp, session, request))
+
+
+def _rate_limited(
+    cp: Checkpoint, session: Session, request: tuple[Any, ...], held: dict[int, FlowCall]
+) -> Generator[Effect, Any, tuple[Checkpoint, Wait | None]]:
+    """A call raised ``RateLimited``: give back its keys, block them, park the run."""
+    _, seq, _call, error, _reply = request
+    taken = held.pop(seq, FlowCall())
+    keys = list(taken.held)
+    yield from _flow.give_back(cp.run_id, cp.epoch, taken, ran=True)
+    until = yield from _flow.rate_limited(error, keys)
+    session.stop("stopped")
+    key = error.key or (keys[0] if keys else "rate")
+    return cp, Wait(f"limit:{key}", datetime.fromtimestamp(until, UTC))
+
+
+def _give_back(
+    cp: Checkpoint, saves: list[tuple[Any, ...]], held: dict[int, FlowCall]
+) -> Generator[Effect, Any, None]:
+    """Give back the keys of the calls just journaled for good (flow control)."""
+    for request in saves:
+        taken = held.pop(request[1]["seq"], None)
+        if taken is not None:
+            yield from _flow.give_back(cp.run_id, cp.epoch, taken, ran=True)
+
+
+def _acquire(
+    plan: Plan,
+    cp: Checkpoint,
+    session: Session,
+    request: tuple[Any, ...],
+    held: dict[int, FlowCall],
+) -> Generator[Effect, Any, tuple[Checkpoint, Wait | None]]:
+    """Take the keys of call ``seq`` (flow control), or park the run on the first full one."""
+    _, seq, _call, want, reply = request
+    if _flow.resumed(cp):
+        cp = yield from write(plan, cp, evolve(cp, waiting_for=None, wake_at=None), "limit")
+    taken = FlowCall()
+    priority = int(cp.flow.get("priority", 0)) if cp.flow else 0
+    try:
+        wait = yield from _flow.take(cp.run_id, cp.epoch, want, taken, priority)
+    except (ConfigError, LimitReached) as exc:
+        session.answered(reply)
+        reply.fail(exc)  # the call raises it in the function
+        return cp, None
+    if wait is None:
+        held[seq] = taken
+        session.answered(reply)
+        reply.ok(None)
+        return cp, None
+    session.stop("stopped")
+    if wait.retry_at is None:
+        wake = utcnow() + timedelta(seconds=_flow.LIMIT_POLL)
+    else:
+        wake = datetime.fromtimestamp(wait.retry_at, UTC)
+    return cp, Wait(f"limit:{wait.key}", wake)
 
 
 def _boundary(plan: Plan, cp: Checkpoint) -> Generator[Effect, Any, None]:
@@ -482,11 +565,17 @@ class CodeWorkflow(Workflow):
         version: str | None = None,
         history: bool = False,
         upgrades: Upgrades | None = None,
+        limits: Sequence[Limit | str] = (),
     ) -> None:
         if not callable(fn):
             raise InvalidWorkflow(f"workflow {name!r}: expected a function, got {fn!r}")
         super().__init__(
-            name, [CodeStep(name, fn)], version=version, history=history, upgrades=upgrades
+            name,
+            [CodeStep(name, fn)],
+            version=version,
+            history=history,
+            upgrades=upgrades,
+            limits=limits,
         )
         self.fn = fn
         self.is_async = inspect.iscoroutinefunction(fn)
@@ -503,6 +592,7 @@ def workflow(
     version: str | None = None,
     history: bool = False,
     upgrades: Upgrades | None = None,
+    limits: Sequence[Limit | str] = (),
 ) -> Callable[
     [Callable[[Any, State], Any] | Callable[[Any, State], Coroutine[Any, Any, Any]]],
     CodeWorkflow,
@@ -515,6 +605,7 @@ def workflow(
     ``upgrades`` moves runs of older versions onto this one, as a step list's does
     (``{"1": fn}``: ``fn`` gets the run's state, its journal included, and returns the
     new one); the new function must make the calls the journal recorded, in order.
+    ``limits``: flow-control keys each run holds while it executes (``Workflow``'s).
 
     Example::
 
@@ -529,6 +620,8 @@ def workflow(
     def decorate(
         fn: Callable[[Any, State], Any] | Callable[[Any, State], Coroutine[Any, Any, Any]],
     ) -> CodeWorkflow:
-        return CodeWorkflow(name, fn, version=version, history=history, upgrades=upgrades)
+        return CodeWorkflow(
+            name, fn, version=version, history=history, upgrades=upgrades, limits=limits
+        )
 
     return decorate

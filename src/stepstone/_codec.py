@@ -180,6 +180,8 @@ def _add_runtime_meta(cp: Checkpoint, meta: dict[str, Any]) -> None:  # noqa: C9
         meta["streams"] = dict(cp.streams)
     if cp.timing:  # issue 33: absent on every run without a deadline
         meta["timing"] = cp.timing
+    if cp.flow is not None:  # flow control (issue 37); older documents have none
+        meta["flow"] = cp.flow
 
 
 def _meta_json(cp: Checkpoint, meta: dict[str, Any]) -> str:
@@ -197,6 +199,7 @@ def _meta_json(cp: Checkpoint, meta: dict[str, Any]) -> str:
     if (
         module is not None
         and cp.input is None
+        and cp.flow is None  # flow control's limits may hold any float: the standard way
         and not cp.signals
         and (lease is None or (type(lease) is float and 1e-4 <= lease < 1e16))
     ):
@@ -348,6 +351,11 @@ def _runtime_fields(doc: dict[str, Any]) -> dict[str, Any]:  # noqa: C901 - see 
         if not isinstance(streams, dict) or not all(isinstance(t, str) for t in streams.values()):
             raise TypeError("streams is not an object of attempt tokens")
         fields["streams"] = dict(streams)
+    flow = doc.get("flow")  # flow control (issue 37)
+    if flow is not None:
+        if not isinstance(flow, dict):
+            raise TypeError("flow is not an object")
+        fields["flow"] = flow
     return fields
 
 

@@ -11,7 +11,7 @@ import contextvars
 import inspect
 import random as randomlib
 import uuid as uuidlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Future
 from datetime import datetime, timedelta
 from typing import Any
@@ -21,6 +21,8 @@ from ._budget import check_fields, check_tokens, check_usd
 from ._checkpoint import utcnow
 from ._codec import copy_containers
 from ._errors import InvalidCharge, InvalidWorkflow, safe_text
+from ._flow._call import check_tokens as check_estimate
+from ._flow._limit import Limit, RateLimited, check_limits
 from ._journal import answer_of, entry_failed, entry_ok, json_value
 from ._session import POOL_THREADS, CallFailed, Session, close, inside
 from ._steps import (
@@ -61,6 +63,15 @@ def _check_step_name(name: object, what: str) -> str:
             f"calls are journaled under such names), got {checked!r}"
         )
     return checked
+
+
+def _limits(limits: object, tokens: object, what: str) -> list[Any] | None:
+    """Return what a call with ``limits`` takes (``_flow._hook.Wanted``), None if nothing."""
+    if not limits and tokens is None:
+        return None
+    checked = check_limits(limits, what)
+    estimate = 0.0 if tokens is None else check_estimate(tokens, what)
+    return [(e.key, estimate, e) if isinstance(e, Limit) else (e, estimate, None) for e in checked]
 
 
 def _check_retry(retry: object, what: str) -> RetryPolicy | None:
@@ -140,6 +151,8 @@ def _run_call(
         except Exception as exc:
             if scope is not None:
                 _stream.abandon(scope)
+            if isinstance(exc, RateLimited):  # flow control: park the run, block its keys
+                session.ask(("rate_limited", seq, call, exc))
             if retries(policy, attempt, exc):
                 _clock.sleep(policy.delay(attempt))
                 continue
@@ -205,6 +218,8 @@ class WorkflowContext:
         *args: Any,
         retry: RetryPolicy | None = None,
         timeout: float | timedelta | None = None,
+        limits: Sequence[Limit | str] = (),
+        tokens: float | None = None,
     ) -> Any:
         """Call ``fn(*args)`` once for this run; return its JSON result, journaled.
 
@@ -214,6 +229,8 @@ class WorkflowContext:
         The result (or the final failure, after ``retry``'s attempts) is saved in the run
         before this returns; on resume the journal returns it and ``fn`` is not called.
         Repeated names are numbered in call order (``revise#1``, ``revise#2``).
+        ``limits`` (flow control): keys the call holds, ``tokens`` estimated; a full key
+        parks the run (saved waiting on ``limit:<key>``) until it can take it.
 
         Raises:
             CallFailed: ``fn`` failed for good (now or, journaled, on an earlier run).
@@ -225,9 +242,12 @@ class WorkflowContext:
         seq, call = session.begin(_check_step_name(name, what), what)
         policy = _check_retry(retry, what)
         limit = _timeouts.check_timeout(what, "timeout", timeout)
+        want = _limits(limits, tokens, what)
         entry = session.replay(seq, call)
         if entry is not None:
             return _answer(session, entry)
+        if want:
+            session.ask(("acquire", seq, call, want))  # flow control: or the run parks
         return _run_call(session, seq, call, what, fn, args, policy, limit)
 
     def submit(
@@ -395,6 +415,8 @@ class AsyncWorkflowContext:
         *args: Any,
         retry: RetryPolicy | None = None,
         timeout: float | timedelta | None = None,
+        limits: Sequence[Limit | str] = (),
+        tokens: float | None = None,
     ) -> Awaitable[Any]:
         """Await ``fn(*args)`` once for this run (see ``WorkflowContext.step``).
 
@@ -409,8 +431,9 @@ class AsyncWorkflowContext:
         seq, call = session.begin(_check_step_name(name, what), what)
         policy = _check_retry(retry, what)
         limit = _timeouts.check_timeout(what, "timeout", timeout)
+        want = _limits(limits, tokens, what)
         entry = session.replay(seq, call)
-        return self._step(seq, call, what, entry, fn, args, policy, limit)
+        return self._step(seq, call, what, entry, fn, args, policy, limit, want)
 
     async def _step(
         self,
@@ -422,12 +445,15 @@ class AsyncWorkflowContext:
         args: tuple[Any, ...],
         policy: RetryPolicy | None,
         limit: float | None = None,
+        want: list[Any] | None = None,
     ) -> Any:
         import asyncio  # noqa: PLC0415 - see _AReply
 
         session = self._session
         if entry is not None:
             return _answer(session, entry)
+        if want:
+            await session.aask(("acquire", seq, call, want))  # flow control: or the run parks
         durable = policy is not None and policy.max_attempts > 1
         attempt = 0
         if session.budgeted:
@@ -457,6 +483,8 @@ class AsyncWorkflowContext:
             except Exception as exc:
                 if scope is not None:
                     _stream.abandon(scope)
+                if isinstance(exc, RateLimited):  # flow control: park the run, block its keys
+                    await session.aask(("rate_limited", seq, call, exc))
                 if retries(policy, attempt, exc):
                     await _clock.asleep(policy.delay(attempt))
                     continue

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -32,6 +32,7 @@ from ._errors import (
     RunNotFound,
     WorkflowChanged,
 )
+from ._flow import _runs as _flow_runs
 from ._observe import logger
 from ._steps import Workflow, workflow_label
 from ._store import RunInfo, Store
@@ -107,16 +108,22 @@ def _start(
     input: dict[str, Any] | None,
     timing: dict[str, Any] | None = None,
     budget: Budget | None = None,
+    keys: Mapping[str, str] | None = None,
+    priority: int = 0,
 ) -> Op:
     if not isinstance(workflow, Workflow):
         raise InvalidWorkflow(f"start needs a Workflow, got {type(workflow).__name__}")
     check_run_id(run_id)
     budget = check_budget(budget)
     given = None if input is None else encode_state(input)[1]
+    flow = _flow_runs.run_flow(workflow.limits, keys, priority)  # flow control (issue 37)
     for _ in range(_MAX_TRIES):
         cp = yield Load(run_id)
         if cp is None:
-            fresh = evolve(queued(workflow, run_id, given or {}, None, timing), input=given)
+            victims = yield from _flow_runs.check_start(flow, run_id)
+            fresh = evolve(
+                queued(workflow, run_id, given or {}, None, timing), input=given, flow=flow
+            )
             if budget is not None:
                 # The run's own budget, in its ledger from the start (``_budget``).
                 state = {**fresh.state, SPEND_KEY: {"budget": budget.to_json()}}
@@ -125,6 +132,9 @@ def _start(
                 saved: Checkpoint = yield Save(fresh, "start")
             except ConflictError:
                 continue
+            for victim in victims:  # a key's replace_pending or cancel_running policy
+                with contextlib.suppress(RunNotActive, RunNotFound):
+                    yield from cancel_op(victim)
             yield Announce()  # a worker may claim it now
             logger.info("run %r: queued (workflow %r)", run_id, workflow.name)
             return RunInfo.of(saved)
@@ -159,6 +169,8 @@ def start(
     deadline: float | timedelta | None = None,
     on_deadline: str | None = None,
     budget: Budget | None = None,
+    keys: Mapping[str, str] | None = None,
+    priority: int = 0,
 ) -> RunInfo:
     """Record a new run of ``workflow`` as ``queued``, for a worker to run.
 
@@ -173,15 +185,23 @@ def start(
 
     ``budget``: the run's spend limit (``stepstone.Budget``), instead of the workflow's.
 
+    Flow control: the run holds its workflow's ``limits`` and its own ``keys``
+    (``{"tenant": "acme"}`` is the key ``tenant:acme``, limited as ``tenant`` is) while
+    it executes; ``priority`` orders it among the runs waiting for a key.
+
     Raises:
         WorkflowChanged: the run exists and was started from another workflow or version.
         InputMismatch: the run exists with another input.
         InvalidState: ``input`` is not a JSON dict.
         InvalidWorkflow: ``clock`` is not a clock; a bad ``deadline`` or ``on_deadline``.
+        ConfigError: an unknown key, or a bad ``keys`` or ``priority``.
+        LimitReached: a key whose policy is ``reject`` is full.
     """
     timing = _timing(workflow, deadline, on_deadline)
     with _clock.using(check_clock(clock)):
-        result: RunInfo = _sync(_start(workflow, run_id, input, timing, budget), store)
+        result: RunInfo = _sync(
+            _start(workflow, run_id, input, timing, budget, keys, priority), store
+        )
     return result
 
 
@@ -195,11 +215,15 @@ async def astart(
     deadline: float | timedelta | None = None,
     on_deadline: str | None = None,
     budget: Budget | None = None,
+    keys: Mapping[str, str] | None = None,
+    priority: int = 0,
 ) -> RunInfo:
     """Async ``start``."""
     timing = _timing(workflow, deadline, on_deadline)
     with _clock.using(check_clock(clock)):
-        result: RunInfo = await _async(_start(workflow, run_id, input, timing, budget), store)
+        result: RunInfo = await _async(
+            _start(workflow, run_id, input, timing, budget, keys, priority), store
+        )
     return result
 
 

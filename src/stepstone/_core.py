@@ -71,6 +71,11 @@ from ._steps import (
 )
 from ._suspend import nudge
 
+# Flow control (issue 37): what a step that names limits does around its call.
+from ._flow import _hook as _flow  # isort: skip
+from ._flow import _runs as _flow_runs  # isort: skip
+from ._flow._call import FlowCall  # isort: skip
+
 __all__ = [
     # The run's rules, defined here.
     "Interrupted",
@@ -136,6 +141,7 @@ def execute(plan: Plan) -> Run:
             return pristine(cp)
         if plan.budget is not None:
             cp = yield from _spending.record(plan, cp, write)  # on record before any step
+        cp = yield from _flow_runs.take(plan, cp, write)  # flow control: the run's own keys
         working = pristine(cp)
         index = cp.step + 1
         while index < plan.total:
@@ -155,6 +161,7 @@ def execute(plan: Plan) -> Run:
             else:
                 cp, working = yield from _run_suspending(plan, index, cp, working)
             index = cp.step + 1
+        yield from _flow_runs.end(cp)
         if cp.parent is not None:
             yield from nudge(cp.parent, done=cp.run_id)
         logger.info("run %r: done after %d steps", run_id, plan.total)
@@ -236,6 +243,7 @@ def write(
 def _finish_cancelled(plan: Plan, cp: Checkpoint) -> Generator[Effect, Any, None]:
     final = _lease.released(evolve(cp, cancelled=True, waiting_for=None, wake_at=None))
     yield from write(plan, cp, final, "cancellation")
+    yield from _flow_runs.end(cp)
     if cp.children:
         yield from cancel_children(cp.children)
     if cp.parent is not None:
@@ -289,7 +297,7 @@ def _exhausted(
 
 
 def _context(
-    plan: Plan, step: Step, index: int, attempt: int, cp: Checkpoint
+    plan: Plan, step: Step, index: int, attempt: int, cp: Checkpoint, call: FlowCall
 ) -> StepContext | None:
     """The ``ctx`` a step that takes one gets for this attempt (None for one that does not)."""
     if not step.takes_context:
@@ -300,8 +308,94 @@ def _context(
         step.name,
         attempt,
         idempotency_key(plan.run_id, index, step.name),
+        flow=call,  # the keys this call holds (``ctx.acquire``, ``_flow._call``)
         seed=(plan, cp),  # its meter's seed, for ctx.charge/reserve (``_meter``)
     )
+
+
+def _before_attempt(
+    plan: Plan,
+    index: int,
+    cp: Checkpoint,
+    working: State,
+    call: FlowCall,
+    extra: Any,
+    attempt: int,
+    step_span: Any,
+) -> Generator[Effect, Any, tuple[Checkpoint, bool]]:
+    """What must hold before an attempt of step ``index`` runs; return the run and whether
+    it spends under a budget. Fails the run whose attempts are used up, takes the step's
+    flow-control keys (or parks the run), pauses it at its budget's hard limit, and
+    counts a durable attempt before it is made (a crash inside must not reset it)."""
+    step = plan.steps[index]
+    yield from _exhausted(plan, cp, index, attempt, step_span)
+    if step.limits or extra is not None or cp.waiting_for is not None:
+        cp = yield from _flow.before(plan, index, cp, working, call, extra, write, _fail)
+    # Spend budgets (``_budget``): at the hard limit the run pauses here, saved.
+    spending = _budget.active(plan, cp)
+    if spending:
+        cp = yield from _spending.gate(plan, cp, write)
+    policy = step.retry
+    if policy is not None and policy.max_attempts > 1:
+        cp = yield from write(
+            plan, cp, evolve(cp, attempt=attempt), f"attempt {attempt} of step {index}"
+        )
+        if cp.cancel_requested:
+            yield from _finish_cancelled(plan, cp)
+    return cp, bool(spending)
+
+
+def _commit(
+    plan: Plan,
+    index: int,
+    cp: Checkpoint,
+    working: State,
+    changes: dict[str, Any] | None,
+    call: FlowCall,
+    meter: Meter | None,
+    spending: bool,
+    attempt: int,
+    step_span: Any,
+) -> Generator[Effect, Any, tuple[Checkpoint, State]]:
+    """Save step ``index``'s result (its keys given back, its stream's attempt and its
+    charges recorded by the same write); return the saved run and the next working state."""
+    step = plan.steps[index]
+    if call.held:
+        yield from _flow.give_back(plan.run_id, cp.epoch, call, ran=True)
+    _hooks.fire("runner.after_step")
+    if changes:
+        working.update(changes)
+    # Streams (issue 34): the attempt that emitted and commits is recorded.
+    streamed = plan.streamed
+    fields = {} if streamed is None else {"streams": {**cp.streams, str(index): streamed}}
+    # The attempt's charges join the ledger in the state: saved by this very write.
+    settled = (
+        (yield from _spending.commit(plan, cp, working, meter, spending))
+        if spending or meter is not None
+        else None
+    )
+    try:
+        saved = yield from write(
+            plan, cp, _completed(plan, cp, index, working, **fields), f"step {index}"
+        )
+    except InvalidState as error:
+        # The step's state can never be stored: a retry, here or by a worker that
+        # claims the run again, would only repeat it. The run fails, recorded,
+        # its message naming the path of the value that is not JSON.
+        step_span.record_exception(error)
+        step_span.set_attribute("outcome", "failed")
+        yield from _fail(plan, cp, index, step.name, attempt, error)
+    _hooks.fire("runner.after_save")
+    _spending.after_save(plan, settled)
+    step_span.set_attribute("outcome", "ok")
+    # The stored copy is ours alone; hand it on rather than copying again.
+    # (A long state's store hands back a state of its own too: ``stored_state``.)
+    next_working = (
+        saved.state
+        if saved.state_json is not None or saved.stored_state is not None
+        else pristine(saved)
+    )
+    return saved, next_working
 
 
 def _run_step(
@@ -311,28 +405,21 @@ def _run_step(
     run_id = plan.run_id
     step: Step = plan.steps[index]
     policy = step.retry
-    durable_attempts = policy is not None and policy.max_attempts > 1
     attempt = cp.attempt  # attempts already begun on this step, by earlier processes too
+    # Flow control (issue 37, ``_flow._hook``): the keys this call holds, and one that
+    # ``ctx.acquire`` asked for.
+    call, extra = FlowCall(), None
     while True:
         attempt += 1
         with span(
             plan.on, "stepstone.step", run_id=run_id, step=step.name, index=index, attempt=attempt
         ) as step_span:
-            yield from _exhausted(plan, cp, index, attempt, step_span)
-            # Spend budgets (``_budget``): at the hard limit the run pauses here, saved.
-            spending = _budget.active(plan, cp)
-            if spending:
-                cp = yield from _spending.gate(plan, cp, write)
-            if durable_attempts:
-                # Count the attempt before making it: a crash inside must not reset it.
-                cp = yield from write(
-                    plan, cp, evolve(cp, attempt=attempt), f"attempt {attempt} of step {index}"
-                )
-                if cp.cancel_requested:
-                    yield from _finish_cancelled(plan, cp)
+            cp, spending = yield from _before_attempt(
+                plan, index, cp, working, call, extra, attempt, step_span
+            )
             logger.debug("run %r: step %d (%r) attempt %d", run_id, index, step.name, attempt)
             _hooks.fire("runner.before_step")
-            ctx = _context(plan, step, index, attempt, cp)
+            ctx = _context(plan, step, index, attempt, cp, call)
             meter: Meter | None = None
             try:
                 update = yield Call(step, working, ctx, cp)
@@ -357,6 +444,10 @@ def _run_step(
                 raise  # pragma: no cover - the gate raised Suspended
             except Exception as error:  # noqa: BLE001 - a step may raise anything: its failure
                 cp = _latest(plan, cp)
+                extra = yield from _flow.after_error(plan, cp, step, call, error, attempt, write)
+                if extra is not None:  # ``ctx.acquire`` of a key not held: take it first
+                    attempt, working = attempt - 1, pristine(cp)
+                    continue
                 step_span.record_exception(error)
                 if isinstance(error, DeadlineExceeded):  # issue 33: never retried
                     cp = yield from deadline_reached(plan, cp, index, write)
@@ -385,41 +476,20 @@ def _run_step(
                     continue
                 step_span.set_attribute("outcome", "failed")
                 yield from _fail(plan, cp, index, step.name, attempt, error)
-            cp = _latest(plan, cp)
-            _hooks.fire("runner.after_step")
-            if changes:
-                working.update(changes)
-            # Streams (issue 34): the attempt that emitted and commits is recorded.
-            streamed = plan.streamed
-            extra = {} if streamed is None else {"streams": {**cp.streams, str(index): streamed}}
-            # The attempt's charges join the ledger in the state: saved by this very write.
-            settled = (
-                (yield from _spending.commit(plan, cp, working, meter, spending))
-                if spending or meter is not None
-                else None
-            )
-            try:
-                saved = yield from write(
-                    plan, cp, _completed(plan, cp, index, working, **extra), f"step {index}"
+            return (
+                yield from _commit(
+                    plan,
+                    index,
+                    _latest(plan, cp),
+                    working,
+                    changes,
+                    call,
+                    meter,
+                    spending,
+                    attempt,
+                    step_span,
                 )
-            except InvalidState as error:
-                # The step's state can never be stored: a retry, here or by a worker that
-                # claims the run again, would only repeat it. The run fails, recorded,
-                # its message naming the path of the value that is not JSON.
-                step_span.record_exception(error)
-                step_span.set_attribute("outcome", "failed")
-                yield from _fail(plan, cp, index, step.name, attempt, error)
-            _hooks.fire("runner.after_save")
-            _spending.after_save(plan, settled)
-            step_span.set_attribute("outcome", "ok")
-            # The stored copy is ours alone; hand it on rather than copying again.
-            # (A long state's store hands back a state of its own too: ``stored_state``.)
-            next_working = (
-                saved.state
-                if saved.state_json is not None or saved.stored_state is not None
-                else pristine(saved)
             )
-            return saved, next_working
 
 
 def _failure(index: int, name: str, attempt: int, error: BaseException) -> Failure:
@@ -480,6 +550,7 @@ def _fail(
     except StoreError as save_error:
         # The run fails either way; the step's error is the one the caller needs.
         logger.error("run %r: could not save the failure record: %s", cp.run_id, save_error)
+    yield from _flow_runs.end(cp)
     if cp.parent is not None:
         yield from nudge(cp.parent)
     logger.error(

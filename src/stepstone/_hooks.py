@@ -22,7 +22,9 @@ piece written (a kill between two pieces; Cosmos, which writes a save's pieces
 concurrently, after its first piece and after the rest). Outside saves:
 ``pieces.deleting`` (a delete removed the document, its pieces not yet) and
 ``pieces.collecting`` (``collect_orphans`` between two deletions), declared in
-``Store.cleanup_kill_points``. ``memory.saved`` and
+``Store.cleanup_kill_points``. Flow control (``stepstone._flow``): ``flow.acquired``
+(a slot was taken, the step not yet run) and ``flow.released`` (a slot was given back
+or handed to a waiter, the waiter not yet woken). ``memory.saved`` and
 ``sqlite.committed`` follow a save's commit (the tests of lost answers raise there;
 ``tests/test_lost_answers.py``). Each
 backend's points inside a save are declared once, on the backend class, as

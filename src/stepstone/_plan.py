@@ -32,6 +32,7 @@ class Plan:
         "current",
         "deadline",
         "deadline_at",
+        "flow",
         "history",
         "input",
         "lease",
@@ -63,6 +64,7 @@ class Plan:
         preclaimed: Checkpoint | None = None,
         history: bool = False,
         budget: Any = None,
+        flow: dict[str, Any] | None = None,
     ) -> None:
         # --- the run's inputs, fixed -------------------------------------------------
         self.run_id: Final = run_id
@@ -73,6 +75,8 @@ class Plan:
         self.workflow: Final = workflow
         #: A new run keeps every save (``Workflow(history=True)``).
         self.history: Final = history
+        #: A new run's flow-control keys, from its workflow's ``limits`` (``_flow._runs``).
+        self.flow: Final = flow
         self.owner: Final = owner
         self.lease: Final = lease
         #: Whether spans are recorded (an OpenTelemetry SDK is configured).

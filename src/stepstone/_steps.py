@@ -22,6 +22,8 @@ from ._checkpoint import Checkpoint
 from ._deadline import check_deadline, check_on_deadline
 from ._effects import Effect
 from ._errors import InvalidCharge, InvalidWorkflow, safe_text
+from ._flow._call import FlowCall, check_tokens
+from ._flow._limit import Limit, check_limits
 from ._meter import Meter
 from ._observe import logger
 from ._plan import Plan
@@ -242,6 +244,26 @@ class StepContext:
             meter.closed = True
         return meter
 
+    # --- flow control (issue 37): the keys this call holds, ``_flow._call`` ----------
+    flow: FlowCall | None = field(default=None, repr=False, compare=False)
+
+    def acquire(self, key: str, tokens: float = 0) -> None:
+        """Hold limit ``key`` (one request, ``tokens`` estimated) until the step returns.
+
+        If the key is not held yet the call stops here and the runner takes it (or
+        parks the run until it can) and calls the step again: code before ``acquire``
+        may run twice, so acquire first, outside any ``except Exception``.
+        """
+        if self.flow is None:
+            raise InvalidWorkflow("ctx.acquire: this context does not come from a step run")
+        self.flow.acquire(key, tokens)
+
+    def settle(self, tokens: float) -> None:
+        """Record the tokens this call really used; the estimate is corrected after it."""
+        if self.flow is None:
+            raise InvalidWorkflow("ctx.settle: this context does not come from a step run")
+        self.flow.settle(tokens)
+
 
 _RETURNED: Any = object()
 
@@ -303,6 +325,10 @@ class Step:
     #: ``ctx.heartbeat()``, before it fails with ``StepTimeout``. None: no limit.
     timeout: float | timedelta | None = None
     idle_timeout: float | timedelta | None = None
+    #: Flow control (issue 37): the limits (``Limit`` or a stored key) every call takes,
+    #: and the tokens it is estimated to use (a number, or ``fn(state)``).
+    limits: Sequence[Limit | str] = ()
+    tokens: float | Callable[[dict[str, Any]], float] | None = None
     takes_context: bool = field(init=False, repr=False, compare=False)
     is_async: bool = field(init=False, repr=False, compare=False)
 
@@ -312,6 +338,10 @@ class Step:
             raise InvalidWorkflow(f"step {self.name!r}: fn must be callable, got {self.fn!r}")
         if self.retry is not None and not isinstance(self.retry, RetryPolicy):
             raise InvalidWorkflow(f"step {self.name!r}: retry must be a RetryPolicy or None")
+        if self.limits or self.tokens is not None:
+            object.__setattr__(self, "limits", check_limits(self.limits, f"step {self.name!r}"))
+            if self.tokens is not None and not callable(self.tokens):
+                check_tokens(self.tokens, f"step {self.name!r}")
         object.__setattr__(self, "takes_context", _takes_context(self.fn))
         object.__setattr__(self, "is_async", _is_async(self.fn))
         what = f"step {self.name!r}"
@@ -423,6 +453,9 @@ class Workflow:
     version "2" onto this one at a step boundary, its state replaced by ``fn(state)``
     (``stepstone.upgrade``; the rules are in ``_upgrade``).
 
+    ``limits=[Limit(...) or key]``: every run started from it holds these keys while it
+    executes (``start(keys=...)`` adds the run's own; ``_flow._runs``).
+
     ``history=True``: each run keeps every save, not only its latest, so that
     ``stepstone.history`` lists them and ``fork``/``rerun`` start again from any step
     (on a backend that holds pieces: memory, file, SQLite, PostgreSQL, MySQL).
@@ -432,6 +465,7 @@ class Workflow:
         "budget",
         "deadline",
         "history",
+        "limits",
         "name",
         "on_deadline",
         "steps",
@@ -450,6 +484,7 @@ class Workflow:
         deadline: float | timedelta | None = None,
         on_deadline: str = "fail",
         budget: Budget | None = None,
+        limits: Sequence[Limit | str] = (),
     ) -> None:
         if not isinstance(history, bool):
             raise InvalidWorkflow(f"workflow {name!r}: history must be True or False")
@@ -470,6 +505,8 @@ class Workflow:
         self.on_deadline = check_on_deadline(f"workflow {name!r}", on_deadline)
         #: Each run's spend budget (``stepstone.Budget``), unless ``start``/``run`` gives one.
         self.budget = check_budget(budget)
+        #: Flow control (issue 37): keys every run holds from its claim to its end.
+        self.limits = check_limits(limits, f"workflow {name!r}")
         self.steps: tuple[Any, ...] = tuple(check_steps(steps))
         seen: set[str] = set()
         for step in self.steps:

@@ -25,6 +25,7 @@ from ._codec import encode_state, pristine
 from ._deadline import inherited
 from ._effects import Announce, Call, Effect, Load, Renewing, Save, Together
 from ._errors import ConflictError, InvalidState, InvalidWorkflow, LeaseLost, StoreError
+from ._flow._runs import check_max_concurrency, with_flow
 from ._mapseen import SEEN as _SEEN
 from ._mapseen import Key as _Key
 from ._mapseen import nudged
@@ -261,7 +262,7 @@ class Map(SuspendingStep):
     that fails there stops the run as a failed save does, it never fails the step.
     """
 
-    __slots__ = ("items", "workflow")
+    __slots__ = ("items", "max_concurrency", "workflow")
 
     def __init__(
         self,
@@ -270,6 +271,7 @@ class Map(SuspendingStep):
         items: Callable[[dict[str, Any]], list[Any]],
         *,
         retry: RetryPolicy | None = None,
+        max_concurrency: int | None = None,
     ) -> None:
         self.name = check_name(name)
         if not isinstance(workflow, Workflow):
@@ -279,6 +281,8 @@ class Map(SuspendingStep):
         self.workflow = workflow
         self.items = items
         self.retry = retry
+        #: Flow control (issue 37): at most this many children at once (``_flow._runs``).
+        self.max_concurrency = check_max_concurrency(name, max_concurrency)
 
     def __repr__(self) -> str:
         return f"Map({self.name!r}, {self.workflow!r})"
@@ -414,7 +418,13 @@ class Map(SuspendingStep):
         if missing:
             saves: list[Load | Save] = [
                 Save(
-                    inherit(cp, queued(self.workflow, ids[n], inputs[n], cp.run_id, inherited(cp))),
+                    with_flow(
+                        inherit(
+                            cp,
+                            queued(self.workflow, ids[n], inputs[n], cp.run_id, inherited(cp)),
+                        ),
+                        self,
+                    ),
                     f"start child {ids[n]}",
                     owned=False,
                 )
@@ -439,7 +449,10 @@ class Map(SuspendingStep):
             child: Checkpoint | None = yield Load(child_id)
             if child is not None:
                 return child
-            fresh = inherit(cp, queued(self.workflow, child_id, item, cp.run_id, inherited(cp)))
+            fresh = with_flow(
+                inherit(cp, queued(self.workflow, child_id, item, cp.run_id, inherited(cp))),
+                self,
+            )
             try:
                 created: Checkpoint = yield Save(fresh, f"start child {child_id}", owned=False)
                 _hooks.fire("map.child_created")

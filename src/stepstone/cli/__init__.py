@@ -4,7 +4,8 @@ manage stores.
 One module per command group: ``_runs`` (``runs list|show|delete|cancel|signal``, with
 ``_prune`` and ``_retry``),
 ``_store_cmds`` (``init``, ``doctor``, ``migrate``), ``_worker`` (``worker``),
-``_demo_bench`` (``demo``, ``bench``), ``_ui`` (``ui``, the dashboard); ``_common`` holds
+``_demo_bench`` (``demo``, ``bench``), ``_ui`` (``ui``, the dashboard), ``_limits``
+(``limits list|show|set``, flow control); ``_common`` holds
 exit codes, argument types and store opening, ``_output`` everything printed (secrets
 masked, control characters escaped, ``--json``).
 
@@ -32,7 +33,7 @@ from .. import __version__
 from .._errors import ConfigError, InvalidRunId, StepstoneError
 from .._redact import redact_url as redact
 from .._registry import DEFAULT_STORE, ENV_VAR
-from . import _demo_bench, _runs, _schedules, _store_cmds, _ui, _worker
+from . import _demo_bench, _limits, _runs, _schedules, _store_cmds, _ui, _worker
 from ._common import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
@@ -110,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     _demo_bench.add_parsers(commands, store)
     _ui.add_parsers(commands, store)
     _schedules.add_parsers(commands, store, Parser)  # issue 33
+    _limits.add_parsers(commands, store)  # flow control (issue 37)
     return parser
 
 

@@ -14,6 +14,7 @@ from typing import NoReturn
 from urllib.parse import unquote, urlsplit
 
 from .._errors import CorruptCheckpoint
+from .._flow._limit import PREFIX as LIMIT_PREFIX
 from .._redact import redact_url
 from .._registry import DEFAULT_STORE, ENV_VAR, open_store
 from .._store import RunInfo, Store
@@ -313,12 +314,16 @@ def infos(store: Store) -> Iterator[RunInfo]:
     warning) the runs that cannot be read instead of ending the listing at the first.
 
     The default ``Store.list_info`` loads every run, so one corrupt checkpoint would end
-    the whole listing; backends with their own index report theirs as they are.
+    the whole listing; backends with their own index report theirs as they are. Limit
+    records (``~limit/<key>``, ``stepstone limits``) are left out.
     """
     if type(store).list_info is not Store.list_info:
-        yield from store.list_info()
+        # Flow control's limit records are not runs: never listed, never pruned.
+        yield from (i for i in store.list_info() if not i.run_id.startswith(LIMIT_PREFIX))
         return
     for run_id in store.list_runs():
+        if run_id.startswith(LIMIT_PREFIX):
+            continue
         try:
             cp = store.load(run_id)
         except CorruptCheckpoint as exc:

@@ -27,6 +27,7 @@ from starlette.staticfiles import StaticFiles
 
 from ._dashboard import Dashboard, guarded_endpoint
 from ._guard import LOOPBACK_HOSTS, MAX_BODY, PAGE_SIZE, TOKEN_COOKIE, Guard
+from ._limits_view import limits_page
 from ._pages import run_live, run_page, runs_live, runs_page
 from ._posts import post_action, post_bulk
 from ._schedules_view import schedules_page
@@ -70,6 +71,7 @@ def create_app(
     routes = [
         Route("/", lambda request: RedirectResponse("/runs", status_code=303)),
         Route("/runs", sync(runs_page)),
+        Route("/limits", sync(limits_page)),  # flow control (issue 37)
         Route("/runs/live", sync(runs_live)),
         Route("/runs/bulk", posted(post_bulk), methods=["POST"]),
         # After the list's own paths: a run page is ``/runs/<id>`` (``run_href``).

@@ -15,6 +15,7 @@ from starlette.responses import Response
 from .._checkpoint import STATUSES, Checkpoint, RunStatus
 from .._deadline import describe
 from .._errors import StepstoneError, StoreError
+from .._flow._limit import PREFIX as LIMIT_PREFIX
 from .._store import RunInfo, page_key
 from ..cli._budget import spend_text
 from . import _actions, _history_view, _views
@@ -78,9 +79,14 @@ def _list_digest(counts: dict[str, int], infos: list[RunInfo]) -> str:
 def _list_data(dash: Dashboard, flt: _Filter) -> tuple[dict[str, int], list[RunInfo], bool]:
     store = dash.store()
     counts = store.count_by_status(flt.prefix)
+    if LIMIT_PREFIX.startswith(flt.prefix):  # limit records read as done runs: not runs
+        for status, n in store.count_by_status(LIMIT_PREFIX).items():
+            counts[status] = counts.get(status, 0) - n
     limit = dash.page_size + 1
     infos = store.list_page(flt.status, prefix=flt.prefix, after=flt.after, limit=limit)
     more = len(infos) > dash.page_size
+    # Flow control's limit records are not runs (the limits page shows them).
+    infos = [i for i in infos if not i.run_id.startswith(LIMIT_PREFIX)]
     return counts, infos[: dash.page_size], more
 
 
