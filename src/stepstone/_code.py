@@ -27,12 +27,12 @@ from collections.abc import Callable, Coroutine, Generator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from . import _budget, _hooks, _lease, _spending
+from . import _budget, _hooks, _lease
 from ._checkpoint import Checkpoint, Failure, evolve, utcnow
+from ._code_budget import _append, _spend_request
 from ._codec import copy_containers
 from ._context import MISSING, AsyncWorkflowContext, WorkflowContext, failure
 from ._core import Interrupted, write
-from ._core import _finish_cancelled as finish_cancelled
 from ._effects import Announce, Call, Effect
 from ._errors import (
     ConfigError,
@@ -58,7 +58,6 @@ from ._journal import (
 )
 from ._observe import logger
 from ._plan import Plan
-from ._pool import push
 from ._session import CallFailed, Session, Waiter, close, current_call
 from ._steps import (
     Complete,
@@ -70,6 +69,7 @@ from ._steps import (
     check_name,
 )
 from ._suspend import Map, _due, nudge, pending_signals
+from ._write import _finish_cancelled as finish_cancelled
 
 __all__ = [
     "JOURNAL_KEY",
@@ -319,37 +319,6 @@ def _finished(session: Session, state: State, cp: Checkpoint, value: Any) -> Com
     return Complete({"result": result})
 
 
-def _append(
-    plan: Plan,
-    cp: Checkpoint,
-    entries: list[dict[str, Any]],
-    changes: dict[str, Any],
-    extra: dict[str, Any] | None = None,
-) -> Generator[Effect, Any, Checkpoint]:
-    """Save ``entries`` at the end of the journal (one compare-and-swap); return the record.
-
-    The new state is built on the last saved one (never changed in place): its journal
-    list's items are the very objects it holds, which is how a long state's save sees
-    an append and stores only the new entries.
-    """
-    base = cp.state
-    new = dict(base)
-    new[JOURNAL_KEY] = [*journal_of(base), *entries]
-    if extra:
-        new.update(extra)  # other keys of the state saved with the entries (the ledger)
-    attempts = base.get(ATTEMPTS_KEY)
-    if isinstance(attempts, dict) and attempts:
-        # A journaled call's attempts are in its entry now.
-        done = {entry["call"] for entry in entries}
-        if not done.isdisjoint(attempts):
-            new[ATTEMPTS_KEY] = {k: v for k, v in attempts.items() if k not in done}
-    what = (
-        f"journal {entries[-1]['call']}" if len(entries) == 1 else f"journal {len(entries)} calls"
-    )
-    saved: Checkpoint = yield from write(plan, cp, evolve(cp, state=new, **changes), what)
-    return saved
-
-
 def _attempt(
     plan: Plan, cp: Checkpoint, session: Session, request: tuple[Any, ...]
 ) -> Generator[Effect, Any, Checkpoint]:
@@ -365,51 +334,6 @@ def _attempt(
     session.answered(reply)
     reply.ok(attempt)
     return cp
-
-
-def _spend_request(
-    plan: Plan, cp: Checkpoint, session: Session, request: tuple[Any, ...]
-) -> Generator[Effect, Any, tuple[Checkpoint, Wait | None]]:
-    """A ``ctx.charge`` to journal, or the check before a ``ctx.step`` of a budgeted run."""
-    if request[0] == "budget":
-        return (yield from _gated(plan, cp, session, request))
-    cp = yield from _charged(plan, cp, session, request)
-    return cp, None
-
-
-def _charged(
-    plan: Plan, cp: Checkpoint, session: Session, request: tuple[Any, ...]
-) -> Generator[Effect, Any, Checkpoint]:
-    """Journal a ``ctx.charge`` and add it to the ledger, by one write; answer if it counted."""
-    _, seq, call, charge, reply = request
-    # Charged to the call made just before it (``ctx.step("draft", ...)``: "draft").
-    before = [e["call"] for e in journal_of(cp.state) if e.get("seq") == seq - 1]
-    step = before[0].rsplit("#", 1)[0] if before else session.name
-    ledger, counted = _spending.charge_ledger(plan, cp.state, charge, step)
-    if counted:  # a budgeted tree's child: its root's pool first (``_pool``)
-        yield from push(cp, seq, f"{cp.epoch}.code", charge["usd"], charge["tokens"])
-    entry = entry_ok(seq, call, 1, counted)
-    note = _spending.soft_warning(plan, cp, ledger)
-    cp = yield from _append(plan, cp, [entry], {}, {_budget.SPEND_KEY: ledger})
-    _spending.after_save(plan, (None, note))
-    session.answered(reply)
-    reply.ok(counted)
-    return cp
-
-
-def _gated(
-    plan: Plan, cp: Checkpoint, session: Session, request: tuple[Any, ...]
-) -> Generator[Effect, Any, tuple[Checkpoint, Wait | None]]:
-    """Before a ``ctx.step`` of a run with a budget: go on, or wait for ``budget.raise``."""
-    _, reply = request
-    cp, waiting = yield from _spending.check(plan, cp, write)
-    if waiting is not None:
-        session.stop("stopped")
-        pause = {"state": waiting.state, "consumed": waiting.consumed}
-        return cp, Wait(_budget.BUDGET_WAIT, None, pause)
-    session.answered(reply)
-    reply.ok(None)
-    return cp, None
 
 
 def _sleep(

@@ -17,19 +17,26 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from . import _clock, _timeouts
-from ._budget import check_fields, check_tokens, check_usd
 from ._checkpoint import utcnow
 from ._codec import copy_containers
-from ._errors import InvalidCharge, InvalidWorkflow, safe_text
-from ._flow._call import check_tokens as check_estimate
-from ._flow._limit import Limit, RateLimited, check_limits
+from ._context_args import (
+    MISSING,
+    RESERVED,
+    _charge_args,
+    _check_retry,
+    _check_step_name,
+    _limits,
+    _map_args,
+    _wait_args,
+)
+from ._errors import InvalidWorkflow, safe_text
+from ._flow._limit import Limit, RateLimited
 from ._journal import answer_of, entry_failed, entry_ok, json_value
 from ._session import POOL_THREADS, CallFailed, Session, close, inside
 from ._steps import (
     AttemptsExhausted,
     RetryPolicy,
     Workflow,
-    check_name,
     retries,
 )
 from ._stream import _hooks as _stream
@@ -47,37 +54,9 @@ __all__ = [
 ]
 
 State = dict[str, Any]
-MISSING: Any = object()
-#: Names of the context's own calls start with this; a step's name may not.
-RESERVED = "@"
 
 
 # --- the contexts ------------------------------------------------------------------------
-
-
-def _check_step_name(name: object, what: str) -> str:
-    checked = check_name(name)
-    if checked.startswith(RESERVED):
-        raise InvalidWorkflow(
-            f"{what}: a step's name may not start with {RESERVED!r} (the context's own "
-            f"calls are journaled under such names), got {checked!r}"
-        )
-    return checked
-
-
-def _limits(limits: object, tokens: object, what: str) -> list[Any] | None:
-    """Return what a call with ``limits`` takes (``_flow._hook.Wanted``), None if nothing."""
-    if not limits and tokens is None:
-        return None
-    checked = check_limits(limits, what)
-    estimate = 0.0 if tokens is None else check_estimate(tokens, what)
-    return [(e.key, estimate, e) if isinstance(e, Limit) else (e, estimate, None) for e in checked]
-
-
-def _check_retry(retry: object, what: str) -> RetryPolicy | None:
-    if retry is not None and not isinstance(retry, RetryPolicy):
-        raise InvalidWorkflow(f"{what}: retry must be a RetryPolicy or None")
-    return retry
 
 
 def failure(session: Session, entry: dict[str, Any]) -> CallFailed:
@@ -584,37 +563,3 @@ _random = randomlib.SystemRandom()
 
 def _draw() -> float:
     return _random.random()
-
-
-def _map_args(
-    name: object, workflow: object, inputs: object, what: str
-) -> tuple[Workflow, list[State]]:
-    check_name(name)
-    if not isinstance(workflow, Workflow):
-        raise InvalidWorkflow(f"{what}: workflow must be a Workflow, got {workflow!r}")
-    if not isinstance(inputs, list) or not all(isinstance(item, dict) for item in inputs):
-        raise InvalidWorkflow(f"{what}: inputs must be a list of dicts (each a child's input)")
-    checked = json_value(inputs, "", f"{what} inputs", -1)
-    return workflow, checked
-
-
-def _wait_args(signal: object, timeout: object, default: Any) -> tuple[str, float | None, Any]:
-    if not isinstance(signal, str) or not signal or len(signal) > 200:
-        raise InvalidWorkflow(
-            f"ctx.wait_for(): signal must be a name of 1-200 characters, got {signal!r}"
-        )
-    seconds = None if timeout is None else _seconds(timeout, f"ctx.wait_for({signal!r}) timeout")
-    if default is not MISSING:
-        default = json_value(default, "", f"ctx.wait_for({signal!r}) default", -1)
-    return signal, seconds, default
-
-
-def _charge_args(
-    usd: object, tokens: object, ref: object, unknown: dict[str, Any]
-) -> dict[str, Any]:
-    """Check a code workflow's charge before it takes a place in the journal."""
-    what = "ctx.charge()"
-    check_fields(unknown, what)
-    if ref is not None and (not isinstance(ref, str) or not ref or len(ref) > 500):
-        raise InvalidCharge(f"{what}: ref must be a str of 1-500 characters, got {ref!r}")
-    return {"usd": check_usd(usd, what), "tokens": check_tokens(tokens, what), "ref": ref}

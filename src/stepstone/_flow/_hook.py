@@ -141,7 +141,7 @@ def before(
 
     A key whose policy is ``reject`` and is full (``LimitReached``), an unknown key or a
     bad ``tokens`` estimate (``ConfigError``) fail the step through ``fail``
-    (``_core._fail``), recorded.
+    (``_write._fail``), recorded.
 
     Raises:
         Suspended: the run was parked on a key (saved waiting, its lease given back).
