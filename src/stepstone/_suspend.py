@@ -20,15 +20,16 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 from . import _hooks
-from ._checkpoint import DUE_NOW, MAX_RUN_ID_LENGTH, Checkpoint, Signal, evolve, utcnow
+from ._checkpoint import MAX_RUN_ID_LENGTH, Checkpoint, Signal, evolve, utcnow
 from ._codec import encode_state, pristine
 from ._deadline import inherited
 from ._effects import Announce, Call, Effect, Load, Renewing, Save, Together
-from ._errors import ConflictError, InvalidState, InvalidWorkflow, LeaseLost, StoreError
+from ._errors import ConflictError, InvalidState, InvalidWorkflow, LeaseLost
 from ._flow._runs import check_max_concurrency, with_flow
 from ._mapseen import SEEN as _SEEN
 from ._mapseen import Key as _Key
 from ._mapseen import nudged
+from ._nudge import DUE_NOW_UNTIL, nudge
 from ._observe import logger
 from ._plan import Plan
 from ._pool import inherit  # a budgeted run's children draw from its pool
@@ -70,12 +71,6 @@ TOGETHER_BATCH = 16
 CHILD_POLL = 10.0
 #: How often a Map tries to create (or re-queue) one child that others keep changing.
 _CHILD_TRIES = 5
-#: How often a child tries to nudge a parent that others keep writing (then it polls).
-_NUDGE_TRIES = 10
-#: How many siblings a finished child looks at before it tells its parent (``nudge``).
-_PEEKS = 3
-#: Nudged parents are due at ``DUE_NOW`` plus a second per nudge (``_due_again``), below this.
-DUE_NOW_UNTIL = DUE_NOW + timedelta(days=365)
 
 
 class WaitTimeout(TimeoutError):
@@ -530,85 +525,3 @@ def queued(
         history=workflow.history,
         timing=timing,
     )
-
-
-def _due_again(wake_at: datetime | None) -> datetime:
-    """Return a due-now time (by any clock, as ``DUE_NOW``) unlike ``wake_at``.
-
-    An owned parent's owner keeps a nudge only if ``wake_at`` changed under it
-    (``_lease.rebase``); a parent claimed after an earlier child's nudge already holds
-    a due-now time, and the same value again would read as no nudge at all, the wake-up
-    lost until the parent's own poll. So each nudge moves it one second further from
-    the epoch: still decades before any clock's now.
-    """
-    if wake_at is not None and DUE_NOW <= wake_at < DUE_NOW_UNTIL:
-        return wake_at + timedelta(seconds=1)
-    return DUE_NOW
-
-
-def nudge(parent: str, done: str | None = None) -> Generator[Effect, Any, None]:
-    """Tell a parent waiting on its children to look now (best effort; it also polls).
-
-    ``done`` names the child that has just been saved done; without it (a child failed
-    or was cancelled) the parent is always told. A done child tells the parent only if
-    the siblings it looks at are done too (``_siblings_done``): told of every child's
-    end, the parent may load all N children N times. Whichever child finishes last sees
-    the others done (each looks after its own save), so it tells the parent, waiting
-    or still looking (its owner keeps the due time, ``_lease.rebase``); a nudge lost
-    to a crash only delays the parent to its poll (``CHILD_POLL``).
-    """
-    for _ in range(_NUDGE_TRIES):
-        try:
-            cp = yield Load(parent)
-            # A parent that is waiting on children, or is being run right now (its Map
-            # may be about to save itself waiting): either way, due now.
-            if cp is None or cp.status not in ("waiting", "running"):
-                return
-            # Already due and nobody on it: a worker will look. An owned parent is
-            # written anyway: it may be saving itself waiting on what it saw before.
-            if cp.owner is None and cp.wake_at is not None and cp.wake_at <= utcnow():
-                return
-            if done is not None:
-                finished = yield from _siblings_done(cp.children, done)
-                if not finished:
-                    return  # a sibling is still going: its own end tells the parent
-            yield Save(
-                evolve(cp, wake_at=_due_again(cp.wake_at)), f"wake parent {parent}", owned=False
-            )
-        except ConflictError:
-            continue
-        except StoreError as exc:
-            logger.warning("could not wake parent run %r: %s (it polls)", parent, exc)
-            return
-        if cp.owner is None:
-            # A worker resumes the parent now, not at its next poll. An owned parent
-            # needs none: its owner's next save keeps the due time and, if it gives
-            # the run back due, announces that itself (``_core``).
-            yield Announce()
-        return
-    logger.info("run %r: gave up waking parent run %r (it polls)", done, parent)
-
-
-def _siblings_done(children: tuple[str, ...], done: str) -> Generator[Effect, Any, bool]:
-    """Return whether the siblings of ``done`` looked at are all done (True if unknown).
-
-    Looks at no more than ``_PEEKS`` siblings, stopping at the first one not done: the
-    last child (workers take children in the order they were queued, so it is usually
-    still queued), then ``done``'s neighbours (near the end, the unfinished ones). True
-    after those is no proof that all are done, only that the parent is worth a look;
-    False is a proof that it is not, since that sibling's own end tells it.
-    """
-    try:
-        position = children.index(done)
-    except ValueError:
-        return True  # not (yet) listed as a child of the parent's wait: tell it anyway
-    last = len(children) - 1
-    order = [last] if position != last else []
-    order.extend(n for n in (position + 1, position - 1) if 0 <= n < last)
-    for near in order[:_PEEKS]:
-        sibling: Checkpoint | None = yield Load(children[near])
-        if sibling is None:
-            return True  # deleted meanwhile: the parent's own look deals with it
-        if sibling.status != "done":
-            return False
-    return True
