@@ -24,9 +24,9 @@ from typing import Any
 import pytest
 
 import stepstone
+from fresh_stores import fresh_table
 from stepstone import open_store, signal, spend_of
 from stepstone._budget import BUDGET_WAIT, RAISE_SIGNAL, SPEND_KEY
-from test_contract import fresh_table
 
 SRC = str(Path(stepstone.__file__).resolve().parents[1])
 

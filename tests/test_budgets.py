@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from fresh_stores import fresh_table
 from stepstone import (
     Budget,
     BudgetExhausted,
@@ -39,7 +40,6 @@ from stepstone import (
     start,
 )
 from stepstone._budget import BUDGET_WAIT, RAISE_SIGNAL, SPEND_KEY
-from test_contract import fresh_table
 
 
 @pytest.fixture(params=["memory", "sqlite", "file"])

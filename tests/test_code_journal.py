@@ -269,7 +269,7 @@ def test_a_worker_serving_the_new_version_upgrades_the_runs_it_claims(store: Sto
 @pytest.fixture(params=["postgresql", "mysql"])
 def server_store(request: pytest.FixtureRequest) -> Iterator[Store]:
     """A fresh table on a loopback server (skipped, loudly, if it is down), dropped after."""
-    from test_contract import fresh_table
+    from fresh_stores import fresh_table
 
     url = {"postgresql": "postgresql://postgres@127.0.0.1:5432/test"}.get(
         str(request.param), "mysql://root@127.0.0.1:3306/test"

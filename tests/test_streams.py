@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 import stepstone
+from fresh_stores import fresh_table
 from stepstone import (
     ConfigError,
     EmitOutsideStep,
@@ -35,7 +36,6 @@ from stepstone import (
 )
 from stepstone._stream._events import block_id, block_record
 from stepstone._stream._writer import FLUSH_BYTES, Attempt
-from test_contract import fresh_table
 
 BACKENDS = ["memory", "file", "sqlite", "postgresql", "mysql"]
 WAIT = 30.0  # seconds a test waits on another thread before it names what hung

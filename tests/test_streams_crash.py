@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 import stepstone
+from fresh_stores import fresh_table
 from stepstone import open_store, stream
-from test_contract import fresh_table
 
 SRC = str(Path(stepstone.__file__).resolve().parents[1])
 

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 import stepstone
+from fresh_stores import fresh_table
 from stepstone import Step, StepContext, Worker, Workflow, open_store, start
-from test_contract import fresh_table
 
 SRC = str(Path(stepstone.__file__).resolve().parents[1])
 WAIT = 60.0
