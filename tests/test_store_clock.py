@@ -214,3 +214,26 @@ def test_skewed_workers_fire_each_slot_once_none_early(
     missed = [s for s in due if s <= began and s not in slots]
     assert not missed, f"due slots not fired: {missed}"
     assert len(slots) == len(set(slots)) <= 4
+
+
+def test_the_async_worker_driver_performs_now(tmp_path: Path) -> None:
+    """The worker's I/O (``aperform``, async serving) reads the store's clock for schedules."""
+    from stepstone._effects import astep_through
+    from stepstone._schedule_fire import fire_due
+    from stepstone.worker._io import aperform
+
+    flow = Workflow("tick", [Step("s", lambda s: {})])
+    start_at = datetime(2030, 1, 1, tzinfo=UTC)
+    with open_store(f"sqlite:///{tmp_path}/runs.db") as store, FakeClock(start_at) as clock:
+        schedule(store, "tick", cron="* * * * *", workflow=flow)
+        clock.advance(timedelta(seconds=61))
+
+        async def fire() -> Any:
+            return await astep_through(
+                fire_due({flow.key: flow}), lambda effect: aperform(store, effect)
+            )
+
+        assert asyncio.run(fire()) == datetime(2030, 1, 1, 0, 2, tzinfo=UTC)
+        assert [r for r in store.list_runs() if r.startswith("sched/")] == [
+            "sched/tick/2030-01-01T00:01:00Z"
+        ]
