@@ -392,6 +392,22 @@ class Store(abc.ABC):
         """
         return None
 
+    def server_now(self) -> datetime | None:
+        """Return the time on the store server's clock (aware, UTC), in one round trip.
+
+        The one clock that rates and schedules are judged on (``_store_time``), so that
+        processes on hosts with skewed clocks never compare their clocks. None (the
+        default): the store has no server of its own (memory, file, SQLite: one host),
+        and the host's clock is the store's.
+        """
+        return None
+
+    async def aserver_now(self) -> datetime | None:
+        """Async ``server_now``; the default awaits nothing (no server to ask)."""
+        if type(self).server_now is Store.server_now:
+            return None
+        return await _to_thread(self.server_now)
+
     def __enter__(self) -> Self:
         return self
 
