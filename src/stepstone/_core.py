@@ -489,11 +489,12 @@ def _run_suspending(
             if isinstance(outcome, Complete):
                 if outcome.update:
                     working.update(outcome.update)
+                changes = outcome.changes
+                if plan.streamed is not None:  # its call emitted (an adapter's agent step)
+                    changes = {**changes, "streams": {**cp.streams, str(index): plan.streamed}}
+                    plan.streamed = None
                 saved = yield from write(
-                    plan,
-                    cp,
-                    _completed(plan, cp, index, working, **outcome.changes),
-                    f"step {index}",
+                    plan, cp, _completed(plan, cp, index, working, **changes), f"step {index}"
                 )
                 _hooks.fire("runner.after_save")
                 return saved, pristine(saved)
