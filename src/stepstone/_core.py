@@ -436,6 +436,15 @@ def _run_step(
             )
 
 
+def _with_stream(plan: Plan, cp: Checkpoint, index: int, changes: dict[str, Any]) -> dict[str, Any]:
+    """``changes`` and, if the step's call emitted (an adapter's agent step), the
+    committing attempt of its stream (issue 34), as ``_commit`` records a ``Step``'s."""
+    streamed, plan.streamed = plan.streamed, None
+    if streamed is None:
+        return changes
+    return {**changes, "streams": {**cp.streams, str(index): streamed}}
+
+
 def _run_suspending(
     plan: Plan, index: int, cp: Checkpoint, working: State
 ) -> Generator[Effect, Any, tuple[Checkpoint, State]]:
@@ -489,10 +498,7 @@ def _run_suspending(
             if isinstance(outcome, Complete):
                 if outcome.update:
                     working.update(outcome.update)
-                changes = outcome.changes
-                if plan.streamed is not None:  # its call emitted (an adapter's agent step)
-                    changes = {**changes, "streams": {**cp.streams, str(index): plan.streamed}}
-                    plan.streamed = None
+                changes = _with_stream(plan, cp, index, outcome.changes)
                 saved = yield from write(
                     plan, cp, _completed(plan, cp, index, working, **changes), f"step {index}"
                 )

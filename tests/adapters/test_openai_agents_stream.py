@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from agents import Agent, function_tool
 from agents.testing import ScriptedModel, assistant_message, function_call
-from fresh_stores import fresh_config
 
+from fresh_stores import fresh_config
 from stepstone import InvalidWorkflow, RetryPolicy, Step, open_store, run, stream
 from stepstone.adapters.openai_agents import AgentRunStep, StepstoneRunner
 

@@ -9,7 +9,7 @@ from contextvars import ContextVar
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
-from agents import Agent, RunConfig, RunResult, RunResultStreaming, Runner, RunState
+from agents import Agent, RunConfig, Runner, RunResult, RunResultStreaming, RunState
 from agents.run import DEFAULT_MAX_TURNS
 
 from ..._budget import SPEND_KEY, Prices
