@@ -8,6 +8,10 @@ so a test that passes paid every model call once.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +21,7 @@ from agents.testing import ScriptedModel, assistant_message, function_call
 
 from fresh_stores import fresh_config
 from stepstone import InvalidWorkflow, RetryPolicy, Step, open_store, run, stream
+from stepstone._stream import _writer
 from stepstone.adapters.openai_agents import AgentRunStep, StepstoneRunner
 
 KINDS = ("memory", "sqlite")
@@ -111,3 +116,74 @@ def test_streamed_runs_beside_plain_steps_sync(
         run("oa-mixed", [Step("before", before), step], store)
         topics = [e.topic for e in stream(store, "oa-mixed", follow=False)]
     assert topics[0] == "progress" and topics.count("tokens") == 2
+
+
+# --- a streamed run SIGKILLed and resumed in another process --------------------------------
+
+KILL_ENV = "STEPSTONE_OA_STREAM_KILL"
+#: Seconds the child may take (it imports the SDK and opens the store).
+CHILD_TIMEOUT = 120.0
+
+
+def _crash_agent(first_call: bool) -> Agent[Any]:
+    """The agent of the crash test; its model scripts the first call only in the child."""
+
+    @function_tool(failure_error_function=None)
+    def lookup(n: int) -> str:
+        if os.environ.get(KILL_ENV):
+            attempt = _writer.current.get()
+            assert attempt is not None and attempt.writer is not None
+            attempt.writer.flush()  # the killed attempt's tokens are stored: hidden later
+            os.kill(os.getpid(), signal.SIGKILL)
+        return f"value {n * 42}"
+
+    steps: list[Any] = [[assistant_message("It is 42.", item_id="m2")]]
+    if first_call:
+        first = [
+            assistant_message("Let me look.", item_id="m1"),
+            function_call("lookup", '{"n": 1}', call_id="c1"),
+        ]
+        steps.insert(0, first)
+    return Agent(name="helper", model=ScriptedModel(steps), tools=[lookup])
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize("kind", ["sqlite", "file"])
+def test_sigkill_mid_stream_then_resume_elsewhere(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """A child streams the first model call, then is SIGKILLed inside the tool; this
+    process resumes the run from the config string: the first call is replayed from the
+    journal (this process's model scripts only the second), and a reader sees the whole
+    answer once, from the committing attempt; the killed attempt's tokens are hidden."""
+    config = fresh_config(kind, request, tmp_path)
+    env = {**os.environ, KILL_ENV: "1"}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent.parent), env["PYTHONPATH"]])
+    killed = subprocess.run(
+        [sys.executable, __file__, config],
+        capture_output=True,
+        text=True,
+        timeout=CHILD_TIMEOUT,
+        env=env,
+        check=False,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    with open_store(config) as store:
+        before = [e.data for e in stream(store, "oa-kill", follow=False, superseded=True)]
+        assert "Let me look." in before  # the killed attempt flushed it
+        output = StepstoneRunner.run_sync(
+            store, "oa-kill", _crash_agent(first_call=False), "what?", stream=True, lease=1
+        )
+        assert output == "It is 42."
+        shown = [(e.topic, e.data) for e in stream(store, "oa-kill", follow=False)]
+        everything = list(stream(store, "oa-kill", follow=False, superseded=True))
+    assert [d for t, d in shown if t == "tokens"] == ["Let me look.", "It is 42."]
+    assert [d["event"] for t, d in shown if t == "tool"] == ["called", "output"]
+    assert [e.data for e in everything if e.superseded and e.topic == "tokens"] == ["Let me look."]
+
+
+if __name__ == "__main__":
+    with open_store(sys.argv[1]) as child_store:
+        StepstoneRunner.run_sync(
+            child_store, "oa-kill", _crash_agent(first_call=True), "what?", stream=True, lease=1
+        )
