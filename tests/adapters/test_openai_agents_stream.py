@@ -22,6 +22,7 @@ from agents.testing import ScriptedModel, assistant_message, function_call
 from fresh_stores import fresh_config
 from stepstone import InvalidWorkflow, RetryPolicy, Step, open_store, run, stream
 from stepstone._stream import _writer
+from stepstone.adapters._clip import CLIP
 from stepstone.adapters.openai_agents import AgentRunStep, StepstoneRunner
 
 KINDS = ("memory", "sqlite")
@@ -95,6 +96,28 @@ def test_a_retried_attempt_replays_its_model_calls_and_hides_the_failed_attempt(
     hidden = [(e.topic, e.data) for e in everything if e.superseded]
     assert ("tokens", "Let me look.") in hidden  # the failed attempt's, marked
     assert all(e.attempt == 1 for e in everything if e.superseded)
+
+
+def test_a_huge_tool_output_is_clipped_in_its_event(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """A tool output over the stream's event limit does not fail the step: its event
+    carries the first ``CLIP`` characters (the journal keeps the whole output)."""
+
+    @function_tool
+    def dump() -> str:
+        return "x" * 100_000
+
+    model = ScriptedModel(
+        [[function_call("dump", "{}", call_id="d1")], [assistant_message("Done.")]]
+    )
+    agent: Agent[Any] = Agent(name="helper", model=model, tools=[dump])
+    with open_store(fresh_config("memory", request, tmp_path)) as store:
+        step = AgentRunStep("agent", agent, "dump it", store=store, stream=True)
+        assert run("oa-huge", [step], store)["agent"] == "Done."
+        tools = [e.data for e in stream(store, "oa-huge", topic="tool", follow=False)]
+    output = tools[1]["output"]
+    assert output.startswith("x" * CLIP) and output.endswith("[84000 more characters]")
 
 
 def test_stream_must_be_a_bool() -> None:

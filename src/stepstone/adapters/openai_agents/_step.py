@@ -223,8 +223,12 @@ class AgentRunStep(SuspendingStep):
             run_config=self.run_config,
             **self.options,
         )
-        async for event in streamed.stream_events():  # raises what the run raised
-            emit_event(event)
+        try:
+            async for event in streamed.stream_events():  # raises what the run raised
+                emit_event(event)
+        except BaseException:
+            streamed.cancel()  # the SDK's run task would go on without a reader
+            raise
         return streamed
 
     async def _restore(self, stored: dict[str, Any], decisions: dict[str, Any]) -> RunState[Any]:

@@ -36,6 +36,7 @@ from openai.types.responses import (
 from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails
 
 from ..._stream import emit
+from .._clip import clip
 from ._journal import MISSING, Journal, scope_var, unit
 
 __all__ = ["emit_event", "journaled_stream"]
@@ -159,11 +160,13 @@ def emit_event(event: StreamEvent) -> None:
                     "event": "called",
                     "name": get("name"),
                     "call_id": get("call_id"),
-                    "arguments": get("arguments"),
+                    "arguments": clip(str(get("arguments") or "")),
                 },
             )
         elif event.name == "tool_output":
             output = getattr(event.item, "output", None)
-            emit("tool", {"event": "output", "call_id": get("call_id"), "output": str(output)})
+            emit(
+                "tool", {"event": "output", "call_id": get("call_id"), "output": clip(str(output))}
+            )
     elif isinstance(event, AgentUpdatedStreamEvent):
         emit("agent", event.new_agent.name)

@@ -30,6 +30,7 @@ from pydantic_ai.messages import (
 from pydantic_ai.tools import RunContext
 
 from ..._stream import emit
+from .._clip import clip
 
 __all__ = ["emit_events", "restream"]
 
@@ -55,7 +56,7 @@ async def emit_events(ctx: RunContext[Any], events: AsyncIterable[AgentStreamEve
                     "event": "called",
                     "name": part.tool_name,
                     "call_id": part.tool_call_id,
-                    "arguments": part.args_as_json_str(),
+                    "arguments": clip(part.args_as_json_str()),
                 },
             )
         elif isinstance(event, FunctionToolResultEvent):
@@ -65,7 +66,7 @@ async def emit_events(ctx: RunContext[Any], events: AsyncIterable[AgentStreamEve
                 {
                     "event": "output",
                     "call_id": result.tool_call_id,
-                    "output": str(getattr(result, "content", "")),
+                    "output": clip(str(getattr(result, "content", ""))),
                 },
             )
 
@@ -76,7 +77,7 @@ def restream(name: str, recorded: object) -> bool:
     event's handler call, which only emits)."""
     if name.endswith("__event_stream_handler"):
         return True
-    if ".request" in name and isinstance(recorded, dict):
+    if "__model.request" in name and isinstance(recorded, dict):
         for part in recorded.get("parts") or ():
             if isinstance(part, dict) and part.get("part_kind") == "text" and part.get("content"):
                 emit("tokens", part["content"])
