@@ -309,8 +309,9 @@ def _commit(
     _hooks.fire("runner.after_step")
     if changes:
         working.update(changes)
-    # Streams (issue 34): the attempt that emitted and commits is recorded.
-    streamed = plan.streamed
+    # Streams (issue 34): the attempt that emitted and commits is recorded (once: a
+    # later step that makes no call of its own must not record it again).
+    streamed, plan.streamed = plan.streamed, None
     fields = {} if streamed is None else {"streams": {**cp.streams, str(index): streamed}}
     # The attempt's charges join the ledger in the state: saved by this very write.
     settled = (
