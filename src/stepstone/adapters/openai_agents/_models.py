@@ -14,6 +14,7 @@ from agents.models.interface import Model, ModelProvider, ModelTracing
 
 from ..._errors import InvalidWorkflow
 from ._journal import MISSING, journal_var, scope_var, to_json, unit
+from ._streaming import journaled_stream
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -34,8 +35,8 @@ _DURABLE: weakref.WeakSet[Callable[..., Any]] = weakref.WeakSet()
 class StepstoneModel(Model):
     """A ``Model`` whose ``get_response`` is journaled inside a stepstone agent run.
 
-    Outside one it is the wrapped model. Streaming is not journaled: inside a stepstone
-    run ``stream_response`` is refused (use ``StepstoneRunner.run``, not ``run_streamed``).
+    Outside one it is the wrapped model. Inside one ``stream_response`` is journaled too
+    (``_streaming.journaled_stream``): the same record, replayed as a short stream.
     """
 
     def __init__(self, model: Model, name: str | None = None) -> None:
@@ -103,23 +104,24 @@ class StepstoneModel(Model):
         conversation_id: str | None,
         prompt: ResponsePromptParam | None,
     ) -> AsyncIterator[TResponseStreamEvent]:
-        if journal_var.get() is not None:
-            raise InvalidWorkflow(
-                "streamed model responses are not journaled: inside a stepstone run use "
-                "StepstoneRunner.run (not Runner.run_streamed)"
+        def call() -> AsyncIterator[TResponseStreamEvent]:
+            return self.model.stream_response(
+                system_instructions,
+                input,
+                model_settings,
+                tools,
+                output_schema,
+                handoffs,
+                tracing,
+                previous_response_id=previous_response_id,
+                conversation_id=conversation_id,
+                prompt=prompt,
             )
-        return self.model.stream_response(
-            system_instructions,
-            input,
-            model_settings,
-            tools,
-            output_schema,
-            handoffs,
-            tracing,
-            previous_response_id=previous_response_id,
-            conversation_id=conversation_id,
-            prompt=prompt,
-        )
+
+        journal = journal_var.get()
+        if journal is None:
+            return call()
+        return journaled_stream(journal, self.name, call)
 
     async def close(self) -> None:
         await self.model.close()
