@@ -77,7 +77,8 @@ def child_main(spec: dict[str, Any]) -> int:
         poll=float(spec["poll"]),
     )
     signal.signal(signal.SIGTERM, lambda *_: worker.stop())
-    print(json.dumps({"pid": os.getpid()}), flush=True)
+    # The harness sends SIGTERM only once this file exists: the handler is in place.
+    open(os.path.join(spec["logdir"], f"ready-{os.getpid()}"), "w").close()
     try:
         worker.serve()
     finally:

@@ -110,6 +110,14 @@ class _Fleet:
 
     def stop(self) -> None:
         for proc in self.procs:
+            # A worker still starting has no SIGTERM handler yet: wait until it says so.
+            ready = os.path.join(self.logdir, f"ready-{proc.pid}")
+            deadline = time.monotonic() + 60
+            while not os.path.exists(ready) and proc.poll() is None:
+                if time.monotonic() > deadline:
+                    self.failures.append(f"worker {proc.pid} not ready within 60 s")
+                    break
+                time.sleep(0.02)
             proc.send_signal(signal.SIGTERM)
         for proc in self.procs:
             try:
