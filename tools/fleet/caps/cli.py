@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
-from typing import Any
 
 from ..backends import check_sql, drop_table, local_config, sql_config
 from .harness import CapOptions, CapResult, run_campaign
@@ -66,7 +65,9 @@ def main(argv: list[str]) -> int:
     run = sub.add_parser("run", help="run campaigns and print their results")
     run.add_argument("--load", default="all", help=f"one of {sorted(LOADS)}, or all")
     run.add_argument("--backends", default="sqlite", help=f"comma list of {BACKENDS}, or all")
-    run.add_argument("--size", type=int, default=30, help="runs (flow, spend), minute slots (sched)")
+    run.add_argument(
+        "--size", type=int, default=30, help="runs (flow, spend), minute slots (sched)"
+    )
     run.add_argument("--kills", type=int, default=8, help="kill plans handed out per campaign")
     run.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
@@ -82,5 +83,3 @@ def main(argv: list[str]) -> int:
                 print(f"    {failure}", flush=True)
             failed = failed or bool(result.verdict.failures)
     return 1 if failed else 0
-
-

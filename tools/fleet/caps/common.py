@@ -86,7 +86,7 @@ class Load:
 
 def read_logs(logdir: str) -> list[dict[str, Any]]:
     """Return every worker's log lines (whole lines only: a kill never tears one)."""
-    records = []
+    records: list[dict[str, Any]] = []
     for path in sorted(glob.glob(os.path.join(logdir, "log-*.jsonl"))):
         with open(path, encoding="utf-8") as fh:
             records.extend(json.loads(line) for line in fh if line.endswith("\n"))

@@ -124,8 +124,8 @@ class FlowLoad(Load):
         v = Verdict()
         for run_id in meta["runs"]:
             cp = store.load(run_id)
-            ok = cp is not None and cp.status == "done"
-            v.expect(ok and cp.state.get("hold") and cp.state.get("call"), f"{run_id} unfinished")
+            state = cp.state if cp is not None and cp.status == "done" else {}
+            v.expect(bool(state.get("hold") and state.get("call")), f"{run_id} unfinished")
         starts = {r["x"]: r for r in records if r["k"] == "hold+"}
         ends = {r["x"]: r["t"] for r in records if r["k"] == "hold-"}
         intervals = []
@@ -142,9 +142,7 @@ class FlowLoad(Load):
             usage = limit_usage(store, key)
             v.expect(usage is not None and not usage.holders, f"{key}: slots leaked")
             v.expect(usage is not None and not usage.waiters, f"{key}: waiters left")
-        v.figures.update(
-            holds=len(starts), most_holders=most, acquisitions=len(times), leaked=0
-        )
+        v.figures.update(holds=len(starts), most_holders=most, acquisitions=len(times), leaked=0)
         return v
 
 

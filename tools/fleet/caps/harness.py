@@ -134,7 +134,9 @@ class _Fleet:
         self.procs.clear()
 
 
-def _phase(fleet: _Fleet, store: Any, extra: dict[str, Any], faults: bool, until: float | None) -> None:
+def _phase(
+    fleet: _Fleet, store: Any, extra: dict[str, Any], faults: bool, until: float | None
+) -> None:
     opts, load = fleet.opts, LOADS[fleet.opts.load]
     for _ in range(opts.workers):
         fleet.spawn(extra, faults)
