@@ -25,7 +25,7 @@ import pytest
 from fleet.backends import local_config
 from fleet.caps import CapOptions, run_campaign
 
-pytestmark = [pytest.mark.crash, pytest.mark.process, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.crash, pytest.mark.slow, pytest.mark.timeout(300)]
 
 CAMPAIGNS = [
     pytest.param("flow", "sqlite", 20, id="flow-sqlite"),

@@ -138,11 +138,22 @@ class FlowLoad(Load):
         times = [r["t"] for r in records if r["k"] == "rate" and r["t"] is not None]
         excess, span = _rate_excess(times)
         v.expect(excess <= 0, f"{excess} acquisitions over the rate in {span:.2f}s")
+        leaked = lapsed = 0
         for key in (SLOT_KEY.key, RATE_KEY.key):
             usage = limit_usage(store, key)
-            v.expect(usage is not None and not usage.holders, f"{key}: slots leaked")
-            v.expect(usage is not None and not usage.waiters, f"{key}: waiters left")
-        v.figures.update(holds=len(starts), most_holders=most, acquisitions=len(times), leaked=0)
+            v.expect(usage is not None, f"{key}: no limit record")
+            if usage is not None:
+                leaked += len(usage.holders)
+                lapsed += len(usage.lapsed)  # dead holders' entries, ignored by every decision
+                v.expect(not usage.holders, f"{key}: slots leaked: {usage.holders}")
+                v.expect(not usage.waiters, f"{key}: waiters left: {usage.waiters}")
+        v.figures.update(
+            holds=len(starts),
+            most_holders=most,
+            acquisitions=len(times),
+            leaked=leaked,
+            lapsed=lapsed,
+        )
         return v
 
 
