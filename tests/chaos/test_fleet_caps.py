@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 from fleet.backends import local_config
 from fleet.caps import CapOptions, run_campaign
+from fleet.caps.flow import RATE, _max_overlap, _rate_excess
 
 pytestmark = [pytest.mark.crash, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -42,3 +43,14 @@ def test_capability_under_kills(load: str, backend: str, size: int, tmp_path: Pa
     result = run_campaign(opts, str(tmp_path / "logs"))
     assert result.verdict.failures == [], result.verdict.failures
     assert result.deaths > 0, f"no kill plan fired: {result.points}"  # faults really landed
+
+
+def test_flow_checks_catch_violations() -> None:
+    """The overlap and rate checks see a third holder and a burst over the GCRA bound."""
+
+    assert _max_overlap([(0.0, 2.0), (1.0, 3.0)]) == 2
+    assert _max_overlap([(0.0, 2.0), (1.0, 3.0), (1.5, 4.0)]) == 3
+    assert _max_overlap([(0.0, 1.0), (1.0, 2.0)]) == 1  # an end before a start at one time
+    assert _rate_excess([i * 0.25 for i in range(12)])[0] <= 0  # 4/s: the bound exactly
+    burst = [0.01 * i for i in range(RATE + 2)]  # RATE + 2 in 50 ms: 1 over the slack
+    assert _rate_excess(burst)[0] > 0
