@@ -36,7 +36,7 @@ RATE = 4
 PER = 1.0
 #: Seconds between an acquisition's decision and its ``flow.acquired`` (a write's round
 #: trip on a loaded machine): the rate check allows for it.
-SLACK = 0.3
+SLACK = 0.5
 SLOT_KEY = Limit("fleet-slots", concurrency=SLOTS)
 RATE_KEY = Limit("fleet-rate", requests=RATE, per=PER)
 _local = threading.local()
