@@ -20,11 +20,16 @@ One backend each (a campaign costs 10-20 s); the kill plans are seeded.
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from fleet.backends import local_config
 from fleet.caps import CapOptions, run_campaign
+from fleet.caps.common import Verdict
 from fleet.caps.flow import RATE, _max_overlap, _rate_excess
+from fleet.caps.spend import _Default, _ledger_check
+
+from stepstone._budget import SPEND_KEY
 
 pytestmark = [pytest.mark.crash, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -54,3 +59,34 @@ def test_flow_checks_catch_violations() -> None:
     assert _rate_excess([i * 0.25 for i in range(12)])[0] <= 0  # 4/s: the bound exactly
     burst = [0.01 * i for i in range(RATE + 3)]  # RATE + 3 in 60 ms: 1 over the slack
     assert _rate_excess(burst)[0] > 0
+
+
+def test_spend_check_catches_a_wrong_ledger() -> None:
+    """A reservation no dead attempt made, or a charge counted twice, fails the check."""
+    ledger = {
+        "usd": 0.75,
+        "refs": {"r/s0/a": "s0", "r/s2/b": "s2"},
+        "unconfirmed": [{"id": "1", "step": "s0", "attempt": "1.0", "usd": 1.0, "tokens": 0}],
+    }
+    prices = {"s0": 0.25, "s2": 0.5}
+    died_in_s0 = _Default({("r", "s0"): {"a", "z"}, ("r", "s2"): {"b"}})  # z reserved, died
+    good = Verdict()
+    assert (
+        _ledger_check(
+            good, "r", SimpleNamespace(state={SPEND_KEY: ledger}, signals=[]), prices, died_in_s0
+        )
+        == 1
+    )
+    assert good.failures == []
+    none_died = _Default({("r", "s0"): {"a"}, ("r", "s2"): {"b"}})
+    bad = Verdict()
+    _ledger_check(
+        bad, "r", SimpleNamespace(state={SPEND_KEY: ledger}, signals=[]), prices, none_died
+    )
+    assert any("unconfirmed" in failure for failure in bad.failures)
+    twice = {**ledger, "usd": 1.0, "refs": {**ledger["refs"], "r/s0/c": "s0"}}  # type: ignore[dict-item]
+    bad = Verdict()
+    _ledger_check(
+        bad, "r", SimpleNamespace(state={SPEND_KEY: twice}, signals=[]), prices, died_in_s0
+    )
+    assert any("not one per step" in failure for failure in bad.failures)
