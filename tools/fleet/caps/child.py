@@ -2,7 +2,8 @@
 
 Opens the store from its config string, lets the campaign's workload prepare the
 process (its log, a hook, a fast schedule clock), arms its kill plan and serves the
-workload's workflows with ``Worker(...).serve()`` until SIGTERM (a graceful stop).
+workload's workflows with ``Worker(...).serve()`` (``aserve()`` under ``asyncio.run``
+when the spec's mode is ``async``) until SIGTERM (a graceful stop).
 
 The kill plan (``spec["kill"]``: a point and an ``nth``) is a real death: at the
 ``nth`` firing of the point, from whichever thread passes it, the process writes
@@ -13,6 +14,7 @@ charge) is on disk before the death.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -80,7 +82,10 @@ def child_main(spec: dict[str, Any]) -> int:
     # The harness sends SIGTERM only once this file exists: the handler is in place.
     open(os.path.join(spec["logdir"], f"ready-{os.getpid()}"), "w").close()
     try:
-        worker.serve()
+        if spec.get("mode") == "async":
+            asyncio.run(worker.aserve())
+        else:
+            worker.serve()
     finally:
         store.close()
     return 0

@@ -21,8 +21,8 @@ __all__ = ["main", "row"]
 
 BACKENDS = ("file", "sqlite", "postgresql", "mysql")
 HEADER = (
-    "| workload | backend | size | deaths (points) | seconds | figures | invariants |\n"
-    "|---|---|---|---|---|---|---|"
+    "| workload | backend | mode | size | deaths (points) | seconds | figures | invariants |\n"
+    "|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -32,12 +32,12 @@ def row(result: CapResult) -> str:
     figures = ", ".join(f"{k} {v}" for k, v in result.verdict.figures.items())
     verdict = "hold" if not result.verdict.failures else "FAILED"
     return (
-        f"| {result.load} | {result.backend} | {result.size} | {result.deaths} ({points}) "
-        f"| {result.seconds:.1f} | {figures} | {verdict} |"
+        f"| {result.load} | {result.backend} | {result.mode} | {result.size} "
+        f"| {result.deaths} ({points}) | {result.seconds:.1f} | {figures} | {verdict} |"
     )
 
 
-def campaign(load: str, backend: str, size: int, kills: int, seed: int) -> CapResult:
+def campaign(load: str, backend: str, size: int, kills: int, seed: int, mode: str) -> CapResult:
     """Run ``load`` on a fresh store of ``backend``."""
     with tempfile.TemporaryDirectory(prefix=f"caps-{load}-") as tmp:
         table = None
@@ -47,7 +47,7 @@ def campaign(load: str, backend: str, size: int, kills: int, seed: int) -> CapRe
             check_sql(backend)
             config, table = sql_config(backend)
         try:
-            opts = CapOptions(load, backend, config, size, kills=kills, seed=seed)
+            opts = CapOptions(load, backend, config, size, kills=kills, seed=seed, mode=mode)
             return run_campaign(opts, f"{tmp}/logs")
         finally:
             if table is not None:
@@ -70,16 +70,17 @@ def main(argv: list[str]) -> int:
     )
     run.add_argument("--kills", type=int, default=8, help="kill plans handed out per campaign")
     run.add_argument("--seed", type=int, default=1)
+    run.add_argument("--mode", default="sync", help="sync (Worker.serve), async (aserve), both")
     args = parser.parse_args(argv)
     loads = sorted(LOADS) if args.load == "all" else args.load.split(",")
     backends = BACKENDS if args.backends == "all" else tuple(args.backends.split(","))
     print(HEADER, flush=True)
     failed = False
-    for load in loads:
-        for backend in backends:
-            result = campaign(load, backend, args.size, args.kills, args.seed)
-            print(row(result), flush=True)
-            for failure in result.verdict.failures:
-                print(f"    {failure}", flush=True)
-            failed = failed or bool(result.verdict.failures)
+    modes = ("sync", "async") if args.mode == "both" else (args.mode,)
+    for load, backend, mode in ((x, b, m) for x in loads for b in backends for m in modes):
+        result = campaign(load, backend, args.size, args.kills, args.seed, mode)
+        print(row(result), flush=True)
+        for failure in result.verdict.failures:
+            print(f"    {failure}", flush=True)
+        failed = failed or bool(result.verdict.failures)
     return 1 if failed else 0

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import os
 import random
-import threading
 import time
 import uuid
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any
 
 from stepstone import Limit, Step, Workflow, limit_usage, start
@@ -39,7 +39,9 @@ PER = 1.0
 SLACK = 0.5
 SLOT_KEY = Limit("fleet-slots", concurrency=SLOTS)
 RATE_KEY = Limit("fleet-rate", requests=RATE, per=PER)
-_local = threading.local()
+#: When this run's last key was taken: set at ``flow.acquired`` in the run's context (a
+#: thread under ``serve``, a task under ``aserve``, whose steps' threads copy it).
+_acquired: ContextVar[float | None] = ContextVar("acquired", default=None)
 
 
 def _hold(state: dict[str, Any], ctx: Any) -> dict[str, Any]:
@@ -51,7 +53,7 @@ def _hold(state: dict[str, Any], ctx: Any) -> dict[str, Any]:
 
 
 def _call(state: dict[str, Any], ctx: Any) -> dict[str, Any]:
-    taken = getattr(_local, "acquired", None)
+    taken = _acquired.get()
     Ctx.log({"k": "rate", "t": taken, "run": ctx.run_id, "pid": _pid()})
     return {"call": True}
 
@@ -107,7 +109,7 @@ class FlowLoad(Load):
     def prepare(self, spec: dict[str, Any]) -> Callable[[str], None] | None:
         def hook(point: str) -> None:
             if point == "flow.acquired":
-                _local.acquired = time.time()
+                _acquired.set(time.time())
 
         return hook
 
@@ -135,7 +137,10 @@ class FlowLoad(Load):
             intervals.append((r["t"], end if end is not None else float("inf")))
         most = _max_overlap(intervals)
         v.expect(most <= SLOTS, f"{most} holds ran at once on a key of {SLOTS}")
-        times = [r["t"] for r in records if r["k"] == "rate" and r["t"] is not None]
+        rates = [r for r in records if r["k"] == "rate"]
+        unseen = sum(r["t"] is None for r in rates)
+        v.expect(unseen == 0, f"{unseen} rate steps ran without a flow.acquired seen")
+        times = [r["t"] for r in rates if r["t"] is not None]
         excess, span = _rate_excess(times)
         v.expect(excess <= 0, f"{excess} acquisitions over the rate in {span:.2f}s")
         leaked = lapsed = 0

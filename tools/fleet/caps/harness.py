@@ -46,6 +46,8 @@ class CapOptions:
     poll: float = 0.05
     timeout: float = 180.0
     seed: int = 0
+    #: ``sync`` (``Worker.serve``) or ``async`` (``Worker.aserve``).
+    mode: str = "sync"
 
 
 @dataclass
@@ -55,6 +57,7 @@ class CapResult:
     load: str
     backend: str
     size: int
+    mode: str = "sync"
     deaths: int = 0
     points: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
@@ -87,6 +90,7 @@ class _Fleet:
             "poll": self.opts.poll,
             "meta": self.meta,
             "kill": kill,
+            "mode": self.opts.mode,
             **extra,
         }
         self.spawned += 1
@@ -163,7 +167,7 @@ def run_campaign(opts: CapOptions, logdir: str) -> CapResult:
     load = LOADS[opts.load]
     os.makedirs(logdir, exist_ok=True)
     began = time.monotonic()
-    result = CapResult(opts.load, opts.backend, opts.size)
+    result = CapResult(opts.load, opts.backend, opts.size, opts.mode)
     with open_store(opts.config) as store:
         meta = load.setup(store, opts.size)
         fleet = _Fleet(opts, logdir, meta)

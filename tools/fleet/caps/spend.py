@@ -17,12 +17,11 @@ times the distinct child attempts that reached the pool.
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 from stepstone import Budget, Map, Step, StepContext, Workflow, spend_of, start
 from stepstone._budget import SPEND_KEY
@@ -36,15 +35,24 @@ PRICES = {"s0": 0.25, "s2": 0.5}
 KID = 0.125
 KIDS = 2
 RESERVE = 1.0
-_local = threading.local()
+
+
+class _Now:
+    """The attempt in flight: one per process, since spend workers drive one run at a time.
+
+    A global, not a thread-local: under ``aserve`` the step runs in a thread and the
+    pool charge in the event loop's.
+    """
+
+    cur: ClassVar[dict[str, str]] = {}
 
 
 def _charged(name: str, price: float) -> Callable[[dict[str, Any], StepContext], Any]:
     def step(state: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
-        _local.cur = {"run": ctx.run_id, "step": name, "x": uuid.uuid4().hex}
+        _Now.cur = {"run": ctx.run_id, "step": name, "x": uuid.uuid4().hex}
         ctx.reserve(usd=RESERVE)  # the hook logs "reserved" once it is saved
         time.sleep(0.02)  # the (pretend) model call
-        ctx.charge(usd=price, ref="/".join(_local.cur[k] for k in ("run", "step", "x")))
+        ctx.charge(usd=price, ref="/".join(_Now.cur[k] for k in ("run", "step", "x")))
         return {name: True}
 
     return step
@@ -104,7 +112,7 @@ class SpendLoad(Load):
     def prepare(self, spec: dict[str, Any]) -> Callable[[str], None] | None:
         def hook(point: str) -> None:
             if point in ("budget.reserved", "budget.pooled"):
-                Ctx.log({"k": point.split(".")[1], **_local.cur})
+                Ctx.log({"k": point.split(".")[1], **_Now.cur})
 
         return hook
 
