@@ -14,7 +14,8 @@ points (replacements start at once) and checks the workload's invariants:
   unconfirmed reservations exactly the attempts that reserved and died, each root's
   pool exactly the child attempts that reached it.
 
-One backend each (a campaign costs 10-20 s); the kill plans are seeded.
+One backend each (a campaign costs 10-20 s), the budgets under ``Worker.aserve``; the
+kill plans are seeded.
 """
 
 from __future__ import annotations
@@ -34,17 +35,20 @@ from stepstone._budget import SPEND_KEY
 pytestmark = [pytest.mark.crash, pytest.mark.slow, pytest.mark.timeout(300)]
 
 CAMPAIGNS = [
-    pytest.param("flow", "sqlite", 20, id="flow-sqlite"),
-    pytest.param("sched", "file", 6, id="sched-file"),
-    pytest.param("spend", "sqlite", 6, id="spend-sqlite"),
+    pytest.param("flow", "sqlite", "sync", 20, id="flow-sqlite"),
+    pytest.param("sched", "file", "sync", 6, id="sched-file"),
+    # aserve: the step runs in a thread, the pool charge in the event loop's
+    pytest.param("spend", "sqlite", "async", 6, id="spend-sqlite-aserve"),
 ]
 
 
-@pytest.mark.parametrize(("load", "backend", "size"), CAMPAIGNS)
-def test_capability_under_kills(load: str, backend: str, size: int, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("load", "backend", "mode", "size"), CAMPAIGNS)
+def test_capability_under_kills(
+    load: str, backend: str, mode: str, size: int, tmp_path: Path
+) -> None:
     """Workers killed at the workload's points leave every invariant of it intact."""
     config = local_config(backend, str(tmp_path))
-    opts = CapOptions(load, backend, config, size, kills=5, seed=7, timeout=150)
+    opts = CapOptions(load, backend, config, size, kills=5, seed=7, timeout=150, mode=mode)
     result = run_campaign(opts, str(tmp_path / "logs"))
     assert result.verdict.failures == [], result.verdict.failures
     assert result.deaths > 0, f"no kill plan fired: {result.points}"  # faults really landed
