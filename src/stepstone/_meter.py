@@ -3,7 +3,8 @@
 Charges wait here until the step returns; the core then adds them to the ledger in the
 save of the step's result (``_spending.settle``), so they commit with it or not at all.
 A reservation is written at once, as a signal of the run (``_budget``'s docstring says
-why a signal), fenced by the run's lease: refused if another owner or epoch holds it.
+why a signal), fenced by the run's lease: refused if another owner or epoch holds it,
+or if it would pass the run's limit or, for a budgeted tree's child, its root's pool's.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from ._budget import (
 from ._checkpoint import Checkpoint, Signal, evolve, utcnow
 from ._errors import ConflictError, InvalidCharge, LeaseLost
 from ._observe import logger
+from ._pool import pool_id
+from ._spending import pool_refusal
 
 if TYPE_CHECKING:
     from ._plan import Plan
@@ -129,9 +132,27 @@ class Meter:
             )
         return evolve(cp, signals=(*cp.signals, reservation))
 
+    def _pooled(self, root_id: str | None, root: Checkpoint | None, reservation: Signal) -> None:
+        """Refuse the reservation if it would pass the limit of the run's tree's pool."""
+        if root_id is None:
+            return
+        # Not in the pool yet: this attempt's reservations and charges (pushed with its
+        # save), and the estimate.
+        mine = [*self.reserved, *self.charges, reservation.payload]
+        reason = pool_refusal(
+            root_id,
+            root,
+            sum(float(item["usd"]) for item in mine),
+            sum(int(item["tokens"]) for item in mine),
+        )
+        if reason is not None:
+            raise BudgetExhausted(f"reserving would pass the budget: {reason}")
+
     def reserve(self, usd: object, tokens: object, unknown: Mapping[str, Any]) -> str:
         reservation = self._reservation(usd, tokens, unknown)
         store = _store(self.run_id)
+        root_id = pool_id(self.base)
+        self._pooled(root_id, None if root_id is None else store.load(root_id), reservation)
         ticket = getattr(self.plan.renewal, "lock", None)
         for _ in range(_MAX_TRIES):
             # Under the sync driver's renewal lock: no renewal lands between our load
@@ -151,6 +172,8 @@ class Meter:
     async def areserve(self, usd: object, tokens: object, unknown: Mapping[str, Any]) -> str:
         reservation = self._reservation(usd, tokens, unknown)
         store = _store(self.run_id)
+        root_id = pool_id(self.base)
+        self._pooled(root_id, None if root_id is None else await store.aload(root_id), reservation)
         for _ in range(_MAX_TRIES):
             loaded = await store.aload(self.run_id)
             try:

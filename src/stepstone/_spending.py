@@ -24,6 +24,7 @@ from ._budget import (
     SPEND_KEY,
     Prices,
     ledger_of,
+    past,
     over,
     raised,
     reservations,
@@ -45,6 +46,8 @@ __all__ = [
     "charge_ledger",
     "check",
     "commit",
+    "pool_refusal",
+    "settle_reservations",
     "gate",
     "record",
     "settle",
@@ -127,15 +130,20 @@ def record(plan: Plan, cp: Checkpoint, write: Write) -> Generator[Effect, Any, C
 
 
 def check(
-    plan: Plan, cp: Checkpoint, write: Write, exhausted: str | None = None
+    plan: Plan,
+    cp: Checkpoint,
+    write: Write,
+    exhausted: str | None = None,
+    skip: str | None = None,
 ) -> Generator[Effect, Any, tuple[Checkpoint, Checkpoint | None]]:
     """Return ``(cp, None)`` if the run may spend (saving what changed), else the pause.
 
     The pause is the record to save the run waiting with (``waiting_for`` set, the
     reason in the ledger, the raises seen counted as consumed), not yet saved: a step
     list saves it (``gate``), a code workflow hands it to the core as a ``Wait``.
+    ``skip``: an open reservation ``spend_now`` leaves out.
     """
-    spend = spend_now(cp, plan.budget)
+    spend = spend_now(cp, plan.budget, skip=skip)
     _, _, raises = raised(cp.signals)
     consumed = dict(cp.consumed)
     seen = consumed.get(RAISE_SIGNAL, 0)
@@ -182,6 +190,39 @@ def check(
     _count("stepstone.budget.paused", 1, plan.run_id)
     waiting = evolve(cp, state=state, waiting_for=BUDGET_WAIT, wake_at=wake_at, consumed=consumed)
     return cp, waiting
+
+
+def pool_refusal(root_id: str, root: Checkpoint | None, usd: float, tokens: int) -> str | None:
+    """Why a reservation of ``usd`` and ``tokens`` would pass the limit of the pool of
+    ``root`` (a budgeted tree's root: its own spend and its children's), if it would."""
+    if root is None:
+        return None  # the root is gone: its children's own ledgers remain
+    reason = past(spend_now(root, None), usd, tokens)
+    return None if reason is None else f"the pool of run {root_id!r}: {reason}"
+
+
+def settle_reservations(cp: Checkpoint, ledger: dict[str, Any]) -> None:
+    """A code workflow's ``ctx.charge``: settle the open reservations its attempt made.
+
+    An open reservation of an earlier lease epoch is of an attempt that died after it
+    (the process that made it is gone): it moves to ``unconfirmed``, as a step's does.
+    """
+    settled = list(ledger.get("settled", ()))
+    unconfirmed = list(ledger.get("unconfirmed", ()))
+    done = set(settled) | {u.get("id") for u in unconfirmed}
+    mine = f"{cp.epoch}.code"
+    for s in reservations(cp.signals):
+        if s.id in done:
+            continue
+        if s.payload.get("attempt") == mine:
+            settled.append(s.id)
+        else:
+            unconfirmed.append({"id": s.id, **s.payload})
+        done.add(s.id)
+    if settled:
+        ledger["settled"] = settled
+    if unconfirmed:
+        ledger["unconfirmed"] = unconfirmed
 
 
 def charge_ledger(
