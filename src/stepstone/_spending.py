@@ -151,6 +151,10 @@ def check(
     reason = exhausted or over(spend)
     wake_at = None
     root_id = pool_id(cp)
+    if exhausted is not None and root_id is not None:
+        # A tree's child refused a reservation (by the pool, most likely): a raise of the
+        # root's budget wakes no child, so it looks again.
+        wake_at = utcnow() + timedelta(seconds=POOL_POLL)
     if reason is None and root_id is not None:
         # A child of a budgeted run: the tree's one pool is its root's record.
         root: Checkpoint | None = yield Load(root_id)
