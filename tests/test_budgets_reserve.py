@@ -29,7 +29,7 @@ from stepstone import (
     spend_of,
 )
 from stepstone._budget import BUDGET_WAIT, RAISE_SIGNAL, RESERVE_SIGNAL, SPEND_KEY
-from stepstone._checkpoint import Signal, evolve
+from stepstone._checkpoint import Signal, evolve, utcnow
 from stepstone._journal import JOURNAL_KEY
 from stepstone._spending import settle_reservations
 
@@ -131,7 +131,7 @@ def test_a_charge_settles_its_epochs_reservations_and_leaves_a_dead_epochs_uncon
 
     def reservation(signal_id: str, attempt: str) -> Signal:
         payload = {"step": "one", "attempt": attempt, "usd": 1.0, "tokens": 0}
-        return Signal(RESERVE_SIGNAL, signal_id, payload, cp.created_at)
+        return Signal(RESERVE_SIGNAL, signal_id, payload, utcnow())
 
     mine, dead = reservation("mine", f"{cp.epoch}.code"), reservation("dead", "0.code")
     cp = evolve(cp, signals=(*cp.signals, mine, dead))
@@ -153,7 +153,7 @@ def test_a_bad_reservation_takes_no_place_in_the_journal(store: Store) -> None:
         with pytest.raises(InvalidCharge, match="finite number >= 0"):
             ctx.reserve(usd=-1)
         with pytest.raises(InvalidCharge, match="tokens must be an int"):
-            ctx.reserve(tokens=1.5)
+            ctx.reserve(tokens=1.5)  # type: ignore[arg-type]
         with pytest.raises(InvalidCharge, match="no ref="):
             ctx.reserve(usd=1, ref="x")
         with pytest.raises(InvalidCharge, match="unknown field 'eur'"):

@@ -23,11 +23,11 @@ from ._context_args import (
     MISSING,
     RESERVED,
     _charge_args,
-    _reserve_args,
     _check_retry,
     _check_step_name,
     _limits,
     _map_args,
+    _reserve_args,
     _wait_args,
 )
 from ._errors import InvalidWorkflow, safe_text
