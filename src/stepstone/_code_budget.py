@@ -8,7 +8,7 @@ import os
 from collections.abc import Generator
 from typing import Any
 
-from . import _budget, _hooks, _spending
+from . import _budget, _hooks, _spending, _tenant
 from ._checkpoint import Checkpoint, Signal, evolve, utcnow
 from ._core import write
 from ._effects import Effect, Load
@@ -24,6 +24,7 @@ from ._session import Session
 from ._steps import (
     Wait,
 )
+from ._tenant import tenant_of
 
 
 def _append(
@@ -82,6 +83,10 @@ def _charged(
     _spending.settle_reservations(cp, ledger)  # the reservations it settles, by this write
     if counted:  # a budgeted tree's child: its root's pool first (``_pool``)
         yield from push(cp, seq, f"{cp.epoch}.code", charge["usd"], charge["tokens"])
+        tenant = tenant_of(cp)
+        if tenant is not None:  # and its tenant's window (``_tenant``), once per call
+            push_id = f"{cp.run_id}#{seq}#{cp.epoch}.code"
+            yield from _tenant.push(tenant, push_id, charge["usd"], charge["tokens"])
     entry = entry_ok(seq, call, 1, counted)
     note = _spending.soft_warning(plan, cp, ledger)
     cp = yield from _append(plan, cp, [entry], {}, {_budget.SPEND_KEY: ledger})
@@ -126,6 +131,8 @@ def _reserved(
     if reason is None and root_id is not None:
         root: Checkpoint | None = yield Load(root_id)
         reason = _spending.pool_refusal(root_id, root, usd, tokens)
+    if reason is None:
+        reason = yield from _spending.tenant_refusal(cp, usd, tokens)
     refused = None if reason is None else f"reserving would pass the budget: {reason}"
     cp, waiting = yield from _spending.check(plan, cp, write, refused)
     if waiting is not None:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Generator, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
-from . import _lease
+from . import _lease, _tenant
 from ._budget import (
     BUDGET_WAIT,
     DIGITS,
@@ -36,6 +36,7 @@ from ._effects import Announce, Effect, Load
 from ._errors import Suspended
 from ._observe import logger
 from ._pool import POOL_POLL, pool_id, push
+from ._tenant import tenant_of
 
 if TYPE_CHECKING:
     from ._plan import Plan
@@ -48,6 +49,7 @@ __all__ = [
     "commit",
     "pool_refusal",
     "settle_reservations",
+    "tenant_refusal",
     "gate",
     "record",
     "settle",
@@ -162,6 +164,13 @@ def check(
         if pool is not None:
             reason = f"the pool of run {root_id!r}: {pool}"
             wake_at = utcnow() + timedelta(seconds=POOL_POLL)  # a raise there wakes no child
+    tenant = tenant_of(cp)
+    if reason is None and tenant is not None:
+        # The tenant's cap (``_tenant``): a new window or a higher cap wakes no run.
+        record: Checkpoint | None = yield Load(_tenant.PREFIX + tenant)
+        reason = _tenant.refusal(tenant, record)
+        if reason is not None:
+            wake_at = utcnow() + timedelta(seconds=POOL_POLL)
     state = None
     if reason is None:
         # Saved only when something changed: the run leaves a budget pause, a raise
@@ -194,6 +203,15 @@ def check(
     _count("stepstone.budget.paused", 1, plan.run_id)
     waiting = evolve(cp, state=state, waiting_for=BUDGET_WAIT, wake_at=wake_at, consumed=consumed)
     return cp, waiting
+
+
+def tenant_refusal(cp: Checkpoint, usd: float, tokens: int) -> Generator[Effect, Any, str | None]:
+    """Why a reservation of ``usd`` and ``tokens`` would pass the run's tenant's cap."""
+    tenant = tenant_of(cp)
+    if tenant is None:
+        return None
+    record: Checkpoint | None = yield Load(_tenant.PREFIX + tenant)
+    return _tenant.refusal(tenant, record, usd, tokens)
 
 
 def pool_refusal(root_id: str, root: Checkpoint | None, usd: float, tokens: int) -> str | None:
@@ -343,6 +361,12 @@ def commit(
         usd = round(sum(float(c["usd"]) for c in meter.charges), DIGITS)
         tokens = sum(int(c["tokens"]) for c in meter.charges)
         yield from push(cp, cp.step + 1, meter.attempt, usd, tokens)
+    tenant = tenant_of(cp)
+    if meter is not None and meter.charges and tenant is not None:
+        usd = round(sum(float(c["usd"]) for c in meter.charges), DIGITS)
+        tokens = sum(int(c["tokens"]) for c in meter.charges)
+        push_id = f"{cp.run_id}#{cp.step + 1}#{meter.attempt}"
+        yield from _tenant.push(tenant, push_id, usd, tokens)
     return meter, note
 
 
