@@ -127,7 +127,9 @@ class Budget:
 
     def __post_init__(self) -> None:
         if self.usd is None and self.tokens is None and self.tenant is None:
-            raise InvalidWorkflow("Budget needs usd=, tokens= or both (or tenant=: its tenant's cap alone)")
+            raise InvalidWorkflow(
+                "Budget needs usd=, tokens= or both (or tenant=: its tenant's cap alone)"
+            )
         if self.tenant is not None:
             try:
                 check_tenant(self.tenant, "Budget")

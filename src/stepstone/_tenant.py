@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from . import _clock
+from . import _clock, _hooks
 from ._checkpoint import Checkpoint, evolve
 from ._effects import Effect, Load, Save
 from ._errors import ConfigError, ConflictError
@@ -209,6 +209,7 @@ def push(tenant: str, push_id: str, usd: float, tokens: int) -> Generator[Effect
             yield Save(new, f"tenant {tenant} charge", owned=False)
         except ConflictError:
             continue
+        _hooks.fire("budget.tenant")  # counted, the run's save not made: a kill point
         return
     raise ConflictError(f"tenant {tenant!r}: too many writers while its spend was counted")
 
