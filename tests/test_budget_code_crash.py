@@ -1,4 +1,4 @@
-"""A code workflow's ``ctx.reserve`` survives real crashes: SIGKILL, then check afresh.
+"""Reservations in code workflows and tenant caps survive real crashes: SIGKILL, check afresh.
 
 A child process runs a code workflow that reserves $1 before each of three model calls
 and charges what each cost after it, and kills itself between a reservation and its
@@ -158,3 +158,76 @@ def test_a_killed_code_workflows_reservation_stays_unconfirmed_and_counts_to_the
         "c": {"usd": 0.25, "tokens": 10},
     }
     assert Counter(side.read_text().splitlines()) == {"call a": 1, "call b": 1, "call c": 1}
+
+
+TENANT_CHILD = r"""
+import json, os, signal, sys
+
+from stepstone import Budget, Step, _hooks, open_store, run
+
+config, side, kill = sys.argv[1:4]
+
+
+def make(name, usd):
+    def step(state, ctx):
+        with open(side, "a") as out:
+            out.write(f"call {name}\n")
+        ctx.charge(usd=usd, tokens=10, ref=f"resp-{name}")
+        return {name: True}
+    return step
+
+
+seen = []
+
+
+def hook(point):
+    seen.append(point)
+    if point == kill and seen.count(point) == 2:
+        os.kill(os.getpid(), signal.SIGKILL)  # step b's charge: around its push and save
+
+
+if kill:
+    _hooks.install(hook)
+steps = [Step(n, make(n, usd)) for n, usd in (("a", 0.75), ("b", 0.5), ("c", 0.25))]
+with open_store(config) as store:
+    run("r", steps, store, budget=Budget(usd=10, tenant="acme"))
+print(json.dumps("done"))
+"""
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize(
+    ("kind", "kill", "extra"),
+    [
+        ("sqlite", "runner.after_step", 0.0),  # b returned: neither counted nor saved
+        ("sqlite", "budget.tenant", 0.5),  # b counted for the tenant, its save not made
+        ("postgresql", "budget.tenant", 0.5),
+        ("mysql", "runner.after_save", 0.0),  # b saved with its charge
+    ],
+)
+def test_a_tenants_window_never_misses_a_committed_charge_across_a_kill(
+    request: pytest.FixtureRequest, tmp_path: Path, kind: str, kill: str, extra: float
+) -> None:
+    """The tenant's total is the run's confirmed total, plus the dead attempt's charge
+    if it died between the tenant's count and its save (erring on the safe side)."""
+    config = fresh_config(kind, request, tmp_path)
+    side = tmp_path / "calls.txt"
+
+    def child(kill: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", TENANT_CHILD, config, str(side), kill],
+            env={**os.environ, "PYTHONPATH": SRC},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    died = child(kill)
+    assert died.returncode == -signals.SIGKILL, (died.returncode, died.stderr[-2000:])
+    assert _said(child("")) == "done"
+    spend, ledger = _ledger(config)
+    assert (spend.usd, set(ledger["refs"])) == (1.5, {"resp-a", "resp-b", "resp-c"})
+    with open_store(config) as store:
+        spent = stepstone.tenant_spend(store, "acme")
+    assert spent.usd == 1.5 + extra and spent.tokens == 30 + (10 if extra else 0)
