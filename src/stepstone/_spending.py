@@ -48,6 +48,7 @@ __all__ = [
     "check",
     "commit",
     "pool_refusal",
+    "push_usage",
     "settle_reservations",
     "tenant_refusal",
     "gate",
@@ -368,6 +369,28 @@ def commit(
         push_id = f"{cp.run_id}#{cp.step + 1}#{meter.attempt}"
         yield from _tenant.push(tenant, push_id, usd, tokens)
     return meter, note
+
+
+def push_usage(
+    cp: Checkpoint, update: Mapping[str, Any], attempt: int
+) -> Generator[Effect, Any, None]:
+    """Before a suspending step's save: what an agent's usage charge (the ledger in
+    ``update``, about to be saved) adds goes to its tree's pool and its tenant's window
+    first, as a step's charges do."""
+    ledger = update.get(SPEND_KEY)
+    if not isinstance(ledger, dict) or (pool_id(cp) is None and tenant_of(cp) is None):
+        return
+    before = ledger_of(cp.state)
+    usd = round(float(ledger.get("usd", 0.0)) - float(before.get("usd", 0.0)), DIGITS)
+    tokens = int(ledger.get("tokens", 0)) - int(before.get("tokens", 0))
+    if usd <= 0 and tokens <= 0:
+        return
+    usd, tokens = max(usd, 0.0), max(tokens, 0)
+    label = f"{cp.epoch}.{attempt}"
+    yield from push(cp, cp.step + 1, label, usd, tokens)
+    tenant = tenant_of(cp)
+    if tenant is not None:
+        yield from _tenant.push(tenant, f"{cp.run_id}#{cp.step + 1}#{label}", usd, tokens)
 
 
 def after_save(plan: Plan, settled: tuple[Meter | None, str | None] | None) -> None:

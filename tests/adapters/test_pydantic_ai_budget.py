@@ -212,3 +212,15 @@ def test_a_paused_agent_run_is_raised_from_another_process_and_ends_exact(
     each = {"usd": 0.0, "tokens": inputs + outputs}
     assert spend.by_step == {"first": each, "second": each}
     assert (spend.tokens, spend.limit_tokens) == (2 * (inputs + outputs), 100_001)
+
+
+def test_an_agents_usage_counts_against_its_runs_tenant(tmp_path: Path) -> None:
+    """The agent step's usage charge reaches the tenant's window too, once."""
+    inputs, outputs = _expected_usage()
+    with open_store(f"sqlite:///{tmp_path}/runs.db") as store:
+        stepstone.set_tenant_cap(store, stepstone.TenantCap("acme", tokens=1_000_000))
+        steps = [AgentStep("agent", _agent(durable=True), "q", store=store)]
+        run("t", steps, store, budget=Budget(tenant="acme"))
+        run("t", steps, store)  # done: nothing charged again
+        spent = stepstone.tenant_spend(store, "acme")
+    assert spent.tokens == inputs + outputs > 0
