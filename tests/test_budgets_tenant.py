@@ -215,3 +215,19 @@ def test_bad_caps_and_tenants_are_refused_with_what_is_allowed(store: Store) -> 
         set_tenant_cap(store, "acme")  # type: ignore[arg-type]
     spent = tenant_spend(store, "acme")
     assert (spent.usd, spent.cap, spent.over) == (0.0, None, False)
+
+
+def test_the_record_keeps_only_the_latest_push_ids(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """However many charges a window counts, the record holds at most MAX_IDS ids."""
+    from stepstone import _tenant
+    from stepstone._flow._api import drive
+
+    monkeypatch.setattr(_tenant, "MAX_IDS", 5)
+    for i in range(8):
+        drive(store, _tenant.push("acme", f"run#{i}", 0.001, 1))
+    drive(store, _tenant.push("acme", "run#7", 0.001, 1))  # a repeat: not counted
+    record = store.load(_tenant.PREFIX + "acme")
+    assert record is not None and record.state["ids"] == [f"run#{i}" for i in range(3, 8)]
+    assert tenant_spend(store, "acme").tokens == 8

@@ -10,7 +10,7 @@ own resumes it. The record is a finished run (``total_steps=0``) that no worker 
 
     {"cap": {"usd": 100.0, "tokens": null, "period": "day"},
      "window": "2026-12-06", "usd": 12.5, "tokens": 40000,
-     "ids": ["run-7#2#3.1", ...]}               # the pushes counted in this window
+     "ids": ["run-7#2#3.1", ...]}               # the latest pushes counted (MAX_IDS)
 
 A push is one compare-and-swap with an id per run, step and attempt (a repeated one is a
 no-op), made before the run's own save, as a tree's pool is charged (``_pool``): the
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from ._store import Store
 
 __all__ = [
+    "MAX_IDS",
     "PERIODS",
     "PREFIX",
     "TenantCap",
@@ -56,6 +57,10 @@ PREFIX = "~tenant-budget/"
 PERIODS = ("day", "month")
 _SPEND_KEY = "~spend"  # ``_budget.SPEND_KEY``; not imported: ``_budget`` imports this
 _MAX_TRIES = 20
+#: The most recent push ids a record keeps: a push is repeated only right after itself
+#: (a save whose answer was lost, retried), so the record stays small however many
+#: charges a window counts.
+MAX_IDS = 1000
 _DIGITS = 9
 
 
@@ -202,7 +207,7 @@ def push(tenant: str, push_id: str, usd: float, tokens: int) -> Generator[Effect
             window=window,
             usd=round(spent_usd + usd, _DIGITS),
             tokens=spent_tokens + tokens,
-            ids=[*ids, push_id],
+            ids=[*ids, push_id][-MAX_IDS:],
         )
         new = _record(tenant, state) if cp is None else evolve(cp, state=state)
         try:
