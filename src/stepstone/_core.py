@@ -498,6 +498,8 @@ def _run_suspending(
             cp = _latest(plan, cp)
             if isinstance(outcome, Complete):
                 if outcome.update:
+                    # An agent's usage charge: into its tree's pool and tenant first.
+                    yield from _spending.push_usage(cp, outcome.update, attempt)
                     working.update(outcome.update)
                 changes = _with_stream(plan, cp, index, outcome.changes)
                 saved = yield from write(

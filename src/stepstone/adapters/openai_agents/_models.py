@@ -12,8 +12,11 @@ import pydantic
 from agents import Agent, FunctionTool, ModelResponse, RunConfig
 from agents.models.interface import Model, ModelProvider, ModelTracing
 
+from ..._checkpoint import Checkpoint
 from ..._errors import InvalidWorkflow
-from ._journal import MISSING, journal_var, scope_var, to_json, unit
+from .._budget_gate import over_budget
+from .._drive import Load, Rule
+from ._journal import MISSING, BudgetPause, Journal, journal_var, scope_var, to_json, unit
 from ._streaming import journaled_stream
 
 if TYPE_CHECKING:
@@ -78,6 +81,8 @@ class StepstoneModel(Model):
         key = journal.next_name(f"{scope}get_response")
         found = await journal.lookup(scope, key)
         if found is MISSING:
+            if journal.budgeted:  # spend budgets: at the run's limit, pause before this call
+                await _gate(journal)
             async with unit(journal, scope):
                 response = await call()
             payload = {
@@ -88,6 +93,10 @@ class StepstoneModel(Model):
             journal.executed += 1
         else:
             journal.replayed += 1
+        usage = found["response"].get("usage") if isinstance(found["response"], dict) else None
+        if isinstance(usage, dict):  # this agent run's usage so far (the budget's check)
+            journal.used[0] += int(usage.get("input_tokens") or 0)
+            journal.used[1] += int(usage.get("output_tokens") or 0)
         return _RESPONSE.validate_python(found["response"])
 
     def stream_response(
@@ -125,6 +134,20 @@ class StepstoneModel(Model):
 
     async def close(self) -> None:
         await self.model.close()
+
+
+async def _gate(journal: Journal) -> None:
+    """Unwind the agent run (``BudgetPause``) if the run is at its spend limit, counting
+    this agent run's usage so far (``_budget_gate``)."""
+
+    def load() -> Rule[Checkpoint | None]:
+        cp: Checkpoint | None = yield Load(journal.run_id)
+        return cp
+
+    cp = await journal.run(load())
+    inputs, outputs = journal.used
+    if cp is not None and over_budget(cp, inputs, outputs, journal.prices) is not None:
+        raise BudgetPause(journal.run_id)
 
 
 class StepstoneModelProvider(ModelProvider):

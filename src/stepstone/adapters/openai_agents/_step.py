@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 from agents import Agent, RunConfig, Runner, RunResult, RunResultStreaming, RunState
 from agents.run import DEFAULT_MAX_TURNS
 
-from ..._budget import SPEND_KEY, Prices
+from ..._budget import BUDGET_WAIT, RAISE_SIGNAL, SPEND_KEY, Prices
 from ..._checkpoint import Checkpoint, utcnow
 from ..._effects import Effect
 from ..._errors import InvalidWorkflow
@@ -22,8 +22,18 @@ from ..._steps import RetryPolicy, check_name
 from ..._store import Store
 from ..._suspend import Complete, SuspendingStep, Wait
 from .._agent_call import call_agent, check_options, in_sync_run
+from .._budget_gate import budgeted, unconsumed_raises
 from ._approvals import decide, interruptions, latest_pause
-from ._journal import APPROVAL_SIGNAL, MISSING, Journal, find_fatal, journal_var, to_json
+from ._journal import (
+    APPROVAL_SIGNAL,
+    MISSING,
+    BudgetPause,
+    Journal,
+    find,
+    find_fatal,
+    journal_var,
+    to_json,
+)
 from ._models import durable_agent, durable_config
 from ._streaming import emit_event
 
@@ -115,6 +125,8 @@ class AgentRunStep(SuspendingStep):
         return f"AgentRunStep({self.name!r}, {self.agent.name!r})"
 
     def ready(self, cp: Checkpoint) -> bool:
+        if cp.waiting_for == BUDGET_WAIT:  # paused by its budget between model calls
+            return unconsumed_raises(cp) > 0
         received = sum(1 for s in cp.signals if s.name == self.approval_signal)
         return received > cp.consumed.get(self.approval_signal, 0)
 
@@ -131,6 +143,7 @@ class AgentRunStep(SuspendingStep):
         journal = Journal(
             store, plan.run_id, self.name, (cp.created_at or utcnow()).isoformat(), sync=sync
         )
+        journal.budgeted, journal.prices = budgeted(cp), self.prices  # spend budgets
         signals = [s.payload for s in cp.signals if s.name == self.approval_signal]
         consumed = cp.consumed.get(self.approval_signal, 0)
 
@@ -144,6 +157,11 @@ class AgentRunStep(SuspendingStep):
             changes["consumed"] = {**cp.consumed, self.approval_signal: outcome["upto"]}
         if outcome.get("wait"):
             return Wait(f"signal {self.approval_signal}", None, changes)
+        if outcome.get("budget"):  # the raises seen are consumed: a new one makes it due
+            consumed_now = changes.get("consumed", cp.consumed)
+            raises = consumed_now.get(RAISE_SIGNAL, 0) + unconsumed_raises(cp)
+            changes["consumed"] = {**consumed_now, RAISE_SIGNAL: raises}
+            return Wait(BUDGET_WAIT, None, changes)
         update = {self.name: outcome["output"]}
         ledger = usage_charge(plan, state, self.name, outcome["usage"], self.prices)
         if ledger is not None:
@@ -180,6 +198,7 @@ class AgentRunStep(SuspendingStep):
                     upto = max(upto, resumed["upto"])
                     agent_input = await self._restore(pause["state"], resumed["decisions"])
                     journal.counters, journal.missed = dict(pause["counters"]), set()
+                    journal.used = list(pause.get("used", [0, 0]))  # usage before the pause
                 result = await self._run(agent_input)
                 if not result.interruptions:
                     output = to_json(result.final_output, "the agent's final output")
@@ -192,11 +211,14 @@ class AgentRunStep(SuspendingStep):
                     {
                         "state": json.loads(result.to_state().to_string()),
                         "counters": dict(journal.counters),
+                        "used": list(journal.used),
                         "start": upto,
                         "interruptions": interruptions(result),
                     },
                 )
         except BaseException as error:
+            if find(error, BudgetPause) is not None:
+                return {"budget": True, "upto": consumed}
             fatal = find_fatal(error)
             if fatal is None:
                 raise

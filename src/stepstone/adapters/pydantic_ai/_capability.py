@@ -25,9 +25,11 @@ from pydantic_ai.external_events import (
 from pydantic_ai.run import AgentRunResult
 from pydantic_ai.tools import AgentDepsT, RunContext
 
+from ..._budget import RAISE_SIGNAL
 from ..._checkpoint import utcnow
 from ..._errors import InvalidWorkflow
 from ..._suspend import pending_signals
+from .._budget_gate import over_budget
 
 if TYPE_CHECKING:
     from pydantic_ai.agent import AbstractAgent, EventStreamHandler
@@ -73,6 +75,9 @@ class Backend(JournalCallableOperationBackend[None]):
                     in_unit.reset(token)
             record_durable_unit(executed=False)
             return recorded
+        if session.budgeted and "model.request" in name:
+            # Spend budgets: at the run's limit, pause before this request (``_budget_gate``).
+            await _gate(session)
         if session.busy is not None:
             raise ConcurrentUnits(
                 f"run {session.run_id!r}: durable unit {key!r} started while {session.busy!r} "
@@ -91,6 +96,20 @@ class Backend(JournalCallableOperationBackend[None]):
         recorded = await session.record(key, payload)
         record_durable_unit(executed=True)
         return recorded
+
+
+async def _gate(session: Session) -> None:
+    """Unwind the agent run waiting for ``budget.raise`` if the run is at its limit,
+    counting the usage of this agent run's journaled model requests."""
+    inputs = outputs = 0
+    for key, value in session.entries.items():
+        usage = value.get("usage") if "model.request" in key and isinstance(value, dict) else None
+        if isinstance(usage, dict):
+            inputs += int(usage.get("input_tokens") or 0)
+            outputs += int(usage.get("output_tokens") or 0)
+    cp = await session.latest_run()
+    if over_budget(cp, inputs, outputs, session.prices) is not None:
+        raise Suspend(RAISE_SIGNAL, None)
 
 
 def _not_json(error: Exception) -> BaseException:
