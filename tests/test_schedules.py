@@ -109,6 +109,7 @@ def test_minute_schedule_over_a_week_across_dst(mem: Store) -> None:
     assert info.fired == 7 * 24 and info.skipped == 7 * 24 * 59
 
 
+@pytest.mark.slow  # 10,080 slots: about 2 s on a quiet machine, more beside others
 def test_minute_looks_over_a_week_fire_every_minute_once(mem: Store) -> None:
     """A look every simulated minute for a week across the spring-forward: 10,080 runs."""
     start = datetime(2026, 3, 26, 0, 0, 30, tzinfo=UTC)
