@@ -48,6 +48,7 @@ from ._errors import (
     LeaseLost,
     RunCancelled,
     StepstoneError,
+    StepTimeout,
     StoreError,
     StoreUnavailable,
     Suspended,
@@ -400,7 +401,13 @@ def _run_step(
                     continue
                 if retries(policy, attempt, error):
                     step_span.set_attribute("outcome", "retry")
-                    cp = yield from _record_failure(plan, cp, index, step.name, attempt, error)
+                    # Issue 33: a timed-out thread may still run: fence it off by epoch.
+                    fence = isinstance(error, StepTimeout)
+                    cp = yield from _record_failure(
+                        plan, cp, index, step.name, attempt, error, fence=fence
+                    )
+                    if fence:  # the run's own keys were held at the old epoch: again
+                        cp = yield from _flow_runs.take(plan, cp, write)
                     delay = policy.delay(attempt)
                     logger.warning(
                         "run %r: step %d (%r) attempt %d failed (%s), retrying in %.2fs",
