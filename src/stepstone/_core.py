@@ -474,7 +474,15 @@ def _run_suspending(
             seen_wake_at = cp.wake_at
             try:
                 outcome = yield from step.evaluate(plan, cp, index, working, first)
-            except (ConflictError, StoreUnavailable, WorkflowChanged, RunCancelled, Interrupted):
+            except (
+                ConflictError,
+                StoreUnavailable,
+                WorkflowChanged,
+                RunCancelled,
+                Interrupted,
+                DeadlineExceeded,  # issue 33: a code workflow's call met the deadline
+                Suspended,  # ... and the run waits for a person to extend it
+            ):
                 # The step's own bookkeeping (a Map's child records, the lease) met a store
                 # that failed or a lost lease: the run stops as after a failed save, and
                 # whoever resumes it evaluates the step again. Never the step's failure.

@@ -15,6 +15,7 @@ import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from ._errors import InvalidWorkflow, StepstoneError, WorkflowChanged
@@ -206,6 +207,8 @@ class Session:
         self.ctx: Any = None
         #: The run has a spend budget: each ``ctx.step`` asks the core first (``_budget``).
         self.budgeted = False
+        #: When the run's deadline falls (issue 33), or None: checked before each call.
+        self.deadline_at: datetime | None = None
 
     # -- the function's side -----------------------------------------------------------
 

@@ -38,7 +38,9 @@ __all__ = [
     "applies",
     "atimed_call",
     "call",
+    "beating",
     "check_timeout",
+    "heartbeat",
     "timed_call",
     "with_beat",
 ]
@@ -87,6 +89,17 @@ class Beat:
         if self.expired:
             raise StepTimeout(f"{self.what} timed out; this attempt's work is fenced off")
         self.last = _clock.monotonic()
+
+
+#: The attempt of a code workflow's call running in this context (``ctx.heartbeat()``).
+beating: contextvars.ContextVar[Beat | None] = contextvars.ContextVar("beating", default=None)
+
+
+def heartbeat() -> None:
+    """Beat the heartbeat of the call running here, if it has one (code workflows)."""
+    beat = beating.get()
+    if beat is not None:
+        beat.beat()
 
 
 def _left(started: float, beat: Beat, timeout: float | None, idle: float | None) -> float:
