@@ -18,7 +18,18 @@ from typing import Any
 import pytest
 
 from fresh_stores import fresh_config as _config
-from stepstone import Budget, LeaseLost, RetryPolicy, Step, StepContext, Workflow, arun, open_store
+from stepstone import (
+    Budget,
+    LeaseLost,
+    Limit,
+    RetryPolicy,
+    Step,
+    StepContext,
+    Workflow,
+    arun,
+    limit_usage,
+    open_store,
+)
 from stepstone import run as run_sync
 from stepstone._store import Store
 
@@ -103,3 +114,30 @@ def test_the_retry_holds_the_lease_at_a_new_epoch(store: Store) -> None:
     finally:
         release.set()
     assert epochs == [epochs[0], epochs[0] + 1, epochs[0] + 2]
+
+
+def test_the_runs_own_keys_are_held_at_the_new_epoch(store: Store) -> None:
+    """A run holding a key of its workflow's still holds it in the retry after a timeout."""
+    key = f"api{uuid.uuid4().hex[:12]}"
+    release = threading.Event()
+    seen: list[dict[str, int]] = []
+
+    def step(state: State, ctx: StepContext) -> State:
+        if ctx.attempt == 1:
+            release.wait(HANG)
+            return {}
+        usage = limit_usage(store, key)
+        seen.append({} if usage is None else dict(usage.holders))
+        return {"attempt": ctx.attempt}
+
+    flow = Workflow(
+        "keyed",
+        [Step("call", step, retry=NO_DELAY, timeout=TIMEOUT)],
+        limits=[Limit(key, concurrency=1)],
+    )
+    run_id = f"f-{uuid.uuid4().hex}"
+    try:
+        assert run_sync(run_id, flow, store)["attempt"] == 2
+    finally:
+        release.set()
+    assert list(seen[0]) == [run_id], "the retry does not hold the run's key"
