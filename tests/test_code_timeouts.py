@@ -233,3 +233,26 @@ def test_bad_call_timeouts_are_refused(store: Store, kwargs: dict[str, Any]) -> 
 
     message = run(_rid(), flow, store)["result"]
     assert "ctx.submit('s')" in message and calls == []
+
+
+def test_async_ctx_step_idle_timeout_cancels_a_silent_call(store: Store) -> None:
+    """An async call silent past its idle timeout is cancelled; the retry heartbeats and ends."""
+    seen: list[str] = []
+
+    @workflow("aidle")
+    async def flow(ctx: Any, data: State) -> str:
+        async def fetch() -> str:
+            ctx.heartbeat()
+            if not seen:
+                seen.append("first")
+                try:
+                    await asyncio.Event().wait()  # silent from here: cancelled at 0.2s
+                except asyncio.CancelledError:
+                    seen.append("cancelled")
+                    raise
+            return "fresh"
+
+        return str(await ctx.step("fetch", fetch, retry=NO_DELAY, idle_timeout=0.2))
+
+    assert asyncio.run(arun(_rid(), flow, store))["result"] == "fresh"
+    assert seen == ["first", "cancelled"]
