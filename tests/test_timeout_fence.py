@@ -32,12 +32,15 @@ from stepstone import (
 )
 from stepstone import run as run_sync
 from stepstone._store import Store
+from stepstone.testing import FakeClock
 
 State = dict[str, Any]
 BACKENDS = ("memory", "file", "sqlite", "postgresql", "mysql", "cosmos")
 #: Real seconds a test waits for something that happens at once; never reached when green.
 HANG = 30.0
-TIMEOUT = 0.2
+#: Fake seconds: a hung attempt moves the fake clock past it, so only hung attempts time
+#: out, however slow the machine (a retry waiting on the store never does).
+TIMEOUT = 5.0
 NO_DELAY = RetryPolicy(max_attempts=3, initial_delay=0, jitter=0)
 
 
@@ -48,7 +51,20 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
         yield opened
 
 
-def _late_writer() -> tuple[Any, threading.Event, queue.Queue[str]]:
+@pytest.fixture
+def clock() -> Iterator[FakeClock]:
+    """The fake clock the timeouts are read through."""
+    with FakeClock() as fake:
+        yield fake
+
+
+def _hang(clock: FakeClock, release: threading.Event) -> None:
+    """Hang past the timeout: move the fake clock past it, then block until released."""
+    clock.advance(TIMEOUT + 1)
+    assert release.wait(HANG), "the test never let the timed-out attempt go"
+
+
+def _late_writer(clock: FakeClock) -> tuple[Any, threading.Event, queue.Queue[str]]:
     """A step whose first attempt hangs past its timeout, then reserves while the retry runs.
 
     The second attempt lets the first go and waits for the outcome of its late write,
@@ -59,7 +75,7 @@ def _late_writer() -> tuple[Any, threading.Event, queue.Queue[str]]:
 
     def step(state: State, ctx: StepContext) -> State:
         if ctx.attempt == 1:
-            assert release.wait(HANG), "the retry never let the timed-out attempt go"
+            _hang(clock, release)
             try:
                 ctx.reserve(usd=1.0)
                 outcome.put("written")
@@ -73,9 +89,11 @@ def _late_writer() -> tuple[Any, threading.Event, queue.Queue[str]]:
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
-def test_a_timed_out_threads_late_reserve_is_refused(store: Store, mode: str) -> None:
+def test_a_timed_out_threads_late_reserve_is_refused(
+    store: Store, clock: FakeClock, mode: str
+) -> None:
     """The late thread's ctx.reserve() during the retry raises LeaseLost; nothing is reserved."""
-    fn, release, _ = _late_writer()
+    fn, release, _ = _late_writer(clock)
     flow = Workflow(
         "fenced", [Step("call", fn, retry=NO_DELAY, timeout=TIMEOUT)], budget=Budget(usd=100)
     )
@@ -94,7 +112,7 @@ def test_a_timed_out_threads_late_reserve_is_refused(store: Store, mode: str) ->
     assert not [s for s in cp.signals if "reserve" in s.name], "the late reservation landed"
 
 
-def test_the_retry_holds_the_lease_at_a_new_epoch(store: Store) -> None:
+def test_the_retry_holds_the_lease_at_a_new_epoch(store: Store, clock: FakeClock) -> None:
     """Each timeout moves the epoch on; the owner keeps the run and completes it."""
     epochs: list[int] = []
     release = threading.Event()
@@ -104,7 +122,7 @@ def test_the_retry_holds_the_lease_at_a_new_epoch(store: Store) -> None:
         assert cp is not None
         epochs.append(cp.epoch)
         if ctx.attempt < 3:
-            release.wait(HANG)
+            _hang(clock, release)
         return {"attempt": ctx.attempt}
 
     run_id = f"f-{uuid.uuid4().hex}"
@@ -116,7 +134,7 @@ def test_the_retry_holds_the_lease_at_a_new_epoch(store: Store) -> None:
     assert epochs == [epochs[0], epochs[0] + 1, epochs[0] + 2]
 
 
-def test_the_runs_own_keys_are_held_at_the_new_epoch(store: Store) -> None:
+def test_the_runs_own_keys_are_held_at_the_new_epoch(store: Store, clock: FakeClock) -> None:
     """A run holding a key of its workflow's still holds it in the retry after a timeout."""
     key = f"api{uuid.uuid4().hex[:12]}"
     release = threading.Event()
@@ -124,7 +142,7 @@ def test_the_runs_own_keys_are_held_at_the_new_epoch(store: Store) -> None:
 
     def step(state: State, ctx: StepContext) -> State:
         if ctx.attempt == 1:
-            release.wait(HANG)
+            _hang(clock, release)
             return {}
         usage = limit_usage(store, key)
         seen.append({} if usage is None else dict(usage.holders))

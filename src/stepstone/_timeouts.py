@@ -183,6 +183,8 @@ async def acall(
     import asyncio  # noqa: PLC0415 - sync users never import asyncio
     import inspect  # noqa: PLC0415
 
+    # Counted from before the call starts: a thread may run (and the clock move) at once.
+    started = beat.last = _clock.monotonic()
     if is_async:
         task: asyncio.Future[Any] = asyncio.ensure_future(fn(*args))
     else:
@@ -191,7 +193,6 @@ async def acall(
         task = _in_thread(asyncio.get_running_loop(), fn, args)
     done = asyncio.Event()
     task.add_done_callback(lambda _: done.set())
-    started = beat.last = _clock.monotonic()
     try:
         while not done.is_set():
             left = _left(started, beat, limit, idle)
