@@ -194,7 +194,7 @@ def test_ctx_step_idle_timeout_counts_from_the_last_heartbeat(
     assert result[:2] == ["alive", "StepTimeout"] and "idle_timeout" in result[2]
 
 
-def test_ctx_submit_timeout_retries_a_hung_call(store: Store) -> None:
+def test_ctx_submit_timeout_retries_a_hung_call(store: Store, clock: FakeClock) -> None:
     """ctx.submit(timeout=): the hung first attempt fails with StepTimeout, the retry runs."""
     release = threading.Event()
     calls: list[int] = []
@@ -202,13 +202,14 @@ def test_ctx_submit_timeout_retries_a_hung_call(store: Store) -> None:
     def fetch() -> str:
         calls.append(1)
         if len(calls) == 1:
-            release.wait(HANG)  # hung past its timeout (real time: a thread's wait)
+            clock.advance(10)  # hung past its timeout, in fake time
+            release.wait(HANG)
             return "late"
         return "fresh"
 
     @workflow("submitter")
     def flow(ctx: Any, data: State) -> str:
-        return str(ctx.submit("fetch", fetch, retry=NO_DELAY, timeout=0.2).result())
+        return str(ctx.submit("fetch", fetch, retry=NO_DELAY, timeout=5).result())
 
     run_id = _rid()
     try:
@@ -235,7 +236,7 @@ def test_bad_call_timeouts_are_refused(store: Store, kwargs: dict[str, Any]) -> 
     assert "ctx.submit('s')" in message and calls == []
 
 
-def test_async_ctx_step_idle_timeout_cancels_a_silent_call(store: Store) -> None:
+def test_async_ctx_step_idle_timeout_cancels_a_silent_call(store: Store, clock: FakeClock) -> None:
     """An async call silent past its idle timeout is cancelled; the retry heartbeats and ends."""
     seen: list[str] = []
 
@@ -246,13 +247,14 @@ def test_async_ctx_step_idle_timeout_cancels_a_silent_call(store: Store) -> None
             if not seen:
                 seen.append("first")
                 try:
-                    await asyncio.Event().wait()  # silent from here: cancelled at 0.2s
+                    clock.advance(10)  # silent past the idle timeout, in fake time
+                    await asyncio.Event().wait()
                 except asyncio.CancelledError:
                     seen.append("cancelled")
                     raise
             return "fresh"
 
-        return str(await ctx.step("fetch", fetch, retry=NO_DELAY, idle_timeout=0.2))
+        return str(await ctx.step("fetch", fetch, retry=NO_DELAY, idle_timeout=5))
 
     assert asyncio.run(arun(_rid(), flow, store))["result"] == "fresh"
     assert seen == ["first", "cancelled"]
