@@ -3,8 +3,10 @@
 Runs the same 20-step workflow four ways on the memory store and on SQLite (default
 ``synchronous=FULL``): plain steps; each step charging (``ctx.charge`` with a ref);
 each step charging under a ``Budget`` (the check before every step, the ledger in
-every save); each step reserving first (one more compare-and-swap per step). Prints the
-median time per step of each, over ``--repeats`` runs, and the extra over plain steps.
+every save); each step reserving first (one more compare-and-swap per step); each step
+charging under a budget naming a tenant with a cap (one read of the tenant's record
+before each step, one compare-and-swap on it before each save). Prints the median time
+per step of each, over ``--repeats`` runs, and the extra over plain steps.
 
     .venv/bin/python benchmarks/bench_budgets.py [--steps 20] [--repeats 15]
 """
@@ -18,7 +20,7 @@ import time
 import uuid
 from typing import Any
 
-from stepstone import Budget, Step, StepContext, open_store, run
+from stepstone import Budget, Step, StepContext, TenantCap, open_store, run, set_tenant_cap
 
 
 def plain(state: dict[str, Any]) -> dict[str, Any]:
@@ -54,10 +56,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15)
     args = parser.parse_args()
     budget = Budget(usd=1_000, tokens=10**9)
+    tenant = Budget(usd=1_000, tenant="bench")
     with tempfile.TemporaryDirectory() as tmp:
         stores = {"memory": "memory://bench-budgets", "sqlite": f"sqlite:///{tmp}/b.db"}
         print(f"{'store':8} {'steps':38} {'us/step':>9} {'extra':>8}")
         for name, config in stores.items():
+            with open_store(config) as store:
+                set_tenant_cap(store, TenantCap("bench", usd=10**9))
             base = per_step(config, plain, None, args.steps, args.repeats)
             rows = [
                 ("plain", base),
@@ -69,6 +74,10 @@ def main() -> None:
                 (
                     "ctx.reserve + ctx.charge under a Budget",
                     per_step(config, reserving, budget, args.steps, args.repeats),
+                ),
+                (
+                    "ctx.charge under a tenant's cap",
+                    per_step(config, charging, tenant, args.steps, args.repeats),
                 ),
             ]
             for label, value in rows:

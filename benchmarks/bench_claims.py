@@ -205,10 +205,16 @@ class _Drain(Worker):
 
     target = 0
 
-    def _finished(self, plan: Any, error: BaseException | None = None) -> None:
-        super()._finished(plan, error)
-        if self.completed >= self.target:
-            self.stop()
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        finished = self._claims.finished  # the claim loop's end of a run (worker._claims)
+
+        def and_stop(plan: Any, error: BaseException | None = None) -> None:
+            finished(plan, error)
+            if self.completed >= self.target:
+                self.stop()
+
+        self._claims.finished = and_stop  # type: ignore[method-assign]
 
 
 def cg_child(mode: str, n: int, directory: str) -> None:

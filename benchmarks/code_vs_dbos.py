@@ -91,13 +91,13 @@ def _stepstone_runner(system: str, config: str) -> tuple[Callable[[str, int], An
 
 
 def _dbos_runner(url: str) -> tuple[Callable[[str, int], Any], Any]:
-    from dbos import DBOS, SetWorkflowID
+    from dbos import DBOS, SetWorkflowID  # type: ignore[import-not-found, unused-ignore]
 
-    @DBOS.step()
+    @DBOS.step()  # type: ignore[untyped-decorator, unused-ignore]
     def call(i: int) -> dict[str, Any]:
         return work(i)
 
-    @DBOS.workflow()
+    @DBOS.workflow()  # type: ignore[untyped-decorator, unused-ignore]
     def loop(n: int) -> int:
         return sum(call(i)["i"] for i in range(n))
 

@@ -55,11 +55,11 @@ def dbos_rate(runs: int) -> tuple[float, float]:
     logging.getLogger("dbos").setLevel(logging.WARNING)
     directory = tempfile.mkdtemp(prefix="flow-vs-dbos-")
 
-    @DBOS.step()
+    @DBOS.step()  # type: ignore[untyped-decorator, unused-ignore]
     def call() -> None:
         _call()
 
-    @DBOS.workflow()
+    @DBOS.workflow()  # type: ignore[untyped-decorator, unused-ignore]
     def flow() -> None:
         call()
 

@@ -161,6 +161,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--pg", help="a PostgreSQL config string to measure too")
+    parser.add_argument("--latency", action="store_true", help="measure only 3. (latency)")
     args = parser.parse_args()
     events = 2_000 if args.quick else 10_000
     stored = 10_000 if args.quick else 100_000
@@ -172,7 +173,7 @@ def main() -> None:
             "file": f"file://{base}/files",
         }
         print(f"1. emit overhead: a step emitting {events:,} token events")
-        for name, config in local.items():
+        for name, config in {} if args.latency else local.items():
             r = emit_overhead(config, events, 3 if args.quick else 5)
             print(
                 f"  {name:7} with {r['with_s'] * 1000:8.1f} ms"
@@ -186,7 +187,7 @@ def main() -> None:
             "sqlite": f"sqlite:///{base}/read.db",
             "file": f"file://{base}/read-files",
         }
-        for name, config in readers.items():
+        for name, config in {} if args.latency else readers.items():
             r = read_cost(config, stored)
             print(
                 f"  {name:7} from 0: {r['from_0_s'] * 1000:7.1f} ms, {r['from_0_loads']:4d} loads"

@@ -290,6 +290,43 @@ def _copy_file_out(container: Any, path: str, dest: Path) -> None:
         dest.write_bytes(extracted.read())
 
 
+#: The pid of the test session that started an emulator container.
+_OWNER_LABEL = "org.stepstone.owner-pid"
+
+
+def _reap_orphans() -> None:
+    """Remove emulator containers whose test session is gone (killed before its cleanup).
+
+    A session killed by a signal (a timeout, ^C twice, CI's kill) never runs the
+    ``finally`` that stops its container; left alone, each one holds a gigabyte. Containers
+    of sessions still running (another engineer's, in parallel) are kept.
+    """
+    import docker
+
+    client = docker.from_env(timeout=10)
+    try:
+        for stale in client.containers.list(
+            all=True, filters={"label": "org.stepstone.cosmos-emulator=test"}
+        ):
+            owner = stale.labels.get(_OWNER_LABEL, "")
+            if not owner.isdigit() or _pid_alive(int(owner)):
+                continue  # a live session's, or one this rule cannot judge: kept
+            with contextlib.suppress(Exception):  # gone already, or being removed
+                stale.remove(force=True)
+    finally:
+        client.close()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
 @contextlib.contextmanager
 def _container(image: str) -> Iterator[CosmosEmulator]:
     from testcontainers.core.container import DockerContainer
@@ -322,8 +359,10 @@ def _container(image: str) -> Iterator[CosmosEmulator]:
         )
         timeout = _startup_timeout(60)
     container = container.with_kwargs(
-        network_mode="host", labels={"org.stepstone.cosmos-emulator": "test"}
+        network_mode="host",
+        labels={"org.stepstone.cosmos-emulator": "test", _OWNER_LABEL: str(os.getpid())},
     )
+    _reap_orphans()
 
     if _port_open(host, port):
         raise CosmosEmulatorError(

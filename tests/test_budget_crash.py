@@ -24,9 +24,9 @@ from typing import Any
 import pytest
 
 import stepstone
+from fresh_stores import fresh_config as _config
 from stepstone import open_store, signal, spend_of
 from stepstone._budget import BUDGET_WAIT, RAISE_SIGNAL, SPEND_KEY
-from test_contract import fresh_table
 
 SRC = str(Path(stepstone.__file__).resolve().parents[1])
 
@@ -88,14 +88,6 @@ with open_store(config) as store:
 """
 
 
-def _config(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if kind == "sqlite":
-        return f"sqlite:///{tmp_path}/runs.db"
-    if kind == "mysql":
-        return fresh_table(request, "mysql://root@127.0.0.1:3306/test")
-    return fresh_table(request, "postgresql://postgres@127.0.0.1:5432/test")
-
-
 def _child(config: str, side: Path, mode: str, kill: str = "") -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-c", CHILD, config, str(side), mode, kill],
@@ -126,7 +118,13 @@ def _ledger(config: str) -> tuple[Any, dict[str, Any]]:
 @pytest.mark.crash
 @pytest.mark.parametrize(
     ("kind", "mode"),
-    [("sqlite", "sync"), ("sqlite", "async"), ("postgresql", "sync"), ("mysql", "async")],
+    [
+        ("sqlite", "sync"),
+        ("sqlite", "async"),
+        ("postgresql", "sync"),
+        ("mysql", "async"),
+        ("cosmos", "sync"),
+    ],
 )
 def test_a_kill_between_reserve_and_charge_leaves_it_unconfirmed_and_pauses_at_the_cap(
     request: pytest.FixtureRequest, tmp_path: Path, kind: str, mode: str

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from fresh_stores import fresh_config
 from stepstone import (
     Budget,
     BudgetExhausted,
@@ -39,7 +40,6 @@ from stepstone import (
     start,
 )
 from stepstone._budget import BUDGET_WAIT, RAISE_SIGNAL, SPEND_KEY
-from test_contract import fresh_table
 
 
 @pytest.fixture(params=["memory", "sqlite", "file"])
@@ -320,12 +320,12 @@ def test_budget_exhausted_is_public() -> None:
 
 
 @pytest.mark.server
-@pytest.mark.parametrize(
-    "server", ["postgresql://postgres@127.0.0.1:5432/test", "mysql://root@127.0.0.1:3306/test"]
-)
-def test_pause_and_raise_on_the_sql_servers(request: pytest.FixtureRequest, server: str) -> None:
-    """The pause, the raise and the exact ledger on PostgreSQL and MySQL."""
-    with open_store(fresh_table(request, server)) as sql:
+@pytest.mark.parametrize("server", ["postgresql", "mysql", "cosmos"])
+def test_pause_and_raise_on_the_servers(
+    request: pytest.FixtureRequest, tmp_path: Path, server: str
+) -> None:
+    """The pause, the raise and the exact ledger on PostgreSQL, MySQL and Cosmos."""
+    with open_store(fresh_config(server, request, tmp_path)) as sql:
 
         def call(state: dict[str, Any], ctx: StepContext) -> None:
             ctx.reserve(usd=1)

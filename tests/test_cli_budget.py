@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from fresh_stores import fresh_config
 from stepstone import Budget, Step, StepContext, Suspended, open_store, run
 from test_cli import cli
 
@@ -20,9 +21,15 @@ STEPS = [Step("a", _spender), Step("b", _spender)]
 
 
 @pytest.fixture
-def config(tmp_path: Path) -> str:
-    """A SQLite store holding a run paused at its budget and a run with no budget."""
-    url = f"sqlite:///{tmp_path}/runs.db"
+def kind() -> str:
+    """The store's backend: SQLite, unless a test runs on more (it parametrizes ``kind``)."""
+    return "sqlite"
+
+
+@pytest.fixture
+def config(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A store of ``kind`` holding a run paused at its budget and a run with no budget."""
+    url = fresh_config(kind, request, tmp_path)
     with open_store(url) as store:
         with pytest.raises(Suspended):
             run("paused", STEPS, store, budget=Budget(usd=2))
@@ -31,6 +38,7 @@ def config(tmp_path: Path) -> str:
     return url
 
 
+@pytest.mark.parametrize("kind", ["sqlite", "cosmos"])
 def test_list_shows_spend_and_filters_the_runs_over_budget(config: str) -> None:
     """The SPEND column shows each run's spend; --over-budget keeps the paused run only."""
     listed = cli("runs", "list", "--store", config)
@@ -51,6 +59,7 @@ def test_show_prints_the_spend(config: str) -> None:
     assert plain["spend"] is None
 
 
+@pytest.mark.parametrize("kind", ["sqlite", "cosmos"])
 def test_raising_from_the_command_line_resumes_the_paused_run(config: str) -> None:
     """--raise-usd makes the run due and the next run finishes it; a repeated --id is a no-op."""
     raised = cli("runs", "budget", "paused", "--raise-usd", "5", "--id", "r1", "--store", config)

@@ -9,25 +9,35 @@ from pathlib import Path
 
 import pytest
 
+from fresh_stores import fresh_config
 from stepstone import Step, Workflow, open_store, start
 from test_cli import cli, store_url
 
 
 @pytest.fixture
-def flows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, ...]:
-    """A module of workflows the CLI imports, and a SQLite store beside it."""
+def kind() -> str:
+    """The store's backend: SQLite, unless a test runs on more (it parametrizes ``kind``)."""
+    return "sqlite"
+
+
+@pytest.fixture
+def flows(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[str, ...]:
+    """A module of workflows the CLI imports, and a store of ``kind`` (SQLite: beside it)."""
     module = f"flows_{uuid.uuid4().hex[:8]}"
     (tmp_path / f"{module}.py").write_text(
         "from stepstone import Step, Workflow\n"
         "WORKFLOWS = [Workflow('digest', [Step('build', lambda s: {'ok': True})])]\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    url = store_url("sqlite", tmp_path)
+    url = fresh_config(kind, request, tmp_path)
     with open_store(url):  # made, so that listing it is not "no such store"
         pass
     return ("--workflows", f"{module}:WORKFLOWS", "--store", url)
 
 
+@pytest.mark.parametrize("kind", ["sqlite", "cosmos"])
 def test_schedules_add_list_show_pause_resume_backfill_delete(
     tmp_path: Path, flows: tuple[str, ...]
 ) -> None:

@@ -40,14 +40,14 @@ from stepstone.testing import FakeClock
 from stepstone.testing._barrier import WAIT_TIMEOUT
 from waiting import until
 
-BACKENDS = ("memory", "file", "sqlite", "postgresql", "mysql")
+BACKENDS = ("memory", "file", "sqlite", "postgresql", "mysql", "cosmos")
 State = dict[str, Any]
 LATER = datetime(2031, 5, 1, tzinfo=UTC)
 
 
 @pytest.fixture(params=BACKENDS)
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    """Yield a fresh store of each backend (Cosmos aside: the clock is read in process)."""
+    """Yield a fresh store of each backend (the clock is read in process, Cosmos too)."""
     with open_store(_config(request.param, request, tmp_path)) as opened:
         yield opened
 

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 import stepstone
+from fresh_stores import fresh_config
 from stepstone import Suspended, open_store, run, signal
 from stepstone.cli import main
 
@@ -41,14 +42,21 @@ def loop(ctx: Any, input: State) -> Any:
 
 
 @pytest.fixture
-def url(tmp_path: Path) -> str:
-    """A SQLite store holding run ``r`` of ``loop``, waiting for its signal."""
-    config = f"sqlite:///{tmp_path}/runs.db"
+def kind() -> str:
+    """The store's backend: SQLite, unless a test runs on more (it parametrizes ``kind``)."""
+    return "sqlite"
+
+
+@pytest.fixture
+def url(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A store of ``kind`` holding run ``r`` of ``loop``, waiting for its signal."""
+    config = fresh_config(kind, request, tmp_path)
     with open_store(config) as store, pytest.raises(Suspended):
         run("r", loop, store)
     return config
 
 
+@pytest.mark.parametrize("kind", ["sqlite", "cosmos"])
 def test_show_and_journal_list_the_calls(url: str) -> None:
     """``runs show`` has a journal section; ``runs journal`` lists the calls, as JSON too."""
     code, shown, err = cli("runs", "show", "r", "--store", url)
@@ -68,6 +76,7 @@ def test_show_and_journal_list_the_calls(url: str) -> None:
     assert code == 0 and "revise#1" in table and "ok" in table, err
 
 
+@pytest.mark.parametrize("kind", ["sqlite", "cosmos"])
 def test_fork_and_rerun_take_a_call_name(url: str) -> None:
     """``runs fork r revise#1 f`` keeps calls up to it; ``runs rerun r revise#2`` cuts before."""
     code, said, err = cli("runs", "fork", "r", "revise#1", "f", "--store", url)

@@ -11,6 +11,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -266,20 +267,17 @@ def test_a_worker_serving_the_new_version_upgrades_the_runs_it_claims(store: Sto
     assert _RAN == ["b"]  # the journaled call was answered, not run again
 
 
-@pytest.fixture(params=["postgresql", "mysql"])
-def server_store(request: pytest.FixtureRequest) -> Iterator[Store]:
-    """A fresh table on a loopback server (skipped, loudly, if it is down), dropped after."""
-    from test_contract import fresh_table
+@pytest.fixture(params=["postgresql", "mysql", "cosmos"])
+def server_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """A fresh store on a server (skipped, loudly, if it is down), dropped after."""
+    from fresh_stores import fresh_config
 
-    url = {"postgresql": "postgresql://postgres@127.0.0.1:5432/test"}.get(
-        str(request.param), "mysql://root@127.0.0.1:3306/test"
-    )
-    with stepstone.open_store(fresh_table(request, url)) as opened:
+    with stepstone.open_store(fresh_config(str(request.param), request, tmp_path)) as opened:
         yield opened
 
 
 def test_journal_fork_and_rerun_on_the_servers(server_store: Store) -> None:
-    """On PostgreSQL and MySQL too: the journal lists, a fork keeps, a rerun cuts."""
+    """On PostgreSQL, MySQL and Cosmos too: the journal lists, a fork keeps, a rerun cuts."""
     store = server_store
     flow = make("server", _loop, "def-run")
     with pytest.raises(Suspended):

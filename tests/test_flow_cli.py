@@ -6,6 +6,9 @@ import contextlib
 import json
 from pathlib import Path
 
+import pytest
+
+from fresh_stores import fresh_config
 from stepstone import Limit, Step, Suspended, open_store, run, set_limit
 from test_cli import cli
 
@@ -24,9 +27,12 @@ def test_set_list_show(tmp_path: Path) -> None:
     assert "holders:  0" in shown.stdout and "waiters:  0" in shown.stdout
 
 
-def test_show_names_holders_and_waiters(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["sqlite", "cosmos"])
+def test_show_names_holders_and_waiters(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
     """show lists who holds a key and who is parked on it; runs list hides the record."""
-    url = f"sqlite:///{tmp_path}/runs.db"
+    url = fresh_config(kind, request, tmp_path)
     with open_store(url) as store:
         set_limit(store, Limit("gpu", concurrency=1))
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from fresh_stores import fresh_table
 from stepstone import (
     ConfigError,
     Limit,
@@ -45,7 +46,6 @@ from stepstone._flow import _bucket, _ops
 from stepstone._flow._api import drive
 from stepstone._flow._hook import LIMIT_POLL
 from stepstone.testing import FakeClock
-from test_contract import fresh_table
 
 State = dict[str, Any]
 LOCAL = ("memory", "file", "sqlite")

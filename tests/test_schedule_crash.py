@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 import stepstone
+from fresh_stores import fresh_table
 from stepstone import Step, Workflow, open_store
 from stepstone._schedule import schedules
 from stepstone.testing import FakeClock
-from test_contract import fresh_table
 
 SRC = str(Path(stepstone.__file__).resolve().parents[1])
 ROUNDS = 4

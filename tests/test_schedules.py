@@ -37,6 +37,7 @@ from stepstone._schedule import (
 )
 from stepstone._schedule_fire import abackfill, backfill, fire_due
 from stepstone._store import Store
+from stepstone._store_time import Now
 from stepstone.testing import FakeClock
 
 State = dict[str, Any]
@@ -206,7 +207,9 @@ def test_a_crash_between_advance_and_start_is_repaired(mem: Store) -> None:
         schedule(mem, "r", cron="* * * * *", workflow=DIGEST)
         clock.advance(60)
         gen = fire_due(SERVED)
-        effect = next(gen)  # Load
+        effect = next(gen)  # Now: the store's clock
+        assert isinstance(effect, Now)
+        effect = gen.send(clock.now())  # Load
         effect = gen.send(mem.load(RECORD))  # Save of the advanced record
         assert isinstance(effect, Save)
         mem.save(effect.cp)  # lands; then the worker dies before starting the slot

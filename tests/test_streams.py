@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 import stepstone
+from fresh_stores import BACKENDS, fresh_config
 from stepstone import (
     ConfigError,
     EmitOutsideStep,
@@ -35,26 +36,14 @@ from stepstone import (
 )
 from stepstone._stream._events import block_id, block_record
 from stepstone._stream._writer import FLUSH_BYTES, Attempt
-from test_contract import fresh_table
 
-BACKENDS = ["memory", "file", "sqlite", "postgresql", "mysql"]
 WAIT = 30.0  # seconds a test waits on another thread before it names what hung
 
 
 @pytest.fixture(params=BACKENDS)
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     """A fresh store of each backend."""
-    kind = request.param
-    if kind == "memory":
-        config = f"memory://{uuid.uuid4().hex}"
-    elif kind == "file":
-        config = f"file://{tmp_path / 'runs'}"
-    elif kind == "sqlite":
-        config = f"sqlite:///{tmp_path / 'runs.db'}"
-    elif kind == "postgresql":
-        config = fresh_table(request, "postgresql://postgres@127.0.0.1:5432/test")
-    else:
-        config = fresh_table(request, "mysql://root@127.0.0.1:3306/test")
+    config = fresh_config(str(request.param), request, tmp_path)
     with open_store(config) as opened:
         yield opened
 

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 import stepstone
+from fresh_stores import fresh_config
 from stepstone import open_store, stream
-from test_contract import fresh_table
 
 SRC = str(Path(stepstone.__file__).resolve().parents[1])
 
@@ -66,22 +66,18 @@ def _child(config: str, kill: bool) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.fixture(params=["sqlite", "file", "postgresql", "mysql"])
-def config(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A fresh durable store's config string (the server's backends skip if it is down)."""
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'runs.db'}"
-    if request.param == "file":
-        return f"file://{tmp_path / 'runs'}"
-    if request.param == "mysql":
-        return fresh_table(request, "mysql://root@127.0.0.1:3306/test")
-    return fresh_table(request, "postgresql://postgres@127.0.0.1:5432/test")
+#: The durable backends every crash test runs on (a server's skip if it is down).
+DURABLE = ("sqlite", "file", "postgresql", "mysql")
 
 
 @pytest.mark.crash
-def test_kill_mid_stream_reader_resumes_exactly(config: str) -> None:
+@pytest.mark.parametrize("kind", (*DURABLE, "cosmos"))
+def test_kill_mid_stream_reader_resumes_exactly(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
     """After a SIGKILL mid-step, a resumed reader misses nothing, repeats nothing, and
     the killed attempt's events are hidden once the retry commits."""
+    config = fresh_config(kind, request, tmp_path)
     killed = _child(config, kill=True)
     assert killed.returncode == -signals.SIGKILL, killed.stderr[-2000:]
     with open_store(config) as store:
@@ -131,9 +127,13 @@ with open_store(config) as store:
 
 
 @pytest.mark.crash
-def test_a_frozen_writer_cannot_append_after_a_takeover(config: str) -> None:
+@pytest.mark.parametrize("kind", DURABLE)
+def test_a_frozen_writer_cannot_append_after_a_takeover(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
     """A writer frozen mid-step and thawed after another process took the run over stores
     nothing more, and two readers (before and after) agree on what committed."""
+    config = fresh_config(kind, request, tmp_path)
     frozen = subprocess.Popen(
         [sys.executable, "-c", FREEZER, config],
         env={**os.environ, "PYTHONPATH": SRC},

@@ -20,19 +20,17 @@ from typing import Any
 import pytest
 
 import stepstone
+from fresh_stores import fresh_config
 from stepstone import Step, StepContext, Worker, Workflow, open_store, start
-from test_contract import fresh_table
 
 SRC = str(Path(stepstone.__file__).resolve().parents[1])
 WAIT = 60.0
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", "postgresql", "cosmos"])
 def config(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A fresh durable store's config string (PostgreSQL skips if its server is down)."""
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'runs.db'}"
-    return fresh_table(request, "postgresql://postgres@127.0.0.1:5432/test")
+    """A fresh durable store's config string (a server's backend skips if it is down)."""
+    return fresh_config(str(request.param), request, tmp_path)
 
 
 @pytest.mark.process

@@ -17,6 +17,7 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
+from fresh_stores import fresh_config
 from stepstone import Step, StepContext, open_store, run, stream
 from stepstone._stream._events import block_id, block_record
 from stepstone.cli import main
@@ -105,11 +106,12 @@ def test_runs_tail_prints_events_and_json_lines(
     assert capsys.readouterr().out.splitlines() == ['0.3 [progress] step 0: {"pct": 100}']
 
 
+@pytest.mark.parametrize("kind", ["sqlite", "cosmos"])
 def test_runs_list_hides_blocks_and_delete_removes_them(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Blocks stay out of ``runs list`` (unless --kind stream); ``runs delete`` removes them."""
-    config = f"sqlite:///{tmp_path / 'runs.db'}"
+    config = fresh_config(kind, request, tmp_path)
     with open_store(config) as store:
         run("r", [Step("talk", talk)], store)
     assert main(["runs", "list", "--store", config, "--json"]) == 0
@@ -121,11 +123,12 @@ def test_runs_list_hides_blocks_and_delete_removes_them(
         assert store.load(block_id("r", 0)) is None
 
 
+@pytest.mark.parametrize("kind", ["sqlite", "cosmos"])
 def test_prune_deletes_streams_with_their_runs_only(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """``prune`` deletes a finished run's stream with it, and never a block on its own."""
-    config = f"sqlite:///{tmp_path / 'runs.db'}"
+    config = fresh_config(kind, request, tmp_path)
     with open_store(config) as store:
         run("old", [Step("talk", talk)], store)
         # The stream of a run still starting (no record yet): its block must stay.

@@ -102,6 +102,14 @@ if TYPE_CHECKING:  # what the names below are, for type checkers; imported on fi
         stream,
     )
     from ._suspend import ChildFailed, Map, Sleep, WaitFor, WaitTimeout
+    from ._tenant import (
+        TenantCap,
+        TenantSpend,
+        aset_tenant_cap,
+        atenant_spend,
+        set_tenant_cap,
+        tenant_spend,
+    )
     from ._upgrade import aupgrade, upgrade
     from .worker import Worker
 
@@ -139,6 +147,12 @@ _LAZY: dict[str, str] = {
     "Signal": "._checkpoint",
     "Sleep": "._suspend",
     "Spend": "._budget",
+    "TenantCap": "._tenant",
+    "TenantSpend": "._tenant",
+    "aset_tenant_cap": "._tenant",
+    "atenant_spend": "._tenant",
+    "set_tenant_cap": "._tenant",
+    "tenant_spend": "._tenant",
     "Step": "._steps",
     "StepContext": "._steps",
     "Store": "._store",
@@ -274,6 +288,8 @@ __all__ = [
     "StoreUnavailable",
     "StreamEvent",
     "Suspended",
+    "TenantCap",
+    "TenantSpend",
     "WaitFor",
     "WaitTimeout",
     "Worker",
@@ -295,9 +311,11 @@ __all__ = [
     "aschedule",
     "aschedules",
     "aset_limit",
+    "aset_tenant_cap",
     "asignal",
     "astart",
     "astream",
+    "atenant_spend",
     "aupgrade",
     "backfill",
     "cancel",
@@ -323,10 +341,12 @@ __all__ = [
     "schedules",
     "schemes",
     "set_limit",
+    "set_tenant_cap",
     "signal",
     "spend_of",
     "start",
     "stream",
+    "tenant_spend",
     "upgrade",
     "workflow",
 ]

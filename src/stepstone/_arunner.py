@@ -42,6 +42,7 @@ from ._meter import current_store
 from ._observe import logger
 from ._plan import Plan, to_release
 from ._store import Store
+from ._store_time import Now, astore_now
 from ._stream import _hooks as _stream
 from ._timeouts import applies, atimed_call
 from ._wake import aannounce
@@ -283,6 +284,8 @@ async def _aperform(effect: Effect, plan: Plan, store: Store) -> Any:
     if kind is Together:
         assert isinstance(effect, Together)
         return list(await asyncio.gather(*(_aone(each, store) for each in effect.effects)))
+    if kind is Now:
+        return await astore_now(store)
     assert isinstance(effect, Pause)
     pausing = _AsyncRenewal(plan, store) if effect.base is not None else None
     try:

@@ -44,8 +44,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ._checkpoint import Checkpoint, Signal
-from ._errors import InvalidCharge, InvalidWorkflow
+from ._errors import ConfigError, InvalidCharge, InvalidWorkflow
 from ._pool import pooled
+from ._tenant import check_tenant
 
 if TYPE_CHECKING:
     from ._plan import Plan
@@ -115,15 +116,25 @@ class Budget:
     Past ``soft`` (a fraction of a limit) the run logs a warning and adds to the
     OpenTelemetry counter ``stepstone.budget.soft``; at the hard limit it is saved
     waiting for ``budget.raise`` before its next step (or its next ``ctx.reserve``).
+    ``tenant``: the run also counts against that tenant's cap (``TenantCap``).
     """
 
     usd: float | None = None
     tokens: int | None = None
     soft: float = 0.8
+    #: The tenant whose daily or monthly cap (``TenantCap``) the run also counts against.
+    tenant: str | None = None
 
     def __post_init__(self) -> None:
-        if self.usd is None and self.tokens is None:
-            raise InvalidWorkflow("Budget needs usd=, tokens= or both")
+        if self.usd is None and self.tokens is None and self.tenant is None:
+            raise InvalidWorkflow(
+                "Budget needs usd=, tokens= or both (or tenant=: its tenant's cap alone)"
+            )
+        if self.tenant is not None:
+            try:
+                check_tenant(self.tenant, "Budget")
+            except ConfigError as exc:
+                raise InvalidWorkflow(str(exc)) from None
         if self.usd is not None:
             try:
                 check_usd(self.usd, "Budget")
@@ -145,6 +156,8 @@ class Budget:
             out["usd"] = float(self.usd)
         if self.tokens is not None:
             out["tokens"] = self.tokens
+        if self.tenant is not None:
+            out["tenant"] = self.tenant
         return out
 
 
@@ -321,13 +334,21 @@ def spend_of(cp: Checkpoint, budget: Budget | None = None) -> Spend:
     return spend_now(cp, budget, detail=True)
 
 
-def spend_now(cp: Checkpoint, budget: Budget | None, detail: bool = False) -> Spend:
-    """``spend_of``; without ``detail``, no copy of the per-step sums (the checks')."""
+def spend_now(
+    cp: Checkpoint, budget: Budget | None, detail: bool = False, skip: str | None = None
+) -> Spend:
+    """``spend_of``; without ``detail``, no copy of the per-step sums (the checks').
+
+    ``skip``: an open reservation left out (a code workflow's, checked already when it
+    was made, for the call the check is about to let through).
+    """
     ledger = ledger_of(cp.state)
     declared = ledger.get("budget")
     if declared is None and budget is not None:
         declared = budget.to_json()
     done = set(ledger.get("settled", ()))
+    if skip is not None:
+        done.add(skip)
     unconfirmed = [dict(item) for item in ledger.get("unconfirmed", ())]
     done.update(item.get("id") for item in unconfirmed)
     for s in reservations(cp.signals):

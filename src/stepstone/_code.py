@@ -166,7 +166,7 @@ class CodeStep(SuspendingStep):
                         continue
                     if kind == "sleep":
                         cp, wait = yield from _sleep(plan, cp, session, request)
-                    elif kind in ("charge", "budget"):  # spend budgets (``_budget``)
+                    elif kind in ("charge", "budget", "reserve"):  # spend budgets (``_budget``)
                         cp, wait = yield from _spend_request(plan, cp, session, request)
                     else:  # map, acquire, rate_limited, deadline, wait (``_other``)
                         cp, wait = yield from _other(plan, cp, index, state, session, request, held)

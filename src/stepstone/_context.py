@@ -27,6 +27,7 @@ from ._context_args import (
     _check_step_name,
     _limits,
     _map_args,
+    _reserve_args,
     _wait_args,
 )
 from ._flow._limit import Limit
@@ -209,6 +210,22 @@ class WorkflowContext:
             return bool(session.ask(("charge", seq, call, charge)))
         return bool(_answer(session, entry))
 
+    def reserve(self, *, usd: float = 0.0, tokens: int = 0, **unknown: Any) -> str:
+        """Reserve an estimate before an expensive ``ctx.step``; return its id (journaled).
+
+        Saved at once with its journal entry (one write, refused if the lease moved on),
+        settled by the next ``ctx.charge``; if the process dies before that charge, the
+        reservation stays counted, as spent, unconfirmed. Past the run's limit (or its
+        tree's pool's) the run pauses here until the budget is raised.
+        """
+        session = self._session
+        estimate = _reserve_args(usd, tokens, unknown)
+        seq, call = session.begin(f"{RESERVED}reserve", "ctx.reserve()")
+        entry = session.replay(seq, call)
+        if entry is None:
+            return str(session.ask(("reserve", seq, call, estimate)))
+        return str(_answer(session, entry))
+
     def now(self) -> datetime:
         """Return the current time (UTC), journaled: a replay returns the same time."""
         session = self._session
@@ -377,6 +394,16 @@ class AsyncWorkflowContext:
         if entry is None:
             return bool(await session.aask(("charge", seq, call, charge)))
         return bool(_answer(session, entry))
+
+    async def reserve(self, *, usd: float = 0.0, tokens: int = 0, **unknown: Any) -> str:
+        """Reserve an estimate (see ``WorkflowContext.reserve``)."""
+        session = self._session
+        estimate = _reserve_args(usd, tokens, unknown)
+        seq, call = session.begin(f"{RESERVED}reserve", "ctx.reserve()")
+        entry = session.replay(seq, call)
+        if entry is None:
+            return str(await session.aask(("reserve", seq, call, estimate)))
+        return str(_answer(session, entry))
 
     async def now(self) -> datetime:
         """Return the current time (UTC), journaled (see ``WorkflowContext.now``)."""

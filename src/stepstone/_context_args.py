@@ -82,3 +82,12 @@ def _charge_args(
     if ref is not None and (not isinstance(ref, str) or not ref or len(ref) > 500):
         raise InvalidCharge(f"{what}: ref must be a str of 1-500 characters, got {ref!r}")
     return {"usd": check_usd(usd, what), "tokens": check_tokens(tokens, what), "ref": ref}
+
+
+def _reserve_args(usd: object, tokens: object, unknown: dict[str, Any]) -> dict[str, Any]:
+    """Check a code workflow's reservation before it takes a place in the journal."""
+    what = "ctx.reserve()"
+    if "ref" in unknown:
+        raise InvalidCharge(f"{what}: a reservation has usd= and tokens= only (no ref=)")
+    check_fields(unknown, what)
+    return {"usd": check_usd(usd, what), "tokens": check_tokens(tokens, what)}

@@ -36,6 +36,7 @@ from ._flow import _runs as _flow_runs
 from ._observe import logger
 from ._steps import Workflow, workflow_label
 from ._store import RunInfo, Store
+from ._store_time import Now, astore_now, store_now
 from ._suspend import nudge, queued
 from ._wake import aannounce, announce
 
@@ -73,6 +74,8 @@ def performer(store: Store) -> Callable[[Effect], Any]:
             return store.save(effect.cp)
         if isinstance(effect, Announce):
             return announce(store)
+        if isinstance(effect, Now):
+            return store_now(store)
         assert isinstance(effect, Load)
         return store.load(effect.run_id)
 
@@ -89,6 +92,8 @@ async def _async(gen: Op, store: Store) -> Any:
             return await store.asave(effect.cp)
         if isinstance(effect, Announce):
             return await aannounce(store)
+        if isinstance(effect, Now):
+            return await astore_now(store)
         assert isinstance(effect, Load)
         return await store.aload(effect.run_id)
 

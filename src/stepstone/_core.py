@@ -310,8 +310,9 @@ def _commit(
     _hooks.fire("runner.after_step")
     if changes:
         working.update(changes)
-    # Streams (issue 34): the attempt that emitted and commits is recorded.
-    streamed = plan.streamed
+    # Streams (issue 34): the attempt that emitted and commits is recorded (once: a
+    # later step that makes no call of its own must not record it again).
+    streamed, plan.streamed = plan.streamed, None
     fields = {} if streamed is None else {"streams": {**cp.streams, str(index): streamed}}
     # The attempt's charges join the ledger in the state: saved by this very write.
     settled = (
@@ -443,6 +444,15 @@ def _run_step(
             )
 
 
+def _with_stream(plan: Plan, cp: Checkpoint, index: int, changes: dict[str, Any]) -> dict[str, Any]:
+    """``changes`` and, if the step's call emitted (an adapter's agent step), the
+    committing attempt of its stream (issue 34), as ``_commit`` records a ``Step``'s."""
+    streamed, plan.streamed = plan.streamed, None
+    if streamed is None:
+        return changes
+    return {**changes, "streams": {**cp.streams, str(index): streamed}}
+
+
 def _run_suspending(
     plan: Plan, index: int, cp: Checkpoint, working: State
 ) -> Generator[Effect, Any, tuple[Checkpoint, State]]:
@@ -503,12 +513,12 @@ def _run_suspending(
             cp = _latest(plan, cp)
             if isinstance(outcome, Complete):
                 if outcome.update:
+                    # An agent's usage charge: into its tree's pool and tenant first.
+                    yield from _spending.push_usage(cp, outcome.update, attempt)
                     working.update(outcome.update)
+                changes = _with_stream(plan, cp, index, outcome.changes)
                 saved = yield from write(
-                    plan,
-                    cp,
-                    _completed(plan, cp, index, working, **outcome.changes),
-                    f"step {index}",
+                    plan, cp, _completed(plan, cp, index, working, **changes), f"step {index}"
                 )
                 _hooks.fire("runner.after_save")
                 return saved, pristine(saved)

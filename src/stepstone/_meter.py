@@ -3,7 +3,9 @@
 Charges wait here until the step returns; the core then adds them to the ledger in the
 save of the step's result (``_spending.settle``), so they commit with it or not at all.
 A reservation is written at once, as a signal of the run (``_budget``'s docstring says
-why a signal), fenced by the run's lease: refused if another owner or epoch holds it.
+why a signal), fenced by the run's lease: refused if another owner or epoch holds it,
+or if it would pass the run's limit, its tree's pool's (``_pool``) or its tenant's cap
+(``_tenant``).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Mapping
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
-from . import _hooks
+from . import _hooks, _tenant
 from ._budget import (
     RESERVE_SIGNAL,
     BudgetExhausted,
@@ -28,6 +30,9 @@ from ._budget import (
 from ._checkpoint import Checkpoint, Signal, evolve, utcnow
 from ._errors import ConflictError, InvalidCharge, LeaseLost
 from ._observe import logger
+from ._pool import pool_id
+from ._spending import pool_refusal
+from ._tenant import tenant_of
 
 if TYPE_CHECKING:
     from ._plan import Plan
@@ -129,9 +134,32 @@ class Meter:
             )
         return evolve(cp, signals=(*cp.signals, reservation))
 
+    def _pooled(
+        self, root: tuple[str, Checkpoint | None] | None, tenant: Checkpoint | None, ask: Signal
+    ) -> None:
+        """Refuse the reservation ``ask`` if it would pass the limit of the run's tree's
+        pool (``root``: its id and record) or its tenant's cap (``tenant``: the record)."""
+        # Not in the pool nor the tenant's window yet: this attempt's reservations and
+        # charges (pushed with its save), and the estimate.
+        mine = [*self.reserved, *self.charges, ask.payload]
+        usd = sum(float(item["usd"]) for item in mine)
+        tokens = sum(int(item["tokens"]) for item in mine)
+        reason = None if root is None else pool_refusal(root[0], root[1], usd, tokens)
+        name = tenant_of(self.base)
+        if reason is None and name is not None:
+            reason = _tenant.refusal(name, tenant, usd, tokens)
+        if reason is not None:
+            raise BudgetExhausted(f"reserving would pass the budget: {reason}")
+
     def reserve(self, usd: object, tokens: object, unknown: Mapping[str, Any]) -> str:
         reservation = self._reservation(usd, tokens, unknown)
         store = _store(self.run_id)
+        root_id, name = pool_id(self.base), tenant_of(self.base)
+        self._pooled(
+            None if root_id is None else (root_id, store.load(root_id)),
+            None if name is None else store.load(_tenant.PREFIX + name),
+            reservation,
+        )
         ticket = getattr(self.plan.renewal, "lock", None)
         for _ in range(_MAX_TRIES):
             # Under the sync driver's renewal lock: no renewal lands between our load
@@ -151,6 +179,12 @@ class Meter:
     async def areserve(self, usd: object, tokens: object, unknown: Mapping[str, Any]) -> str:
         reservation = self._reservation(usd, tokens, unknown)
         store = _store(self.run_id)
+        root_id, name = pool_id(self.base), tenant_of(self.base)
+        self._pooled(
+            None if root_id is None else (root_id, await store.aload(root_id)),
+            None if name is None else await store.aload(_tenant.PREFIX + name),
+            reservation,
+        )
         for _ in range(_MAX_TRIES):
             loaded = await store.aload(self.run_id)
             try:

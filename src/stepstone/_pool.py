@@ -24,6 +24,7 @@ from . import _hooks
 from ._checkpoint import Checkpoint, Signal, evolve, utcnow
 from ._effects import Effect, Load, Save
 from ._errors import ConflictError
+from ._tenant import tenant_of
 
 __all__ = ["POOL_POLL", "POOL_SIGNAL", "inherit", "pooled", "push"]
 
@@ -49,7 +50,11 @@ def inherit(parent: Checkpoint, child: Checkpoint) -> Checkpoint:
     if not isinstance(ledger, dict) or ("budget" not in ledger and "pool" not in ledger):
         return child
     root = pool_id(parent) or parent.run_id
-    return evolve(child, state={**child.state, _SPEND_KEY: {"pool": root}})
+    ledger_of_child: dict[str, Any] = {"pool": root}
+    tenant = tenant_of(parent)
+    if tenant is not None:
+        ledger_of_child["tenant"] = tenant  # the tree's tenant cap (``_tenant``)
+    return evolve(child, state={**child.state, _SPEND_KEY: ledger_of_child})
 
 
 def pooled(signals: tuple[Signal, ...]) -> tuple[float, int]:

@@ -47,6 +47,7 @@ from ._steps import (
     idempotency_key,
 )
 from ._store import Store
+from ._store_time import Now, store_now
 from ._stream import _hooks as _stream
 from ._timeouts import applies, timed_call
 from ._wake import announce
@@ -193,9 +194,8 @@ def _perform(effect: Effect, plan: Plan, store: Store) -> Any:
         else:
             announce(store)
         return None
-    if kind is Together:
-        assert isinstance(effect, Together)
-        return together(effect, store)
+    if kind is Together or kind is Now:
+        return _plain(effect, store)
     assert isinstance(effect, Pause)
     pause_ticket = _renewer.enter(plan, store) if effect.base is not None else None
     try:
@@ -230,6 +230,14 @@ def _one(effect: Load | Save, store: Store) -> Any:
         return store.save(effect.cp)
     except Exception as exc:  # noqa: BLE001 - handed back: the rule decides
         return exc
+
+
+def _plain(effect: Effect, store: Store) -> Any:
+    """A ``Together`` or a ``Now``: effects that neither renew nor touch the plan."""
+    if isinstance(effect, Now):
+        return store_now(store)
+    assert isinstance(effect, Together)
+    return together(effect, store)
 
 
 def together(effect: Together, store: Store) -> list[Any]:

@@ -31,13 +31,14 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from . import _cron
-from ._checkpoint import Checkpoint, evolve, utcnow
+from ._checkpoint import Checkpoint, evolve
 from ._codec import encode_state
 from ._control import _async, _sync
 from ._effects import Effect, Load, Save
 from ._errors import ConfigError, ConflictError, ScheduleExists, ScheduleNotFound
 from ._steps import Workflow
 from ._store import Store
+from ._store_time import Now
 
 __all__ = [
     "CATCHUP",
@@ -195,6 +196,7 @@ _SPEC_KEYS = ("cron", "tz", "workflow", "version", "input", "overlap", "catchup"
 def _put(name: str, spec: dict[str, Any], replace: bool) -> Op:
     for _ in range(_MAX_TRIES):
         cp = yield Load(RECORD)
+        now = yield Now()  # the store's clock, as the firing workers' (``_store_time``)
         table = table_of(cp)
         old = table.get(name)
         if old is not None:
@@ -210,19 +212,19 @@ def _put(name: str, spec: dict[str, Any], replace: bool) -> Op:
             entry = {**old, **spec}
             if old.get("cron") != spec["cron"] or old.get("tz") != spec["tz"]:
                 tz = _cron.check_tz(spec["tz"])
-                entry["next_fire"] = _cron.slot_id(_cron.next_slot(spec["cron"], tz, utcnow()))
+                entry["next_fire"] = _cron.slot_id(_cron.next_slot(spec["cron"], tz, now))
         else:
             tz = _cron.check_tz(spec["tz"])
             entry = {
                 **spec,
-                "next_fire": _cron.slot_id(_cron.next_slot(spec["cron"], tz, utcnow())),
+                "next_fire": _cron.slot_id(_cron.next_slot(spec["cron"], tz, now)),
                 "last_fired": None,
                 "last_run": None,
                 "pending": [],
                 "buffered": None,
                 "fired": 0,
                 "skipped": 0,
-                "created_at": _cron.slot_id(utcnow()),
+                "created_at": _cron.slot_id(now),
             }
         table[name] = entry
         try:
@@ -347,10 +349,11 @@ def _change(name: str, what: str) -> Op:
             spec["paused"] = True
         else:
             spec["paused"] = False
-            if _cron.parse_slot(spec["next_fire"]) <= utcnow():
+            now = yield Now()
+            if _cron.parse_slot(spec["next_fire"]) <= now:
                 # Slots that passed while paused are not due: the next one is.
                 tz = _cron.check_tz(spec["tz"])
-                spec["next_fire"] = _cron.slot_id(_cron.next_slot(spec["cron"], tz, utcnow()))
+                spec["next_fire"] = _cron.slot_id(_cron.next_slot(spec["cron"], tz, now))
         try:
             yield Save(_record(cp, table), f"schedule {name} {what}", owned=False)
         except ConflictError:

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from . import _clock, _cron, _hooks
-from ._checkpoint import ACTIVE_STATUSES, Checkpoint, utcnow
+from ._checkpoint import ACTIVE_STATUSES, Checkpoint
 from ._control import _async, _start, _sync, cancel_op
 from ._effects import Effect, Load, Save
 from ._errors import ConfigError, ConflictError, RunNotActive, StoreError
@@ -30,6 +30,7 @@ from ._schedule import (
 )
 from ._steps import Workflow
 from ._store import Store
+from ._store_time import Now
 
 __all__ = ["MAX_CATCHUP", "SchedulePoller", "abackfill", "backfill", "fire_due"]
 
@@ -80,7 +81,10 @@ def fire_due(served: Served, now: datetime | None = None) -> Op:
     Returns the earliest ``next_fire`` among those schedules (None if none), for the
     worker to wake at. Safe to run in any number of workers at once.
     """
-    now = utcnow() if now is None else now
+    if now is None:
+        # The store's clock (``_store_time``), never this host's: a worker whose clock
+        # is ahead must not find a slot due before the others do.
+        now = yield Now()
     for _ in range(_MAX_TRIES):
         cp = yield Load(RECORD)
         if cp is None:
@@ -280,6 +284,7 @@ class SchedulePoller:
             logger.exception("looking at the schedules failed; trying again in %gs", self.every)
             return None
         if soonest is not None:
-            left = (soonest - utcnow()).total_seconds()
+            at: datetime = yield Now()
+            left = (soonest - at).total_seconds()
             self.next_look = min(self.next_look, began + max(0.0, left))
         return soonest

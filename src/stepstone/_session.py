@@ -207,6 +207,8 @@ class Session:
         self.ctx: Any = None
         #: The run has a spend budget: each ``ctx.step`` asks the core first (``_budget``).
         self.budgeted = False
+        #: A ``ctx.reserve`` made for the next ``ctx.step`` (its check leaves it out).
+        self.reserved: str | None = None
         #: When the run's deadline falls (issue 33), or None: checked before each call.
         self.deadline_at: datetime | None = None
 

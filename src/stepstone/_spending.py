@@ -16,7 +16,7 @@ from collections.abc import Callable, Generator, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
-from . import _lease
+from . import _lease, _tenant
 from ._budget import (
     BUDGET_WAIT,
     DIGITS,
@@ -25,6 +25,7 @@ from ._budget import (
     Prices,
     ledger_of,
     over,
+    past,
     raised,
     reservations,
     spend_now,
@@ -35,6 +36,7 @@ from ._effects import Announce, Effect, Load
 from ._errors import Suspended
 from ._observe import logger
 from ._pool import POOL_POLL, pool_id, push
+from ._tenant import tenant_of
 
 if TYPE_CHECKING:
     from ._plan import Plan
@@ -45,6 +47,10 @@ __all__ = [
     "charge_ledger",
     "check",
     "commit",
+    "pool_refusal",
+    "push_usage",
+    "settle_reservations",
+    "tenant_refusal",
     "gate",
     "record",
     "settle",
@@ -127,15 +133,20 @@ def record(plan: Plan, cp: Checkpoint, write: Write) -> Generator[Effect, Any, C
 
 
 def check(
-    plan: Plan, cp: Checkpoint, write: Write, exhausted: str | None = None
+    plan: Plan,
+    cp: Checkpoint,
+    write: Write,
+    exhausted: str | None = None,
+    skip: str | None = None,
 ) -> Generator[Effect, Any, tuple[Checkpoint, Checkpoint | None]]:
     """Return ``(cp, None)`` if the run may spend (saving what changed), else the pause.
 
     The pause is the record to save the run waiting with (``waiting_for`` set, the
     reason in the ledger, the raises seen counted as consumed), not yet saved: a step
     list saves it (``gate``), a code workflow hands it to the core as a ``Wait``.
+    ``skip``: an open reservation ``spend_now`` leaves out.
     """
-    spend = spend_now(cp, plan.budget)
+    spend = spend_now(cp, plan.budget, skip=skip)
     _, _, raises = raised(cp.signals)
     consumed = dict(cp.consumed)
     seen = consumed.get(RAISE_SIGNAL, 0)
@@ -143,6 +154,10 @@ def check(
     reason = exhausted or over(spend)
     wake_at = None
     root_id = pool_id(cp)
+    if exhausted is not None and root_id is not None:
+        # A tree's child refused a reservation (by the pool, most likely): a raise of the
+        # root's budget wakes no child, so it looks again.
+        wake_at = utcnow() + timedelta(seconds=POOL_POLL)
     if reason is None and root_id is not None:
         # A child of a budgeted run: the tree's one pool is its root's record.
         root: Checkpoint | None = yield Load(root_id)
@@ -150,6 +165,13 @@ def check(
         if pool is not None:
             reason = f"the pool of run {root_id!r}: {pool}"
             wake_at = utcnow() + timedelta(seconds=POOL_POLL)  # a raise there wakes no child
+    tenant = tenant_of(cp)
+    if reason is None and tenant is not None:
+        # The tenant's cap (``_tenant``): a new window or a higher cap wakes no run.
+        record: Checkpoint | None = yield Load(_tenant.PREFIX + tenant)
+        reason = _tenant.refusal(tenant, record)
+        if reason is not None:
+            wake_at = utcnow() + timedelta(seconds=POOL_POLL)
     state = None
     if reason is None:
         # Saved only when something changed: the run leaves a budget pause, a raise
@@ -182,6 +204,48 @@ def check(
     _count("stepstone.budget.paused", 1, plan.run_id)
     waiting = evolve(cp, state=state, waiting_for=BUDGET_WAIT, wake_at=wake_at, consumed=consumed)
     return cp, waiting
+
+
+def tenant_refusal(cp: Checkpoint, usd: float, tokens: int) -> Generator[Effect, Any, str | None]:
+    """Why a reservation of ``usd`` and ``tokens`` would pass the run's tenant's cap."""
+    tenant = tenant_of(cp)
+    if tenant is None:
+        return None
+    record: Checkpoint | None = yield Load(_tenant.PREFIX + tenant)
+    return _tenant.refusal(tenant, record, usd, tokens)
+
+
+def pool_refusal(root_id: str, root: Checkpoint | None, usd: float, tokens: int) -> str | None:
+    """Why a reservation of ``usd`` and ``tokens`` would pass the limit of the pool of
+    ``root`` (a budgeted tree's root: its own spend and its children's), if it would."""
+    if root is None:
+        return None  # the root is gone: its children's own ledgers remain
+    reason = past(spend_now(root, None), usd, tokens)
+    return None if reason is None else f"the pool of run {root_id!r}: {reason}"
+
+
+def settle_reservations(cp: Checkpoint, ledger: dict[str, Any]) -> None:
+    """A code workflow's ``ctx.charge``: settle the open reservations its attempt made.
+
+    An open reservation of an earlier lease epoch is of an attempt that died after it
+    (the process that made it is gone): it moves to ``unconfirmed``, as a step's does.
+    """
+    settled = list(ledger.get("settled", ()))
+    unconfirmed = list(ledger.get("unconfirmed", ()))
+    done = set(settled) | {u.get("id") for u in unconfirmed}
+    mine = f"{cp.epoch}.code"
+    for s in reservations(cp.signals):
+        if s.id in done:
+            continue
+        if s.payload.get("attempt") == mine:
+            settled.append(s.id)
+        else:
+            unconfirmed.append({"id": s.id, **s.payload})
+        done.add(s.id)
+    if settled:
+        ledger["settled"] = settled
+    if unconfirmed:
+        ledger["unconfirmed"] = unconfirmed
 
 
 def charge_ledger(
@@ -298,7 +362,35 @@ def commit(
         usd = round(sum(float(c["usd"]) for c in meter.charges), DIGITS)
         tokens = sum(int(c["tokens"]) for c in meter.charges)
         yield from push(cp, cp.step + 1, meter.attempt, usd, tokens)
+    tenant = tenant_of(cp)
+    if meter is not None and meter.charges and tenant is not None:
+        usd = round(sum(float(c["usd"]) for c in meter.charges), DIGITS)
+        tokens = sum(int(c["tokens"]) for c in meter.charges)
+        push_id = f"{cp.run_id}#{cp.step + 1}#{meter.attempt}"
+        yield from _tenant.push(tenant, push_id, usd, tokens)
     return meter, note
+
+
+def push_usage(
+    cp: Checkpoint, update: Mapping[str, Any], attempt: int
+) -> Generator[Effect, Any, None]:
+    """Before a suspending step's save: what an agent's usage charge (the ledger in
+    ``update``, about to be saved) adds goes to its tree's pool and its tenant's window
+    first, as a step's charges do."""
+    ledger = update.get(SPEND_KEY)
+    if not isinstance(ledger, dict) or (pool_id(cp) is None and tenant_of(cp) is None):
+        return
+    before = ledger_of(cp.state)
+    usd = round(float(ledger.get("usd", 0.0)) - float(before.get("usd", 0.0)), DIGITS)
+    tokens = int(ledger.get("tokens", 0)) - int(before.get("tokens", 0))
+    if usd <= 0 and tokens <= 0:
+        return
+    usd, tokens = max(usd, 0.0), max(tokens, 0)
+    label = f"{cp.epoch}.{attempt}"
+    yield from push(cp, cp.step + 1, label, usd, tokens)
+    tenant = tenant_of(cp)
+    if tenant is not None:
+        yield from _tenant.push(tenant, f"{cp.run_id}#{cp.step + 1}#{label}", usd, tokens)
 
 
 def after_save(plan: Plan, settled: tuple[Meter | None, str | None] | None) -> None:

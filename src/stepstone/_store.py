@@ -376,6 +376,29 @@ class Store(abc.ABC):
         if type(self).announce is not Store.announce:
             await _to_thread(self.announce)
 
+    def announce_stream(self, run_id: str) -> None:
+        """Tell stream readers in other processes that ``run_id``'s stream grew (issue 34).
+
+        Called by a stream writer after each block it appended. The default does
+        nothing: readers here are woken by ``listen_stream`` or poll. PostgreSQL sends a
+        ``NOTIFY`` on a channel of its own (not the workers': they are not woken).
+
+        Raises:
+            StoreError: the notification could not be sent (the writer logs it).
+        """
+        return
+
+    def listen_stream(self, ring: Callable[[], None]) -> Listener | None:
+        """``listen`` for stream readers: ring after ``announce_stream`` or any write.
+
+        The default is ``listen``: a listener that rings on every write (SQLite's
+        ``data_version``, the file store's inotify) serves readers as it is.
+
+        Raises:
+            StoreError: listening could not be set up; the reader polls.
+        """
+        return self.listen(ring)
+
     def listen(self, ring: Callable[[], None]) -> Listener | None:
         """Call ``ring`` whenever another process announces work, until the result is closed.
 
@@ -391,6 +414,22 @@ class Store(abc.ABC):
             StoreError: listening could not be set up; the worker logs it and polls.
         """
         return None
+
+    def server_now(self) -> datetime | None:
+        """Return the time on the store server's clock (aware, UTC), in one round trip.
+
+        The one clock that rates and schedules are judged on (``_store_time``), so that
+        processes on hosts with skewed clocks never compare their clocks. None (the
+        default): the store has no server of its own (memory, file, SQLite: one host),
+        and the host's clock is the store's.
+        """
+        return None
+
+    async def aserver_now(self) -> datetime | None:
+        """Async ``server_now``; the default awaits nothing (no server to ask)."""
+        if type(self).server_now is Store.server_now:
+            return None
+        return await _to_thread(self.server_now)
 
     def __enter__(self) -> Self:
         return self

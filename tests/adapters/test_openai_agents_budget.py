@@ -6,9 +6,18 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
-from agents import Agent, Model, ModelProvider, ModelResponse, ModelSettings, RunConfig, Usage
+from agents import (
+    Agent,
+    Model,
+    ModelProvider,
+    ModelResponse,
+    ModelSettings,
+    RunConfig,
+    Usage,
+    function_tool,
+)
 from agents.models.interface import ModelTracing
-from agents.testing import assistant_message
+from agents.testing import assistant_message, function_call
 
 from stepstone import Budget, Prices, Step, Store, Suspended, open_store, run, signal, spend_of
 from stepstone._budget import BUDGET_WAIT, RAISE_SIGNAL, SPEND_KEY
@@ -77,3 +86,65 @@ def test_prices_make_dollars(store: Store) -> None:
     run("p", [_step(store, prices=prices)], store)
     spend = spend_of(store.load("p"))  # type: ignore[arg-type]
     assert (spend.usd, spend.tokens) == (0.00048, 150)
+
+
+CALLS: list[int] = []
+
+
+class ToolThenAnswer(Model):
+    """Calls the tool ``look`` first, then answers; 120 + 30 tokens a call."""
+
+    async def get_response(
+        self,
+        system_instructions: str | None,
+        input: str | list[Any],
+        model_settings: ModelSettings,
+        tools: list[Any],
+        output_schema: Any,
+        handoffs: list[Any],
+        tracing: ModelTracing,
+        *,
+        previous_response_id: str | None,
+        conversation_id: str | None,
+        prompt: Any,
+    ) -> ModelResponse:
+        CALLS.append(len(input))
+        usage = Usage(requests=1, input_tokens=120, output_tokens=30, total_tokens=150)
+        first = isinstance(input, str) or len(input) == 1
+        call = function_call("look", "{}", call_id="call-1")
+        output = [call] if first else [assistant_message("done")]
+        return ModelResponse(output=output, usage=usage, response_id=None)
+
+    def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        raise NotImplementedError
+
+
+class ToolProvider(ModelProvider):
+    def get_model(self, model_name: str | None) -> Model:
+        return ToolThenAnswer()
+
+
+@function_tool
+def look() -> str:
+    """Look something up."""
+    return "found"
+
+
+def test_an_agent_run_pauses_between_its_model_calls_at_the_limit(store: Store) -> None:
+    """150 tokens of 100 after the first call: the second waits; raised, the first is
+    replayed from the journal and the run's usage is charged once."""
+    CALLS.clear()
+    config = RunConfig(model_provider=ToolProvider(), tracing_disabled=True)
+    agent: Agent[Any] = Agent(name="looker", instructions="look", tools=[look])
+    steps = [AgentRunStep("agent", agent, "hi", store=store, run_config=config)]
+    with pytest.raises(Suspended) as paused:
+        run("between", steps, store, budget=Budget(tokens=100))
+    assert paused.value.waiting_for == BUDGET_WAIT and len(CALLS) == 1
+    cp = store.load("between")
+    assert cp is not None and "agent" not in cp.state and spend_of(cp).tokens == 0
+    assert steps[0].ready(cp) is False  # no raise yet: not due
+    signal(store, "between", RAISE_SIGNAL, {"tokens": 1000})
+    assert steps[0].ready(store.load("between")) is True  # type: ignore[arg-type]
+    final = run("between", steps, store)
+    assert final["agent"] == "done" and len(CALLS) == 2
+    assert final[SPEND_KEY]["tokens"] == 300

@@ -75,7 +75,8 @@ def test_an_agent_steps_usage_is_charged_and_the_next_step_pauses(store: Store) 
         Step("after", lambda state: ran.append("after")),
     ]
     with pytest.raises(Suspended) as paused:
-        run("r", steps, store, budget=Budget(tokens=1))
+        # Reached by the agent's last request: the agent ends, the next step waits.
+        run("r", steps, store, budget=Budget(tokens=inputs + outputs))
     assert paused.value.waiting_for == BUDGET_WAIT and ran == []
     cp = store.load("r")
     assert cp is not None and cp.state["agent"] == "answer"
@@ -83,6 +84,43 @@ def test_an_agent_steps_usage_is_charged_and_the_next_step_pauses(store: Store) 
     signal(store, "r", RAISE_SIGNAL, {"tokens": 10_000})
     final = run("r", steps, store)
     assert ran == ["after"]
+    assert final[SPEND_KEY]["by_step"] == {"agent": {"usd": 0.0, "tokens": inputs + outputs}}
+
+
+REQUESTS: list[int] = []
+
+
+def _counted(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    REQUESTS.append(len(messages))
+    return _model(messages, info)
+
+
+def test_an_agent_run_pauses_between_its_model_requests_at_the_limit(store: Store) -> None:
+    """Past the limit after its first request, the agent waits before its second; once
+    raised, the first is replayed from the journal, and the usage is charged once."""
+    inputs, outputs = _expected_usage()
+    REQUESTS.clear()
+    agent: Agent[None, str] = Agent(
+        FunctionModel(_counted), name="spender", capabilities=[StepstoneDurability()]
+    )
+
+    @agent.tool_plain
+    def lookup(x: int) -> str:
+        return f"v{x}"
+
+    steps = [AgentStep("agent", agent, "q", store=store)]
+    with pytest.raises(Suspended) as paused:
+        run("between", steps, store, budget=Budget(tokens=1))
+    assert paused.value.waiting_for == BUDGET_WAIT and REQUESTS == [1]
+    cp = store.load("between")
+    assert cp is not None and "agent" not in cp.state and spend_of(cp).tokens == 0
+    assert cp.consumed.get(RAISE_SIGNAL, 0) == 0
+    with pytest.raises(Suspended):
+        run("between", steps, store)  # not raised: still waiting, no request made
+    assert REQUESTS == [1]
+    signal(store, "between", RAISE_SIGNAL, {"tokens": 100_000})
+    final = run("between", steps, store)
+    assert final["agent"] == "answer" and REQUESTS == [1, 3]
     assert final[SPEND_KEY]["by_step"] == {"agent": {"usd": 0.0, "tokens": inputs + outputs}}
 
 
@@ -174,3 +212,15 @@ def test_a_paused_agent_run_is_raised_from_another_process_and_ends_exact(
     each = {"usd": 0.0, "tokens": inputs + outputs}
     assert spend.by_step == {"first": each, "second": each}
     assert (spend.tokens, spend.limit_tokens) == (2 * (inputs + outputs), 100_001)
+
+
+def test_an_agents_usage_counts_against_its_runs_tenant(tmp_path: Path) -> None:
+    """The agent step's usage charge reaches the tenant's window too, once."""
+    inputs, outputs = _expected_usage()
+    with open_store(f"sqlite:///{tmp_path}/runs.db") as store:
+        stepstone.set_tenant_cap(store, stepstone.TenantCap("acme", tokens=1_000_000))
+        steps = [AgentStep("agent", _agent(durable=True), "q", store=store)]
+        run("t", steps, store, budget=Budget(tenant="acme"))
+        run("t", steps, store)  # done: nothing charged again
+        spent = stepstone.tenant_spend(store, "acme")
+    assert spent.tokens == inputs + outputs > 0

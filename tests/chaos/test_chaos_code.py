@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from chaos.code import run_case
 
-from test_contract import fresh_table
+from fresh_stores import fresh_table
 
 pytestmark = [pytest.mark.crash, pytest.mark.timeout(300)]
 

@@ -5,7 +5,8 @@ and by ``scripts/fleet`` (``python -m fleet``) at any size. ``harness`` starts t
 and the workers and injects the faults, ``workload`` holds the workflows and the exact
 final state of each run, ``invariants`` checks what must hold, ``report`` renders
 ``tests/chaos/FLEET.md`` and the README block, ``worker`` is one worker process,
-``signals`` plans and delivers the signals a campaign sends.
+``signals`` plans and delivers the signals a campaign sends. ``caps`` runs the
+campaigns of flow control, schedules and budgets (``python -m fleet.caps``).
 """
 
 from .backends import BACKENDS

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .._effects import Announce, Effect, Load, Save, Together, astep_through, step_through
+from .._store_time import Now, astore_now, store_now
 from .._wake import aannounce, announce
 from . import _bucket, _ops
 from ._limit import Limit, check_key, record_id
@@ -58,6 +59,8 @@ def _perform(store: Store, effect: Effect) -> Any:
     if isinstance(effect, Announce):
         announce(store)
         return None
+    if isinstance(effect, Now):
+        return store_now(store)
     raise TypeError(f"unexpected effect {effect!r}")  # pragma: no cover
 
 
@@ -84,6 +87,8 @@ async def _aperform(store: Store, effect: Effect) -> Any:
     if isinstance(effect, Announce):
         await aannounce(store)
         return None
+    if isinstance(effect, Now):
+        return await astore_now(store)
     raise TypeError(f"unexpected effect {effect!r}")  # pragma: no cover
 
 

@@ -12,7 +12,7 @@ for everyone and parks the same way.
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any, NamedTuple, NoReturn
 
 from .. import _lease
@@ -20,6 +20,7 @@ from .._checkpoint import Checkpoint, evolve, utcnow
 from .._effects import Announce, Effect
 from .._errors import StoreError, Suspended
 from .._observe import logger
+from .._store_time import Now
 from . import _ops
 from ._call import FlowCall, NeedLimit, check_tokens
 from ._limit import Limit, LimitReached, RateLimited
@@ -114,7 +115,8 @@ def step_keys(step: Any, call: FlowCall) -> list[str]:
 
 def rate_limited(error: RateLimited, keys: list[str]) -> Generator[Effect, Any, float]:
     """Block the keys ``error`` names (or all the step's) for everyone; return until when."""
-    until = utcnow().timestamp() + error.retry_after
+    at = yield Now()  # the store's clock, as the block's (``_ops.block``)
+    until = float(at.timestamp()) + error.retry_after
     keys = [error.key] if error.key is not None else keys
     for key in keys:
         blocked = yield from _ops.block(key, error.retry_after)
@@ -206,7 +208,10 @@ def park(
 ) -> Generator[Effect, Any, NoReturn]:
     """Save the run waiting on ``limit:<key>`` (``attempt`` as it was), give its lease back."""
     if wait.retry_at is not None:
-        wake = datetime.fromtimestamp(wait.retry_at, UTC)
+        # ``retry_at`` is on the store's clock; the run's wake time is read by the
+        # workers' claims on their own clocks: moved into this host's frame.
+        store_at = yield Now()
+        wake = utcnow() + timedelta(seconds=wait.retry_at - store_at.timestamp())
     else:
         wake = utcnow() + timedelta(seconds=LIMIT_POLL)
     waiting_for = f"limit:{wait.key}"

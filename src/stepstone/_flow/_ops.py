@@ -14,10 +14,10 @@ owner), was claimed again (another epoch: its owner died and a worker took it ov
 or its owner is a process on this machine that no longer exists. So a holder killed
 between acquiring and releasing never leaks its slot past its lease.
 
-**Clock.** Rates are judged on the clock of the process acquiring (``stepstone._clock``).
-On memory, file and SQLite stores that is one host's clock. Processes on several hosts
-sharing a PostgreSQL, MySQL or Cosmos store must keep their clocks in step (NTP): a host
-``d`` seconds ahead may start up to ``d`` seconds' worth of rate early.
+**Clock.** Rates and blocks are judged on the store's clock (``_store_time``, the
+``Now`` effect): the server's on PostgreSQL and MySQL, the host's on memory, file and
+SQLite, so processes whose own clocks are skewed never compare them. Times stored in
+the record (TATs, ``blocked_until``, a waiter's arrival) are on that clock.
 """
 
 from __future__ import annotations
@@ -28,11 +28,12 @@ import threading
 from collections.abc import Generator, Iterator
 from typing import Any
 
-from .. import _clock, _hooks, _lease
+from .. import _hooks, _lease
 from .._checkpoint import DUE_NOW, Checkpoint, evolve
 from .._effects import Announce, Effect, Load, Save, Together
 from .._errors import ConfigError, ConflictError, StoreError
 from .._observe import logger
+from .._store_time import Now
 from . import _bucket
 from ._limit import PREFIX, Limit, check_key, record_id
 
@@ -54,8 +55,10 @@ _TURN_WAIT = 2.0
 Gen = Generator[Effect, Any, Any]
 
 
-def _now() -> float:
-    return _clock.now().timestamp()
+def _now() -> Generator[Effect, Any, float]:
+    """The store's time (POSIX seconds): at most one round trip, usually none."""
+    at = yield Now()
+    return float(at.timestamp())
 
 
 def read(cp: Checkpoint) -> Limit:
@@ -203,8 +206,9 @@ def _acquire(
                 held = holders[holder]
                 if not _bucket.is_reserved(held) and holder_is_stale(got, held[0]):
                     stale.add((holder, held[0]))  # that slot, not a later one of the run
+        now = yield from _now()
         state, decision = _bucket.decide(
-            cp.state, limit, run_id, epoch, tokens, _now(), stale, priority
+            cp.state, limit, run_id, epoch, tokens, now, stale, priority
         )
         if state is None:
             return limit, decision
@@ -248,7 +252,8 @@ def _release(key: str, run_id: str, epoch: int, lapsed: bool) -> Generator[Effec
             return None
         if lapsed and not cp.state.get("waiters"):
             return None
-        state, woken = _bucket.release(cp.state, run_id, epoch, _now())
+        now = yield from _now()
+        state, woken = _bucket.release(cp.state, run_id, epoch, now)
         if state is None:
             return None
         try:
@@ -336,7 +341,8 @@ def settle(key: str, estimate: float, actual: float) -> Generator[Effect, Any, N
         cp: Checkpoint | None = yield Load(record_id(key))
         if cp is None:
             return
-        state = _bucket.settle(cp.state, read(cp), estimate, actual, _now())
+        now = yield from _now()
+        state = _bucket.settle(cp.state, read(cp), estimate, actual, now)
         if state is None:
             return
         try:
@@ -348,7 +354,7 @@ def settle(key: str, estimate: float, actual: float) -> Generator[Effect, Any, N
 
 def block(key: str, seconds: float) -> Generator[Effect, Any, float | None]:
     """Block ``key`` for every run for ``seconds``; return until when (None: no record)."""
-    until = _now() + seconds
+    until = (yield from _now()) + seconds
     for _ in range(_TRIES):
         cp: Checkpoint | None = yield Load(record_id(key))
         if cp is None:

@@ -14,15 +14,17 @@ Hidden events are dropped, or shown with ``superseded=True`` on request. Reading
 checkpoint after the blocks means an attempt that committed before that read is judged
 committed. Each look asks for the run's version and loads the run only when it changed.
 The reader follows while the run is active, woken by the store's listener where it has
-one (SQLite's ``data_version`` watch, the file store's inotify) and polling with
+one (SQLite's ``data_version`` watch, the file store's inotify, PostgreSQL's ``LISTEN``
+on the stream channel writers ``NOTIFY`` after each flush) and polling with
 back-off otherwise, and ends after the run is at rest and its last blocks are read.
 The rule is written once (``_Follow``); ``stream`` and ``astream`` only do the I/O.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 from .._checkpoint import Checkpoint
@@ -181,7 +183,7 @@ def stream(
                 yield from reader.judge(cp)
                 return
             if listener is None:
-                listener = _listen(store, woken)
+                listener = _listen(store, woken.set)
             wait = FIRST_POLL if events else min(wait * 2, MAX_POLL)
             # Real time, as the writer's flushes: a FakeClock a test installed would
             # otherwise park a reader until the test moves it.
@@ -197,15 +199,25 @@ class _Nothing:
         pass
 
 
-def _listen(store: Store, woken: threading.Event) -> Any:
-    # The store's cross-process listener rings on every write (SQLite's data_version,
-    # the file store's inotify) or on announcements only (PostgreSQL): a ring cuts the
-    # wait short; the poll runs either way.
+def _listen(store: Store, ring: Callable[[], None]) -> Any:
+    # The store's cross-process listener for streams rings on every write (SQLite's
+    # data_version, the file store's inotify) or on every flush (PostgreSQL's stream
+    # channel): a ring cuts the wait short; the poll runs either way.
     try:
-        return store.listen(woken.set) or _Nothing()
+        return store.listen_stream(ring) or _Nothing()
     except StoreError as exc:
         logger.debug("stream of a run: no listener (%s); polling", exc)
         return _Nothing()
+
+
+def _ring_in(loop: Any, woken: Any) -> Callable[[], None]:
+    """A ring for a listener's thread that sets ``woken`` on ``loop`` (once it is open)."""
+
+    def ring() -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
+            loop.call_soon_threadsafe(woken.set)
+
+    return ring
 
 
 async def astream(
@@ -229,24 +241,35 @@ async def astream(
     reader = _Follow(run_id, topic, after, superseded)
     wait = FIRST_POLL
     first = True
-    while True:
-        while reader.loaded(reader.next, await store.aload(block_id(run_id, reader.next))):
-            pass
-        cp = reader.current(await asyncio.to_thread(store.version_of, run_id))
-        if cp is None:
-            cp = await store.aload(run_id)
-        reader.remember(cp)
-        if first and cp is None and not reader.pending and reader.next == 0:
-            raise _not_found(run_id)
-        first = False
-        events = reader.judge(cp)
-        for event in events:
-            yield event
-        if cp is None or cp.status in _AT_REST or not follow:
+    woken = asyncio.Event()
+    listener: Any = None
+    try:
+        while True:
             while reader.loaded(reader.next, await store.aload(block_id(run_id, reader.next))):
                 pass
-            for event in reader.judge(cp):
+            cp = reader.current(await asyncio.to_thread(store.version_of, run_id))
+            if cp is None:
+                cp = await store.aload(run_id)
+            reader.remember(cp)
+            if first and cp is None and not reader.pending and reader.next == 0:
+                raise _not_found(run_id)
+            first = False
+            events = reader.judge(cp)
+            for event in events:
                 yield event
-            return
-        wait = FIRST_POLL if events else min(wait * 2, MAX_POLL)
-        await asyncio.sleep(wait)  # real time, as in ``stream``
+            if cp is None or cp.status in _AT_REST or not follow:
+                while reader.loaded(reader.next, await store.aload(block_id(run_id, reader.next))):
+                    pass
+                for event in reader.judge(cp):
+                    yield event
+                return
+            if listener is None:
+                listener = _listen(store, _ring_in(asyncio.get_running_loop(), woken))
+            wait = FIRST_POLL if events else min(wait * 2, MAX_POLL)
+            # Real time, as in ``stream``; a ring cuts the wait short.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(woken.wait(), wait)
+            woken.clear()
+    finally:
+        if listener is not None:
+            listener.close()

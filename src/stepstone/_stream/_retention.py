@@ -37,8 +37,13 @@ def delete_stream(store: Store, run_id: str) -> int:
 
 
 def expire_stream(store: Store, run_id: str, ttl_seconds: int | None) -> int:
-    """Give every block of ``run_id``'s stream the TTL given the run (``Store.expire``)."""
+    """Give every block of ``run_id``'s stream the TTL given the run (``Store.expire``).
+
+    From the last block to the first, as ``delete_stream`` deletes: an item's TTL runs
+    from its last write, so the last block expires first and the stream never has a gap
+    (a run started again under the id would otherwise write block 0 before old ones).
+    """
     end = find_end(store, run_id)
-    for n in range(end):
+    for n in range(end - 1, -1, -1):
         store.expire(block_id(run_id, n), ttl_seconds)
     return end

@@ -216,6 +216,12 @@ class Writer:
             break
         self.next = n + 1
         self.wrote = True
+        try:
+            # Push to readers where the store has it (PostgreSQL: a NOTIFY on the
+            # stream channel); a lost one only makes readers wait for their next poll.
+            store.announce_stream(run_id)
+        except StoreError as exc:
+            logger.debug("run %r: stream readers not notified (%s)", run_id, exc)
         if len(_ends) > 4096:
             _ends.clear()
         _ends[where] = n + 1

@@ -53,7 +53,7 @@ from ._sql import (
     statements_of,
 )
 from ._sql.engine import check_engine, server_url_of
-from ._sql.listen_pg import PostgresListener, channel_of
+from ._sql.listen_pg import PostgresListener, channel_of, stream_channel_of
 from ._sql.pieces import schema_script
 
 __all__ = ["DEFAULT_TABLE", "ERRORS", "PostgresStore", "schema_ddl"]
@@ -388,7 +388,25 @@ class PostgresStore(ServerStore):
         """Async ``announce``, on this loop's connections."""
         await self._aexec(_NOTIFY, {"channel": channel_of(self.table)})
 
-    def listen(self, ring: Callable[[], None]) -> PostgresListener | None:
+    def announce_stream(self, run_id: str) -> None:
+        """Send a ``NOTIFY`` on this table's stream channel: stream readers look now.
+
+        Raises:
+            StoreUnavailable: the server cannot be reached.
+        """
+        self._exec(_NOTIFY, {"channel": stream_channel_of(self.table)})
+
+    def listen_stream(self, ring: Callable[[], None]) -> PostgresListener | None:
+        """``listen`` on this table's stream channel: rings after every stream flush.
+
+        Raises:
+            StoreError: the store is closed.
+        """
+        return self.listen(ring, _channel=stream_channel_of(self.table))
+
+    def listen(
+        self, ring: Callable[[], None], *, _channel: str | None = None
+    ) -> PostgresListener | None:
         """``LISTEN`` on this table's channel in a thread; call ``ring`` on each ``NOTIFY``.
 
         None for a store on a user's SQLAlchemy engine: its credentials may come from the
@@ -409,7 +427,10 @@ class PostgresStore(ServerStore):
             connect_args=self._connect_args,
             read_timeout=self.read_timeout,
             scrub=self._scrub,
-            own=self._backend_pids,
+            # A stream reader is rung by its own process's flushes too: the writer
+            # rings no doorbell of this process first, as ``announce``'s callers do.
+            own=self._backend_pids if _channel is None else set,
+            channel=_channel,
         )
         listener.start()
         return listener

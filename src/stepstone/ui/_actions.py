@@ -1,19 +1,21 @@
 """The dashboard's actions, each a compare-and-swap on the version the page showed.
 
-``cancel`` and ``signal`` are the runtime's own operations (``stepstone._control``),
-driven here with every load of the run checked against the version the operator saw: if
-the run changed since the page was rendered, the action raises ``RunChanged`` and writes
-nothing, instead of being applied to a run the operator has not seen. ``retry`` and
-``delete`` are one compare-and-swap each.
+``cancel``, ``signal`` and ``raise_budget`` (the signal ``budget.raise``) are the
+runtime's own operations (``stepstone._control``), driven here with every load of the
+run checked against the version the operator saw: if the run changed since the page was
+rendered, the action raises ``RunChanged`` and writes nothing, instead of being applied
+to a run the operator has not seen. ``retry`` and ``delete`` are one compare-and-swap each.
 """
 
 from __future__ import annotations
 
 import heapq
 import json
+import math
 from collections.abc import Callable
 from typing import Any
 
+from .._budget import RAISE_SIGNAL
 from .._checkpoint import Checkpoint, evolve
 from .._control import Op, cancel_op, performer, signal_op
 from .._core import Effect, Load, Save, step_through
@@ -31,6 +33,7 @@ __all__ = [
     "bulk_targets",
     "cancel",
     "delete",
+    "raise_budget",
     "retry",
     "signal",
 ]
@@ -112,6 +115,40 @@ def signal(store: Store, run_id: str, version: str, name: str, payload_text: str
     if not sent:
         return f"signal {name!r} with this id was received before; nothing to do"
     return f"sent signal {name!r}"
+
+
+def raise_budget(
+    store: Store, run_id: str, version: str, usd_text: str, tokens_text: str, sid: str
+) -> str:
+    """Raise the run's spend budget by ``usd_text`` dollars and/or ``tokens_text`` tokens
+    (the signal ``budget.raise``), if the run is at ``version``; ``sid`` as ``signal``'s.
+
+    Raises:
+        ValueError: neither amount is given, or one is not a number > 0 (the message says
+            what is allowed); nothing is sent.
+        RunChanged: the run is not at ``version`` any more.
+        RunNotActive: the run is done or cancelled.
+    """
+    payload: dict[str, Any] = {}
+    if usd_text.strip():
+        try:
+            usd = float(usd_text)
+        except ValueError:
+            usd = -1.0
+        if not math.isfinite(usd) or usd <= 0:
+            raise ValueError(f"dollars to add must be a number > 0, e.g. 10; got {usd_text!r}")
+        payload["usd"] = usd
+    if tokens_text.strip():
+        text = tokens_text.strip()
+        if not text.isdigit() or int(text) <= 0:
+            raise ValueError(f"tokens to add must be a whole number > 0; got {tokens_text!r}")
+        payload["tokens"] = int(text)
+    if not payload:
+        raise ValueError("give the dollars or the tokens (or both) to add to the budget")
+    sent: bool = _pinned(signal_op(run_id, RAISE_SIGNAL, payload, sid), store, run_id, version)
+    if not sent:
+        return "this raise was received before; nothing to do"
+    return "raised the budget"
 
 
 def _retry(run_id: str) -> Op:

@@ -25,6 +25,8 @@ DONE = {
     "cancel-requested": "Cancel requested: the run stops at its next step boundary.",
     "signal": "Signal sent.",
     "signal-again": "This signal had been received before; nothing to do.",
+    "budget": "Budget raised.",
+    "budget-again": "This raise had been received before; nothing to do.",
     "retried": "Queued the run again: a worker retries its failed step.",
     "deleted": "Deleted the run.",
     "rerun": "Rewound the run: it runs again from the chosen step.",

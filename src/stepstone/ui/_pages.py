@@ -12,6 +12,7 @@ from urllib.parse import quote, urlencode
 from starlette.requests import Request
 from starlette.responses import Response
 
+from .._budget import SPEND_KEY
 from .._checkpoint import STATUSES, Checkpoint, RunStatus
 from .._deadline import describe
 from .._errors import StepstoneError, StoreError
@@ -176,6 +177,12 @@ def _history_context(dash: Dashboard, cp: Checkpoint) -> dict[str, Any]:
         return {"history": None, "history_error": text}
 
 
+def _budgeted(cp: Checkpoint) -> bool:
+    """Whether the run's ledger holds a budget (then its page offers to raise it)."""
+    ledger = cp.state.get(SPEND_KEY)
+    return isinstance(ledger, dict) and isinstance(ledger.get("budget"), dict)
+
+
 def run_context(dash: Dashboard, cp: Checkpoint) -> dict[str, Any]:
     now = datetime.now(UTC)
     hist = _history_context(dash, cp)
@@ -207,6 +214,9 @@ def run_context(dash: Dashboard, cp: Checkpoint) -> dict[str, Any]:
         "can_signal": actions and status in ("queued", "running", "waiting", "failed"),
         "signal_name": signal_name,
         "signal_id": secrets.token_hex(16),
+        "can_raise_budget": actions
+        and status in ("queued", "running", "waiting", "failed")
+        and _budgeted(cp),
         "can_cancel": actions
         and status in ("queued", "running", "waiting", "failed")
         and not cp.cancel_requested,

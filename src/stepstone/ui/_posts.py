@@ -71,6 +71,16 @@ def _act(dash: Dashboard, request: Request, form: FormData) -> Response:
                 _field(form, "sid") or secrets.token_hex(16),
             )
             done = "signal-again" if "received before" in text else "signal"
+        elif action == "raise_budget":  # spend budgets: the signal ``budget.raise``
+            text = _actions.raise_budget(
+                store,
+                run_id,
+                version,
+                _field(form, "usd"),
+                _field(form, "tokens"),
+                _field(form, "sid") or secrets.token_hex(16),
+            )
+            done = "budget-again" if "received before" in text else "budget"
         elif action == "retry":
             _actions.retry(store, run_id, version)
             done = "retried"

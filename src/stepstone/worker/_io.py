@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from .._effects import Announce, Effect, Load, Save
 from .._runner import drive
 from .._store import aclaim_page, claim_page
+from .._store_time import Now, astore_now, store_now
 from .._wake import aannounce, announce
 
 if TYPE_CHECKING:
@@ -110,6 +111,7 @@ _IO: dict[
         lambda store, e: store.aclaim_ready(*e.args, exclude=e.exclude),
     ),
     Announce: (lambda store, e: announce(store), lambda store, e: aannounce(store)),
+    Now: (lambda store, e: store_now(store), lambda store, e: astore_now(store)),
 }
 
 

@@ -61,6 +61,9 @@ read the store's run index (``list_info``: ids and times, no payloads) and load 
 what they return. ``load`` and ``delete`` by checkpoint id alone read the index of ids
 once, unless this storage object saved or listed that id already.
 
+Spend budgets: ``usage_charge(response, prices)`` turns an agent's ``AgentResponse``
+usage into ``ctx.charge``'s arguments, for a step that calls an agent.
+
 Limits: MAF's runner logs a failed checkpoint save as a warning and carries on; this
 storage cannot change that, so it also logs each failure at ERROR level on the
 ``stepstone`` logger and keeps the last one in ``last_error``.
@@ -87,6 +90,7 @@ from ._records import (
     record_id,
 )
 from ._storage import StepstoneCheckpointStorage
+from ._usage import usage_charge
 
 __all__ = [
     "FORMAT",
@@ -98,4 +102,5 @@ __all__ = [
     "StepstoneCheckpointStorage",
     "parse_record_id",
     "record_id",
+    "usage_charge",
 ]

@@ -44,6 +44,10 @@ thread namespace is leased to one owner: a write by anyone else while the lease 
 raises ``ThreadOwned``; after ``lease`` seconds without a write the next writer takes
 over.
 
+Streams: ``stream_graph(graph, input, config)`` inside a stepstone step runs the graph
+with the stream modes ``custom`` and ``messages`` and emits them to the run's stream
+(``_stream``).
+
 Pickle: the default serializer never pickles, and a stored value of type ``pickle`` is
 refused on load with ``UnsafeCheckpoint`` unless the saver is built with
 ``allow_pickle=True``.
@@ -62,5 +66,13 @@ except ImportError as exc:  # pragma: no cover - the tests run with the extra in
 from ._codec import WORKFLOW as WORKFLOW  # the records' workflow name, as before
 from ._errors import CheckpointConflict, ThreadOwned, UnsafeCheckpoint
 from ._saver import StepstoneSaver
+from ._stream import astream_graph, stream_graph
 
-__all__ = ["CheckpointConflict", "StepstoneSaver", "ThreadOwned", "UnsafeCheckpoint"]
+__all__ = [
+    "CheckpointConflict",
+    "StepstoneSaver",
+    "ThreadOwned",
+    "UnsafeCheckpoint",
+    "astream_graph",
+    "stream_graph",
+]

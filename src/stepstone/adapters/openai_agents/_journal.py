@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
+from ..._budget import Prices
 from ..._checkpoint import MAX_RUN_ID_LENGTH, Checkpoint, evolve
 from ..._codec import encode_state
 from ..._errors import ConflictError, InvalidState, InvalidWorkflow, StepstoneError
@@ -87,6 +88,11 @@ class Journal:
         #: Units whose recorded result was returned / whose body ran, in this execution.
         self.replayed = 0
         self.executed = 0
+        #: Spend budgets: the run has one (check before each new model call), the step's
+        #: prices, and the input and output tokens of this agent run's calls so far.
+        self.budgeted = False
+        self.prices: Prices | None = None
+        self.used = [0, 0]
 
     async def run(self, rule: Rule[T]) -> T:
         """Run one journal rule: on the sync store methods under ``run`` (the agent's
@@ -191,12 +197,23 @@ class Fatal(BaseException):
         self.error = error
 
 
+class BudgetPause(BaseException):
+    """Unwinds the agent run to the step: the run is at its spend limit before a new
+    model call (a ``BaseException``, so no handler of the SDK takes it for a failure)."""
+
+
 def find_fatal(error: BaseException) -> Fatal | None:
-    if isinstance(error, Fatal):
+    found = find(error, Fatal)
+    return found if isinstance(found, Fatal) else None
+
+
+def find(error: BaseException, kind: type[BaseException]) -> BaseException | None:
+    """``error`` or the first exception of ``kind`` in its exception groups."""
+    if isinstance(error, kind):
         return error
     if isinstance(error, BaseExceptionGroup):
         for inner in error.exceptions:
-            found = find_fatal(inner)
+            found = find(inner, kind)
             if found is not None:
                 return found
     return None

@@ -12,8 +12,12 @@ import pydantic
 from agents import Agent, FunctionTool, ModelResponse, RunConfig
 from agents.models.interface import Model, ModelProvider, ModelTracing
 
+from ..._checkpoint import Checkpoint
 from ..._errors import InvalidWorkflow
-from ._journal import MISSING, journal_var, scope_var, to_json, unit
+from .._budget_gate import over_budget
+from .._drive import Load, Rule
+from ._journal import MISSING, BudgetPause, Journal, journal_var, scope_var, to_json, unit
+from ._streaming import journaled_stream
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -34,8 +38,8 @@ _DURABLE: weakref.WeakSet[Callable[..., Any]] = weakref.WeakSet()
 class StepstoneModel(Model):
     """A ``Model`` whose ``get_response`` is journaled inside a stepstone agent run.
 
-    Outside one it is the wrapped model. Streaming is not journaled: inside a stepstone
-    run ``stream_response`` is refused (use ``StepstoneRunner.run``, not ``run_streamed``).
+    Outside one it is the wrapped model. Inside one ``stream_response`` is journaled too
+    (``_streaming.journaled_stream``): the same record, replayed as a short stream.
     """
 
     def __init__(self, model: Model, name: str | None = None) -> None:
@@ -77,6 +81,8 @@ class StepstoneModel(Model):
         key = journal.next_name(f"{scope}get_response")
         found = await journal.lookup(scope, key)
         if found is MISSING:
+            if journal.budgeted:  # spend budgets: at the run's limit, pause before this call
+                await _gate(journal)
             async with unit(journal, scope):
                 response = await call()
             payload = {
@@ -87,6 +93,10 @@ class StepstoneModel(Model):
             journal.executed += 1
         else:
             journal.replayed += 1
+        usage = found["response"].get("usage") if isinstance(found["response"], dict) else None
+        if isinstance(usage, dict):  # this agent run's usage so far (the budget's check)
+            journal.used[0] += int(usage.get("input_tokens") or 0)
+            journal.used[1] += int(usage.get("output_tokens") or 0)
         return _RESPONSE.validate_python(found["response"])
 
     def stream_response(
@@ -103,26 +113,41 @@ class StepstoneModel(Model):
         conversation_id: str | None,
         prompt: ResponsePromptParam | None,
     ) -> AsyncIterator[TResponseStreamEvent]:
-        if journal_var.get() is not None:
-            raise InvalidWorkflow(
-                "streamed model responses are not journaled: inside a stepstone run use "
-                "StepstoneRunner.run (not Runner.run_streamed)"
+        def call() -> AsyncIterator[TResponseStreamEvent]:
+            return self.model.stream_response(
+                system_instructions,
+                input,
+                model_settings,
+                tools,
+                output_schema,
+                handoffs,
+                tracing,
+                previous_response_id=previous_response_id,
+                conversation_id=conversation_id,
+                prompt=prompt,
             )
-        return self.model.stream_response(
-            system_instructions,
-            input,
-            model_settings,
-            tools,
-            output_schema,
-            handoffs,
-            tracing,
-            previous_response_id=previous_response_id,
-            conversation_id=conversation_id,
-            prompt=prompt,
-        )
+
+        journal = journal_var.get()
+        if journal is None:
+            return call()
+        return journaled_stream(journal, self.name, call)
 
     async def close(self) -> None:
         await self.model.close()
+
+
+async def _gate(journal: Journal) -> None:
+    """Unwind the agent run (``BudgetPause``) if the run is at its spend limit, counting
+    this agent run's usage so far (``_budget_gate``)."""
+
+    def load() -> Rule[Checkpoint | None]:
+        cp: Checkpoint | None = yield Load(journal.run_id)
+        return cp
+
+    cp = await journal.run(load())
+    inputs, outputs = journal.used
+    if cp is not None and over_budget(cp, inputs, outputs, journal.prices) is not None:
+        raise BudgetPause(journal.run_id)
 
 
 class StepstoneModelProvider(ModelProvider):

@@ -9,10 +9,10 @@ from contextvars import ContextVar
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
-from agents import Agent, RunConfig, Runner, RunState
+from agents import Agent, RunConfig, Runner, RunResult, RunResultStreaming, RunState
 from agents.run import DEFAULT_MAX_TURNS
 
-from ..._budget import SPEND_KEY, Prices
+from ..._budget import BUDGET_WAIT, RAISE_SIGNAL, SPEND_KEY, Prices
 from ..._checkpoint import Checkpoint, utcnow
 from ..._effects import Effect
 from ..._errors import InvalidWorkflow
@@ -22,9 +22,20 @@ from ..._steps import RetryPolicy, check_name
 from ..._store import Store
 from ..._suspend import Complete, SuspendingStep, Wait
 from .._agent_call import call_agent, check_options, in_sync_run
+from .._budget_gate import budgeted, unconsumed_raises
 from ._approvals import decide, interruptions, latest_pause
-from ._journal import APPROVAL_SIGNAL, MISSING, Journal, find_fatal, journal_var, to_json
+from ._journal import (
+    APPROVAL_SIGNAL,
+    MISSING,
+    BudgetPause,
+    Journal,
+    find,
+    find_fatal,
+    journal_var,
+    to_json,
+)
 from ._models import durable_agent, durable_config
+from ._streaming import emit_event
 
 if TYPE_CHECKING:
     from agents.lifecycle import RunHooks
@@ -44,6 +55,11 @@ class AgentRunStep(SuspendingStep):
 
     In a run with a spend budget (or given ``prices``), the agent run's usage
     (``result.context_wrapper.usage``) is charged with its output, by the same save.
+
+    ``stream=True`` runs the agent with ``Runner.run_streamed`` and emits its events to
+    the run's stream (``stepstone.stream``): text deltas on ``"tokens"``, tool calls and
+    outputs on ``"tool"``, handoffs on ``"agent"``. Replayed model calls emit their text
+    again, as one event per message part, so the committing attempt's events are whole.
     """
 
     __slots__ = (
@@ -56,6 +72,7 @@ class AgentRunStep(SuspendingStep):
         "prices",
         "run_config",
         "store",
+        "stream",
     )
 
     def __init__(
@@ -72,9 +89,13 @@ class AgentRunStep(SuspendingStep):
         approval_signal: str = APPROVAL_SIGNAL,
         retry: RetryPolicy | None = None,
         prices: Prices | None = None,
+        stream: bool = False,
         **options: Any,
     ) -> None:
         self.name = check_name(name)
+        if not isinstance(stream, bool):
+            raise InvalidWorkflow(f"AgentRunStep {name!r}: stream must be True or False")
+        self.stream = stream
         if prices is not None and not isinstance(prices, Prices):
             raise InvalidWorkflow(f"AgentRunStep {name!r}: prices must be a stepstone.Prices")
         self.prices = prices
@@ -104,6 +125,8 @@ class AgentRunStep(SuspendingStep):
         return f"AgentRunStep({self.name!r}, {self.agent.name!r})"
 
     def ready(self, cp: Checkpoint) -> bool:
+        if cp.waiting_for == BUDGET_WAIT:  # paused by its budget between model calls
+            return unconsumed_raises(cp) > 0
         received = sum(1 for s in cp.signals if s.name == self.approval_signal)
         return received > cp.consumed.get(self.approval_signal, 0)
 
@@ -120,6 +143,7 @@ class AgentRunStep(SuspendingStep):
         journal = Journal(
             store, plan.run_id, self.name, (cp.created_at or utcnow()).isoformat(), sync=sync
         )
+        journal.budgeted, journal.prices = budgeted(cp), self.prices  # spend budgets
         signals = [s.payload for s in cp.signals if s.name == self.approval_signal]
         consumed = cp.consumed.get(self.approval_signal, 0)
 
@@ -133,6 +157,11 @@ class AgentRunStep(SuspendingStep):
             changes["consumed"] = {**cp.consumed, self.approval_signal: outcome["upto"]}
         if outcome.get("wait"):
             return Wait(f"signal {self.approval_signal}", None, changes)
+        if outcome.get("budget"):  # the raises seen are consumed: a new one makes it due
+            consumed_now = changes.get("consumed", cp.consumed)
+            raises = consumed_now.get(RAISE_SIGNAL, 0) + unconsumed_raises(cp)
+            changes["consumed"] = {**consumed_now, RAISE_SIGNAL: raises}
+            return Wait(BUDGET_WAIT, None, changes)
         update = {self.name: outcome["output"]}
         ledger = usage_charge(plan, state, self.name, outcome["usage"], self.prices)
         if ledger is not None:
@@ -169,14 +198,8 @@ class AgentRunStep(SuspendingStep):
                     upto = max(upto, resumed["upto"])
                     agent_input = await self._restore(pause["state"], resumed["decisions"])
                     journal.counters, journal.missed = dict(pause["counters"]), set()
-                result = await Runner.run(
-                    self.agent,
-                    agent_input,
-                    context=self.context,
-                    max_turns=self.max_turns,
-                    run_config=self.run_config,
-                    **self.options,
-                )
+                    journal.used = list(pause.get("used", [0, 0]))  # usage before the pause
+                result = await self._run(agent_input)
                 if not result.interruptions:
                     output = to_json(result.final_output, "the agent's final output")
                     used = result.context_wrapper.usage
@@ -188,17 +211,47 @@ class AgentRunStep(SuspendingStep):
                     {
                         "state": json.loads(result.to_state().to_string()),
                         "counters": dict(journal.counters),
+                        "used": list(journal.used),
                         "start": upto,
                         "interruptions": interruptions(result),
                     },
                 )
         except BaseException as error:
+            if find(error, BudgetPause) is not None:
+                return {"budget": True, "upto": consumed}
             fatal = find_fatal(error)
             if fatal is None:
                 raise
             raise fatal.error from None
         finally:
             journal_var.reset(token)
+
+    async def _run(self, agent_input: Any) -> RunResult | RunResultStreaming:
+        """One ``Runner.run`` (or ``run_streamed``, its events emitted) of the agent."""
+        if not self.stream:
+            return await Runner.run(
+                self.agent,
+                agent_input,
+                context=self.context,
+                max_turns=self.max_turns,
+                run_config=self.run_config,
+                **self.options,
+            )
+        streamed = Runner.run_streamed(
+            self.agent,
+            agent_input,
+            context=self.context,
+            max_turns=self.max_turns,
+            run_config=self.run_config,
+            **self.options,
+        )
+        try:
+            async for event in streamed.stream_events():  # raises what the run raised
+                emit_event(event)
+        except BaseException:
+            streamed.cancel()  # the SDK's run task would go on without a reader
+            raise
+        return streamed
 
     async def _restore(self, stored: dict[str, Any], decisions: dict[str, Any]) -> RunState[Any]:
         run_state: RunState[Any] = await RunState.from_string(
@@ -240,7 +293,8 @@ class RunOptions(TypedDict, total=False):
     and ``error_handlers`` are the SDK's; ``durable_tools`` (default True) journals the
     agents' function tools; ``approval_signal`` (default ``"approval"``) names the signal
     that carries approvals; ``lease`` is the run's lease and ``retry`` the step's
-    ``RetryPolicy``.
+    ``RetryPolicy``; ``stream`` (default False) runs the agent streamed, its events on the
+    run's stream (``AgentRunStep``).
     """
 
     context: Any
@@ -253,6 +307,7 @@ class RunOptions(TypedDict, total=False):
     approval_signal: str
     lease: float | timedelta | None
     retry: RetryPolicy | None
+    stream: bool
 
 
 class StepstoneRunner:
@@ -282,6 +337,7 @@ class StepstoneRunner:
             durable_tools=options.get("durable_tools", True),
             approval_signal=options.get("approval_signal", APPROVAL_SIGNAL),
             retry=options.get("retry"),
+            stream=options.get("stream", False),
             **passed,
         )
 

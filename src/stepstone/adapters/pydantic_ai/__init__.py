@@ -33,6 +33,11 @@ process is held, ``stepstone.signal(store, RUN_ID, NAME, payload)`` or ``stepsto
 signal RUN_ID NAME --data ...`` answers it, and any process resumes the agent where it
 stopped. The token ``ask`` receives names the run and the signal (``parse_token``).
 
+Streams. ``StepstoneDurability(event_stream_handler=emit_events)`` sends the agent's
+events to the run's stream (``stepstone.stream``): text to ``"tokens"``, tool calls and
+results to ``"tool"``; a replay emits the replayed units' events again, so the attempt
+that commits the step has emitted the whole answer (``_streaming``).
+
 Fencing. The journal records the fencing epoch of the run's owner that wrote it; a
 stale owner (its lease taken over) gets ``LeaseLost`` on its next journal write.
 """
@@ -49,6 +54,7 @@ except ImportError as exc:  # pragma: no cover - the tests run with the extra in
 from ._capability import StepstoneDurability
 from ._journal import JOURNAL_FORMAT, ConcurrentUnits, journal_run_id, parse_token
 from ._step import AgentStep, adurable_agent_run, durable_agent_run, read_journal
+from ._streaming import emit_events
 
 __all__ = [
     "AgentStep",
@@ -57,6 +63,7 @@ __all__ = [
     "StepstoneDurability",
     "adurable_agent_run",
     "durable_agent_run",
+    "emit_events",
     "journal_run_id",
     "parse_token",
     "read_journal",

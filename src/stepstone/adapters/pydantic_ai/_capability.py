@@ -25,21 +25,30 @@ from pydantic_ai.external_events import (
 from pydantic_ai.run import AgentRunResult
 from pydantic_ai.tools import AgentDepsT, RunContext
 
+from ..._budget import RAISE_SIGNAL
 from ..._checkpoint import utcnow
 from ..._errors import InvalidWorkflow
 from ..._suspend import pending_signals
+from .._budget_gate import over_budget
 
 if TYPE_CHECKING:
     from pydantic_ai.agent import AbstractAgent, EventStreamHandler
     from pydantic_ai.models import Model
 
 from ._journal import ConcurrentUnits, Session, Suspend, in_unit, session_var, wait_token
+from ._streaming import emit_events, restream
 
 # --- the engine -----------------------------------------------------------------------
 
 
 class Backend(JournalCallableOperationBackend[None]):
-    """Runs each durable unit's body once per run: its result is journaled, then replayed."""
+    """Runs each durable unit's body once per run: its result is journaled, then replayed.
+
+    With ``restream`` (the handler is ``emit_events``) a replay also re-emits what the
+    unit emitted to the run's stream (``_streaming.restream``).
+    """
+
+    restream = False
 
     async def execute(
         self,
@@ -57,8 +66,18 @@ class Backend(JournalCallableOperationBackend[None]):
             return await body()
         key = session.next_name(name)
         if key in session.entries:
+            recorded = session.entries[key]
+            if self.restream and restream(name, recorded):
+                token = in_unit.set(True)
+                try:
+                    await body()  # emit_events only: the attempt emits the event again
+                finally:
+                    in_unit.reset(token)
             record_durable_unit(executed=False)
-            return session.entries[key]
+            return recorded
+        if session.budgeted and "model.request" in name:
+            # Spend budgets: at the run's limit, pause before this request (``_budget_gate``).
+            await _gate(session)
         if session.busy is not None:
             raise ConcurrentUnits(
                 f"run {session.run_id!r}: durable unit {key!r} started while {session.busy!r} "
@@ -77,6 +96,20 @@ class Backend(JournalCallableOperationBackend[None]):
         recorded = await session.record(key, payload)
         record_durable_unit(executed=True)
         return recorded
+
+
+async def _gate(session: Session) -> None:
+    """Unwind the agent run waiting for ``budget.raise`` if the run is at its limit,
+    counting the usage of this agent run's journaled model requests."""
+    inputs = outputs = 0
+    for key, value in session.entries.items():
+        usage = value.get("usage") if "model.request" in key and isinstance(value, dict) else None
+        if isinstance(usage, dict):
+            inputs += int(usage.get("input_tokens") or 0)
+            outputs += int(usage.get("output_tokens") or 0)
+    cp = await session.latest_run()
+    if over_budget(cp, inputs, outputs, session.prices) is not None:
+        raise Suspend(RAISE_SIGNAL, None)
 
 
 def _not_json(error: Exception) -> BaseException:
@@ -125,6 +158,7 @@ class StepstoneDurability(BaseDurabilityCapability[AgentDepsT]):
         Args:
             models: Extra models by id, for ``agent.run(model=...)`` inside a run.
             event_stream_handler: Receives the run's events; each tool event is one step.
+                ``emit_events`` sends them to the run's stream (``stepstone.stream``).
             name: The name in persisted step names; default the agent's ``name``.
         """
         super().__init__(models=models, event_stream_handler=event_stream_handler, name=name)
@@ -136,6 +170,7 @@ class StepstoneDurability(BaseDurabilityCapability[AgentDepsT]):
             default_model_id=self.default_model_id,
             config=RoleBasedOperationConfig(model=None, event=None, capability=None, tool=None),
         )
+        self._backend.restream = self._event_stream_handler is emit_events
         super()._bind_to_agent(agent)
 
     @property

@@ -8,6 +8,7 @@ from contextvars import ContextVar
 from datetime import datetime
 from typing import Any, TypeVar
 
+from ..._budget import Prices
 from ..._checkpoint import MAX_RUN_ID_LENGTH, Checkpoint, evolve
 from ..._errors import ConflictError, LeaseLost, StepstoneError
 from ..._store import Store
@@ -113,6 +114,10 @@ class Session:
         self.entries: dict[str, Any] = {}
         self.counters: dict[str, int] = {}
         self.busy: str | None = None
+        #: Spend budgets: the run has one (check before each new model request), and the
+        #: step's prices (its usage in dollars).
+        self.budgeted = False
+        self.prices: Prices | None = None
 
     async def run(self, rule: Rule[T]) -> T:
         """Run one journal rule: on the sync store methods under ``run`` (the agent's loop

@@ -12,7 +12,7 @@ from pydantic_ai.durable_exec import (
 from pydantic_ai.run import AgentRunResult
 from pydantic_core import to_jsonable_python
 
-from ..._budget import SPEND_KEY, Prices
+from ..._budget import RAISE_SIGNAL, SPEND_KEY, Prices
 from ..._checkpoint import Checkpoint, utcnow
 from ..._effects import Effect
 from ..._errors import InvalidWorkflow, LeaseLost
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
     from ..._core import Plan
 from .._agent_call import call_agent, check_options, in_sync_run
+from .._budget_gate import budgeted, unconsumed_raises
 from ._capability import StepstoneDurability
 from ._journal import Session, Suspend, journal_run_id, session_var
 
@@ -117,6 +118,7 @@ class AgentStep(SuspendingStep):
             run_created=(cp.created_at or utcnow()).isoformat(timespec="milliseconds"),
             sync=sync,
         )
+        session.budgeted, session.prices = budgeted(cp), self.prices  # spend budgets
 
         def body() -> Coroutine[Any, Any, dict[str, Any]]:
             return self._execute(session, state)
@@ -164,6 +166,8 @@ class AgentStep(SuspendingStep):
         cp = await session.latest_run()
         taken = session.taken_by_name(cp)
         if suspended is not None:
+            if suspended.signal == RAISE_SIGNAL:  # paused by its budget between requests
+                taken[RAISE_SIGNAL] = unconsumed_raises(cp)
             wake = None if suspended.wake_at is None else suspended.wake_at.isoformat()
             return {"wait": suspended.signal, "wake_at": wake, "taken": taken}
         value = self.output(result) if self.output is not None else result.output

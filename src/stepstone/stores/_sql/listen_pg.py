@@ -32,7 +32,7 @@ from typing import Any, Final
 from ..._observe import logger
 from .._listening import RETRY_FIRST, RETRY_MAX, ListenerThread
 
-__all__ = ["HEARTBEAT", "PostgresListener", "channel_of"]
+__all__ = ["HEARTBEAT", "PostgresListener", "channel_of", "stream_channel_of"]
 
 #: Seconds of silence after which the listener checks its connection with ``SELECT 1``.
 HEARTBEAT: Final = 20.0
@@ -44,6 +44,16 @@ APPLICATION_NAME: Final = "stepstone listener"
 def channel_of(table: str) -> str:
     """Return the notification channel of the store on ``table`` (a checked table name)."""
     return f"stepstone.{table}"
+
+
+def stream_channel_of(table: str) -> str:
+    """Return the channel stream writers notify after each flush (issue 34).
+
+    A channel of its own, so a flush wakes stream readers and not the workers; a table
+    name has no dot, so it never equals another table's ``channel_of`` (60 bytes at
+    most: under PostgreSQL's 63).
+    """
+    return f"stepstone.s.{table}"
 
 
 @functools.cache
@@ -88,13 +98,15 @@ class PostgresListener(ListenerThread):
         read_timeout: float,
         scrub: Callable[[str], str],
         own: Callable[[], set[int]] = set,
+        channel: str | None = None,
     ) -> None:
         """Listen on ``table``'s channel with a connection opened from ``connect_args``.
 
         ``where`` names the store in messages; ``scrub`` removes the password from a
         driver's text; ``own`` returns the server pids of the store's own connections,
         whose notifications are not rung: ``announce`` rang this process's doorbell
-        before sending them.
+        before sending them. ``channel`` replaces the table's workers' channel (stream
+        readers listen on ``stream_channel_of``).
         """
         super().__init__(ring, f"stepstone-listen {where}")
         self._where = where
@@ -102,7 +114,7 @@ class PostgresListener(ListenerThread):
         self._own = own
         self._read_timeout = read_timeout
         self._connect_args = {**connect_args, "application_name": APPLICATION_NAME}
-        self._channel = channel_of(table)
+        self._channel = channel if channel is not None else channel_of(table)
         self._conn: Any = None
         self._failing = False
 

@@ -27,6 +27,16 @@ from .store import SQLStore
 
 __all__ = ["ServerStore"]
 
+#: The server's clock, by store kind: the time rates and schedules are judged on
+#: (``Store.server_now``). ``clock_timestamp()``, not ``now()``: the time of the call,
+#: not of a transaction begun earlier.
+_NOW_SQL = {"postgresql": "SELECT clock_timestamp()", "mysql": "SELECT UTC_TIMESTAMP(6)"}
+
+
+def _aware(value: datetime) -> datetime:
+    """Return ``value`` in UTC; a naive one (MySQL's ``UTC_TIMESTAMP``) is UTC already."""
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
 
 class ServerStore(SQLStore):
     """What PostgresStore and MySQLStore share: URL, password, timeouts, hooks."""
@@ -102,6 +112,16 @@ class ServerStore(SQLStore):
 
     def _key(self, run_id: str) -> Any:
         return run_key(run_id)
+
+    def server_now(self) -> datetime:
+        """Return the server's clock in one ``SELECT`` (``clock_timestamp()``, MySQL's UTC)."""
+        _, rows = self._exec(_NOW_SQL[self.kind])
+        return _aware(rows[0][0])
+
+    async def aserver_now(self) -> datetime:
+        """Async ``server_now``, on the native async driver."""
+        _, rows = await self._aexec(_NOW_SQL[self.kind])
+        return _aware(rows[0][0])
 
     def _fire_before(self) -> None:
         _hooks.fire("sql.before_request")

@@ -22,7 +22,16 @@ from .._pieces_protocol import Current, PiecesProtocol
 from ._config import Settings
 from ._effects import OPEN, Effect, Gather, Query, Send, Sleep, Steps
 from ._errors import Call
-from ._wire import Plan, decode, item_id, piece_data, piece_id, piece_item, piece_ttl
+from ._wire import (
+    Plan,
+    decode,
+    item_id,
+    piece_data,
+    piece_id,
+    piece_item,
+    piece_ttl,
+    record_ttl,
+)
 
 __all__ = ["CosmosPieces"]
 
@@ -127,7 +136,7 @@ class CosmosPieces(PiecesProtocol[Effect]):
         written and some not, as between two pieces of the SQL and file stores. Without
         one, all go in one concurrent wave (the split would cost a round trip).
         """
-        ttl = piece_ttl(self.settings.ttl)
+        ttl = piece_ttl(record_ttl(run_id, self.settings.ttl))
         timeout = self.settings.timeout
         waves = [pieces]
         if _hooks.installed() is not None and len(pieces) > 1:

@@ -49,6 +49,7 @@ __all__ = [
     "piece_item",
     "piece_ttl",
     "plan",
+    "record_ttl",
     "saved",
     "sortable_time",
     "source",
@@ -68,6 +69,12 @@ _MAX_B64_ID: Final = 250
 #: Item fields holding arbitrary JSON besides the state. Stored as JSON *text*, like the
 #: state, because Cosmos keeps numbers as IEEE doubles (see ``encode``).
 _TEXT_FIELDS: Final = ("input", "signals")
+
+#: Stepstone's records that hold configuration, not a run: the store's schedules
+#: (``_cron.RECORD``) and flow control's limits (``_flow._limit.PREFIX`` + key). As text
+#: here, so the store imports no runtime; tests/test_cosmos_records.py checks they agree.
+SCHEDULES_RECORD: Final = "~schedules"
+LIMIT_PREFIX: Final = "~limit/"
 
 #: The first character of a piece item's id (``piece_id``): no run's item id starts with
 #: it (``item_id`` uses ``[A-Za-z0-9_.:-]``, ``~`` and ``!``), so the two never collide.
@@ -207,6 +214,7 @@ def encode(
     due = cp.due_at
     if due is not None:
         meta["due_at"] = sortable_time(due)
+    ttl = record_ttl(cp.run_id, ttl)
     if ttl is not None:
         meta["ttl"] = ttl
     if prepared is not None and prepared.ref is not None:
@@ -235,6 +243,7 @@ def plan(store: object, checkpoint: Checkpoint, ttl: int | None) -> Plan:
     logged against (``piece_ttl``): no item may name a piece that expires before it.
     """
     run_id = check_run_id(checkpoint.run_id)
+    ttl = record_ttl(run_id, ttl)
     max_age = None if ttl is None or ttl < 0 else ttl / 2
     prepared = _statelog.prepare_save(store, checkpoint, max_base_age=max_age)
     now = utcnow()
@@ -279,6 +288,19 @@ def piece_id(doc_id: str, key: str) -> str:
         return whole
     digest = hashlib.sha256(doc_id.encode("utf-8")).hexdigest()
     return f"{PIECE_MARK}#{digest}{PIECE_MARK}{key}"
+
+
+def record_ttl(run_id: str, ttl: int | None) -> int | None:
+    """The ``ttl`` of ``run_id``'s item under the store's ``ttl`` option.
+
+    The option retires old runs; the schedules record and the limit records are
+    written only when changed (a weekly schedule, a limit set once), so with it they
+    would expire and take the configuration with them. They get ``-1``: never, whatever
+    the option or the container's default.
+    """
+    if run_id == SCHEDULES_RECORD or run_id.startswith(LIMIT_PREFIX):
+        return -1
+    return ttl
 
 
 def piece_ttl(ttl: int | None) -> int | None:

@@ -1,0 +1,84 @@
+"""pydantic-ai's agent events on the stepstone run's stream (issue 34).
+
+``emit_events`` is an ``event_stream_handler`` for ``StepstoneDurability``: text parts
+and deltas go to ``"tokens"``, tool calls and their results to ``"tool"``, as
+``stepstone.emit`` events of the step running the agent.
+
+The commit rule. pydantic-ai calls the handler inside durable units (the model's
+events inside the model-request unit, each tool event in a unit of its own), and a
+replay skips a finished unit. The events of a crashed attempt are hidden once a retry
+commits, so the retry must emit what the replayed units emitted: with ``emit_events``
+the journal's replay re-emits (``restream``) the text of a replayed model response as
+one ``"tokens"`` event per text part, and runs a replayed tool event's handler again
+(it only emits). A user's own handler is never run again on replay.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable
+from typing import Any
+
+from pydantic_ai.messages import (
+    AgentStreamEvent,
+    FunctionToolCallEvent,
+    FunctionToolResultEvent,
+    PartDeltaEvent,
+    PartStartEvent,
+    TextPart,
+    TextPartDelta,
+)
+from pydantic_ai.tools import RunContext
+
+from ..._stream import emit
+from .._clip import clip
+
+__all__ = ["emit_events", "restream"]
+
+
+async def emit_events(ctx: RunContext[Any], events: AsyncIterable[AgentStreamEvent]) -> None:
+    """Emit an agent's stream events to the run's stream (an ``event_stream_handler``).
+
+    Example:
+        ``StepstoneDurability(event_stream_handler=emit_events)``
+    """
+    async for event in events:
+        if isinstance(event, PartStartEvent):
+            if isinstance(event.part, TextPart) and event.part.content:
+                emit("tokens", event.part.content)
+        elif isinstance(event, PartDeltaEvent):
+            if isinstance(event.delta, TextPartDelta) and event.delta.content_delta:
+                emit("tokens", event.delta.content_delta)
+        elif isinstance(event, FunctionToolCallEvent):
+            part = event.part
+            emit(
+                "tool",
+                {
+                    "event": "called",
+                    "name": part.tool_name,
+                    "call_id": part.tool_call_id,
+                    "arguments": clip(part.args_as_json_str()),
+                },
+            )
+        elif isinstance(event, FunctionToolResultEvent):
+            result = event.part
+            emit(
+                "tool",
+                {
+                    "event": "output",
+                    "call_id": result.tool_call_id,
+                    "output": clip(str(getattr(result, "content", ""))),
+                },
+            )
+
+
+def restream(name: str, recorded: object) -> bool:
+    """On replay of unit ``name`` (``recorded`` its journal entry): emit what it emitted
+    live if it is a model request; return whether its body must run again (a tool
+    event's handler call, which only emits)."""
+    if name.endswith("__event_stream_handler"):
+        return True
+    if "__model.request" in name and isinstance(recorded, dict):
+        for part in recorded.get("parts") or ():
+            if isinstance(part, dict) and part.get("part_kind") == "text" and part.get("content"):
+                emit("tokens", part["content"])
+    return False

@@ -1,0 +1,96 @@
+"""Flow control, schedules and budgets under worker deaths: the capability campaigns at CI size.
+
+The harness lives in ``tools/fleet/caps`` (``python -m fleet.caps run --load all
+--backends all`` runs it at any size; the last figures are in docs/proof.md). Each
+test starts 3 worker processes on a fresh store, SIGKILLs them at the workload's kill
+points (replacements start at once) and checks the workload's invariants:
+
+- flow: never more than 2 holders of the concurrency key at once, no acquisitions
+  over the GCRA bound of the rate key, no slot or waiter left after the last fault,
+  every run done;
+- sched: a minute schedule under a 60x schedule clock: exactly one run per slot,
+  ``fired`` equal to the slots, nothing pending or skipped;
+- spend: each ledger's confirmed total is its steps' prices (one ref per step), its
+  unconfirmed reservations exactly the attempts that reserved and died, each root's
+  pool exactly the child attempts that reached it.
+
+One backend each (a campaign costs 10-20 s), the budgets under ``Worker.aserve``; the
+kill plans are seeded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from fleet.backends import local_config
+from fleet.caps import CapOptions, run_campaign
+from fleet.caps.common import Verdict
+from fleet.caps.flow import RATE, _max_overlap, _rate_excess
+from fleet.caps.spend import _Default, _ledger_check
+
+from stepstone._budget import SPEND_KEY
+
+pytestmark = [pytest.mark.crash, pytest.mark.slow, pytest.mark.timeout(300)]
+
+CAMPAIGNS = [
+    pytest.param("flow", "sqlite", "sync", 20, id="flow-sqlite"),
+    pytest.param("sched", "file", "sync", 6, id="sched-file"),
+    # aserve: the step runs in a thread, the pool charge in the event loop's
+    pytest.param("spend", "sqlite", "async", 6, id="spend-sqlite-aserve"),
+]
+
+
+@pytest.mark.parametrize(("load", "backend", "mode", "size"), CAMPAIGNS)
+def test_capability_under_kills(
+    load: str, backend: str, mode: str, size: int, tmp_path: Path
+) -> None:
+    """Workers killed at the workload's points leave every invariant of it intact."""
+    config = local_config(backend, str(tmp_path))
+    opts = CapOptions(load, backend, config, size, kills=5, seed=7, timeout=150, mode=mode)
+    result = run_campaign(opts, str(tmp_path / "logs"))
+    assert result.verdict.failures == [], result.verdict.failures
+    assert result.deaths > 0, f"no kill plan fired: {result.points}"  # faults really landed
+
+
+def test_flow_checks_catch_violations() -> None:
+    """The overlap and rate checks see a third holder and a burst over the GCRA bound."""
+
+    assert _max_overlap([(0.0, 2.0), (1.0, 3.0)]) == 2
+    assert _max_overlap([(0.0, 2.0), (1.0, 3.0), (1.5, 4.0)]) == 3
+    assert _max_overlap([(0.0, 1.0), (1.0, 2.0)]) == 1  # an end before a start at one time
+    assert _rate_excess([i * 0.25 for i in range(12)])[0] <= 0  # 4/s: the bound exactly
+    burst = [0.01 * i for i in range(RATE + 3)]  # RATE + 3 in 60 ms: 1 over the slack
+    assert _rate_excess(burst)[0] > 0
+
+
+def test_spend_check_catches_a_wrong_ledger() -> None:
+    """A reservation no dead attempt made, or a charge counted twice, fails the check."""
+    ledger = {
+        "usd": 0.75,
+        "refs": {"r/s0/a": "s0", "r/s2/b": "s2"},
+        "unconfirmed": [{"id": "1", "step": "s0", "attempt": "1.0", "usd": 1.0, "tokens": 0}],
+    }
+    prices = {"s0": 0.25, "s2": 0.5}
+    died_in_s0 = _Default({("r", "s0"): {"a", "z"}, ("r", "s2"): {"b"}})  # z reserved, died
+    good = Verdict()
+    assert (
+        _ledger_check(
+            good, "r", SimpleNamespace(state={SPEND_KEY: ledger}, signals=[]), prices, died_in_s0
+        )
+        == 1
+    )
+    assert good.failures == []
+    none_died = _Default({("r", "s0"): {"a"}, ("r", "s2"): {"b"}})
+    bad = Verdict()
+    _ledger_check(
+        bad, "r", SimpleNamespace(state={SPEND_KEY: ledger}, signals=[]), prices, none_died
+    )
+    assert any("unconfirmed" in failure for failure in bad.failures)
+    twice = {**ledger, "usd": 1.0, "refs": {**ledger["refs"], "r/s0/c": "s0"}}  # type: ignore[dict-item]
+    bad = Verdict()
+    _ledger_check(
+        bad, "r", SimpleNamespace(state={SPEND_KEY: twice}, signals=[]), prices, died_in_s0
+    )
+    assert any("not one per step" in failure for failure in bad.failures)

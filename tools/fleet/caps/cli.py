@@ -1,0 +1,86 @@
+"""``python -m fleet.caps run --load all --backends all``: campaigns, a table of results.
+
+``worker SPEC`` is one worker process (the harness starts them). ``run`` runs each
+workload on each backend (file, sqlite, postgresql, mysql: a fresh directory or table,
+dropped after; the memory store lives in one process, Cosmos costs minutes of the
+shared emulator) and prints a Markdown row per campaign; the exit status is 1 if any
+invariant failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+
+from ..backends import check_sql, drop_table, local_config, sql_config
+from .harness import CapOptions, CapResult, run_campaign
+from .loads import LOADS
+
+__all__ = ["main", "row"]
+
+BACKENDS = ("file", "sqlite", "postgresql", "mysql")
+HEADER = (
+    "| workload | backend | mode | size | deaths (points) | seconds | figures | invariants |\n"
+    "|---|---|---|---|---|---|---|---|"
+)
+
+
+def row(result: CapResult) -> str:
+    """Return ``result`` as a Markdown table row."""
+    points = ", ".join(f"{p} {n}" for p, n in sorted(result.points.items()))
+    figures = ", ".join(f"{k} {v}" for k, v in result.verdict.figures.items())
+    verdict = "hold" if not result.verdict.failures else "FAILED"
+    return (
+        f"| {result.load} | {result.backend} | {result.mode} | {result.size} "
+        f"| {result.deaths} ({points}) | {result.seconds:.1f} | {figures} | {verdict} |"
+    )
+
+
+def campaign(load: str, backend: str, size: int, kills: int, seed: int, mode: str) -> CapResult:
+    """Run ``load`` on a fresh store of ``backend``."""
+    with tempfile.TemporaryDirectory(prefix=f"caps-{load}-") as tmp:
+        table = None
+        if backend in ("file", "sqlite"):
+            config = local_config(backend, tmp)
+        else:
+            check_sql(backend)
+            config, table = sql_config(backend)
+        try:
+            opts = CapOptions(load, backend, config, size, kills=kills, seed=seed, mode=mode)
+            return run_campaign(opts, f"{tmp}/logs")
+        finally:
+            if table is not None:
+                drop_table(backend, table)
+
+
+def main(argv: list[str]) -> int:
+    """Run the command line; return the exit status."""
+    if argv[:1] == ["worker"]:
+        from .child import child_main  # noqa: PLC0415 - only a worker needs the store
+
+        return child_main(json.loads(argv[1]))
+    parser = argparse.ArgumentParser(prog="python -m fleet.caps")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run campaigns and print their results")
+    run.add_argument("--load", default="all", help=f"one of {sorted(LOADS)}, or all")
+    run.add_argument("--backends", default="sqlite", help=f"comma list of {BACKENDS}, or all")
+    run.add_argument(
+        "--size", type=int, default=30, help="runs (flow, spend), minute slots (sched)"
+    )
+    run.add_argument("--kills", type=int, default=8, help="kill plans handed out per campaign")
+    run.add_argument("--seed", type=int, default=1)
+    run.add_argument("--mode", default="sync", help="sync (Worker.serve), async (aserve), both")
+    args = parser.parse_args(argv)
+    loads = sorted(LOADS) if args.load == "all" else args.load.split(",")
+    backends = BACKENDS if args.backends == "all" else tuple(args.backends.split(","))
+    print(HEADER, flush=True)
+    failed = False
+    modes = ("sync", "async") if args.mode == "both" else (args.mode,)
+    for load, backend, mode in ((x, b, m) for x in loads for b in backends for m in modes):
+        result = campaign(load, backend, args.size, args.kills, args.seed, mode)
+        print(row(result), flush=True)
+        for failure in result.verdict.failures:
+            print(f"    {failure}", flush=True)
+        failed = failed or bool(result.verdict.failures)
+    return 1 if failed else 0
