@@ -7,6 +7,9 @@ Prints, per backend (memory, SQLite):
 - a 10-step run: plain steps; the same with ``timeout=`` on every step (each attempt
   in a thread of its own); the same under ``Workflow(deadline=)`` (one extra write at
   the first claim, and every step given the time left);
+- a code workflow of 10 ``ctx.step`` calls: plain, and under a deadline (each call
+  then runs in a thread of its own, given at most the time left, and the deadline is
+  checked before each);
 - firing schedules: microseconds per slot fired, for a minute schedule looked at once
   per fake minute (advance the record, start the slot's run, record it: two saves of
   the schedules' record and one start), with the fake clock.
@@ -49,6 +52,24 @@ def _per_step(config: str, flow: Any, runs: int) -> float:
     return statistics.median(samples)
 
 
+@stepstone.workflow("calls")
+def _calls(ctx: Any, data: dict[str, Any]) -> int:
+    return sum(int(ctx.step("c", int, i)) for i in range(10))
+
+
+def _per_call(config: str, deadline: float | None, runs: int) -> float:
+    """Return the median microseconds per ``ctx.step`` of ``runs`` 10-call code workflows."""
+    samples = []
+    with open_store(config) as store:
+        for n in range(runs):
+            run_id = f"c-{n}-{uuid.uuid4().hex[:6]}"
+            began = time.perf_counter()
+            stepstone.start(store, _calls, run_id, deadline=deadline)
+            run(run_id, _calls, store)
+            samples.append((time.perf_counter() - began) / 10 * 1e6)
+    return statistics.median(samples)
+
+
 def _per_slot(config: str, slots: int) -> float:
     """Return the microseconds per slot fired by looks once per fake minute."""
     flow = Workflow("tick", [Step("s", lambda s: {})])
@@ -81,6 +102,14 @@ def main() -> None:
             slot = _per_slot(config("slots"), slots)
             print(f"{backend:8} {plain:>8.0f}us {timed:>8.0f}us {bounded:>8.0f}us {slot:>8.0f}us")
         print("per step of a 10-step run (median); per slot fired (mean)")
+        print(f"{'backend':8} {'ctx.step':>10} {'deadline':>10}")
+        for backend in ("memory", "sqlite"):
+            where = "memory://calls-" if backend == "memory" else f"sqlite:///{TMP}/calls-"
+            suffix = "" if backend == "memory" else ".db"
+            plain = _per_call(f"{where}plain{suffix}", None, runs)
+            bounded = _per_call(f"{where}bounded{suffix}", 3600, runs)
+            print(f"{backend:8} {plain:>8.0f}us {bounded:>8.0f}us")
+        print("per ctx.step call of a 10-call code workflow (median)")
     finally:
         shutil.rmtree(TMP, ignore_errors=True)
 

@@ -33,6 +33,7 @@ from ._code_budget import _append, _spend_request
 from ._codec import copy_containers
 from ._context import MISSING, AsyncWorkflowContext, WorkflowContext, failure
 from ._core import Interrupted, write
+from ._deadline_run import deadline_asked
 from ._effects import Announce, Call, Effect
 from ._errors import (
     ConfigError,
@@ -120,6 +121,7 @@ class CodeStep(SuspendingStep):
         )
         session.ctx = (AsyncWorkflowContext if self.is_async else WorkflowContext)(session)
         session.budgeted = _budget.active(plan, cp)
+        session.deadline_at = plan.deadline_at  # issue 33: checked by each call
         # Awaited under arun. The sync driver calls it instead, and gets a coroutine: the
         # core then waits in the driver's thread (``next_requests``).
         waiter = Waiter(self.name, session.anext_requests, True)
@@ -166,7 +168,7 @@ class CodeStep(SuspendingStep):
                         cp, wait = yield from _sleep(plan, cp, session, request)
                     elif kind in ("charge", "budget", "reserve"):  # spend budgets (``_budget``)
                         cp, wait = yield from _spend_request(plan, cp, session, request)
-                    else:  # map, acquire, rate_limited, wait (``_other``)
+                    else:  # map, acquire, rate_limited, deadline, wait (``_other``)
                         cp, wait = yield from _other(plan, cp, index, state, session, request, held)
                     if wait is not None:
                         return wait
@@ -185,8 +187,10 @@ def _other(
     request: tuple[Any, ...],
     held: dict[int, FlowCall],
 ) -> Generator[Effect, Any, tuple[Checkpoint, Wait | None]]:
-    """Perform a ``map``, ``acquire`` or ``wait`` request."""
+    """Perform a ``map``, ``acquire``, ``rate_limited``, ``deadline`` or ``wait`` request."""
     kind = request[0]
+    if kind == "deadline":  # issue 33: a call met the run's deadline
+        return (yield from deadline_asked(plan, cp, index, session, request[1], write)), None
     if kind == "map":
         return (yield from _map(plan, cp, index, state, session, request))
     if kind == "acquire":

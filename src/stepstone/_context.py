@@ -8,7 +8,6 @@ the core (``ctx.sleep``, ``ctx.wait_for``), and returns once its entry is saved.
 from __future__ import annotations
 
 import contextvars
-import inspect
 import random as randomlib
 import uuid as uuidlib
 from collections.abc import Awaitable, Callable, Sequence
@@ -16,9 +15,10 @@ from concurrent.futures import Future
 from datetime import datetime, timedelta
 from typing import Any
 
-from . import _clock, _timeouts
+from . import _timeouts
 from ._checkpoint import utcnow
-from ._codec import copy_containers
+from ._code_calls import answer as _answer
+from ._code_calls import arun_call, failure, run_call
 from ._context_args import (
     MISSING,
     RESERVED,
@@ -30,17 +30,13 @@ from ._context_args import (
     _reserve_args,
     _wait_args,
 )
-from ._errors import InvalidWorkflow, safe_text
-from ._flow._limit import Limit, RateLimited
-from ._journal import answer_of, entry_failed, entry_ok, json_value
-from ._session import POOL_THREADS, CallFailed, Session, close, inside
+from ._flow._limit import Limit
+from ._journal import answer_of, entry_ok
+from ._session import POOL_THREADS, CallFailed, Session, inside
 from ._steps import (
-    AttemptsExhausted,
     RetryPolicy,
     Workflow,
-    retries,
 )
-from ._stream import _hooks as _stream
 from ._stream._events import EmitOutsideStep
 from ._stream._writer import emit as _stream_emit
 from ._suspend import _seconds
@@ -58,99 +54,6 @@ State = dict[str, Any]
 
 
 # --- the contexts ------------------------------------------------------------------------
-
-
-def failure(session: Session, entry: dict[str, Any]) -> CallFailed:
-    error = entry["error"]
-    return CallFailed(
-        session.run_id,
-        entry["call"],
-        entry["seq"],
-        str(error.get("type", "Exception")),
-        str(error.get("message", "")),
-        int(entry.get("attempt", 1)),
-    )
-
-
-def _answer(session: Session, entry: dict[str, Any]) -> Any:
-    """The value a journaled call returns (a copy: the journal's own stays untouched)."""
-    if "error" in entry:
-        raise failure(session, entry)
-    return copy_containers(answer_of(entry))
-
-
-def _exhausted(what: str, attempt: int, policy: RetryPolicy | None) -> AttemptsExhausted | None:
-    """The error of an attempt past the policy's budget (earlier ones died with processes)."""
-    if policy is None or attempt <= policy.max_attempts:
-        return None
-    return AttemptsExhausted(
-        f"{what} already began {attempt - 1} of {policy.max_attempts} allowed attempts "
-        "in earlier processes"
-    )
-
-
-def _run_call(
-    session: Session,
-    seq: int,
-    call: str,
-    what: str,
-    fn: Callable[..., Any],
-    args: tuple[Any, ...],
-    policy: RetryPolicy | None,
-    timeout: float | None = None,
-) -> Any:
-    """Run a plain workflow's call (retries included) and journal how it ended."""
-    durable = policy is not None and policy.max_attempts > 1
-    attempt = 0
-    if session.budgeted:
-        session.ask(("budget",))  # at its hard limit the run pauses here (``_budget``)
-    while True:
-        # With retries, the attempt is counted in the run before it is made, as a
-        # step's is: a call that kills its process every time stops after max_attempts.
-        attempt = session.ask(("attempt", seq, call)) if durable else attempt + 1
-        exhausted = _exhausted(what, attempt, policy)
-        if exhausted is not None:
-            failed = entry_failed(seq, call, attempt - 1, "AttemptsExhausted", str(exhausted))
-            session.ask(("save", failed))
-            raise failure(session, failed) from exhausted
-        token = inside.set((session.run_id, seq, call, attempt))
-        scope = _stream.begin_call(seq, attempt)  # streams (issue 34)
-        try:
-            if timeout is not None:  # issue 33: StepTimeout at the timeout (_timeouts)
-                result = _timeouts.call(fn, args, timeout, None, _timeouts.Beat(what))
-            else:
-                result = fn(*args)
-            if inspect.isawaitable(result):
-                close(result)
-                raise InvalidWorkflow(
-                    f"{what}: the function returned an awaitable; await it in an "
-                    "`async def` workflow, or pass a plain function"
-                )
-            ending, scope = scope, None
-            streamed = _stream.end(ending) if ending is not None else None
-        except Exception as exc:
-            if scope is not None:
-                _stream.abandon(scope)
-            if isinstance(exc, RateLimited):  # flow control: park the run, block its keys
-                session.ask(("rate_limited", seq, call, exc))
-            if retries(policy, attempt, exc):
-                _clock.sleep(policy.delay(attempt))
-                continue
-            failed = entry_failed(seq, call, attempt, type(exc).__qualname__, safe_text(exc))
-            session.ask(("save", failed))
-            raise failure(session, failed) from exc
-        finally:
-            inside.reset(token)
-        value = json_value(result, session.run_id, call, seq)
-        session.ask(("save", _streamed(entry_ok(seq, call, attempt, value), streamed)))
-        return copy_containers(value)
-
-
-def _streamed(entry: dict[str, Any], token: str | None) -> dict[str, Any]:
-    """Return ``entry`` naming the attempt whose events readers show (streams, issue 34)."""
-    if token is not None:
-        entry["stream"] = token
-    return entry
 
 
 def _emit(topic: str, data: Any) -> None:
@@ -191,6 +94,15 @@ class WorkflowContext:
         """
         _emit(topic, data)
 
+    def heartbeat(self) -> None:
+        """Show that the running ``ctx.step`` call is alive, from inside its function.
+
+        Resets its ``idle_timeout``. In an attempt that timed out (or ran into the run's
+        deadline) it raises ``StepTimeout``: the late call stops at its next heartbeat.
+        Outside a call with a limit it does nothing.
+        """
+        _timeouts.heartbeat()
+
     def step(
         self,
         name: str,
@@ -200,11 +112,14 @@ class WorkflowContext:
         timeout: float | timedelta | None = None,
         limits: Sequence[Limit | str] = (),
         tokens: float | None = None,
+        idle_timeout: float | timedelta | None = None,
     ) -> Any:
         """Call ``fn(*args)`` once for this run; return its JSON result, journaled.
 
         ``timeout``: seconds an attempt may take before it fails with ``StepTimeout``
         (``retry`` applies); the call then runs in a thread of its own (``_timeouts``).
+        ``idle_timeout``: seconds it may go without calling ``ctx.heartbeat()``. Under a
+        run deadline an attempt is given at most the time left (``DeadlineExceeded``).
 
         The result (or the final failure, after ``retry``'s attempts) is saved in the run
         before this returns; on resume the journal returns it and ``fn`` is not called.
@@ -228,10 +143,17 @@ class WorkflowContext:
             return _answer(session, entry)
         if want:
             session.ask(("acquire", seq, call, want))  # flow control: or the run parks
-        return _run_call(session, seq, call, what, fn, args, policy, limit)
+        idle = _timeouts.check_timeout(what, "idle_timeout", idle_timeout)
+        return run_call(session, seq, call, what, fn, args, policy, limit, idle)
 
     def submit(
-        self, name: str, fn: Callable[..., Any], *args: Any, retry: RetryPolicy | None = None
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        *args: Any,
+        retry: RetryPolicy | None = None,
+        timeout: float | timedelta | None = None,
+        idle_timeout: float | timedelta | None = None,
     ) -> Future[Any]:
         """Start ``fn(*args)`` on the workflow's threads; return a future of its result.
 
@@ -239,18 +161,20 @@ class WorkflowContext:
         its result is journaled when it completes, whatever the order. On resume a
         journaled call's future is done at once, and only the unfinished calls run.
         Up to ``POOL_THREADS`` calls of a run run at once; ``future.result()`` raises
-        what ``ctx.step`` would.
+        what ``ctx.step`` would; ``timeout`` and ``idle_timeout`` are ``ctx.step``'s.
         """
         session = self._session
         what = f"ctx.submit({name!r})"
         seq, call = session.begin(_check_step_name(name, what), what)
         policy = _check_retry(retry, what)
+        limit = _timeouts.check_timeout(what, "timeout", timeout)
+        idle = _timeouts.check_timeout(what, "idle_timeout", idle_timeout)
         entry = session.replay(seq, call)
         if entry is None:
             # In a copy of this context: the call's events go to this run's stream.
             return session.pool().submit(
                 contextvars.copy_context().run,
-                _run_call,
+                run_call,
                 session,
                 seq,
                 call,
@@ -258,6 +182,8 @@ class WorkflowContext:
                 fn,
                 args,
                 policy,
+                limit,
+                idle,
             )
         done: Future[Any] = Future()
         try:
@@ -404,6 +330,10 @@ class AsyncWorkflowContext:
         """Append an event to the run's stream (see ``WorkflowContext.emit``); not awaited."""
         _emit(topic, data)
 
+    def heartbeat(self) -> None:
+        """Show that a call is alive (see ``WorkflowContext.heartbeat``); not awaited."""
+        _timeouts.heartbeat()
+
     def step(
         self,
         name: str,
@@ -413,6 +343,7 @@ class AsyncWorkflowContext:
         timeout: float | timedelta | None = None,
         limits: Sequence[Limit | str] = (),
         tokens: float | None = None,
+        idle_timeout: float | timedelta | None = None,
     ) -> Awaitable[Any]:
         """Await ``fn(*args)`` once for this run (see ``WorkflowContext.step``).
 
@@ -429,7 +360,8 @@ class AsyncWorkflowContext:
         limit = _timeouts.check_timeout(what, "timeout", timeout)
         want = _limits(limits, tokens, what)
         entry = session.replay(seq, call)
-        return self._step(seq, call, what, entry, fn, args, policy, limit, want)
+        idle = _timeouts.check_timeout(what, "idle_timeout", idle_timeout)
+        return self._step(seq, call, what, entry, fn, args, policy, limit, want, idle)
 
     async def _step(
         self,
@@ -442,56 +374,14 @@ class AsyncWorkflowContext:
         policy: RetryPolicy | None,
         limit: float | None = None,
         want: list[Any] | None = None,
+        idle: float | None = None,
     ) -> Any:
-        import asyncio  # noqa: PLC0415 - see _AReply
-
         session = self._session
         if entry is not None:
             return _answer(session, entry)
         if want:
             await session.aask(("acquire", seq, call, want))  # flow control: or the run parks
-        durable = policy is not None and policy.max_attempts > 1
-        attempt = 0
-        if session.budgeted:
-            await session.aask(("budget",))  # at its hard limit the run pauses here
-        while True:
-            attempt = await session.aask(("attempt", seq, call)) if durable else attempt + 1
-            exhausted = _exhausted(what, attempt, policy)
-            if exhausted is not None:
-                failed = entry_failed(seq, call, attempt - 1, "AttemptsExhausted", str(exhausted))
-                await session.aask(("save", failed))
-                raise failure(session, failed) from exhausted
-            token = inside.set((session.run_id, seq, call, attempt))
-            scope = _stream.begin_call(seq, attempt)  # streams (issue 34)
-            try:
-                if limit is not None:  # issue 33: cancelled at the timeout (_timeouts)
-                    beat = _timeouts.Beat(what)
-                    is_async = inspect.iscoroutinefunction(fn)
-                    result = await _timeouts.acall(fn, args, is_async, limit, None, beat)
-                elif inspect.iscoroutinefunction(fn):
-                    result = await fn(*args)
-                else:
-                    result = await asyncio.to_thread(fn, *args)
-                    if inspect.isawaitable(result):
-                        result = await result
-                ending, scope = scope, None
-                streamed = await _stream.aend(ending) if ending is not None else None
-            except Exception as exc:
-                if scope is not None:
-                    _stream.abandon(scope)
-                if isinstance(exc, RateLimited):  # flow control: park the run, block its keys
-                    await session.aask(("rate_limited", seq, call, exc))
-                if retries(policy, attempt, exc):
-                    await _clock.asleep(policy.delay(attempt))
-                    continue
-                failed = entry_failed(seq, call, attempt, type(exc).__qualname__, safe_text(exc))
-                await session.aask(("save", failed))
-                raise failure(session, failed) from exc
-            finally:
-                inside.reset(token)
-            value = json_value(result, session.run_id, call, seq)
-            await session.aask(("save", _streamed(entry_ok(seq, call, attempt, value), streamed)))
-            return copy_containers(value)
+        return await arun_call(session, seq, call, what, fn, args, policy, limit, idle)
 
     async def charge(
         self, *, usd: float = 0.0, tokens: int = 0, ref: str | None = None, **unknown: Any

@@ -48,6 +48,7 @@ from ._errors import (
     LeaseLost,
     RunCancelled,
     StepstoneError,
+    StepTimeout,
     StoreError,
     StoreUnavailable,
     Suspended,
@@ -401,7 +402,13 @@ def _run_step(
                     continue
                 if retries(policy, attempt, error):
                     step_span.set_attribute("outcome", "retry")
-                    cp = yield from _record_failure(plan, cp, index, step.name, attempt, error)
+                    # Issue 33: a timed-out thread may still run: fence it off by epoch.
+                    fence = isinstance(error, StepTimeout)
+                    cp = yield from _record_failure(
+                        plan, cp, index, step.name, attempt, error, fence=fence
+                    )
+                    if fence:  # the run's own keys were held at the old epoch: again
+                        cp = yield from _flow_runs.take(plan, cp, write)
                     delay = policy.delay(attempt)
                     logger.warning(
                         "run %r: step %d (%r) attempt %d failed (%s), retrying in %.2fs",
@@ -477,7 +484,15 @@ def _run_suspending(
             seen_wake_at = cp.wake_at
             try:
                 outcome = yield from step.evaluate(plan, cp, index, working, first)
-            except (ConflictError, StoreUnavailable, WorkflowChanged, RunCancelled, Interrupted):
+            except (
+                ConflictError,
+                StoreUnavailable,
+                WorkflowChanged,
+                RunCancelled,
+                Interrupted,
+                DeadlineExceeded,  # issue 33: a code workflow's call met the deadline
+                Suspended,  # ... and the run waits for a person to extend it
+            ):
                 # The step's own bookkeeping (a Map's child records, the lease) met a store
                 # that failed or a lost lease: the run stops as after a failed save, and
                 # whoever resumes it evaluates the step again. Never the step's failure.

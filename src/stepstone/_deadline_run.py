@@ -21,7 +21,7 @@ from ._observe import logger
 from ._plan import Plan
 from ._suspend import nudge
 
-__all__ = ["DeadlineExceeded", "deadline_armed", "deadline_reached"]
+__all__ = ["DeadlineExceeded", "deadline_armed", "deadline_asked", "deadline_reached"]
 
 Write = Callable[[Plan, Checkpoint, Checkpoint, str], Generator[Effect, Any, Checkpoint]]
 
@@ -109,3 +109,20 @@ def deadline_reached(
         yield from nudge(cp.parent)
     logger.error("run %r: reached its deadline at step %d; failed", plan.run_id, index)
     raise error
+
+
+def deadline_asked(
+    plan: Plan, cp: Checkpoint, index: int, session: Any, reply: Any, write: Write
+) -> Generator[Effect, Any, Checkpoint]:
+    """A code workflow's call met the run's deadline (``_code_calls``): act on it.
+
+    The run fails or waits (raising, as at a step boundary: the core stops the session,
+    so the function unwinds), or a ``deadline`` signal extended it: then the call goes
+    on under the new deadline.
+    """
+    if plan.deadline_at is not None and utcnow() >= plan.deadline_at:
+        cp = yield from deadline_reached(plan, cp, index, write)
+    session.deadline_at = plan.deadline_at
+    session.answered(reply)
+    reply.ok(None)
+    return cp

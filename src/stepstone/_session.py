@@ -15,6 +15,7 @@ import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from ._errors import InvalidWorkflow, StepstoneError, WorkflowChanged
@@ -208,6 +209,8 @@ class Session:
         self.budgeted = False
         #: A ``ctx.reserve`` made for the next ``ctx.step`` (its check leaves it out).
         self.reserved: str | None = None
+        #: When the run's deadline falls (issue 33), or None: checked before each call.
+        self.deadline_at: datetime | None = None
 
     # -- the function's side -----------------------------------------------------------
 

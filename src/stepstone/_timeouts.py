@@ -38,7 +38,9 @@ __all__ = [
     "applies",
     "atimed_call",
     "call",
+    "beating",
     "check_timeout",
+    "heartbeat",
     "timed_call",
     "with_beat",
 ]
@@ -87,6 +89,17 @@ class Beat:
         if self.expired:
             raise StepTimeout(f"{self.what} timed out; this attempt's work is fenced off")
         self.last = _clock.monotonic()
+
+
+#: The attempt of a code workflow's call running in this context (``ctx.heartbeat()``).
+beating: contextvars.ContextVar[Beat | None] = contextvars.ContextVar("beating", default=None)
+
+
+def heartbeat() -> None:
+    """Beat the heartbeat of the call running here, if it has one (code workflows)."""
+    beat = beating.get()
+    if beat is not None:
+        beat.beat()
 
 
 def _left(started: float, beat: Beat, timeout: float | None, idle: float | None) -> float:
@@ -170,6 +183,8 @@ async def acall(
     import asyncio  # noqa: PLC0415 - sync users never import asyncio
     import inspect  # noqa: PLC0415
 
+    # Counted from before the call starts: a thread may run (and the clock move) at once.
+    started = beat.last = _clock.monotonic()
     if is_async:
         task: asyncio.Future[Any] = asyncio.ensure_future(fn(*args))
     else:
@@ -178,7 +193,6 @@ async def acall(
         task = _in_thread(asyncio.get_running_loop(), fn, args)
     done = asyncio.Event()
     task.add_done_callback(lambda _: done.set())
-    started = beat.last = _clock.monotonic()
     try:
         while not done.is_set():
             left = _left(started, beat, limit, idle)

@@ -112,6 +112,7 @@ def _record_failure(
     attempt: int,
     error: BaseException,
     final: bool = False,
+    fence: bool = False,
 ) -> Generator[Effect, Any, Checkpoint]:
     """Save the failure of step ``index`` without advancing the run.
 
@@ -120,6 +121,11 @@ def _record_failure(
     gives the lease back: the run is marked failed, and whoever runs it again, after
     fixing the cause, gets the policy's full budget back. Only crashes, which record no
     failure, eat into a budget.
+
+    ``fence``: the attempt timed out and its thread may still run (issue 33). The same
+    write moves the lease to a new epoch, still ours: the late thread's writes through
+    its ``ctx`` (``reserve``, ``emit``, flow slots) name the old epoch and are refused
+    or dropped exactly as a frozen owner's are after a takeover.
     """
     failed = evolve(
         cp,
@@ -130,6 +136,8 @@ def _record_failure(
     )
     if final:
         failed = _lease.released(evolve(failed, wake_at=None))
+    elif fence:
+        failed = evolve(failed, epoch=cp.epoch + 1)
     saved: Checkpoint = yield from write(plan, cp, failed, f"failure of step {index}")
     return saved
 

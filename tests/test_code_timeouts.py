@@ -1,0 +1,260 @@
+"""Time control in code workflows (issue 33): the deadline between and during ctx.step
+calls, ``ctx.step(idle_timeout=)`` with ``ctx.heartbeat()``, ``ctx.submit(timeout=)``."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fresh_stores import fresh_config as _config
+from stepstone import (
+    CallFailed,
+    InvalidWorkflow,
+    RetryPolicy,
+    Suspended,
+    arun,
+    open_store,
+    run,
+    signal,
+    start,
+    workflow,
+)
+from stepstone._deadline import DeadlineExceeded
+from stepstone._store import Store
+from stepstone.testing import FakeClock
+
+State = dict[str, Any]
+T0 = datetime(2030, 1, 1, tzinfo=UTC)
+#: Real seconds a test waits for something that happens at once; never reached when green.
+HANG = 30.0
+NO_DELAY = RetryPolicy(max_attempts=3, initial_delay=0, jitter=0)
+
+
+@pytest.fixture(params=("memory", "sqlite"))
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """A fresh store of each in-process backend."""
+    with open_store(_config(str(request.param), request, tmp_path)) as opened:
+        yield opened
+
+
+@pytest.fixture
+def clock() -> Iterator[FakeClock]:
+    """The fake clock, from 2030-01-01 UTC."""
+    with FakeClock(T0) as fake:
+        yield fake
+
+
+def _rid() -> str:
+    return f"c-{uuid.uuid4().hex}"
+
+
+def _drive(run_id: str, flow: Any, store: Store, mode: str) -> Any:
+    if mode == "sync":
+        return run(run_id, flow, store)
+    return asyncio.run(arun(run_id, flow, store))
+
+
+def _failed_at_deadline(store: Store, run_id: str) -> None:
+    cp = store.load(run_id)
+    assert cp is not None and cp.status == "failed" and cp.failure is not None
+    assert cp.failure.error_type == "DeadlineExceeded"
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_the_deadline_is_checked_between_ctx_step_calls(
+    store: Store, clock: FakeClock, mode: str
+) -> None:
+    """Past the deadline the next ctx.step is not called: the run fails at that boundary."""
+    called: list[str] = []
+
+    def note(name: str) -> str:
+        called.append(name)
+        return name
+
+    if mode == "sync":
+
+        @workflow(f"between-{mode}")
+        def flow(ctx: Any, data: State) -> str:
+            ctx.step("a", note, "a")
+            clock.advance(timedelta(hours=2))  # between the calls, in fake time
+            return str(ctx.step("b", note, "b"))
+
+    else:
+
+        @workflow(f"between-{mode}")
+        async def flow(ctx: Any, data: State) -> str:
+            await ctx.step("a", note, "a")
+            clock.advance(timedelta(hours=2))
+            return str(await ctx.step("b", note, "b"))
+
+    run_id = _rid()
+    start(store, flow, run_id, deadline=timedelta(hours=1))
+    with pytest.raises(DeadlineExceeded):
+        _drive(run_id, flow, store, mode)
+    assert called == ["a"]
+    _failed_at_deadline(store, run_id)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_running_ctx_step_is_bounded_by_the_deadline(
+    store: Store, clock: FakeClock, mode: str
+) -> None:
+    """A call still running at the deadline is given up; its late result is not journaled."""
+    release = threading.Event()
+
+    def hangs() -> str:
+        clock.advance(timedelta(hours=2))  # the deadline falls while the call runs
+        release.wait(HANG)
+        return "late"
+
+    if mode == "sync":
+
+        @workflow(f"during-{mode}")
+        def flow(ctx: Any, data: State) -> str:
+            return str(ctx.step("hang", hangs, retry=NO_DELAY))
+
+    else:
+
+        @workflow(f"during-{mode}")
+        async def flow(ctx: Any, data: State) -> str:
+            return str(await ctx.step("hang", hangs, retry=NO_DELAY))
+
+    run_id = _rid()
+    start(store, flow, run_id, deadline=timedelta(hours=1))
+    try:
+        with pytest.raises(DeadlineExceeded):
+            _drive(run_id, flow, store, mode)
+    finally:
+        release.set()
+    _failed_at_deadline(store, run_id)
+    cp = store.load(run_id)
+    assert cp is not None and "late" not in str(cp.state)
+
+
+def test_a_person_extends_the_deadline_of_a_code_workflow(store: Store, clock: FakeClock) -> None:
+    """on_deadline='wait': the run waits at the call; a deadline signal lets it go on."""
+    called: list[str] = []
+    advanced: list[bool] = []
+
+    @workflow("extend")
+    def flow(ctx: Any, data: State) -> list[str]:
+        ctx.step("a", called.append, "a")
+        if not advanced:
+            advanced.append(True)
+            clock.advance(timedelta(hours=2))  # once: a replay after the extension does not
+        ctx.step("b", called.append, "b")
+        return called
+
+    run_id = _rid()
+    start(store, flow, run_id, deadline=timedelta(hours=1), on_deadline="wait")
+    with pytest.raises(Suspended, match="signal deadline"):
+        run(run_id, flow, store)
+    assert called == ["a"]
+    signal(store, run_id, "deadline", {"extend": 3600})
+    assert run(run_id, flow, store)["result"] == ["a", "b"]
+
+
+def test_ctx_step_idle_timeout_counts_from_the_last_heartbeat(
+    store: Store, clock: FakeClock
+) -> None:
+    """Heartbeats keep a call alive past 3x its idle timeout; a silent call times out."""
+    release = threading.Event()
+
+    @workflow("idle")
+    def flow(ctx: Any, data: State) -> list[str]:
+        def beating() -> str:
+            for _ in range(4):
+                clock.advance(8)  # less than the idle timeout since the last heartbeat
+                ctx.heartbeat()
+            return "alive"
+
+        def silent() -> str:
+            clock.advance(11)  # longer than the idle timeout, no heartbeat
+            release.wait(HANG)
+            return "late"
+
+        first = str(ctx.step("beating", beating, idle_timeout=10))
+        try:
+            ctx.step("silent", silent, idle_timeout=timedelta(seconds=10))
+        except CallFailed as exc:
+            return [first, exc.error_type, exc.message]
+        return [first, "not timed out"]
+
+    try:
+        result = run(_rid(), flow, store)["result"]
+    finally:
+        release.set()
+    assert result[:2] == ["alive", "StepTimeout"] and "idle_timeout" in result[2]
+
+
+def test_ctx_submit_timeout_retries_a_hung_call(store: Store, clock: FakeClock) -> None:
+    """ctx.submit(timeout=): the hung first attempt fails with StepTimeout, the retry runs."""
+    release = threading.Event()
+    calls: list[int] = []
+
+    def fetch() -> str:
+        calls.append(1)
+        if len(calls) == 1:
+            clock.advance(10)  # hung past its timeout, in fake time
+            release.wait(HANG)
+            return "late"
+        return "fresh"
+
+    @workflow("submitter")
+    def flow(ctx: Any, data: State) -> str:
+        return str(ctx.submit("fetch", fetch, retry=NO_DELAY, timeout=5).result())
+
+    run_id = _rid()
+    try:
+        assert run(run_id, flow, store)["result"] == "fresh"
+    finally:
+        release.set()
+    assert len(calls) == 2
+
+
+@pytest.mark.parametrize("kwargs", [{"timeout": 0}, {"idle_timeout": -1}, {"timeout": "1"}])
+def test_bad_call_timeouts_are_refused(store: Store, kwargs: dict[str, Any]) -> None:
+    """A bad timeout on ctx.submit or ctx.step is refused before the call runs."""
+    calls: list[int] = []
+
+    @workflow("bad-timeouts")
+    def flow(ctx: Any, data: State) -> str:
+        try:
+            ctx.submit("s", calls.append, 1, **kwargs)
+        except InvalidWorkflow as exc:
+            return str(exc)
+        return "accepted"
+
+    message = run(_rid(), flow, store)["result"]
+    assert "ctx.submit('s')" in message and calls == []
+
+
+def test_async_ctx_step_idle_timeout_cancels_a_silent_call(store: Store, clock: FakeClock) -> None:
+    """An async call silent past its idle timeout is cancelled; the retry heartbeats and ends."""
+    seen: list[str] = []
+
+    @workflow("aidle")
+    async def flow(ctx: Any, data: State) -> str:
+        async def fetch() -> str:
+            ctx.heartbeat()
+            if not seen:
+                seen.append("first")
+                try:
+                    clock.advance(10)  # silent past the idle timeout, in fake time
+                    await asyncio.Event().wait()
+                except asyncio.CancelledError:
+                    seen.append("cancelled")
+                    raise
+            return "fresh"
+
+        return str(await ctx.step("fetch", fetch, retry=NO_DELAY, idle_timeout=5))
+
+    assert asyncio.run(arun(_rid(), flow, store))["result"] == "fresh"
+    assert seen == ["first", "cancelled"]
