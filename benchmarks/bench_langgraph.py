@@ -48,7 +48,7 @@ class Chat(TypedDict):
     messages: Annotated[list[AnyMessage], add_messages]
 
 
-def _add_batch(state: list[AnyMessage], writes: Sequence[Any]) -> list[AnyMessage]:
+def _add_batch(state: Any, writes: Sequence[Any]) -> Any:
     """``add_messages`` over a batch of writes: the reducer ``DeltaChannel`` takes."""
     for write in writes:
         state = add_messages(state, write)

@@ -106,7 +106,7 @@ def test_a_stale_remembered_head_is_refused_and_leaves_nothing(store: Store) -> 
     before = sorted(r for r in store.list_runs() if r.startswith(prefix))
     cp = {**latest.checkpoint, "id": str(uuid.uuid4())}
     with pytest.raises(CheckpointConflict, match="another process is driving"):
-        mine.put(latest.config, cp, {"source": "loop", "step": 9, "parents": {}}, {})  # type: ignore[arg-type, typeddict-item]
+        mine.put(latest.config, cp, {"source": "loop", "step": 9, "parents": {}}, {})  # type: ignore[arg-type]
     assert sorted(r for r in store.list_runs() if r.startswith(prefix)) == before
     # Reloaded, it continues from the other's head.
     assert len(graph.invoke({"messages": []}, config)["messages"]) >= 4
