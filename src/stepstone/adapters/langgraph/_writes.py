@@ -14,6 +14,12 @@ suite's puts; a subgraph replayed into a namespace it used after the replay poin
 except an invoke's first checkpoint in the root namespace (``source="input"``, step
 -1): LangGraph writes that only after loading nothing, so a head there was written by
 another invoke since, which this one would silently replace.
+
+Neither write loads first when the saver knows what is stored: the head it last wrote
+or read (``get_tuple`` of the latest), the writes record it last wrote, or none for a
+checkpoint it has not written writes for. Each is only a guess for a compare-and-swap:
+a stale one fails it, and the rule loads and checks as it would have. A superstep is
+then three writes and no load.
 """
 
 from __future__ import annotations
