@@ -2,11 +2,13 @@
 
     bash benchmarks/peers/setup.sh        # LangGraph's SqliteSaver lives in the peers venv
     PYTHONPATH=src benchmarks/.venv-peers/bin/python benchmarks/bench_langgraph.py \
-        [--steps 100] [--json] [--no-callgrind]
+        [--steps 100] [--delta] [--json] [--no-callgrind]
 
 The graph: one ``model`` node that appends an ``AIMessage`` of ~2 KB to the ``messages``
 channel (``add_messages``) per superstep, run for ``--steps`` supersteps with
 ``durability="sync"`` (a checkpoint per superstep, written before the next begins).
+With ``--delta`` the channel is LangGraph's ``DeltaChannel`` (a checkpoint stores a
+sentinel, the state is rebuilt from ancestors' writes) instead of the full list.
 Both savers serialize with LangGraph's ``JsonPlusSerializer``; each writes to a SQLite
 file in a fresh directory (stepstone: ``sqlite:///...``, WAL, ``synchronous=full``;
 SqliteSaver: its defaults, WAL).
@@ -30,10 +32,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
 from langchain_core.messages import AIMessage, AnyMessage
+from langgraph.channels.delta import DeltaChannel
 from langgraph.graph import START, StateGraph
 from langgraph.graph.message import add_messages
 
@@ -44,6 +48,17 @@ class Chat(TypedDict):
     messages: Annotated[list[AnyMessage], add_messages]
 
 
+def _add_batch(state: Any, writes: Sequence[Any]) -> Any:
+    """``add_messages`` over a batch of writes: the reducer ``DeltaChannel`` takes."""
+    for write in writes:
+        state = add_messages(state, write)
+    return state
+
+
+class DeltaChat(TypedDict):
+    messages: Annotated[list[AnyMessage], DeltaChannel(_add_batch)]
+
+
 def _wchar() -> int:
     for line in Path("/proc/self/io").read_text().splitlines():
         if line.startswith("wchar:"):
@@ -51,13 +66,14 @@ def _wchar() -> int:
     raise RuntimeError("no wchar in /proc/self/io")
 
 
-def run_once(mode: str, steps: int, directory: str) -> dict[str, Any]:
+def run_once(mode: str, steps: int, directory: str, delta: bool = False) -> dict[str, Any]:
     """Run the chat for ``steps`` supersteps with the saver ``mode``; return what it cost."""
 
-    def model(state: Chat) -> dict[str, Any]:
+    # Unannotated, so the node reads the graph's own schema (Chat or DeltaChat).
+    def model(state):  # type: ignore[no-untyped-def]
         return {"messages": [AIMessage(f"turn {len(state['messages'])}: {MESSAGE}")]}
 
-    builder = StateGraph(Chat)
+    builder: Any = StateGraph(DeltaChat if delta else Chat)
     builder.add_node("model", model)
     builder.add_edge(START, "model")
     builder.add_conditional_edges(
@@ -95,7 +111,7 @@ def run_once(mode: str, steps: int, directory: str) -> dict[str, Any]:
     return {"mode": mode, "steps": steps, "bytes_written": written}
 
 
-def _instructions(mode: str, steps: int) -> int:
+def _instructions(mode: str, steps: int, delta: bool) -> int:
     """Instructions of a whole process running ``mode`` for ``steps`` supersteps."""
     with tempfile.TemporaryDirectory() as directory:
         out = subprocess.run(
@@ -111,6 +127,7 @@ def _instructions(mode: str, steps: int) -> int:
                 str(steps),
                 "--dir",
                 directory,
+                *(["--delta"] if delta else []),
             ],
             capture_output=True,
             text=True,
@@ -126,32 +143,34 @@ def _instructions(mode: str, steps: int) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--delta", action="store_true", help="LangGraph's DeltaChannel")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--no-callgrind", action="store_true")
     parser.add_argument("--once", help=argparse.SUPPRESS)
     parser.add_argument("--dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.once:
-        print(json.dumps(run_once(args.once, args.steps, args.dir)))
+        print(json.dumps(run_once(args.once, args.steps, args.dir, args.delta)))
         return
     results: dict[str, dict[str, Any]] = {}
     for mode in ("stepstone", "sqlitesaver"):
         directory = tempfile.mkdtemp()
         try:
-            results[mode] = run_once(mode, args.steps, directory)
+            results[mode] = run_once(mode, args.steps, directory, args.delta)
         finally:
             shutil.rmtree(directory)
         results[mode]["bytes_per_checkpoint"] = results[mode]["bytes_written"] // args.steps
     if not args.no_callgrind and shutil.which("valgrind"):
-        base = {s: _instructions("none", s) for s in (1, args.steps)}
+        base = {s: _instructions("none", s, args.delta) for s in (1, args.steps)}
         for mode in ("stepstone", "sqlitesaver"):
-            total = {s: _instructions(mode, s) for s in (1, args.steps)}
+            total = {s: _instructions(mode, s, args.delta) for s in (1, args.steps)}
             own = (total[args.steps] - total[1]) - (base[args.steps] - base[1])
             results[mode]["instructions_per_checkpoint"] = own // (args.steps - 1)
     if args.json:
         print(json.dumps(results, indent=2))
         return
-    print(f"{args.steps}-superstep chat, ~2 KB per turn, durability='sync', SQLite file:")
+    channel = "DeltaChannel" if args.delta else "full messages channel"
+    print(f"{args.steps}-superstep chat, ~2 KB per turn, {channel}, durability='sync', SQLite:")
     for mode, r in results.items():
         ins = r.get("instructions_per_checkpoint")
         ins_text = f"{ins / 1e6:8.2f} M instructions" if ins is not None else "(no callgrind)"

@@ -14,9 +14,9 @@ history; a long checkpoint is kept in pieces, under Cosmos DB's 2 MB item limit)
 - ``{prefix}/{thread}/{ns}/{checkpoint_id}``: one LangGraph checkpoint: its parent id,
   its metadata (as JSON when it is JSON, else serialized), the checkpoint's fields, and
   each channel value serialized by the saver's ``serde`` (LangGraph's
-  ``JsonPlusSerializer``: msgpack) as ``[type, encoding, text]``: the bytes as a string
-  of one character per byte (``"text"``, for mostly-text msgpack) or base64 (``"b64"``),
-  whichever is shorter.
+  ``JsonPlusSerializer``: msgpack) as ``[type, "b64", text]``: the bytes in base64.
+  (Stores of earlier releases also hold ``[type, "text", text]``, the bytes as a string
+  of one character per byte; they still load.)
 - ``{prefix}/{thread}/{ns}/{checkpoint_id}/writes``: the pending writes of that
   checkpoint, one entry per ``(task_id, idx)``.
 - ``{prefix}/{thread}/{ns}``: the head of the namespace: the latest checkpoint id, and

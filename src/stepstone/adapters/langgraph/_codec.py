@@ -26,10 +26,6 @@ from ._errors import UnsafeCheckpoint
 
 #: The ``workflow`` name every record of this adapter carries (CLI and dashboard).
 WORKFLOW = "langgraph"
-# The bytes that cost more than one byte in a JSON string of one character per byte.
-_HIGH_BYTES = bytes(range(0x80, 0x100))
-_CONTROL_BYTES = bytes(range(0x20))
-_SAMPLE = 1024
 
 
 def q(part: str) -> str:
@@ -115,24 +111,10 @@ class Codec:
                 f"{where}: the serializer produced pickle; pass allow_pickle=True to "
                 "StepstoneSaver to store pickled values, or store msgpack-serializable ones"
             )
-        # Bytes into a JSON string, whichever way is shorter: one character per byte
-        # (U+0000-U+00FF: one UTF-8 byte for ASCII, two above, six for a control
-        # character JSON escapes) for msgpack that is mostly text, as a chat's is; else
-        # base64's fixed 4/3. The choice only affects size, so a large value is judged
-        # on three samples rather than scanned whole.
-        if len(data) > 3 * _SAMPLE:
-            middle = len(data) // 2
-            sample = data[:_SAMPLE] + data[middle : middle + _SAMPLE] + data[-_SAMPLE:]
-        else:
-            sample = data
-        size = len(sample)
-        text_cost = (
-            size
-            + (size - len(sample.translate(None, _HIGH_BYTES)))
-            + 5 * (size - len(sample.translate(None, _CONTROL_BYTES)))
-        )
-        if text_cost <= 4 * ((size + 2) // 3):
-            return [type_, "text", data.decode("latin-1")]
+        # Bytes as base64: ASCII, so the store's JSON encoder and its UTF-8 encoding
+        # copy it without transcoding. (The previous release also wrote "text", one
+        # character per byte, which is not ASCII and cost three conversions a save;
+        # _undump still reads it.)
         return [type_, "b64", base64.b64encode(data).decode("ascii")]
 
     def _undump(self, packed: list[str], where: str) -> Any:

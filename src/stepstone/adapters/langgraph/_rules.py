@@ -25,7 +25,11 @@ class Rules(Writes):
         cp_id = get_checkpoint_id(config)
         latest = not cp_id
         if not cp_id:
-            head = kind_of((yield Load(self._ns_key(thread_id, ns))), "head")
+            ns_key = self._ns_key(thread_id, ns)
+            head_record = yield Load(ns_key)
+            head = kind_of(head_record, "head")
+            # The next put from this read compares-and-swaps against this head.
+            self.remember_head(ns_key, head_record if head is not None else None)
             if head is None or head.get("head") is None:
                 return None
             cp_id = head["head"]

@@ -76,6 +76,8 @@ class StepstoneSaver(StoreOwner, Rules, BaseCheckpointSaver[str]):
         self.lease = float(lease)
         #: Wall clock of the lease (renewal times and expiry); replaceable in tests.
         self.clock: Callable[[], datetime] = _utcnow
+        self._heads = {}
+        self._writes = {}
 
     @classmethod
     def from_config(cls, config: str, **options: Any) -> Self:

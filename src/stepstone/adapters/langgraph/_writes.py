@@ -14,6 +14,12 @@ suite's puts; a subgraph replayed into a namespace it used after the replay poin
 except an invoke's first checkpoint in the root namespace (``source="input"``, step
 -1): LangGraph writes that only after loading nothing, so a head there was written by
 another invoke since, which this one would silently replace.
+
+Neither write loads first when the saver knows what is stored: the head it last wrote
+or read (``get_tuple`` of the latest), the writes record it last wrote, or none for a
+checkpoint it has not written writes for. Each is only a guess for a compare-and-swap:
+a stale one fails it, and the rule loads and checks as it would have. A superstep is
+then three writes and no load.
 """
 
 from __future__ import annotations
@@ -40,6 +46,13 @@ from ._errors import CheckpointConflict, ThreadOwned
 # A compare-and-swap lost to a concurrent merge (parallel tasks' writes, a head being
 # advanced) is retried; this many losses in a row means something is wrong.
 MAX_RETRIES = 100
+# Namespaces whose head (and latest writes record) a saver remembers; past this, it
+# forgets them all. A forgotten one costs a load on its next write, nothing more.
+_REMEMBERED = 1024
+
+
+class _Unknown(Exception):
+    """No head is remembered for the namespace: load it."""
 
 
 class Writes(Codec):
@@ -48,6 +61,10 @@ class Writes(Codec):
     owner: str | None
     lease: float
     clock: Callable[[], datetime]
+    # Per namespace key: the head record this saver last wrote or read, and the writes
+    # record it last wrote. Guesses for compare-and-swap, which saves a load per write.
+    _heads: dict[str, Checkpoint]
+    _writes: dict[str, Checkpoint]
 
     def _put_rule(
         self,
@@ -84,8 +101,17 @@ class Writes(Codec):
         key = self._cp_key(thread_id, ns, cp_id)
         # An invoke's first checkpoint of the thread: its writer loaded no checkpoint.
         fresh = ns == "" and metadata.get("source") == "input" and metadata.get("step") == -1
-        head_record = yield Load(ns_key)
-        self._check_head(head_record, thread_id, ns, parent, cp_id, branch, fresh)
+        # The head this saver last wrote or read stands in for a load: the head's save
+        # below is a compare-and-swap on its version, so a stale guess costs a retry,
+        # never a wrong write. A guess that fails the check is verified by a load.
+        head_record = self._heads.get(ns_key)
+        try:
+            if head_record is None:
+                raise _Unknown
+            self._check_head(head_record, thread_id, ns, parent, cp_id, branch, fresh)
+        except (_Unknown, CheckpointConflict):
+            head_record = yield Load(ns_key)
+            self._check_head(head_record, thread_id, ns, parent, cp_id, branch, fresh)
         # Insert-if-absent: a checkpoint id is written once. The same content again is
         # a retry of a put whose answer was lost, and succeeds.
         try:
@@ -111,13 +137,18 @@ class Writes(Codec):
                         "checkpoint_ns": ns,
                         "head": cp_id,
                     }
-                    yield Save(self._lease(self._record(ns_key, head_state, None)))
+                    stored = yield Save(self._lease(self._record(ns_key, head_state, None)))
                 else:
                     head = head_record.state
+                    stored = head_record
                     if head.get("head") != cp_id:
-                        yield Save(self._lease(evolve(head_record, state={**head, "head": cp_id})))
+                        stored = yield Save(
+                            self._lease(evolve(head_record, state={**head, "head": cp_id}))
+                        )
+                self.remember_head(ns_key, stored)
                 break
             except ConflictError:
+                self._heads.pop(ns_key, None)
                 # This put found no head, and another writer made one since: it started
                 # the namespace afresh too, so this one must not replace its head.
                 fresh = fresh or head_record is None
@@ -130,6 +161,15 @@ class Writes(Codec):
         else:  # pragma: no cover - only under a pathological stream of concurrent writes
             raise ConflictError(f"{where}: the head kept changing; {MAX_RETRIES} attempts")
         return self._config(thread_id, ns, cp_id)
+
+    def remember_head(self, ns_key: str, record: Checkpoint | None) -> None:
+        """Keep ``record`` as the namespace's head last seen (None: forget it)."""
+        if record is None:
+            self._heads.pop(ns_key, None)
+            return
+        if len(self._heads) >= _REMEMBERED and ns_key not in self._heads:
+            self._heads.clear()  # many threads: start afresh rather than grow
+        self._heads[ns_key] = record
 
     def _lease(self, head: Checkpoint) -> Checkpoint:
         if self.owner is None:
@@ -222,8 +262,18 @@ class Writes(Codec):
                 "task_path": task_path,
                 "value": self._dump(value, f"{where}, write to {channel!r}"),
             }
+        ns_key = self._ns_key(thread_id, ns)
+        # First guess without a load: the writes record this saver last wrote, or, for
+        # a checkpoint it has not written any for, none yet (an insert-if-absent).
+        # A wrong guess fails the compare-and-swap and the loop loads.
+        remembered = self._writes.get(ns_key)
+        guess = remembered if remembered is not None and remembered.run_id == key else None
+        guessing = True
         for _ in range(MAX_RETRIES):
-            stored = yield Load(key)
+            if guessing:
+                stored = guess
+            else:
+                stored = yield Load(key)
             current = kind_of(stored, "writes")
             entries = dict(current["writes"]) if current else {}
             changed = False
@@ -236,6 +286,9 @@ class Writes(Codec):
                     entries[name] = entry
                     changed = True
             if not changed:
+                if guessing and guess is not None:
+                    guessing = False  # the guess may be stale: confirm with a load
+                    continue
                 return None
             state = {
                 "kind": "writes",
@@ -248,8 +301,13 @@ class Writes(Codec):
                 self._record(key, state, None) if stored is None else evolve(stored, state=state)
             )
             try:
-                yield Save(record)
+                saved = yield Save(record)
             except ConflictError:
+                guessing = False
+                self._writes.pop(ns_key, None)
                 continue  # a parallel task's writes landed first: merge again
+            if len(self._writes) >= _REMEMBERED and ns_key not in self._writes:
+                self._writes.clear()
+            self._writes[ns_key] = saved
             return None
         raise ConflictError(f"{where}: writes kept conflicting; {MAX_RETRIES} attempts")
