@@ -14,7 +14,7 @@ checkpointer; passed on each of ours / on InMemorySaver): before the saver follo
 what its writer read, 614 / 646 (32 differences, all a write refused as a concurrent
 writer's: a subgraph's replay and resume, resuming or replaying a checkpoint the thread
 had moved past, forks by invoke under ``durability="exit"``); now 646 / 646, no
-expected differences, one timing-sensitive test (``TIMING_SENSITIVE``). About four
+expected differences, the timing-sensitive tests (``TIMING_SENSITIVE``). About four
 minutes on two busy cores.
 
 Without the network or the test dependencies (``syrupy``, ``pytest-mock``: the ``dev``
@@ -72,6 +72,10 @@ EXPECTED_DIFFERENCES: dict[str, str] = {}
 TIMING_SENSITIVE = {
     # mapper(1) sleeps 10 ms and expects submapper(0)'s streamed output to come first.
     "tests/test_pregel_async.py::test_imp_nested",
+    # Wall-clock: the node's first chunk must arrive within ~0.05 s of the call (after the
+    # input checkpoint's save), which a loaded 2-core machine misses on any saver.
+    "tests/test_pregel.py::test_stream_buffering_single_node",
+    "tests/test_pregel_async.py::test_stream_buffering_single_node",
 }
 # The whole run, generously: a few minutes on two busy cores.
 SUITE_TIMEOUT = 1200.0
