@@ -591,12 +591,16 @@ def test_a_stored_type_tag_builds_only_agent_framework_types() -> None:
 
 
 def _child(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    # This file is the child's script: it imports the tests' shared modules (fresh_stores),
+    # so their directory goes on the child's path (a script's own is tests/adapters/).
+    tests = str(Path(__file__).resolve().parents[1])
+    path = os.pathsep.join(p for p in (tests, os.environ.get("PYTHONPATH", "")) if p)
     return subprocess.Popen(
         [sys.executable, __file__, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, **(env or {})},
+        env={**os.environ, "PYTHONPATH": path, **(env or {})},
     )
 
 

@@ -181,7 +181,10 @@ def test_sigkill_mid_stream_then_resume_elsewhere(
     answer once, from the committing attempt; the killed attempt's tokens are hidden."""
     config = fresh_config(kind, request, tmp_path)
     env = {**os.environ, KILL_ENV: "1"}
-    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent.parent), env["PYTHONPATH"]])
+    # This file is the child's script, importing the tests' shared modules (fresh_stores):
+    # their directory first, then whatever PYTHONPATH there is (none, under CI).
+    tests = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (tests, env.get("PYTHONPATH", "")) if p)
     killed = subprocess.run(
         [sys.executable, __file__, config],
         capture_output=True,
