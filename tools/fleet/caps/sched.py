@@ -28,6 +28,7 @@ from typing import Any
 
 import stepstone._schedule
 import stepstone._schedule_fire
+import stepstone._store_time
 from stepstone import Step, StepContext, Workflow
 from stepstone._cron import parse_slot, slot_id
 from stepstone._schedule import schedule, schedules
@@ -96,6 +97,9 @@ class SchedLoad(Load):
         # The schedule modules read the wall clock by this name: only they run fast.
         stepstone._schedule.utcnow = clock  # type: ignore[attr-defined]  # noqa: SLF001
         stepstone._schedule_fire.utcnow = clock  # type: ignore[attr-defined]  # noqa: SLF001
+        # Firing reads the store's clock (``_store_time``: one clock per store); here the
+        # store's clock is the schedule's, fast as well (only schedules read it here).
+        stepstone._store_time._fake = clock  # noqa: SLF001
         return None
 
     def drain(self, meta: dict[str, Any]) -> dict[str, Any]:
