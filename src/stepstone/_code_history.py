@@ -36,6 +36,7 @@ __all__ = [
     "fork_at_call",
     "journal",
     "rerun_from_call",
+    "save_rewound",
 ]
 
 State = dict[str, Any]
@@ -191,16 +192,7 @@ def rerun_from_call(run_id: str, call: str) -> Op:
         children=(),
         queued=cp.workflow is not None,
     )
-    try:
-        saved: Checkpoint = yield Save(rewound, "rerun", owned=False)
-    except ConflictError:
-        raise ConflictError(
-            f"run {run_id!r} changed while it was being rewound; nothing was changed, try again",
-            run_id,
-        ) from None
-    if saved.queued:
-        yield Announce()
-    return saved
+    return (yield from save_rewound(run_id, rewound))
 
 
 def _perform(store: Store) -> Any:
@@ -236,3 +228,18 @@ async def ajournal(store: Store, run_id: str) -> list[JournalEntry]:
     """Async ``journal``."""
     result: list[JournalEntry] = await astep_through(_journal(run_id), _aperform(store))
     return result
+
+
+def save_rewound(run_id: str, rewound: Checkpoint) -> Generator[Effect, Any, Checkpoint]:
+    """Save a run rewound for ``rerun`` (compare-and-swap on the version it was read at);
+    announce it if queued. Shared by a step list's rerun (``_history``) and a call's."""
+    try:
+        saved: Checkpoint = yield Save(rewound, "rerun", owned=False)
+    except ConflictError:
+        raise ConflictError(
+            f"run {run_id!r} changed while it was being rewound; nothing was changed, try again",
+            run_id,
+        ) from None
+    if saved.queued:
+        yield Announce()
+    return saved

@@ -25,7 +25,7 @@ from typing import Any
 from . import _statelog
 from ._acquire import watch_lease
 from ._checkpoint import Checkpoint, Stored, check_run_id, evolve
-from ._code_history import fork_at_call, rerun_from_call
+from ._code_history import fork_at_call, rerun_from_call, save_rewound
 from ._codec import decode_json, encode_state
 from ._effects import Announce, Effect, Load, Pause, Save, astep_through, step_through
 from ._errors import (
@@ -397,16 +397,7 @@ def _rerun(
         queued=cp.workflow is not None,
         input=encode_state(input)[1] if input is not None else cp.input,
     )
-    try:
-        saved: Checkpoint = yield Save(rewound, "rerun", owned=False)
-    except ConflictError:
-        raise ConflictError(
-            f"run {run_id!r} changed while it was being rewound; nothing was changed, try again",
-            run_id,
-        ) from None
-    if saved.queued:
-        yield Announce()
-    return saved
+    return (yield from save_rewound(run_id, rewound))
 
 
 # --- the public API ---------------------------------------------------------------------
