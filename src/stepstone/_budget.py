@@ -226,6 +226,10 @@ class Spend:
     #: What the run's children charged to its pool (``_pool``): counted against its limits.
     children_usd: float = 0.0
     children_tokens: int = 0
+    #: The run is saved waiting for ``budget.raise``. An agent paused between its model
+    #: requests has not charged that agent run's usage yet, so its ledger alone may be
+    #: under the limit; a run waiting on its budget is over it by definition.
+    paused: bool = False
 
     def text(self) -> str:
         """One line: ``$5.5 of $5, 2100 tokens, unconfirmed $1 (1), OVER BUDGET``."""
@@ -245,8 +249,9 @@ class Spend:
 
     @property
     def over(self) -> bool:
-        """Whether confirmed plus unconfirmed spend is at or over a hard limit."""
-        return over(self) is not None
+        """Whether confirmed plus unconfirmed spend is at or over a hard limit, or the run
+        waits for ``budget.raise`` (``runs list --over-budget``, the dashboard's badge)."""
+        return self.paused or over(self) is not None
 
     def to_json(self) -> dict[str, Any]:
         """Return the figures as a JSON object (``runs show --json``)."""
@@ -263,6 +268,7 @@ class Spend:
             "unconfirmed": self.unconfirmed,
             "children_usd": self.children_usd,
             "children_tokens": self.children_tokens,
+            "paused": self.paused,
         }
 
 
@@ -375,6 +381,7 @@ def spend_now(
         unconfirmed=unconfirmed,
         children_usd=children[0],
         children_tokens=children[1],
+        paused=cp.waiting_for == BUDGET_WAIT and cp.status == "waiting",
     )
 
 

@@ -30,6 +30,7 @@ from stepstone import (
 )
 from stepstone._budget import BUDGET_WAIT, RAISE_SIGNAL, SPEND_KEY
 from stepstone.adapters.pydantic_ai import AgentStep, StepstoneDurability
+from stepstone.cli._budget import over_budget, spend_text
 
 SRC = str(Path(stepstone.__file__).resolve().parents[1])
 
@@ -118,9 +119,12 @@ def test_an_agent_run_pauses_between_its_model_requests_at_the_limit(store: Stor
     with pytest.raises(Suspended):
         run("between", steps, store)  # not raised: still waiting, no request made
     assert REQUESTS == [1]
+    # Nothing charged yet, yet over budget by definition: it waits for a raise.
+    assert over_budget(store.load("between")) and "OVER BUDGET" in str(spend_text(cp))
     signal(store, "between", RAISE_SIGNAL, {"tokens": 100_000})
     final = run("between", steps, store)
     assert final["agent"] == "answer" and REQUESTS == [1, 3]
+    assert not over_budget(store.load("between"))
     assert final[SPEND_KEY]["by_step"] == {"agent": {"usd": 0.0, "tokens": inputs + outputs}}
 
 
@@ -161,6 +165,7 @@ from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import FunctionModel
 from stepstone import Budget, Suspended, open_store, run
 from stepstone.adapters.pydantic_ai import AgentStep, StepstoneDurability
+from stepstone.cli._budget import over_budget, spend_text
 
 def model(messages, info):
     if len(messages) == 1:

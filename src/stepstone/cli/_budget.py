@@ -76,6 +76,7 @@ def _spend(cp: Checkpoint) -> Spend | None:
         and not spend.unconfirmed
         and not spend.children_usd
         and not spend.children_tokens
+        and not spend.paused
     ):
         return None
     return spend
