@@ -48,6 +48,10 @@ Streams: ``stream_graph(graph, input, config)`` inside a stepstone step runs the
 with the stream modes ``custom`` and ``messages`` and emits them to the run's stream
 (``_stream``).
 
+Spend: ``StepstoneSaver(store, budget=Budget(...), prices=Prices(...))`` charges the
+usage of the graph's AI messages to the thread's ledger, by message id, with the commit
+of each checkpoint, and raises ``ThreadOverBudget`` at the limit (``_usage``).
+
 Pickle: the default serializer never pickles, and a stored value of type ``pickle`` is
 refused on load with ``UnsafeCheckpoint`` unless the saver is built with
 ``allow_pickle=True``.
@@ -67,10 +71,12 @@ from ._codec import WORKFLOW as WORKFLOW  # the records' workflow name, as befor
 from ._errors import CheckpointConflict, ThreadOwned, UnsafeCheckpoint
 from ._saver import StepstoneSaver
 from ._stream import astream_graph, stream_graph
+from ._usage import ThreadOverBudget
 
 __all__ = [
     "CheckpointConflict",
     "StepstoneSaver",
+    "ThreadOverBudget",
     "ThreadOwned",
     "UnsafeCheckpoint",
     "astream_graph",

@@ -19,12 +19,14 @@ from langgraph.checkpoint.base import Checkpoint as LGCheckpoint
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
+from ..._budget import Budget, Prices
 from ..._errors import ConfigError
 from ..._registry import open_store
 from ..._store import Store
 from .._drive import adrive, aiterate, drive, iterate
 from .._lifetime import StoreOwner
 from ._rules import Rules
+from ._usage import Usage
 
 __all__ = ["StepstoneSaver"]
 
@@ -33,7 +35,7 @@ def _utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-class StepstoneSaver(StoreOwner, Rules, BaseCheckpointSaver[str]):
+class StepstoneSaver(StoreOwner, Usage, Rules, BaseCheckpointSaver[str]):
     """LangGraph's ``BaseCheckpointSaver`` on a stepstone ``Store``, sync and async.
 
     Args:
@@ -47,6 +49,8 @@ class StepstoneSaver(StoreOwner, Rules, BaseCheckpointSaver[str]):
         owner: Opt-in owner lease: this saver's name; another owner's writes to a thread
             it leases are refused until ``lease`` seconds pass without a write by it.
         lease: Seconds an owner's lease lasts after its last write.
+        budget: The thread's spend limit; its AI messages' usage is charged (``_usage``).
+        prices: Dollars per token for those charges (tokens alone without it).
     """
 
     def __init__(
@@ -58,6 +62,8 @@ class StepstoneSaver(StoreOwner, Rules, BaseCheckpointSaver[str]):
         allow_pickle: bool = False,
         owner: str | None = None,
         lease: float = 60.0,
+        budget: Budget | None = None,
+        prices: Prices | None = None,
     ) -> None:
         if serde is None:
             serde = JsonPlusSerializer(pickle_fallback=allow_pickle)
@@ -78,6 +84,7 @@ class StepstoneSaver(StoreOwner, Rules, BaseCheckpointSaver[str]):
         self.clock: Callable[[], datetime] = _utcnow
         self._heads = {}
         self._writes = {}
+        self._usage_init(budget, prices)
 
     @classmethod
     def from_config(cls, config: str, **options: Any) -> Self:
