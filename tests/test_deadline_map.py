@@ -3,8 +3,8 @@
 The children inherit the parent's deadline: two sleep past it (due at it, not at the
 end of their sleep), one is cut off inside its step when it falls and fails with
 ``DeadlineExceeded`` itself. The parent, due at its deadline, then fails with
-``DeadlineExceeded`` at its Map and cancels its children (the failed one keeps its
-failure record: ``cancel`` also cancels a failed run).
+``DeadlineExceeded`` at its Map and cancels its active children; the one that failed
+keeps its status, ``failed``, and its failure record.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def test_a_deadline_ends_a_run_mid_map_and_its_children(store: Store) -> None:
         cp = store.load(kid)
         assert cp is not None
         statuses.append(cp.status)
-    assert statuses == ["cancelled", "cancelled", "cancelled"]
+    assert statuses == ["cancelled", "failed", "cancelled"]
     cut = store.load(kids[1])
     assert cut is not None and cut.failure is not None and "late" not in cut.state
     assert cut.failure.error_type == "DeadlineExceeded"

@@ -249,14 +249,15 @@ def _timing(workflow: Any, deadline: object, on_deadline: object) -> dict[str, A
 # --- cancel ---------------------------------------------------------------------------
 
 
-def cancel_op(run_id: str) -> Op:
+def cancel_op(run_id: str, keep_failed: bool = False) -> Op:
+    """``cancel``; ``keep_failed``: a failed run is left failed (``RunNotActive``)."""
     check_run_id(run_id)
     for _ in range(_MAX_TRIES):
         cp = yield Load(run_id)
         if cp is None:
             raise RunNotFound(f"run {run_id!r} does not exist; nothing to cancel", run_id)
         status = cp.status
-        if status in ("done", "cancelled"):
+        if status in ("done", "cancelled") or (keep_failed and status == "failed"):
             raise RunNotActive(
                 f"run {run_id!r} is {status}; only queued, running, waiting or failed runs "
                 "can be cancelled",
@@ -283,11 +284,12 @@ def cancel_op(run_id: str) -> Op:
     raise _too_busy(run_id)
 
 
-def cancel_children(children: tuple[str, ...]) -> Op:
-    """Cancel each of a parent's children that is still active."""
+def cancel_children(children: tuple[str, ...], keep_failed: bool = False) -> Op:
+    """Cancel each of a parent's children that is still active (``keep_failed``: a
+    failed child keeps its status; the status is read in the cancel's compare-and-swap)."""
     for child in children:
         with contextlib.suppress(RunNotActive, RunNotFound):
-            yield from cancel_op(child)
+            yield from cancel_op(child, keep_failed)
 
 
 def cancel(store: Store, run_id: str) -> RunInfo:

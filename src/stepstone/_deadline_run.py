@@ -104,7 +104,9 @@ def deadline_reached(
     )
     cp = yield from write(plan, cp, final, "deadline")
     if cp.children:
-        yield from cancel_children(cp.children)
+        # Only the active ones: a child that failed (or finished) keeps its status, so
+        # its own cause (its own DeadlineExceeded, say) stays what it shows.
+        yield from cancel_children(cp.children, keep_failed=True)
     if cp.parent is not None:
         yield from nudge(cp.parent)
     logger.error("run %r: reached its deadline at step %d; failed", plan.run_id, index)
