@@ -9,7 +9,8 @@ the run's ``timing`` field (one namespaced field for time control):
   (a ``Map``'s children get their parent's, ``inherited``, unless their own workflow
   sets one);
 - ``on_deadline``: ``fail`` (the run fails with ``DeadlineExceeded``, recorded, and its
-  active children are cancelled; a child that failed or finished keeps its status) or ``wait`` (the run waits for the signal ``deadline``, whose
+  active children are cancelled; a child that failed or finished keeps its status) or
+  ``wait`` (the run waits for the signal ``deadline``, whose
   payload ``{"extend": seconds}`` moves the deadline on: a person decides).
 
 The core checks it at every step boundary; a running step is given at most the time
