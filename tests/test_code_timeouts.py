@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -15,15 +15,19 @@ import pytest
 
 from fresh_stores import fresh_config as _config
 from stepstone import (
+    Budget,
     CallFailed,
     InvalidWorkflow,
     RetryPolicy,
     Suspended,
     arun,
+    current_call,
     open_store,
     run,
     signal,
+    spend_of,
     start,
+    stream,
     workflow,
 )
 from stepstone._deadline import DeadlineExceeded
@@ -258,3 +262,64 @@ def test_async_ctx_step_idle_timeout_cancels_a_silent_call(store: Store, clock: 
 
     assert asyncio.run(arun(_rid(), flow, store))["result"] == "fresh"
     assert seen == ["first", "cancelled"]
+
+
+def test_a_timed_out_calls_late_thread_writes_nothing(store: Store, clock: FakeClock) -> None:
+    """The late thread of a timed-out ctx.step call, released while the retry runs, has
+    no way to write to the run: its ctx.emit, ctx.reserve, ctx.charge and current_call's
+    charge are refused, and nothing of it reaches the stream or the ledger."""
+    release = threading.Event()
+    outcomes: dict[str, str] = {}
+    late_done = threading.Event()
+
+    def late(ctx: Any) -> None:
+        """What the late thread tries, each refusal by its error's name."""
+        writes: tuple[tuple[str, Callable[[], object]], ...] = (
+            ("emit", lambda: ctx.emit("late", 1)),
+            ("reserve", lambda: ctx.reserve(usd=1.0)),
+            ("charge", lambda: ctx.charge(usd=1.0, ref="late")),
+            ("step_charge", lambda: current_call().charge(usd=1.0)),  # type: ignore[union-attr]
+        )
+        for name, write in writes:
+            try:
+                write()
+                outcomes[name] = "written"
+            except Exception as exc:  # noqa: BLE001 - the refusal is what is checked
+                outcomes[name] = type(exc).__name__
+        late_done.set()
+
+    @workflow("late-writer")
+    def flow(ctx: Any, data: State) -> str:
+        def fetch() -> str:
+            attempt = current_call().attempt  # type: ignore[union-attr]
+            if attempt == 1:
+                ctx.emit("early", 1)  # before the timeout: the attempt's, hidden later
+                clock.advance(10)  # hung past its timeout, in fake time
+                assert release.wait(HANG), "the retry never let the late attempt go"
+                late(ctx)
+                return "late"
+            release.set()  # the retry runs: the late thread writes now
+            assert late_done.wait(HANG), "the late thread never finished its writes"
+            ctx.emit("fresh", attempt)
+            return "fresh"
+
+        return str(ctx.step("fetch", fetch, retry=NO_DELAY, timeout=5))
+
+    run_id = _rid()
+    try:
+        result = run(run_id, flow, store, budget=Budget(usd=100))
+    finally:
+        release.set()
+    assert result["result"] == "fresh"
+    assert outcomes == {
+        "emit": "EmitOutsideStep",
+        "reserve": "InvalidWorkflow",
+        "charge": "InvalidWorkflow",
+        "step_charge": "InvalidCharge",
+    }
+    cp = store.load(run_id)
+    assert cp is not None and cp.status == "done"
+    assert not [s for s in cp.signals if "reserve" in s.name], "a late reservation landed"
+    assert spend_of(cp).usd == 0.0
+    topics = [e.topic for e in stream(store, run_id, follow=False)]
+    assert topics == ["fresh"], topics  # the late attempt's events are not the run's

@@ -6,6 +6,14 @@ deadline, runs where the driver can stop waiting for it (``_timeouts``). The run
 deadline is checked before each attempt and bounds the attempt running; when it falls
 the call asks the core (``("deadline",)``, ``_code``), which ends the run, so a code
 workflow meets its deadline between and during its calls, not only when it resumes.
+
+A timed-out call's thread runs on, late, with no way to write to the run, so the
+retry keeps the lease's epoch (a step list's moves it, ``_write._record_failure``):
+in its copied context ``inside`` is set, so ``ctx.reserve``/``ctx.charge`` are refused
+(journaled calls are not made from a call's function), ``current_call()`` has no meter
+(``InvalidCharge``), and its stream attempt was abandoned (``ctx.emit`` raises
+``EmitOutsideStep``). A new epoch would also make the workflow's own open reservations,
+named by the epoch, look like a dead attempt's (``_spending.settle_reservations``).
 """
 
 from __future__ import annotations
