@@ -82,10 +82,11 @@ def _charged(
     ledger, counted = _spending.charge_ledger(plan, cp.state, charge, step)
     _spending.settle_reservations(cp, ledger)  # the reservations it settles, by this write
     if counted:  # a budgeted tree's child: its root's pool first (``_pool``)
-        yield from push(cp, seq, f"{cp.epoch}.code", charge["usd"], charge["tokens"])
+        label = _spending.push_label(f"{cp.epoch}.code", [charge])  # by its ref, if any
+        yield from push(cp, seq, label, charge["usd"], charge["tokens"])
         tenant = tenant_of(cp)
         if tenant is not None:  # and its tenant's window (``_tenant``), once per call
-            push_id = f"{cp.run_id}#{seq}#{cp.epoch}.code"
+            push_id = f"{cp.run_id}#{seq}#{label}"
             yield from _tenant.push(tenant, push_id, charge["usd"], charge["tokens"])
     entry = entry_ok(seq, call, 1, counted)
     note = _spending.soft_warning(plan, cp, ledger)

@@ -11,6 +11,7 @@ soft-limit warning and OpenTelemetry counters once a save has landed.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 from collections.abc import Callable, Generator, Mapping
 from datetime import timedelta
@@ -230,14 +231,20 @@ def settle_reservations(cp: Checkpoint, ledger: dict[str, Any]) -> None:
     An open reservation of an earlier lease epoch is of an attempt that died after it
     (the process that made it is gone): it moves to ``unconfirmed``, as a step's does.
     """
-    settled = list(ledger.get("settled", ()))
+    _sort_reservations(cp, ledger, list(ledger.get("settled", ())), f"{cp.epoch}.code")
+
+
+def _sort_reservations(
+    cp: Checkpoint, ledger: dict[str, Any], settled: list[str], mine: str | None
+) -> None:
+    """Put each open reservation of ``cp`` in ``ledger``: settled (in ``settled``, or of
+    the attempt ``mine``) or unconfirmed (an attempt that never committed)."""
     unconfirmed = list(ledger.get("unconfirmed", ()))
     done = set(settled) | {u.get("id") for u in unconfirmed}
-    mine = f"{cp.epoch}.code"
     for s in reservations(cp.signals):
         if s.id in done:
             continue
-        if s.payload.get("attempt") == mine:
+        if mine is not None and s.payload.get("attempt") == mine:
             settled.append(s.id)
         else:
             unconfirmed.append({"id": s.id, **s.payload})
@@ -310,17 +317,7 @@ def settle(plan: Plan, cp: Checkpoint, working: dict[str, Any], meter: Meter | N
         meter.settled_usd = round(sum(c["usd"] for c in charges), DIGITS)
     settled = list(ledger.get("settled", ()))
     settled.extend(r["id"] for r in reserved)
-    done = set(settled)
-    unconfirmed = list(ledger.get("unconfirmed", ()))
-    done.update(u.get("id") for u in unconfirmed)
-    for s in reservations(cp.signals):
-        if s.id not in done:
-            unconfirmed.append({"id": s.id, **s.payload})
-            done.add(s.id)
-    if settled:
-        ledger["settled"] = settled
-    if unconfirmed:
-        ledger["unconfirmed"] = unconfirmed
+    _sort_reservations(cp, ledger, settled, None)
     working[SPEND_KEY] = ledger
     return soft_warning(plan, cp, ledger)
 
@@ -358,17 +355,32 @@ def commit(
     if not spending and not spent:
         return None
     note = settle(plan, cp, working, meter)
-    if meter is not None and meter.charges and pool_id(cp) is not None:
-        usd = round(sum(float(c["usd"]) for c in meter.charges), DIGITS)
-        tokens = sum(int(c["tokens"]) for c in meter.charges)
-        yield from push(cp, cp.step + 1, meter.attempt, usd, tokens)
     tenant = tenant_of(cp)
-    if meter is not None and meter.charges and tenant is not None:
+    if meter is not None and meter.charges and (pool_id(cp) is not None or tenant is not None):
         usd = round(sum(float(c["usd"]) for c in meter.charges), DIGITS)
         tokens = sum(int(c["tokens"]) for c in meter.charges)
-        push_id = f"{cp.run_id}#{cp.step + 1}#{meter.attempt}"
-        yield from _tenant.push(tenant, push_id, usd, tokens)
+        label = push_label(meter.attempt, meter.charges)
+        yield from push(cp, cp.step + 1, label, usd, tokens)
+        if tenant is not None:
+            yield from _tenant.push(tenant, f"{cp.run_id}#{cp.step + 1}#{label}", usd, tokens)
     return meter, note
+
+
+def push_label(attempt: str, charges: list[dict[str, Any]]) -> str:
+    """What names an attempt's charges in its tree's pool and its tenant's window.
+
+    Charges that all have refs are named by them: an attempt killed between that count
+    and its own save, rerun with the same refs (the same provider responses, by the
+    call's idempotency key), finds its count there and adds nothing, so the count is
+    exact. Without refs a rerun cannot be told from new spend: named by the attempt,
+    it is counted again (the cap errs on the side of spending less).
+    """
+    refs = [c.get("ref") for c in charges]
+    named = [r for r in refs if isinstance(r, str)]
+    if not named or len(named) != len(refs):
+        return attempt
+    digest = hashlib.sha256("\0".join(sorted(named)).encode()).hexdigest()[:24]
+    return f"refs-{digest}"
 
 
 def push_usage(
