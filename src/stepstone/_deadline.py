@@ -27,6 +27,7 @@ from typing import Any
 
 from ._checkpoint import Checkpoint, evolve, utcnow
 from ._errors import DeadlineExceeded, InvalidWorkflow
+from ._timeouts import seconds_of
 
 __all__ = [
     "MAX_DEADLINE",
@@ -53,16 +54,9 @@ DEADLINE_SIGNAL = "deadline"
 
 def check_deadline(what: str, value: object) -> float | None:
     """Return ``value`` (seconds or a ``timedelta``) as seconds, or raise ``InvalidWorkflow``."""
-    if value is None:
+    seconds = seconds_of(what, "deadline", value)
+    if seconds is None:
         return None
-    if isinstance(value, timedelta):
-        value = value.total_seconds()
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidWorkflow(
-            f"{what}: deadline must be seconds (a number or a timedelta) or None, "
-            f"got {type(value).__name__}"
-        )
-    seconds = float(value)
     if not (0 < seconds <= MAX_DEADLINE):  # NaN fails both comparisons
         raise InvalidWorkflow(
             f"{what}: deadline must be more than 0 and at most {MAX_DEADLINE:g} seconds "

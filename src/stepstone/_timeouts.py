@@ -41,6 +41,7 @@ __all__ = [
     "beating",
     "check_timeout",
     "heartbeat",
+    "seconds_of",
     "timed_call",
     "with_beat",
 ]
@@ -51,8 +52,9 @@ MAX_TIMEOUT = 7 * 86_400.0
 _CANCEL_GRACE = 5.0
 
 
-def check_timeout(what: str, name: str, value: object) -> float | None:
-    """Return ``value`` as seconds (None stays None), or raise ``InvalidWorkflow``."""
+def seconds_of(what: str, name: str, value: object) -> float | None:
+    """Return ``value`` (a number or a ``timedelta``) as seconds, None as None, or raise
+    ``InvalidWorkflow`` (timeouts here, deadlines in ``_deadline``)."""
     if value is None:
         return None
     if isinstance(value, timedelta):
@@ -62,7 +64,14 @@ def check_timeout(what: str, name: str, value: object) -> float | None:
             f"{what}: {name} must be seconds (a number or a timedelta) or None, "
             f"got {type(value).__name__}"
         )
-    seconds = float(value)
+    return float(value)
+
+
+def check_timeout(what: str, name: str, value: object) -> float | None:
+    """Return ``value`` as seconds (None stays None), or raise ``InvalidWorkflow``."""
+    seconds = seconds_of(what, name, value)
+    if seconds is None:
+        return None
     if not (math.isfinite(seconds) and 0 < seconds <= MAX_TIMEOUT):
         raise InvalidWorkflow(
             f"{what}: {name} must be more than 0 and at most {MAX_TIMEOUT:g} seconds "
