@@ -7,6 +7,7 @@ thread's limit before its next superstep.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -72,9 +73,9 @@ def _graph(saver: StepstoneSaver, model: UsageModel) -> Any:
     return builder.compile(checkpointer=saver)
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "postgresql"])
 def store(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Store]:
-    """A fresh store of each local kind."""
+    """A fresh store of each local kind, and PostgreSQL."""
     with open_store(fresh_config(str(request.param), request, tmp_path)) as opened:
         yield opened
 
@@ -192,3 +193,16 @@ def test_bad_budget_or_prices_are_refused(store: Store) -> None:
         StepstoneSaver(store, budget={"usd": 1})  # type: ignore[arg-type]
     with pytest.raises(InvalidWorkflow, match="prices must be"):
         StepstoneSaver(store, prices=2.0)  # type: ignore[arg-type]
+
+
+def test_async_graphs_are_charged_and_stopped_alike(store: Store, model: UsageModel) -> None:
+    """aput charges as put does, and stops an ainvoke at the limit."""
+    config = {"configurable": {"thread_id": "t5"}}
+    saver = StepstoneSaver(store, budget=Budget(tokens=INPUT + OUTPUT))
+    with pytest.raises(ThreadOverBudget):
+        asyncio.run(
+            _graph(saver, model).ainvoke(
+                {"messages": [HumanMessage("hi")]}, config, durability="sync"
+            )
+        )
+    assert model.calls == [1] and spend_of(_head(store, "t5")).tokens == INPUT + OUTPUT
