@@ -206,3 +206,18 @@ def test_async_graphs_are_charged_and_stopped_alike(store: Store, model: UsageMo
             )
         )
     assert model.calls == [1] and spend_of(_head(store, "t5")).tokens == INPUT + OUTPUT
+
+
+def test_a_copied_thread_is_not_charged_again_for_what_it_copied(
+    store: Store, model: UsageModel
+) -> None:
+    """copy_thread: the copy's next checkpoint charges only its own new answers."""
+    saver = StepstoneSaver(store, budget=Budget(tokens=1000))
+    source = {"configurable": {"thread_id": "t6"}}
+    _graph(saver, model).invoke({"messages": [HumanMessage("hi")]}, source)
+    saver.copy_thread("t6", "t7")
+    target = {"configurable": {"thread_id": "t7"}}
+    _graph(saver, model).invoke({"messages": [HumanMessage("more")]}, target)
+    assert len(model.calls) == 4
+    assert spend_of(_head(store, "t6")).tokens == 2 * (INPUT + OUTPUT)
+    assert spend_of(_head(store, "t7")).tokens == 2 * (INPUT + OUTPUT)  # its own two

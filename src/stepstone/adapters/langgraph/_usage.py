@@ -28,7 +28,9 @@ build the saver with a larger one and ``invoke(None, config)`` (or with new inpu
 Only the root namespace charges: a subgraph's messages are charged
 when they reach the parent's channels (by id, once). A message without an id (a
 channel not reduced by ``add_messages``) is not charged: its replay could not be told
-from a new call. Tenant caps and run-tree pools are not drawn from.
+from a new call. A thread made by ``copy_thread`` knows the source's refs (its copied
+messages are not charged again) and starts its own spend at nothing. Tenant caps and
+run-tree pools are not drawn from.
 """
 
 from __future__ import annotations
@@ -43,9 +45,10 @@ from langgraph.checkpoint.base import Checkpoint as LGCheckpoint
 
 from ..._budget import DIGITS, SPEND_KEY, Budget, Prices, check_budget, ledger_of, over, spend_now
 from ..._checkpoint import Checkpoint, evolve
-from ..._errors import InvalidWorkflow, StepstoneError
+from ..._errors import ConflictError, InvalidWorkflow, StepstoneError
 from ..._spending import charge_ledger
 from .._drive import Load, Rule, Save
+from ._writes import MAX_RETRIES
 
 __all__ = ["ThreadOverBudget", "Usage", "usage_charges"]
 
@@ -145,6 +148,34 @@ class Usage:
                     reason,
                 )
         return committed
+
+    def _copy_thread_rule(self, source: str, target: str) -> Rule[Any]:
+        """``copy_thread``, and the copy's head learns the source's refs: the messages it
+        copied were paid for by the source, and are not charged again by its next put
+        (its own spend starts at nothing)."""
+        result = yield from super()._copy_thread_rule(source, target)  # type: ignore[misc]
+        if self.budget is None and self.prices is None:
+            return result
+        copied = yield Load(self._ns_key(source, ""))  # type: ignore[attr-defined]
+        refs = {} if copied is None else ledger_of(copied.state).get("refs", {})
+        if not refs:
+            return result
+        for _ in range(MAX_RETRIES):
+            head = yield Load(self._ns_key(target, ""))  # type: ignore[attr-defined]
+            if head is None:
+                return result
+            ledger = dict(ledger_of(head.state))
+            known = dict(ledger.get("refs", {}))
+            if set(refs) <= set(known):
+                return result
+            # The refs alone, booked to the source: the target's totals stay its own.
+            ledger["refs"] = {**{ref: f"copied from {source}" for ref in refs}, **known}
+            try:
+                yield Save(evolve(head, state={**head.state, SPEND_KEY: ledger}))
+            except ConflictError:
+                continue
+            return result
+        raise ConflictError(f"thread {target!r}: the head kept changing while copied")
 
     def _charging(
         self,
