@@ -26,7 +26,7 @@ from ._acquire import watch_lease
 from ._checkpoint import Checkpoint, check_run_id, evolve
 from ._effects import Announce, Effect, Load, Save, astep_through, step_through
 from ._errors import ConflictError, InvalidWorkflow, RunNotFound, StepNotKept
-from ._journal import ATTEMPTS_KEY, JOURNAL_KEY, journal_of, recorded_calls
+from ._journal import ATTEMPTS_KEY, JOURNAL_KEY, RERUNS_KEY, journal_of, recorded_calls
 from ._store import Store
 
 __all__ = [
@@ -128,6 +128,10 @@ def _cut(cp: Checkpoint, call: object, keep_it: bool) -> State:
     state = dict(cp.state)
     state[JOURNAL_KEY] = [e for e in journal_of(cp.state) if e["seq"] < limit]
     state.pop(ATTEMPTS_KEY, None)  # counted for calls that will run again, afresh
+    if not keep_it:
+        # A ctx.map at or after the cut runs again with new children (``_code._map``).
+        reruns = cp.state.get(RERUNS_KEY)
+        state[RERUNS_KEY] = (reruns if type(reruns) is int else 0) + 1
     # A finished run's return value is the function's, which runs again.
     given = cp.input if isinstance(cp.input, dict) else {}
     if "result" in given:
