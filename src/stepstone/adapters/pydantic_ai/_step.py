@@ -26,25 +26,13 @@ if TYPE_CHECKING:
     from pydantic_ai.agent import AbstractAgent
 
     from ..._core import Plan
-from .._agent_call import check_options, in_sync_run
+from .._agent_call import check_options, find, in_sync_run
 from .._budget_gate import budgeted, unconsumed_raises
 from .._journaled import channel, journaled, step_entries, with_journal
 from ._capability import StepstoneDurability
 from ._journal import Session, Suspend, journal_run_id, legacy_call, session_var
 
 # --- the step -------------------------------------------------------------------------
-
-
-def _find(error: BaseException, kind: type[BaseException]) -> BaseException | None:
-    """Return the first ``kind`` inside ``error`` (task groups wrap it in exception groups)."""
-    if isinstance(error, kind):
-        return error
-    if isinstance(error, BaseExceptionGroup):
-        for inner in error.exceptions:
-            found = _find(inner, kind)
-            if found is not None:
-                return found
-    return None
 
 
 class AgentStep(SuspendingStep):
@@ -149,9 +137,9 @@ class AgentStep(SuspendingStep):
             with replay_scope():
                 result = await self.agent.run(prompt, deps=deps)
         except BaseException as error:
-            found = _find(error, Suspend)
+            found = find(error, Suspend)
             if found is None:
-                lost = _find(error, LeaseLost)
+                lost = find(error, LeaseLost)
                 if lost is not None and lost is not error:
                     raise lost from error
                 raise
