@@ -47,23 +47,14 @@ async def emit_events(ctx: RunContext[Any], events: AsyncIterable[AgentStreamEve
             if isinstance(event.delta, TextPartDelta) and event.delta.content_delta:
                 emit("tokens", event.delta.content_delta)
         elif isinstance(event, FunctionToolCallEvent):
-            part = event.part
-            emit(
-                "tool",
-                {
-                    "event": "called",
-                    "name": part.tool_name,
-                    "call_id": part.tool_call_id,
-                    "arguments": clip(part.args_as_json_str()),
-                },
-            )
+            call = event.part
+            arguments = call.args_as_json_str()
+            _tool("called", call.tool_call_id, name=call.tool_name, arguments=arguments)
         elif isinstance(event, FunctionToolResultEvent):
             result = event.part
-            emit(
-                "tool",
-                {
-                    "event": "output",
-                    "call_id": result.tool_call_id,
-                    "output": clip(str(getattr(result, "content", ""))),
-                },
-            )
+            _tool("output", result.tool_call_id, output=str(getattr(result, "content", "")))
+
+
+def _tool(kind: str, call_id: str, **texts: str) -> None:
+    """Emit a ``"tool"`` event: its kind, call id, and its texts clipped (``_clip``)."""
+    emit("tool", {"event": kind, "call_id": call_id} | {k: clip(v) for k, v in texts.items()})
