@@ -44,6 +44,7 @@ from stepstone import (
     InvalidWorkflow,
     LeaseLost,
     RetryPolicy,
+    StepFailed,
     Store,
     Suspended,
     Worker,
@@ -481,6 +482,22 @@ def test_stale_owner_is_fenced(memory_store: Store, log: Path) -> None:
         "support__function_toolset__<agent>.call_tool:lookup#1",
         "support__model.request#2",
     ]
+
+
+def test_the_sync_helper_inside_an_event_loop_is_refused(memory_store: Store, log: Path) -> None:
+    """``durable_agent_run`` (sync) called from a running event loop fails the step,
+    saying to use the async helper; the agent runs nothing."""
+
+    async def main() -> None:
+        with pytest.raises(StepFailed):
+            durable_agent_run(memory_store, "in-loop", make_agent(), "q")
+
+    asyncio.run(main())
+    cp = memory_store.load("in-loop")
+    assert cp is not None and cp.failure is not None
+    assert cp.failure.error_type == "InvalidWorkflow"
+    assert "inside a running event loop" in cp.failure.message
+    assert calls(log) == Counter()
 
 
 def test_outside_a_run_the_agent_is_ordinary(log: Path) -> None:

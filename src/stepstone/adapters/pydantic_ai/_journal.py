@@ -140,6 +140,7 @@ class Session(UnitJournal):
             await self.save(moved)
             self.entries.update({e["call"]: e["result"] for e in moved})
         # Moved (or not this run's): the record goes, by compare-and-swap on what was read.
+        # A crash before the delete leaves it behind, unread: the run's journal answers.
         if self.sync:
             store.delete(record_id, expected_version=stored.version)
         else:
