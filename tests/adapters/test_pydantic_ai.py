@@ -41,6 +41,7 @@ from pydantic_ai.toolsets import DynamicToolset, FunctionToolset
 import stepstone
 from stepstone import (
     Checkpoint,
+    ConflictError,
     InvalidWorkflow,
     LeaseLost,
     RetryPolicy,
@@ -469,10 +470,14 @@ def test_stale_owner_is_fenced(memory_store: Store, log: Path) -> None:
     @agent.tool_plain
     def lookup(x: int) -> str:
         _log(f"tool {x}")
-        if x == 1:  # another owner takes the run over while this call runs
+        while x == 1:  # another owner takes the run over while this call runs
             cp = memory_store.load("fence")
             assert cp is not None
-            memory_store.save(evolve(cp, owner="thief", epoch=cp.epoch + 1))
+            try:
+                memory_store.save(evolve(cp, owner="thief", epoch=cp.epoch + 1))
+            except ConflictError:
+                continue  # a renewal landed between our load and save: take it again
+            break
         return f"v{x}"
 
     with pytest.raises(LeaseLost):
