@@ -859,6 +859,20 @@ def test_rerun_from_a_tool_call_runs_it_and_the_later_units_again(store: Store, 
     assert len(stepstone.journal(store, "pr")) == 5
 
 
+def test_fork_at_a_unit_keeps_the_units_up_to_it(store: Store, log: Path) -> None:
+    """``fork`` at the second model request: the new run answers the units up to it from
+    its journal and runs the later ones; the original run is untouched."""
+    agent = make_agent()
+    durable_agent_run(store, "pf", agent, "q")
+    forked = stepstone.fork(store, "pf", "support__model.request#2", "pf-fork")
+    assert forked.step == -1 and len(forked.state[JOURNAL_KEY]) == 3
+    assert durable_agent_run(store, "pf-fork", agent, "q") == "answer: v0,v1"
+    assert calls(log) == Counter(
+        {"model 1": 1, "tool 0": 1, "model 2": 1, "tool 1": 2, "model 3": 2}
+    )
+    assert len(stepstone.journal(store, "pf")) == len(stepstone.journal(store, "pf-fork")) == 5
+
+
 def test_rerun_from_an_agent_steps_unit_goes_back_to_that_step(store: Store, log: Path) -> None:
     """In a step list, a rerun at a unit of a completed agent step reruns that step on."""
     steps = [
