@@ -311,3 +311,49 @@ def test_an_upgrade_of_a_run_waiting_for_map_children_is_refused(store: Store) -
         stepstone.upgrade(store, "m", v2)
     waiting = store.load("m")
     assert waiting is not None and waiting.workflow_version == "1" and waiting.children
+
+
+def test_a_rerun_from_a_map_call_runs_new_children(store: Store, mode: str) -> None:
+    """A rerun from ``@map:kids#1`` makes new child runs: the old ones' results stay theirs.
+
+    A demanding user reruns the map to get new results (a fixed tool, a new model); the
+    children the cut journal forgot are done and would answer the map again unchanged.
+    """
+    made: list[int] = []
+
+    def count(x: int) -> int:
+        made.append(x)
+        return x + len(made) * 100
+
+    @stepstone.workflow("rerun-kid")
+    def kid(ctx: stepstone.WorkflowContext, input: State) -> Any:
+        return ctx.step("count", count, input["x"])
+
+    async def body(ctx: Any, input: State) -> Any:
+        return await ctx.map("kids", kid, [{"x": 1}, {"x": 2}])
+
+    flow = make("rerun-map", body, mode)
+
+    def finish(run_id: str) -> tuple[tuple[str, ...], State]:
+        with pytest.raises(Suspended):
+            drive(mode, run_id, flow, store)
+        parent = store.load(run_id)
+        assert parent is not None
+        for child_id in parent.children:
+            stepstone.run(child_id, kid, store)  # what a worker serving ``kid`` does
+        return parent.children, drive(mode, run_id, flow, store)
+
+    first_kids, first = finish("rm")
+    assert first_kids == ("rm/@map:kids#1/0", "rm/@map:kids#1/1")
+    assert first["result"] == [101, 202]
+    rewound = stepstone.rerun(store, "rm", "@map:kids#1")
+    assert calls_of(rewound.state) == []
+    again_kids, again = finish("rm")
+    assert again_kids == ("rm/@map:kids#1~1/0", "rm/@map:kids#1~1/1")
+    assert again["result"] == [301, 402] and made == [1, 2, 1, 2]
+    for child_id in first_kids:  # the first children are left as they were
+        old = store.load(child_id)
+        assert old is not None and old.status == "done" and old.state["result"] in (101, 202)
+    stepstone.rerun(store, "rm", "@map:kids#1")
+    third_kids, _ = finish("rm")
+    assert third_kids == ("rm/@map:kids#1~2/0", "rm/@map:kids#1~2/1")

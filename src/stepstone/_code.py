@@ -50,6 +50,7 @@ from ._flow._limit import Limit, LimitReached
 from ._journal import (
     ATTEMPTS_KEY,
     JOURNAL_KEY,
+    RERUNS_KEY,
     answer_of,
     entry_failed,
     entry_ok,
@@ -409,7 +410,11 @@ def _map(
 ) -> Generator[Effect, Any, tuple[Checkpoint, Wait | None]]:
     """Make or look at ``ctx.map``'s children, as a ``Map`` step does; journal their end."""
     _, seq, call, workflow, inputs, reply = request
-    step = Map(call, workflow, lambda state: inputs)
+    # After a rerun from a call, the map makes new children (``PARENT/@map:NAME#K~N/I``,
+    # N the reruns): the old ones' results belong to the calls the rerun forgot.
+    reruns = cp.state.get(RERUNS_KEY)
+    name = f"{call}~{reruns}" if type(reruns) is int and reruns > 0 else call
+    step = Map(name, workflow, lambda state: inputs)
     # A fresh reach re-queues children that failed before, as a Map's fresh attempt does.
     first = not (cp.waiting_for or "").startswith("children ")
     try:
@@ -428,7 +433,7 @@ def _map(
     if isinstance(outcome, Wait):
         session.stop("stopped")
         return cp, outcome
-    states = outcome.update[call]
+    states = outcome.update[name]
     results = [s.get("result") for s in states] if isinstance(workflow, CodeWorkflow) else states
     entry = entry_ok(seq, call, 1, results)
     cleared = {"waiting_for": None, "wake_at": None, "children": ()}

@@ -26,7 +26,7 @@ from ._acquire import watch_lease
 from ._checkpoint import Checkpoint, check_run_id, evolve
 from ._effects import Announce, Effect, Load, Save, astep_through, step_through
 from ._errors import ConflictError, InvalidWorkflow, RunNotFound, StepNotKept
-from ._journal import ATTEMPTS_KEY, JOURNAL_KEY, journal_of, recorded_calls
+from ._journal import ATTEMPTS_KEY, JOURNAL_KEY, RERUNS_KEY, journal_of, recorded_calls
 from ._store import Store
 
 __all__ = [
@@ -107,8 +107,9 @@ def _journal(run_id: str) -> Op:
     return entries_of(run_id, cp.state)
 
 
-def _cut(cp: Checkpoint, call: object, keep_it: bool) -> State:
-    """Return ``cp``'s state with its journal cut at ``call`` (kept or not), or refuse."""
+def _cut(cp: Checkpoint, call: object, keep_it: bool) -> tuple[State, int, tuple[str, ...]]:
+    """Return ``cp``'s state with its journal cut at ``call`` (kept or not), and the step
+    the run is at then (with the names of the steps before), or refuse."""
     try:
         recorded = recorded_calls(cp.run_id, journal_of(cp.state))
     except InvalidWorkflow as exc:
@@ -124,28 +125,45 @@ def _cut(cp: Checkpoint, call: object, keep_it: bool) -> State:
             cp.run_id,
             call,
         )
-    limit = found[0] + 1 if keep_it else found[0]
+    entry = recorded[found[0]]
     state = dict(cp.state)
-    state[JOURNAL_KEY] = [e for e in journal_of(cp.state) if e["seq"] < limit]
     state.pop(ATTEMPTS_KEY, None)  # counted for calls that will run again, afresh
+    if not keep_it:
+        # A ctx.map at or after the cut runs again with new children (``_code._map``).
+        reruns = cp.state.get(RERUNS_KEY)
+        state[RERUNS_KEY] = (reruns if type(reruns) is int else 0) + 1
+    journal = journal_of(cp.state)
+    if isinstance(entry.get("step"), str):
+        # An agent step's unit (``adapters._journaled``): its entries were saved one at
+        # a time, so the journal is cut where this one was saved, and the run goes back
+        # to before that step if it had completed it (later steps run again too).
+        at = journal.index(entry) + (1 if keep_it else 0)
+        state[JOURNAL_KEY] = journal[:at]
+        names = cp.step_names
+        if entry["step"] in names:
+            names = names[: names.index(entry["step"])]
+        return state, len(names) - 1, names
+    limit = found[0] + 1 if keep_it else found[0]
+    state[JOURNAL_KEY] = [e for e in journal if e["seq"] < limit]
     # A finished run's return value is the function's, which runs again.
     given = cp.input if isinstance(cp.input, dict) else {}
     if "result" in given:
         state["result"] = given["result"]
     else:
         state.pop("result", None)
-    return state
+    return state, -1, ()
 
 
 def fork_at_call(run_id: str, call: str, new_run_id: str) -> Op:
     """``fork`` at a journaled call, as effects (``_history.fork`` runs them)."""
     check_run_id(new_run_id)
     cp = yield from _load(run_id)
+    state, step, names = _cut(cp, call, keep_it=True)
     fresh = Checkpoint(
         run_id=new_run_id,
-        step=-1,
-        state=_cut(cp, call, keep_it=True),
-        step_names=(),
+        step=step,
+        state=state,
+        step_names=names,
         total_steps=cp.total_steps,
         input=cp.input,
         workflow=cp.workflow,
@@ -178,11 +196,12 @@ def rerun_from_call(run_id: str, call: str) -> Op:
         # As ``rerun`` at a step: a live lease refuses, a dead owner is taken over, and
         # the rewind's compare-and-swap fences it.
         cp = yield from watch_lease(run_id, cp, _ADVICE)
+    state, step, names = _cut(cp, call, keep_it=False)
     rewound = evolve(
         cp,
-        step=-1,
-        step_names=(),
-        state=_cut(cp, call, keep_it=False),
+        step=step,
+        step_names=names,
+        state=state,
         attempt=0,
         failure=None,
         cancelled=False,

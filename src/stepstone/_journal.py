@@ -24,6 +24,7 @@ from ._errors import InvalidState, InvalidWorkflow
 __all__ = [
     "ATTEMPTS_KEY",
     "JOURNAL_KEY",
+    "RERUNS_KEY",
     "answer_of",
     "entry_failed",
     "entry_ok",
@@ -36,6 +37,10 @@ __all__ = [
 JOURNAL_KEY = "~journal"
 #: Where it counts the attempts begun on calls with retries, not yet journaled.
 ATTEMPTS_KEY = "~attempts"
+#: How often the run was rerun from a call (``_code_history``): a ``ctx.map`` made after
+#: a rerun names its children with it, so the rerun runs new children rather than
+#: collecting the results of the ones the cut journal forgot.
+RERUNS_KEY = "~reruns"
 
 
 def journal_of(state: dict[str, Any]) -> list[dict[str, Any]]:

@@ -78,6 +78,7 @@ LOG_ENV = "STEPSTONE_OA_LOG"
 KILL_ENV = "STEPSTONE_OA_KILL"
 TOOL_CALLS = 2  # the agent looks up 0 and 1, then answers
 P = ParamSpec("P")
+LEGACY = Path(__file__).parent / "openai_agents_legacy_records.json"
 
 
 # --- the fake model and the agents (also built by the child processes) -------------------
@@ -543,6 +544,33 @@ async def test_a_second_concurrent_resume_is_refused(log: Path) -> None:
     release.set()
     assert await asyncio.wait_for(first, 30) == "done: refunded 5"
     assert calls(log) == Counter({"model 1": 1, "refund": 1, "model 2": 1})
+
+
+def test_a_waiting_run_of_the_release_before_resumes(log: Path) -> None:
+    """A store written by the release before (``openai_agents_legacy_records.json``, made
+    by ``make_openai_agents_legacy.py``) opens: its waiting run resumes on approval,
+    its recorded model call and pause answered, not made again."""
+    from stepstone._codec import checkpoint_from_doc, decode_document
+
+    records = json.loads(LEGACY.read_text(encoding="utf-8"))
+    docs = [decode_document(text, name) for name, text in records.items()]
+    store = open_store(f"memory://oa-legacy-{uuid.uuid4().hex}")
+    created: dict[str, str] = {}
+    for doc in sorted(docs, key=lambda d: d["run_id"].startswith(PREFIX)):  # runs first
+        state = doc["state"]
+        if doc["run_id"].startswith(PREFIX):
+            # A journal entry names its run's creation time, which the store set anew.
+            state = {**state, "run_created": created[state["run"]]}
+        saved = store.save(checkpoint_from_doc({**doc, "state": state}, None, "fixture"))
+        assert saved.created_at is not None
+        created[saved.run_id] = saved.created_at.isoformat()
+    assert [p["call_id"] for p in pending_approvals(store, "legacy-wait")] == ["r1"]
+    approve(store, "legacy-wait", "r1")
+    output = StepstoneRunner.run_sync(store, "legacy-wait", refund_agent(), run_config=config_())
+    assert output == "done: refunded 5"
+    assert calls(log) == Counter({"model 2": 1, "refund": 1})  # not model 1 again
+    done = StepstoneRunner.run_sync(store, "legacy-done", lookup_agent(), run_config=config_())
+    assert done == "answer: v0,v1" and calls(log)["model 1"] == 0
 
 
 def _until(condition: Callable[[], bool], what: str, timeout: float = CHILD_TIMEOUT) -> None:

@@ -38,10 +38,14 @@ from pydantic_ai.models.function import AgentInfo, DeltaToolCall, FunctionModel
 from pydantic_ai.tools import DeferredToolRequests
 from pydantic_ai.toolsets import DynamicToolset, FunctionToolset
 
+import stepstone
 from stepstone import (
+    Checkpoint,
+    ConflictError,
     InvalidWorkflow,
     LeaseLost,
     RetryPolicy,
+    StepFailed,
     Store,
     Suspended,
     Worker,
@@ -50,6 +54,9 @@ from stepstone import (
     open_store,
     run,
 )
+from stepstone._checkpoint import evolve
+from stepstone._codec import checkpoint_from_doc, decode_document
+from stepstone._journal import JOURNAL_KEY
 from stepstone.adapters.pydantic_ai import (
     AgentStep,
     StepstoneDurability,
@@ -210,8 +217,8 @@ def test_persisted_names_are_pinned(memory_store: Store, log: Path) -> None:
     """The journal names of model requests and tool calls never change once persisted."""
     assert durable_agent_run(memory_store, "names", make_agent(), "q") == "answer: v0,v1"
     assert list(read_journal(memory_store, "names")) == [
-        "support__model.request",
-        "support__function_toolset__<agent>.call_tool:lookup",
+        "support__model.request#1",
+        "support__function_toolset__<agent>.call_tool:lookup#1",
         "support__model.request#2",
         "support__function_toolset__<agent>.call_tool:lookup#2",
         "support__model.request#3",
@@ -250,15 +257,12 @@ def test_streaming_and_event_handler_names_are_pinned(memory_store: Store, log: 
 
     assert asyncio.run(adurable_agent_run(memory_store, "stream", agent, "q")) == "streamed"
     names = list(read_journal(memory_store, "stream"))
-    assert names[0] == "support__model.request_stream"
-    assert "support__function_toolset__<agent>.call_tool:lookup" in names
+    assert names[0] == "support__model.request_stream#1"
+    assert "support__function_toolset__<agent>.call_tool:lookup#1" in names
     assert "support__model.request_stream#2" in names
     handled = [n for n in names if n.startswith("support__event_stream_handler")]
-    assert handled and handled[0] == "support__event_stream_handler"
-    assert all(
-        n == "support__event_stream_handler" or n.startswith("support__event_stream_handler#")
-        for n in handled
-    )
+    assert handled and handled[0] == "support__event_stream_handler#1"
+    assert all(n.startswith("support__event_stream_handler#") for n in handled)
     assert seen, "the handler received no event"
     seen_before = list(seen)
     # A resume replays everything: no model call, no tool call, no handler call again.
@@ -290,9 +294,9 @@ def test_toolset_discovery_is_journaled(memory_store: Store, log: Path) -> None:
     assert durable_agent_run(memory_store, "discover", agent, "q") == "answer: v0,v1"
     names = list(read_journal(memory_store, "discover"))
     assert names[:3] == [
-        "support__dynamic_toolset__extra.get_tools",
-        "support__model.request",
-        "support__dynamic_toolset__extra.call_tool:lookup",
+        "support__dynamic_toolset__extra.get_tools#1",
+        "support__model.request#1",
+        "support__dynamic_toolset__extra.call_tool:lookup#1",
     ]
     assert "support__dynamic_toolset__extra.get_tools#2" in names
     ran = calls(log)
@@ -389,7 +393,7 @@ def test_parallel_tool_calls_run_one_at_a_time(memory_store: Store, log: Path) -
     assert overlaps == []
     assert log.read_text(encoding="utf-8").split("\n")[:2] == ["slow 1", "slow 2"]
     journal = read_journal(memory_store, "par")
-    first = journal["support__function_toolset__<agent>.call_tool:slow"]
+    first = journal["support__function_toolset__<agent>.call_tool:slow#1"]
     second = journal["support__function_toolset__<agent>.call_tool:slow#2"]
     assert (first["result"], second["result"]) == ("1", "2")
 
@@ -410,8 +414,8 @@ def test_sub_agent_inside_a_tool_is_part_of_the_tool_call(memory_store: Store, l
         "answer: answer: v0,v1,answer: v0,v1"
     )
     assert list(read_journal(memory_store, "nested")) == [
-        "outer__model.request",
-        "outer__function_toolset__<agent>.call_tool:lookup",
+        "outer__model.request#1",
+        "outer__function_toolset__<agent>.call_tool:lookup#1",
         "outer__model.request#2",
         "outer__function_toolset__<agent>.call_tool:lookup#2",
         "outer__model.request#3",
@@ -428,7 +432,8 @@ def test_concurrent_units_are_refused(memory_store: Store) -> None:
     backend = StepstoneDurability.from_agent(make_agent())
     assert backend is not None
     engine = backend.get_durable_operation_backend()
-    session = Session(memory_store, "conc", "agent", epoch=1, run_created="t", sync=False)
+    cp = Checkpoint(run_id="conc", step=-1, state={}, step_names=(), total_steps=1)
+    session = Session(cp, "agent", None, sync=False)  # never reaches the core: refused first
 
     async def body() -> object:
         await asyncio.sleep(0.05)
@@ -452,27 +457,52 @@ def test_concurrent_units_are_refused(memory_store: Store) -> None:
         finally:
             session_var.reset(token)
 
-    with pytest.raises(ConcurrentUnits, match="'second' started while 'first'"):
+    with pytest.raises(ConcurrentUnits, match="'second#1' started while 'first#1'"):
         asyncio.run(main())
 
 
-def test_stale_owner_is_fenced(memory_store: Store) -> None:
-    """A journal written at a newer epoch refuses an older owner's writes (LeaseLost)."""
-    from stepstone.adapters.pydantic_ai._journal import Session
+def test_stale_owner_is_fenced(memory_store: Store, log: Path) -> None:
+    """An owner whose lease was taken over mid-run journals nothing more (LeaseLost)."""
+    agent: Agent[None, str] = Agent(
+        FunctionModel(_model), name="support", capabilities=[StepstoneDurability()]
+    )
+
+    @agent.tool_plain
+    def lookup(x: int) -> str:
+        _log(f"tool {x}")
+        while x == 1:  # another owner takes the run over while this call runs
+            cp = memory_store.load("fence")
+            assert cp is not None
+            try:
+                memory_store.save(evolve(cp, owner="thief", epoch=cp.epoch + 1))
+            except ConflictError:
+                continue  # a renewal landed between our load and save: take it again
+            break
+        return f"v{x}"
+
+    with pytest.raises(LeaseLost):
+        durable_agent_run(memory_store, "fence", agent, "q")
+    assert list(read_journal(memory_store, "fence")) == [
+        "support__model.request#1",
+        "support__function_toolset__<agent>.call_tool:lookup#1",
+        "support__model.request#2",
+    ]
+
+
+def test_the_sync_helper_inside_an_event_loop_is_refused(memory_store: Store, log: Path) -> None:
+    """``durable_agent_run`` (sync) called from a running event loop fails the step,
+    saying to use the async helper; the agent runs nothing."""
 
     async def main() -> None:
-        new = Session(memory_store, "fence", "agent", epoch=3, run_created="t", sync=False)
-        old = Session(memory_store, "fence", "agent", epoch=2, run_created="t", sync=False)
-        await old.open()
-        await new.open()
-        assert await new.record("a", 1) == 1
-        with pytest.raises(LeaseLost, match="epoch 3"):
-            await old.record("b", 2)
-        # The same key recorded twice keeps the first value: every replay agrees.
-        assert await new.record("a", 99) == 1
+        with pytest.raises(StepFailed):
+            durable_agent_run(memory_store, "in-loop", make_agent(), "q")
 
     asyncio.run(main())
-    assert read_journal(memory_store, "fence") == {"a": 1}
+    cp = memory_store.load("in-loop")
+    assert cp is not None and cp.failure is not None
+    assert cp.failure.error_type == "InvalidWorkflow"
+    assert "inside a running event loop" in cp.failure.message
+    assert calls(log) == Counter()
 
 
 def test_outside_a_run_the_agent_is_ordinary(log: Path) -> None:
@@ -498,8 +528,6 @@ def test_bad_setup_is_refused(memory_store: Store) -> None:
 
 def test_wait_suspends_and_a_signal_resumes(memory_store: Store, log: Path) -> None:
     """A RequestInput wait saves the run waiting for its signal; the signal's answer is used."""
-    import stepstone
-
     agent = approval_agent()
     with pytest.raises(Suspended) as waiting:
         asyncio.run(adurable_agent_run(memory_store, "approve", agent, "refund me"))
@@ -518,10 +546,10 @@ def test_wait_suspends_and_a_signal_resumes(memory_store: Store, log: Path) -> N
     assert calls(log) == Counter({"model": 2, "refund": 1, asked: 1})
     names = list(read_journal(memory_store, "approve"))
     assert names == [
-        "support__model.request",
-        "support__external_event.approve.ask",
-        "support__external_event.approve",
-        "support__function_toolset__<agent>.call_tool:refund",
+        "support__model.request#1",
+        "support__external_event.approve.ask#1",
+        "support__external_event.approve#1",
+        "support__function_toolset__<agent>.call_tool:refund#1",
         "support__model.request#2",
     ]
     done = memory_store.load("approve")
@@ -530,7 +558,6 @@ def test_wait_suspends_and_a_signal_resumes(memory_store: Store, log: Path) -> N
 
 def test_two_waits_of_one_name_take_one_signal_each(memory_store: Store, log: Path) -> None:
     """Two approvals in one agent run consume the signals of their name in arrival order."""
-    import stepstone
 
     def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         done = _returns(messages)
@@ -591,32 +618,14 @@ def test_an_answer_from_ask_is_recorded_and_not_asked_again(memory_store: Store,
 
     assert durable_agent_run(memory_store, "policy", agent, "q") == "done: refunded 5"
     journal = read_journal(memory_store, "policy")
-    assert journal["support__external_event.approve"] == {
-        "payload": journal["support__external_event.approve.ask"]
+    assert journal["support__external_event.approve#1"] == {
+        "payload": journal["support__external_event.approve.ask#1"]
     }
-    # Replayed from the journal (a retry or a resume would do this): no second ask.
-    from stepstone.adapters.pydantic_ai._journal import Session, session_var
-
-    async def replay() -> str:
-        cp = memory_store.load("policy")
-        assert cp is not None and cp.created_at is not None
-        session = Session(
-            memory_store,
-            "policy",
-            "agent",
-            epoch=cp.epoch,
-            run_created=cp.created_at.isoformat(timespec="milliseconds"),
-            sync=False,
-        )
-        await session.open()
-        token = session_var.set(session)
-        try:
-            return (await agent.run("q")).output
-        finally:
-            session_var.reset(token)
-
-    assert asyncio.run(replay()) == "done: refunded 5"
-    assert calls(log) == Counter({"model": 2, "refund": 1, "policy": 1})
+    # Rerun from the last model request (``stepstone.rerun`` at a journal entry): the
+    # entries before it answer their units, so the ask is not made again.
+    stepstone.rerun(memory_store, "policy", "support__model.request#2")
+    assert durable_agent_run(memory_store, "policy", agent, "q") == "done: refunded 5"
+    assert calls(log) == Counter({"model": 3, "refund": 1, "policy": 1})
 
 
 def test_wait_timeout_is_durable(tmp_path: Path, log: Path) -> None:
@@ -626,7 +635,7 @@ def test_wait_timeout_is_durable(tmp_path: Path, log: Path) -> None:
         flow = Workflow("pa-timeout", [step])
         with pytest.raises(Suspended) as waiting:
             asyncio.run(arun("late", flow, store))
-        deadline = read_journal(store, "late")["support__external_event.approve.deadline"]
+        deadline = read_journal(store, "late")["support__external_event.approve.deadline#1"]
         assert waiting.value.wake_at == datetime.fromisoformat(deadline)
         worker = Worker(store, [flow], poll=0.05)
         thread = threading.Thread(target=worker.serve, daemon=True)
@@ -792,3 +801,142 @@ def _child_main(argv: list[str]) -> None:
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     _child_main(sys.argv[1:])
+
+
+# --- the run's public journal (issue 31), and stores of the release before ---------------
+#
+# An agent step's model requests and tool calls are entries of the run's journal, as a
+# code workflow's calls are: ``stepstone.journal`` lists them, ``rerun`` at one runs it
+# and the later ones again, the others are answered from the journal. A store written by
+# the release before (its journal in a record of its own, ``pydantic_ai_legacy_records
+# .json``, written by ``make_pydantic_ai_legacy.py``) opens: a waiting run resumes with
+# its recorded units answered, their record moved into the run's journal.
+
+LEGACY = Path(__file__).parent / "pydantic_ai_legacy_records.json"
+
+
+@pytest.fixture(params=("memory", "sqlite"))
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """A fresh in-process store."""
+    config = {
+        "memory": f"memory://paj-{uuid.uuid4().hex}",
+        "sqlite": f"sqlite:///{tmp_path}/runs.db",
+    }[str(request.param)]
+    with open_store(config) as opened:
+        yield opened
+
+
+def test_units_are_entries_of_the_runs_journal(store: Store, log: Path) -> None:
+    """Each unit is one entry of the run's journal, named NAME#N, with its step."""
+    assert durable_agent_run(store, "pj", make_agent(), "q") == "answer: v0,v1"
+    entries = stepstone.journal(store, "pj")
+    assert [e.call for e in entries] == [
+        "support__model.request#1",
+        "support__function_toolset__<agent>.call_tool:lookup#1",
+        "support__model.request#2",
+        "support__function_toolset__<agent>.call_tool:lookup#2",
+        "support__model.request#3",
+    ]
+    assert [e.seq for e in entries] == [0, 1, 2, 3, 4]
+    assert entries[2].name == "support__model.request" and entries[2].ordinal == 2
+    assert all(e.at is not None and e.size > 0 for e in entries)
+    cp = store.load("pj")
+    assert cp is not None and {e["step"] for e in cp.state[JOURNAL_KEY]} == {"agent"}
+    assert store.load(journal_run_id("pj", "agent")) is None  # no record of its own
+
+
+def test_rerun_from_a_tool_call_runs_it_and_the_later_units_again(store: Store, log: Path) -> None:
+    """``rerun`` at the second tool call: the first request, tool and second request are
+    answered from the journal; that call and the last request run again."""
+    agent = make_agent()
+    durable_agent_run(store, "pr", agent, "q")
+    rewound = stepstone.rerun(store, "pr", "support__function_toolset__<agent>.call_tool:lookup#2")
+    assert rewound.step == -1 and len(rewound.state[JOURNAL_KEY]) == 3
+    assert durable_agent_run(store, "pr", agent, "q") == "answer: v0,v1"
+    assert calls(log) == Counter(
+        {"model 1": 1, "tool 0": 1, "model 2": 1, "tool 1": 2, "model 3": 2}
+    )
+    assert len(stepstone.journal(store, "pr")) == 5
+
+
+def test_fork_at_a_unit_keeps_the_units_up_to_it(store: Store, log: Path) -> None:
+    """``fork`` at the second model request: the new run answers the units up to it from
+    its journal and runs the later ones; the original run is untouched."""
+    agent = make_agent()
+    durable_agent_run(store, "pf", agent, "q")
+    forked = stepstone.fork(store, "pf", "support__model.request#2", "pf-fork")
+    assert forked.step == -1 and len(forked.state[JOURNAL_KEY]) == 3
+    assert durable_agent_run(store, "pf-fork", agent, "q") == "answer: v0,v1"
+    assert calls(log) == Counter(
+        {"model 1": 1, "tool 0": 1, "model 2": 1, "tool 1": 2, "model 3": 2}
+    )
+    assert len(stepstone.journal(store, "pf")) == len(stepstone.journal(store, "pf-fork")) == 5
+
+
+def test_rerun_from_an_agent_steps_unit_goes_back_to_that_step(store: Store, log: Path) -> None:
+    """In a step list, a rerun at a unit of a completed agent step reruns that step on."""
+    steps = [
+        stepstone.Step("before", lambda state: {"n": 1}),
+        AgentStep("agent", make_agent(), "q", store=store),
+        stepstone.Step("after", lambda state: {"done": state["agent"]}),
+    ]
+    assert stepstone.run("ps", steps, store)["done"] == "answer: v0,v1"
+    rewound = stepstone.rerun(store, "ps", "support__model.request#3")
+    assert rewound.step == 0 and rewound.step_names == ("before",)
+    assert stepstone.run("ps", steps, store)["done"] == "answer: v0,v1"
+    assert calls(log)["model 3"] == 2 and calls(log)["model 1"] == 1
+
+
+def _load_legacy(store: Store) -> None:
+    """Save the release before's records into ``store``, as that release left them."""
+    records = json.loads(LEGACY.read_text(encoding="utf-8"))
+    docs = [decode_document(text, name) for name, text in records.items()]
+    for doc in sorted(docs, key=lambda d: "/" in d["run_id"]):  # runs first
+        cp = checkpoint_from_doc(doc, None, "fixture")
+        if "/" in cp.run_id:
+            # The journal names its run's creation time, which the store set anew.
+            run = store.load(doc["state"]["run"])
+            assert run is not None and run.created_at is not None
+            created = run.created_at.isoformat(timespec="milliseconds")
+            cp = checkpoint_from_doc(
+                {**doc, "state": {**doc["state"], "run_created": created}}, None, "fixture"
+            )
+        store.save(cp)
+
+
+def test_a_waiting_run_of_the_release_before_resumes(store: Store, log: Path) -> None:
+    """The release before's waiting run resumes: its first model request and its ask are
+    answered from its old journal (moved into the run's journal), not made again."""
+    _load_legacy(store)
+    legacy_id = journal_run_id("legacy-wait", "agent")
+    assert store.load(legacy_id) is not None
+    assert list(read_journal(store, "legacy-wait")) == [
+        "support__model.request#1",
+        "support__external_event.approve.ask#1",
+    ]
+    agent = approval_agent()
+    with pytest.raises(Suspended):  # not answered yet: still waits, runs nothing
+        asyncio.run(adurable_agent_run(store, "legacy-wait", agent, "refund me"))
+    assert calls(log) == Counter()
+    stepstone.signal(store, "legacy-wait", "approve", {"approvals": {"r1": True}})
+    out = asyncio.run(adurable_agent_run(store, "legacy-wait", agent, "refund me"))
+    assert out == "done: refunded 5"
+    assert calls(log) == Counter({"model": 1, "refund": 1})  # the second request only
+    assert store.load(legacy_id) is None  # moved into the run's journal
+    assert [e.call for e in stepstone.journal(store, "legacy-wait")] == [
+        "support__model.request#1",
+        "support__external_event.approve.ask#1",
+        "support__external_event.approve#1",
+        "support__function_toolset__<agent>.call_tool:refund#1",
+        "support__model.request#2",
+    ]
+
+
+def test_a_finished_run_of_the_release_before_reads(store: Store, log: Path) -> None:
+    """The release before's finished run: its journal reads under today's names, and
+    calling it again runs nothing."""
+    _load_legacy(store)
+    names = list(read_journal(store, "legacy-done"))
+    assert names[0] == "support__model.request#1" and names[-1] == "support__model.request#3"
+    assert durable_agent_run(store, "legacy-done", make_agent(), "q") == "answer: v0,v1"
+    assert calls(log) == Counter()  # finished: nothing runs

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from .._checkpoint import Checkpoint
     from .._core import Plan
 
-__all__ = ["call_agent", "check_options", "in_sync_run"]
+__all__ = ["call_agent", "check_options", "find", "in_sync_run"]
 
 Outcome = dict[str, Any]
 
@@ -79,3 +79,16 @@ def check_options(function: str, options: Mapping[str, object], allowed: frozens
     for name in options:
         if name not in allowed:
             raise TypeError(f"{function}() got an unexpected keyword argument {name!r}")
+
+
+def find(error: BaseException, kind: type[BaseException]) -> BaseException | None:
+    """``error`` or the first exception of ``kind`` in its exception groups (an agent
+    framework's task groups wrap what a unit raised)."""
+    if isinstance(error, kind):
+        return error
+    if isinstance(error, BaseExceptionGroup):
+        for inner in error.exceptions:
+            found = find(inner, kind)
+            if found is not None:
+                return found
+    return None

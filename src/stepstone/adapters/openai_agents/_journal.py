@@ -16,6 +16,7 @@ from ..._checkpoint import MAX_RUN_ID_LENGTH, Checkpoint, evolve
 from ..._codec import encode_state
 from ..._errors import ConflictError, InvalidState, InvalidWorkflow, StepstoneError
 from ..._store import Store
+from .._agent_call import find
 from .._drive import Load, Rule, Save, adrive, drive
 
 #: The head of every record this adapter writes.
@@ -205,18 +206,6 @@ class BudgetPause(BaseException):
 def find_fatal(error: BaseException) -> Fatal | None:
     found = find(error, Fatal)
     return found if isinstance(found, Fatal) else None
-
-
-def find(error: BaseException, kind: type[BaseException]) -> BaseException | None:
-    """``error`` or the first exception of ``kind`` in its exception groups."""
-    if isinstance(error, kind):
-        return error
-    if isinstance(error, BaseExceptionGroup):
-        for inner in error.exceptions:
-            found = find(inner, kind)
-            if found is not None:
-                return found
-    return None
 
 
 @contextlib.asynccontextmanager

@@ -21,7 +21,7 @@ from ..._spending import usage_charge
 from ..._steps import RetryPolicy, check_name
 from ..._store import Store
 from ..._suspend import Complete, SuspendingStep, Wait
-from .._agent_call import call_agent, check_options, in_sync_run
+from .._agent_call import call_agent, check_options, find, in_sync_run
 from .._budget_gate import budgeted, unconsumed_raises
 from ._approvals import decide, interruptions, latest_pause
 from ._journal import (
@@ -29,7 +29,6 @@ from ._journal import (
     MISSING,
     BudgetPause,
     Journal,
-    find,
     find_fatal,
     journal_var,
     to_json,

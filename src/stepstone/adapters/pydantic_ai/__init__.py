@@ -8,16 +8,17 @@ a ``Workflow`` served by workers. Built on pydantic-ai's public durable engine A
 
 How a run survives a crash. Every model request (streaming or not), tool call, toolset
 discovery and event-stream-handler call is one durable unit, named by pydantic-ai's
-``JournalOperationNamer`` (``support__model.request``, ``support__function_toolset__
-<agent>.call_tool:lookup``); a name met again in one agent run gets an encounter counter
-(``...model.request#2``). When a unit's body returns, its JSON result (pydantic models in
-their JSON mode) is saved, by compare-and-swap, in the step's *journal*: one record in
-the same store, ``RUN_ID/STEP/pydantic-ai-journal`` (``journal_run_id``), kept at status
-``done`` so no worker ever claims it. On resume the agent runs again from its start and
-every unit found in the journal returns its recorded result instead of running: finished
-model requests and tool calls are never paid twice; the one in flight at the crash runs
-at most once more. The journal lives outside the run's own record because the runner's
-compare-and-swap refuses a record whose state changed under a running step.
+``JournalOperationNamer`` and numbered per name in one agent run
+(``support__model.request#1``, ``support__function_toolset__<agent>.call_tool:lookup#2``).
+When a unit's body returns, its JSON result (pydantic models in their JSON mode) is an
+entry of the run's own journal, as a code workflow's call is (``adapters._journaled``):
+appended by the core's compare-and-swap of the run's record, fenced by its lease, so
+``stepstone.journal``, ``runs show`` and ``rerun`` at an entry work on it. On resume the
+agent runs again from its start and every unit found in the journal returns its recorded
+result instead of running: finished model requests and tool calls are never paid twice;
+the one in flight at the crash runs at most once more. The release before kept the
+journal in a record of its own (``journal_run_id``): the step's next execution moves it
+into the run's journal.
 
 Ordering. Tool calls run one at a time, in the order of the recorded model response
 (the engine spec's ``sequential_tools_in_durable_context``: pydantic-ai forces its
@@ -35,11 +36,11 @@ stopped. The token ``ask`` receives names the run and the signal (``parse_token`
 
 Streams. ``StepstoneDurability(event_stream_handler=emit_events)`` sends the agent's
 events to the run's stream (``stepstone.stream``): text to ``"tokens"``, tool calls and
-results to ``"tool"``; a replay emits the replayed units' events again, so the attempt
-that commits the step has emitted the whole answer (``_streaming``).
+results to ``"tool"``; each unit's events are shown once its journal entry lands, and a
+replayed unit emits nothing again (``_streaming``).
 
-Fencing. The journal records the fencing epoch of the run's owner that wrote it; a
-stale owner (its lease taken over) gets ``LeaseLost`` on its next journal write.
+Fencing. Each entry is a save of the run's record fenced by its owner's lease: a stale
+owner (its lease taken over) gets ``LeaseLost`` on its next journal write.
 """
 
 from __future__ import annotations

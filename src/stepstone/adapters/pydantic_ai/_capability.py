@@ -28,6 +28,7 @@ from pydantic_ai.tools import AgentDepsT, RunContext
 from ..._budget import RAISE_SIGNAL
 from ..._checkpoint import utcnow
 from ..._errors import InvalidWorkflow
+from ..._stream import _hooks as _stream
 from ..._suspend import pending_signals
 from .._budget_gate import over_budget
 
@@ -35,20 +36,21 @@ if TYPE_CHECKING:
     from pydantic_ai.agent import AbstractAgent, EventStreamHandler
     from pydantic_ai.models import Model
 
-from ._journal import ConcurrentUnits, Session, Suspend, in_unit, session_var, wait_token
-from ._streaming import emit_events, restream
+from ._journal import (
+    ConcurrentUnits,
+    Session,
+    Suspend,
+    in_unit,
+    session_var,
+    sub_call,
+    wait_token,
+)
 
 # --- the engine -----------------------------------------------------------------------
 
 
 class Backend(JournalCallableOperationBackend[None]):
-    """Runs each durable unit's body once per run: its result is journaled, then replayed.
-
-    With ``restream`` (the handler is ``emit_events``) a replay also re-emits what the
-    unit emitted to the run's stream (``_streaming.restream``).
-    """
-
-    restream = False
+    """Runs each durable unit's body once per run: its result is journaled, then replayed."""
 
     async def execute(
         self,
@@ -66,15 +68,9 @@ class Backend(JournalCallableOperationBackend[None]):
             return await body()
         key = session.next_name(name)
         if key in session.entries:
-            recorded = session.entries[key]
-            if self.restream and restream(name, recorded):
-                token = in_unit.set(True)
-                try:
-                    await body()  # emit_events only: the attempt emits the event again
-                finally:
-                    in_unit.reset(token)
+            # Its events, if it emitted any, were committed with its entry: not again.
             record_durable_unit(executed=False)
-            return recorded
+            return session.entries[key]
         if session.budgeted and "model.request" in name:
             # Spend budgets: at the run's limit, pause before this request (``_budget_gate``).
             await _gate(session)
@@ -87,13 +83,20 @@ class Backend(JournalCallableOperationBackend[None]):
                 "durable work concurrently (asyncio.gather) inside one agent run"
             )
         session.busy = key
+        seq = session.take_seq()
         token = in_unit.set(True)
+        # The unit's events are an attempt of their own, shown once its entry lands.
+        scope = _stream.begin_call(seq, 1)
         try:
             payload = await body()
+            ending, scope = scope, None
+            streamed = None if ending is None else await _stream.aend(ending)
         finally:
+            if scope is not None:
+                _stream.abandon(scope)
             in_unit.reset(token)
             session.busy = None
-        recorded = await session.record(key, payload)
+        recorded = await session.record(key, payload, seq, streamed)
         record_durable_unit(executed=True)
         return recorded
 
@@ -170,7 +173,6 @@ class StepstoneDurability(BaseDurabilityCapability[AgentDepsT]):
             default_model_id=self.default_model_id,
             config=RoleBasedOperationConfig(model=None, event=None, capability=None, tool=None),
         )
-        self._backend.restream = self._event_stream_handler is emit_events
         super()._bind_to_agent(agent)
 
     @property
@@ -229,7 +231,7 @@ class Waiter(ExternalEventWaiter):
         key = session.next_name(f"{self.agent_name}__external_event.{name}")
         if key in session.entries:
             return outcome_of(session.entries[key])
-        ask_key = f"{key}.ask"
+        ask_key = sub_call(key, "ask")
         if ask_key in session.entries:
             answer = session.entries[ask_key]
         else:
@@ -238,7 +240,7 @@ class Waiter(ExternalEventWaiter):
             return outcome_of(await session.record(key, {"payload": answer}))
         deadline: datetime | None = None
         if timeout is not None:
-            due = await session.record(f"{key}.deadline", (utcnow() + timeout).isoformat())
+            due = await session.record(sub_call(key, "deadline"), (utcnow() + timeout).isoformat())
             deadline = datetime.fromisoformat(due)
         cp = await session.latest_run()
         taken = session.taken_signal_ids()

@@ -1,28 +1,26 @@
-"""The journal of one agent step: one record of JSON results, fenced by the owner's epoch."""
+"""The journal of one agent step: its units' entries in the run's journal (``_journaled``)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from contextvars import ContextVar
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any
 
 from ..._budget import Prices
-from ..._checkpoint import MAX_RUN_ID_LENGTH, Checkpoint, evolve
+from ..._checkpoint import MAX_RUN_ID_LENGTH, Checkpoint, utcnow
 from ..._errors import ConflictError, LeaseLost, StepstoneError
+from ..._journal import entry_ok
 from ..._store import Store
 from ..._suspend import pending_signals
-from .._drive import Load, Rule, Save, adrive, drive
+from .._journaled import UnitJournal
 
-T = TypeVar("T")
-
-
-#: Version of the journal record's layout (``state["format"]``).
+#: Version of the journal record's layout the release before wrote (``state["format"]``):
+#: such a record is read once and moved into the run's journal (``adopt_legacy``).
 JOURNAL_FORMAT = 1
 _JOURNAL_SUFFIX = "pydantic-ai-journal"
-# Each retry means another writer changed the journal between our load and our save.
-MAX_TRIES = 50
 
 
 class ConcurrentUnits(StepstoneError):
@@ -34,7 +32,10 @@ class ConcurrentUnits(StepstoneError):
 
 
 def journal_run_id(run_id: str, step_name: str) -> str:
-    """Return the id of the record holding the journal of step ``step_name`` of ``run_id``.
+    """Return the id of the record where the release before kept step ``step_name``'s journal.
+
+    This release journals into the run's own record (``stepstone.journal``); a record
+    of this id left by the release before is moved there on the step's next execution.
 
     ``RUN_ID/STEP/pydantic-ai-journal``; where that would pass the 1,024-character limit,
     ``pydantic-ai~<sha256 of RUN_ID NUL STEP>/pydantic-ai-journal``. Either form ends in
@@ -90,60 +91,36 @@ class Suspend(BaseException):
         self.wake_at = wake_at
 
 
-class Session:
-    """One execution of an ``AgentStep``: its journal, counters, and the store to save to."""
+class Session(UnitJournal):
+    """One execution of an ``AgentStep``: its units' entries in the run's journal."""
 
-    def __init__(
-        self,
-        store: Store,
-        run_id: str,
-        step_name: str,
-        *,
-        epoch: int,
-        run_created: str,
-        sync: bool,
-    ) -> None:
-        self.store = store
-        self.run_id = run_id
-        self.step_name = step_name
-        self.journal_id = journal_run_id(run_id, step_name)
-        self.epoch = epoch
-        self.run_created = run_created
-        self.sync = sync
-        self.record_cp: Checkpoint | None = None
-        self.entries: dict[str, Any] = {}
-        self.counters: dict[str, int] = {}
-        self.busy: str | None = None
+    def __init__(self, cp: Checkpoint, step_name: str, link: Any, sync: bool) -> None:
+        super().__init__(cp, step_name, link, sync)
+        self.epoch = cp.epoch
+        # Milliseconds: what every backend keeps of a time, whatever it rounds off.
+        self.run_created = (cp.created_at or utcnow()).isoformat(timespec="milliseconds")
         #: Spend budgets: the run has one (check before each new model request), and the
         #: step's prices (its usage in dollars).
         self.budgeted = False
         self.prices: Prices | None = None
 
-    async def run(self, rule: Rule[T]) -> T:
-        """Run one journal rule: on the sync store methods under ``run`` (the agent's loop
-        is private to the step there, so a blocking save stalls nothing else), on the
-        async ones under ``arun``."""
-        if self.sync:
-            return drive(self.store, rule)
-        return await adrive(self.store, rule)
-
-    def _adopt(self, stored: Checkpoint | None) -> None:
-        """Take ``stored`` as the journal, after checking it is this run's and not newer."""
-        self.record_cp = stored
+    async def adopt_legacy(self, store: Store) -> None:
+        """Move the journal the release before kept in a record of its own (``journal_run_id``)
+        into the run's journal, once: its entries appended in the order it saved them,
+        named as this release names them (``legacy_call``), then that record deleted."""
+        if self.entries:
+            return
+        record_id = journal_run_id(self.run_id, self.step_name)
+        stored = store.load(record_id) if self.sync else await store.aload(record_id)
         if stored is None:
-            self.entries = {}
             return
         state = stored.state
         if state.get("run") != self.run_id or state.get("step") != self.step_name:
             raise ConflictError(
-                f"record {self.journal_id!r} exists but is not the pydantic-ai journal of step "
+                f"record {record_id!r} exists but is not the pydantic-ai journal of step "
                 f"{self.step_name!r} of run {self.run_id!r}; remove it or rename the step",
-                self.journal_id,
+                record_id,
             )
-        if state.get("run_created") != self.run_created:
-            # Left by a deleted run of the same id: its results are not this run's.
-            self.entries = {}
-            return
         epoch = state.get("epoch", 0)
         if isinstance(epoch, int) and epoch > self.epoch:
             raise LeaseLost(
@@ -151,77 +128,23 @@ class Session:
                 f"{epoch}, this owner holds epoch {self.epoch}; nothing was written",
                 self.run_id,
             )
-        entries = state.get("entries")
-        self.entries = dict(entries) if isinstance(entries, dict) else {}
-
-    def _open(self) -> Rule[None]:
-        self._adopt((yield Load(self.journal_id)))
-
-    async def open(self) -> None:
-        """Read the journal as it is stored now."""
-        await self.run(self._open())
-
-    def next_name(self, name: str) -> str:
-        """Return ``name`` with its encounter counter: the first is bare, then ``#2``, ..."""
-        count = self.counters.get(name, 0) + 1
-        self.counters[name] = count
-        return name if count == 1 else f"{name}#{count}"
-
-    async def record(self, key: str, payload: Any) -> Any:
-        """Run ``_record``: save ``key: payload`` once; return what the journal holds."""
-        return await self.run(self._record(key, payload))
-
-    def _record(self, key: str, payload: Any) -> Rule[Any]:
-        """Save ``key: payload`` in the journal; return what the journal holds for ``key``.
-
-        A concurrent writer of the same run (an owner that lost its lease without knowing)
-        may have recorded ``key`` first: its value stands, so every replay agrees.
-        """
-        for _ in range(MAX_TRIES):
-            if key in self.entries:
-                return self.entries[key]
-            entries = {**self.entries, key: payload}
-            state = {
-                "format": JOURNAL_FORMAT,
-                "run": self.run_id,
-                "step": self.step_name,
-                "run_created": self.run_created,
-                "epoch": self.epoch,
-                "entries": entries,
-            }
-            base = self.record_cp
-            if base is None:
-                intended = Checkpoint(
-                    run_id=self.journal_id,
-                    step=0,
-                    state=state,
-                    step_names=("journal",),
-                    total_steps=1,
-                )
-            else:
-                intended = evolve(base, state=state)
-            try:
-                self.record_cp = yield Save(intended)
-            except ConflictError:
-                self._adopt((yield Load(self.journal_id)))
-                continue
-            self.entries = entries
-            return payload
-        raise ConflictError(
-            f"run {self.run_id!r}: {MAX_TRIES} writers changed its pydantic-ai journal "
-            "during one save",
-            self.journal_id,
-        )
-
-    async def latest_run(self) -> Checkpoint:
-        """Return the run's record as stored now."""
-        return await self.run(self._latest_run())
-
-    def _latest_run(self) -> Rule[Checkpoint]:
-        cp: Checkpoint | None = yield Load(self.run_id)
-        if cp is None:
-            raise LeaseLost(f"run {self.run_id!r} was deleted while its agent ran", self.run_id)
-        return cp
+        old = state.get("entries")
+        if state.get("run_created") == self.run_created and isinstance(old, dict) and old:
+            # Not left by a deleted run of the same id (its results are not this run's).
+            moved = []
+            for key, value in old.items():
+                entry = entry_ok(self.take_seq(), legacy_call(key), 1, value)
+                entry.pop("at")  # not known: the release before kept no times
+                entry["step"] = self.step_name
+                moved.append(entry)
+            await self.save(moved)
+            self.entries.update({e["call"]: e["result"] for e in moved})
+        # Moved (or not this run's): the record goes, by compare-and-swap on what was read.
+        # A crash before the delete leaves it behind, unread: the run's journal answers.
+        if self.sync:
+            store.delete(record_id, expected_version=stored.version)
+        else:
+            await store.adelete(record_id, expected_version=stored.version)
 
     def taken_signal_ids(self) -> set[str]:
         return {
@@ -240,6 +163,27 @@ class Session:
                 if name not in counts:
                     counts[name] = sum(1 for s in pending_signals(cp, name) if s.id in taken)
         return {name: n for name, n in counts.items() if n}
+
+
+_LEGACY = re.compile(r"(?P<name>.+?)(?:#(?P<n>\d+))?(?P<sub>\.ask|\.deadline)?")
+
+
+def legacy_call(key: str) -> str:
+    """The call name of an entry the release before journaled under ``key``.
+
+    It named a unit's first encounter bare and the next ones ``#2``, ``#3``, and a
+    wait's parts ``WAIT.ask`` / ``WAIT#2.deadline``; this release numbers every call
+    (``NAME#1``) and names a wait's parts ``WAIT.ask#N``, as it journals them now.
+    """
+    match = _LEGACY.fullmatch(key)
+    assert match is not None  # every non-empty key matches
+    return f"{match['name']}{match['sub'] or ''}#{match['n'] or 1}"
+
+
+def sub_call(key: str, part: str) -> str:
+    """The call name of part ``part`` (``ask``, ``deadline``) of the wait ``key`` (``W#N``)."""
+    name, _, n = key.rpartition("#")
+    return f"{name}.{part}#{n}"
 
 
 session_var: ContextVar[Session | None] = ContextVar("stepstone_pydantic_ai_session", default=None)

@@ -26,24 +26,13 @@ if TYPE_CHECKING:
     from pydantic_ai.agent import AbstractAgent
 
     from ..._core import Plan
-from .._agent_call import call_agent, check_options, in_sync_run
+from .._agent_call import check_options, find, in_sync_run
 from .._budget_gate import budgeted, unconsumed_raises
+from .._journaled import channel, journaled, step_entries, with_journal
 from ._capability import StepstoneDurability
-from ._journal import Session, Suspend, journal_run_id, session_var
+from ._journal import Session, Suspend, journal_run_id, legacy_call, session_var
 
 # --- the step -------------------------------------------------------------------------
-
-
-def _find(error: BaseException, kind: type[BaseException]) -> BaseException | None:
-    """Return the first ``kind`` inside ``error`` (task groups wrap it in exception groups)."""
-    if isinstance(error, kind):
-        return error
-    if isinstance(error, BaseExceptionGroup):
-        for inner in error.exceptions:
-            found = _find(inner, kind)
-            if found is not None:
-                return found
-    return None
 
 
 class AgentStep(SuspendingStep):
@@ -109,22 +98,16 @@ class AgentStep(SuspendingStep):
         self, plan: Plan, cp: Checkpoint, index: int, state: dict[str, Any], first: bool
     ) -> Generator[Effect, Any, Complete | Wait]:
         sync = in_sync_run()
-        session = Session(
-            self.store,
-            plan.run_id,
-            self.name,
-            epoch=cp.epoch,
-            # Milliseconds: what every backend keeps of a time, whatever it rounds off.
-            run_created=(cp.created_at or utcnow()).isoformat(timespec="milliseconds"),
-            sync=sync,
-        )
-        session.budgeted, session.prices = budgeted(cp), self.prices  # spend budgets
+        holder: list[Session] = []
 
         def body() -> Coroutine[Any, Any, dict[str, Any]]:
-            return self._execute(session, state)
+            return self._execute(holder[0], state)
 
-        what = f"AgentStep {self.name!r}"
-        outcome = yield from call_agent(self.name, what, plan, cp, index, state, sync, body)
+        link = channel(plan.run_id, self.name, body, sync)
+        session = Session(cp, self.name, link, sync)
+        session.budgeted, session.prices = budgeted(cp), self.prices  # spend budgets
+        holder.append(session)
+        cp, outcome = yield from journaled(plan, cp, state, link, sync)
         consumed = dict(cp.consumed)
         for signal, count in outcome["taken"].items():
             consumed[signal] = consumed.get(signal, 0) + count
@@ -136,6 +119,7 @@ class AgentStep(SuspendingStep):
                 None if wake is None else datetime.fromisoformat(wake),
                 changes,
             )
+        with_journal(state, cp)  # the step completes with the journal as last saved
         update = {self.name: outcome["output"]}
         ledger = usage_charge(plan, state, self.name, outcome["usage"], self.prices)
         if ledger is not None:
@@ -144,7 +128,7 @@ class AgentStep(SuspendingStep):
 
     async def _execute(self, session: Session, state: dict[str, Any]) -> dict[str, Any]:
         """Run the agent with the journal; return its output, or the wait that stopped it."""
-        await session.open()
+        await session.adopt_legacy(self.store)
         prompt = self.prompt if isinstance(self.prompt, str) else self.prompt(state)
         deps = None if self.deps is None else self.deps(state)
         token = session_var.set(session)
@@ -153,9 +137,9 @@ class AgentStep(SuspendingStep):
             with replay_scope():
                 result = await self.agent.run(prompt, deps=deps)
         except BaseException as error:
-            found = _find(error, Suspend)
+            found = find(error, Suspend)
             if found is None:
-                lost = _find(error, LeaseLost)
+                lost = find(error, LeaseLost)
                 if lost is not None and lost is not error:
                     raise lost from error
                 raise
@@ -177,12 +161,20 @@ class AgentStep(SuspendingStep):
 
 
 def read_journal(store: Store, run_id: str, step_name: str = "agent") -> dict[str, Any]:
-    """Return the journal entries (persisted name -> JSON result) of one agent step."""
-    cp = store.load(journal_run_id(run_id, step_name))
-    if cp is None:
-        return {}
-    entries = cp.state.get("entries")
-    return dict(entries) if isinstance(entries, dict) else {}
+    """Return the journal entries (call name -> JSON result) of one agent step.
+
+    The entries are the run's journal's (``stepstone.journal``) of that step; for a run
+    the release before journaled and this one has not resumed yet, those of the record
+    it kept (``journal_run_id``), named as this release names them.
+    """
+    cp = store.load(run_id)
+    if cp is not None:
+        entries = {e["call"]: e["result"] for e in step_entries(cp, step_name) if "result" in e}
+        if entries:
+            return entries
+    legacy = store.load(journal_run_id(run_id, step_name))
+    old = None if legacy is None else legacy.state.get("entries")
+    return {legacy_call(k): v for k, v in old.items()} if isinstance(old, dict) else {}
 
 
 class AgentRunOptions(TypedDict, total=False):

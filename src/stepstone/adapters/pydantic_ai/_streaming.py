@@ -5,12 +5,10 @@ and deltas go to ``"tokens"``, tool calls and their results to ``"tool"``, as
 ``stepstone.emit`` events of the step running the agent.
 
 The commit rule. pydantic-ai calls the handler inside durable units (the model's
-events inside the model-request unit, each tool event in a unit of its own), and a
-replay skips a finished unit. The events of a crashed attempt are hidden once a retry
-commits, so the retry must emit what the replayed units emitted: with ``emit_events``
-the journal's replay re-emits (``restream``) the text of a replayed model response as
-one ``"tokens"`` event per text part, and runs a replayed tool event's handler again
-(it only emits). A user's own handler is never run again on replay.
+events inside the model-request unit, each tool event in a unit of its own). A unit's
+events are an attempt of their own, named by its journal entry once it lands (as a
+code workflow's calls are): readers show the events of journaled units, hide those of
+a unit that crashed or failed, and a replayed unit emits nothing again.
 """
 
 from __future__ import annotations
@@ -32,7 +30,7 @@ from pydantic_ai.tools import RunContext
 from ..._stream import emit
 from .._clip import clip
 
-__all__ = ["emit_events", "restream"]
+__all__ = ["emit_events"]
 
 
 async def emit_events(ctx: RunContext[Any], events: AsyncIterable[AgentStreamEvent]) -> None:
@@ -49,36 +47,14 @@ async def emit_events(ctx: RunContext[Any], events: AsyncIterable[AgentStreamEve
             if isinstance(event.delta, TextPartDelta) and event.delta.content_delta:
                 emit("tokens", event.delta.content_delta)
         elif isinstance(event, FunctionToolCallEvent):
-            part = event.part
-            emit(
-                "tool",
-                {
-                    "event": "called",
-                    "name": part.tool_name,
-                    "call_id": part.tool_call_id,
-                    "arguments": clip(part.args_as_json_str()),
-                },
-            )
+            call = event.part
+            arguments = call.args_as_json_str()
+            _tool("called", call.tool_call_id, name=call.tool_name, arguments=arguments)
         elif isinstance(event, FunctionToolResultEvent):
             result = event.part
-            emit(
-                "tool",
-                {
-                    "event": "output",
-                    "call_id": result.tool_call_id,
-                    "output": clip(str(getattr(result, "content", ""))),
-                },
-            )
+            _tool("output", result.tool_call_id, output=str(getattr(result, "content", "")))
 
 
-def restream(name: str, recorded: object) -> bool:
-    """On replay of unit ``name`` (``recorded`` its journal entry): emit what it emitted
-    live if it is a model request; return whether its body must run again (a tool
-    event's handler call, which only emits)."""
-    if name.endswith("__event_stream_handler"):
-        return True
-    if "__model.request" in name and isinstance(recorded, dict):
-        for part in recorded.get("parts") or ():
-            if isinstance(part, dict) and part.get("part_kind") == "text" and part.get("content"):
-                emit("tokens", part["content"])
-    return False
+def _tool(kind: str, call_id: str, **texts: str) -> None:
+    """Emit a ``"tool"`` event: its kind, call id, and its texts clipped (``_clip``)."""
+    emit("tool", {"event": kind, "call_id": call_id} | {k: clip(v) for k, v in texts.items()})
