@@ -28,7 +28,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from . import _budget, _hooks, _lease
-from ._checkpoint import Checkpoint, Failure, evolve, utcnow
+from ._checkpoint import Checkpoint, evolve, parked, utcnow
 from ._code_budget import _append, _spend_request
 from ._codec import copy_containers
 from ._context import MISSING, AsyncWorkflowContext, WorkflowContext, failure
@@ -455,17 +455,12 @@ def _park(
     run leaves the claim index, and running it again with the code it was started with
     resumes it.
     """
-    failure = Failure(
-        step_index=index,
-        step_name=name,
-        error_type=type(why).__name__,
-        message=f"{why}. Parked: no worker claims it again; resume it with the code it "
-        "was started with (stepstone.run), or cancel it",
-        attempt=0,
-        at=utcnow(),
+    advice = (
+        "Parked: no worker claims it again; resume it with the code it was started with "
+        "(stepstone.run), or cancel it"
     )
-    parked = evolve(cp, failure=failure, attempt=0, waiting_for=None, wake_at=None)
-    yield from write(plan, cp, _lease.released(parked), "park")
+    record = parked(cp, index, name, why, advice)
+    yield from write(plan, cp, _lease.released(record), "park")
     if cp.parent is not None:
         yield from nudge(cp.parent)
     logger.error("run %r: %s", plan.run_id, why)
