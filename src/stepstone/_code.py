@@ -59,7 +59,7 @@ from ._journal import (
 )
 from ._observe import logger
 from ._plan import Plan
-from ._session import CallFailed, Session, Waiter, close, current_call
+from ._session import CallFailed, Reply, Session, Waiter, close, current_call
 from ._steps import (
     Complete,
     Outcome,
@@ -356,10 +356,8 @@ def _sleep(
         session.stop("stopped")
         return cp, Wait(label, wake)
     entry = entry_ok(seq, call, 1, wake.isoformat())
-    cp = yield from _append(plan, cp, [entry], {"waiting_for": None, "wake_at": None})
-    session.answered(reply)
-    reply.ok(wake.isoformat())
-    return cp, None
+    cleared = {"waiting_for": None, "wake_at": None}
+    return (yield from _answered(plan, cp, session, reply, entry, cleared))
 
 
 def _wait(
@@ -375,10 +373,9 @@ def _wait(
         logger.info("run %r: signal %r (id %r) consumed", cp.run_id, signal, pending[0].id)
         _hooks.fire("wait.consumed")  # chosen, not yet saved: a crash here must not lose it
         entry = entry_ok(seq, call, 1, pending[0].payload)
-        cp = yield from _append(plan, cp, [entry], {**cleared, "consumed": consumed})
-        session.answered(reply)
-        reply.ok(copy_containers(answer_of(entry)))
-        return cp, None
+        return (
+            yield from _answered(plan, cp, session, reply, entry, {**cleared, "consumed": consumed})
+        )
     if cp.waiting_for == label:
         deadline = cp.wake_at
     else:
@@ -388,15 +385,11 @@ def _wait(
         return cp, Wait(label, deadline)
     if default is not MISSING:
         entry = entry_ok(seq, call, 1, default)
-        cp = yield from _append(plan, cp, [entry], cleared)
-        session.answered(reply)
-        reply.ok(copy_containers(default))
-        return cp, None
-    entry = entry_failed(seq, call, 1, "WaitTimeout", f"no signal {signal!r} within {timeout:g}s")
-    cp = yield from _append(plan, cp, [entry], cleared)
-    session.answered(reply)
-    reply.fail(failure(session, entry))
-    return cp, None
+    else:
+        entry = entry_failed(
+            seq, call, 1, "WaitTimeout", f"no signal {signal!r} within {timeout:g}s"
+        )
+    return (yield from _answered(plan, cp, session, reply, entry, cleared))
 
 
 def _map(
@@ -419,11 +412,8 @@ def _map(
     except Exception as caught:  # noqa: BLE001 - a child failed: the call's failure
         error = caught.error if isinstance(caught, StepCodeError) else caught
         entry = entry_failed(seq, call, 1, type(error).__qualname__, safe_text(error))
-        cp = _latest(plan, cp)
-        cp = yield from _append(plan, cp, [entry], {"waiting_for": None, "wake_at": None})
-        session.answered(reply)
-        reply.fail(failure(session, entry))
-        return cp, None
+        cleared: dict[str, Any] = {"waiting_for": None, "wake_at": None}
+        return (yield from _answered(plan, _latest(plan, cp), session, reply, entry, cleared))
     cp = _latest(plan, cp)  # renewed while the children were made
     if isinstance(outcome, Wait):
         session.stop("stopped")
@@ -432,9 +422,27 @@ def _map(
     results = [s.get("result") for s in states] if isinstance(workflow, CodeWorkflow) else states
     entry = entry_ok(seq, call, 1, results)
     cleared = {"waiting_for": None, "wake_at": None, "children": ()}
-    cp = yield from _append(plan, cp, [entry], cleared)
+    return (yield from _answered(plan, cp, session, reply, entry, cleared))
+
+
+def _answered(
+    plan: Plan,
+    cp: Checkpoint,
+    session: Session,
+    reply: Reply,
+    entry: dict[str, Any],
+    changes: dict[str, Any],
+) -> Generator[Effect, Any, tuple[Checkpoint, None]]:
+    """Journal ``entry`` (with ``changes`` to the record), then answer the call with it.
+
+    The call returns a copy of the recorded result, or raises the recorded failure.
+    """
+    cp = yield from _append(plan, cp, [entry], changes)
     session.answered(reply)
-    reply.ok(copy_containers(results))
+    if "error" in entry:
+        reply.fail(failure(session, entry))
+    else:
+        reply.ok(copy_containers(answer_of(entry)))
     return cp, None
 
 
