@@ -13,7 +13,6 @@ the worker in the ``worker`` package; the Store contract in ``_store.py``; confi
 suite in ``testing/``; the command line in ``cli``.
 """
 
-import importlib
 from typing import TYPE_CHECKING
 
 from ._errors import (
@@ -45,6 +44,7 @@ from ._errors import (
     Suspended,
     WorkflowChanged,
 )
+from ._lazy import lazy_getattr
 
 if TYPE_CHECKING:  # what the names below are, for type checkers; imported on first use
     from ._arunner import arun
@@ -214,13 +214,7 @@ _LAZY: dict[str, str] = {
 }
 
 
-def __getattr__(name: str) -> object:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'stepstone' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value  # once: later lookups are plain attribute reads
-    return value
+__getattr__ = lazy_getattr(__name__, _LAZY, globals())
 
 
 def __dir__() -> list[str]:

@@ -29,6 +29,7 @@ __all__ = [
     "check_run_id",
     "evolve",
     "keep_times",
+    "parked",
     "run_status",
     "utcnow",
 ]
@@ -480,6 +481,17 @@ def _make_init() -> Any:
 
 
 Checkpoint.__init__ = _make_init()  # type: ignore[method-assign]
+
+
+def parked(cp: Checkpoint, index: int, name: str, why: Exception, advice: str) -> Checkpoint:
+    """``cp`` failed at step ``index`` (``name``) with ``why``, to be saved as parked.
+
+    A parked run's steps cannot resume its record (``WorkflowChanged``): as a failure it
+    leaves the claim index, and the message says who parked it and how to resume it
+    (``advice``). ``waiting_for`` is cleared: a waiting run's status would hide the failure.
+    """
+    failure = Failure(index, name, type(why).__name__, f"{why}. {advice}", 0, utcnow())
+    return evolve(cp, failure=failure, attempt=0, waiting_for=None, wake_at=None)
 
 
 def run_status(

@@ -32,6 +32,7 @@ __all__ = [
     "check_workflow",
     "first_difference",
     "make_plan",
+    "renamed_at",
 ]
 
 State = dict[str, Any]
@@ -101,22 +102,34 @@ def make_plan(
     return plan
 
 
-def check_names(run_id: str, names: tuple[str, ...], done: tuple[str, ...]) -> None:
-    """Refuse to resume when the completed steps are not the first steps passed now."""
+def renamed_at(names: tuple[str, ...], done: tuple[str, ...]) -> tuple[int, str, str] | None:
+    """Where the completed steps ``done`` stop being the first of ``names``, or None.
+
+    Returns the position, the step completed there, and what ``names`` has there
+    (``"step 'x'"``, or ``"no step"`` past its end).
+    """
     if names[: len(done)] == done:
-        return
+        return None
     for position, recorded in enumerate(done):
         now = names[position] if position < len(names) else None
         if now != recorded:
-            shown = "no step" if now is None else f"step {now!r}"
-            raise WorkflowChanged(
-                f"run {run_id!r}: workflow changed at position {position}: the checkpoint "
-                f"completed step {recorded!r} there, the steps passed now have {shown}. "
-                "Only appending steps at the end is allowed; use a new run_id for a "
-                "different workflow",
-                run_id,
-                position,
-            )
+            return position, recorded, "no step" if now is None else f"step {now!r}"
+    return None  # pragma: no cover - a prefix that differs differs at some position
+
+
+def check_names(run_id: str, names: tuple[str, ...], done: tuple[str, ...]) -> None:
+    """Refuse to resume when the completed steps are not the first steps passed now."""
+    renamed = renamed_at(names, done)
+    if renamed is not None:
+        position, recorded, shown = renamed
+        raise WorkflowChanged(
+            f"run {run_id!r}: workflow changed at position {position}: the checkpoint "
+            f"completed step {recorded!r} there, the steps passed now have {shown}. "
+            "Only appending steps at the end is allowed; use a new run_id for a "
+            "different workflow",
+            run_id,
+            position,
+        )
 
 
 def check_workflow(run_id: str, cp: Checkpoint, workflow: tuple[str, str | None] | None) -> None:

@@ -28,7 +28,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from . import _budget, _hooks, _lease
-from ._checkpoint import Checkpoint, Failure, evolve, utcnow
+from ._checkpoint import Checkpoint, evolve, parked, utcnow
 from ._code_budget import _append, _spend_request
 from ._codec import copy_containers
 from ._context import MISSING, AsyncWorkflowContext, WorkflowContext, failure
@@ -60,7 +60,7 @@ from ._journal import (
 )
 from ._observe import logger
 from ._plan import Plan
-from ._session import CallFailed, Session, Waiter, close, current_call
+from ._session import CallFailed, Reply, Session, Waiter, close, current_call
 from ._steps import (
     Complete,
     Outcome,
@@ -357,10 +357,8 @@ def _sleep(
         session.stop("stopped")
         return cp, Wait(label, wake)
     entry = entry_ok(seq, call, 1, wake.isoformat())
-    cp = yield from _append(plan, cp, [entry], {"waiting_for": None, "wake_at": None})
-    session.answered(reply)
-    reply.ok(wake.isoformat())
-    return cp, None
+    cleared = {"waiting_for": None, "wake_at": None}
+    return (yield from _answered(plan, cp, session, reply, entry, cleared))
 
 
 def _wait(
@@ -376,10 +374,9 @@ def _wait(
         logger.info("run %r: signal %r (id %r) consumed", cp.run_id, signal, pending[0].id)
         _hooks.fire("wait.consumed")  # chosen, not yet saved: a crash here must not lose it
         entry = entry_ok(seq, call, 1, pending[0].payload)
-        cp = yield from _append(plan, cp, [entry], {**cleared, "consumed": consumed})
-        session.answered(reply)
-        reply.ok(copy_containers(answer_of(entry)))
-        return cp, None
+        return (
+            yield from _answered(plan, cp, session, reply, entry, {**cleared, "consumed": consumed})
+        )
     if cp.waiting_for == label:
         deadline = cp.wake_at
     else:
@@ -389,15 +386,11 @@ def _wait(
         return cp, Wait(label, deadline)
     if default is not MISSING:
         entry = entry_ok(seq, call, 1, default)
-        cp = yield from _append(plan, cp, [entry], cleared)
-        session.answered(reply)
-        reply.ok(copy_containers(default))
-        return cp, None
-    entry = entry_failed(seq, call, 1, "WaitTimeout", f"no signal {signal!r} within {timeout:g}s")
-    cp = yield from _append(plan, cp, [entry], cleared)
-    session.answered(reply)
-    reply.fail(failure(session, entry))
-    return cp, None
+    else:
+        entry = entry_failed(
+            seq, call, 1, "WaitTimeout", f"no signal {signal!r} within {timeout:g}s"
+        )
+    return (yield from _answered(plan, cp, session, reply, entry, cleared))
 
 
 def _map(
@@ -424,11 +417,8 @@ def _map(
     except Exception as caught:  # noqa: BLE001 - a child failed: the call's failure
         error = caught.error if isinstance(caught, StepCodeError) else caught
         entry = entry_failed(seq, call, 1, type(error).__qualname__, safe_text(error))
-        cp = _latest(plan, cp)
-        cp = yield from _append(plan, cp, [entry], {"waiting_for": None, "wake_at": None})
-        session.answered(reply)
-        reply.fail(failure(session, entry))
-        return cp, None
+        cleared: dict[str, Any] = {"waiting_for": None, "wake_at": None}
+        return (yield from _answered(plan, _latest(plan, cp), session, reply, entry, cleared))
     cp = _latest(plan, cp)  # renewed while the children were made
     if isinstance(outcome, Wait):
         session.stop("stopped")
@@ -437,9 +427,27 @@ def _map(
     results = [s.get("result") for s in states] if isinstance(workflow, CodeWorkflow) else states
     entry = entry_ok(seq, call, 1, results)
     cleared = {"waiting_for": None, "wake_at": None, "children": ()}
-    cp = yield from _append(plan, cp, [entry], cleared)
+    return (yield from _answered(plan, cp, session, reply, entry, cleared))
+
+
+def _answered(
+    plan: Plan,
+    cp: Checkpoint,
+    session: Session,
+    reply: Reply,
+    entry: dict[str, Any],
+    changes: dict[str, Any],
+) -> Generator[Effect, Any, tuple[Checkpoint, None]]:
+    """Journal ``entry`` (with ``changes`` to the record), then answer the call with it.
+
+    The call returns a copy of the recorded result, or raises the recorded failure.
+    """
+    cp = yield from _append(plan, cp, [entry], changes)
     session.answered(reply)
-    reply.ok(copy_containers(results))
+    if "error" in entry:
+        reply.fail(failure(session, entry))
+    else:
+        reply.ok(copy_containers(answer_of(entry)))
     return cp, None
 
 
@@ -460,17 +468,12 @@ def _park(
     run leaves the claim index, and running it again with the code it was started with
     resumes it.
     """
-    failure = Failure(
-        step_index=index,
-        step_name=name,
-        error_type=type(why).__name__,
-        message=f"{why}. Parked: no worker claims it again; resume it with the code it "
-        "was started with (stepstone.run), or cancel it",
-        attempt=0,
-        at=utcnow(),
+    advice = (
+        "Parked: no worker claims it again; resume it with the code it was started with "
+        "(stepstone.run), or cancel it"
     )
-    parked = evolve(cp, failure=failure, attempt=0, waiting_for=None, wake_at=None)
-    yield from write(plan, cp, _lease.released(parked), "park")
+    record = parked(cp, index, name, why, advice)
+    yield from write(plan, cp, _lease.released(record), "park")
     if cp.parent is not None:
         yield from nudge(cp.parent)
     logger.error("run %r: %s", plan.run_id, why)

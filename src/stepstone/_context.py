@@ -66,6 +66,49 @@ def _emit(topic: str, data: Any) -> None:
     _stream_emit(topic, data)
 
 
+# Each journaled call the core answers (or whose value is made here) is written once, in
+# the two forms below: the journal's answer on a replay, else the request posted to the
+# driver and its answer, with ``ask`` (a plain workflow's thread) or ``aask`` (a task).
+
+
+def _asked(session: Session, key: str, what: str, kind: str, *args: Any) -> Any:
+    """The answer to the call ``what``: the journal's, else the core's to ``kind``."""
+    seq, call = session.begin(f"{RESERVED}{key}", what)
+    entry = session.replay(seq, call)
+    if entry is None:
+        return session.ask((kind, seq, call, *args))
+    return _answer(session, entry)
+
+
+async def _aasked(session: Session, key: str, what: str, kind: str, *args: Any) -> Any:
+    """``_asked``, awaited."""
+    seq, call = session.begin(f"{RESERVED}{key}", what)
+    entry = session.replay(seq, call)
+    if entry is None:
+        return await session.aask((kind, seq, call, *args))
+    return _answer(session, entry)
+
+
+def _made(session: Session, key: str, make: Callable[[], Any]) -> Any:
+    """``ctx.<key>()``'s value: the journal's, else ``make()``'s, journaled first."""
+    seq, call = session.begin(f"{RESERVED}{key}", f"ctx.{key}()")
+    entry = session.replay(seq, call)
+    if entry is None:
+        entry = entry_ok(seq, call, 1, make())
+        session.ask(("save", entry))
+    return answer_of(entry)
+
+
+async def _amade(session: Session, key: str, make: Callable[[], Any]) -> Any:
+    """``_made``, awaited."""
+    seq, call = session.begin(f"{RESERVED}{key}", f"ctx.{key}()")
+    entry = session.replay(seq, call)
+    if entry is None:
+        entry = entry_ok(seq, call, 1, make())
+        await session.aask(("save", entry))
+    return answer_of(entry)
+
+
 class WorkflowContext:
     """The context of a plain ``def`` workflow: journaled calls, answered once.
 
@@ -202,13 +245,8 @@ class WorkflowContext:
         step and the charge charges once. A ref the ledger holds counts nothing
         (returns False). Raises ``InvalidCharge`` on a bad amount; nothing recorded.
         """
-        session = self._session
         charge = _charge_args(usd, tokens, ref, unknown)
-        seq, call = session.begin(f"{RESERVED}charge", "ctx.charge()")
-        entry = session.replay(seq, call)
-        if entry is None:
-            return bool(session.ask(("charge", seq, call, charge)))
-        return bool(_answer(session, entry))
+        return bool(_asked(self._session, "charge", "ctx.charge()", "charge", charge))
 
     def reserve(self, *, usd: float = 0.0, tokens: int = 0, **unknown: Any) -> str:
         """Reserve an estimate before an expensive ``ctx.step``; return its id (journaled).
@@ -218,43 +256,20 @@ class WorkflowContext:
         reservation stays counted, as spent, unconfirmed. Past the run's limit (or its
         tree's pool's) the run pauses here until the budget is raised.
         """
-        session = self._session
         estimate = _reserve_args(usd, tokens, unknown)
-        seq, call = session.begin(f"{RESERVED}reserve", "ctx.reserve()")
-        entry = session.replay(seq, call)
-        if entry is None:
-            return str(session.ask(("reserve", seq, call, estimate)))
-        return str(_answer(session, entry))
+        return str(_asked(self._session, "reserve", "ctx.reserve()", "reserve", estimate))
 
     def now(self) -> datetime:
         """Return the current time (UTC), journaled: a replay returns the same time."""
-        session = self._session
-        seq, call = session.begin(f"{RESERVED}now", "ctx.now()")
-        entry = session.replay(seq, call)
-        if entry is None:
-            entry = entry_ok(seq, call, 1, utcnow().isoformat())
-            session.ask(("save", entry))
-        return datetime.fromisoformat(answer_of(entry))
+        return datetime.fromisoformat(_made(self._session, "now", _now_text))
 
     def uuid(self) -> str:
         """Return a random UUID (as text), journaled: a replay returns the same one."""
-        session = self._session
-        seq, call = session.begin(f"{RESERVED}uuid", "ctx.uuid()")
-        entry = session.replay(seq, call)
-        if entry is None:
-            entry = entry_ok(seq, call, 1, str(uuidlib.uuid4()))
-            session.ask(("save", entry))
-        return str(answer_of(entry))
+        return str(_made(self._session, "uuid", _uuid_text))
 
     def random(self) -> float:
         """Return a random float in [0, 1), journaled: a replay returns the same one."""
-        session = self._session
-        seq, call = session.begin(f"{RESERVED}random", "ctx.random()")
-        entry = session.replay(seq, call)
-        if entry is None:
-            entry = entry_ok(seq, call, 1, _draw())
-            session.ask(("save", entry))
-        return float(answer_of(entry))
+        return float(_made(self._session, "random", _draw))
 
     def sleep(self, duration: float | timedelta) -> datetime:
         """Sleep durably: the run is saved waiting (no process held) until ``duration`` passed.
@@ -262,13 +277,10 @@ class WorkflowContext:
         Returns the time it was due (UTC). The due time is fixed when the sleep first
         begins, so restarts never move it.
         """
-        session = self._session
         seconds = _seconds(duration, "ctx.sleep() duration")
-        seq, call = session.begin(f"{RESERVED}sleep", "ctx.sleep()")
-        entry = session.replay(seq, call)
-        if entry is None:
-            return datetime.fromisoformat(session.ask(("sleep", seq, call, seconds)))
-        return datetime.fromisoformat(_answer(session, entry))
+        return datetime.fromisoformat(
+            _asked(self._session, "sleep", "ctx.sleep()", "sleep", seconds)
+        )
 
     def wait_for(
         self, signal: str, *, timeout: float | timedelta | None = None, default: Any = MISSING
@@ -279,13 +291,8 @@ class WorkflowContext:
         With ``timeout``, ``default`` is returned when it passes; without a default the
         call fails (``CallFailed``, type ``WaitTimeout``).
         """
-        session = self._session
         args = _wait_args(signal, timeout, default)
-        seq, call = session.begin(f"{RESERVED}wait:{signal}", f"ctx.wait_for({signal!r})")
-        entry = session.replay(seq, call)
-        if entry is None:
-            return session.ask(("wait", seq, call, *args))
-        return _answer(session, entry)
+        return _asked(self._session, f"wait:{signal}", f"ctx.wait_for({signal!r})", "wait", *args)
 
     def map(self, name: str, workflow: Workflow, inputs: list[State]) -> list[Any]:
         """Run one child run of ``workflow`` per input; return their results, in order.
@@ -298,14 +305,9 @@ class WorkflowContext:
         Raises:
             CallFailed: a child failed or was cancelled (type ``ChildFailed``).
         """
-        session = self._session
         what = f"ctx.map({name!r})"
         args = _map_args(name, workflow, inputs, what)
-        seq, call = session.begin(f"{RESERVED}map:{name}", what)
-        entry = session.replay(seq, call)
-        if entry is None:
-            return list(session.ask(("map", seq, call, *args)))
-        return list(_answer(session, entry))
+        return list(_asked(self._session, f"map:{name}", what, "map", *args))
 
 
 class AsyncWorkflowContext:
@@ -387,63 +389,31 @@ class AsyncWorkflowContext:
         self, *, usd: float = 0.0, tokens: int = 0, ref: str | None = None, **unknown: Any
     ) -> bool:
         """Record what the workflow spent (see ``WorkflowContext.charge``)."""
-        session = self._session
         charge = _charge_args(usd, tokens, ref, unknown)
-        seq, call = session.begin(f"{RESERVED}charge", "ctx.charge()")
-        entry = session.replay(seq, call)
-        if entry is None:
-            return bool(await session.aask(("charge", seq, call, charge)))
-        return bool(_answer(session, entry))
+        return bool(await _aasked(self._session, "charge", "ctx.charge()", "charge", charge))
 
     async def reserve(self, *, usd: float = 0.0, tokens: int = 0, **unknown: Any) -> str:
         """Reserve an estimate (see ``WorkflowContext.reserve``)."""
-        session = self._session
         estimate = _reserve_args(usd, tokens, unknown)
-        seq, call = session.begin(f"{RESERVED}reserve", "ctx.reserve()")
-        entry = session.replay(seq, call)
-        if entry is None:
-            return str(await session.aask(("reserve", seq, call, estimate)))
-        return str(_answer(session, entry))
+        return str(await _aasked(self._session, "reserve", "ctx.reserve()", "reserve", estimate))
 
     async def now(self) -> datetime:
         """Return the current time (UTC), journaled (see ``WorkflowContext.now``)."""
-        session = self._session
-        seq, call = session.begin(f"{RESERVED}now", "ctx.now()")
-        entry = session.replay(seq, call)
-        if entry is None:
-            entry = entry_ok(seq, call, 1, utcnow().isoformat())
-            await session.aask(("save", entry))
-        return datetime.fromisoformat(answer_of(entry))
+        return datetime.fromisoformat(await _amade(self._session, "now", _now_text))
 
     async def uuid(self) -> str:
         """Return a random UUID (as text), journaled (see ``WorkflowContext.uuid``)."""
-        session = self._session
-        seq, call = session.begin(f"{RESERVED}uuid", "ctx.uuid()")
-        entry = session.replay(seq, call)
-        if entry is None:
-            entry = entry_ok(seq, call, 1, str(uuidlib.uuid4()))
-            await session.aask(("save", entry))
-        return str(answer_of(entry))
+        return str(await _amade(self._session, "uuid", _uuid_text))
 
     async def random(self) -> float:
         """Return a random float in [0, 1), journaled (see ``WorkflowContext.random``)."""
-        session = self._session
-        seq, call = session.begin(f"{RESERVED}random", "ctx.random()")
-        entry = session.replay(seq, call)
-        if entry is None:
-            entry = entry_ok(seq, call, 1, _draw())
-            await session.aask(("save", entry))
-        return float(answer_of(entry))
+        return float(await _amade(self._session, "random", _draw))
 
     async def sleep(self, duration: float | timedelta) -> datetime:
         """Sleep durably (see ``WorkflowContext.sleep``)."""
-        session = self._session
         seconds = _seconds(duration, "ctx.sleep() duration")
-        seq, call = session.begin(f"{RESERVED}sleep", "ctx.sleep()")
-        entry = session.replay(seq, call)
-        if entry is None:
-            return datetime.fromisoformat(await session.aask(("sleep", seq, call, seconds)))
-        return datetime.fromisoformat(_answer(session, entry))
+        when = await _aasked(self._session, "sleep", "ctx.sleep()", "sleep", seconds)
+        return datetime.fromisoformat(when)
 
     async def wait_for(
         self,
@@ -453,24 +423,15 @@ class AsyncWorkflowContext:
         default: Any = MISSING,
     ) -> Any:
         """Wait durably for the signal ``signal`` (see ``WorkflowContext.wait_for``)."""
-        session = self._session
         args = _wait_args(signal, timeout, default)
-        seq, call = session.begin(f"{RESERVED}wait:{signal}", f"ctx.wait_for({signal!r})")
-        entry = session.replay(seq, call)
-        if entry is None:
-            return await session.aask(("wait", seq, call, *args))
-        return _answer(session, entry)
+        what = f"ctx.wait_for({signal!r})"
+        return await _aasked(self._session, f"wait:{signal}", what, "wait", *args)
 
     async def map(self, name: str, workflow: Workflow, inputs: list[State]) -> list[Any]:
         """Run child runs and await their results (see ``WorkflowContext.map``)."""
-        session = self._session
         what = f"ctx.map({name!r})"
         args = _map_args(name, workflow, inputs, what)
-        seq, call = session.begin(f"{RESERVED}map:{name}", what)
-        entry = session.replay(seq, call)
-        if entry is None:
-            return list(await session.aask(("map", seq, call, *args)))
-        return list(_answer(session, entry))
+        return list(await _aasked(self._session, f"map:{name}", what, "map", *args))
 
 
 #: Draws of ``ctx.random()``: seeded from the OS, not the ``random`` module's shared
@@ -480,3 +441,11 @@ _random = randomlib.SystemRandom()
 
 def _draw() -> float:
     return _random.random()
+
+
+def _now_text() -> str:
+    return utcnow().isoformat()
+
+
+def _uuid_text() -> str:
+    return str(uuidlib.uuid4())

@@ -18,7 +18,7 @@ import heapq
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import _clock
 from ._budget import Budget
@@ -413,29 +413,18 @@ _renewer = _SyncRenewer()
 
 
 # --- the async driver, by its old address ---------------------------------------------
-# Imported from ``_arunner`` on first use, not at the top: asyncio costs ~40 ms to
-# import, which sync users, the worker's sync loop and the CLI never pay. Aliases until
-# the other modules import them from ``_arunner``.
+# ``arun`` and ``adrive`` are ``_arunner``'s, looked up there on first use (PEP 562), not
+# imported at the top: asyncio costs ~40 ms to import, which sync users, the worker's
+# sync loop and the CLI never pay. Looked up rather than wrapped, so that their
+# signatures are written once, in ``_arunner``.
 
+if TYPE_CHECKING:
+    from ._arunner import adrive, arun
+else:
 
-async def arun(
-    run_id: str,
-    steps: Steps,
-    store: Store,
-    *,
-    input: State | None = None,
-    lease: float | timedelta | None = None,
-    clock: _clock.Clock | None = None,
-    budget: Budget | None = None,
-) -> State:
-    """Await the run: ``stepstone.arun`` (``_arunner.arun``), under its old address."""
-    from ._arunner import arun as arun_  # noqa: PLC0415 - defers asyncio, see above
+    def __getattr__(name: str) -> object:
+        if name in ("adrive", "arun"):
+            from . import _arunner  # noqa: PLC0415 - defers asyncio, see above
 
-    return await arun_(run_id, steps, store, input=input, lease=lease, clock=clock, budget=budget)
-
-
-async def adrive(plan: Plan, store: Store) -> State:
-    """``_arunner.adrive`` under its old address."""
-    from ._arunner import adrive as adrive_  # noqa: PLC0415 - defers asyncio, see above
-
-    return await adrive_(plan, store)
+            return getattr(_arunner, name)
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

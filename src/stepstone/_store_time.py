@@ -53,25 +53,26 @@ class Now(Effect):
     __slots__ = ()
 
 
-def _fake() -> datetime | None:
-    """The installed clock's time if it is not a real one (a test's), else None."""
+def _known(store: Store) -> datetime | None:
+    """The store's time without a round trip, or None: read the server's clock.
+
+    The installed clock's time if it is not a real one (a test's); else the kept
+    reading plus the monotonic seconds since, while it is under ``REFRESH`` seconds old.
+    """
     clock = _clock.current()
-    return None if _clock.is_real(clock) else clock.now()
-
-
-def _cached(store: Store) -> tuple[bool, datetime | None]:
-    """Return (known, the store's time from its kept reading); known False: read again."""
+    if not _clock.is_real(clock):
+        return clock.now()
     with _lock:
         if store not in _readings:
-            return False, None
+            return None
         reading = _readings[store]
     if reading is None:
-        return True, _clock.SYSTEM.now()
+        return _clock.SYSTEM.now()
     at, taken = reading
     since = time.monotonic() - taken
     if since > REFRESH:
-        return False, None
-    return True, at + timedelta(seconds=since)
+        return None
+    return at + timedelta(seconds=since)
 
 
 def _keep(store: Store, at: datetime | None, before: float, after: float) -> datetime:
@@ -83,12 +84,8 @@ def _keep(store: Store, at: datetime | None, before: float, after: float) -> dat
 
 def store_now(store: Store) -> datetime:
     """Return the time on ``store``'s clock (aware, UTC); at most one round trip."""
-    fake = _fake()
-    if fake is not None:
-        return fake
-    known, at = _cached(store)
-    if known:
-        assert at is not None
+    at = _known(store)
+    if at is not None:
         return at
     before = time.monotonic()
     read = store.server_now()
@@ -97,12 +94,8 @@ def store_now(store: Store) -> datetime:
 
 async def astore_now(store: Store) -> datetime:
     """Async ``store_now``."""
-    fake = _fake()
-    if fake is not None:
-        return fake
-    known, at = _cached(store)
-    if known:
-        assert at is not None
+    at = _known(store)
+    if at is not None:
         return at
     before = time.monotonic()
     read = await store.aserver_now()

@@ -50,6 +50,7 @@ from typing import Any
 
 from . import _hooks
 from ._checkpoint import Checkpoint, evolve
+from ._checks import renamed_at
 from ._code import CodeStep
 from ._codec import encode_state, pristine
 from ._control import _async, _sync
@@ -120,23 +121,20 @@ def _check_steps(cp: Checkpoint, workflow: Workflow) -> None:
     """Refuse unless the steps ``cp`` completed are the first steps of ``workflow``."""
     names = tuple(step.name for step in workflow.steps)
     done = cp.step_names
-    if names[: len(done)] == done:
-        return
-    for position, recorded in enumerate(done):
-        now = names[position] if position < len(names) else None
-        if now != recorded:
-            there = "no step" if now is None else f"step {now!r}"
-            raise _refused(
-                cp,
-                workflow,
-                f"it completed step {recorded!r} at position {position}, where version "
-                f"{workflow.version!r} has {there}. The steps a run completed must be the "
-                f"first steps of the new version, in order ({', '.join(map(repr, done))}); "
-                "a renamed or removed completed step is refused: keep its old name (its "
-                "function may change), or leave the run to a worker serving version "
-                f"{cp.workflow_version!r}",
-                position,
-            )
+    renamed = renamed_at(names, done)
+    if renamed is not None:
+        position, recorded, there = renamed
+        raise _refused(
+            cp,
+            workflow,
+            f"it completed step {recorded!r} at position {position}, where version "
+            f"{workflow.version!r} has {there}. The steps a run completed must be the "
+            f"first steps of the new version, in order ({', '.join(map(repr, done))}); "
+            "a renamed or removed completed step is refused: keep its old name (its "
+            "function may change), or leave the run to a worker serving version "
+            f"{cp.workflow_version!r}",
+            position,
+        )
 
 
 def _goes_on(cp: Checkpoint, step: Any) -> bool:

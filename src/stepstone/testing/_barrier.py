@@ -170,3 +170,16 @@ async def within(
             return await awaitable
     except TimeoutError:
         raise AssertionError(f"{what} did not finish within {timeout:.0f}s") from None
+
+
+async def set_first(event: asyncio.Event, task: asyncio.Task[Any], what: str) -> bool:
+    """Wait for ``event`` to be set or ``task`` to end, whichever is first (``what``).
+
+    Returns whether ``event`` was seen set: False when ``task`` ended without it.
+    """
+    waiting = asyncio.create_task(event.wait())
+    try:
+        await within(asyncio.wait({task, waiting}, return_when=asyncio.FIRST_COMPLETED), what)
+        return waiting.done()
+    finally:
+        waiting.cancel()

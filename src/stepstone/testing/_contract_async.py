@@ -425,13 +425,9 @@ class AsyncContract(ContractBase):
                 tick = asyncio.create_task(ticker.run())
                 steps = [Step("a", a), Step("b", lambda state: {"b": 2})]
                 running = asyncio.create_task(arun("r", steps, store))
-                holding = asyncio.create_task(held.wait())
                 try:
-                    await _barrier.within(
-                        asyncio.wait({running, holding}, return_when=asyncio.FIRST_COMPLETED),
-                        "the save of step a to be held or the run to end",
-                    )
-                    if not holding.done():
+                    what = "the save of step a to be held or the run to end"
+                    if not await _barrier.set_first(held, running, what):
                         await running  # surfaces the run's own error, if it failed
                         return None
                     await ticker.progress(
@@ -445,7 +441,6 @@ class AsyncContract(ContractBase):
                 finally:
                     release.set()
                     tick.cancel()
-                    holding.cancel()
 
         final = aops.aio(main())
         if final is None:
@@ -507,13 +502,11 @@ class AsyncContract(ContractBase):
             with gate:
                 tick = asyncio.create_task(ticker.run())
                 running = asyncio.create_task(arun("held", steps, store))
-                sending = asyncio.create_task(sent.wait())
                 try:
-                    await _barrier.within(
-                        asyncio.wait({running, sending}, return_when=asyncio.FIRST_COMPLETED),
-                        "the first save of the run to be sent",
+                    sending = await _barrier.set_first(
+                        sent, running, "the first save of the run to be sent"
                     )
-                    assert sending.done(), f"the run ended before its save was sent: {running!r}"
+                    assert sending, f"the run ended before its save was sent: {running!r}"
                     await ticker.progress(
                         f"another task's progress while a save waited in the server at "
                         f"{gate.fired} (stepstone blocked the event loop)"
@@ -528,7 +521,6 @@ class AsyncContract(ContractBase):
                     return await _barrier.within(running, "the run after the server let go")
                 finally:
                     tick.cancel()
-                    sending.cancel()
 
         with hold as release:
             try:

@@ -227,17 +227,9 @@ class StoreMethodsContract(ContractBase):
         saved["done"] = ops.save(cp("done", 1, total_steps=2, owner="gone"))
         info = {i.run_id: i for i in ops.list_info()}
         assert set(info) == set(saved)
+        told = ("status", "step", "total_steps", "version", "owner", "due_at")
         for run_id in saved:
-            got, stored = info[run_id], ops.load(run_id)
-            assert stored is not None, run_id
-            assert (got.status, got.step, got.total_steps) == (
-                stored.status,
-                stored.step,
-                stored.total_steps,
-            ), run_id
-            assert got.version == stored.version, run_id
-            assert got.owner == stored.owner, run_id
-            assert got.due_at == stored.due_at, run_id
+            _tells(info[run_id], ops.load(run_id), told)
         assert info["owned"].due_at == T0 + timedelta(seconds=30.5)
         assert info["queued"].due_at == DUE_NOW  # queued runs are due at once, by any clock
         assert info["done"].due_at is None and info["cancelled"].due_at is None
@@ -267,14 +259,7 @@ class StoreMethodsContract(ContractBase):
         assert set(ids) == {"running", "running-free", "queued", "waiting-due", "waiting-at-now"}
         by_id = {i.run_id: i for i in found}
         for run_id, info in by_id.items():
-            stored = ops.load(run_id)
-            assert stored is not None
-            assert (info.status, info.version, info.owner) == (
-                stored.status,
-                stored.version,
-                stored.owner,
-            ), run_id
-            assert info.due_at == stored.due_at, run_id
+            _tells(info, ops.load(run_id), ("status", "version", "owner", "due_at"))
         due = [i for i in found if i.status != "running"]
         assert [i.due_at for i in due] == sorted(i.due_at or now for i in due)
 
@@ -424,3 +409,10 @@ class StoreMethodsContract(ContractBase):
         before = counted.requests_sent
         assert ops.load("r") is not None
         assert counted.requests_sent - before == 1, "a load is one request"
+
+
+def _tells(info: RunInfo, stored: Checkpoint | None, fields: tuple[str, ...]) -> None:
+    """Assert that ``info`` tells each of ``fields`` as the stored run ``stored`` has it."""
+    assert stored is not None, info.run_id
+    told = {name: getattr(info, name) for name in fields}
+    assert told == {name: getattr(stored, name) for name in fields}, info.run_id

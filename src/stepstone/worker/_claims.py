@@ -480,9 +480,7 @@ class Claims:
             # Held by us and not driven: another worker takes it over after the lease.
             logger.warning("run %r: claimed, then left to its lease: %s", claimed.run_id, exc)
             return None
-        self._adopt(plan, claimed)
-        emit(claim_event(plan, before, claimed))
-        return plan
+        return self._adopt(plan, before, claimed)
 
     def _claim_one(self, info: RunInfo, asynchronous: bool) -> Generator[Effect, Any, Plan | None]:
         """Claim ``info``'s run if it needs this worker now; return its plan, or None."""
@@ -503,11 +501,10 @@ class Claims:
         except StepstoneError as exc:
             logger.warning("run %r: not claimed: %s", info.run_id, exc)
             return None
-        self._adopt(plan, claimed)
-        emit(claim_event(plan, loaded, claimed))
-        return plan
+        return self._adopt(plan, loaded, claimed)
 
-    def _adopt(self, plan: Plan, claimed: Checkpoint) -> None:
+    def _adopt(self, plan: Plan, loaded: Checkpoint, claimed: Checkpoint) -> Plan:
+        """Hold ``plan``, whose claim of ``loaded`` landed as ``claimed``; tell the claim."""
         _hooks.fire("worker.claimed")  # the claim landed; nothing of the run is driven yet
         plan.preclaimed = plan.current = claimed
         plan.written_at = _clock.monotonic()
@@ -515,6 +512,8 @@ class Claims:
             self.plans[plan.run_id] = plan
             if self.stopping.is_set():
                 plan.stop_requested = True
+        emit(claim_event(plan, loaded, claimed))
+        return plan
 
     def execution(self, plan: Plan) -> Generator[Effect, Any, WorkflowChanged | None]:
         """Drive ``plan``'s run, or park it if its steps cannot resume it; return why parked."""

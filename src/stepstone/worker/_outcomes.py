@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from .. import _lease
-from .._checkpoint import Checkpoint, Failure, evolve, utcnow
+from .._checkpoint import Checkpoint, parked, utcnow
 from .._checks import check_names
 from .._core import Interrupted, write
 from .._effects import Effect
@@ -62,18 +62,12 @@ def park(plan: Plan, why: WorkflowChanged, owner: str) -> Generator[Effect, Any,
     assert cp is not None
     position = min(max(why.position, 0), max(len(cp.step_names) - 1, 0))
     recorded = cp.step_names[position] if cp.step_names else "?"
-    failure = Failure(
-        step_index=position,
-        step_name=recorded,
-        error_type=type(why).__name__,
-        message=f"{why}. Parked by {owner}: no worker claims it again; resume it "
-        "with the steps it was recorded with (stepstone.run), or cancel it",
-        attempt=0,
-        at=utcnow(),
+    advice = (
+        f"Parked by {owner}: no worker claims it again; resume it with the steps it was "
+        "recorded with (stepstone.run), or cancel it"
     )
-    # ``waiting_for`` cleared: a waiting run's status would hide the failure.
-    parked = evolve(cp, failure=failure, attempt=0, waiting_for=None, wake_at=None)
-    saved = yield from write(plan, cp, _lease.released(parked), "park")
+    record = parked(cp, position, recorded, why, advice)
+    saved = yield from write(plan, cp, _lease.released(record), "park")
     if saved.parent is not None:
         yield from nudge(saved.parent)  # a waiting parent learns of it at once
 
