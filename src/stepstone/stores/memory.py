@@ -208,6 +208,7 @@ class MemoryStore(Store):
     apiece_keys = _on_the_loop(Store.piece_keys)
     apieces = _on_the_loop(Store.pieces)
     aput_pieces = _on_the_loop(Store.put_pieces)
+    aclaim_ready = _on_the_loop(Store.claim_ready)
 
     # -- the claims and the dashboard's listing, from the indexes ``IndexedRuns`` keeps --
 
@@ -267,19 +268,6 @@ class MemoryStore(Store):
                 saved = self._store(claim, prepared, new_version(found.version))
                 claims.append(Claim(before, saved))
         return claims
-
-    async def aclaim_ready(
-        self,
-        owner: str,
-        lease: float,
-        limit: int,
-        served: frozenset[tuple[str, str | None]],
-        now: datetime,
-        *,
-        exclude: frozenset[str] = frozenset(),
-    ) -> list[Claim]:
-        """Async ``claim_ready``: on the loop, as every method of this store."""
-        return self.claim_ready(owner, lease, limit, served, now, exclude=exclude)
 
     def list_page(
         self,
