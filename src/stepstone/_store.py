@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import abc
 import heapq
+import logging
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from datetime import datetime
-from types import MappingProxyType, TracebackType
+from types import MappingProxyType
 from typing import TYPE_CHECKING, ClassVar, Self
 
 from ._checkpoint import ACTIVE_STATUSES, STATUSES, Checkpoint, keep_times
@@ -33,8 +34,26 @@ __all__ = [
     "aclaim_page",
     "check_page",
     "claim_page",
+    "infos_of",
     "page_key",
 ]
+
+
+def infos_of(
+    run_ids: Iterator[str],
+    load: Callable[[str], Checkpoint | None],
+    log: logging.Logger = logger,
+) -> Iterator[RunInfo]:
+    """Yield a ``RunInfo`` per run ``load`` finds, logging (to ``log``) and skipping a
+    corrupt one."""
+    for run_id in run_ids:
+        try:
+            cp = load(run_id)
+        except CorruptCheckpoint as exc:
+            log.warning("skipping run %r in listing: %s", run_id, exc)
+            continue
+        if cp is not None:
+            yield RunInfo.of(cp)
 
 
 class Store(abc.ABC):
@@ -188,14 +207,7 @@ class Store(abc.ABC):
         A run whose checkpoint is corrupt is logged and skipped: one bad document must
         not hide every other run from an operator listing or pruning the store.
         """
-        for run_id in self.list_runs():
-            try:
-                cp = self.load(run_id)
-            except CorruptCheckpoint as exc:
-                logger.warning("skipping run %r in listing: %s", run_id, exc)
-                continue
-            if cp is not None:
-                yield RunInfo.of(cp)
+        yield from infos_of(self.list_runs(), self.load)
 
     def claimable(
         self, now: datetime, limit: int = 100, *, status: RunStatus | None = None, skip: int = 0
@@ -434,23 +446,13 @@ class Store(abc.ABC):
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
     # The async defaults run the sync method in a worker thread: correct for any
