@@ -72,6 +72,7 @@ from ._sql import (
 from ._sql.effects import Exec, Result, adrive, drive
 
 if TYPE_CHECKING:
+    from .._runinfo import ReadyAsk
     from .._store import Claim
     from ._sql.effects import Plan
 
@@ -435,21 +436,13 @@ class MySQLStore(ServerStore):
 
     # --- claims in one call -------------------------------------------------------------
 
-    def _claim_ready(
-        self,
-        owner: str,
-        lease: float,
-        limit: int,
-        served: frozenset[tuple[str, str | None]],
-        now: datetime,
-        exclude: frozenset[str],
-    ) -> Plan[list[Claim]]:
+    def _claim_ready(self, ask: ReadyAsk) -> Plan[list[Claim]]:
         if not self.claims_in_one_call:
             raise StoreError(
                 f"{self.where}: this server cannot claim in one statement (see the log of "
                 "its opening); load and save each run instead"
             )
-        return super()._claim_ready(owner, lease, limit, served, now, exclude)
+        return super()._claim_ready(ask)
 
     def _claim_steps(self, params: dict[str, Any]) -> Plan[list[Any]]:
         """The claim's transaction, as the other dialects' one statement.

@@ -14,7 +14,8 @@ from datetime import datetime
 
 from ..._checkpoint import ACTIVE_STATUSES, RunStatus
 from ..._errors import CorruptCheckpoint, StoreError
-from ..._store import RunInfo, Store, check_page, infos_of
+from ..._runinfo import infos_of
+from ..._store import RunInfo, Store, check_page
 from ._disk import remove_stale_temps, scan, sync
 from ._documents import doc_active
 from ._errors import translating
