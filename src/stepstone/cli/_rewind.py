@@ -8,6 +8,7 @@ a code workflow's run, a journaled call's name (``revise#3``).
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import Any
 
 from .._checkpoint import Checkpoint
@@ -101,27 +102,44 @@ def add_rewind_parsers(actions: Any, store: argparse.ArgumentParser) -> None:
     rerun.add_argument("--patch", metavar="JSON", help="a JSON object merged into the state")
 
 
-def _history(args: argparse.Namespace) -> int:
-    history = runtime("history")
+def _listing(
+    args: argparse.Namespace,
+    name: str,
+    record: Callable[[Any], dict[str, Any]],
+    headers: list[str],
+    rows: Callable[[list[Any]], list[list[str]]],
+) -> int:
+    """Print the entries the runtime's ``name`` (``history``, ``journal``) lists for the
+    run: one JSON record each with --json, else a table."""
+    lister = runtime(name)
     with existing(store_config(args)) as store:
-        entries = history(store, args.run_id)
+        entries = lister(store, args.run_id)
     if args.json:
-        emit_json(
-            [
-                {
-                    "step": e.step,
-                    "step_name": e.step_names[-1] if e.step_names else None,
-                    "at": iso(e.at),
-                    "attempt": e.attempt,
-                    "status": e.status,
-                    "size": e.size,
-                    "changes": list(e.changes),
-                }
-                for e in entries
-            ]
-        )
-        return EXIT_OK
-    rows = [
+        emit_json([record(e) for e in entries])
+    else:
+        for line in table(headers, rows(entries)):
+            out(line)
+    return EXIT_OK
+
+
+def _history(args: argparse.Namespace) -> int:
+    return _listing(args, "history", _save_json, _SAVE_HEADERS, _save_rows)
+
+
+def _save_json(e: Any) -> dict[str, Any]:
+    return {
+        "step": e.step,
+        "step_name": e.step_names[-1] if e.step_names else None,
+        "at": iso(e.at),
+        "attempt": e.attempt,
+        "status": e.status,
+        "size": e.size,
+        "changes": list(e.changes),
+    }
+
+
+def _save_rows(entries: list[Any]) -> list[list[str]]:
+    return [
         [
             str(e.step),
             safe(e.step_names[-1]) if e.step_names else "-",
@@ -133,9 +151,9 @@ def _history(args: argparse.Namespace) -> int:
         ]
         for e in entries
     ]
-    for line in table(["STEP", "NAME", "AT", "ATTEMPT", "STATUS", "BYTES", "CHANGED"], rows):
-        out(line)
-    return EXIT_OK
+
+
+_SAVE_HEADERS = ["STEP", "NAME", "AT", "ATTEMPT", "STATUS", "BYTES", "CHANGED"]
 
 
 def _rows(entries: list[Any]) -> list[list[str]]:
@@ -172,29 +190,20 @@ def journal_lines(cp: Checkpoint) -> list[str]:
 
 
 def _journal(args: argparse.Namespace) -> int:
-    journal = runtime("journal")
-    with existing(store_config(args)) as store:
-        entries = journal(store, args.run_id)
-    if args.json:
-        emit_json(
-            [
-                {
-                    "seq": e.seq,
-                    "call": e.call,
-                    "name": e.name,
-                    "ordinal": e.ordinal,
-                    "attempt": e.attempt,
-                    "at": iso(e.at),
-                    "size": e.size,
-                    "error_type": e.error_type,
-                }
-                for e in entries
-            ]
-        )
-        return EXIT_OK
-    for line in table(_HEADERS, _rows(entries)):
-        out(line)
-    return EXIT_OK
+    return _listing(args, "journal", _call_json, _HEADERS, _rows)
+
+
+def _call_json(e: Any) -> dict[str, Any]:
+    return {
+        "seq": e.seq,
+        "call": e.call,
+        "name": e.name,
+        "ordinal": e.ordinal,
+        "attempt": e.attempt,
+        "at": iso(e.at),
+        "size": e.size,
+        "error_type": e.error_type,
+    }
 
 
 def _fork(args: argparse.Namespace) -> int:
