@@ -193,17 +193,14 @@ def _journal(args: argparse.Namespace) -> int:
     return _listing(args, "journal", _call_json, _HEADERS, _rows)
 
 
+#: A journaled call's fields in ``runs journal --json``, in this order.
+_CALL_FIELDS = ("seq", "call", "name", "ordinal", "attempt", "at", "size", "error_type")
+
+
 def _call_json(e: Any) -> dict[str, Any]:
-    return {
-        "seq": e.seq,
-        "call": e.call,
-        "name": e.name,
-        "ordinal": e.ordinal,
-        "attempt": e.attempt,
-        "at": iso(e.at),
-        "size": e.size,
-        "error_type": e.error_type,
-    }
+    record = {field: getattr(e, field) for field in _CALL_FIELDS}
+    record["at"] = iso(e.at)  # in its place: replacing a key keeps the order
+    return record
 
 
 def _fork(args: argparse.Namespace) -> int:
