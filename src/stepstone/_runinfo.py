@@ -1,20 +1,37 @@
 """The values a ``Store`` hands back: ``RunInfo``, ``Claim``, ``Diagnosis``, ``Listener``.
 
-With ``page_key`` (the order of ``Store.list_page``) and ``check_page`` (the check of a
-``claimable`` page's arguments), which every backend's listing shares.
+With ``page_key`` (the order of ``Store.list_page``), ``check_page`` (the check of a
+``claimable`` page's arguments) and ``infos_of`` (a listing that skips a corrupt run),
+which every backend's listing shares; ``ReadyAsk`` and ``PageAsk``, the arguments of
+one ``claim_ready`` and one ``list_page`` call as the backends' hooks take them (the
+contract's signature is written once, on ``Store``).
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from ._checkpoint import ACTIVE_STATUSES, Checkpoint
+from ._errors import CorruptCheckpoint
+from ._observe import logger
 
 if TYPE_CHECKING:
     from ._checkpoint import RunStatus
 
-__all__ = ["Claim", "Diagnosis", "Listener", "RunInfo", "check_page", "page_key"]
+__all__ = [
+    "Claim",
+    "Diagnosis",
+    "Listener",
+    "PageAsk",
+    "ReadyAsk",
+    "RunInfo",
+    "check_page",
+    "infos_of",
+    "page_key",
+]
 
 _NEVER = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -35,6 +52,26 @@ class Listener(Protocol):
     def close(self) -> None:
         """Stop listening and release what the listener holds. Closing twice is allowed."""
         ...
+
+
+class ReadyAsk(NamedTuple):
+    """The arguments of one ``Store.claim_ready`` call, as a backend's hook takes them."""
+
+    owner: str
+    lease: float
+    limit: int
+    served: frozenset[tuple[str, str | None]]
+    now: datetime
+    exclude: frozenset[str]
+
+
+class PageAsk(NamedTuple):
+    """The arguments of one ``Store.list_page`` call, as a backend's hook takes them."""
+
+    status: RunStatus | None
+    prefix: str
+    after: tuple[datetime, str] | None
+    limit: int
 
 
 class Claim(NamedTuple):
@@ -142,3 +179,20 @@ def check_page(status: object, skip: object) -> None:
         )
     if type(skip) is not int or skip < 0:
         raise ValueError(f"skip must be an int >= 0, got {skip!r}")
+
+
+def infos_of(
+    run_ids: Iterator[str],
+    load: Callable[[str], Checkpoint | None],
+    log: logging.Logger = logger,
+) -> Iterator[RunInfo]:
+    """Yield a ``RunInfo`` per run ``load`` finds, logging (to ``log``) and skipping a
+    corrupt one: one bad document must not hide every other run from a listing."""
+    for run_id in run_ids:
+        try:
+            cp = load(run_id)
+        except CorruptCheckpoint as exc:
+            log.warning("skipping run %r in listing: %s", run_id, exc)
+            continue
+        if cp is not None:
+            yield RunInfo.of(cp)

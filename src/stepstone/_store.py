@@ -8,14 +8,23 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from datetime import datetime
-from types import MappingProxyType, TracebackType
+from types import MappingProxyType
 from typing import TYPE_CHECKING, ClassVar, Self
 
 from ._checkpoint import ACTIVE_STATUSES, STATUSES, Checkpoint, keep_times
-from ._errors import CorruptCheckpoint, StoreError
+from ._errors import StoreError
 from ._incarnation import ORPHAN_AGE
-from ._observe import logger
-from ._runinfo import Claim, Diagnosis, Listener, RunInfo, check_page, page_key
+from ._runinfo import (
+    Claim,
+    Diagnosis,
+    Listener,
+    PageAsk,
+    ReadyAsk,
+    RunInfo,
+    check_page,
+    infos_of,
+    page_key,
+)
 from ._store_compat import _delete, _to_thread, aclaim_page, claim_page
 from ._wake import Doorbell
 
@@ -188,14 +197,7 @@ class Store(abc.ABC):
         A run whose checkpoint is corrupt is logged and skipped: one bad document must
         not hide every other run from an operator listing or pruning the store.
         """
-        for run_id in self.list_runs():
-            try:
-                cp = self.load(run_id)
-            except CorruptCheckpoint as exc:
-                logger.warning("skipping run %r in listing: %s", run_id, exc)
-                continue
-            if cp is not None:
-                yield RunInfo.of(cp)
+        yield from infos_of(self.list_runs(), self.load)
 
     def claimable(
         self, now: datetime, limit: int = 100, *, status: RunStatus | None = None, skip: int = 0
@@ -250,8 +252,12 @@ class Store(abc.ABC):
         ``after`` is the ``page_key`` of the last run of the previous page (keyset paging,
         so a page costs the same at any depth and runs saved meanwhile never shift it).
         The default scans ``list_info``; a backend with a (status, updated_at) index may
-        override it with an indexed query.
+        override ``_list_page`` with an indexed query.
         """
+        return self._list_page(PageAsk(status, prefix, after, limit))
+
+    def _list_page(self, ask: PageAsk) -> list[RunInfo]:
+        status, prefix, after, limit = ask
         found = (
             info
             for info in self.list_info()
@@ -434,23 +440,13 @@ class Store(abc.ABC):
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
     # The async defaults run the sync method in a worker thread: correct for any
@@ -518,6 +514,10 @@ class Store(abc.ABC):
         Raises:
             StoreError: this backend does not claim in one call.
         """
+        return self._claim_asked(ReadyAsk(owner, lease, limit, served, now, exclude))
+
+    def _claim_asked(self, ask: ReadyAsk) -> list[Claim]:
+        """``claim_ready``, for a backend that claims in one call to override."""
         raise StoreError(
             f"the {self.scheme or type(self).__name__} store does not claim in one call "
             "(claims_in_one_call is False); load and save each run instead"
@@ -534,9 +534,12 @@ class Store(abc.ABC):
         exclude: frozenset[str] = frozenset(),
     ) -> list[Claim]:
         """Async ``claim_ready``; same contract, same errors."""
-        return await _to_thread(
-            lambda: self.claim_ready(owner, lease, limit, served, now, exclude=exclude)
-        )
+        return await self._aclaim_asked(ReadyAsk(owner, lease, limit, served, now, exclude))
+
+    async def _aclaim_asked(self, ask: ReadyAsk) -> list[Claim]:
+        # The instance's ``claim_ready``, in a thread: a store that overrides it (written
+        # to the contract, not to this hook) is the one called.
+        return await _to_thread(lambda: self.claim_ready(*ask[:5], exclude=ask.exclude))
 
     async def aclose(self) -> None:
         """Async ``close``."""

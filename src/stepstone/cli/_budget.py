@@ -13,7 +13,15 @@ from typing import Any
 
 from .._budget import RAISE_SIGNAL, Spend, spend_of
 from .._checkpoint import Checkpoint
-from ._common import EXIT_OK, OperationalError, UsageError, existing, positive_int, store_config
+from ._common import (
+    EXIT_OK,
+    OperationalError,
+    UsageError,
+    existing,
+    positive_int,
+    run_command,
+    store_config,
+)
 from ._output import emit_json, out, safe
 
 __all__ = ["add_budget_parser", "over_budget", "spend_json", "spend_text"]
@@ -21,18 +29,17 @@ __all__ = ["add_budget_parser", "over_budget", "spend_json", "spend_text"]
 
 def add_budget_parser(actions: Any, store: argparse.ArgumentParser, ls: Any) -> None:
     """Add ``runs budget`` to the ``runs`` actions and ``--over-budget`` to ``runs list``."""
-    budget = actions.add_parser(
+    budget = run_command(
+        actions,
+        store,
         "budget",
-        parents=[store],
-        help="raise a run's spend budget (resumes a run paused at its limit)",
-        description=(
-            "Raise RUN_ID's spend budget by --raise-usd dollars and/or --raise-tokens "
-            "tokens. A run paused at its hard limit (waiting for budget.raise) is due at "
-            "once: a worker, or the next run call, resumes it. Without --raise-* it prints "
-            "the run's spend. A repeated --id is a no-op."
-        ),
+        _budget,
+        "raise a run's spend budget (resumes a run paused at its limit)",
+        "Raise RUN_ID's spend budget by --raise-usd dollars and/or --raise-tokens "
+        "tokens. A run paused at its hard limit (waiting for budget.raise) is due at "
+        "once: a worker, or the next run call, resumes it. Without --raise-* it prints "
+        "the run's spend. A repeated --id is a no-op.",
     )
-    budget.add_argument("run_id", metavar="RUN_ID")
     budget.add_argument("--raise-usd", type=_dollars, metavar="USD", help="dollars to add")
     budget.add_argument(
         "--raise-tokens", type=positive_int, metavar="N", help="tokens to add to the limit"
@@ -40,7 +47,6 @@ def add_budget_parser(actions: Any, store: argparse.ArgumentParser, ls: Any) -> 
     budget.add_argument(
         "--id", dest="signal_id", metavar="ID", help="an id that makes re-sending a no-op"
     )
-    budget.set_defaults(handler=_budget)
     ls.add_argument(
         "--over-budget",
         action="store_true",

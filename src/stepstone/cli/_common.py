@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import math
 import os
 import re
 import stat
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
-from typing import NoReturn
+from typing import Any, NoReturn
 from urllib.parse import unquote, urlsplit
 
 from .._errors import CorruptCheckpoint
@@ -32,10 +33,12 @@ __all__ = [
     "bounded_int",
     "existing",
     "infos",
+    "json_arg",
     "opened",
     "parse_age",
     "positive_int",
     "require_store",
+    "run_command",
     "seconds_arg",
     "store_config",
     "without_creating",
@@ -200,6 +203,41 @@ def seconds_arg(low: float, high: float, *, allow_low: bool = False) -> Callable
 
 
 # --- the store -----------------------------------------------------------------------
+
+
+def run_command(
+    actions: Any,
+    store: argparse.ArgumentParser,
+    name: str,
+    handler: Callable[[argparse.Namespace], int],
+    help_text: str,
+    description: str | None = None,
+) -> argparse.ArgumentParser:
+    """Add the command ``name`` on one run to ``actions``: the store's options, RUN_ID,
+    then what the caller adds; ``handler`` carries it out."""
+    parser: argparse.ArgumentParser = actions.add_parser(
+        name, parents=[store], help=help_text, description=description
+    )
+    parser.add_argument("run_id", metavar="RUN_ID")
+    parser.set_defaults(handler=handler)
+    return parser
+
+
+def json_arg(text: str, option: str, example: str, *, object_only: bool = True) -> Any:
+    """Return the JSON ``text`` given to ``option`` (a JSON object unless not
+    ``object_only``).
+
+    Raises:
+        UsageError: not JSON, or not an object: the message names ``option`` and shows
+            ``example``.
+    """
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise UsageError(f"{option} is not JSON ({exc}): e.g. {option} '{example}'") from None
+    if object_only and not isinstance(value, dict):
+        raise UsageError(f"{option} must be a JSON object, got a {type(value).__name__}")
+    return value
 
 
 def store_config(args: argparse.Namespace) -> str:

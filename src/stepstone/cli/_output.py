@@ -88,18 +88,19 @@ def emit_json(value: Any) -> None:
     out(_UNSAFE_IN_JSON.sub(lambda m: f"\\u{ord(m[0]):04x}", text))
 
 
-def _utc(value: datetime) -> datetime:
+def utc(value: datetime) -> datetime:
+    """Return ``value`` in UTC; a naive one is taken as UTC already."""
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 def when(value: datetime | None) -> str:
     """Return ``value`` as ``2026-12-01T09:00:00Z``, or ``-``."""
-    return "-" if value is None else _utc(value).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return "-" if value is None else utc(value).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def iso(value: datetime | None) -> str | None:
     """Return ``value`` in ISO 8601 (UTC, ``Z``) for JSON, or None."""
-    return None if value is None else _utc(value).isoformat().replace("+00:00", "Z")
+    return None if value is None else utc(value).isoformat().replace("+00:00", "Z")
 
 
 def span(seconds: float) -> str:
@@ -113,7 +114,7 @@ def span(seconds: float) -> str:
 
 def age(value: datetime | None, now: datetime) -> str:
     """Return how long ago ``value`` was, e.g. ``12m``, or ``-``."""
-    return "-" if value is None else span((now - _utc(value)).total_seconds())
+    return "-" if value is None else span((now - utc(value)).total_seconds())
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:

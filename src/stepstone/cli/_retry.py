@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ._common import EXIT_OK, existing, store_config
+from ._common import EXIT_OK, existing, run_command, store_config
 from ._output import emit_json, out, safe
 
 __all__ = ["add_retry_parser"]
@@ -13,26 +13,24 @@ __all__ = ["add_retry_parser"]
 
 def add_retry_parser(actions: Any, store: argparse.ArgumentParser) -> None:
     """Add ``runs retry`` to the ``runs`` actions."""
-    retry = actions.add_parser(
+    retry = run_command(
+        actions,
+        store,
         "retry",
-        parents=[store],
-        help="queue a failed (or parked, or cancelled) run again for a worker",
-        description=(
-            "Queue RUN_ID again from its last checkpoint, with a fresh attempt budget: a "
-            "worker serving its workflow claims it and runs its next step (the failed one). "
-            "Only failed runs (those parked by a worker as WorkflowChanged included) and "
-            "cancelled ones can be retried. With --version (the version `runs show` "
-            "printed) nothing is done if the run changed since."
-        ),
+        _retry,
+        "queue a failed (or parked, or cancelled) run again for a worker",
+        "Queue RUN_ID again from its last checkpoint, with a fresh attempt budget: a "
+        "worker serving its workflow claims it and runs its next step (the failed one). "
+        "Only failed runs (those parked by a worker as WorkflowChanged included) and "
+        "cancelled ones can be retried. With --version (the version `runs show` "
+        "printed) nothing is done if the run changed since.",
     )
-    retry.add_argument("run_id", metavar="RUN_ID")
     retry.add_argument(
         "--version",
         dest="expected_version",
         metavar="VERSION",
         help="act only if the run is still at this version (compare-and-swap)",
     )
-    retry.set_defaults(handler=_retry)
 
 
 def _retry(args: argparse.Namespace) -> int:

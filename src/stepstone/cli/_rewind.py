@@ -8,12 +8,19 @@ a code workflow's run, a journaled call's name (``revise#3``).
 from __future__ import annotations
 
 import argparse
-import json
+from collections.abc import Callable
 from typing import Any
 
 from .._checkpoint import Checkpoint
 from .._errors import InvalidWorkflow
-from ._common import EXIT_OK, OperationalError, UsageError, existing, store_config
+from ._common import (
+    EXIT_OK,
+    OperationalError,
+    existing,
+    json_arg,
+    run_command,
+    store_config,
+)
 from ._output import emit_json, iso, out, safe, table, when
 
 __all__ = ["add_rewind_parsers", "journal_lines", "runtime"]
@@ -46,84 +53,93 @@ def _step_or_call(text: str) -> int | str:
 
 def add_rewind_parsers(actions: Any, store: argparse.ArgumentParser) -> None:
     """Add ``history``, ``journal``, ``fork`` and ``rerun`` to ``stepstone runs``."""
-    hist = actions.add_parser(
+    run_command(
+        actions,
+        store,
         "history",
-        parents=[store],
-        help="list a run's kept saves (runs of Workflow(history=True))",
-        description=(
-            "List every kept save of a run, oldest first: step, time, attempt, status, "
-            "state size and what the save changed."
-        ),
+        _history,
+        "list a run's kept saves (runs of Workflow(history=True))",
+        "List every kept save of a run, oldest first: step, time, attempt, status, "
+        "state size and what the save changed.",
     )
-    hist.add_argument("run_id", metavar="RUN_ID")
-    hist.set_defaults(handler=_history)
 
-    calls = actions.add_parser(
+    run_command(
+        actions,
+        store,
         "journal",
-        parents=[store],
-        help="list a code workflow run's journaled calls",
-        description=(
-            "List the journaled calls of a run of a @workflow function, in call order: "
-            "position, call (NAME#N), attempts, when it ended, bytes and outcome."
-        ),
+        _journal,
+        "list a code workflow run's journaled calls",
+        "List the journaled calls of a run of a @workflow function, in call order: "
+        "position, call (NAME#N), attempts, when it ended, bytes and outcome.",
     )
-    calls.add_argument("run_id", metavar="RUN_ID")
-    calls.set_defaults(handler=_journal)
 
-    fork = actions.add_parser(
+    fork = run_command(
+        actions,
+        store,
         "fork",
-        parents=[store],
-        help="start a new run from the state a run had after a step (or a journaled call)",
-        description=(
-            "Write NEW_RUN_ID with the state RUN_ID had after step AT_STEP (-1: its input); "
-            "it continues at the next step. For a code workflow's run, AT_STEP may be a "
-            "journaled call (revise#2): the new run keeps the calls up to it. RUN_ID is not "
-            "changed."
-        ),
+        _fork,
+        "start a new run from the state a run had after a step (or a journaled call)",
+        "Write NEW_RUN_ID with the state RUN_ID had after step AT_STEP (-1: its input); "
+        "it continues at the next step. For a code workflow's run, AT_STEP may be a "
+        "journaled call (revise#2): the new run keeps the calls up to it. RUN_ID is not "
+        "changed.",
     )
-    fork.add_argument("run_id", metavar="RUN_ID")
     fork.add_argument("at_step", metavar="AT_STEP", type=_step_or_call)
     fork.add_argument("new_run_id", metavar="NEW_RUN_ID")
-    fork.set_defaults(handler=_fork)
 
-    rerun = actions.add_parser(
+    rerun = run_command(
+        actions,
+        store,
         "rerun",
-        parents=[store],
-        help="rewind a run to before a step (or a journaled call), to run it again from there",
-        description=(
-            "Rewind RUN_ID to the state it had before step FROM_STEP (its failure and "
-            "attempts cleared), optionally updated with --patch, a JSON object. For a code "
-            "workflow's run, FROM_STEP may be a journaled call (revise#3): it and every "
-            "later call run again."
-        ),
+        _rerun,
+        "rewind a run to before a step (or a journaled call), to run it again from there",
+        "Rewind RUN_ID to the state it had before step FROM_STEP (its failure and "
+        "attempts cleared), optionally updated with --patch, a JSON object. For a code "
+        "workflow's run, FROM_STEP may be a journaled call (revise#3): it and every "
+        "later call run again.",
     )
-    rerun.add_argument("run_id", metavar="RUN_ID")
     rerun.add_argument("from_step", metavar="FROM_STEP", type=_step_or_call)
     rerun.add_argument("--patch", metavar="JSON", help="a JSON object merged into the state")
-    rerun.set_defaults(handler=_rerun)
+
+
+def _listing(
+    args: argparse.Namespace,
+    name: str,
+    record: Callable[[Any], dict[str, Any]],
+    headers: list[str],
+    rows: Callable[[list[Any]], list[list[str]]],
+) -> int:
+    """Print the entries the runtime's ``name`` (``history``, ``journal``) lists for the
+    run: one JSON record each with --json, else a table."""
+    lister = runtime(name)
+    with existing(store_config(args)) as store:
+        entries = lister(store, args.run_id)
+    if args.json:
+        emit_json([record(e) for e in entries])
+    else:
+        for line in table(headers, rows(entries)):
+            out(line)
+    return EXIT_OK
 
 
 def _history(args: argparse.Namespace) -> int:
-    history = runtime("history")
-    with existing(store_config(args)) as store:
-        entries = history(store, args.run_id)
-    if args.json:
-        emit_json(
-            [
-                {
-                    "step": e.step,
-                    "step_name": e.step_names[-1] if e.step_names else None,
-                    "at": iso(e.at),
-                    "attempt": e.attempt,
-                    "status": e.status,
-                    "size": e.size,
-                    "changes": list(e.changes),
-                }
-                for e in entries
-            ]
-        )
-        return EXIT_OK
-    rows = [
+    return _listing(args, "history", _save_json, _SAVE_HEADERS, _save_rows)
+
+
+def _save_json(e: Any) -> dict[str, Any]:
+    return {
+        "step": e.step,
+        "step_name": e.step_names[-1] if e.step_names else None,
+        "at": iso(e.at),
+        "attempt": e.attempt,
+        "status": e.status,
+        "size": e.size,
+        "changes": list(e.changes),
+    }
+
+
+def _save_rows(entries: list[Any]) -> list[list[str]]:
+    return [
         [
             str(e.step),
             safe(e.step_names[-1]) if e.step_names else "-",
@@ -135,9 +151,9 @@ def _history(args: argparse.Namespace) -> int:
         ]
         for e in entries
     ]
-    for line in table(["STEP", "NAME", "AT", "ATTEMPT", "STATUS", "BYTES", "CHANGED"], rows):
-        out(line)
-    return EXIT_OK
+
+
+_SAVE_HEADERS = ["STEP", "NAME", "AT", "ATTEMPT", "STATUS", "BYTES", "CHANGED"]
 
 
 def _rows(entries: list[Any]) -> list[list[str]]:
@@ -174,29 +190,17 @@ def journal_lines(cp: Checkpoint) -> list[str]:
 
 
 def _journal(args: argparse.Namespace) -> int:
-    journal = runtime("journal")
-    with existing(store_config(args)) as store:
-        entries = journal(store, args.run_id)
-    if args.json:
-        emit_json(
-            [
-                {
-                    "seq": e.seq,
-                    "call": e.call,
-                    "name": e.name,
-                    "ordinal": e.ordinal,
-                    "attempt": e.attempt,
-                    "at": iso(e.at),
-                    "size": e.size,
-                    "error_type": e.error_type,
-                }
-                for e in entries
-            ]
-        )
-        return EXIT_OK
-    for line in table(_HEADERS, _rows(entries)):
-        out(line)
-    return EXIT_OK
+    return _listing(args, "journal", _call_json, _HEADERS, _rows)
+
+
+#: A journaled call's fields in ``runs journal --json``, in this order.
+_CALL_FIELDS = ("seq", "call", "name", "ordinal", "attempt", "at", "size", "error_type")
+
+
+def _call_json(e: Any) -> dict[str, Any]:
+    record = {field: getattr(e, field) for field in _CALL_FIELDS}
+    record["at"] = iso(e.at)  # in its place: replacing a key keeps the order
+    return record
 
 
 def _fork(args: argparse.Namespace) -> int:
@@ -217,14 +221,7 @@ def _fork(args: argparse.Namespace) -> int:
 
 def _rerun(args: argparse.Namespace) -> int:
     rerun = runtime("rerun")
-    patch = None
-    if args.patch is not None:
-        try:
-            patch = json.loads(args.patch)
-        except ValueError as exc:
-            raise UsageError(f"--patch is not JSON ({exc}); give a JSON object") from None
-        if not isinstance(patch, dict):
-            raise UsageError(f"--patch must be a JSON object, got {type(patch).__name__}")
+    patch = None if args.patch is None else json_arg(args.patch, "--patch", '{"amount": 40}')
     with existing(store_config(args)) as store:
         cp = rerun(store, args.run_id, args.from_step, patch=patch)
     if args.json:

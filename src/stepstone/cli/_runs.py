@@ -4,7 +4,6 @@ in ``_prune``, retry in ``_retry``)."""
 from __future__ import annotations
 
 import argparse
-import json
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,13 +14,14 @@ from .._store import RunInfo
 from ._budget import add_budget_parser, over_budget, spend_json, spend_text
 from ._common import (
     EXIT_OK,
-    UsageError,
     age_arg,
     existing,
     info_matches,
     infos,
+    json_arg,
     newest_first,
     positive_int,
+    run_command,
     store_config,
 )
 from ._output import age, emit_json, iso, out, safe, span, table, when
@@ -79,51 +79,44 @@ def add_parsers(commands: Any, store: argparse.ArgumentParser, parser_class: typ
     add_start_parser(actions, store)
     add_upgrade_parser(actions, store)
 
-    show = actions.add_parser(
-        "show", parents=[store], help="show one run: status, lease, what it waits for, state"
+    run_command(
+        actions, store, "show", show_run, "show one run: status, lease, what it waits for, state"
     )
-    show.add_argument("run_id", metavar="RUN_ID")
-    show.set_defaults(handler=show_run)
 
     add_rewind_parsers(actions, store)
 
-    delete = actions.add_parser("delete", parents=[store], help="delete one run")
-    delete.add_argument("run_id", metavar="RUN_ID")
+    delete = run_command(actions, store, "delete", _delete, "delete one run")
     delete.add_argument(
         "--missing-ok", action="store_true", help="exit 0 when there is no such run"
     )
-    delete.set_defaults(handler=_delete)
 
     add_prune_parser(actions, store)
     add_retry_parser(actions, store)
     add_tail_parser(actions, store)  # streams (issue 34)
 
-    cancel = actions.add_parser(
+    run_command(
+        actions,
+        store,
         "cancel",
-        parents=[store],
-        help="cancel a run: it stops at its next step boundary",
-        description=(
-            "Cancel a run, whoever owns it: a queued or waiting run at once, a running one "
-            "at its next step boundary (a step in flight that completes is saved first). "
-            "Cancelling a finished run is an error."
-        ),
+        _cancel,
+        "cancel a run: it stops at its next step boundary",
+        "Cancel a run, whoever owns it: a queued or waiting run at once, a running one "
+        "at its next step boundary (a step in flight that completes is saved first). "
+        "Cancelling a finished run is an error.",
     )
-    cancel.add_argument("run_id", metavar="RUN_ID")
-    cancel.set_defaults(handler=_cancel)
 
-    signal = actions.add_parser(
+    signal = run_command(
+        actions,
+        store,
         "signal",
-        parents=[store],
-        help="send a signal to a run (e.g. an approval a WaitFor step waits for)",
-        description=(
-            "Send the signal NAME with a JSON payload to a run. A run accepts signals while "
-            "queued, running, waiting or failed. A repeated --id is a no-op, whatever its "
-            "payload and whatever the run's state (a webhook's retry after the run finished "
-            "included): it prints 'already delivered (id ID)', exits 0 and, with --json, "
-            'reports "delivered": false.'
-        ),
+        _signal,
+        "send a signal to a run (e.g. an approval a WaitFor step waits for)",
+        "Send the signal NAME with a JSON payload to a run. A run accepts signals while "
+        "queued, running, waiting or failed. A repeated --id is a no-op, whatever its "
+        "payload and whatever the run's state (a webhook's retry after the run finished "
+        "included): it prints 'already delivered (id ID)', exits 0 and, with --json, "
+        'reports "delivered": false.',
     )
-    signal.add_argument("run_id", metavar="RUN_ID")
     signal.add_argument("name", metavar="NAME")
     signal.add_argument(
         "--data", metavar="JSON", default="null", help="the payload, as JSON (default: null)"
@@ -134,7 +127,6 @@ def add_parsers(commands: Any, store: argparse.ArgumentParser, parser_class: typ
         metavar="ID",
         help="an id that makes re-sending a no-op (exit 0, 'already delivered')",
     )
-    signal.set_defaults(handler=_signal)
 
 
 # --- list ----------------------------------------------------------------------------
@@ -357,12 +349,7 @@ def _cancel(args: argparse.Namespace) -> int:
 
 
 def _signal(args: argparse.Namespace) -> int:
-    try:
-        payload = json.loads(args.data)
-    except (ValueError, RecursionError) as exc:
-        raise UsageError(
-            f"--data is not JSON ({exc}): e.g. --data '{{\"approved\": true}}'"
-        ) from None
+    payload = json_arg(args.data, "--data", '{"approved": true}', object_only=False)
     signal = runtime("signal")
     config = store_config(args)
     with existing(config) as store:

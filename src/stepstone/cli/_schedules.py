@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .._observe import escape
-from ._common import EXIT_OK, UsageError, existing, opened, store_config
+from ._common import EXIT_OK, existing, json_arg, opened, store_config
 from ._output import emit_json, iso, out, safe, table, when
 
 __all__ = ["add_parsers"]
@@ -117,12 +117,7 @@ def _add(args: argparse.Namespace) -> int:
     from .._schedule import schedule  # noqa: PLC0415 - the runtime, only when used
 
     flow = _workflow(args.workflows, args.workflow, args.workflow_version)
-    try:
-        payload = json.loads(args.input)
-    except ValueError as exc:
-        raise UsageError(f"--input is not JSON ({exc}): e.g. --input '{{\"team\": 7}}'") from None
-    if not isinstance(payload, dict):
-        raise UsageError(f"--input must be a JSON object, got a {type(payload).__name__}")
+    payload = json_arg(args.input, "--input", '{"team": 7}')
     with opened(store_config(args)) as store:
         info = schedule(
             store,

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from ._common import EXIT_OK, existing, store_config
+from ._common import EXIT_OK, existing, run_command, store_config
 from ._output import _UNSAFE_IN_JSON, out, safe
 
 __all__ = ["add_tail_parser"]
@@ -15,25 +15,23 @@ __all__ = ["add_tail_parser"]
 
 def add_tail_parser(actions: Any, store: argparse.ArgumentParser) -> None:
     """Add ``runs tail`` to the ``runs`` actions."""
-    tail = actions.add_parser(
+    tail = run_command(
+        actions,
+        store,
         "tail",
-        parents=[store],
-        help="print a run's event stream and follow it until the run ends",
-        description=(
-            "Print the events RUN_ID's steps emitted (ctx.emit), oldest first, then follow "
-            "new ones live until the run is done, failed or cancelled. Events of attempts "
-            "that did not commit their step are hidden (--superseded shows them, marked). "
-            "--after ID resumes after an event id; --json prints one JSON object a line."
-        ),
+        _tail,
+        "print a run's event stream and follow it until the run ends",
+        "Print the events RUN_ID's steps emitted (ctx.emit), oldest first, then follow "
+        "new ones live until the run is done, failed or cancelled. Events of attempts "
+        "that did not commit their step are hidden (--superseded shows them, marked). "
+        "--after ID resumes after an event id; --json prints one JSON object a line.",
     )
-    tail.add_argument("run_id", metavar="RUN_ID")
     tail.add_argument("--topic", metavar="TOPIC", help="only events of this topic")
     tail.add_argument("--after", metavar="ID", help="only events after this event id")
     tail.add_argument(
         "--superseded", action="store_true", help="show superseded attempts' events, marked"
     )
     tail.add_argument("--no-follow", action="store_true", help="print what is stored now and stop")
-    tail.set_defaults(handler=_tail)
 
 
 def _tail(args: argparse.Namespace) -> int:

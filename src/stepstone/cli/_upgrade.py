@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ._common import EXIT_OK, OperationalError, UsageError, existing, store_config
+from ._common import EXIT_OK, OperationalError, UsageError, existing, run_command, store_config
 from ._output import PROG, emit_json, out, safe
 from ._worker import load_workflows
 
@@ -14,20 +14,19 @@ __all__ = ["add_upgrade_parser"]
 
 def add_upgrade_parser(actions: Any, store: argparse.ArgumentParser) -> None:
     """Add ``upgrade`` to the ``runs`` actions (``stepstone.upgrade`` on one run)."""
-    upgrade = actions.add_parser(
+    upgrade = run_command(
+        actions,
+        store,
         "upgrade",
-        parents=[store],
-        help="move a run onto a newer version of its workflow (as stepstone.upgrade)",
-        description=(
-            "Move run RUN_ID onto the workflow among MODULE:ATTR that declares an upgrade "
-            "from the run's version (Workflow(..., upgrades={OLD: fn})), at its step "
-            "boundary, its state replaced by fn(state). Refused, with nothing written, "
-            "when the run is held by a worker, when the steps it completed are not the "
-            "first steps of the new version, or when fn raises. Workers serving the new "
-            "version do this by themselves for the runs they claim."
-        ),
+        _upgrade,
+        "move a run onto a newer version of its workflow (as stepstone.upgrade)",
+        "Move run RUN_ID onto the workflow among MODULE:ATTR that declares an upgrade "
+        "from the run's version (Workflow(..., upgrades={OLD: fn})), at its step "
+        "boundary, its state replaced by fn(state). Refused, with nothing written, "
+        "when the run is held by a worker, when the steps it completed are not the "
+        "first steps of the new version, or when fn raises. Workers serving the new "
+        "version do this by themselves for the runs they claim.",
     )
-    upgrade.add_argument("run_id", metavar="RUN_ID")
     upgrade.add_argument(
         "--workflows",
         metavar="MODULE:ATTR",
@@ -40,7 +39,6 @@ def add_upgrade_parser(actions: Any, store: argparse.ArgumentParser) -> None:
         default=None,
         help="the version to move it to, when more than one in MODULE:ATTR upgrades it",
     )
-    upgrade.set_defaults(handler=_upgrade)
 
 
 def _target(workflows: list[Any], name: str | None, version: str | None, args: Any) -> Any:

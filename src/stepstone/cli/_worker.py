@@ -31,7 +31,15 @@ from typing import Any, NoReturn
 from .. import _lease
 from .._observe import RunEvent, escape
 from .._redact import redact_url
-from ._common import EXIT_OK, OperationalError, UsageError, bounded_int, opened, seconds_arg
+from ._common import (
+    EXIT_OK,
+    OperationalError,
+    UsageError,
+    bounded_int,
+    json_arg,
+    opened,
+    seconds_arg,
+)
 from ._common import store_config as _store_config
 from ._output import PROG, emit_json, out, safe
 
@@ -351,20 +359,10 @@ def _pick(workflows: list[Any], name: str, version: str | None, spec: str) -> An
     return named[0]
 
 
-def _input(text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise UsageError(f"--input is not JSON ({exc}): e.g. --input '{{\"order\": 42}}'") from None
-    if not isinstance(value, dict):
-        raise UsageError(f"--input must be a JSON object, got a {type(value).__name__}")
-    return value
-
-
 def _start(args: argparse.Namespace) -> int:
     workflows = load_workflows(args.workflows)
     workflow = _pick(workflows, args.workflow, args.workflow_version, args.workflows)
-    payload = _input(args.input)
+    payload = json_arg(args.input, "--input", '{"order": 42}')
     import stepstone  # noqa: PLC0415  (the package imports this module's parent)
 
     config = _store_config(args)

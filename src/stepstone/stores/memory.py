@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 from .. import _hooks, _lease, _statelog
 from .._checkpoint import Checkpoint, RunStatus, check_run_id, evolve, utcnow
 from .._errors import ConfigError, ConflictError
+from .._runinfo import PageAsk, ReadyAsk
 from .._store import Claim, RunInfo, Store, check_page
 from ._common import Unanswered, new_version
 from ._listing import IndexedRuns
@@ -208,6 +209,7 @@ class MemoryStore(Store):
     apiece_keys = _on_the_loop(Store.piece_keys)
     apieces = _on_the_loop(Store.pieces)
     aput_pieces = _on_the_loop(Store.put_pieces)
+    aclaim_ready = _on_the_loop(Store.claim_ready)
 
     # -- the claims and the dashboard's listing, from the indexes ``IndexedRuns`` keeps --
 
@@ -230,21 +232,13 @@ class MemoryStore(Store):
             found = self._runs.claims(now, limit, status, skip)
         return [RunInfo.of(cp) for cp in found]
 
-    def claim_ready(
-        self,
-        owner: str,
-        lease: float,
-        limit: int,
-        served: frozenset[tuple[str, str | None]],
-        now: datetime,
-        *,
-        exclude: frozenset[str] = frozenset(),
-    ) -> list[Claim]:
+    def _claim_asked(self, ask: ReadyAsk) -> list[Claim]:
         """Claim up to ``limit`` unowned, due runs of ``served`` workflows, under the lock.
 
         See ``Store.claim_ready``: each is stored exactly as ``save`` stores
         ``_lease.claimed`` of its loaded record, all in one hold of the lock.
         """
+        owner, lease, limit, served, now, exclude = ask
         if type(limit) is not int or limit <= 0:
             return []
         claims: list[Claim] = []
@@ -268,30 +262,10 @@ class MemoryStore(Store):
                 claims.append(Claim(before, saved))
         return claims
 
-    async def aclaim_ready(
-        self,
-        owner: str,
-        lease: float,
-        limit: int,
-        served: frozenset[tuple[str, str | None]],
-        now: datetime,
-        *,
-        exclude: frozenset[str] = frozenset(),
-    ) -> list[Claim]:
-        """Async ``claim_ready``: on the loop, as every method of this store."""
-        return self.claim_ready(owner, lease, limit, served, now, exclude=exclude)
-
-    def list_page(
-        self,
-        status: RunStatus | None = None,
-        *,
-        prefix: str = "",
-        after: tuple[datetime, str] | None = None,
-        limit: int = 50,
-    ) -> list[RunInfo]:
+    def _list_page(self, ask: PageAsk) -> list[RunInfo]:
         """One page of the listing, newest first: a binary search in a sorted index."""
         with self._lock:
-            found = self._runs.page(status, prefix, after, limit)
+            found = self._runs.page(*ask)
         return [RunInfo.of(cp) for cp in found]
 
     def count_by_status(self, prefix: str = "") -> dict[str, int]:

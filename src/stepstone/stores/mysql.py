@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Self, cast
 
@@ -69,9 +69,10 @@ from ._sql import (
     ServerStore,
     detach_socket,
 )
-from ._sql.engine import check_engine, server_url_of
+from ._sql.effects import Exec, Result, adrive, drive
 
 if TYPE_CHECKING:
+    from .._runinfo import ReadyAsk
     from .._store import Claim
     from ._sql.effects import Plan
 
@@ -86,8 +87,6 @@ _STATEMENT_OVERHEAD: Final = 16 * 1024
 #: Between the statements of ``claim_ready``'s transaction (``tools/sqlgen.py``).
 _SEPARATOR: Final = "\n;\n"
 _MIN_DUE: Final = datetime.min.replace(tzinfo=UTC)
-#: A claim transaction's steps: (statement, parameters) out, (rowcount, rows) in.
-_Steps = Generator[tuple[str, Any], tuple[int, list[Any]], list[Any]]
 
 
 # --- the store --------------------------------------------------------------------------
@@ -180,12 +179,7 @@ class MySQLStore(ServerStore):
             "max_allowed_packet": 1 << 30,
         }
         self._max_bytes = 1 << 30
-        try:
-            self._open()
-        except BaseException:
-            self.close()
-            raise
-        self._register()
+        self._open_first(self._open)
 
     @classmethod
     def from_engine(
@@ -210,14 +204,7 @@ class MySQLStore(ServerStore):
                 option, or the engine's connections use ``CLIENT.FOUND_ROWS``.
             StoreUnavailable: the server cannot be reached.
         """
-        check_engine(engine, "mysql", ("pymysql",))
-        if async_engine is not None:
-            check_engine(async_engine, "mysql", ("aiomysql",), is_async=True)
-        store = cls.__new__(cls)
-        # The class's own constructor, before __init__ opens the first connection.
-        store._engine, store._aengine = engine, async_engine  # noqa: SLF001
-        store.__init__(server_url_of(engine), table=table)  # type: ignore[misc]
-        return store
+        return cls._on_engines(engine, async_engine, table, "pymysql", "aiomysql")
 
     def _refuse_found_rows(self, client_flag: int) -> None:
         if client_flag & self._driver.constants.CLIENT.FOUND_ROWS:
@@ -449,65 +436,53 @@ class MySQLStore(ServerStore):
 
     # --- claims in one call -------------------------------------------------------------
 
-    def _claim_ready(
-        self,
-        owner: str,
-        lease: float,
-        limit: int,
-        served: frozenset[tuple[str, str | None]],
-        now: datetime,
-        exclude: frozenset[str],
-    ) -> Plan[list[Claim]]:
+    def _claim_ready(self, ask: ReadyAsk) -> Plan[list[Claim]]:
         if not self.claims_in_one_call:
             raise StoreError(
                 f"{self.where}: this server cannot claim in one statement (see the log of "
                 "its opening); load and save each run instead"
             )
-        return super()._claim_ready(owner, lease, limit, served, now, exclude)
+        return super()._claim_ready(ask)
 
-    def _claim_steps(self, params: dict[str, Any]) -> _Steps:
-        """The claim's statements inside its transaction, as the other dialects' one.
+    def _claim_steps(self, params: dict[str, Any]) -> Plan[list[Any]]:
+        """The claim's transaction, as the other dialects' one statement.
 
         Returns rows shaped as their ``RETURNING``: run_id, version, document, the
-        version it replaced.
+        version it replaced. Driven by ``drive`` or ``adrive`` on one connection (its
+        statements are not ``_run``'s, which would start over at this one).
         """
+        for statement in _BEGIN:
+            yield Exec(statement)
         *picks, update, read = self._sql.claim_ready.split(_SEPARATOR)
         found: list[Any] = []
         for sql in picks:
-            _, rows = yield sql, params
+            _, rows = yield Exec(sql, params)
             found.extend(rows)
         # The kinds' pages, cut to ``limit`` earliest due first (a UNION's ORDER BY).
         found.sort(key=lambda row: row[2] or _MIN_DUE)
         was = {bytes(row[0]): row[1] for row in found[: params["limit"]]}
-        if not was:
-            return []
-        marks = ", ".join(f"%(k{i})s" for i in range(len(was)))
-        keyed = {**params, **{f"k{i}": key for i, key in enumerate(was)}}
-        yield update.replace("{picked}", marks), keyed
-        _, rows = yield read.replace("{picked}", marks), keyed
-        return [(row[1], row[2], row[3], was[bytes(row[0])]) for row in rows]
+        claimed: list[Any] = []
+        if was:
+            marks = ", ".join(f"%(k{i})s" for i in range(len(was)))
+            keyed = {**params, **{f"k{i}": key for i, key in enumerate(was)}}
+            yield Exec(update.replace("{picked}", marks), keyed)
+            _, rows = yield Exec(read.replace("{picked}", marks), keyed)
+            claimed = [(row[1], row[2], row[3], was[bytes(row[0])]) for row in rows]
+        yield Exec("COMMIT")
+        return claimed
 
     def _run(self, held: Held, sql: str, params: Any) -> tuple[int, list[Any]]:
         if sql is not self._sql.claim_ready:
             return super()._run(held, sql, params)
         cursor = held.cursor
-        steps = self._claim_steps(params)
-        try:
-            for statement in _BEGIN:
-                self._count()
-                cursor.execute(statement)
-            sql, args = next(steps)
-            while True:
-                self._count()
-                cursor.execute(sql, args)
-                rows = list(cursor.fetchall()) if cursor.description else []
-                try:
-                    sql, args = steps.send((int(cursor.rowcount), rows))
-                except StopIteration as stop:
-                    claimed: list[Any] = stop.value
-                    break
+
+        def perform(effect: Exec) -> Result:
             self._count()
-            cursor.execute("COMMIT")
+            cursor.execute(effect.sql, effect.params)
+            return int(cursor.rowcount), list(cursor.fetchall()) if cursor.description else []
+
+        try:
+            claimed = drive(self._claim_steps(params), perform)
         except BaseException:
             try:
                 cursor.execute("ROLLBACK")
@@ -518,23 +493,14 @@ class MySQLStore(ServerStore):
 
     async def _arun_claim(self, held: Held, params: Any) -> tuple[int, list[Any]]:
         cursor = held.cursor
-        steps = self._claim_steps(params)
-        try:
-            for statement in _BEGIN:
-                self._count()
-                await cursor.execute(statement)
-            sql, args = next(steps)
-            while True:
-                self._count()
-                await cursor.execute(sql, args)
-                rows = list(await cursor.fetchall()) if cursor.description else []
-                try:
-                    sql, args = steps.send((int(cursor.rowcount), rows))
-                except StopIteration as stop:
-                    claimed: list[Any] = stop.value
-                    break
+
+        async def perform(effect: Exec) -> Result:
             self._count()
-            await cursor.execute("COMMIT")
+            await cursor.execute(effect.sql, effect.params)
+            return int(cursor.rowcount), list(await cursor.fetchall()) if cursor.description else []
+
+        try:
+            claimed = await adrive(self._claim_steps(params), perform)
         except Exception:
             try:
                 await cursor.execute("ROLLBACK")

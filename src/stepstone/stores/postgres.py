@@ -52,7 +52,6 @@ from ._sql import (
     detach_socket,
     statements_of,
 )
-from ._sql.engine import check_engine, server_url_of
 from ._sql.listen_pg import PostgresListener, channel_of, stream_channel_of
 from ._sql.pieces import schema_script
 
@@ -301,12 +300,7 @@ class PostgresStore(ServerStore):
         # a statement (and nothing PgBouncer in transaction mode breaks).
         self._connect_args["prepare_threshold"] = None
         self._max_bytes = _MAX_BYTES
-        try:
-            self._open()
-        except BaseException:
-            self.close()
-            raise
-        self._register()
+        self._open_first(self._open)
 
     @classmethod
     def from_engine(
@@ -333,14 +327,7 @@ class PostgresStore(ServerStore):
                 option.
             StoreUnavailable: the server cannot be reached.
         """
-        check_engine(engine, "postgresql", ("psycopg",))
-        if async_engine is not None:
-            check_engine(async_engine, "postgresql", ("psycopg",), is_async=True)
-        store = cls.__new__(cls)
-        # The class's own constructor, before __init__ opens the first connection.
-        store._engine, store._aengine = engine, async_engine  # noqa: SLF001
-        store.__init__(server_url_of(engine), table=table)  # type: ignore[misc]
-        return store
+        return cls._on_engines(engine, async_engine, table, "psycopg", "psycopg")
 
     def _engine_session(self, conn: Any) -> tuple[Any, Callable[[], None]]:
         autocommit, threshold = conn.autocommit, conn.prepare_threshold

@@ -190,19 +190,17 @@ class SQLiteStore(SQLStore):
         self._pool: ThreadPoolExecutor | None = None
         self._sql = _statements()
         self._create_file()
+        self._open_first(self._open)
+
+    def _open(self) -> None:
+        held = self._first_connection()
         try:
-            held = self._first_connection()
-            try:
-                self._max_length = held.conn.getlimit(sqlite3.SQLITE_LIMIT_LENGTH)
-                self._ensure_schema(held)
-            except sqlite3.Error as exc:
-                raise self._translate(exc) from exc
-            finally:
-                self._release(held)
-        except BaseException:
-            self.close()
-            raise
-        self._register()
+            self._max_length = held.conn.getlimit(sqlite3.SQLITE_LIMIT_LENGTH)
+            self._ensure_schema(held)
+        except sqlite3.Error as exc:
+            raise self._translate(exc) from exc
+        finally:
+            self._release(held)
 
     @classmethod
     def from_engine(

@@ -32,7 +32,9 @@ __all__ = [
     "bulk",
     "bulk_targets",
     "cancel",
+    "changed",
     "delete",
+    "pinned",
     "raise_budget",
     "retry",
     "signal",
@@ -52,7 +54,8 @@ class RunChanged(ConflictError):
     """The run changed after the page showed it; the action was not applied."""
 
 
-def _changed(run_id: str) -> RunChanged:
+def changed(run_id: str) -> RunChanged:
+    """The error of an action refused because the run is no longer as the page showed it."""
     return RunChanged(
         f"the run changed since this page showed it (run {run_id!r}); nothing was done. "
         "The page now shows it as it is: check it and act again",
@@ -60,22 +63,25 @@ def _changed(run_id: str) -> RunChanged:
     )
 
 
-def _pinned(gen: Op, store: Store, run_id: str, version: str) -> Any:
-    """Drive a control operation, refusing it if ``run_id`` is not at ``version``."""
+def pinned(perform: Callable[[Effect], Any], run_id: str, version: str) -> Callable[[Effect], Any]:
+    """Wrap ``perform`` so that a load of ``run_id`` not at ``version`` raises ``changed``."""
 
-    plain = performer(store)
-
-    def perform(effect: Effect) -> Any:
-        found = plain(effect)
+    def perform_pinned(effect: Effect) -> Any:
+        found = perform(effect)
         if (
             isinstance(effect, Load)
             and effect.run_id == run_id
             and (found is None or found.version != version)
         ):
-            raise _changed(run_id)
+            raise changed(run_id)
         return found
 
-    return step_through(gen, perform)
+    return perform_pinned
+
+
+def _pinned(gen: Op, store: Store, run_id: str, version: str) -> Any:
+    """Drive a control operation, refusing it if ``run_id`` is not at ``version``."""
+    return step_through(gen, pinned(performer(store), run_id, version))
 
 
 def cancel(store: Store, run_id: str, version: str) -> str:
@@ -185,7 +191,7 @@ def retry(store: Store, run_id: str, version: str) -> str:
     except ConflictError as exc:
         if isinstance(exc, RunChanged):
             raise
-        raise _changed(run_id) from exc
+        raise changed(run_id) from exc
     return "queued the run again: a worker retries its failed step"
 
 
@@ -199,7 +205,7 @@ def delete(store: Store, run_id: str, version: str) -> str:
     try:
         deleted = store.delete(run_id, expected_version=version)
     except ConflictError as exc:
-        raise _changed(run_id) from exc
+        raise changed(run_id) from exc
     if not deleted:
         raise RunNotFound(f"run {run_id!r} does not exist any more; nothing to delete", run_id)
     delete_stream(store, run_id)  # its stream goes with it (issue 34)

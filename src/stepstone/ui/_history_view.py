@@ -15,13 +15,13 @@ from typing import Any
 
 from .. import _history
 from .._checkpoint import Checkpoint
-from .._effects import Effect, Load, step_through
+from .._effects import step_through
 from .._errors import ConflictError, RunOwned
 from .._history import _current, _fork, _perform, _records, _rerun, _state_of
 from .._lease import dead_here
 from .._store import Store
 from . import _views
-from ._actions import RunChanged
+from ._actions import RunChanged, changed, pinned
 
 __all__ = [
     "MAX_ROWS",
@@ -184,30 +184,6 @@ def diff(store: Store, run_id: str, a: int, b: int) -> list[DiffRow]:
     return rows
 
 
-def _changed(run_id: str) -> RunChanged:
-    return RunChanged(
-        f"the run changed since this page showed it (run {run_id!r}); nothing "
-        "was done. The page now shows it as it is: check it and act again",
-        run_id,
-    )
-
-
-def _pinned_perform(store: Store, run_id: str, version: str) -> Any:
-    perform = _perform(store)
-
-    def pinned(effect: Effect) -> Any:
-        result = perform(effect)
-        if (
-            isinstance(effect, Load)
-            and effect.run_id == run_id
-            and (result is None or result.version != version)
-        ):
-            raise _changed(run_id)
-        return result
-
-    return pinned
-
-
 def parse_patch(text: str) -> dict[str, Any] | None:
     """Return the state patch typed on the page (a JSON object), or None if empty.
 
@@ -240,7 +216,7 @@ def rerun(store: Store, run_id: str, version: str, from_step: int | str, patch_t
     patch = parse_patch(patch_text)
     cp = store.load(run_id)
     if cp is None or cp.version != version:
-        raise _changed(run_id)
+        raise changed(run_id)
     if cp.status == "running" and cp.owner is not None and not dead_here(cp.owner):
         # ``stepstone.rerun`` would watch the owner for a whole lease: a page does not
         # hold a request that long, and an owner that is alive must stop first anyway.
@@ -251,7 +227,7 @@ def rerun(store: Store, run_id: str, version: str, from_step: int | str, patch_t
         )
     op = _rerun(store, run_id, from_step, None, patch, None)
     try:
-        step_through(op, _pinned_perform(store, run_id, version))
+        step_through(op, pinned(_perform(store), run_id, version))
     except RunOwned as exc:
         raise ValueError(str(exc)) from None
     except ConflictError as exc:
@@ -273,7 +249,7 @@ def fork(store: Store, run_id: str, version: str, at_step: int | str, new_run_id
     """
     op = _fork(store, run_id, at_step, new_run_id)
     try:
-        step_through(op, _pinned_perform(store, run_id, version))
+        step_through(op, pinned(_perform(store), run_id, version))
     except ConflictError as exc:
         if isinstance(exc, RunChanged):
             raise

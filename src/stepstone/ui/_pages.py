@@ -19,6 +19,7 @@ from .._errors import StepstoneError, StoreError
 from .._flow._limit import PREFIX as LIMIT_PREFIX
 from .._store import RunInfo, page_key
 from ..cli._budget import spend_text
+from ..cli._output import age
 from . import _actions, _history_view, _views
 from ._dashboard import DONE, Dashboard, live_error
 
@@ -112,7 +113,7 @@ def _list_context(
                 "waiting_for": info.waiting_for,
                 "progress": f"{info.step + 1}/{'?' if total is None else total}",
                 "updated": _views.when(info.updated_at),
-                "age": _views.ago(info.updated_at, now),
+                "age": age(info.updated_at, now),
                 "owner": info.owner,
             }
         )
@@ -227,7 +228,7 @@ def run_context(dash: Dashboard, cp: Checkpoint) -> dict[str, Any]:
         "can_rewind": actions and hist["history"] is not None,
         "updated": _views.when(cp.updated_at),
         "created": _views.when(cp.created_at),
-        "age": _views.ago(cp.updated_at, now),
+        "age": age(cp.updated_at, now),
     }
 
 

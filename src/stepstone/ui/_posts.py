@@ -14,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from .._errors import RunNotActive, RunNotFound, StepstoneError, StoreError
+from .._store import Store
 from . import _actions, _history_view
 from ._dashboard import Dashboard
 from ._pages import run_context, run_href
@@ -50,6 +51,15 @@ def _field(form: FormData, name: str) -> str:
     return value if isinstance(value, str) else ""
 
 
+#: The actions that send a signal (``raise_budget``: the signal ``budget.raise``): the
+#: function, the two form fields it reads, and the ``done`` the run page then shows
+#: (``-again`` appended when that signal id was received before).
+_SIGNALS: dict[str, tuple[Callable[[Store, str, str, str, str, str], str], str, str, str]] = {
+    "signal": (_actions.signal, "name", "payload", "signal"),
+    "raise_budget": (_actions.raise_budget, "usd", "tokens", "budget"),
+}
+
+
 def _act(dash: Dashboard, request: Request, form: FormData) -> Response:
     refusal = _refuse_write(dash, request, form)
     if refusal is not None:
@@ -61,26 +71,11 @@ def _act(dash: Dashboard, request: Request, form: FormData) -> Response:
         if action == "cancel":
             text = _actions.cancel(store, run_id, version)
             done = "cancelled" if text == "cancelled the run" else "cancel-requested"
-        elif action == "signal":
-            text = _actions.signal(
-                store,
-                run_id,
-                version,
-                _field(form, "name"),
-                _field(form, "payload"),
-                _field(form, "sid") or secrets.token_hex(16),
-            )
-            done = "signal-again" if "received before" in text else "signal"
-        elif action == "raise_budget":  # spend budgets: the signal ``budget.raise``
-            text = _actions.raise_budget(
-                store,
-                run_id,
-                version,
-                _field(form, "usd"),
-                _field(form, "tokens"),
-                _field(form, "sid") or secrets.token_hex(16),
-            )
-            done = "budget-again" if "received before" in text else "budget"
+        elif action in _SIGNALS:
+            send, first, second, done = _SIGNALS[action]
+            sid = _field(form, "sid") or secrets.token_hex(16)
+            text = send(store, run_id, version, _field(form, first), _field(form, second), sid)
+            done = f"{done}-again" if "received before" in text else done
         elif action == "retry":
             _actions.retry(store, run_id, version)
             done = "retried"

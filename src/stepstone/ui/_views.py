@@ -12,7 +12,7 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 from urllib.parse import unquote
 
@@ -21,6 +21,7 @@ from .._code_history import entries_of
 from .._errors import StepstoneError
 from .._journal import JOURNAL_KEY
 from .._store import RunInfo
+from ..cli._output import span, utc
 
 __all__ = [
     "ADAPTER_KINDS",
@@ -28,7 +29,6 @@ __all__ = [
     "MAX_TEXT_SHOWN",
     "SignalRow",
     "StepRow",
-    "ago",
     "display_name",
     "lease_text",
     "pretty_json",
@@ -159,26 +159,9 @@ def display_name(run_id: str) -> tuple[str | None, str]:
     return None, run_id
 
 
-def _utc(value: datetime) -> datetime:
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-
-
 def when(value: datetime | None) -> str:
     """Return ``value`` as ``2026-12-01 09:00:00Z``, or ``-``."""
-    return "-" if value is None else _utc(value).strftime("%Y-%m-%d %H:%M:%SZ")
-
-
-def _span(seconds: float) -> str:
-    whole = max(0, int(seconds))
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if whole >= size:
-            return f"{whole // size}{unit}"
-    return f"{whole}s"
-
-
-def ago(value: datetime | None, now: datetime) -> str:
-    """Return how long ago ``value`` was (``12m``), or ``-``."""
-    return "-" if value is None else _span((now - _utc(value)).total_seconds())
+    return "-" if value is None else utc(value).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
 def lease_text(cp: Checkpoint | RunInfo, now: datetime) -> str:
@@ -191,15 +174,15 @@ def lease_text(cp: Checkpoint | RunInfo, now: datetime) -> str:
         return "none: no process owns the run"
     if not isinstance(cp, Checkpoint) or cp.lease is None or cp.renewed_at is None:
         return f"held by {cp.owner}"
-    left = (_utc(cp.renewed_at) - now).total_seconds() + cp.lease
-    renewed = _span((now - _utc(cp.renewed_at)).total_seconds())
+    left = (utc(cp.renewed_at) - now).total_seconds() + cp.lease
+    renewed = span((now - utc(cp.renewed_at)).total_seconds())
     if left > 0:
         return (
             f"live: held by {cp.owner}, renewed {renewed} ago, lease {cp.lease:g}s "
-            f"(expires in {_span(left)} unless renewed)"
+            f"(expires in {span(left)} unless renewed)"
         )
     return (
-        f"expired {_span(-left)} ago: {cp.owner} last renewed it {renewed} ago "
+        f"expired {span(-left)} ago: {cp.owner} last renewed it {renewed} ago "
         f"(lease {cp.lease:g}s); the next worker that looks takes the run over"
     )
 

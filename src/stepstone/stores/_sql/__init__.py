@@ -16,17 +16,8 @@ imports them. The SQLAlchemy definitions that produce ``_sql_text`` live in
 ``tools/sqlgen.py``, outside the wheel.
 """
 
-from .config import (
-    DEFAULT_TABLE,
-    PASSWORD_ENV,
-    ServerURL,
-    check_table,
-    detach_socket,
-    import_driver,
-    parse_server_url,
-    positive_seconds,
-    run_key,
-)
+# What the dialect modules take from here; the rest of ``config`` they import from it.
+from .config import DEFAULT_TABLE, PASSWORD_ENV, detach_socket
 from .connections import Held
 from .schema import PLACEHOLDER, TABLE_SCHEMA, SQLText, statements_of
 from .server import ServerStore
@@ -41,12 +32,6 @@ __all__ = [
     "SQLStore",
     "SQLText",
     "ServerStore",
-    "ServerURL",
-    "check_table",
     "detach_socket",
-    "import_driver",
-    "parse_server_url",
-    "positive_seconds",
-    "run_key",
     "statements_of",
 ]

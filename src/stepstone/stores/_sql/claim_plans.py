@@ -17,6 +17,7 @@ from ..._checkpoint import DUE_NOW, evolve, utcnow
 from ..._codec import checkpoint_from_doc, decode_document
 from ..._errors import CorruptCheckpoint, StoreError
 from ..._observe import logger
+from ..._runinfo import ReadyAsk
 from ..._store import Claim, RunInfo, check_page
 from .._common import version_token
 from .effects import Exec, Plan, Result, drive
@@ -60,16 +61,9 @@ class SQLClaims(SQLPieces):
         due = sorted(queued + waiting, key=lambda info: info.due_at or _MIN)
         return running[:limit] + due[:limit]
 
-    def _claim_ready(
-        self,
-        owner: str,
-        lease: float,
-        limit: int,
-        served: frozenset[tuple[str, str | None]],
-        now: datetime,
-        exclude: frozenset[str],
-    ) -> Plan[list[Claim]]:
+    def _claim_ready(self, ask: ReadyAsk) -> Plan[list[Claim]]:
         """Claim what needs no judgement in the one statement ``_sql.claim_ready``."""
+        owner, lease, limit, served, now, exclude = ask
         sql = self._sql.claim_ready
         if not sql:
             raise StoreError(
@@ -162,16 +156,7 @@ class SQLClaims(SQLPieces):
         """
         return drive(self._claimable(now, limit, status, skip), self._perform)
 
-    def claim_ready(
-        self,
-        owner: str,
-        lease: float,
-        limit: int,
-        served: frozenset[tuple[str, str | None]],
-        now: datetime,
-        *,
-        exclude: frozenset[str] = frozenset(),
-    ) -> list[Claim]:
+    def _claim_asked(self, ask: ReadyAsk) -> list[Claim]:
         """Claim up to ``limit`` unowned, due runs of ``served`` workflows in one statement.
 
         See ``Store.claim_ready``. PostgreSQL: ``UPDATE ... FROM (SELECT ... FOR UPDATE
@@ -184,7 +169,7 @@ class SQLClaims(SQLPieces):
                 MariaDB before 10.6).
             StoreUnavailable: the database cannot be reached, or timed out.
         """
-        return drive(self._claim_ready(owner, lease, limit, served, now, exclude), self._perform)
+        return drive(self._claim_ready(ask), self._perform)
 
     # --- what ``SQLStore`` supplies -----------------------------------------------------
 

@@ -158,6 +158,16 @@ class Connections:
     def _register(self) -> None:
         _forgetters[id(self)] = weakref.WeakMethod(self._forget_connections)
 
+    def _open_first(self, open_first: Callable[[], None]) -> None:
+        """End a constructor: ``open_first`` (the first connection, the schema), closing
+        whatever it opened if it fails; then register the store for fork safety."""
+        try:
+            open_first()
+        except BaseException:
+            self.close()
+            raise
+        self._register()
+
     # --- dialect hooks ------------------------------------------------------------------
 
     def _open_connection(self) -> tuple[Any, Any]:

@@ -6,7 +6,7 @@ import os
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from types import MappingProxyType
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 from urllib.parse import urlsplit
 
 from ... import _hooks
@@ -22,6 +22,7 @@ from .config import (
     run_key,
 )
 from .connections import Held
+from .engine import check_engine, server_url_of
 from .schema import TABLE_SCHEMA
 from .store import SQLStore
 
@@ -93,6 +94,20 @@ class ServerStore(SQLStore):
         self._driver_error = self._driver.Error
         self._setup()
         return parsed
+
+    @classmethod
+    def _on_engines(
+        cls, engine: Any, async_engine: Any, table: str, driver: str, async_driver: str
+    ) -> Self:
+        """``from_engine`` of each server store: check the engines, then construct."""
+        check_engine(engine, cls.kind, (driver,))
+        if async_engine is not None:
+            check_engine(async_engine, cls.kind, (async_driver,), is_async=True)
+        store = cls.__new__(cls)
+        # The class's own constructor, before __init__ opens the first connection.
+        store._engine, store._aengine = engine, async_engine  # noqa: SLF001
+        store.__init__(server_url_of(engine), table=table)  # type: ignore[misc]
+        return store
 
     def _import_driver(self, module: str) -> Any:
         return import_driver(module, self.kind, self._EXTRA)

@@ -38,6 +38,7 @@ from ..._codec import (
 )
 from ..._errors import ConflictError, CorruptCheckpoint, StoreError
 from ..._observe import logger
+from ..._runinfo import PageAsk, ReadyAsk
 from ..._store import Claim, RunInfo, Store
 from .._common import new_version
 from .claim_plans import SQLClaims
@@ -482,22 +483,10 @@ class SQLStore(Connections, SQLClaims, Store):
             return await super().aclaimable(now, limit, status=status, skip=skip)
         return await adrive(self._claimable(now, limit, status, skip), self._aperform)
 
-    async def aclaim_ready(
-        self,
-        owner: str,
-        lease: float,
-        limit: int,
-        served: frozenset[tuple[str, str | None]],
-        now: datetime,
-        *,
-        exclude: frozenset[str] = frozenset(),
-    ) -> list[Claim]:
-        """Async ``claim_ready``; same contract, same errors."""
+    async def _aclaim_asked(self, ask: ReadyAsk) -> list[Claim]:
         if not self._aio():
-            return await super().aclaim_ready(owner, lease, limit, served, now, exclude=exclude)
-        return await adrive(
-            self._claim_ready(owner, lease, limit, served, now, exclude), self._aperform
-        )
+            return await super()._aclaim_asked(ask)
+        return await adrive(self._claim_ready(ask), self._aperform)
 
     async def aclose(self) -> None:
         """Async ``close``: the sync close never waits on the loop's own connections."""
@@ -510,14 +499,7 @@ class SQLStore(Connections, SQLClaims, Store):
 
     # --- the dashboard's listing (``Store.list_page``, ``Store.count_by_status``) --------
 
-    def list_page(
-        self,
-        status: RunStatus | None = None,
-        *,
-        prefix: str = "",
-        after: tuple[datetime, str] | None = None,
-        limit: int = 50,
-    ) -> list[RunInfo]:
+    def _list_page(self, ask: PageAsk) -> list[RunInfo]:
         """One page of the listing, newest first: a ``LIMIT`` query on the indexes.
 
         The (status, updated_at) index serves a status filter, the updated_at index the
@@ -526,13 +508,11 @@ class SQLStore(Connections, SQLClaims, Store):
         Raises:
             StoreUnavailable: the database cannot be reached, or timed out.
         """
-        sql, params = page_query(
-            self._sql.info, self.scheme, self._db_time, status, prefix, after, limit
-        )
+        sql, params = page_query(self._sql.info, self.scheme, self._db_time, *ask)
         try:
             _, rows = self._exec(sql, params)
         except Undecodable:
-            return super().list_page(status, prefix=prefix, after=after, limit=limit)
+            return super()._list_page(ask)
         found = []
         for row in rows:
             info = self._info(row[:8])

@@ -19,12 +19,12 @@ from ..._checkpoint import (
     SCHEMA_VERSION,
     STATUSES,
     Checkpoint,
-    RunStatus,
     check_run_id,
 )
 from ..._codec import PiecesNeeded
 from ..._errors import ConflictError, StoreError, StorePermissionError
 from ..._observe import logger
+from ..._runinfo import PageAsk
 from ..._store import Diagnosis, RunInfo, Store
 from ._config import Settings
 from ._effects import OPEN, Query, Send, Steps
@@ -199,14 +199,7 @@ class Admin(Store):
 
     # -- the dashboard's listing (Store.list_page, count_by_status) ---------------------
 
-    def list_page(
-        self,
-        status: RunStatus | None = None,
-        *,
-        prefix: str = "",
-        after: tuple[datetime, str] | None = None,
-        limit: int = 50,
-    ) -> list[RunInfo]:
+    def _list_page(self, ask: PageAsk) -> list[RunInfo]:
         """One page of the listing, newest first: a ``TOP`` query on a composite index.
 
         (status, updated_at desc, run_id desc) serves a status filter, (updated_at desc,
@@ -219,10 +212,10 @@ class Admin(Store):
         Raises:
             StoreUnavailable: the service cannot be reached, throttles or times out.
         """
-        if limit <= 0:
+        if ask.limit <= 0:
             return []
         try:
-            return list(self._pages(status, prefix, after, limit))[:limit]
+            return list(self._pages(*ask))[: ask.limit]
         except StoreError as exc:
             if not _lacks_index(exc):
                 raise
@@ -230,7 +223,7 @@ class Admin(Store):
             "%s lacks the listing indexes (run `stepstone init`); listing by a scan",
             self._source(None),
         )
-        return super().list_page(status, prefix=prefix, after=after, limit=limit)
+        return super()._list_page(ask)
 
     def _pages(
         self, status: str | None, prefix: str, after: tuple[datetime, str] | None, limit: int

@@ -14,6 +14,7 @@ from datetime import datetime
 
 from ..._checkpoint import ACTIVE_STATUSES, RunStatus
 from ..._errors import CorruptCheckpoint, StoreError
+from ..._runinfo import infos_of
 from ..._store import RunInfo, Store, check_page
 from ._disk import remove_stale_temps, scan, sync
 from ._documents import doc_active
@@ -84,14 +85,11 @@ class Listing(PieceHooks, Store):
         not read, so a listing (and the dashboard's page and counts, built on it) costs
         the same whatever the size of the states.
         """
-        for run_id in self.list_runs():
-            try:
-                cp = self._load(encode_name(run_id), run_id, keep=False)
-            except CorruptCheckpoint as exc:
-                logger.warning("skipping run %r in listing: %s", run_id, exc)
-                continue
-            if cp is not None:
-                yield RunInfo.of(cp)
+        yield from infos_of(
+            self.list_runs(),
+            lambda run_id: self._load(encode_name(run_id), run_id, keep=False),
+            logger,
+        )
 
     def claimable(
         self,

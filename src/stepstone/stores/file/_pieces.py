@@ -35,12 +35,12 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Final
 
 from ... import _hooks
-from ..._errors import CorruptCheckpoint, StoreError, StorePermissionError
+from ..._errors import CorruptCheckpoint, StoreError
 from ..._statelog import ORPHAN_AGE, Piece, gen_of, inc_of, is_orphan
 from ._disk import STALE_SECONDS, open_subdir, open_temp, read_all, scan, sync, write_all
 from ._errors import translating
 from ._names import TEMP_PREFIX, join
-from ._trust import OPT_OUT, who
+from ._trust import check_held
 
 __all__ = [
     "EVERY",
@@ -92,13 +92,12 @@ def _check_dir(fd: int, path: str, strict: bool) -> None:
     """With ``trust=strict``, refuse a pieces directory another user could change."""
     if not strict:
         return
-    st = os.fstat(fd)
-    if st.st_uid not in (0, os.geteuid()) or st.st_mode & stat.S_IWOTH:
-        raise StorePermissionError(
-            f"{path}: refusing this directory of pieces: owned by {who(st.st_uid)} with "
-            f"mode {stat.S_IMODE(st.st_mode):04o}, so another user could forge or remove "
-            f"the pieces of long states; {OPT_OUT}"
-        )
+    check_held(
+        fd,
+        path,
+        "refusing this directory of pieces: owned by {owner} with mode {mode}, so another "
+        "user could forge or remove the pieces of long states",
+    )
 
 
 def _open_dir(parent_fd: int, name: str, path: str, what: str, create: bool) -> int | None:

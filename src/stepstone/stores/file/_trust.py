@@ -10,7 +10,7 @@ import stat
 from ..._errors import StoreError, StorePermissionError
 from ._disk import O_DIRECTORY, sync
 
-__all__ = ["OPT_OUT", "check_opened", "check_trust", "make_dirs", "who"]
+__all__ = ["OPT_OUT", "check_held", "check_opened", "check_trust", "make_dirs", "who"]
 
 OPT_OUT = "pass ?trust=any in the config string (FileStore(..., trust='any')) to accept it"
 _MAX_HOPS = 40  # symlinks followed on the way, as the kernel's ELOOP limit
@@ -120,10 +120,23 @@ def check_opened(path: str, dir_fd: int) -> None:
     Raises:
         StorePermissionError: it is now another user's, or writable by everyone.
     """
-    st = os.fstat(dir_fd)
+    check_held(
+        dir_fd,
+        path,
+        "refusing the store directory: it changed while being checked and is now owned "
+        "by {owner} with mode {mode}",
+    )
+
+
+def check_held(fd: int, path: str, refusal: str) -> None:
+    """Refuse the opened directory ``fd`` unless it is root's or this user's and not
+    writable by every user; ``refusal`` says what is refused and why (its ``{owner}``
+    and ``{mode}`` filled in).
+
+    Raises:
+        StorePermissionError: it is another user's, or writable by everyone.
+    """
+    st = os.fstat(fd)
     if st.st_uid not in (0, os.geteuid()) or st.st_mode & stat.S_IWOTH:
-        raise StorePermissionError(
-            f"{path}: refusing the store directory: it changed while being "
-            f"checked and is now owned by {who(st.st_uid)} with mode "
-            f"{stat.S_IMODE(st.st_mode):04o}; {OPT_OUT}"
-        )
+        text = refusal.format(owner=who(st.st_uid), mode=f"{stat.S_IMODE(st.st_mode):04o}")
+        raise StorePermissionError(f"{path}: {text}; {OPT_OUT}")
