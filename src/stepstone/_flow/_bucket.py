@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from .._checkpoint import PRIORITY_AGING
 from .._errors import ConfigError
 from ._limit import Limit
 
@@ -51,8 +52,8 @@ __all__ = [
 _EPS = 1e-9
 #: At most this many waiters are remembered per key (the rest find the key at their poll).
 MAX_WAITERS = 256
-#: Seconds of waiting worth one level of priority (anti-starvation).
-AGING = 60.0
+#: Seconds of waiting worth one level of priority (anti-starvation), as for queued runs.
+AGING = PRIORITY_AGING
 #: Seconds a released slot stays kept for the waiter it was handed to.
 RESERVE = 2.0
 _RESERVED = "r"
