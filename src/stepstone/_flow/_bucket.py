@@ -146,7 +146,12 @@ def decide(
     if blocked is not None and blocked > now - slack:
         return (_with(new, holders) if changed else None), Decision(False, "blocked", blocked)
     if limit.concurrency is not None and len(holders) >= limit.concurrency:
-        new["waiters"] = _waiting(state, run_id, priority, now)
+        waiters = _waiting(state, run_id, priority, now)
+        if not changed and waiters == state.get("waiters", []):
+            # A parked run looking again (its poll) and still listed: nothing to write, so
+            # the hot key's record is not rewritten by every waiter every poll.
+            return None, Decision(False, "concurrency", None)
+        new["waiters"] = waiters
         return _with(new, holders), Decision(False, "concurrency", None)
     refused = _rates(new, state, limit, tokens, now, slack)
     if refused is not None:
