@@ -12,7 +12,9 @@
    fleet has 8 threads in all, so the key never takes capacity the fleet has; the ratio
    is the price of the two compare-and-swaps and of parking and waking.
 3. **A hot key.** The same with 8 processes and a concurrency-2 key: most runs park,
-   and each release hands its slot to a waiter.
+   and each release hands its slot to a waiter. With ``--hot-profile`` only this one,
+   with where its round trips go: loads and saves per run (on the key's record and on
+   the runs) and claim calls, counted at the store's methods in every process.
 
 Prints one line per figure; ``docs/flow-control.md`` quotes a run of it.
 """
@@ -20,6 +22,7 @@ Prints one line per figure; ``docs/flow-control.md`` quotes a run of it.
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
 import os
 import statistics
@@ -103,8 +106,35 @@ def _workflow(limited: bool, concurrency: int) -> Workflow:
     return Workflow(f"fleet-{limited}-{concurrency}", [Step("call", _call)], limits=limits)
 
 
-def _serve(config: str, limited: bool, concurrency: int, total: int) -> None:
+_COUNTED = ("load", "save", "claimable", "claim_ready")
+
+
+def _count_calls(store: Store, counts: dict[str, int]) -> None:
+    """Count ``store``'s calls of ``_COUNTED`` into ``counts`` (loads and saves by kind)."""
+    cls = type(store)
+    for name in _COUNTED:
+        method = getattr(cls, name, None)
+        if method is None:
+            continue
+
+        def counted(self: Any, *args: Any, _m: Any = method, _n: str = name, **kw: Any) -> Any:
+            key = _n
+            if _n in ("load", "save"):
+                run_id = str(args[0] if _n == "load" else args[0].run_id)
+                key += ":limit" if run_id.startswith("~limit/") else ":run"
+            counts[key] = counts.get(key, 0) + 1
+            return _m(self, *args, **kw)
+
+        setattr(cls, name, counted)
+
+
+def _serve(
+    config: str, limited: bool, concurrency: int, total: int, out: str | None = None
+) -> None:
     store = open_store(config)
+    counts: dict[str, int] = {}
+    if out is not None:
+        _count_calls(store, counts)
     worker = Worker(store, [_workflow(limited, concurrency)], concurrency=2, poll=0.05)
     thread = threading.Thread(target=worker.serve)
     thread.start()
@@ -112,10 +142,18 @@ def _serve(config: str, limited: bool, concurrency: int, total: int) -> None:
         time.sleep(0.1)
     worker.stop()
     thread.join()
+    if out is not None:
+        with open(out, "w", encoding="utf-8") as fh:
+            json.dump(counts, fh)
 
 
-def fleet(config: str, runs: int, processes: int, limited: bool, concurrency: int) -> float:
-    """Return runs per second of ``processes`` workers through the key (or none)."""
+def fleet(
+    config: str, runs: int, processes: int, limited: bool, concurrency: int, profile: bool = False
+) -> float:
+    """Return runs per second of ``processes`` workers through the key (or none).
+
+    ``profile``: print the store calls per run, summed over the processes.
+    """
     prefix = uuid.uuid4().hex[:8]  # a server store may be shared by the three fleets
     with open_store(config) as store:
         flow = _workflow(limited, concurrency)
@@ -124,15 +162,29 @@ def fleet(config: str, runs: int, processes: int, limited: bool, concurrency: in
             start(store, flow, f"run-{prefix}-{i}")
     context = multiprocessing.get_context("spawn")
     began = time.perf_counter()
+    outs = [
+        f"{tempfile.gettempdir()}/hot-{prefix}-{i}.json" if profile else None
+        for i in range(processes)
+    ]
     procs = [
-        context.Process(target=_serve, args=(config, limited, concurrency, done_before + runs))
-        for _ in range(processes)
+        context.Process(target=_serve, args=(config, limited, concurrency, done_before + runs, out))
+        for out in outs
     ]
     for proc in procs:
         proc.start()
     for proc in procs:
         proc.join()
-    return runs / (time.perf_counter() - began)
+    rate = runs / (time.perf_counter() - began)
+    if profile:
+        total: dict[str, int] = {}
+        for out in outs:
+            assert out is not None
+            with open(out, encoding="utf-8") as fh:
+                for key, n in json.load(fh).items():
+                    total[key] = total.get(key, 0) + n
+            os.unlink(out)
+        print("per run: " + ", ".join(f"{k} {v / runs:.2f}" for k, v in sorted(total.items())))
+    return rate
 
 
 def main() -> None:
@@ -147,6 +199,9 @@ def main() -> None:
     )
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--hot-profile", action="store_true", help="only the hot key, with its store calls"
+    )
     args = parser.parse_args()
     directory = tempfile.mkdtemp(prefix="flow-bench-")
     configs = {
@@ -168,6 +223,12 @@ def main() -> None:
             f"{loads:.1f} loads + {saves:.1f} saves per pair"
         )
     if args.runs <= 0:
+        return
+    if args.hot_profile:
+        hot = fleet(f"sqlite:///{directory}/hot.db", args.runs, 8, True, 2, profile=True)
+        print(
+            f"hot key: {args.runs} runs, 8 processes x 2 threads, concurrency 2: {hot:.1f} runs/s"
+        )
         return
 
     def fresh() -> str:

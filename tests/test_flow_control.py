@@ -352,6 +352,20 @@ def test_tokens_settle_and_refund() -> None:
         _bucket.decide(_bucket.fresh(limit), limit, "c", 1, 101, 0.0, set())
 
 
+def test_a_waiter_looking_again_writes_nothing() -> None:
+    """A parked run that polls a full key it is listed on costs the record no write."""
+    limit = Limit("hot", concurrency=1)
+    held, first = _bucket.decide(_bucket.fresh(limit), limit, "a", 1, 0, 0.0, set())
+    assert first.granted and held is not None
+    listed, full = _bucket.decide(held, limit, "b", 1, 0, 1.0, set())
+    assert not full.granted and listed is not None and listed["waiters"] == [["b", 0, 1.0]]
+    again, still = _bucket.decide(listed, limit, "b", 1, 0, 3.0, set())
+    assert not still.granted and still.why == "concurrency"
+    assert again is None  # nothing changed: the poll is a load, not a compare-and-swap
+    raised, _ = _bucket.decide(listed, limit, "b", 1, 0, 3.0, set(), 5)
+    assert raised is not None and raised["waiters"] == [["b", 5, 1.0]]  # a new priority
+
+
 def test_ctx_acquire_and_settle(local: Store) -> None:
     """ctx.acquire takes a key mid-step (the call restarts holding it); settle charges."""
     set_limit(local, Limit("llm", tpm=1000, concurrency=1))

@@ -195,7 +195,7 @@ def test_a_kept_slot_lapses_if_its_waiter_never_comes() -> None:
 
 def test_map_max_concurrency_runs_children_a_few_at_a_time(local: Store) -> None:
     """Map(max_concurrency=2) over 6 items: a worker never runs 3 children at once."""
-    lock = threading.Lock()
+    lock = threading.Condition()
     inside = [0]
     most = [0]
 
@@ -203,6 +203,10 @@ def test_map_max_concurrency_runs_children_a_few_at_a_time(local: Store) -> None
         with lock:
             inside[0] += 1
             most[0] = max(most[0], inside[0])
+            lock.notify_all()
+            # The first child waits for a second (the worker may run two at once), so the
+            # check that two did is not a race with a loaded machine's scheduling.
+            lock.wait_for(lambda: most[0] >= 2, timeout=WAIT_TIMEOUT / 4)
         threading.Event().wait(0.02)  # linger, so that a third child would overlap
         with lock:
             inside[0] -= 1

@@ -21,7 +21,7 @@ from stepstone import Step, Workflow, open_store, schedule, start
 from stepstone._cron import parse_slot
 from stepstone._effects import Effect
 from stepstone._store import Store
-from stepstone._store_time import Now, astore_now, forget, store_now
+from stepstone._store_time import Now, astore_now, forget, slack, store_now
 from stepstone.testing import FakeClock, use_clock
 from stepstone.testing._runtime_kit import ClockAhead
 from test_hardening_claims import reap, spawn
@@ -32,7 +32,7 @@ HOURS = 3.0
 NEAR = timedelta(seconds=5)
 
 
-@pytest.mark.parametrize("kind", ["memory", "file", "sqlite", "postgresql", "mysql"])
+@pytest.mark.parametrize("kind", ["memory", "file", "sqlite", "postgresql", "mysql", "cosmos"])
 def test_the_store_clock_ignores_a_host_clock_that_is_ahead(
     kind: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
@@ -127,12 +127,14 @@ RUNS = 16
 
 
 @pytest.mark.process
-@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql", "cosmos"])
 def test_skewed_workers_never_exceed_a_rate(
     kind: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
     """Two workers 6 h apart, 16 runs at 4 requests/s: within the GCRA bound, all done.
 
+    On Cosmos DB the store's clock ticks in whole seconds (an item's ``_ts``): the
+    bound holds all the same, the workers' readings only as fine as they have become.
     Judged on each process's own clock, the one ahead finds the bucket full again (a
     second burst) and the one behind finds it empty for hours (its runs never finish).
     """
@@ -185,7 +187,7 @@ with open_store(config) as store, use_clock(ClockAhead(timedelta(hours=hours))):
 
 
 @pytest.mark.process
-@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql", "cosmos"])
 def test_skewed_workers_fire_each_slot_once_none_early(
     kind: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
@@ -237,3 +239,20 @@ def test_the_async_worker_driver_performs_now(tmp_path: Path) -> None:
         assert [r for r in store.list_runs() if r.startswith("sched/")] == [
             "sched/tick/2030-01-01T00:01:00Z"
         ]
+
+
+def test_the_cosmos_clock_is_an_item_no_listing_sees(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Cosmos DB's clock is one upsert's ``_ts``: no run, no orphan, read once until fine."""
+    with open_store(fresh_config("cosmos", request, tmp_path)) as store:
+        store.load("warm-up")  # the connection, opened outside the count
+        forget(store)
+        sent = _sent(store)
+        first = store_now(store)
+        assert abs(first - datetime.now(UTC)) < NEAR
+        assert _sent(store) - sent == 1
+        assert 0.5 <= slack(first) <= 0.6, slack(first)  # a second wide, and the round trip
+        assert list(store.list_runs()) == []
+        assert list(store.list_info()) == []
+        assert store.collect_orphans(min_age=0) == []

@@ -17,6 +17,7 @@ __all__ = [
     "ACTIVE_STATUSES",
     "DUE_NOW",
     "MAX_RUN_ID_LENGTH",
+    "PRIORITY_AGING",
     "READABLE_SCHEMAS",
     "SCHEMA_PIECES",
     "SCHEMA_VERSION",
@@ -30,6 +31,7 @@ __all__ = [
     "evolve",
     "keep_times",
     "parked",
+    "queued_due",
     "run_status",
     "utcnow",
 ]
@@ -269,9 +271,10 @@ class Checkpoint:
     def due_at(self) -> datetime | None:
         """When a worker should next look at this run; None when nothing is due.
 
-        Queued runs are due from their creation, waiting runs at ``wake_at``, running
-        runs at their owner's promised lease end (a hint for ordering and display: a
-        takeover is decided by observation, never by comparing this with a clock).
+        Queued runs are due at once (``queued_due``: in priority order), waiting runs at
+        ``wake_at``, running runs at their owner's promised lease end (a hint for ordering
+        and display: a takeover is decided by observation, never by comparing this with a
+        clock).
         Stores index it with the status so that finding work never scans finished runs.
 
         A waiting run is due now, whatever ``wake_at`` says, when it holds an unconsumed
@@ -281,8 +284,8 @@ class Checkpoint:
         """
         status = self.status
         if status == "queued":
-            # Due at once, whatever the clock of the host that queued it said.
-            return DUE_NOW
+            flow = self.flow
+            return queued_due(self.created_at, int(flow.get("priority", 0)) if flow else 0)
         if status == "waiting":
             if self.owner is not None or self._signalled():
                 return DUE_NOW
@@ -309,6 +312,28 @@ keep_times: ContextVar[bool] = ContextVar("stepstone_keep_times", default=False)
 #: The ``wake_at`` that means "due now": before any clock's now, so a worker whose clock
 #: is behind the writer's (who queued, signalled or nudged) still finds the run due.
 DUE_NOW = _EPOCH
+#: Seconds of waiting worth one level of priority: a queued run and a run waiting for a
+#: limit key (``_flow._bucket``) go before those of ``n`` levels higher that came
+#: ``n * PRIORITY_AGING`` seconds after them, so none waits forever behind higher ones.
+PRIORITY_AGING = 60.0
+# Queued runs' due times are their order compressed this many times into the year after
+# DUE_NOW: before any clock's now, after DUE_NOW itself (a signalled or nudged run).
+_QUEUE_SCALE = 1000.0
+
+
+def queued_due(created_at: datetime | None, priority: int) -> datetime:
+    """The ``due_at`` of a queued run: due at once by any clock, in the order to claim it.
+
+    Claims take due runs in ``due_at`` order on every store (the status and ``due_at``
+    index), so a queued run's is ``created - priority * PRIORITY_AGING`` (seconds),
+    compressed into January 1970: higher priorities first, then the longest queued, and a
+    run is passed only by runs that came less than ``PRIORITY_AGING`` seconds per level
+    of their priority above its own after it. Keyless runs are ordered so as much as
+    runs that wait for a limit key. ``created_at`` is the queuing host's clock: an order
+    only, never a time compared with another clock.
+    """
+    rank = (created_at.timestamp() if created_at is not None else 0.0) - priority * PRIORITY_AGING
+    return DUE_NOW + timedelta(seconds=max(0.0, rank) / _QUEUE_SCALE)
 
 
 # Building and copying checkpoints (every save and every step does both) without the

@@ -30,7 +30,7 @@ from ._schedule import (
 )
 from ._steps import Workflow
 from ._store import Store
-from ._store_time import Now
+from ._store_time import Now, earliest
 
 __all__ = ["MAX_CATCHUP", "SchedulePoller", "abackfill", "backfill", "fire_due"]
 
@@ -83,8 +83,9 @@ def fire_due(served: Served, now: datetime | None = None) -> Op:
     """
     if now is None:
         # The store's clock (``_store_time``), never this host's: a worker whose clock
-        # is ahead must not find a slot due before the others do.
-        now = yield Now()
+        # is ahead must not find a slot due before the others do; nor a coarse clock's
+        # reading (Cosmos DB's) one due before the server's time has reached it.
+        now = earliest((yield Now()))
     for _ in range(_MAX_TRIES):
         cp = yield Load(RECORD)
         if cp is None:

@@ -421,6 +421,9 @@ class Store(abc.ABC):
         """
         return None
 
+    #: Seconds between ticks of ``server_now``'s clock (0: finer than a microsecond).
+    server_clock_resolution: ClassVar[float] = 0.0
+
     def server_now(self) -> datetime | None:
         """Return the time on the store server's clock (aware, UTC), in one round trip.
 

@@ -7,7 +7,9 @@ points (replacements start at once) and checks the workload's invariants:
 
 - flow: never more than 2 holders of the concurrency key at once, no acquisitions
   over the GCRA bound of the rate key, no slot or waiter left after the last fault,
-  every run done;
+  every run done; its campaign also freezes 2 workers past their lease (SIGSTOP, then
+  SIGCONT: their runs and slots are taken over, their thawed work fenced) and stops 1
+  gracefully (SIGTERM), replaced like the dead;
 - sched: a minute schedule under a 60x schedule clock: exactly one run per slot,
   ``fired`` equal to the slots, nothing pending or skipped;
 - spend: each ledger's confirmed total is its steps' prices (one ref per step), its
@@ -27,7 +29,7 @@ import pytest
 from fleet.backends import local_config
 from fleet.caps import CapOptions, run_campaign
 from fleet.caps.common import Verdict
-from fleet.caps.flow import RATE, _max_overlap, _rate_excess
+from fleet.caps.flow import RATE, SLACK, _fenced, _max_overlap, _rate_excess, _thawing
 from fleet.caps.spend import _Default, _ledger_check
 
 from stepstone._budget import SPEND_KEY
@@ -35,23 +37,37 @@ from stepstone._budget import SPEND_KEY
 pytestmark = [pytest.mark.crash, pytest.mark.slow, pytest.mark.timeout(300)]
 
 CAMPAIGNS = [
-    pytest.param("flow", "sqlite", "sync", 20, id="flow-sqlite"),
-    pytest.param("sched", "file", "sync", 6, id="sched-file"),
+    # flow also freezes 2 workers past their lease (SIGSTOP, SIGCONT) and stops 1 (SIGTERM)
+    pytest.param("flow", "sqlite", "sync", 20, 2, 1, id="flow-sqlite"),
+    pytest.param("sched", "file", "sync", 6, 0, 0, id="sched-file"),
     # aserve: the step runs in a thread, the pool charge in the event loop's
-    pytest.param("spend", "sqlite", "async", 6, id="spend-sqlite-aserve"),
+    pytest.param("spend", "sqlite", "async", 6, 0, 0, id="spend-sqlite-aserve"),
 ]
 
 
-@pytest.mark.parametrize(("load", "backend", "mode", "size"), CAMPAIGNS)
+@pytest.mark.parametrize(("load", "backend", "mode", "size", "freezes", "terms"), CAMPAIGNS)
 def test_capability_under_kills(
-    load: str, backend: str, mode: str, size: int, tmp_path: Path
+    load: str, backend: str, mode: str, size: int, freezes: int, terms: int, tmp_path: Path
 ) -> None:
-    """Workers killed at the workload's points leave every invariant of it intact."""
+    """Workers killed at the workload's points (and frozen, stopped) leave its invariants."""
     config = local_config(backend, str(tmp_path))
-    opts = CapOptions(load, backend, config, size, kills=5, seed=7, timeout=150, mode=mode)
+    opts = CapOptions(
+        load,
+        backend,
+        config,
+        size,
+        kills=5,
+        seed=7,
+        timeout=150,
+        mode=mode,
+        freezes=freezes,
+        terms=terms,
+        fault_every=0.5,
+    )
     result = run_campaign(opts, str(tmp_path / "logs"))
     assert result.verdict.failures == [], result.verdict.failures
     assert result.deaths > 0, f"no kill plan fired: {result.points}"  # faults really landed
+    assert (result.freezes, result.terms) == (freezes, terms), "not every freeze/stop landed"
 
 
 def test_flow_checks_catch_violations() -> None:
@@ -63,6 +79,19 @@ def test_flow_checks_catch_violations() -> None:
     assert _rate_excess([i * 0.25 for i in range(12)])[0] <= 0  # 4/s: the bound exactly
     burst = [0.01 * i for i in range(RATE + 3)]  # RATE + 3 in 60 ms: 1 over the slack
     assert _rate_excess(burst)[0] > 0
+
+
+def test_flow_checks_fence_a_frozen_holder_taken_over() -> None:
+    """A hold frozen and taken over counts until its freeze; one not taken over, to its end."""
+    hold = {"run": "r", "pid": 1, "t": 10.0, "x": "a"}
+    freeze = {"pid": 1, "t0": 11.0, "t1": 17.0}
+    again = {"run": "r", "pid": 2, "t": 16.5, "x": "b"}  # another worker took the run over
+    assert _fenced(hold, 17.5, [freeze], {"a": hold, "b": again}) == 11.0
+    assert _fenced(hold, 17.5, [freeze], {"a": hold}) == 17.5
+    assert _fenced(hold, 17.5, [{**freeze, "pid": 3}], {"a": hold, "b": again}) == 17.5
+    assert _thawing({"pid": 1, "t": 17.0 + SLACK / 2}, [freeze])
+    assert not _thawing({"pid": 1, "t": 17.0 + SLACK * 2}, [freeze])
+    assert not _thawing({"pid": 2, "t": 12.0}, [freeze])
 
 
 def test_spend_check_catches_a_wrong_ledger() -> None:

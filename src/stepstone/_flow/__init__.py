@@ -6,30 +6,10 @@ as effect generators; ``_api`` the public functions; ``_hook`` what the runner d
 around a step that names limits.
 """
 
-from ._api import (
-    LimitUsage,
-    aget_limit,
-    alimit_usage,
-    alist_limits,
-    aset_limit,
-    get_limit,
-    limit_usage,
-    list_limits,
-    set_limit,
-)
+from . import _api
+from ._api import *  # noqa: F403 - the public functions, listed once: _api.__all__
 from ._limit import Limit, LimitReached, RateLimited
 
-__all__ = [
-    "Limit",
-    "LimitReached",
-    "LimitUsage",
-    "RateLimited",
-    "aget_limit",
-    "alimit_usage",
-    "alist_limits",
-    "aset_limit",
-    "get_limit",
-    "limit_usage",
-    "list_limits",
-    "set_limit",
-]
+# What ``_api`` exports, and the declarations: one list of the public functions.
+__all__ = ["Limit", "LimitReached", "RateLimited"]
+__all__ += _api.__all__

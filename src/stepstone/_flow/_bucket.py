@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from .._checkpoint import PRIORITY_AGING
 from .._errors import ConfigError
 from ._limit import Limit
 
@@ -51,8 +52,8 @@ __all__ = [
 _EPS = 1e-9
 #: At most this many waiters are remembered per key (the rest find the key at their poll).
 MAX_WAITERS = 256
-#: Seconds of waiting worth one level of priority (anti-starvation).
-AGING = 60.0
+#: Seconds of waiting worth one level of priority (anti-starvation), as for queued runs.
+AGING = PRIORITY_AGING
 #: Seconds a released slot stays kept for the waiter it was handed to.
 RESERVE = 2.0
 _RESERVED = "r"
@@ -80,16 +81,27 @@ def fresh(limit: Limit) -> dict[str, Any]:
     }
 
 
-def _gcra(tat: float | None, now: float, cost: float, rate: tuple[float, float]) -> float:
-    """Return the new TAT if ``cost`` units conform now, else raise ``_Later`` with when."""
+def _gcra(
+    tat: float | None, now: float, cost: float, rate: tuple[float, float], slack: float = 0.0
+) -> float:
+    """Return the new TAT if ``cost`` units conform now, else raise ``_Later`` with when.
+
+    ``slack``: how far the store's time may be from ``now`` either way (a coarse server
+    clock, ``_store_time``). The units conform on the earliest the time can be and are
+    charged from the latest, so both conditions of the exact GCRA hold at the true time
+    (granted only if it would be, a TAT at least as late) and no window is over the rate.
+    The cost is throughput: a window shorter than ``2 * slack`` plus one unit's interval
+    is refused until the clock is read more finely.
+    """
     n, per = rate
     if cost > n:
         raise ConfigError(
             f"an acquisition of {cost:g} units can never fit a rate of {n:g} per {per:g}s"
         )
-    new = max(tat if tat is not None else now, now) + cost * per / n
-    if new - now > per + _EPS:
-        raise _Later(new - per)
+    latest = now + slack
+    new = max(tat if tat is not None else latest, latest) + cost * per / n
+    if new - (now - slack) > per + _EPS:
+        raise _Later(new - per + slack)
     return new
 
 
@@ -107,13 +119,16 @@ def decide(
     now: float,
     stale: set[tuple[str, Any]],
     priority: int = 0,
+    *,
+    slack: float = 0.0,
 ) -> tuple[dict[str, Any] | None, Decision]:
     """Decide one acquisition of ``limit`` by ``run_id`` at lease ``epoch``.
 
     ``stale`` are slots ``(run_id, epoch)`` known dead (their run finished, was taken
     over, or its owner died): they are reclaimed, as are slots kept for a woken waiter longer than
-    ``RESERVE``. Returns the new state (None when nothing changed) and the decision. A
-    refusal for concurrency records the run as a waiter, to be woken by a release.
+    ``RESERVE``. ``slack``: how far the store's time may be from ``now`` (``_gcra``).
+    Returns the new state (None when nothing changed) and the decision. A refusal for
+    concurrency records the run as a waiter, to be woken by a release.
     """
     new = dict(state)
     before = state.get("holders", {})
@@ -128,12 +143,17 @@ def decide(
         del holders[run_id]  # an earlier epoch of ours (a dead execution), or kept for us
         changed = True
     blocked = state.get("blocked_until")
-    if blocked is not None and blocked > now:
+    if blocked is not None and blocked > now - slack:
         return (_with(new, holders) if changed else None), Decision(False, "blocked", blocked)
     if limit.concurrency is not None and len(holders) >= limit.concurrency:
-        new["waiters"] = _waiting(state, run_id, priority, now)
+        waiters = _waiting(state, run_id, priority, now)
+        if not changed and waiters == state.get("waiters", []):
+            # A parked run looking again (its poll) and still listed: nothing to write, so
+            # the hot key's record is not rewritten by every waiter every poll.
+            return None, Decision(False, "concurrency", None)
+        new["waiters"] = waiters
         return _with(new, holders), Decision(False, "concurrency", None)
-    refused = _rates(new, state, limit, tokens, now)
+    refused = _rates(new, state, limit, tokens, now, slack)
     if refused is not None:
         if mine is not None and mine[0] == _RESERVED:
             holders[run_id] = mine  # keep the slot kept for us while the rate catches up
@@ -147,17 +167,24 @@ def decide(
 
 
 def _rates(
-    new: dict[str, Any], state: dict[str, Any], limit: Limit, tokens: float, now: float
+    new: dict[str, Any],
+    state: dict[str, Any],
+    limit: Limit,
+    tokens: float,
+    now: float,
+    slack: float,
 ) -> Decision | None:
     """Charge one request and ``tokens`` to ``new``; a refusal (``new`` untouched) if over."""
     req_rate, tok_rate = limit.request_rate(), limit.token_rate()
     try:
-        req_tat = _gcra(state.get("req_tat"), now, 1.0, req_rate) if req_rate else None
+        req_tat = _gcra(state.get("req_tat"), now, 1.0, req_rate, slack) if req_rate else None
     except _Later as later:
         return Decision(False, "requests", later.at)
     try:
         tok_tat = (
-            _gcra(state.get("tok_tat"), now, tokens, tok_rate) if tok_rate and tokens else None
+            _gcra(state.get("tok_tat"), now, tokens, tok_rate, slack)
+            if tok_rate and tokens
+            else None
         )
     except _Later as later:
         return Decision(False, "tokens", later.at)

@@ -101,6 +101,21 @@ def _positive(name: str, value: object, *, integer: bool) -> Any:
     return value
 
 
+#: The fields of a ``Limit`` its record stores (``config``), all but the key and time.
+_STORED = ("concurrency", "rpm", "tpm", "requests", "tokens", "per", "policy")
+
+
+def _rate(
+    per_minute: float | None, count: float | None, per: float | None
+) -> tuple[float, float] | None:
+    """``(n, seconds)`` of a rate given per minute (``rpm``) or as ``count`` per ``per``."""
+    if per_minute is not None:
+        return (float(per_minute), 60.0)
+    if count is not None and per is not None:
+        return (float(count), float(per))
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class Limit:
     """Flow control for one key: at most ``concurrency`` holders, and request/token rates.
@@ -157,37 +172,20 @@ class Limit:
 
     def request_rate(self) -> tuple[float, float] | None:
         """Return ``(n, seconds)``: at most ``n`` requests per window, or None."""
-        if self.rpm is not None:
-            return (float(self.rpm), 60.0)
-        if self.requests is not None and self.per is not None:
-            return (float(self.requests), float(self.per))
-        return None
+        return _rate(self.rpm, self.requests, self.per)
 
     def token_rate(self) -> tuple[float, float] | None:
         """Return ``(n, seconds)``: at most ``n`` tokens per window, or None."""
-        if self.tpm is not None:
-            return (float(self.tpm), 60.0)
-        if self.tokens is not None and self.per is not None:
-            return (float(self.tokens), float(self.per))
-        return None
+        return _rate(self.tpm, self.tokens, self.per)
 
     def config(self) -> dict[str, Any]:
         """Return the declared values as stored (JSON)."""
-        return {
-            "concurrency": self.concurrency,
-            "rpm": self.rpm,
-            "tpm": self.tpm,
-            "requests": self.requests,
-            "tokens": self.tokens,
-            "per": self.per,
-            "policy": self.policy,
-        }
+        return {name: getattr(self, name) for name in _STORED}
 
     @classmethod
     def from_config(cls, key: str, config: dict[str, Any], at: datetime | None) -> Limit:
         """Return the limit a record's ``config`` declares."""
-        names = ("concurrency", "rpm", "tpm", "requests", "tokens", "per", "policy")
-        values = {name: config[name] for name in names if config.get(name) is not None}
+        values = {name: config[name] for name in _STORED if config.get(name) is not None}
         return cls(key, **values, updated_at=at)
 
     def describe(self) -> str:

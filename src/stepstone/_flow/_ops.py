@@ -15,8 +15,8 @@ or its owner is a process on this machine that no longer exists. So a holder kil
 between acquiring and releasing never leaks its slot past its lease.
 
 **Clock.** Rates and blocks are judged on the store's clock (``_store_time``, the
-``Now`` effect): the server's on PostgreSQL and MySQL, the host's on memory, file and
-SQLite, so processes whose own clocks are skewed never compare them. Times stored in
+``Now`` effect): the server's on PostgreSQL, MySQL and Cosmos DB, the host's on memory,
+file and SQLite, so processes whose own clocks are skewed never compare them. Times stored in
 the record (TATs, ``blocked_until``, a waiter's arrival) are on that clock.
 """
 
@@ -33,7 +33,7 @@ from .._checkpoint import DUE_NOW, Checkpoint, evolve
 from .._effects import Announce, Effect, Load, Save, Together
 from .._errors import ConfigError, ConflictError, StoreError
 from .._observe import logger
-from .._store_time import Now
+from .._store_time import Now, slack
 from . import _bucket
 from ._limit import PREFIX, Limit, check_key, record_id
 
@@ -55,10 +55,15 @@ _TURN_WAIT = 2.0
 Gen = Generator[Effect, Any, Any]
 
 
+def _span() -> Generator[Effect, Any, tuple[float, float]]:
+    """The store's time (POSIX seconds) and how far off it may be: at most one round trip."""
+    at = yield Now()
+    return float(at.timestamp()), slack(at)
+
+
 def _now() -> Generator[Effect, Any, float]:
     """The store's time (POSIX seconds): at most one round trip, usually none."""
-    at = yield Now()
-    return float(at.timestamp())
+    return (yield from _span())[0]
 
 
 def read(cp: Checkpoint) -> Limit:
@@ -206,9 +211,9 @@ def _acquire(
                 held = holders[holder]
                 if not _bucket.is_reserved(held) and holder_is_stale(got, held[0]):
                     stale.add((holder, held[0]))  # that slot, not a later one of the run
-        now = yield from _now()
+        now, off = yield from _span()
         state, decision = _bucket.decide(
-            cp.state, limit, run_id, epoch, tokens, now, stale, priority
+            cp.state, limit, run_id, epoch, tokens, now, stale, priority, slack=off
         )
         if state is None:
             return limit, decision
@@ -354,7 +359,9 @@ def settle(key: str, estimate: float, actual: float) -> Generator[Effect, Any, N
 
 def block(key: str, seconds: float) -> Generator[Effect, Any, float | None]:
     """Block ``key`` for every run for ``seconds``; return until when (None: no record)."""
-    until = (yield from _now()) + seconds
+    # From the latest the store's time may be: a coarse clock never shortens a block.
+    now, off = yield from _span()
+    until = now + off + seconds
     for _ in range(_TRIES):
         cp: Checkpoint | None = yield Load(record_id(key))
         if cp is None:

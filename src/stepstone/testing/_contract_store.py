@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from .. import _codec
-from .._checkpoint import DUE_NOW, Checkpoint, Failure, Signal, utcnow
+from .._checkpoint import DUE_NOW, PRIORITY_AGING, Checkpoint, Failure, Signal, utcnow
 from .._errors import (
     ConflictError,
     InvalidRunId,
@@ -231,7 +231,9 @@ class StoreMethodsContract(ContractBase):
         for run_id in saved:
             _tells(info[run_id], ops.load(run_id), told)
         assert info["owned"].due_at == T0 + timedelta(seconds=30.5)
-        assert info["queued"].due_at == DUE_NOW  # queued runs are due at once, by any clock
+        # Queued runs are due at once, by any clock: in the year after DUE_NOW.
+        queued_due = info["queued"].due_at
+        assert queued_due is not None and DUE_NOW < queued_due < DUE_NOW + timedelta(days=365)
         assert info["done"].due_at is None and info["cancelled"].due_at is None
 
     def test_claimable_finds_work_and_only_work(self, ops: Ops) -> None:
@@ -285,6 +287,32 @@ class StoreMethodsContract(ContractBase):
         assert [i.status for i in limited if i.status != "running"] == ["queued", "queued"]
         earlier = ops.claimable(now - timedelta(days=1), limit=10)
         assert {i.run_id for i in earlier if i.status == "waiting"} == set(), "not due a day ago"
+
+    def test_claimable_takes_queued_runs_by_priority_then_age(self, ops: Ops) -> None:
+        """Queued runs come highest priority first, then longest queued (keys or none).
+
+        A level of priority is worth ``PRIORITY_AGING`` seconds queued, so a run queued
+        long enough goes before higher ones queued after it: none starves.
+        """
+        now = utcnow()
+        level = PRIORITY_AGING
+        runs = {  # run_id: (priority, seconds queued)
+            "new-low": (0, 0.0),
+            "low": (0, 10.0),
+            "new-high": (2, 0.0),
+            "mid": (1, 30.0),
+            "old-low": (0, 2 * level + 30.0),
+            "oldest-negative": (-1, 5 * level),
+        }
+        for run_id, (priority, queued) in runs.items():
+            flow: dict[str, Any] = {"keys": [], "limits": {}, "priority": priority}
+            made = now - timedelta(seconds=queued)
+            ops.save(
+                Checkpoint(run_id=run_id, total_steps=1, queued=True, created_at=made, flow=flow)
+            )
+        order = [i.run_id for i in ops.claimable(now, limit=10) if i.status == "queued"]
+        # By queued time less priority * PRIORITY_AGING: -240, -150, -120, -90, -10, 0 s.
+        assert order == ["oldest-negative", "old-low", "new-high", "mid", "low", "new-low"]
 
     def test_claimable_pages_each_kind(self, ops: Ops) -> None:
         """claimable(status=, skip=) pages through one kind in due_at order, all of it.

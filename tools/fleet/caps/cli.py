@@ -21,7 +21,8 @@ __all__ = ["main", "row"]
 
 BACKENDS = ("file", "sqlite", "postgresql", "mysql")
 HEADER = (
-    "| workload | backend | mode | size | deaths (points) | seconds | figures | invariants |\n"
+    "| workload | backend | mode | size | deaths (points); freezes, SIGTERMs | seconds "
+    "| figures | invariants |\n"
     "|---|---|---|---|---|---|---|---|"
 )
 
@@ -33,11 +34,14 @@ def row(result: CapResult) -> str:
     verdict = "hold" if not result.verdict.failures else "FAILED"
     return (
         f"| {result.load} | {result.backend} | {result.mode} | {result.size} "
-        f"| {result.deaths} ({points}) | {result.seconds:.1f} | {figures} | {verdict} |"
+        f"| {result.deaths} ({points}); frozen {result.freezes}, SIGTERM {result.terms} "
+        f"| {result.seconds:.1f} | {figures} | {verdict} |"
     )
 
 
-def campaign(load: str, backend: str, size: int, kills: int, seed: int, mode: str) -> CapResult:
+def campaign(
+    load: str, backend: str, size: int, kills: int, seed: int, mode: str, faults: tuple[int, int]
+) -> CapResult:
     """Run ``load`` on a fresh store of ``backend``."""
     with tempfile.TemporaryDirectory(prefix=f"caps-{load}-") as tmp:
         table = None
@@ -47,7 +51,18 @@ def campaign(load: str, backend: str, size: int, kills: int, seed: int, mode: st
             check_sql(backend)
             config, table = sql_config(backend)
         try:
-            opts = CapOptions(load, backend, config, size, kills=kills, seed=seed, mode=mode)
+            freezes, terms = faults
+            opts = CapOptions(
+                load,
+                backend,
+                config,
+                size,
+                kills=kills,
+                seed=seed,
+                mode=mode,
+                freezes=freezes,
+                terms=terms,
+            )
             return run_campaign(opts, f"{tmp}/logs")
         finally:
             if table is not None:
@@ -69,6 +84,8 @@ def main(argv: list[str]) -> int:
         "--size", type=int, default=30, help="runs (flow, spend), minute slots (sched)"
     )
     run.add_argument("--kills", type=int, default=8, help="kill plans handed out per campaign")
+    run.add_argument("--freezes", type=int, default=0, help="workers frozen past their lease")
+    run.add_argument("--terms", type=int, default=0, help="workers stopped with SIGTERM")
     run.add_argument("--seed", type=int, default=1)
     run.add_argument("--mode", default="sync", help="sync (Worker.serve), async (aserve), both")
     args = parser.parse_args(argv)
@@ -78,7 +95,8 @@ def main(argv: list[str]) -> int:
     failed = False
     modes = ("sync", "async") if args.mode == "both" else (args.mode,)
     for load, backend, mode in ((x, b, m) for x in loads for b in backends for m in modes):
-        result = campaign(load, backend, args.size, args.kills, args.seed, mode)
+        faults = (args.freezes, args.terms)
+        result = campaign(load, backend, args.size, args.kills, args.seed, mode, faults)
         print(row(result), flush=True)
         for failure in result.verdict.failures:
             print(f"    {failure}", flush=True)

@@ -12,6 +12,14 @@ acquisitions, no more than the GCRA bound ``RATE + RATE * length / PER`` (the
 acquisition's decision is at most ``SLACK`` seconds before its logged time); no live
 holder and no waiter is left on either key once every run is done; every run ended
 ``done`` with both steps' results.
+
+Frozen workers (SIGSTOP past their lease, then SIGCONT: ``meta["freezes"]``): a hold
+whose run another worker took over while it was frozen counts until the freeze began,
+since after its lease lapsed its slot was reclaimed and what its body does on thawing is
+fenced off (a lease cannot stop a paused process's own side effects, only their writes);
+a hold not taken over counts to its end. An acquisition logged by a frozen worker from
+the freeze to ``SLACK`` after the thaw may have been decided before the freeze: it is
+left out of the rate check (counted in ``thawed``).
 """
 
 from __future__ import annotations
@@ -130,17 +138,20 @@ class FlowLoad(Load):
             v.expect(bool(state.get("hold") and state.get("call")), f"{run_id} unfinished")
         starts = {r["x"]: r for r in records if r["k"] == "hold+"}
         ends = {r["x"]: r["t"] for r in records if r["k"] == "hold-"}
+        freezes = meta.get("freezes", [])
         intervals = []
         for x, r in starts.items():
             end = ends.get(x, deaths.get(r["pid"]))
             v.expect(end is not None, f"a hold of {r['run']} neither ended nor died")
-            intervals.append((r["t"], end if end is not None else float("inf")))
+            end = _fenced(r, end if end is not None else float("inf"), freezes, starts)
+            intervals.append((r["t"], end))
         most = _max_overlap(intervals)
         v.expect(most <= SLOTS, f"{most} holds ran at once on a key of {SLOTS}")
         rates = [r for r in records if r["k"] == "rate"]
         unseen = sum(r["t"] is None for r in rates)
         v.expect(unseen == 0, f"{unseen} rate steps ran without a flow.acquired seen")
-        times = [r["t"] for r in rates if r["t"] is not None]
+        thawed = [r for r in rates if r["t"] is not None and _thawing(r, freezes)]
+        times = [r["t"] for r in rates if r["t"] is not None and r not in thawed]
         excess, span = _rate_excess(times)
         v.expect(excess <= 0, f"{excess} acquisitions over the rate in {span:.2f}s")
         leaked = lapsed = 0
@@ -158,8 +169,34 @@ class FlowLoad(Load):
             acquisitions=len(times),
             leaked=leaked,
             lapsed=lapsed,
+            thawed=len(thawed),
         )
         return v
+
+
+def _fenced(
+    hold: dict[str, Any], end: float, freezes: list[dict[str, Any]], starts: dict[str, Any]
+) -> float:
+    """When ``hold`` stopped counting: at a freeze of its worker if its run was taken over."""
+    for freeze in freezes:
+        if freeze["pid"] != hold["pid"] or not hold["t"] <= freeze["t0"] <= end:
+            continue
+        taken = any(
+            other["run"] == hold["run"]
+            and other["pid"] != hold["pid"]
+            and other["t"] > freeze["t0"]
+            for other in starts.values()
+        )
+        if taken:
+            return float(freeze["t0"])
+    return end
+
+
+def _thawing(record: dict[str, Any], freezes: list[dict[str, Any]]) -> bool:
+    """Whether ``record`` was logged by a frozen worker between its freeze and thaw + SLACK."""
+    return any(
+        f["pid"] == record["pid"] and f["t0"] <= record["t"] <= f["t1"] + SLACK for f in freezes
+    )
 
 
 def _status(store: Store, run_id: str) -> str | None:

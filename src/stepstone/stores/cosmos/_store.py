@@ -32,6 +32,7 @@ from ._aio import (
     close_elsewhere,
 )
 from ._clients import CosmosClients
+from ._clock import CosmosClock
 from ._config import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_READ_TIMEOUT,
@@ -83,7 +84,7 @@ T = TypeVar("T")
 _READ_AGAIN = 5
 
 
-class CosmosStore(CosmosClients, CosmosPieces, Admin):
+class CosmosStore(CosmosClock, CosmosClients, CosmosPieces, Admin):
     """Checkpoints as items of an Azure Cosmos DB (NoSQL API) container partitioned by /id.
 
     Open it with ``open_store("cosmos://...")`` or build it directly; the clients connect
