@@ -111,7 +111,7 @@ async def journaled_stream(
     """Stream a model call recorded in ``journal``: live the first time, replayed after."""
     scope = scope_var.get()
     key = journal.next_name(f"{scope}get_response")
-    found = await journal.lookup(scope, key)
+    found = journal.get(key)
     if found is not MISSING:
         journal.replayed += 1
         for event in _replayed(_RESPONSE.validate_python(found["response"])):
