@@ -54,6 +54,8 @@ from stepstone import (
     open_store,
     start,
 )
+from stepstone._journal import JOURNAL_KEY
+from stepstone.adapters._journaled import step_entries
 from stepstone.adapters.openai_agents import (
     PREFIX,
     AgentRunStep,
@@ -69,8 +71,6 @@ from stepstone.adapters.openai_agents import (
     journal_record_id,
     pending_approvals,
 )
-from stepstone._journal import JOURNAL_KEY
-from stepstone.adapters._journaled import step_entries
 from stepstone.adapters.openai_agents._journal import MISSING, Journal
 
 DURABLE = ("file", "sqlite", "postgresql", "mysql", "cosmos")
@@ -581,6 +581,10 @@ def test_a_waiting_run_of_the_release_before_resumes(log: Path) -> None:
     output = StepstoneRunner.run_sync(store, "legacy-wait", refund_agent(), run_config=config_())
     assert output == "done: refunded 5"
     assert calls(log) == Counter({"model 2": 1, "refund": 1})  # not model 1 again
+    # Its records moved into the run's journal, by their names, then deleted.
+    moved = _journal_calls(store, "legacy-wait")
+    assert moved[:3] == ["get_response", "pause#1", "resume#1"]
+    assert not [r for r in store.list_runs() if r.startswith(f"{PREFIX}legacy-wait/")]
     done = StepstoneRunner.run_sync(store, "legacy-done", lookup_agent(), run_config=config_())
     assert done == "answer: v0,v1" and calls(log)["model 1"] == 0
 

@@ -49,9 +49,11 @@ class AgentRunStep(SuspendingStep):
     """A step that runs an OpenAI agent durably; its final output is merged under ``name``.
 
     ``input`` is the agent's input (a str or a list of input items), or a function of the
-    run's state returning it. ``store`` is where the journal is kept: the store the run
-    lives in (``StepstoneRunner`` passes its own). While tool calls wait for approval the
-    step saves the run ``waiting`` for the signal ``approval_signal``; it completes with
+    run's state returning it. The journal is the run's own (its entries name the step);
+    ``store`` is the store the run lives in (``StepstoneRunner`` passes its own), where
+    the records the release before journaled in are read from, to be moved in. While
+    tool calls wait for approval the step saves the run ``waiting`` for the signal
+    ``approval_signal``; it completes with
     the final output in its JSON form. ``retry`` retries a failed agent run; the retry
     replays the journal, so finished model calls are not paid again.
 

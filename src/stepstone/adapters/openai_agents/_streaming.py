@@ -6,7 +6,7 @@ agent with the SDK's ``Runner.run_streamed`` and maps its stream events onto
 ``"tool"``, handoffs to ``"agent"`` (``emit_event``).
 
 A streamed model call is journaled like ``get_response`` (``journaled_stream``): live, the
-model's events pass through and the final response is recorded (the same record as a
+model's events pass through and the final response is journaled (the same entry as a
 ``get_response``, so either path replays the other); on replay the recorded response is
 streamed again as one text delta per message part and a completed event. So the attempt
 that commits the step emits the whole answer, replayed calls included: the run's stream
