@@ -490,6 +490,16 @@ async def test_journal_entries_are_write_once_and_a_deleted_runs_are_not_replaye
     assert calls(log) == Counter(
         {"model 1": 2, "tool 0": 2, "model 2": 2, "tool 1": 2, "model 3": 2}
     )
+    # A record the release before left for a deleted run of the same id (another
+    # creation time) is not this run's: not replayed, and deleted.
+    stale = journal_record_id("old", "agent", "get_response")
+    left = {"format": 1, "run": "old", "step": "agent", "key": "get_response"}
+    await store.asave(Checkpoint(run_id=stale, state={**left, "run_created": "then"}))
+    assert await StepstoneRunner.run(store, "old", agent, "hi", run_config=config_()) == (
+        "answer: v0,v1"
+    )
+    assert calls(log)["model 1"] == 3
+    assert await store.aload(stale) is None
 
 
 # --- approvals --------------------------------------------------------------------------------
