@@ -54,6 +54,8 @@ from stepstone import (
     open_store,
     start,
 )
+from stepstone._journal import JOURNAL_KEY
+from stepstone.adapters._journaled import step_entries
 from stepstone.adapters.openai_agents import (
     PREFIX,
     AgentRunStep,
@@ -253,9 +255,15 @@ def child(*args: str, env: dict[str, str] | None = None) -> subprocess.Completed
     )
 
 
+def _journal_calls(store: Store, run_id: str) -> list[str]:
+    """The call names of step ``agent``'s entries in the run's journal, in saved order."""
+    cp = store.load(run_id)
+    assert cp is not None, f"run {run_id!r} not found"
+    return [e["call"] for e in step_entries(cp, "agent")]
+
+
 def _journal_keys(store: Store, run_id: str) -> set[str]:
-    head = f"{PREFIX}{run_id}/agent/"
-    return {r[len(head) :] for r in store.list_runs() if r.startswith(head)}
+    return set(_journal_calls(store, run_id))
 
 
 # --- crash and resume -------------------------------------------------------------------------
@@ -359,8 +367,10 @@ def test_approval_and_sigkill_across_processes(config: str, kill: str, log: Path
 
 
 def test_persisted_names_are_pinned(log: Path) -> None:
-    """The journal names of a run are compatibility data: they never change once stored;
-    and a fresh run does not look up names that cannot have been recorded."""
+    """The journal names of a run are compatibility data: they never change once stored.
+    They are entries of the run's own journal (seq unique, each naming its step); a fresh
+    run probes for records of the release before by a few loads, lists nothing, and
+    writes no record of its own but the session's."""
     store = open_store("memory://oa-names")
     session = StepstoneSession("s-names", store)
     looked_up: list[str] = []
@@ -376,17 +386,19 @@ def test_persisted_names_are_pinned(log: Path) -> None:
         store, "names", lookup_agent(), "hi", run_config=config_(), session=session
     )
     assert output == "answer: v0,v1"
-    # A fresh run looks counted names up only until the first miss (none after it was
-    # recorded); tool calls, keyed by call id, are always looked up.
-    assert looked_up == ["pause#1", "session.get_items", "tool:lookup:c0", "tool:lookup:c1"]
-    assert _journal_keys(store, "names") == {
-        "get_response",
-        "get_response#2",
-        "get_response#3",
-        "tool:lookup:c0",
-        "tool:lookup:c1",
+    assert looked_up == ["get_response", "session.get_items", "pause#1"]
+    assert _journal_calls(store, "names") == [
         "session.get_items",
-    }
+        "get_response",
+        "tool:lookup:c0",
+        "get_response#2",
+        "tool:lookup:c1",
+        "get_response#3",
+    ]
+    entries = step_entries(load("names"), "agent")  # type: ignore[arg-type]
+    assert [e["seq"] for e in entries] == list(range(len(entries)))
+    assert {e["step"] for e in entries} == {"agent"}
+    assert not [r for r in store.list_runs() if r.startswith(f"{PREFIX}names/")]
     assert journal_record_id("r", "agent", "get_response") == "openai-agents:r/agent/get_response"
     assert journal_record_id("r" * 1100, "agent", "k").startswith("openai-agents:~")
     assert f"{PREFIX}session:s-names" in set(store.list_runs())
@@ -454,18 +466,18 @@ async def test_journal_entries_are_write_once_and_a_deleted_runs_are_not_replaye
     a run deleted and started again under its id runs its model calls afresh; a record
     at a journal id that is not an entry is refused."""
     store = open_store("memory://oa-journal")
-    first = Journal(store, "j", "agent", "created-1", sync=False)
-    assert await first.put("get_response", {"n": 1}) == {"n": 1}
-    again = Journal(store, "j", "agent", "created-1", sync=True)
-    assert await again.put("get_response", {"n": 2}) == {"n": 1}
-    assert await again.get("get_response") == {"n": 1}
-    assert await Journal(store, "j", "agent", "created-2", sync=False).get("get_response") is (
-        MISSING
-    )
-    assert await Journal(store, "j", "agent", "created-2", sync=False).put("get_response", 3) == 3
-    await store.asave(Checkpoint(run_id=journal_record_id("j", "agent", "x"), state={"a": 1}))
-    with pytest.raises(ConflictError, match="is not journal entry"):
-        await first.get("x")
+    # An entry journaled already answers the unit; no save is asked for (no link here).
+    entry = {"seq": 0, "call": "get_response", "attempt": 1, "result": {"n": 1}, "step": "agent"}
+    cp = Checkpoint(run_id="j", state={JOURNAL_KEY: [entry]})
+    journal = Journal(cp, "agent", None, sync=False)
+    assert await journal.put("get_response", {"n": 2}) == {"n": 1}
+    assert journal.get("get_response") == {"n": 1}
+    assert journal.get("get_response#2") is MISSING
+    assert Journal(cp, "other", None, sync=False).get("get_response") is MISSING
+    # A record at a journal id of the release before that is not an entry: refused.
+    await store.asave(Checkpoint(run_id=journal_record_id("j", "agent", "pause#1"), state={}))
+    with pytest.raises(ConflictError, match="is not a journal entry"):
+        await StepstoneRunner.run(store, "j", lookup_agent(), "hi", run_config=config_())
 
     agent = lookup_agent()
     assert await StepstoneRunner.run(store, "del", agent, "hi", run_config=config_()) == (
@@ -478,6 +490,16 @@ async def test_journal_entries_are_write_once_and_a_deleted_runs_are_not_replaye
     assert calls(log) == Counter(
         {"model 1": 2, "tool 0": 2, "model 2": 2, "tool 1": 2, "model 3": 2}
     )
+    # A record the release before left for a deleted run of the same id (another
+    # creation time) is not this run's: not replayed, and deleted.
+    stale = journal_record_id("old", "agent", "get_response")
+    left = {"format": 1, "run": "old", "step": "agent", "key": "get_response"}
+    await store.asave(Checkpoint(run_id=stale, state={**left, "run_created": "then"}))
+    assert await StepstoneRunner.run(store, "old", agent, "hi", run_config=config_()) == (
+        "answer: v0,v1"
+    )
+    assert calls(log)["model 1"] == 3
+    assert await store.aload(stale) is None
 
 
 # --- approvals --------------------------------------------------------------------------------
@@ -569,6 +591,10 @@ def test_a_waiting_run_of_the_release_before_resumes(log: Path) -> None:
     output = StepstoneRunner.run_sync(store, "legacy-wait", refund_agent(), run_config=config_())
     assert output == "done: refunded 5"
     assert calls(log) == Counter({"model 2": 1, "refund": 1})  # not model 1 again
+    # Its records moved into the run's journal, by their names, then deleted.
+    moved = _journal_calls(store, "legacy-wait")
+    assert moved[:3] == ["get_response", "pause#1", "resume#1"]
+    assert not [r for r in store.list_runs() if r.startswith(f"{PREFIX}legacy-wait/")]
     done = StepstoneRunner.run_sync(store, "legacy-done", lookup_agent(), run_config=config_())
     assert done == "answer: v0,v1" and calls(log)["model 1"] == 0
 

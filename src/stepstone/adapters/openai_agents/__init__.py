@@ -16,17 +16,22 @@ Three pieces, each on the SDK's public hooks only (``ModelProvider``/``Model``,
 * ``StepstoneSession``: the SDK's conversation memory in any stepstone store, every change
   a compare-and-swap, so two concurrent turns never interleave or lose items.
 
-Records (all kept at status ``done``: no worker ever claims them), each id under the
-prefix ``openai-agents:`` (longer than 1,024 characters: the rest becomes its SHA-256):
+The journal. Each journaled unit is an entry of the run's own journal (``_journaled``:
+``stepstone.journal``, ``runs show``, ``rerun`` at an entry), ``{seq, call, attempt,
+at, result, step}``, appended by the run's lease-fenced compare-and-swap, so a stale
+owner writes nothing and every replay reads the first value. ``call`` is
+``get_response`` (``get_response#2``, ... by encounter); inside a durable tool call
+``tool:TOOL:CALL_ID/get_response``; ``tool:TOOL:CALL_ID`` for a durable tool's output;
+``pause#K`` (the ``RunState`` at the K-th approval pause) and ``resume#K`` (the decisions
+it was resumed with); ``session.get_items`` for a session read inside the run. Model
+responses are stored as the SDK's ``ModelResponse`` in pydantic's JSON mode (by alias),
+RunStates as the SDK's own JSON. The release before kept each entry in a record of its
+own, ``openai-agents:RUN_ID/STEP/NAME`` (``journal_record_id``): those are moved into the
+run's journal, in their save order, and deleted on the step's next execution.
 
-* ``openai-agents:RUN_ID/STEP/NAME``: one journal entry of agent step STEP of run RUN_ID,
-  written once (compare-and-swap on "nothing stored yet"; the first writer wins and every
-  replay reads its value). NAME is ``get_response`` (``get_response#2``, ... by encounter);
-  inside a durable tool call ``tool:TOOL:CALL_ID/get_response``; ``tool:TOOL:CALL_ID`` for
-  a durable tool's output; ``pause#K`` (the ``RunState`` at the K-th approval pause) and
-  ``resume#K`` (the decisions it was resumed with); ``session.get_items#N`` for a session
-  read inside the run. Model responses are stored as the SDK's ``ModelResponse`` in
-  pydantic's JSON mode (by alias), RunStates as the SDK's own JSON.
+Records (kept at status ``done``: no worker ever claims them), each id under the prefix
+``openai-agents:`` (longer than 1,024 characters: the rest becomes its SHA-256):
+
 * ``openai-agents:session:SESSION_ID``: a session's head (its newest items, the list of
   its pages, the ids of the last writes applied), and
   ``openai-agents:session-page:SEQ-RANDOM:SESSION_ID``: older items, written once, never

@@ -11,7 +11,8 @@ from ..._observe import logger
 from ..._store import Store
 from .._agent_call import check_options
 from .._drive import Load, Rule, adrive, drive
-from ._journal import APPROVAL_SIGNAL, MISSING, Journal
+from .._journaled import step_entries
+from ._journal import APPROVAL_SIGNAL, legacy_entries
 
 
 def _approval_payload(
@@ -123,24 +124,27 @@ def interruptions(result: Any) -> list[dict[str, Any]]:
     ]
 
 
-def latest_pause(journal: Journal) -> Rule[tuple[int, Any]]:
-    """``(K, entry)`` of the newest ``pause#K`` entry, or ``(0, None)``."""
+def latest_pause(entries: dict[str, Any]) -> tuple[int, Any]:
+    """``(K, entry)`` of the newest ``pause#K`` of a step's ``entries``, or ``(0, None)``."""
     k, entry = 0, None
-    while True:
-        found = yield from journal.get_rule(f"pause#{k + 1}")
-        if found is MISSING:
-            return k, entry
-        k, entry = k + 1, found
+    while f"pause#{k + 1}" in entries:
+        k += 1
+        entry = entries[f"pause#{k}"]
+    return k, entry
 
 
-def _pending(store: Store, run_id: str, step_name: str) -> Rule[list[dict[str, Any]]]:
+def _pending(run_id: str, step_name: str) -> Rule[list[dict[str, Any]]]:
     cp = yield Load(run_id)
     if cp is None or cp.status != "waiting":
         return []
-    # Only the journal's rules are used here: the drivers below do its I/O.
-    journal = Journal(store, run_id, step_name, (cp.created_at or utcnow()).isoformat(), sync=True)
-    k, pause = yield from latest_pause(journal)
-    if pause is None or (yield from journal.get_rule(f"resume#{k}")) is not MISSING:
+    entries = {e["call"]: e["result"] for e in step_entries(cp, step_name) if "result" in e}
+    if not entries:
+        # A run the release before journaled, not resumed since: its records, as they are.
+        created = (cp.created_at or utcnow()).isoformat()
+        legacy = yield from legacy_entries(run_id, step_name, created)
+        entries = {key: value for _, _, key, value in legacy if key is not None}
+    k, pause = latest_pause(entries)
+    if pause is None or f"resume#{k}" in entries:
         return []
     return list(pause["interruptions"])
 
@@ -150,11 +154,11 @@ def pending_approvals(store: Store, run_id: str, step_name: str = "agent") -> li
 
     Empty when the run is not waiting for an approval.
     """
-    return drive(store, _pending(store, run_id, step_name))
+    return drive(store, _pending(run_id, step_name))
 
 
 async def apending_approvals(
     store: Store, run_id: str, step_name: str = "agent"
 ) -> list[dict[str, Any]]:
     """Async ``pending_approvals``."""
-    return await adrive(store, _pending(store, run_id, step_name))
+    return await adrive(store, _pending(run_id, step_name))

@@ -1,4 +1,5 @@
-"""The journal of one agent step: write-once records, counted names, one unit at a time."""
+"""The journal of one agent step: its units' entries in the run's journal (``_journaled``),
+counted names, one unit at a time per scope; the records of the release before moved in."""
 
 from __future__ import annotations
 
@@ -7,17 +8,19 @@ import contextlib
 import hashlib
 import random
 from contextvars import ContextVar
-from typing import Any, TypeVar
+from typing import Any
 
 from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from ..._budget import Prices
-from ..._checkpoint import MAX_RUN_ID_LENGTH, Checkpoint, evolve
+from ..._checkpoint import MAX_RUN_ID_LENGTH, Checkpoint, utcnow
 from ..._codec import encode_state
 from ..._errors import ConflictError, InvalidState, InvalidWorkflow, StepstoneError
+from ..._journal import entry_ok
 from ..._store import Store
 from .._agent_call import find
-from .._drive import Load, Rule, Save, adrive, drive
+from .._drive import Load, Rule, Scan, adrive, drive
+from .._journaled import UnitJournal
 
 #: The head of every record this adapter writes.
 PREFIX = "openai-agents:"
@@ -28,7 +31,6 @@ APPROVAL_SIGNAL = "approval"
 # Each retry means another writer changed the record between our load and our save.
 MAX_TRIES = 200
 MISSING: Any = object()
-T = TypeVar("T")
 
 
 class ConcurrentUnits(StepstoneError):
@@ -47,7 +49,8 @@ def record_id(rest: str) -> str:
 
 
 def journal_record_id(run_id: str, step_name: str, key: str) -> str:
-    """Return the id of the record holding journal entry ``key`` of one agent step."""
+    """Return the id of the record where the release before kept journal entry ``key``
+    of one agent step (this release journals into the run's own record)."""
     return record_id(f"{run_id}/{step_name}/{key}")
 
 
@@ -69,23 +72,20 @@ async def backoff(attempt: int) -> None:
     await asyncio.sleep(random.uniform(0, 0.002 * min(attempt, 25)))
 
 
-class Journal:
-    """The write-once entries of one execution of an agent step, and its counters."""
+class Journal(UnitJournal):
+    """One execution of an agent step: its units' entries in the run's journal, counters.
 
-    def __init__(
-        self, store: Store, run_id: str, step_name: str, run_created: str, *, sync: bool
-    ) -> None:
-        self.store = store
-        self.run_id = run_id
-        self.step_name = step_name
-        self.run_created = run_created
-        self.sync = sync
-        self.counters: dict[str, int] = {}
-        self.busy: set[str] = set()
-        #: Scopes where a counted name was not found: the names after it in that scope
-        #: were never recorded either (a scope's units run one at a time), so they are
-        #: not looked up. Write-once ``put`` keeps this safe against any racing writer.
-        self.missed: set[str] = set()
+    The entries are the run's (``_journaled``): ``get`` answers from those journaled
+    already, ``put`` appends one by the core's fenced compare-and-swap (so a stale
+    owner's write is refused by the lease, and every replay reads the first value).
+    """
+
+    def __init__(self, cp: Checkpoint, step_name: str, link: Any, sync: bool) -> None:
+        super().__init__(cp, step_name, link, sync)
+        # As the release before wrote it: a session write's id names it (``_session``).
+        self.run_created = (cp.created_at or utcnow()).isoformat()
+        #: The scopes with a unit in flight (one at a time per scope: ``unit``).
+        self.scopes: set[str] = set()
         #: Units whose recorded result was returned / whose body ran, in this execution.
         self.replayed = 0
         self.executed = 0
@@ -95,89 +95,92 @@ class Journal:
         self.prices: Prices | None = None
         self.used = [0, 0]
 
-    async def run(self, rule: Rule[T]) -> T:
-        """Run one journal rule: on the sync store methods under ``run`` (the agent's
-        loop is private to the step there, so a blocking call stalls nothing else), on
-        the async ones under ``arun``."""
-        if self.sync:
-            return drive(self.store, rule)
-        return await adrive(self.store, rule)
-
     def next_name(self, name: str) -> str:
-        """Return ``name`` with its encounter counter: the first is bare, then ``#2``, ..."""
+        """Return ``name`` with its encounter counter: the first is bare, then ``#2``, ...
+
+        The names the release before gave its records, kept: its journals move in as
+        they are (``adopt_legacy``), and a session write's id stays the one it applied.
+        """
         count = self.counters.get(name, 0) + 1
         self.counters[name] = count
         return name if count == 1 else f"{name}#{count}"
 
-    def _ours(self, cp: Checkpoint, key: str) -> bool:
-        """Return whether ``cp`` is entry ``key`` of this run (False: a deleted run's)."""
-        state = cp.state
-        if (state.get("run"), state.get("step"), state.get("key")) != (
-            self.run_id,
-            self.step_name,
-            key,
-        ):
-            raise ConflictError(
-                f"record {cp.run_id!r} exists but is not journal entry {key!r} of step "
-                f"{self.step_name!r} of run {self.run_id!r}; remove it or rename the step",
-                cp.run_id,
-            )
-        return state.get("run_created") == self.run_created
-
-    def get_rule(self, key: str) -> Rule[Any]:
-        """The value recorded for ``key``, or ``MISSING``."""
-        cp = yield Load(journal_record_id(self.run_id, self.step_name, key))
-        if cp is None or not self._ours(cp, key):
-            return MISSING
-        return cp.state.get("value")
-
-    async def get(self, key: str) -> Any:
-        """Return the value recorded for ``key``, or ``MISSING``."""
-        return await self.run(self.get_rule(key))
-
-    async def lookup(self, scope: str, key: str) -> Any:
-        """``get`` for a counted name of ``scope``; ``MISSING`` at once after a miss there."""
-        if scope in self.missed:
-            return MISSING
-        found = await self.get(key)
-        if found is MISSING:
-            self.missed.add(scope)
-        return found
-
-    def put_rule(self, key: str, value: Any) -> Rule[Any]:
-        """Record ``value`` for ``key`` unless recorded already; return what is recorded.
-
-        Write-once: an owner that lost its lease without knowing may have recorded ``key``
-        first; its value stands, so every replay agrees.
-        """
-        record_id = journal_record_id(self.run_id, self.step_name, key)
-        state = {
-            "format": FORMAT,
-            "run": self.run_id,
-            "step": self.step_name,
-            "key": key,
-            "run_created": self.run_created,
-            "value": value,
-        }
-        intended = done_record(record_id, state)
-        for _ in range(MAX_TRIES):
-            try:
-                yield Save(intended)
-            except ConflictError:
-                existing = yield Load(record_id)
-                if existing is None:
-                    intended = done_record(record_id, state)
-                    continue
-                if self._ours(existing, key):
-                    return existing.state.get("value")
-                intended = evolve(existing, state=state)  # a deleted run's: replace it
-                continue
-            return value
-        raise ConflictError(f"journal entry {record_id!r}: too many concurrent writers", record_id)
+    def get(self, key: str) -> Any:
+        """Return the value journaled for ``key``, or ``MISSING``."""
+        return self.entries.get(key, MISSING)
 
     async def put(self, key: str, value: Any) -> Any:
-        """Run ``put_rule``: record ``value`` for ``key`` once; return what is recorded."""
-        return await self.run(self.put_rule(key, value))
+        """Journal ``value`` for ``key`` unless journaled already; return what is journaled."""
+        return await self.record(key, value)
+
+    async def adopt_legacy(self, store: Store) -> None:
+        """Move the entries the release before kept in records of their own
+        (``journal_record_id``) into the run's journal, once, in the order it saved them,
+        then delete those records (by compare-and-swap on what was read)."""
+        if self.entries:
+            return
+        rule = legacy_entries(self.run_id, self.step_name, self.run_created)
+        found = drive(store, rule) if self.sync else await adrive(store, rule)
+        moved = []
+        for _, _, key, value in found:
+            if key is not None:
+                entry = entry_ok(self.take_seq(), key, 1, value)
+                entry.pop("at")  # not known: the release before kept no times
+                entry["step"] = self.step_name
+                moved.append(entry)
+        if moved:
+            await self.save(moved)
+            self.entries.update({e["call"]: e["result"] for e in moved})
+        for record, version, _, _ in found:
+            if self.sync:
+                store.delete(record, expected_version=version)
+            else:
+                await store.adelete(record, expected_version=version)
+
+
+#: Entries every started agent run of the release before recorded first (one of them):
+#: a run without either has no records to move, found without a listing.
+_PROBES = ("get_response", "session.get_items", "pause#1")
+
+
+def legacy_entries(
+    run_id: str, step_name: str, run_created: str
+) -> Rule[list[tuple[str, str | None, str | None, Any]]]:
+    """The records the release before journaled step ``step_name`` of ``run_id`` in:
+    ``(record id, version, key, value)`` in the order saved; key None for a record a
+    deleted run of the same id left (not this run's: only deleted).
+
+    Each entry was a record of its own, ``openai-agents:RUN/STEP/KEY``, written once:
+    ordered by their save times. (Ids past the length limit were hashed: not listed.)
+    """
+    for probe in _PROBES:
+        if (yield Load(journal_record_id(run_id, step_name, probe))) is not None:
+            break
+    else:
+        return []
+    ids = yield Scan(f"{PREFIX}{run_id}/{step_name}/")
+    found = []
+    for rid in ids:
+        cp: Checkpoint | None = yield Load(rid)
+        if cp is None:
+            continue
+        state = cp.state
+        if (state.get("run"), state.get("step")) != (run_id, step_name) or not isinstance(
+            state.get("key"), str
+        ):
+            raise ConflictError(
+                f"record {rid!r} exists but is not a journal entry of step {step_name!r} "
+                f"of run {run_id!r}; remove it or rename the step",
+                rid,
+            )
+        ours = state.get("run_created") == run_created
+        when = cp.updated_at or cp.created_at
+        found.append((0.0 if when is None else when.timestamp(), rid, cp.version, ours, state))
+    found.sort(key=lambda f: (f[0], f[1]))
+    return [
+        (rid, version, state["key"] if ours else None, state.get("value"))
+        for _, rid, version, ours, state in found
+    ]
 
 
 journal_var: ContextVar[Journal | None] = ContextVar("stepstone_openai_journal", default=None)
@@ -210,7 +213,7 @@ def find_fatal(error: BaseException) -> Fatal | None:
 
 @contextlib.asynccontextmanager
 async def unit(journal: Journal, scope: str) -> Any:
-    if scope in journal.busy:
+    if scope in journal.scopes:
         raise Fatal(
             ConcurrentUnits(
                 f"run {journal.run_id!r}: two journaled calls of scope {scope or 'agent'!r} were "
@@ -218,8 +221,8 @@ async def unit(journal: Journal, scope: str) -> Any:
                 "sub-agents of one tool one after another, or give each its own durable_tool"
             )
         )
-    journal.busy.add(scope)
+    journal.scopes.add(scope)
     try:
         yield
     finally:
-        journal.busy.discard(scope)
+        journal.scopes.discard(scope)

@@ -12,10 +12,8 @@ import pydantic
 from agents import Agent, FunctionTool, ModelResponse, RunConfig
 from agents.models.interface import Model, ModelProvider, ModelTracing
 
-from ..._checkpoint import Checkpoint
 from ..._errors import InvalidWorkflow
 from .._budget_gate import over_budget
-from .._drive import Load, Rule
 from ._journal import MISSING, BudgetPause, Journal, journal_var, scope_var, to_json, unit
 from ._streaming import journaled_stream
 
@@ -79,7 +77,7 @@ class StepstoneModel(Model):
             return await call()
         scope = scope_var.get()
         key = journal.next_name(f"{scope}get_response")
-        found = await journal.lookup(scope, key)
+        found = journal.get(key)
         if found is MISSING:
             if journal.budgeted:  # spend budgets: at the run's limit, pause before this call
                 await _gate(journal)
@@ -140,13 +138,9 @@ async def _gate(journal: Journal) -> None:
     """Unwind the agent run (``BudgetPause``) if the run is at its spend limit, counting
     this agent run's usage so far (``_budget_gate``)."""
 
-    def load() -> Rule[Checkpoint | None]:
-        cp: Checkpoint | None = yield Load(journal.run_id)
-        return cp
-
-    cp = await journal.run(load())
+    cp = await journal.latest_run()
     inputs, outputs = journal.used
-    if cp is not None and over_budget(cp, inputs, outputs, journal.prices) is not None:
+    if over_budget(cp, inputs, outputs, journal.prices) is not None:
         raise BudgetPause(journal.run_id)
 
 
@@ -189,7 +183,7 @@ def durable_tool(tool: FunctionTool) -> FunctionTool:
                 "recorded under its call id (the model must give every tool call one)"
             )
         key = f"tool:{name}:{call_id}"
-        found = await journal.get(key)
+        found = journal.get(key)
         if found is not MISSING:
             journal.replayed += 1
             return found["output"]

@@ -200,7 +200,7 @@ class StepstoneSession:
         if journal is not None:
             scope = scope_var.get()
             key = journal.next_name(f"{scope}session.get_items")
-            found = await journal.lookup(scope, key)
+            found = journal.get(key)
             if found is not MISSING:
                 return list(found["items"])
             items = await self._read(limit)

@@ -13,16 +13,19 @@ from agents import Agent, RunConfig, Runner, RunResult, RunResultStreaming, RunS
 from agents.run import DEFAULT_MAX_TURNS
 
 from ..._budget import BUDGET_WAIT, RAISE_SIGNAL, SPEND_KEY, Prices
-from ..._checkpoint import Checkpoint, utcnow
+from ..._checkpoint import Checkpoint
 from ..._effects import Effect
 from ..._errors import InvalidWorkflow
 from ..._runner import arun, run
 from ..._spending import usage_charge
 from ..._steps import RetryPolicy, check_name
 from ..._store import Store
+from ..._stream import _hooks as _stream
+from ..._stream._writer import Attempt, current
 from ..._suspend import Complete, SuspendingStep, Wait
-from .._agent_call import call_agent, check_options, find, in_sync_run
+from .._agent_call import check_options, find, in_sync_run
 from .._budget_gate import budgeted, unconsumed_raises
+from .._journaled import channel, journaled, with_journal
 from ._approvals import decide, interruptions, latest_pause
 from ._journal import (
     APPROVAL_SIGNAL,
@@ -46,9 +49,11 @@ class AgentRunStep(SuspendingStep):
     """A step that runs an OpenAI agent durably; its final output is merged under ``name``.
 
     ``input`` is the agent's input (a str or a list of input items), or a function of the
-    run's state returning it. ``store`` is where the journal is kept: the store the run
-    lives in (``StepstoneRunner`` passes its own). While tool calls wait for approval the
-    step saves the run ``waiting`` for the signal ``approval_signal``; it completes with
+    run's state returning it. The journal is the run's own (its entries name the step);
+    ``store`` is the store the run lives in (``StepstoneRunner`` passes its own), where
+    the records the release before journaled in are read from, to be moved in. While
+    tool calls wait for approval the step saves the run ``waiting`` for the signal
+    ``approval_signal``; it completes with
     the final output in its JSON form. ``retry`` retries a failed agent run; the retry
     replays the journal, so finished model calls are not paid again.
 
@@ -139,18 +144,18 @@ class AgentRunStep(SuspendingStep):
                 "store the run lives in), or run it with StepstoneRunner.run"
             )
         sync = in_sync_run()
-        journal = Journal(
-            store, plan.run_id, self.name, (cp.created_at or utcnow()).isoformat(), sync=sync
-        )
-        journal.budgeted, journal.prices = budgeted(cp), self.prices  # spend budgets
         signals = [s.payload for s in cp.signals if s.name == self.approval_signal]
         consumed = cp.consumed.get(self.approval_signal, 0)
+        holder: list[Journal] = []
 
         async def body() -> dict[str, Any]:
-            return await self._execute(journal, state, signals, consumed)
+            return await self._streamed(holder[0], store, state, signals, consumed)
 
-        what = f"AgentRunStep {self.name!r}"
-        outcome = yield from call_agent(self.name, what, plan, cp, index, state, sync, body)
+        link = channel(plan.run_id, self.name, body, sync)
+        journal = Journal(cp, self.name, link, sync)
+        journal.budgeted, journal.prices = budgeted(cp), self.prices  # spend budgets
+        holder.append(journal)
+        cp, outcome = yield from journaled(plan, cp, state, link, sync)
         changes: dict[str, Any] = {}
         if outcome["upto"] > consumed:
             changes["consumed"] = {**cp.consumed, self.approval_signal: outcome["upto"]}
@@ -161,14 +166,51 @@ class AgentRunStep(SuspendingStep):
             raises = consumed_now.get(RAISE_SIGNAL, 0) + unconsumed_raises(cp)
             changes["consumed"] = {**consumed_now, RAISE_SIGNAL: raises}
             return Wait(BUDGET_WAIT, None, changes)
+        with_journal(state, cp)  # the step completes with the journal as last saved
+        # Its stream's attempt (``stream=True``) commits with it (``_core._with_stream``).
+        plan.streamed = outcome.get("streamed")
         update = {self.name: outcome["output"]}
         ledger = usage_charge(plan, state, self.name, outcome["usage"], self.prices)
         if ledger is not None:
             update[SPEND_KEY] = ledger  # spend budgets: the run's usage, saved with its output
         return Complete(update, changes)
 
+    async def _streamed(
+        self,
+        journal: Journal,
+        store: Store,
+        state: dict[str, Any],
+        signals: list[Any],
+        consumed: int,
+    ) -> dict[str, Any]:
+        """``_execute``; with ``stream``, under one stream attempt for the whole agent run.
+
+        The agent's events are emitted between its journaled units (``Runner.run_streamed``
+        yields them to this task), so they are the step's attempt, not a unit's: stored
+        before the step's completion, which names the attempt (``streams``) readers show.
+        A replayed model call emits its text again (``journaled_stream``), so that attempt
+        is whole; an attempt that crashed or failed is hidden.
+        """
+        scope = _step_attempt() if self.stream else None
+        try:
+            outcome = await self._execute(journal, store, state, signals, consumed)
+        except BaseException:
+            if scope is not None:
+                _stream.abandon(scope)
+            raise
+        if scope is not None:
+            streamed = await _stream.aend(scope)
+            if "output" in outcome:  # a wait commits nothing: its events are not shown
+                outcome["streamed"] = streamed
+        return outcome
+
     async def _execute(
-        self, journal: Journal, state: dict[str, Any], signals: list[Any], consumed: int
+        self,
+        journal: Journal,
+        store: Store,
+        state: dict[str, Any],
+        signals: list[Any],
+        consumed: int,
     ) -> dict[str, Any]:
         """Run the agent with the journal: its output, or the approval it waits for.
 
@@ -179,14 +221,15 @@ class AgentRunStep(SuspendingStep):
         """
         token = journal_var.set(journal)
         try:
-            k, pause = await journal.run(latest_pause(journal))
+            await journal.adopt_legacy(store)
+            k, pause = latest_pause(journal.entries)
             while True:
                 upto = consumed
                 if pause is None:
                     agent_input: Any = self.input(state) if callable(self.input) else self.input
-                    journal.counters, journal.missed = {}, set()
+                    journal.counters = {}
                 else:
-                    resumed = await journal.get(f"resume#{k}")
+                    resumed = journal.get(f"resume#{k}")
                     if resumed is MISSING:
                         decisions = decide(pause["interruptions"], signals[pause["start"] :])
                         if len(decisions) < len(pause["interruptions"]):
@@ -196,7 +239,7 @@ class AgentRunStep(SuspendingStep):
                         )
                     upto = max(upto, resumed["upto"])
                     agent_input = await self._restore(pause["state"], resumed["decisions"])
-                    journal.counters, journal.missed = dict(pause["counters"]), set()
+                    journal.counters = dict(pause["counters"])
                     journal.used = list(pause.get("used", [0, 0]))  # usage before the pause
                 result = await self._run(agent_input)
                 if not result.interruptions:
@@ -271,8 +314,21 @@ class AgentRunStep(SuspendingStep):
         return run_state
 
 
-# The store an AgentRunStep journals to: the runner's effects carry no store, so the
-# entry points set it for the run.
+def _step_attempt() -> _stream.Scope | None:
+    """Install a stream attempt of the step running here (its key and number), one that
+    may emit; None outside a run. (The agent runs inside the core's wait for its requests,
+    whose own attempt may not emit: a code workflow's function emits from its calls only.)"""
+    waiting = current.get()
+    if waiting is None:
+        return None
+    attempt = Attempt(
+        waiting.store, waiting.run_id, waiting.key, waiting.epoch, waiting.number, True
+    )
+    return attempt, current.set(attempt)
+
+
+# The store an AgentRunStep reads the release before's records from: the runner's
+# effects carry no store, so the entry points set it for the run.
 _plan_store: ContextVar[Store | None] = ContextVar("stepstone_openai_store", default=None)
 
 

@@ -6,7 +6,7 @@ agent with the SDK's ``Runner.run_streamed`` and maps its stream events onto
 ``"tool"``, handoffs to ``"agent"`` (``emit_event``).
 
 A streamed model call is journaled like ``get_response`` (``journaled_stream``): live, the
-model's events pass through and the final response is recorded (the same record as a
+model's events pass through and the final response is journaled (the same entry as a
 ``get_response``, so either path replays the other); on replay the recorded response is
 streamed again as one text delta per message part and a completed event. So the attempt
 that commits the step emits the whole answer, replayed calls included: the run's stream
@@ -111,7 +111,7 @@ async def journaled_stream(
     """Stream a model call recorded in ``journal``: live the first time, replayed after."""
     scope = scope_var.get()
     key = journal.next_name(f"{scope}get_response")
-    found = await journal.lookup(scope, key)
+    found = journal.get(key)
     if found is not MISSING:
         journal.replayed += 1
         for event in _replayed(_RESPONSE.validate_python(found["response"])):
