@@ -326,11 +326,9 @@ def queued_due(created_at: datetime | None, priority: int) -> datetime:
 
     Claims take due runs in ``due_at`` order on every store (the status and ``due_at``
     index), so a queued run's is ``created - priority * PRIORITY_AGING`` (seconds),
-    compressed into January 1970: higher priorities first, then the longest queued, and a
-    run is passed only by runs that came less than ``PRIORITY_AGING`` seconds per level
-    of their priority above its own after it. Keyless runs are ordered so as much as
-    runs that wait for a limit key. ``created_at`` is the queuing host's clock: an order
-    only, never a time compared with another clock.
+    compressed into January 1970: higher priorities first, then the longest queued, with
+    or without a limit key. ``created_at`` is the queuing host's clock: an order only,
+    never a time compared with another clock.
     """
     rank = (created_at.timestamp() if created_at is not None else 0.0) - priority * PRIORITY_AGING
     return DUE_NOW + timedelta(seconds=max(0.0, rank) / _QUEUE_SCALE)
