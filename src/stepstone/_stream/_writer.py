@@ -27,7 +27,8 @@ from .._errors import ConflictError, StoreError
 from .._observe import logger
 from .._store import Store
 from ._events import (
-    MAX_EVENT_BYTES,
+    TOKEN_CHARS,
+    TOKEN_RUN,
     EmitOutsideStep,
     _encode_str,
     block_id,
@@ -102,14 +103,12 @@ def _chunks(text: str) -> list[str]:
 
 def _token_lines(head: str, first: int, topic_json: str, tokens: list[str]) -> str:
     """Return the lines of ``tokens`` (seq ``first`` on, all of one topic), each ended by a
-    newline: made by C loops over the whole run, with no Python code per token."""
-    count = len(tokens)
-    parts: list[str] = [head] * (5 * count)
-    parts[1::5] = map(str, range(first, first + count))
-    parts[2::5] = [f",{topic_json},"] * count
-    parts[3::5] = map(_encode_str, tokens)
-    parts[4::5] = ["]\n"] * count
-    return "".join(parts)
+    newline: ``TOKEN_RUN`` tokens a line, their JSON made by C loops."""
+    out = []
+    for i in range(0, len(tokens), TOKEN_RUN):
+        data = ",".join(map(_encode_str, tokens[i : i + TOKEN_RUN]))
+        out.append(f"{head}{first + i},{topic_json},[{data}],1]\n")
+    return "".join(out)
 
 
 class Fenced(StoreError):
@@ -117,11 +116,10 @@ class Fenced(StoreError):
 
 
 # What the step's thread adds to its estimate of the bytes waiting, per event, on top of
-# the data's length: about what a line's head costs (``[key,attempt,token,seq,topic,``).
+# the data's length: about what a line's head costs (``[key,attempt,token,seq,topic,``),
+# and what a token costs in a line of tokens (its quotes and comma).
 _LINE = 32
-# The longest str an event's fast path takes: its JSON text (an ASCII str, escaped at
-# worst 6 characters for 1) is then surely under ``MAX_EVENT_BYTES``.
-_SHORT = MAX_EVENT_BYTES // 6
+_TOKEN = 3
 # A writer's ``topic`` once its attempt ended: no topic is this object, so every later
 # ``emit`` takes the checked path, which refuses it.
 _ENDED = object()
@@ -236,8 +234,8 @@ class Writer:
                 del self.buffer[:count]
                 base, self.taken = self.taken, self.taken + count
                 specials, self.specials = self.specials, {}
-            self.flushed += sum(map(len, filter(None, items))) + _LINE * count
-            self.flushed += sum(len(text) for _, text in specials.values())
+            self.flushed += sum(map(len, filter(None, items))) + _TOKEN * count
+            self.flushed += sum(len(text) + _LINE - _TOKEN for _, text in specials.values())
             text = self.unsent + self._lines(items, base, specials)
             self.unsent = ""
             if not text or self.fenced:
@@ -417,12 +415,13 @@ def emit(topic: str, data: Any) -> None:
     writer = attempt.writer
     # The fast path: a short ASCII str under the last event's topic, i.e. a token. Its
     # JSON is surely valid and small (no lone surrogate is ASCII), so it is buffered as
-    # it is and escaped with its batch at the flush. Everything else is checked now.
+    # it is and escaped with its batch at the flush, in a line of tokens (``_events``).
+    # Everything else is checked now, and gets a line of its own.
     if writer is not None and topic is writer.topic and type(data) is str and data.isascii():
         size = len(data)
-        if size <= _SHORT:
+        if size <= TOKEN_CHARS:
             writer.buffer.append(data)
-            writer.size += size + _LINE
+            writer.size += size + _TOKEN
             if writer.size >= writer.mark:
                 writer.kick()
             return
