@@ -44,7 +44,8 @@ def run_counts(store: Store, prefix: str = "") -> dict[str, int]:
                 counts[status] = counts.get(status, 0) - n
     for record_id in RESERVED_IDS:
         if record_id.startswith(prefix):
-            cp = store.load(record_id)
-            if cp is not None:
-                counts[cp.status] = counts.get(cp.status, 0) - 1
+            # The listing's own query, not a load: a list never reads a record's state.
+            for info in store.list_page(None, prefix=record_id, limit=50):
+                if info.run_id == record_id:
+                    counts[info.status] = counts.get(info.status, 0) - 1
     return counts
