@@ -9,7 +9,8 @@ of the ~1 KB checkpoint over its previous version (a new ``Checkpoint`` each tim
 fsync(dir)); ``run-memory``: N 10-step ``run`` calls on the memory store (new run id
 each); ``plain``: the same 10 step functions called N times without stepstone;
 ``build``: only the ``Checkpoint`` each save mode builds before calling ``save``
-(subtract it for ``store.save`` alone).
+(subtract it for ``store.save`` alone); ``emit`` / ``emit-none``: a step emitting N
+token events to the memory store / the same loop without them (issue 34).
 callgrind.sh runs each mode with N and 2N and divides the difference by N, so start-up,
 imports and the warm-up cancel out.
 """
@@ -67,6 +68,17 @@ def main() -> None:
     elif mode == "plain":
         for _ in range(WARMUP + n):
             plain()
+    elif mode in ("emit", "emit-none"):
+        # Issue 34: one step emitting N token events (emit-none: the same loop, no
+        # emit), with its flushes to the memory store; the difference is one event.
+        from stepstone import Step
+
+        def talk(state: dict[str, Any], ctx: Any) -> None:
+            for _ in range(WARMUP + n):
+                if mode == "emit":
+                    ctx.emit("tokens", "tok")
+
+        run("cg-emit", [Step("talk", talk)], open_store("memory://"))
     else:
         raise SystemExit(f"unknown mode {mode!r}")
 

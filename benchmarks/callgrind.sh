@@ -77,6 +77,7 @@ else
     for r in "${results[@]}"; do
         mode="${r%%=*}"; v="${r#*=}"
         case "$mode" in
+            emit|emit-none) printf '  %-13s %12s per event (emit-none: per empty turn)\n' "$mode" "$v" ;;
             run-memory|plain) printf '  %-13s %12s per run of 10 steps = %s per step\n' "$mode" "$v" "$((v / 10))" ;;
             *) printf '  %-13s %12s per save\n' "$mode" "$v" ;;
         esac

@@ -85,7 +85,8 @@ def test_schedules_add_list_show_pause_resume_backfill_delete(
         "sched/daily/2030-01-02T06:00:00Z",
     ]
     runs = cli("runs", "list", *store)
-    assert "schedules" in runs.stdout  # the record is labelled, not taken for a run
+    assert "~schedules" not in runs.stdout  # stepstone's own record, not a run
+    assert "~schedules" in cli("runs", "list", "--kind", "schedules", *store).stdout
     pruned = cli("runs", "prune", "--older-than", "0s", "--yes", *store)
     assert pruned.returncode == 0, pruned.stderr
     assert cli("schedules", "delete", "daily", *store).returncode == 0

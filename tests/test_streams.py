@@ -35,7 +35,7 @@ from stepstone import (
     stream,
 )
 from stepstone._stream._events import block_id, block_record
-from stepstone._stream._writer import FLUSH_BYTES, Attempt
+from stepstone._stream._writer import FLUSH_BYTES, Attempt, current
 
 WAIT = 30.0  # seconds a test waits on another thread before it names what hung
 
@@ -350,3 +350,46 @@ def test_parallel_calls_emit_into_one_stream(store: Store) -> None:
         mine = [e.data[1] for e in events if e.data[0] == who]
         assert mine == list(range(50))
     assert len({e.step for e in events}) == 4
+
+
+def test_tokens_and_other_events_keep_their_order_topics_and_checks(store: Store) -> None:
+    """Tokens (the fast path, lines made at the flush) mixed with other events and topic
+    changes, across flushes, come back exactly as emitted; what is not JSON or too large
+    is still refused at ``emit`` after tokens, and emitting after the step is refused."""
+    kept: list[StepContext] = []
+    failures: list[BaseException] = []
+    emitted: list[tuple[str, Any]] = [
+        ("a", "t0"),
+        ("a", "t1"),
+        ("a", 7),
+        ("a", "t2"),
+        ("b", "t3"),
+        ("b", 'q"{}\n'),
+        ("a", "é"),
+        ("a", {"x": [1, None]}),
+        ("a", "t4"),
+    ]
+
+    def talk(state: dict[str, Any], ctx: StepContext) -> None:
+        kept.append(ctx)
+        for i, (topic, data) in enumerate(emitted):
+            ctx.emit(topic, data)
+            if i in (1, 4):  # a flush between two tokens of one topic, and after a switch
+                attempt = current.get()
+                assert attempt is not None and attempt.writer is not None
+                attempt.writer.flush()
+        for data in ("x" * 70_000, "lone \ud800"):
+            try:
+                ctx.emit("a", data)
+            except Exception as exc:  # noqa: BLE001 - collected and checked below
+                failures.append(exc)
+
+    run("r", [Step("talk", talk)], store)
+    events = list(stream(store, "r"))
+    assert [(e.topic, e.data) for e in events] == emitted
+    assert [e.seq for e in events] == list(range(len(emitted)))
+    too_big, surrogate = failures
+    assert isinstance(too_big, EventTooLarge)
+    assert isinstance(surrogate, InvalidState) and "surrogate" in str(surrogate)
+    with pytest.raises(EmitOutsideStep):
+        kept[0].emit("a", "late")  # the fast path's topic, after the attempt ended

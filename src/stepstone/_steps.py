@@ -169,18 +169,12 @@ class StepContext:
         if self._beat is not None:
             self._beat.beat()
 
-    def emit(self, topic: str, data: Any) -> None:
-        """Append an event to the run's stream (``stepstone.stream`` reads it); see ``emit``.
-
-        Only while this step runs. Events of an attempt that does not commit the step
-        are hidden from readers once another attempt commits it.
-
-        Raises:
-            EmitOutsideStep: the step has returned (or this is another thread).
-            InvalidState: ``data`` is not JSON (the message names the path).
-            EventTooLarge: the event is over ``MAX_EVENT_BYTES``.
-        """
-        _emit(topic, data)
+    #: ``emit(topic, data)``: append an event to the run's stream (``stepstone.stream``
+    #: reads it), only while this step runs (``EmitOutsideStep`` after). Events of an
+    #: attempt that does not commit the step are hidden once another attempt commits
+    #: it. The writer's function itself, not a method calling it: a model's tokens are
+    #: emitted by the thousand, and the call spared is ~7% of an event's instructions.
+    emit = staticmethod(_emit)
 
     #: What this attempt charged and reserved (``_meter``), made on first use.
     meter: Meter | None = field(default=None, repr=False, compare=False)

@@ -21,13 +21,16 @@ from __future__ import annotations
 import secrets
 import threading
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, cast
 
 from .._errors import ConflictError, StoreError
 from .._observe import logger
 from .._store import Store
 from ._events import (
+    TOKEN_CHARS,
+    TOKEN_RUN,
     EmitOutsideStep,
+    _encode_str,
     block_id,
     block_of_lines,
     check_topic,
@@ -84,75 +87,122 @@ def find_end(store: Store, run_id: str, hint: int = 0) -> int:
     return high
 
 
-def _chunks(lines: list[str]) -> list[list[str]]:
-    """Return ``lines`` cut into blocks of at most ``FLUSH_BYTES`` (or one line, if longer)."""
-    chunks: list[list[str]] = [[]]
-    size = 0
-    for line in lines:
-        if size + len(line) > FLUSH_BYTES and chunks[-1]:
-            chunks.append([])
-            size = 0
-        chunks[-1].append(line)
-        size += len(line)
+def _chunks(text: str) -> list[str]:
+    """Return ``text`` (lines, each ended by a newline) cut at line ends into blocks of at
+    most ``FLUSH_BYTES`` characters (or one line, if longer), without their last newline."""
+    chunks: list[str] = []
+    start, end = 0, len(text)
+    while start < end:
+        cut = text.rfind("\n", start, start + FLUSH_BYTES + 1)
+        if cut < start:
+            cut = text.index("\n", start)  # one line longer than a block
+        chunks.append(text[start:cut])
+        start = cut + 1
     return chunks
+
+
+def _token_lines(head: str, first: int, topic_json: str, tokens: list[str]) -> str:
+    """Return the lines of ``tokens`` (seq ``first`` on, all of one topic), each ended by a
+    newline: ``TOKEN_RUN`` tokens a line, their JSON made by C loops."""
+    out = []
+    for i in range(0, len(tokens), TOKEN_RUN):
+        data = ",".join(map(_encode_str, tokens[i : i + TOKEN_RUN]))
+        out.append(f"{head}{first + i},{topic_json},[{data}],1]\n")
+    return "".join(out)
 
 
 class Fenced(StoreError):
     """A newer owner of the run appended to its stream: this writer may not."""
 
 
+# What the step's thread adds to its estimate of the bytes waiting, per event, on top of
+# the data's length: about what a line's head costs (``[key,attempt,token,seq,topic,``),
+# and what a token costs in a line of tokens (its quotes and comma).
+_LINE = 32
+_TOKEN = 3
+# A writer's ``topic`` once its attempt ended: no topic is this object, so every later
+# ``emit`` takes the checked path, which refuses it.
+_ENDED = object()
+
+
 class Writer:
-    """The buffered events of one attempt, and the thread that flushes them."""
+    """The buffered events of one attempt, and the thread that flushes them.
+
+    The step's thread pays as little as it can per event: a short ASCII str under the
+    topic of the event before (a model's tokens) is appended to ``buffer`` as it is,
+    with no lock, no clock read and no line made; any other event is checked and
+    encoded at once (refused at ``emit``, naming the path) and appended as a
+    placeholder whose ``(topic, text)`` waits in ``specials`` under its seq. The lines
+    are made at the flush, a batch at a time (``_lines``). ``buffer`` is only appended
+    to by the step's thread and only cut from the front by a flush (both single list
+    operations), so neither needs a lock for it; ``lock`` guards the rest shared with
+    the flusher: ``taken``, ``specials``, ``mark`` and ``idle``.
+    """
 
     def __init__(self, attempt: Attempt) -> None:
         self.attempt = attempt
-        self.buffer: list[str] = []
+        self.buffer: list[str | None] = []
         self.head = line_head(attempt.key, attempt.number, attempt.token)
-        self.size = 0
-        self.seq = 0
+        self.specials: dict[int, tuple[str, str]] = {}  # seq -> (topic JSON, data JSON)
+        self.taken = 0  # events the flushes took from the buffer (the next one's seq)
+        self.size = 0  # estimated bytes emitted (the step's thread alone writes it)...
+        self.flushed = 0  # ...and taken by flushes (written under ``flushing`` alone)
+        self.mark = -1  # ``size`` at which ``emit`` next calls ``kick``
+        self.idle = False  # the flusher waits for ``wake`` (nothing was buffered)
+        self.unsent = ""  # lines of a failed append, sent first next time
+        self.line_topic = ""  # the topic JSON of the last line made
         self.wrote = False
         self.fenced = False
         self.error: BaseException | None = None
-        self.lock = threading.Lock()  # guards buffer, size and seq
-        self.wake = threading.Event()  # a batch began, or the writer is closing
+        self.lock = threading.Lock()
+        self.wake = threading.Event()  # events wait, or the writer is closing
         self.now = threading.Event()  # flush without waiting out the interval
         self.flushing = threading.Lock()  # one append at a time, in order
         self.closed = False
-        self.thread: threading.Thread | None = None
         self.next: int | None = None  # the block after our last one
-        self.topic: object = None  # the last topic checked (most events repeat it)...
+        self.topic: object = None  # the topic of the last event...
         self.topic_json = ""  # ...and its JSON text
+        self.thread = threading.Thread(
+            target=self._run, name=f"stepstone-stream-{attempt.run_id}", daemon=True
+        )
+        self.wake.set()
+        self.thread.start()
 
-    def add(self, topic_json: str, text: str) -> None:
+    def special(self, topic_json: str, text: str) -> None:
+        """Buffer a checked event that is not a plain token (the step's thread)."""
         with self.lock:
-            # The event's line of its block, made now: a flush then only joins lines.
-            line = f"{self.head}{self.seq},{topic_json},{text}]"
-            self.buffer.append(line)
-            self.seq += 1
-            self.size += len(line)
-            size = self.size
-            begun = len(self.buffer) == 1
-        if size >= BACKLOG_BYTES:
+            self.specials[self.taken + len(self.buffer)] = (topic_json, text)
+            self.buffer.append(None)
+        self.size += len(text) + _LINE
+        if self.size >= self.mark:
+            self.kick()
+
+    def kick(self) -> None:
+        """Wake the flusher if idle, hurry it past a full block, or flush past the backlog.
+
+        Called by the step's thread once ``size`` passes ``mark``: after each flush (the
+        flusher sets ``mark`` to -1) and every ``FLUSH_BYTES`` emitted meanwhile.
+        """
+        with self.lock:
+            if self.idle:
+                self.idle = False
+                self.wake.set()
+            waiting = self.size - self.flushed
+            if waiting >= FLUSH_BYTES:
+                self.now.set()  # a full block: no need to wait out the interval
+            self.mark = self.size + FLUSH_BYTES
+        if waiting >= BACKLOG_BYTES:
             # The flusher cannot keep up with the step: the step waits for a flush here
             # (back-pressure), rather than the buffer growing without bound.
             self.flush()
-        elif begun or size >= FLUSH_BYTES:
-            if self.thread is None:
-                self.thread = threading.Thread(
-                    target=self._run, name=f"stepstone-stream-{self.attempt.run_id}", daemon=True
-                )
-                self.thread.start()
-            if size >= FLUSH_BYTES:
-                self.now.set()  # a full block: no need to wait out the interval
-            self.wake.set()
 
     def _run(self) -> None:
-        # Wakes when a batch begins, waits out the flush interval (or less, when a block
-        # is full or the writer closes), flushes; until closed. The step's thread only
-        # appends to the buffer, so a slow store does not slow the step.
+        # Waits for events, waits out the flush interval (or less, when a block is full
+        # or the writer closes), flushes; idles when nothing more waits; until closed.
+        # The step's thread only appends to the buffer, so a slow store does not slow it.
         while True:
             self.wake.wait()
-            self.wake.clear()  # before the pause: what sets it meanwhile is seen next turn
+            self.wake.clear()
             if self.closed:
                 return
             # Real time, not the clock seam: a batching delay, not the program's time
@@ -166,15 +216,31 @@ class Writer:
             except BaseException as exc:  # noqa: BLE001 - kept, raised by close()
                 self.error = exc
                 return
+            with self.lock:
+                # ``mark`` first, the buffer second; ``emit`` appends first and reads
+                # ``mark`` second: either this sees its event or it calls ``kick``.
+                self.mark = -1
+                if self.buffer:
+                    self.wake.set()
+                else:
+                    self.idle = True
 
     def flush(self) -> None:
         """Append what is buffered, in blocks of up to ``FLUSH_BYTES`` (none if fenced)."""
         with self.flushing:
             with self.lock:
-                events, self.buffer, self.size = self.buffer, [], 0
-            if not events or self.fenced:
+                count = len(self.buffer)
+                items = self.buffer[:count]
+                del self.buffer[:count]
+                base, self.taken = self.taken, self.taken + count
+                specials, self.specials = self.specials, {}
+            self.flushed += sum(map(len, filter(None, items))) + _TOKEN * count
+            self.flushed += sum(len(text) + _LINE - _TOKEN for _, text in specials.values())
+            text = self.unsent + self._lines(items, base, specials)
+            self.unsent = ""
+            if not text or self.fenced:
                 return
-            chunks = _chunks(events)
+            chunks = _chunks(text)
             for i, chunk in enumerate(chunks):
                 try:
                     self._append(chunk)
@@ -187,13 +253,33 @@ class Writer:
                     )
                     return
                 except BaseException:
-                    rest = [line for left in chunks[i:] for line in left]
-                    with self.lock:  # put them back in front: a later flush may succeed
-                        self.buffer[:0] = rest
-                        self.size += sum(map(len, rest))
+                    # Kept, in order, for the next flush: a later one may succeed.
+                    self.unsent = "".join(chunk + "\n" for chunk in chunks[i:])
                     raise
 
-    def _append(self, events: list[str]) -> None:
+    def _lines(
+        self, items: list[str | None], base: int, specials: dict[int, tuple[str, str]]
+    ) -> str:
+        """Return the lines of ``items`` (seq ``base`` on), each ended by a newline."""
+        # Between two placeholders (None) every item is a token's str, of the topic of
+        # the line before.
+        out: list[str] = []
+        start = 0
+        head = self.head
+        for seq, (topic_json, text) in specials.items():  # in seq order, as buffered
+            i = seq - base
+            if i > start:
+                tokens = cast("list[str]", items[start:i])
+                out.append(_token_lines(head, base + start, self.line_topic, tokens))
+            self.line_topic = topic_json
+            out.append(f"{head}{seq},{topic_json},{text}]\n")
+            start = i + 1
+        if start < len(items):
+            tokens = cast("list[str]", items[start:])
+            out.append(_token_lines(head, base + start, self.line_topic, tokens))
+        return "".join(out)
+
+    def _append(self, events: str) -> None:
         a = self.attempt
         store, run_id = a.store, a.run_id
         where = (id(store), run_id)
@@ -208,7 +294,7 @@ class Writer:
             if n > 0 and n != self.next:
                 self._check(block_id(run_id, n - 1))
             try:
-                store.save(block_of_lines(run_id, n, a.epoch, events))
+                store.save(block_of_lines(run_id, n, a.epoch, [events]))
             except ConflictError:
                 self._check(block_id(run_id, n))
                 n = find_end(store, run_id, n + 1)
@@ -233,12 +319,12 @@ class Writer:
 
     def close(self) -> None:
         """Flush the rest and stop the thread; raise what a flush failed with."""
+        self.topic = _ENDED
         self.closed = True
         self.now.set()
         self.wake.set()
-        thread = self.thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join()
+        if self.thread is not threading.current_thread():
+            self.thread.join()
         if self.error is not None:
             error, self.error = self.error, None
             raise error
@@ -267,6 +353,7 @@ class Attempt:
         return Attempt(self.store, self.run_id, f"{self.key}.{seq}", self.epoch, number, True)
 
     def emit(self, topic: object, data: object) -> None:
+        """Check and buffer one event: the path of every event ``emit`` cannot take fast."""
         if not self.can_emit:
             raise EmitOutsideStep(
                 "emit() outside a step: in a code workflow, emit inside the function of a "
@@ -280,7 +367,7 @@ class Attempt:
         if topic is not writer.topic:
             writer.topic_json = encode_topic(check_topic(topic))
             writer.topic = topic
-        writer.add(writer.topic_json, text)
+        writer.special(writer.topic_json, text)
 
     def close(self) -> str | None:
         """End the attempt: store its events; return its token if it stored any.
@@ -325,4 +412,17 @@ def emit(topic: str, data: Any) -> None:
             "emit() outside a step: events are emitted by a running step (ctx.emit in a "
             "step list's step, or inside a code workflow's ctx.step function)"
         )
+    writer = attempt.writer
+    # The fast path: a short ASCII str under the last event's topic, i.e. a token. Its
+    # JSON is surely valid and small (no lone surrogate is ASCII), so it is buffered as
+    # it is and escaped with its batch at the flush, in a line of tokens (``_events``).
+    # Everything else is checked now, and gets a line of its own.
+    if writer is not None and topic is writer.topic and type(data) is str and data.isascii():
+        size = len(data)
+        if size <= TOKEN_CHARS:
+            writer.buffer.append(data)
+            writer.size += size + _TOKEN
+            if writer.size >= writer.mark:
+                writer.kick()
+            return
     attempt.emit(topic, data)

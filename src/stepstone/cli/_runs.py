@@ -10,6 +10,7 @@ from typing import Any
 from .._checkpoint import STATUSES, Checkpoint
 from .._cron import RECORD as SCHEDULES_RECORD
 from .._errors import CorruptCheckpoint
+from .._reserved import is_reserved
 from .._store import RunInfo
 from ._budget import add_budget_parser, over_budget, spend_json, spend_text
 from ._common import (
@@ -225,7 +226,7 @@ def _list(args: argparse.Namespace) -> int:
             for i in infos(store)
             if info_matches(i, args.status, args.older_than, args.newer_than)
             and (args.prefix is None or i.run_id.startswith(args.prefix))
-            and (_kind(i.run_id) == args.kind if args.kind else _kind(i.run_id) != "stream")
+            and (_kind(i.run_id) == args.kind if args.kind else not is_reserved(i.run_id))
         ]
         found = newest_first(found)
         if args.limit is not None:

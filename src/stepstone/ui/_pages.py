@@ -16,7 +16,7 @@ from .._budget import SPEND_KEY
 from .._checkpoint import STATUSES, Checkpoint, RunStatus
 from .._deadline import describe
 from .._errors import StepstoneError, StoreError
-from .._flow._limit import PREFIX as LIMIT_PREFIX
+from .._reserved import is_reserved, run_counts
 from .._store import RunInfo, page_key
 from ..cli._budget import spend_text
 from ..cli._output import age
@@ -80,15 +80,12 @@ def _list_digest(counts: dict[str, int], infos: list[RunInfo]) -> str:
 
 def _list_data(dash: Dashboard, flt: _Filter) -> tuple[dict[str, int], list[RunInfo], bool]:
     store = dash.store()
-    counts = store.count_by_status(flt.prefix)
-    if LIMIT_PREFIX.startswith(flt.prefix):  # limit records read as done runs: not runs
-        for status, n in store.count_by_status(LIMIT_PREFIX).items():
-            counts[status] = counts.get(status, 0) - n
+    # Stepstone's own records (stream blocks, schedules, limits, budgets) are not runs.
+    counts = run_counts(store, flt.prefix)
     limit = dash.page_size + 1
     infos = store.list_page(flt.status, prefix=flt.prefix, after=flt.after, limit=limit)
     more = len(infos) > dash.page_size
-    # Flow control's limit records are not runs (the limits page shows them).
-    infos = [i for i in infos if not i.run_id.startswith(LIMIT_PREFIX)]
+    infos = [i for i in infos if not is_reserved(i.run_id)]
     return counts, infos[: dash.page_size], more
 
 
