@@ -39,6 +39,7 @@ import math
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -47,6 +48,7 @@ from ._effects import Effect
 from ._store import Store
 
 __all__ = [
+    "use_store_clock",
     "FINE",
     "REFRESH",
     "Now",
@@ -109,8 +111,26 @@ class Now(Effect):
     __slots__ = ()
 
 
+# A stand-in for every store's clock in this process (``use_store_clock``), or None;
+# a one-item list so the setter needs no ``global``.
+_stand_in: list[Callable[[], datetime] | None] = [None]
+
+
+def use_store_clock(now: Callable[[], datetime] | None) -> None:
+    """Make ``now`` every store's clock in this process (None: the stores' own again).
+
+    The seam for tools that run schedules and rates on a fast clock while leases keep
+    the real one (``tools/fleet/caps``: a minute a second); tests move all time together
+    with ``FakeClock`` instead.
+    """
+    _stand_in[0] = now
+
+
 def _fake() -> datetime | None:
-    """The installed clock's time if it is not a real one (a test's), else None."""
+    """The stand-in's or the installed clock's time if it is not a real one, else None."""
+    stand_in = _stand_in[0]
+    if stand_in is not None:
+        return stand_in()
     clock = _clock.current()
     return None if _clock.is_real(clock) else clock.now()
 

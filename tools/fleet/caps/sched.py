@@ -26,13 +26,11 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import stepstone._schedule
-import stepstone._schedule_fire
-import stepstone._store_time
 from stepstone import Step, StepContext, Workflow
 from stepstone._cron import parse_slot, slot_id
 from stepstone._schedule import schedule, schedules
 from stepstone._store import Store
+from stepstone._store_time import use_store_clock
 from stepstone.testing import FakeClock
 
 from .common import Ctx, Load, Verdict
@@ -94,12 +92,9 @@ class SchedLoad(Load):
             def clock() -> datetime:
                 return fake_now(t0)
 
-        # The schedule modules read the wall clock by this name: only they run fast.
-        stepstone._schedule.utcnow = clock  # type: ignore[attr-defined]  # noqa: SLF001
-        stepstone._schedule_fire.utcnow = clock  # type: ignore[attr-defined]  # noqa: SLF001
-        # Firing reads the store's clock (``_store_time``: one clock per store); here the
-        # store's clock is the schedule's, fast as well (only schedules read it here).
-        stepstone._store_time._fake = clock  # noqa: SLF001
+        # Schedules fire on the store's clock (``_store_time``: one clock per store): here
+        # it is the workload's fast clock, while leases keep the real one.
+        use_store_clock(clock)
         return None
 
     def drain(self, meta: dict[str, Any]) -> dict[str, Any]:
