@@ -118,23 +118,3 @@ def test_backends_deselects_the_other_backends_in_any_tier(suite: pytest.Pyteste
     """--backends=sqlite,postgresql keeps those backends' tests and the backend-free ones."""
     result = suite.runpytest("--backends=sqlite,postgresql", "-k", "store or saves or ttl")
     result.assert_outcomes(passed=2, deselected=13)
-
-
-FLEET = """
-import pytest
-
-
-@pytest.mark.crash
-@pytest.mark.parametrize("backend", ["sqlite", "cosmos"])
-def test_fleet(request, backend):
-    group = request.node.get_closest_marker("xdist_group")
-    assert group is not None and group.args == ({"sqlite": "fleet", "cosmos": "cosmos"}[backend],)
-"""
-
-
-def test_the_fleet_campaigns_share_one_worker(pytester: pytest.Pytester) -> None:
-    """test_fleet's tests are one xdist group (its Cosmos one stays with the emulator's)."""
-    pytester.makeconftest(CONFTEST)
-    pytester.makepyfile(test_fleet=FLEET)
-    result = pytester.runpytest("--tier=rest", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=2)

@@ -11,8 +11,7 @@ partition the suite and CI runs each test once. ``--backends=memory,file,sqlite`
 the other backends' tests on its own.
 
 The xdist groups (``--dist loadgroup``) keep the Cosmos emulator's tests on one worker (one
-emulator per session), the browser's tests with their module-scoped Chromium, and the fleet
-campaigns one after another.
+emulator per session) and the browser's tests with their module-scoped Chromium.
 """
 
 from __future__ import annotations
@@ -46,10 +45,6 @@ _SPAWNING_MODULES = {"stepstone.testing._contract_processes"}
 _SLOW_CONTRACT = {"test_async_many_runs_in_one_loop"}
 #: Their timeout (seconds): ~90 s measured on an engine-backed PostgresStore under load.
 CONTRACT_SLOW_TIMEOUT = 300
-#: Modules whose tests share one xdist worker, one after another. A fleet campaign runs four
-#: worker processes against a drain bound and a give-up time; two side by side (the crash
-#: tier runs on two workers) starved each other's store connections on a loaded machine.
-_ONE_WORKER_MODULES = {"test_fleet": "fleet"}
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -164,8 +159,6 @@ def modify_items(config: pytest.Config, items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group("cosmos"))
         elif "chromium" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("browser"))
-        elif item.path.stem in _ONE_WORKER_MODULES:
-            item.add_marker(pytest.mark.xdist_group(_ONE_WORKER_MODULES[item.path.stem]))
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
