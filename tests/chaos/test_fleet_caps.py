@@ -94,6 +94,11 @@ def test_flow_checks_fence_a_frozen_holder_taken_over() -> None:
     assert not _thawing({"pid": 2, "t": 12.0}, [freeze])
 
 
+def _cp(ledger: dict[str, object]) -> SimpleNamespace:
+    """The fields of a stored run that the ledger check reads: a done run with a ledger."""
+    return SimpleNamespace(state={SPEND_KEY: ledger}, signals=[], status="done", waiting_for=None)
+
+
 def test_spend_check_catches_a_wrong_ledger() -> None:
     """A reservation no dead attempt made, or a charge counted twice, fails the check."""
     ledger = {
@@ -104,22 +109,13 @@ def test_spend_check_catches_a_wrong_ledger() -> None:
     prices = {"s0": 0.25, "s2": 0.5}
     died_in_s0 = _Default({("r", "s0"): {"a", "z"}, ("r", "s2"): {"b"}})  # z reserved, died
     good = Verdict()
-    assert (
-        _ledger_check(
-            good, "r", SimpleNamespace(state={SPEND_KEY: ledger}, signals=[]), prices, died_in_s0
-        )
-        == 1
-    )
+    assert _ledger_check(good, "r", _cp(ledger), prices, died_in_s0) == 1
     assert good.failures == []
     none_died = _Default({("r", "s0"): {"a"}, ("r", "s2"): {"b"}})
     bad = Verdict()
-    _ledger_check(
-        bad, "r", SimpleNamespace(state={SPEND_KEY: ledger}, signals=[]), prices, none_died
-    )
+    _ledger_check(bad, "r", _cp(ledger), prices, none_died)
     assert any("unconfirmed" in failure for failure in bad.failures)
     twice = {**ledger, "usd": 1.0, "refs": {**ledger["refs"], "r/s0/c": "s0"}}  # type: ignore[dict-item]
     bad = Verdict()
-    _ledger_check(
-        bad, "r", SimpleNamespace(state={SPEND_KEY: twice}, signals=[]), prices, died_in_s0
-    )
+    _ledger_check(bad, "r", _cp(twice), prices, died_in_s0)
     assert any("not one per step" in failure for failure in bad.failures)
