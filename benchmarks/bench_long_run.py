@@ -12,10 +12,13 @@ Figures, per store (``memory://``, ``file://`` at its default durability, ``sqli
 with ``synchronous=full``; ``postgresql://`` and ``mysql://`` on the local servers, a
 table of their own, when named in ``--stores``):
 
-- instructions of the whole run of ``n`` steps (valgrind's callgrind, user space): one
-  process per store, collecting only inside ``operator.call`` (which nothing on the
-  measured path calls) and dumping after each call, so imports, the store's opening and
-  a warm-up run are never counted; PYTHONHASHSEED=0;
+- instructions of the whole run of ``n`` steps (valgrind's callgrind, user space), of
+  every thread (the SQLite group committer's, a listener's): one process per store,
+  dumping callgrind's counters when ``operator.call`` (which nothing on the measured
+  path calls) is entered and when it returns; only the dumps taken at a return are
+  kept, each the instructions of all threads during one call, so imports, the store's
+  opening and a warm-up run are never counted. (``--toggle-collect`` would count only
+  the thread that calls ``operator.call``.) PYTHONHASHSEED=0;
 - the growth exponent ``k`` of instructions ~ n^k, a least-squares fit of log(instructions)
   on log(n) over every ``n`` measured;
 - state bytes per step: what the saves handed the store (the state's text in the
@@ -143,8 +146,9 @@ def _callgrind(store: str, ns: list[int], src: str | None, profile: bool) -> tup
             [
                 "valgrind",
                 "--tool=callgrind",
-                "--collect-atstart=no",
-                "--toggle-collect=_operator_call",
+                # Collecting in every thread from the start; a dump zeroes the counters,
+                # so each dump at a return holds all threads' work inside one call.
+                "--dump-before=_operator_call",
                 "--dump-after=_operator_call",
                 f"--callgrind-out-file={out}",
                 sys.executable,
@@ -166,13 +170,17 @@ def _callgrind(store: str, ns: list[int], src: str | None, profile: bool) -> tup
             key=lambda p: int(p.name.rsplit(".", 1)[1]),
         )
         counts = []
+        calls = []
         for dump in dumps:
             text = dump.read_text(encoding="utf-8", errors="replace")
+            if "Trigger: --dump-after" not in text:
+                continue  # work outside the counted calls (imports, warm-up)
+            calls.append(dump)
             match = re.search(r"^(?:summary|totals):\s*(\d+)", text, re.M)
             assert match is not None, f"no totals in {dump.name}"
             counts.append(int(match.group(1)))
         assert len(counts) == len(ns), f"{len(counts)} callgrind dumps for {len(ns)} runs"
-        top = _annotate(dumps[-1]) if profile else None
+        top = _annotate(calls[-1]) if profile else None
         return counts, (json.loads(proc.stdout.strip().splitlines()[-1]), top)
 
 

@@ -40,7 +40,7 @@ from langgraph.checkpoint.base import Checkpoint as LGCheckpoint
 from ..._checkpoint import Checkpoint, evolve
 from ..._errors import ConflictError
 from .._drive import Delete, Load, Rule, Save
-from ._codec import AddressedId, Codec, kind_of
+from ._codec import AddressedId, Codec, kind_of, q
 from ._errors import CheckpointConflict, ThreadOwned
 
 # A compare-and-swap lost to a concurrent merge (parallel tasks' writes, a head being
@@ -98,7 +98,7 @@ class Writes(Codec):
             },
         }
         ns_key = self._ns_key(thread_id, ns)
-        key = self._cp_key(thread_id, ns, cp_id)
+        key = f"{ns_key}/{q(cp_id)}"  # _cp_key, without encoding the namespace twice
         # An invoke's first checkpoint of the thread: its writer loaded no checkpoint.
         fresh = ns == "" and metadata.get("source") == "input" and metadata.get("step") == -1
         # The head this saver last wrote or read stands in for a load: the head's save
@@ -250,7 +250,8 @@ class Writes(Codec):
             conf.get("checkpoint_ns", ""),
             conf["checkpoint_id"],
         )
-        key = self._cp_key(thread_id, ns, cp_id) + "/writes"
+        ns_key = self._ns_key(thread_id, ns)
+        key = f"{ns_key}/{q(cp_id)}/writes"  # _cp_key's, without encoding ns_key twice
         where = f"checkpoint {cp_id!r} of thread {thread_id!r}"
         new: dict[str, dict[str, Any]] = {}
         for idx, (channel, value) in enumerate(writes):
@@ -262,7 +263,6 @@ class Writes(Codec):
                 "task_path": task_path,
                 "value": self._dump(value, f"{where}, write to {channel!r}"),
             }
-        ns_key = self._ns_key(thread_id, ns)
         # First guess without a load: the writes record this saver last wrote, or, for
         # a checkpoint it has not written any for, none yet (an insert-if-absent).
         # A wrong guess fails the compare-and-swap and the loop loads.
