@@ -30,6 +30,7 @@ from fleet.backends import local_config
 from fleet.caps import CapOptions, run_campaign
 from fleet.caps.common import Verdict
 from fleet.caps.flow import RATE, SLACK, _fenced, _max_overlap, _rate_excess, _thawing
+from fleet.caps.sched import unexplained_reruns
 from fleet.caps.spend import _Default, _ledger_check
 
 from stepstone._budget import SPEND_KEY
@@ -94,6 +95,21 @@ def test_flow_checks_fence_a_frozen_holder_taken_over() -> None:
     assert not _thawing({"pid": 2, "t": 12.0}, [freeze])
 
 
+def test_sched_check_explains_reruns_by_deaths_and_freezes() -> None:
+    """A slot's step run twice is explained only by a worker that died or froze."""
+    first = {"k": "tick", "run": "sched/tick/a", "pid": 1}
+    again = {"k": "tick", "run": "sched/tick/a", "pid": 2}
+    assert unexplained_reruns([first, again], {}, []) == ["sched/tick/a"]
+    assert unexplained_reruns([first, again], {1: 5.0}, []) == []
+    assert unexplained_reruns([first, again], {}, [{"pid": 1, "t0": 4.0, "t1": 9.0}]) == []
+    assert unexplained_reruns([again, again], {1: 5.0}, []) == ["sched/tick/a"]
+
+
+def _cp(ledger: dict[str, object]) -> SimpleNamespace:
+    """A done checkpoint with ``ledger`` (what ``spend_of`` reads of one)."""
+    return SimpleNamespace(state={SPEND_KEY: ledger}, signals=[], waiting_for=None, status="done")
+
+
 def test_spend_check_catches_a_wrong_ledger() -> None:
     """A reservation no dead attempt made, or a charge counted twice, fails the check."""
     ledger = {
@@ -104,22 +120,13 @@ def test_spend_check_catches_a_wrong_ledger() -> None:
     prices = {"s0": 0.25, "s2": 0.5}
     died_in_s0 = _Default({("r", "s0"): {"a", "z"}, ("r", "s2"): {"b"}})  # z reserved, died
     good = Verdict()
-    assert (
-        _ledger_check(
-            good, "r", SimpleNamespace(state={SPEND_KEY: ledger}, signals=[]), prices, died_in_s0
-        )
-        == 1
-    )
+    assert _ledger_check(good, "r", _cp(ledger), prices, died_in_s0) == 1
     assert good.failures == []
     none_died = _Default({("r", "s0"): {"a"}, ("r", "s2"): {"b"}})
     bad = Verdict()
-    _ledger_check(
-        bad, "r", SimpleNamespace(state={SPEND_KEY: ledger}, signals=[]), prices, none_died
-    )
+    _ledger_check(bad, "r", _cp(ledger), prices, none_died)
     assert any("unconfirmed" in failure for failure in bad.failures)
     twice = {**ledger, "usd": 1.0, "refs": {**ledger["refs"], "r/s0/c": "s0"}}  # type: ignore[dict-item]
     bad = Verdict()
-    _ledger_check(
-        bad, "r", SimpleNamespace(state={SPEND_KEY: twice}, signals=[]), prices, died_in_s0
-    )
+    _ledger_check(bad, "r", _cp(twice), prices, died_in_s0)
     assert any("not one per step" in failure for failure in bad.failures)
