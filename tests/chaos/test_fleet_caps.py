@@ -30,6 +30,7 @@ from fleet.backends import local_config
 from fleet.caps import CapOptions, run_campaign
 from fleet.caps.common import Verdict
 from fleet.caps.flow import RATE, SLACK, _fenced, _max_overlap, _rate_excess, _thawing
+from fleet.caps.sched import unexplained_reruns
 from fleet.caps.spend import _Default, _ledger_check
 
 from stepstone._budget import SPEND_KEY
@@ -94,9 +95,19 @@ def test_flow_checks_fence_a_frozen_holder_taken_over() -> None:
     assert not _thawing({"pid": 2, "t": 12.0}, [freeze])
 
 
+def test_sched_check_explains_reruns_by_deaths_and_freezes() -> None:
+    """A slot's step run twice is explained only by a worker that died or froze."""
+    first = {"k": "tick", "run": "sched/tick/a", "pid": 1}
+    again = {"k": "tick", "run": "sched/tick/a", "pid": 2}
+    assert unexplained_reruns([first, again], {}, []) == ["sched/tick/a"]
+    assert unexplained_reruns([first, again], {1: 5.0}, []) == []
+    assert unexplained_reruns([first, again], {}, [{"pid": 1, "t0": 4.0, "t1": 9.0}]) == []
+    assert unexplained_reruns([again, again], {1: 5.0}, []) == ["sched/tick/a"]
+
+
 def _cp(ledger: dict[str, object]) -> SimpleNamespace:
-    """The fields of a stored run that the ledger check reads: a done run with a ledger."""
-    return SimpleNamespace(state={SPEND_KEY: ledger}, signals=[], status="done", waiting_for=None)
+    """A done checkpoint with ``ledger`` (what ``spend_of`` reads of one)."""
+    return SimpleNamespace(state={SPEND_KEY: ledger}, signals=[], waiting_for=None, status="done")
 
 
 def test_spend_check_catches_a_wrong_ledger() -> None:

@@ -22,6 +22,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -64,6 +65,8 @@ def _killer(spec: dict[str, Any], before: Callable[[str], None] | None) -> Calla
 def child_main(spec: dict[str, Any]) -> int:
     """Serve the campaign's workload as ``spec`` says; return the exit status."""
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING)
+    # The local Cosmos emulator's certificate is self-signed (config says verify=false).
+    warnings.filterwarnings("ignore", message="Unverified HTTPS request")
     load = LOADS[spec["load"]]
     store = open_store(spec["config"])
     path = os.path.join(spec["logdir"], f"log-{os.getpid()}.jsonl")
