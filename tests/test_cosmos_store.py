@@ -38,12 +38,17 @@ from stepstone import (
     ConfigError,
     ConflictError,
     CorruptCheckpoint,
+    Step,
     StoreError,
     StorePermissionError,
     StoreUnavailable,
     _hooks,
     open_store,
+    run,
+    stream,
 )
+from stepstone._stream import _writer
+from stepstone._stream._events import block_id
 from stepstone.stores.cosmos import (
     _EXCEPTION_RULES,
     _STATUS_RULES,
@@ -723,6 +728,36 @@ def test_ttl_option_is_written_on_every_save(cosmos_env: Any, config: str) -> No
         store.save(_cp("t"))
         raw = _raw_container(cosmos_env, store)
         assert raw.read_item(item_id("t"), partition_key=item_id("t"))["ttl"] == 86400
+
+
+def test_ttl_option_keeps_a_streams_blocks_until_the_run_rests(
+    cosmos_env: Any, config: str
+) -> None:
+    """With ttl=N a block waits (-1) while its run is active, then gets N when it rests.
+
+    Under N alone an early block would expire while a long run, rewritten at every step,
+    is still active, and its stream would lose its start (issue 34).
+    """
+    with open_store(config + "&ttl=86400") as store:
+        assert isinstance(store, CosmosStore)
+        raw = _raw_container(cosmos_env, store)
+
+        def ttl_of(record_id: str) -> Any:
+            return raw.read_item(item_id(record_id), partition_key=item_id(record_id)).get("ttl")
+
+        while_active: list[Any] = []
+
+        def talk(state: dict[str, Any], ctx: Any) -> None:
+            ctx.emit("tokens", "first")
+            _writer.current.get().writer.flush()  # type: ignore[union-attr]
+            while_active.append(ttl_of(block_id("ttl-stream", 0)))
+            ctx.emit("tokens", "second")
+
+        run("ttl-stream", [Step("talk", talk)], store)
+        assert while_active == [-1]
+        assert [ttl_of(block_id("ttl-stream", n)) for n in (0, 1)] == [86400, 86400]
+        assert ttl_of("ttl-stream") == 86400
+        assert [e.data for e in stream(store, "ttl-stream")] == ["first", "second"]
 
 
 def _piece_ttls(raw: Any, run_id: str) -> dict[str, Any]:

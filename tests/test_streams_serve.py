@@ -21,6 +21,7 @@ from fresh_stores import fresh_config
 from stepstone import Step, StepContext, open_store, run, stream
 from stepstone._stream._events import block_id, block_record
 from stepstone.cli import main
+from stepstone.testing import FakeClock
 from stepstone.ui import create_app, stream_endpoint
 
 
@@ -140,6 +141,27 @@ def test_prune_deletes_streams_with_their_runs_only(
         assert store.load("old") is None
         assert store.load(block_id("old", 0)) is None
         assert store.load(block_id("active", 0)) is not None
+
+
+def test_prune_deletes_the_streams_of_runs_gone_a_day(
+    request: pytest.FixtureRequest, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A stream whose run is gone (a ttl took the run only) goes with ``prune`` once a day
+    old; a younger one may be a run's still starting, and stays."""
+    config = fresh_config("sqlite", request, tmp_path)
+    with FakeClock(datetime(2026, 12, 1, tzinfo=UTC)) as clock:
+        with open_store(config) as store:
+            run("gone", [Step("talk", talk)], store)
+            assert store.delete("gone")  # the run alone, as its ttl would
+            clock.advance(timedelta(days=2))
+            store.save(block_record("starting", 0, 0, [["0", 1, "token000000", 0, "t", "1"]]))
+        later = (clock.now() + timedelta(hours=1)).isoformat()
+        args = ["runs", "prune", "--store", config, "--older-than", later, "--json"]
+        assert main(args) == 0
+    assert json.loads(capsys.readouterr().out)["orphaned_streams_deleted"] == 1
+    with open_store(config) as store:
+        assert store.load(block_id("gone", 0)) is None
+        assert store.load(block_id("starting", 0)) is not None
 
 
 def test_migrate_copies_streams(tmp_path: Path) -> None:

@@ -394,11 +394,15 @@ class Store(abc.ABC):
         """
         return
 
-    def listen_stream(self, ring: Callable[[], None]) -> Listener | None:
+    def listen_stream(
+        self, ring: Callable[[], None], *, run_id: str | None = None
+    ) -> Listener | None:
         """``listen`` for stream readers: ring after ``announce_stream`` or any write.
 
-        The default is ``listen``: a listener that rings on every write (SQLite's
-        ``data_version``, the file store's inotify) serves readers as it is.
+        ``run_id`` names the run the reader follows (a store may ring only for its
+        flushes; None: any run's). The default is ``listen``: a listener that rings on
+        every write (SQLite's ``data_version``, the file store's inotify) serves readers
+        as it is.
 
         Raises:
             StoreError: listening could not be set up; the reader polls.

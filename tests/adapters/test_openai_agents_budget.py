@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,9 +24,12 @@ from agents import (
 from agents.models.interface import ModelTracing
 from agents.testing import assistant_message, function_call
 
+import stepstone
 from stepstone import Budget, Prices, Step, Store, Suspended, open_store, run, signal, spend_of
 from stepstone._budget import BUDGET_WAIT, RAISE_SIGNAL, SPEND_KEY
 from stepstone.adapters.openai_agents import AgentRunStep
+
+SRC = str(Path(stepstone.__file__).resolve().parents[1])
 
 
 class CountingModel(Model):
@@ -148,3 +156,52 @@ def test_an_agent_run_pauses_between_its_model_calls_at_the_limit(store: Store) 
     final = run("between", steps, store)
     assert final["agent"] == "done" and len(CALLS) == 2
     assert final[SPEND_KEY]["tokens"] == 300
+
+
+CHILD = r"""
+import json, sys
+sys.path.insert(0, sys.argv[2])
+from agents import Agent, RunConfig
+from test_openai_agents_budget import CALLS, ToolProvider, look
+from stepstone import Budget, Suspended, open_store, run
+from stepstone.adapters.openai_agents import AgentRunStep
+
+with open_store(sys.argv[1]) as store:
+    config = RunConfig(model_provider=ToolProvider(), tracing_disabled=True)
+    agent = Agent(name="looker", instructions="look", tools=[look])
+    steps = [AgentRunStep("agent", agent, "hi", store=store, run_config=config)]
+    try:
+        run("r", steps, store, budget=Budget(tokens=100))
+        out = "done"
+    except Suspended as exc:
+        out = exc.waiting_for
+    print(json.dumps([out, len(CALLS)]))
+"""
+
+
+def _process(*args: str) -> str:
+    env = {**os.environ, "PYTHONPATH": SRC}
+    done = subprocess.run(
+        [sys.executable, *args], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip().splitlines()[-1]
+
+
+@pytest.mark.process
+def test_a_run_paused_between_model_calls_is_raised_from_another_process_and_ends_exact(
+    tmp_path: Path,
+) -> None:
+    """Paused after its first model call (150 tokens of 100), raised by `stepstone runs
+    budget` in a second process, the run finishes in a third that makes only the second
+    call (the first is answered by the journal): 300 tokens, each call charged once."""
+    config = f"sqlite:///{tmp_path}/runs.db"
+    here = str(Path(__file__).resolve().parent)
+    assert json.loads(_process("-c", CHILD, config, here)) == [BUDGET_WAIT, 1]
+    _process("-m", "stepstone", "runs", "budget", "r", "--raise-tokens", "1000", "--store", config)
+    assert json.loads(_process("-c", CHILD, config, here)) == ["done", 1]
+    with open_store(config) as store:
+        cp = store.load("r")
+    assert cp is not None and cp.status == "done"
+    spend = spend_of(cp)
+    assert (spend.tokens, spend.by_step) == (300, {"agent": {"usd": 0.0, "tokens": 300}})

@@ -183,7 +183,7 @@ def stream(
                 yield from reader.judge(cp)
                 return
             if listener is None:
-                listener = _listen(store, woken.set)
+                listener = _listen(store, run_id, woken.set)
             wait = FIRST_POLL if events else min(wait * 2, MAX_POLL)
             # Real time, as the writer's flushes: a FakeClock a test installed would
             # otherwise park a reader until the test moves it.
@@ -199,12 +199,13 @@ class _Nothing:
         pass
 
 
-def _listen(store: Store, ring: Callable[[], None]) -> Any:
+def _listen(store: Store, run_id: str, ring: Callable[[], None]) -> Any:
     # The store's cross-process listener for streams rings on every write (SQLite's
     # data_version, the file store's inotify) or on every flush (PostgreSQL's stream
-    # channel): a ring cuts the wait short; the poll runs either way.
+    # channel, one connection a process shared by its readers, rung for this run's
+    # flushes): a ring cuts the wait short; the poll runs either way.
     try:
-        return store.listen_stream(ring) or _Nothing()
+        return store.listen_stream(ring, run_id=run_id) or _Nothing()
     except StoreError as exc:
         logger.debug("stream of a run: no listener (%s); polling", exc)
         return _Nothing()
@@ -264,7 +265,7 @@ async def astream(
                     yield event
                 return
             if listener is None:
-                listener = _listen(store, _ring_in(asyncio.get_running_loop(), woken))
+                listener = _listen(store, run_id, _ring_in(asyncio.get_running_loop(), woken))
             wait = FIRST_POLL if events else min(wait * 2, MAX_POLL)
             # Real time, as in ``stream``; a ring cuts the wait short.
             with contextlib.suppress(TimeoutError):

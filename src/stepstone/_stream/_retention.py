@@ -8,11 +8,17 @@ any other, copied with the runs.
 
 from __future__ import annotations
 
+import re
+from datetime import datetime
+
 from .._store import Store
 from ._events import HEAD, block_id
 from ._writer import _ends, find_end
 
-__all__ = ["delete_stream", "expire_stream", "is_block"]
+#: A block id's run part for a run id too long to spell out (``_events.block_id``).
+_DIGEST = re.compile(r"~[0-9a-f]{64}")
+
+__all__ = ["delete_orphan_streams", "delete_stream", "expire_stream", "is_block"]
 
 
 def is_block(record_id: str) -> bool:
@@ -47,3 +53,32 @@ def expire_stream(store: Store, run_id: str, ttl_seconds: int | None) -> int:
     for n in range(end - 1, -1, -1):
         store.expire(block_id(run_id, n), ttl_seconds)
     return end
+
+
+def delete_orphan_streams(
+    store: Store, blocks: list[tuple[str, datetime]], before: datetime
+) -> int:
+    """Delete the streams whose run is gone and whose last write is before ``before``.
+
+    ``blocks`` are (record id, updated at) of listed records (others are ignored). A
+    run that expired by its ttl while its blocks waited for it to rest (Cosmos DB's
+    blocks keep no ttl while the run is active) leaves them behind; ``prune`` calls
+    this with a cutoff a day ago, since a run still starting may have blocks and no
+    record yet. Each run is re-read first. Blocks of a run id too long for a plain
+    block id are named by a digest and cannot be traced back: they stay.
+
+    Raises:
+        StoreError: the store failed; what was not deleted stays (call again).
+    """
+    newest: dict[str, datetime] = {}
+    for record_id, updated in blocks:
+        if is_block(record_id):
+            run_id, slash, n = record_id[len(HEAD) + 1 :].rpartition("/")
+            if slash and n.isdigit() and not _DIGEST.fullmatch(run_id):
+                newest[run_id] = max(updated, newest.get(run_id, updated))
+    gone = 0
+    for run_id in sorted(r for r, t in newest.items() if t < before):
+        if store.load(run_id) is None:
+            delete_stream(store, run_id)
+            gone += 1
+    return gone

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
-from .._checkpoint import ACTIVE_STATUSES, STATUSES
+from .._checkpoint import ACTIVE_STATUSES, STATUSES, utcnow
 from .._cron import RECORD as SCHEDULES_RECORD
 from .._errors import ConflictError
 from .._statelog import ORPHAN_AGE
@@ -117,6 +117,7 @@ def _confirm(active: list[RunInfo], verb: str) -> None:
 
 def _prune(args: argparse.Namespace) -> int:
     from .._stream import delete_stream, expire_stream, is_block  # noqa: PLC0415 - when used
+    from .._stream._retention import delete_orphan_streams  # noqa: PLC0415 - when used
 
     config = store_config(args)
     cutoff: datetime = args.older_than
@@ -124,7 +125,7 @@ def _prune(args: argparse.Namespace) -> int:
     statuses: tuple[str, ...] = tuple(dict.fromkeys(args.status)) if args.status else FINISHED
     affected: list[str] = []
     kept: list[str] = []
-    orphans = 0
+    orphans = streams = 0
     with existing(config) as store:
         if args.ttl is not None and not store.supports_ttl:
             raise UsageError(
@@ -132,8 +133,9 @@ def _prune(args: argparse.Namespace) -> int:
                 "prune without --ttl to delete the runs"
             )
         # A stream's blocks (issue 34) go with their run, never on their own age.
+        listed = list(infos(store))
         candidates = newest_first(
-            [i for i in infos(store) if _matches(i, statuses, cutoff) and not is_block(i.run_id)]
+            [i for i in listed if _matches(i, statuses, cutoff) and not is_block(i.run_id)]
         )
         active = [i for i in candidates if i.status in ACTIVE_STATUSES]
         if active and not args.dry_run and not args.yes:
@@ -170,7 +172,15 @@ def _prune(args: argparse.Namespace) -> int:
             # Pieces no document names, of an incarnation older than a day: a crash between
             # a delete's document and its pieces left them (never a save in flight).
             orphans = len(store.collect_orphans(ORPHAN_AGE))
-    _report(args, verb, statuses, affected, kept, orphans)
+            # Streams whose run is gone: expired by its ttl before it rested (Cosmos DB).
+            day_ago = utcnow() - timedelta(seconds=ORPHAN_AGE)
+            blocks = [
+                (i.run_id, i.updated_at)
+                for i in listed
+                if is_block(i.run_id) and i.updated_at is not None
+            ]
+            streams = delete_orphan_streams(store, blocks, day_ago)
+    _report(args, verb, statuses, affected, kept, orphans, streams)
     return EXIT_OK
 
 
@@ -181,6 +191,7 @@ def _report(
     affected: list[str],
     kept: list[str],
     orphans: int,
+    streams: int = 0,
 ) -> None:
     """Say what prune did (or would do), as text or ``--json``."""
     cutoff: datetime = args.older_than
@@ -199,6 +210,7 @@ def _report(
                 "run_ids": affected,
                 "kept_because_changed": kept,
                 "orphaned_pieces_collected": orphans,
+                "orphaned_streams_deleted": streams,
             }
         )
         return
@@ -211,3 +223,5 @@ def _report(
         out(f"kept {len(kept)} that changed while pruning")
     if orphans:
         out(f"collected {orphans} orphaned piece(s) of long states older than a day")
+    if streams:
+        out(f"deleted the streams of {streams} run(s) no longer stored")

@@ -54,6 +54,7 @@ from ._sql import (
 )
 from ._sql.listen_pg import PostgresListener, channel_of, stream_channel_of
 from ._sql.pieces import schema_script
+from ._sql.stream_hub_pg import StreamHub, Subscription, join
 
 __all__ = ["DEFAULT_TABLE", "ERRORS", "PostgresStore", "schema_ddl"]
 
@@ -69,6 +70,9 @@ _FORMS: Final = (
 _OPTIONS: Final = ("table", "connect_timeout", "read_timeout", "statement_timeout", "create")
 # The channel is a parameter, never spliced into the text.
 _NOTIFY: Final = "SELECT pg_notify(%(channel)s, '')"
+_NOTIFY_RUN: Final = "SELECT pg_notify(%(channel)s, %(run)s)"
+# PostgreSQL's payload limit is 8000 bytes; a run id over this rings every reader.
+_MAX_PAYLOAD: Final = 7999
 # A 1 GiB text value is PostgreSQL's hard limit (MaxAllocSize - 1).
 _MAX_BYTES: Final = (1 << 30) - 1
 
@@ -376,24 +380,53 @@ class PostgresStore(ServerStore):
         await self._aexec(_NOTIFY, {"channel": channel_of(self.table)})
 
     def announce_stream(self, run_id: str) -> None:
-        """Send a ``NOTIFY`` on this table's stream channel: stream readers look now.
+        """Send a ``NOTIFY`` on this table's stream channel: ``run_id``'s readers look now.
+
+        The payload is the run id (empty, ringing every reader, if it is too long for
+        one): a process's shared listener rings only that run's readers.
 
         Raises:
             StoreUnavailable: the server cannot be reached.
         """
-        self._exec(_NOTIFY, {"channel": stream_channel_of(self.table)})
+        payload = run_id if len(run_id.encode()) <= _MAX_PAYLOAD else ""
+        self._exec(_NOTIFY_RUN, {"channel": stream_channel_of(self.table), "run": payload})
 
-    def listen_stream(self, ring: Callable[[], None]) -> PostgresListener | None:
-        """``listen`` on this table's stream channel: rings after every stream flush.
+    def listen_stream(
+        self, ring: Callable[[], None], *, run_id: str | None = None
+    ) -> Subscription | None:
+        """Ring on this table's stream channel after ``run_id``'s flushes (any run's if None).
+
+        The readers of one process share one ``LISTEN`` connection per server, database,
+        user and table (``_sql.stream_hub_pg``): the first opens it, the last one's
+        ``close`` closes it.
 
         Raises:
             StoreError: the store is closed.
         """
-        return self.listen(ring, _channel=stream_channel_of(self.table))
+        if self._closed:
+            raise self._closed_error()
+        if self._engine is not None:
+            return None
+        args = tuple(sorted((k, repr(v)) for k, v in self._connect_args.items()))
 
-    def listen(
-        self, ring: Callable[[], None], *, _channel: str | None = None
-    ) -> PostgresListener | None:
+        def make(hub: StreamHub) -> PostgresListener:
+            return PostgresListener(
+                hub.ring_all,
+                where=self.where,
+                table=self.table,
+                connect_args=self._connect_args,
+                read_timeout=self.read_timeout,
+                scrub=self._scrub,
+                # Rung by its own process's flushes too: the writer rings no doorbell
+                # of this process first, as ``announce``'s callers do.
+                own=set,
+                channel=stream_channel_of(self.table),
+                deliver=hub.deliver,
+            )
+
+        return join((args, self.table, self.read_timeout), run_id, ring, make)
+
+    def listen(self, ring: Callable[[], None]) -> PostgresListener | None:
         """``LISTEN`` on this table's channel in a thread; call ``ring`` on each ``NOTIFY``.
 
         None for a store on a user's SQLAlchemy engine: its credentials may come from the
@@ -414,10 +447,7 @@ class PostgresStore(ServerStore):
             connect_args=self._connect_args,
             read_timeout=self.read_timeout,
             scrub=self._scrub,
-            # A stream reader is rung by its own process's flushes too: the writer
-            # rings no doorbell of this process first, as ``announce``'s callers do.
-            own=self._backend_pids if _channel is None else set,
-            channel=_channel,
+            own=self._backend_pids,
         )
         listener.start()
         return listener

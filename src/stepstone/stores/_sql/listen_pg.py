@@ -99,6 +99,7 @@ class PostgresListener(ListenerThread):
         scrub: Callable[[str], str],
         own: Callable[[], set[int]] = set,
         channel: str | None = None,
+        deliver: Callable[[set[str]], None] | None = None,
     ) -> None:
         """Listen on ``table``'s channel with a connection opened from ``connect_args``.
 
@@ -106,7 +107,10 @@ class PostgresListener(ListenerThread):
         driver's text; ``own`` returns the server pids of the store's own connections,
         whose notifications are not rung: ``announce`` rang this process's doorbell
         before sending them. ``channel`` replaces the table's workers' channel (stream
-        readers listen on ``stream_channel_of``).
+        readers listen on ``stream_channel_of``). ``deliver``, if given, is called
+        instead of ``ring`` with the payloads of the notifications that arrived (the
+        run ids a stream channel's writers send), so one connection can wake only the
+        readers of those runs; ``ring`` still comes after every ``LISTEN``.
         """
         super().__init__(ring, f"stepstone-listen {where}")
         self._where = where
@@ -117,6 +121,7 @@ class PostgresListener(ListenerThread):
         self._channel = channel if channel is not None else channel_of(table)
         self._conn: Any = None
         self._failing = False
+        self._deliver = deliver
 
     @property
     def backend_pid(self) -> int | None:
@@ -208,11 +213,27 @@ class PostgresListener(ListenerThread):
             if not ready:
                 conn.execute("SELECT 1")  # notifications meanwhile wait in the backlog
             # A tiny timeout: take what has arrived (and the backlog), never wait.
-            pids = {n.pid for n in conn.notifies(timeout=0.001)}
-            if pids and not pids <= self._own():
-                self.ring()
+            notes = list(conn.notifies(timeout=0.001))
+            if notes:
+                own = self._own()
+                payloads = {n.payload for n in notes if n.pid not in own}
+                if payloads:
+                    self._heard(payloads)
             if conn.closed or conn.broken or conn.pgconn.status != _OK:
                 raise ConnectionError("the connection was closed")
+
+    def _heard(self, payloads: set[str]) -> None:
+        if self._deliver is None:
+            self.ring()
+            return
+        # Under the lock, as ``ring``: nothing is delivered after ``close`` returns.
+        with self._lock:
+            if self.closed:
+                return
+            try:
+                self._deliver(payloads)
+            except Exception as exc:  # noqa: BLE001 - a reader's fault must not stop listening
+                logger.debug("a stream wake-up raised %s; ignored", type(exc).__name__)
 
     def _report(self, exc: BaseException) -> None:
         text = self._scrub(f"{type(exc).__name__}: {exc}".strip())

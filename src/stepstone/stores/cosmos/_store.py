@@ -23,6 +23,8 @@ from azure.cosmos.exceptions import CosmosResourceNotFoundError
 from ... import _statelog
 from ..._checkpoint import Checkpoint, RunStatus, check_run_id
 from ..._errors import StoreError
+from ..._observe import logger
+from ..._reserved import is_reserved
 from ..._store import RunInfo
 from .._common import Unanswered
 from ._admin import Admin
@@ -82,6 +84,10 @@ T = TypeVar("T")
 #: How many times a load reads a long state's item and pieces before it calls a piece
 #: that stays missing corrupt (back-off 50, 100, 200, 400 ms between reads).
 _READ_AGAIN = 5
+
+
+# A run in one of these has its stream's blocks given its ttl (``_expire_stream``).
+_AT_REST = frozenset({"done", "failed", "cancelled"})
 
 
 class CosmosStore(CosmosClock, CosmosClients, CosmosPieces, Admin):
@@ -437,11 +443,40 @@ class CosmosStore(CosmosClock, CosmosClients, CosmosPieces, Admin):
                 lost says it may or may not have been applied.
             StorePermissionError: the credentials were refused or are missing.
         """
-        return self._run(self._save(checkpoint))
+        saved = self._run(self._save(checkpoint))
+        if self._rests_with_ttl(saved):
+            self._expire_stream(saved.run_id)
+        return saved
 
     async def asave(self, checkpoint: Checkpoint) -> Checkpoint:
         """Async ``save``: one request; cancelling it leaves the old or the new item."""
-        return await self._arun(self._save(checkpoint))
+        saved = await self._arun(self._save(checkpoint))
+        if self._rests_with_ttl(saved):
+            await asyncio.to_thread(self._expire_stream, saved.run_id)
+        return saved
+
+    def _rests_with_ttl(self, cp: Checkpoint) -> bool:
+        """Whether ``cp`` puts a run to rest under the ``ttl`` option (its blocks wait)."""
+        ttl = self.settings.ttl
+        return ttl is not None and ttl > 0 and cp.status in _AT_REST and not is_reserved(cp.run_id)
+
+    def _expire_stream(self, run_id: str) -> None:
+        """Give the blocks of a run that came to rest its ttl (they were written with -1).
+
+        One point read when the run has no stream. A failure leaves the blocks at -1:
+        the run's save stands, and ``prune`` removes them once the run is gone.
+        """
+        from ..._stream._retention import expire_stream  # noqa: PLC0415 - streams import stores
+
+        try:
+            expire_stream(self, run_id, self.settings.ttl)
+        except StoreError as exc:
+            logger.warning(
+                "%s: the stream of run %r keeps no ttl (%s); prune removes it with the run",
+                self._where(),
+                run_id,
+                type(exc).__name__,
+            )
 
     def delete(self, run_id: str, *, expected_version: str | None = None) -> bool:
         """Delete the run's item (one request, If-Match with ``expected_version``).

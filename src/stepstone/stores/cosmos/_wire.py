@@ -290,6 +290,10 @@ def piece_id(doc_id: str, key: str) -> str:
     return f"{PIECE_MARK}#{digest}{PIECE_MARK}{key}"
 
 
+#: The head of a stream block's id (``_stream._events.HEAD``; ``_reserved``).
+STREAM_PREFIX: Final = "stream:"
+
+
 def record_ttl(run_id: str, ttl: int | None) -> int | None:
     """The ``ttl`` of ``run_id``'s item under the store's ``ttl`` option.
 
@@ -299,6 +303,12 @@ def record_ttl(run_id: str, ttl: int | None) -> int | None:
     the option or the container's default.
     """
     if run_id == SCHEDULES_RECORD or run_id.startswith(LIMIT_PREFIX):
+        return -1
+    if ttl is not None and ttl > 0 and run_id.startswith(STREAM_PREFIX):
+        # A stream's block (issue 34) is written once, early: under the run's ttl it
+        # would expire while its run, rewritten at every step, is still active, and the
+        # stream would lose its start. It waits (-1) until the run rests, which gives
+        # it the run's ttl (``CosmosStore.save``), or ``prune`` removes it with its run.
         return -1
     return ttl
 
