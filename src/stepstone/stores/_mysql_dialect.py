@@ -12,7 +12,7 @@ from typing import Final
 
 from .._errors import StoreError, StorePermissionError, StoreUnavailable
 from ._errortable import ErrorRule
-from ._sql import DEFAULT_TABLE, PASSWORD_ENV, SQLText, statements_of
+from ._sql import DEFAULT_TABLE, PASSWORD_ENV
 from ._sql.pieces import schema_script
 
 _FORMS: Final = (
@@ -51,22 +51,17 @@ def one_call_reason(version: str) -> str | None:
 # --- schema -----------------------------------------------------------------------------
 
 
-def _statements(table: str) -> SQLText:
-    return statements_of("mysql", table)
-
-
 def schema_ddl(table: str = DEFAULT_TABLE) -> str:
     """Return the SQL the store runs to create its schema (``backends/mysql/schema.sql``).
 
     Args:
         table: The checkpoint table's name; the meta table is ``<table>_meta``.
     """
-    header = (
-        "-- Generated from stepstone.stores.mysql (schema_ddl()); do not edit by hand.\n"
+    how = (
         "-- When the table is missing, MySQLStore runs these statements one by one\n"
         "-- (MySQL commits each DDL statement by itself).\n"
     )
-    return schema_script("mysql", table, header)
+    return schema_script("mysql", table, how)
 
 
 # --- errors -----------------------------------------------------------------------------

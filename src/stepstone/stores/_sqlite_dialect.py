@@ -22,11 +22,8 @@ def _statements() -> SQLText:
 
 def schema_ddl() -> str:
     """Return the SQL the store runs to create its schema, as in ``backends/sqlite/schema.sql``."""
-    header = (
-        "-- Generated from stepstone.stores.sqlite (schema_ddl()); do not edit by hand.\n"
-        "-- SQLiteStore runs these statements in one BEGIN IMMEDIATE transaction on open.\n"
-    )
-    return schema_script("sqlite", None, header)
+    how = "-- SQLiteStore runs these statements in one BEGIN IMMEDIATE transaction on open.\n"
+    return schema_script("sqlite", None, how)
 
 
 # --- errors -----------------------------------------------------------------------------

@@ -58,7 +58,6 @@ from ._mysql_dialect import (
     _NO_SUCH_TABLE,
     _OPTIONS,
     ERRORS,
-    _statements,
     one_call_reason,
     schema_ddl,
 )
@@ -160,7 +159,6 @@ class MySQLStore(ServerStore):
             },
             create,
         )
-        self._sql = _statements(self.table)
         self._connect_args: dict[str, Any] = {
             "host": parsed.host,
             "port": parsed.port,

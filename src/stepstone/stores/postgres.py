@@ -48,9 +48,7 @@ from ._sql import (
     PASSWORD_ENV,
     Held,
     ServerStore,
-    SQLText,
     detach_socket,
-    statements_of,
 )
 from ._sql.listen_pg import PostgresListener, channel_of, stream_channel_of
 from ._sql.pieces import schema_script
@@ -79,22 +77,17 @@ _MAX_BYTES: Final = (1 << 30) - 1
 # --- schema -----------------------------------------------------------------------------
 
 
-def _statements(table: str) -> SQLText:
-    return statements_of("postgresql", table)
-
-
 def schema_ddl(table: str = DEFAULT_TABLE) -> str:
     """Return the SQL the store runs to create its schema (``backends/postgres/schema.sql``).
 
     Args:
         table: The checkpoint table's name; the meta table is ``<table>_meta``.
     """
-    header = (
-        "-- Generated from stepstone.stores.postgres (schema_ddl()); do not edit by hand.\n"
+    how = (
         "-- When the table is missing, PostgresStore runs these statements in one "
         "transaction,\n-- holding an advisory lock on the table name.\n"
     )
-    return schema_script("postgresql", table, header)
+    return schema_script("postgresql", table, how)
 
 
 # --- errors -----------------------------------------------------------------------------
@@ -281,7 +274,6 @@ class PostgresStore(ServerStore):
             },
             create,
         )
-        self._sql = _statements(self.table)
         args: dict[str, Any] = {
             "host": parsed.host,
             "port": parsed.port,

@@ -147,11 +147,20 @@ def piece_sql(dialect: str, table: str | None) -> PieceSQL:
     )
 
 
-def schema_script(dialect: str, table: str | None, header: str) -> str:
-    """Return a ``schema.sql`` file's text: ``header``, then every table's statement.
+#: The store module whose ``schema_ddl()`` writes each dialect's ``schema.sql``.
+_MODULES = {"sqlite": "sqlite", "postgresql": "postgres", "mysql": "mysql"}
+
+
+def schema_script(dialect: str, table: str | None, how: str) -> str:
+    """Return a ``schema.sql`` file's text: a header saying where it comes from and
+    ``how`` (comment lines: how the store runs it), then every table's statement.
 
     The pieces table (a long run's state) is created when the tables are, and on first
     need in tables an earlier release made, so the script holds it too.
     """
+    header = (
+        f"-- Generated from stepstone.stores.{_MODULES[dialect]} (schema_ddl()); "
+        f"do not edit by hand.\n{how}"
+    )
     statements = [*statements_of(dialect, table).create, piece_sql(dialect, table).create]
     return header + "\n\n".join(f"{s};" for s in statements) + "\n"

@@ -23,7 +23,7 @@ from .config import (
 )
 from .connections import Held
 from .engine import check_engine, server_url_of
-from .schema import TABLE_SCHEMA
+from .schema import TABLE_SCHEMA, statements_of
 from .store import SQLStore
 
 __all__ = ["ServerStore"]
@@ -91,6 +91,7 @@ class ServerStore(SQLStore):
         # No password in here, ever: what repr and messages show.
         self.url = f"{self.kind}+{self._DRIVER}://{user}{host}:{parsed.port}/{parsed.database}"
         self.where = f"{self.url} table {self.table}"
+        self._sql = statements_of(self._DIALECT, self.table)
         self._driver_error = self._driver.Error
         self._setup()
         return parsed
