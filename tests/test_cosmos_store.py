@@ -59,6 +59,7 @@ from stepstone.stores.cosmos import (
     item_id,
     sortable_time,
 )
+from stepstone.stores.cosmos._config import Settings
 from stepstone.stores.cosmos._errors import UnexpectedSdkError as _Unexpected
 
 REPO = Path(__file__).resolve().parent.parent
@@ -294,6 +295,29 @@ def test_auth_defaults_follow_the_environment(monkeypatch: pytest.MonkeyPatch) -
         CosmosStore.from_config("cosmos://h/db/c")
     monkeypatch.delenv("AZURE_COSMOS_CONNECTION_STRING")
     assert CosmosStore.from_config("cosmos://h/db/c").auth == "entra"
+
+
+def test_from_config_passes_every_option(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each option of the config string reaches the store's settings unchanged."""
+    monkeypatch.setenv("AZURE_COSMOS_KEY", FAKE_KEY)
+    store = CosmosStore.from_config(
+        "cosmos://h:8081/db/c?protocol=http&verify=false&create=true&consistency=Eventual"
+        "&retries=2&timeout=7&connect_timeout=3&read_timeout=4&ttl=90"
+    )
+    assert store.settings == Settings(
+        "http://h:8081/",
+        "db",
+        "c",
+        auth="key",
+        verify=False,
+        create=True,
+        consistency="Eventual",
+        retries=2,
+        timeout=7.0,
+        connect_timeout=3.0,
+        read_timeout=4.0,
+        ttl=90,
+    )
 
 
 def test_repr_has_no_secret(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Final, cast
 from urllib.parse import unquote, urlsplit
 
@@ -167,6 +167,10 @@ class Settings:
         ):
             if not seconds > 0:
                 raise ConfigError(f"{label} must be a positive number of seconds, got {seconds}")
+
+    def options(self) -> dict[str, Any]:
+        """The fields after the container's location: ``CosmosStore``'s keyword options."""
+        return {field.name: getattr(self, field.name) for field in fields(self)[3:]}
 
     @property
     def where(self) -> str:

@@ -213,21 +213,7 @@ class CosmosStore(CosmosClock, CosmosClients, CosmosPieces, Admin):
                 the environment variable it needs.
         """
         s, credential = parse_config(config)
-        return cls(
-            s.endpoint,
-            s.database,
-            s.container,
-            credential=credential,
-            auth=s.auth,
-            verify=s.verify,
-            create=s.create,
-            consistency=s.consistency,
-            retries=s.retries,
-            timeout=s.timeout,
-            connect_timeout=s.connect_timeout,
-            read_timeout=s.read_timeout,
-            ttl=s.ttl,
-        )
+        return cls(s.endpoint, s.database, s.container, credential=credential, **s.options())
 
     def __repr__(self) -> str:
         # Endpoint, names and auth kind only: never the credential.
