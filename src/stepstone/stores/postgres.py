@@ -395,25 +395,15 @@ class PostgresStore(ServerStore):
         Raises:
             StoreError: the store is closed.
         """
-        if self._closed:
-            raise self._closed_error()
-        if self._engine is not None:
+        if not self._may_listen():
             return None
         args = tuple(sorted((k, repr(v)) for k, v in self._connect_args.items()))
 
         def make(hub: StreamHub) -> PostgresListener:
-            return PostgresListener(
-                hub.ring_all,
-                where=self.where,
-                table=self.table,
-                connect_args=self._connect_args,
-                read_timeout=self.read_timeout,
-                scrub=self._scrub,
-                # Rung by its own process's flushes too: the writer rings no doorbell
-                # of this process first, as ``announce``'s callers do.
-                own=set,
-                channel=stream_channel_of(self.table),
-                deliver=hub.deliver,
+            # Rung by its own process's flushes too (``own`` none): the writer rings no
+            # doorbell of this process first, as ``announce``'s callers do.
+            return self._listener(
+                hub.ring_all, set, channel=stream_channel_of(self.table), deliver=hub.deliver
             )
 
         return join((args, self.table, self.read_timeout), run_id, ring, make)
@@ -428,21 +418,37 @@ class PostgresStore(ServerStore):
         Raises:
             StoreError: the store is closed.
         """
+        if not self._may_listen():
+            return None
+        listener = self._listener(ring, self._backend_pids)
+        listener.start()
+        return listener
+
+    def _may_listen(self) -> bool:
+        """False on a user's engine (``listen`` says why); raises when the store is closed."""
         if self._closed:
             raise self._closed_error()
-        if self._engine is not None:
-            return None
-        listener = PostgresListener(
+        return self._engine is None
+
+    def _listener(
+        self,
+        ring: Callable[[], None],
+        own: Callable[[], set[int]],
+        channel: str | None = None,
+        deliver: Callable[[set[str]], None] | None = None,
+    ) -> PostgresListener:
+        """A listener on a connection of this store's own (``PostgresListener`` says how)."""
+        return PostgresListener(
             ring,
             where=self.where,
             table=self.table,
             connect_args=self._connect_args,
             read_timeout=self.read_timeout,
             scrub=self._scrub,
-            own=self._backend_pids,
+            own=own,
+            channel=channel,
+            deliver=deliver,
         )
-        listener.start()
-        return listener
 
     def _backend_pids(self) -> set[int]:
         """The server pids of this store's connections (their NOTIFYs rang here already)."""
