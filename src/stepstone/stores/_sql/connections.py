@@ -22,6 +22,7 @@ import os
 import threading
 import weakref
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Final, TypeVar
 
 from ..._errors import InvalidState, StoreError, StoreUnavailable
@@ -61,43 +62,26 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 _T = TypeVar("_T")
 
 
+@dataclass(slots=True, weakref_slot=True, eq=False, repr=False)
 class Held:
     """One connection (and cursor), the lock a call holds while using it, and its state.
 
     When a thread ends, its thread-local values are dropped, this object with them, and
-    ``__del__`` closes the connection: threads that come and go leak nothing.
+    ``__del__`` closes the connection: threads that come and go leak nothing. Compared
+    and hashed by identity (``eq=False``): stores keep their connections in lists.
     """
 
-    __slots__ = (
-        "__weakref__",
-        "closer",
-        "conn",
-        "cursor",
-        "doomed",
-        "inherited",
-        "is_async",
-        "lease",
-        "lock",
-    )
-
-    def __init__(
-        self,
-        closer: Callable[[Held], None],
-        conn: Any,
-        cursor: Any,
-        is_async: bool = False,
-        lease: Lease | AsyncLease | None = None,
-    ) -> None:
-        self.closer = closer
-        #: From a user's SQLAlchemy engine: its pool's proxy, and how to give it back.
-        self.lease = lease
-        self.is_async = is_async
-        self.conn = conn
-        self.cursor = cursor
-        self.lock = threading.Lock()
-        self.inherited = False
-        # Set by ``close`` when a call held the lock too long: its thread closes it.
-        self.doomed = False
+    closer: Callable[[Held], None]
+    conn: Any
+    cursor: Any
+    is_async: bool = False
+    #: From a user's SQLAlchemy engine: its pool's proxy, and how to give it back.
+    lease: Lease | AsyncLease | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    #: A forked child's copy: never closed (the parent's session would end).
+    inherited: bool = field(default=False, init=False)
+    #: Set by ``close`` when a call held the lock too long: its thread closes it.
+    doomed: bool = field(default=False, init=False)
 
     def close(self) -> None:
         """Close the connection, unless a forked child inherited it."""
