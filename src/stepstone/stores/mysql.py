@@ -132,6 +132,8 @@ class MySQLStore(ServerStore):
     _EXTRA: ClassVar[str] = "mysql"
     _PORT: ClassVar[int] = 3306
     _FORMS: ClassVar[str] = _FORMS
+    _OPTIONS: ClassVar[tuple[str, ...]] = _OPTIONS
+    _NO_SUCH_TABLE: ClassVar[int | str] = _NO_SUCH_TABLE
 
     connect_timeout: float
     read_timeout: float
@@ -234,16 +236,6 @@ class MySQLStore(ServerStore):
             await conn.autocommit(autocommit)
 
         return cursor, restore
-
-    @classmethod
-    def from_config(cls, config: str) -> Self:
-        """Open ``mysql://...?table=&connect_timeout=&read_timeout=&write_timeout=&create=``.
-
-        Raises:
-            ConfigError: the string is malformed; the message lists the forms.
-        """
-        bare, kwargs = cls._config_options(config, _OPTIONS)
-        return cls(bare, **kwargs)
 
     # --- connections --------------------------------------------------------------------
 
@@ -507,15 +499,6 @@ class MySQLStore(ServerStore):
             raise
         # Cancelled (a timeout): the caller drops the connection; the server rolls back.
         return len(claimed), claimed
-
-    def _schema_version(self, held: Held) -> str | None:
-        try:
-            _, rows = self._run(held, self._sql.schema_version, None)
-        except self._driver_error as exc:
-            if self._error_code(exc) == _NO_SUCH_TABLE:
-                return None
-            raise
-        return None if not rows else str(rows[0][0])
 
     def _create_schema(self, held: Held) -> None:
         # Each DDL statement commits by itself; CREATE TABLE IF NOT EXISTS waits on the

@@ -247,6 +247,8 @@ class PostgresStore(ServerStore):
     _EXTRA: ClassVar[str] = "postgres"
     _PORT: ClassVar[int] = 5432
     _FORMS: ClassVar[str] = _FORMS
+    _OPTIONS: ClassVar[tuple[str, ...]] = _OPTIONS
+    _NO_SUCH_TABLE: ClassVar[int | str] = "42P01"
 
     connect_timeout: float
     read_timeout: float
@@ -346,16 +348,6 @@ class PostgresStore(ServerStore):
             await conn.set_autocommit(autocommit)
 
         return conn.cursor(), restore
-
-    @classmethod
-    def from_config(cls, config: str) -> Self:
-        """Open ``postgresql://...?table=&connect_timeout=&read_timeout=&statement_timeout=&create=``.
-
-        Raises:
-            ConfigError: the string is malformed; the message lists the forms.
-        """
-        bare, kwargs = cls._config_options(config, _OPTIONS)
-        return cls(bare, **kwargs)
 
     # --- wake-ups (``_sql.listen_pg``) -------------------------------------------------
 
@@ -510,15 +502,6 @@ class PostgresStore(ServerStore):
             )
 
     # --- schema -------------------------------------------------------------------------
-
-    def _schema_version(self, held: Held) -> str | None:
-        try:
-            _, rows = self._run(held, self._sql.schema_version, None)
-        except self._driver_error as exc:
-            if getattr(exc, "sqlstate", None) == "42P01":
-                return None
-            raise
-        return None if not rows else str(rows[0][0])
 
     def _locked(self, held: Held, statements: list[str], only_at: str | None) -> None:
         # CREATE ... IF NOT EXISTS is not safe against a concurrent creator (unique

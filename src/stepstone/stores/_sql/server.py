@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Any, ClassVar, Self
@@ -56,6 +56,10 @@ class ServerStore(SQLStore):
     _EXTRA: ClassVar[str]
     _PORT: ClassVar[int]
     _FORMS: ClassVar[str]
+    #: The URL options ``from_config`` accepts: the constructor's keywords.
+    _OPTIONS: ClassVar[tuple[str, ...]]
+    #: The driver's error code of a missing table (``_error_code``).
+    _NO_SUCH_TABLE: ClassVar[int | str]
 
     def _init_server(
         self,
@@ -114,10 +118,20 @@ class ServerStore(SQLStore):
         return import_driver(module, self.kind, self._EXTRA)
 
     @classmethod
-    def _config_options(cls, config: str, names: tuple[str, ...]) -> tuple[str, dict[str, Any]]:
-        _, options = parse_server_url(config, cls.kind, cls._DRIVER, cls._PORT, cls._FORMS, names)
+    def from_config(cls, config: str) -> Self:
+        """Open ``SCHEME://USER@HOST[:PORT]/DATABASE?OPTIONS``; the options are the
+        constructor's keywords (``table``, its timeouts, ``create``).
+
+        Raises:
+            ConfigError: the string is malformed; the message lists the forms.
+        """
+        _, options = parse_server_url(
+            config, cls.kind, cls._DRIVER, cls._PORT, cls._FORMS, cls._OPTIONS
+        )
         bare = urlsplit(config)._replace(query="").geturl()
-        return bare, options
+        # Each store's own constructor, whose keywords the options are.
+        opener: Callable[..., Self] = cls
+        return opener(bare, **options)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r}, table={self.table!r})"
@@ -198,6 +212,15 @@ class ServerStore(SQLStore):
             f"{self.kind} store {self.where}: tables {self.table} and {self.table}_meta "
             f"ready (schema version {found})"
         ]
+
+    def _schema_version(self, held: Held) -> str | None:
+        try:
+            _, rows = self._run(held, self._sql.schema_version, None)
+        except self._driver_error as exc:
+            if self._error_code(exc) == self._NO_SUCH_TABLE:
+                return None
+            raise
+        return None if not rows else str(rows[0][0])
 
     def _durability(self, held: Held) -> tuple[bool, str]:
         raise NotImplementedError
