@@ -116,14 +116,16 @@ class CosmosPieces(PiecesProtocol[Effect]):
         with self._translate(Call("delete the pieces of", run_id)):
             for ident in ids:
                 try:
-                    yield Send(
-                        container,
-                        "delete_item",
-                        (ident,),
-                        {"partition_key": ident, "timeout": self.settings.timeout},
-                    )
+                    yield self._on_item(container, "delete_item", ident)
                 except CosmosResourceNotFoundError as exc:
                     self._item_missing(exc)
+
+    def _on_item(
+        self, container: Any, method: str, doc_id: str, version: str | None = None
+    ) -> Send:
+        """``container.method(doc_id)`` on one item, in its own partition (the key is its
+        id), under the call's timeout; with ``version``, only if it is still that one."""
+        return Send(container, method, (doc_id,), {"partition_key": doc_id, **self._cas(version)})
 
     def _put(
         self, container: Any, doc_id: str, pieces: Sequence[_statelog.Piece], run_id: str
@@ -252,10 +254,9 @@ class CosmosPieces(PiecesProtocol[Effect]):
         )
 
     def _pp_delete_cas(self, ctx: _Ctx, version: Any) -> Steps[bool]:
-        kwargs = {"partition_key": ctx.doc_id, **self._cas(version)}
         try:
             with self._translate(Call("delete", ctx.run_id)):
-                yield Send(ctx.container, "delete_item", (ctx.doc_id,), kwargs)
+                yield self._on_item(ctx.container, "delete_item", ctx.doc_id, version)
         except (ConflictError, CosmosResourceNotFoundError):
             return False
         return True

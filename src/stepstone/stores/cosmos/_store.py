@@ -48,7 +48,6 @@ from ._effects import (
     Effect,
     Gather,
     Query,
-    Send,
     Steps,
     adrive,
     aperform,
@@ -315,14 +314,7 @@ class CosmosStore(CosmosClock, CosmosClients, CosmosPieces, Admin):
         """The run's item as the service answers it, or None."""
         with self._translate(Call("load", run_id)):
             try:
-                return (
-                    yield Send(
-                        container,
-                        "read_item",
-                        (doc_id,),
-                        {"partition_key": doc_id, "timeout": self.settings.timeout},
-                    )
-                )
+                return (yield self._on_item(container, "read_item", doc_id))
             except CosmosResourceNotFoundError as exc:
                 self._item_missing(exc)
                 return None
