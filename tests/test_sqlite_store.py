@@ -843,18 +843,19 @@ def test_importing_the_module_does_not_import_sqlalchemy() -> None:
 
 
 def test_the_checked_in_sql_equals_what_sqlalchemy_compiles() -> None:
-    """stores/_sql_text.json holds exactly the statements SQLAlchemy compiles from the tables."""
-    from stepstone.stores._sql.schema import STATEMENTS as checked_in
+    """stores/_sql_text.py holds exactly the statements SQLAlchemy compiles from the tables."""
+    from stepstone.stores import _sql_text
 
+    checked_in = _sql_text.STATEMENTS
     assert sqlgen.generate() == checked_in, "regenerate: python tools/sqlgen.py --write"
 
 
 def test_the_generator_check_fails_when_the_text_drifts(monkeypatch: pytest.MonkeyPatch) -> None:
     """``tools/sqlgen.py --check`` exits 0 on the checked-in text and 1 when it drifts."""
-    from stepstone.stores._sql.schema import STATEMENTS
+    from stepstone.stores import _sql_text
 
     assert sqlgen.main(["--check"]) == 0
-    drifted = {kind: {**texts, "load": "SELECT 1"} for kind, texts in STATEMENTS.items()}
+    drifted = {kind: {**texts, "load": "SELECT 1"} for kind, texts in _sql_text.STATEMENTS.items()}
     monkeypatch.setattr(sqlgen, "STATEMENTS", drifted)
     assert sqlgen.main(["--check"]) == 1
 

@@ -7,7 +7,7 @@ hooks. Design, and why:
   durable save is an fsync plus a few microseconds of Python, and a pool checkout per
   save would be most of those microseconds. SQLAlchemy only describes the schema and
   compiles the statements, in ``tools/sqlgen.py``: the store reads their checked-in
-  text (``_sql_text.json``) and never imports SQLAlchemy.
+  text (``_sql_text.py``) and never imports SQLAlchemy.
 - A save is ONE conditional statement inside an explicit transaction: a first save is
   ``INSERT ... ON CONFLICT DO NOTHING``, a later one ``UPDATE ... WHERE version =
   :expected``; ``rowcount`` 0 means the compare-and-swap lost. An update never inserts,

@@ -2,7 +2,7 @@
 
 One concept per module:
 
-- ``schema``: the tables' version and the checked-in statement text (``_sql_text.json``).
+- ``schema``: the tables' version and the checked-in statement text (``_sql_text``).
 - ``config``: server URLs, typed options, table names, drivers.
 - ``errors``: driver errors through the one error table (``_errortable``).
 - ``effects``: the ``Exec`` effect and the sync / async drivers.
@@ -12,7 +12,7 @@ One concept per module:
 - ``server``: what the two server stores share.
 
 The dialect modules (``sqlite``, ``postgres``, ``mysql``) import this package; it never
-imports them. The SQLAlchemy definitions that produce ``_sql_text.json`` live in
+imports them. The SQLAlchemy definitions that produce ``_sql_text`` live in
 ``tools/sqlgen.py``, outside the wheel.
 """
 

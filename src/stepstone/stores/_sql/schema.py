@@ -1,36 +1,21 @@
-"""The tables' version and the statement text the SQL stores run, read from ``_sql_text.json``.
+"""The tables' version and the statement text the SQL stores run, read from ``_sql_text``.
 
 Opening a store must not import SQLAlchemy (about 300 ms, and an extra): the statements
 are compiled by ``tools/sqlgen.py`` from the SQLAlchemy definitions kept there, checked
-in as data, ``stores/_sql_text.json``, and ``tools/sqlgen.py --check`` (and a test)
-fails when the two drift.
+in as ``stores/_sql_text.py``, and ``tools/sqlgen.py --check`` (and a test) fails when
+the two drift.
 """
 
 from __future__ import annotations
 
 import builtins
 import functools
-import json
-import pkgutil
 from collections.abc import Mapping
 from typing import Any, Final
 
-__all__ = [
-    "FIELDS",
-    "MIGRATABLE",
-    "PLACEHOLDER",
-    "STATEMENTS",
-    "TABLE_SCHEMA",
-    "SQLText",
-    "statements_of",
-]
+from .._sql_text import STATEMENTS
 
-# Through the package's loader, not a path: the package may be imported from a zip.
-_TEXT = pkgutil.get_data("stepstone.stores", "_sql_text.json")
-if _TEXT is None:  # pragma: no cover - a loader that cannot read package data
-    raise ImportError("stepstone.stores: its loader cannot read _sql_text.json")
-#: Every statement of each dialect, by name (``tools/sqlgen.py --write`` makes the file).
-STATEMENTS: Final[dict[str, dict[str, Any]]] = json.loads(_TEXT)
+__all__ = ["FIELDS", "MIGRATABLE", "PLACEHOLDER", "TABLE_SCHEMA", "SQLText", "statements_of"]
 
 #: Version of the tables' layout (not of the documents in them). 2 added ``due_at`` and
 #: ``owner`` beside ``status`` and the (status, due_at) index that ``claimable`` reads.
@@ -68,9 +53,7 @@ class SQLText:
     bump: str
     #: ``Store.claim_ready`` in one statement; "" where the dialect cannot.
     claim_ready: str
-    #: ``[info, keys]`` per kind (running, queued, waiting): a page of ``RunInfo``
-    #: columns, and the same page's keys alone.
-    claims: list[list[str]]
+    claims: list[tuple[str, str]]
     create: list[str]
     delete: str
     delete_cas: str
@@ -90,6 +73,8 @@ class SQLText:
         def fill(value: Any) -> Any:
             if isinstance(value, str):
                 return value if table is None else value.replace(PLACEHOLDER, table)
+            if isinstance(value, tuple):
+                return tuple(fill(v) for v in value)
             return [fill(v) for v in value]
 
         for name in FIELDS:
