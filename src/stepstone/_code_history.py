@@ -36,6 +36,7 @@ __all__ = [
     "fork_at_call",
     "journal",
     "rerun_from_call",
+    "save_fork",
     "save_rewound",
 ]
 
@@ -159,6 +160,18 @@ def fork_at_call(run_id: str, call: str, new_run_id: str) -> Op:
     check_run_id(new_run_id)
     cp = yield from _load(run_id)
     state, step, names = _cut(cp, call, keep_it=True)
+    return (yield from save_fork(cp, new_run_id, step, state, names, cp.history))
+
+
+def save_fork(
+    cp: Checkpoint, new_run_id: str, step: int, state: State, names: tuple[str, ...], history: bool
+) -> Generator[Effect, Any, Checkpoint]:
+    """Save ``cp``'s fork as the new run ``new_run_id`` at ``step``; announce it if queued.
+
+    Shared by a step list's fork (``_history``) and a call's. A run of a served workflow
+    is queued for the workers; one of a plain step list waits for ``run`` with the same
+    steps, which resumes it after ``step``.
+    """
     fresh = Checkpoint(
         run_id=new_run_id,
         step=step,
@@ -169,7 +182,7 @@ def fork_at_call(run_id: str, call: str, new_run_id: str) -> Op:
         workflow=cp.workflow,
         workflow_version=cp.workflow_version,
         queued=cp.workflow is not None,
-        history=cp.history,
+        history=history,
     )
     try:
         saved: Checkpoint = yield Save(fresh, "fork", owned=False)

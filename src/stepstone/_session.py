@@ -293,10 +293,8 @@ class Session:
         """The thread of a plain ``def`` workflow: run the function, report how it ended."""
         try:
             value = self.fn(self.ctx, self.input)
-        except Stop:
-            return
         except BaseException as exc:  # noqa: BLE001 - reported to the core, which decides
-            self.post(("end", "raise", exc))
+            self._raised(exc)
             return
         self.post(("end", "return", value))
 
@@ -304,12 +302,15 @@ class Session:
         """The task of an ``async def`` workflow: run the function, report how it ended."""
         try:
             value = await self.fn(self.ctx, self.input)
-        except Stop:
-            return
         except BaseException as exc:  # noqa: BLE001 - reported to the core, which decides
-            self.post(("end", "raise", exc))
+            self._raised(exc)
             return
         self.post(("end", "return", value))
+
+    def _raised(self, exc: BaseException) -> None:
+        """Report that the function raised ``exc``; a ``Stop`` is the core's own: not reported."""
+        if not isinstance(exc, Stop):
+            self.post(("end", "raise", exc))
 
     # -- the core's side ---------------------------------------------------------------
 
