@@ -210,21 +210,7 @@ def rerun_from_call(run_id: str, call: str) -> Op:
         # the rewind's compare-and-swap fences it.
         cp = yield from watch_lease(run_id, cp, _ADVICE)
     state, step, names = _cut(cp, call, keep_it=False)
-    rewound = evolve(
-        cp,
-        step=step,
-        step_names=names,
-        state=state,
-        attempt=0,
-        failure=None,
-        cancelled=False,
-        cancel_requested=False,
-        waiting_for=None,
-        wake_at=None,
-        children=(),
-        queued=cp.workflow is not None,
-    )
-    return (yield from save_rewound(run_id, rewound))
+    return (yield from save_rewound(cp, step, names, state, cp.input))
 
 
 def _perform(store: Store) -> Any:
@@ -262,9 +248,32 @@ async def ajournal(store: Store, run_id: str) -> list[JournalEntry]:
     return result
 
 
-def save_rewound(run_id: str, rewound: Checkpoint) -> Generator[Effect, Any, Checkpoint]:
-    """Save a run rewound for ``rerun`` (compare-and-swap on the version it was read at);
-    announce it if queued. Shared by a step list's rerun (``_history``) and a call's."""
+def save_rewound(
+    cp: Checkpoint, step: int, names: tuple[str, ...], state: State, input: State | None
+) -> Generator[Effect, Any, Checkpoint]:
+    """Rewind ``cp`` to after ``step`` (with ``state`` and ``input``) for ``rerun``.
+
+    The run starts afresh from there: no attempts, failure, cancellation, wait or
+    children; queued if a worker serves its workflow. Saved by compare-and-swap on the
+    version it was read at, and announced if queued. Shared by a step list's rerun
+    (``_history``) and a call's.
+    """
+    run_id = cp.run_id
+    rewound = evolve(
+        cp,
+        step=step,
+        step_names=names,
+        state=state,
+        attempt=0,
+        failure=None,
+        cancelled=False,
+        cancel_requested=False,
+        waiting_for=None,
+        wake_at=None,
+        children=(),
+        queued=cp.workflow is not None,
+        input=input,
+    )
     try:
         saved: Checkpoint = yield Save(rewound, "rerun", owned=False)
     except ConflictError:

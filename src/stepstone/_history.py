@@ -24,7 +24,7 @@ from typing import Any
 
 from . import _statelog
 from ._acquire import watch_lease
-from ._checkpoint import Checkpoint, Stored, check_run_id, evolve
+from ._checkpoint import Checkpoint, Stored, check_run_id
 from ._code_history import fork_at_call, rerun_from_call, save_fork, save_rewound
 from ._codec import decode_json, encode_state
 from ._effects import Announce, Effect, Load, Pause, Save, astep_through, step_through
@@ -359,22 +359,8 @@ def _rerun(
         before = state
     elif patch is not None:
         before = {**before, **patch}
-    rewound = evolve(
-        cp,
-        step=from_step - 1,
-        step_names=names,
-        state=encode_state(before)[1],
-        attempt=0,
-        failure=None,
-        cancelled=False,
-        cancel_requested=False,
-        waiting_for=None,
-        wake_at=None,
-        children=(),
-        queued=cp.workflow is not None,
-        input=encode_state(input)[1] if input is not None else cp.input,
-    )
-    return (yield from save_rewound(run_id, rewound))
+    given = encode_state(input)[1] if input is not None else cp.input
+    return (yield from save_rewound(cp, from_step - 1, names, encode_state(before)[1], given))
 
 
 # --- the public API ---------------------------------------------------------------------
