@@ -61,15 +61,7 @@ from ._journal import (
 from ._observe import logger
 from ._plan import Plan
 from ._session import CallFailed, Reply, Session, Waiter, close, current_call
-from ._steps import (
-    Complete,
-    Outcome,
-    StepCodeError,
-    SuspendingStep,
-    Wait,
-    Workflow,
-    check_name,
-)
+from ._steps import Complete, Outcome, StepCodeError, SuspendingStep, Wait, Workflow, check_name
 from ._suspend import Map, _due, nudge, pending_signals
 from ._write import _finish_cancelled as finish_cancelled
 

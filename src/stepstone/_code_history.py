@@ -184,15 +184,8 @@ def save_fork(
         queued=cp.workflow is not None,
         history=history,
     )
-    try:
-        saved: Checkpoint = yield Save(fresh, "fork", owned=False)
-    except ConflictError:
-        raise ConflictError(
-            f"run {new_run_id!r} already exists; fork into a new run_id", new_run_id
-        ) from None
-    if saved.queued:
-        yield Announce()
-    return saved
+    refused = f"run {new_run_id!r} already exists; fork into a new run_id"
+    return (yield from _landed(fresh, "fork", refused))
 
 
 #: What ``RunOwned`` tells a ``rerun`` of a run whose owner is alive.
@@ -258,7 +251,6 @@ def save_rewound(
     version it was read at, and announced if queued. Shared by a step list's rerun
     (``_history``) and a call's.
     """
-    run_id = cp.run_id
     rewound = evolve(
         cp,
         step=step,
@@ -274,13 +266,22 @@ def save_rewound(
         queued=cp.workflow is not None,
         input=input,
     )
+    refused = (
+        f"run {cp.run_id!r} changed while it was being rewound; nothing was changed, try again"
+    )
+    return (yield from _landed(rewound, "rerun", refused))
+
+
+def _landed(cp: Checkpoint, what: str, refused: str) -> Generator[Effect, Any, Checkpoint]:
+    """Save ``cp`` (compare-and-swap, not a save of the run's owner); announce it if queued.
+
+    Raises:
+        ConflictError: ``refused``, when the compare-and-swap missed.
+    """
     try:
-        saved: Checkpoint = yield Save(rewound, "rerun", owned=False)
+        saved: Checkpoint = yield Save(cp, what, owned=False)
     except ConflictError:
-        raise ConflictError(
-            f"run {run_id!r} changed while it was being rewound; nothing was changed, try again",
-            run_id,
-        ) from None
+        raise ConflictError(refused, cp.run_id) from None
     if saved.queued:
         yield Announce()
     return saved
