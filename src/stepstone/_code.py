@@ -118,7 +118,6 @@ class CodeStep(SuspendingStep):
         # Awaited under arun. The sync driver calls it instead, and gets a coroutine: the
         # core then waits in the driver's thread (``next_requests``).
         waiter = Waiter(self.name, session.anext_requests, True)
-        held: dict[int, FlowCall] = {}  # flow control: the keys each call in flight holds
         try:
             while True:
                 batch = yield Call(waiter, state, None, cp)
@@ -144,7 +143,7 @@ class CodeStep(SuspendingStep):
                     for request in saves:
                         session.answered(request[2])
                         request[2].ok(None)
-                    yield from _give_back(cp, saves, held)
+                    yield from _give_back(cp, session, saves)
                 for request in batch:
                     kind = request[0]
                     if kind == "save":
@@ -162,7 +161,7 @@ class CodeStep(SuspendingStep):
                     elif kind in ("charge", "budget", "reserve"):  # spend budgets (``_budget``)
                         cp, wait = yield from _spend_request(plan, cp, session, request)
                     else:  # map, acquire, rate_limited, deadline, wait (``_other``)
-                        cp, wait = yield from _other(plan, cp, index, state, session, request, held)
+                        cp, wait = yield from _other(plan, cp, index, state, session, request)
                     if wait is not None:
                         return wait
         finally:
@@ -172,13 +171,7 @@ class CodeStep(SuspendingStep):
 
 
 def _other(
-    plan: Plan,
-    cp: Checkpoint,
-    index: int,
-    state: State,
-    session: Session,
-    request: tuple[Any, ...],
-    held: dict[int, FlowCall],
+    plan: Plan, cp: Checkpoint, index: int, state: State, session: Session, request: tuple[Any, ...]
 ) -> Generator[Effect, Any, tuple[Checkpoint, Wait | None]]:
     """Perform a ``map``, ``acquire``, ``rate_limited``, ``deadline`` or ``wait`` request."""
     kind = request[0]
@@ -187,18 +180,18 @@ def _other(
     if kind == "map":
         return (yield from _map(plan, cp, index, state, session, request))
     if kind == "acquire":
-        return (yield from _acquire(plan, cp, session, request, held))
+        return (yield from _acquire(plan, cp, session, request))
     if kind == "rate_limited":
-        return (yield from _rate_limited(cp, session, request, held))
+        return (yield from _rate_limited(cp, session, request))
     return (yield from _wait(plan, cp, session, request))
 
 
 def _rate_limited(
-    cp: Checkpoint, session: Session, request: tuple[Any, ...], held: dict[int, FlowCall]
+    cp: Checkpoint, session: Session, request: tuple[Any, ...]
 ) -> Generator[Effect, Any, tuple[Checkpoint, Wait | None]]:
     """A call raised ``RateLimited``: give back its keys, block them, park the run."""
     _, seq, _call, error, _reply = request
-    taken = held.pop(seq, FlowCall())
+    taken = session.held.pop(seq, FlowCall())
     keys = list(taken.held)
     yield from _flow.give_back(cp.run_id, cp.epoch, taken, ran=True)
     until = yield from _flow.rate_limited(error, keys)
@@ -208,21 +201,17 @@ def _rate_limited(
 
 
 def _give_back(
-    cp: Checkpoint, saves: list[tuple[Any, ...]], held: dict[int, FlowCall]
+    cp: Checkpoint, session: Session, saves: list[tuple[Any, ...]]
 ) -> Generator[Effect, Any, None]:
     """Give back the keys of the calls just journaled for good (flow control)."""
     for request in saves:
-        taken = held.pop(request[1]["seq"], None)
+        taken = session.held.pop(request[1]["seq"], None)
         if taken is not None:
             yield from _flow.give_back(cp.run_id, cp.epoch, taken, ran=True)
 
 
 def _acquire(
-    plan: Plan,
-    cp: Checkpoint,
-    session: Session,
-    request: tuple[Any, ...],
-    held: dict[int, FlowCall],
+    plan: Plan, cp: Checkpoint, session: Session, request: tuple[Any, ...]
 ) -> Generator[Effect, Any, tuple[Checkpoint, Wait | None]]:
     """Take the keys of call ``seq`` (flow control), or park the run on the first full one."""
     _, seq, _call, want, reply = request
@@ -237,7 +226,7 @@ def _acquire(
         reply.fail(exc)  # the call raises it in the function
         return cp, None
     if wait is None:
-        held[seq] = taken
+        session.held[seq] = taken
         session.answered(reply)
         reply.ok(None)
         return cp, None
@@ -386,12 +375,7 @@ def _wait(
 
 
 def _map(
-    plan: Plan,
-    cp: Checkpoint,
-    index: int,
-    state: State,
-    session: Session,
-    request: tuple[Any, ...],
+    plan: Plan, cp: Checkpoint, index: int, state: State, session: Session, request: tuple[Any, ...]
 ) -> Generator[Effect, Any, tuple[Checkpoint, Wait | None]]:
     """Make or look at ``ctx.map``'s children, as a ``Map`` step does; journal their end."""
     _, seq, call, workflow, inputs, reply = request

@@ -24,6 +24,8 @@ from ._steps import StepContext, idempotency_key
 if TYPE_CHECKING:
     import asyncio
 
+    from ._flow._call import FlowCall
+
 __all__ = [
     "POOL_THREADS",
     "CallFailed",
@@ -211,6 +213,8 @@ class Session:
         self.reserved: str | None = None
         #: When the run's deadline falls (issue 33), or None: checked before each call.
         self.deadline_at: datetime | None = None
+        #: Flow control: the keys each call in flight holds, by its seq (``_code``).
+        self.held: dict[int, FlowCall] = {}
 
     # -- the function's side -----------------------------------------------------------
 
