@@ -141,8 +141,7 @@ class CodeStep(SuspendingStep):
                         session.stop("stopped")
                         yield from _boundary(plan, cp)
                     for request in saves:
-                        session.answered(request[2])
-                        request[2].ok(None)
+                        session.answer(request[2], None)
                     yield from _give_back(cp, session, saves)
                 for request in batch:
                     kind = request[0]
@@ -227,8 +226,7 @@ def _acquire(
         return cp, None
     if wait is None:
         session.held[seq] = taken
-        session.answered(reply)
-        reply.ok(None)
+        session.answer(reply, None)
         return cp, None
     session.stop("stopped")
     if wait.retry_at is None:
@@ -317,8 +315,7 @@ def _attempt(
     new = dict(cp.state)
     new[ATTEMPTS_KEY] = counts
     cp = yield from write(plan, cp, evolve(cp, state=new), f"attempt {attempt} of {call}")
-    session.answered(reply)
-    reply.ok(attempt)
+    session.answer(reply, attempt)
     return cp
 
 

@@ -371,6 +371,11 @@ class Session:
             if reply in self.outstanding:
                 self.outstanding.remove(reply)
 
+    def answer(self, reply: Reply, value: Any) -> None:
+        """Answer a call with ``value`` (``answered`` first: ``stop`` no longer unwinds it)."""
+        self.answered(reply)
+        reply.ok(value)
+
     def stop(self, status: str) -> None:
         """Stop listening: unwind every call waiting for an answer, and any made later."""
         with self.lock:
