@@ -240,6 +240,42 @@ def test_bad_call_timeouts_are_refused(store: Store, kwargs: dict[str, Any]) -> 
     assert "ctx.submit('s')" in message and calls == []
 
 
+@pytest.mark.parametrize("is_async", [False, True])
+def test_a_bad_idle_timeout_is_refused_on_a_replay_too(store: Store, is_async: bool) -> None:
+    """ctx.step checks every argument before the journal answers: a replayed call with a
+    bad idle_timeout is refused as a first call would be, not answered from the journal."""
+    idle: list[float] = [5.0]
+
+    @workflow("replayed-idle")
+    def flow(ctx: Any, data: State) -> Any:
+        try:
+            value = ctx.step("a", lambda: "ran", idle_timeout=idle[0])
+        except InvalidWorkflow as exc:
+            return str(exc)
+        return {"step": value, "then": ctx.wait_for("go")}
+
+    @workflow("replayed-idle-async")
+    async def aflow(ctx: Any, data: State) -> Any:
+        try:
+            value = await ctx.step("a", lambda: "ran", idle_timeout=idle[0])
+        except InvalidWorkflow as exc:
+            return str(exc)
+        return {"step": value, "then": await ctx.wait_for("go")}
+
+    def once(run_id: str) -> State:
+        if is_async:
+            return asyncio.run(arun(run_id, aflow, store))
+        return run(run_id, flow, store)
+
+    run_id = _rid()
+    with pytest.raises(Suspended):
+        once(run_id)  # "a" journaled, then waiting for "go"
+    idle[0] = -1
+    signal(store, run_id, "go")
+    message = once(run_id)["result"]
+    assert "ctx.step('a')" in message and "idle_timeout" in message
+
+
 def test_async_ctx_step_idle_timeout_cancels_a_silent_call(store: Store, clock: FakeClock) -> None:
     """An async call silent past its idle timeout is cancelled; the retry heartbeats and ends."""
     seen: list[str] = []

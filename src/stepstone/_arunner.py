@@ -26,17 +26,7 @@ from ._budget import Budget
 from ._checkpoint import Checkpoint
 from ._checks import Steps, check_clock, make_plan
 from ._core import execute, renew
-from ._effects import (
-    Announce,
-    Call,
-    Effect,
-    Load,
-    Pause,
-    Renewing,
-    Save,
-    Together,
-    astep_through,
-)
+from ._effects import Announce, Call, Effect, Load, Pause, Renewing, Save, Together, astep_through
 from ._errors import ConflictError
 from ._meter import current_store
 from ._observe import logger

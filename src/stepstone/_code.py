@@ -61,15 +61,7 @@ from ._journal import (
 from ._observe import logger
 from ._plan import Plan
 from ._session import CallFailed, Reply, Session, Waiter, close, current_call
-from ._steps import (
-    Complete,
-    Outcome,
-    StepCodeError,
-    SuspendingStep,
-    Wait,
-    Workflow,
-    check_name,
-)
+from ._steps import Complete, Outcome, StepCodeError, SuspendingStep, Wait, Workflow, check_name
 from ._suspend import Map, _due, nudge, pending_signals
 from ._write import _finish_cancelled as finish_cancelled
 
@@ -126,7 +118,6 @@ class CodeStep(SuspendingStep):
         # Awaited under arun. The sync driver calls it instead, and gets a coroutine: the
         # core then waits in the driver's thread (``next_requests``).
         waiter = Waiter(self.name, session.anext_requests, True)
-        held: dict[int, FlowCall] = {}  # flow control: the keys each call in flight holds
         try:
             while True:
                 batch = yield Call(waiter, state, None, cp)
@@ -150,9 +141,8 @@ class CodeStep(SuspendingStep):
                         session.stop("stopped")
                         yield from _boundary(plan, cp)
                     for request in saves:
-                        session.answered(request[2])
-                        request[2].ok(None)
-                    yield from _give_back(cp, saves, held)
+                        session.answer(request[2], None)
+                    yield from _give_back(cp, session, saves)
                 for request in batch:
                     kind = request[0]
                     if kind == "save":
@@ -170,7 +160,7 @@ class CodeStep(SuspendingStep):
                     elif kind in ("charge", "budget", "reserve"):  # spend budgets (``_budget``)
                         cp, wait = yield from _spend_request(plan, cp, session, request)
                     else:  # map, acquire, rate_limited, deadline, wait (``_other``)
-                        cp, wait = yield from _other(plan, cp, index, state, session, request, held)
+                        cp, wait = yield from _other(plan, cp, index, state, session, request)
                     if wait is not None:
                         return wait
         finally:
@@ -180,13 +170,7 @@ class CodeStep(SuspendingStep):
 
 
 def _other(
-    plan: Plan,
-    cp: Checkpoint,
-    index: int,
-    state: State,
-    session: Session,
-    request: tuple[Any, ...],
-    held: dict[int, FlowCall],
+    plan: Plan, cp: Checkpoint, index: int, state: State, session: Session, request: tuple[Any, ...]
 ) -> Generator[Effect, Any, tuple[Checkpoint, Wait | None]]:
     """Perform a ``map``, ``acquire``, ``rate_limited``, ``deadline`` or ``wait`` request."""
     kind = request[0]
@@ -195,18 +179,18 @@ def _other(
     if kind == "map":
         return (yield from _map(plan, cp, index, state, session, request))
     if kind == "acquire":
-        return (yield from _acquire(plan, cp, session, request, held))
+        return (yield from _acquire(plan, cp, session, request))
     if kind == "rate_limited":
-        return (yield from _rate_limited(cp, session, request, held))
+        return (yield from _rate_limited(cp, session, request))
     return (yield from _wait(plan, cp, session, request))
 
 
 def _rate_limited(
-    cp: Checkpoint, session: Session, request: tuple[Any, ...], held: dict[int, FlowCall]
+    cp: Checkpoint, session: Session, request: tuple[Any, ...]
 ) -> Generator[Effect, Any, tuple[Checkpoint, Wait | None]]:
     """A call raised ``RateLimited``: give back its keys, block them, park the run."""
     _, seq, _call, error, _reply = request
-    taken = held.pop(seq, FlowCall())
+    taken = session.held.pop(seq, FlowCall())
     keys = list(taken.held)
     yield from _flow.give_back(cp.run_id, cp.epoch, taken, ran=True)
     until = yield from _flow.rate_limited(error, keys)
@@ -216,21 +200,17 @@ def _rate_limited(
 
 
 def _give_back(
-    cp: Checkpoint, saves: list[tuple[Any, ...]], held: dict[int, FlowCall]
+    cp: Checkpoint, session: Session, saves: list[tuple[Any, ...]]
 ) -> Generator[Effect, Any, None]:
     """Give back the keys of the calls just journaled for good (flow control)."""
     for request in saves:
-        taken = held.pop(request[1]["seq"], None)
+        taken = session.held.pop(request[1]["seq"], None)
         if taken is not None:
             yield from _flow.give_back(cp.run_id, cp.epoch, taken, ran=True)
 
 
 def _acquire(
-    plan: Plan,
-    cp: Checkpoint,
-    session: Session,
-    request: tuple[Any, ...],
-    held: dict[int, FlowCall],
+    plan: Plan, cp: Checkpoint, session: Session, request: tuple[Any, ...]
 ) -> Generator[Effect, Any, tuple[Checkpoint, Wait | None]]:
     """Take the keys of call ``seq`` (flow control), or park the run on the first full one."""
     _, seq, _call, want, reply = request
@@ -245,9 +225,8 @@ def _acquire(
         reply.fail(exc)  # the call raises it in the function
         return cp, None
     if wait is None:
-        held[seq] = taken
-        session.answered(reply)
-        reply.ok(None)
+        session.held[seq] = taken
+        session.answer(reply, None)
         return cp, None
     session.stop("stopped")
     if wait.retry_at is None:
@@ -336,8 +315,7 @@ def _attempt(
     new = dict(cp.state)
     new[ATTEMPTS_KEY] = counts
     cp = yield from write(plan, cp, evolve(cp, state=new), f"attempt {attempt} of {call}")
-    session.answered(reply)
-    reply.ok(attempt)
+    session.answer(reply, attempt)
     return cp
 
 
@@ -394,12 +372,7 @@ def _wait(
 
 
 def _map(
-    plan: Plan,
-    cp: Checkpoint,
-    index: int,
-    state: State,
-    session: Session,
-    request: tuple[Any, ...],
+    plan: Plan, cp: Checkpoint, index: int, state: State, session: Session, request: tuple[Any, ...]
 ) -> Generator[Effect, Any, tuple[Checkpoint, Wait | None]]:
     """Make or look at ``ctx.map``'s children, as a ``Map`` step does; journal their end."""
     _, seq, call, workflow, inputs, reply = request

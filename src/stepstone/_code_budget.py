@@ -92,8 +92,7 @@ def _charged(
     note = _spending.soft_warning(plan, cp, ledger)
     cp = yield from _append(plan, cp, [entry], {}, {_budget.SPEND_KEY: ledger})
     _spending.after_save(plan, (None, note))
-    session.answered(reply)
-    reply.ok(counted)
+    session.answer(reply, counted)
     return cp
 
 
@@ -108,8 +107,7 @@ def _gated(
     cp, waiting = yield from _spending.check(plan, cp, write, skip=skip)
     if waiting is not None:
         return cp, _paused(session, waiting)
-    session.answered(reply)
-    reply.ok(None)
+    session.answer(reply, None)
     return cp, None
 
 
@@ -147,6 +145,5 @@ def _reserved(
     session.reserved = reservation.id
     # Saved, the call not yet made: the crash tests kill the process here.
     _hooks.fire("budget.reserved")
-    session.answered(reply)
-    reply.ok(reservation.id)
+    session.answer(reply, reservation.id)
     return cp, None

@@ -19,12 +19,14 @@ named by the epoch, look like a dead attempt's (``_spending.settle_reservations`
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Generator
+from functools import partial
+from typing import Any, NamedTuple
 
 from . import _clock, _timeouts
 from ._checkpoint import utcnow
 from ._codec import copy_containers
+from ._effects import Effect, astep_through, step_through
 from ._errors import DeadlineExceeded, InvalidWorkflow, safe_text
 from ._flow._limit import RateLimited
 from ._journal import answer_of, entry_failed, entry_ok, json_value
@@ -32,7 +34,18 @@ from ._session import CallFailed, Session, close, inside
 from ._steps import AttemptsExhausted, RetryPolicy, retries
 from ._stream import _hooks as _stream
 
-__all__ = ["answer", "arun_call", "failure", "passed", "run_call"]
+__all__ = [
+    "Do",
+    "Op",
+    "JournaledCall",
+    "adrive",
+    "answer",
+    "arun_call",
+    "drive",
+    "failure",
+    "passed",
+    "run_call",
+]
 
 
 def passed(session: Session) -> bool:
@@ -86,72 +99,96 @@ def _exhausted(what: str, attempt: int, policy: RetryPolicy | None) -> AttemptsE
     )
 
 
-def run_call(
-    session: Session,
-    seq: int,
-    call: str,
-    what: str,
-    fn: Callable[..., Any],
-    args: tuple[Any, ...],
-    policy: RetryPolicy | None,
-    timeout: float | None = None,
-    idle: float | None = None,
-) -> Any:
-    """Run a plain workflow's call (retries included) and journal how it ended."""
-    durable = policy is not None and policy.max_attempts > 1
+class JournaledCall(NamedTuple):
+    """A ``ctx.step`` or ``ctx.submit`` call, its arguments checked by the context."""
+
+    seq: int
+    call: str
+    what: str
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    policy: RetryPolicy | None
+    timeout: float | None
+    idle: float | None
+    want: list[Any] | None  # flow control: the keys it holds (``_context_args._limits``)
+
+
+# A call's life is written once, as a generator of ``Do`` effects; ``drive`` performs
+# them from a plain workflow's thread, ``adrive`` from an ``async def`` workflow's task,
+# each by its table of what a kind of effect calls (``_SYNC``, ``_ASYNC``).
+
+
+class Do(Effect):
+    """Call what ``kind`` names in the driver's table with ``args``; the result is its answer.
+
+    ``ask``: post a request to the core and wait for its answer (``Session.ask``);
+    ``attempt``: call the function once; ``backoff``: wait a retry's delay; ``stream``:
+    commit an attempt's events (streams, issue 34), the result is its token.
+    """
+
+    __slots__ = ("args", "kind")
+
+    def __init__(self, kind: str, *args: Any) -> None:
+        self.kind = kind
+        self.args = args
+
+
+Op = Generator[Effect, Any, Any]
+
+
+def _life(session: Session, c: JournaledCall) -> Op:
+    """Run a call (retries included) and journal how it ended, as effects."""
+    ask = partial(Do, "ask", session)
+    durable = c.policy is not None and c.policy.max_attempts > 1
     attempt = 0
+    if c.want:
+        yield ask(("acquire", c.seq, c.call, c.want))  # flow control: or the run parks
     if session.budgeted:
-        session.ask(("budget",))  # at its hard limit the run pauses here (``_budget``)
+        yield ask(("budget",))  # at its hard limit the run pauses here (``_budget``)
     while True:
         if passed(session):  # issue 33: a boundary; the run ends here (or was extended)
-            session.ask(("deadline",))
+            yield ask(("deadline",))
         # With retries, the attempt is counted in the run before it is made, as a
         # step's is: a call that kills its process every time stops after max_attempts.
-        attempt = session.ask(("attempt", seq, call)) if durable else attempt + 1
-        exhausted = _exhausted(what, attempt, policy)
+        attempt = (yield ask(("attempt", c.seq, c.call))) if durable else attempt + 1
+        exhausted = _exhausted(c.what, attempt, c.policy)
         if exhausted is not None:
-            failed = entry_failed(seq, call, attempt - 1, "AttemptsExhausted", str(exhausted))
-            session.ask(("save", failed))
+            failed = entry_failed(c.seq, c.call, attempt - 1, "AttemptsExhausted", str(exhausted))
+            yield ask(("save", failed))
             raise failure(session, failed) from exhausted
-        token = inside.set((session.run_id, seq, call, attempt))
-        scope = _stream.begin_call(seq, attempt)  # streams (issue 34)
+        token = inside.set((session.run_id, c.seq, c.call, attempt))
+        scope = _stream.begin_call(c.seq, attempt)  # streams (issue 34)
         try:
-            if bounded(session, timeout, idle):  # issue 33: StepTimeout, or the deadline
-                beat = beat_of(session, what)
+            if bounded(session, c.timeout, c.idle):  # issue 33: StepTimeout, or the deadline
+                beat = beat_of(session, c.what)
                 mark = _timeouts.beating.set(beat)  # ``ctx.heartbeat()`` in the call finds it
                 try:
-                    result = _timeouts.call(fn, args, timeout, idle, beat)
+                    result = yield Do("attempt", c, beat)
                 finally:
                     _timeouts.beating.reset(mark)
             else:
-                result = fn(*args)
-            if inspect.isawaitable(result):
-                close(result)
-                raise InvalidWorkflow(
-                    f"{what}: the function returned an awaitable; await it in an "
-                    "`async def` workflow, or pass a plain function"
-                )
+                result = yield Do("attempt", c, None)
             ending, scope = scope, None
-            streamed = _stream.end(ending) if ending is not None else None
+            streamed = (yield Do("stream", ending)) if ending is not None else None
         except Exception as exc:
             if scope is not None:
                 _stream.abandon(scope)
             if isinstance(exc, RateLimited):  # flow control: park the run, block its keys
-                session.ask(("rate_limited", seq, call, exc))
+                yield ask(("rate_limited", c.seq, c.call, exc))
             if isinstance(exc, DeadlineExceeded):  # the run's, not the call's: never retried
-                session.ask(("deadline",))  # the run ends here, or a person extended it
+                yield ask(("deadline",))  # the run ends here, or a person extended it
                 attempt -= 0 if durable else 1
                 continue
-            if retries(policy, attempt, exc):
-                _clock.sleep(policy.delay(attempt))
+            if retries(c.policy, attempt, exc):
+                yield Do("backoff", c.policy.delay(attempt))
                 continue
-            failed = entry_failed(seq, call, attempt, type(exc).__qualname__, safe_text(exc))
-            session.ask(("save", failed))
+            failed = entry_failed(c.seq, c.call, attempt, type(exc).__qualname__, safe_text(exc))
+            yield ask(("save", failed))
             raise failure(session, failed) from exc
         finally:
             inside.reset(token)
-        value = json_value(result, session.run_id, call, seq)
-        session.ask(("save", _streamed(entry_ok(seq, call, attempt, value), streamed)))
+        value = json_value(result, session.run_id, c.call, c.seq)
+        yield ask(("save", _streamed(entry_ok(c.seq, c.call, attempt, value), streamed)))
         return copy_containers(value)
 
 
@@ -162,69 +199,79 @@ def _streamed(entry: dict[str, Any], token: str | None) -> dict[str, Any]:
     return entry
 
 
-async def arun_call(
-    session: Session,
-    seq: int,
-    call: str,
-    what: str,
-    fn: Callable[..., Any],
-    args: tuple[Any, ...],
-    policy: RetryPolicy | None,
-    limit: float | None = None,
-    idle: float | None = None,
-) -> Any:
+def drive(op: Op) -> Any:
+    """Perform ``op``'s effects from a plain workflow's thread."""
+    return step_through(op, _perform)
+
+
+def _perform(effect: Effect) -> Any:
+    assert isinstance(effect, Do)
+    return _SYNC[effect.kind](*effect.args)
+
+
+async def adrive(op: Op) -> Any:
+    """``drive`` from an ``async def`` workflow's task: each effect awaited."""
+    return await astep_through(op, _aperform)
+
+
+async def _aperform(effect: Effect) -> Any:
+    assert isinstance(effect, Do)
+    return await _ASYNC[effect.kind](*effect.args)
+
+
+def run_call(session: Session, c: JournaledCall) -> Any:
+    """Run a plain workflow's call (retries included) and journal how it ended."""
+    return drive(_life(session, c))
+
+
+async def arun_call(session: Session, c: JournaledCall) -> Any:
     """Run an ``async def`` workflow's call (retries included) and journal how it ended."""
+    return await adrive(_life(session, c))
+
+
+def _attempt(c: JournaledCall, beat: _timeouts.Beat | None) -> Any:
+    """Call a plain workflow's function once; its thread waits (at most to ``beat``'s limit)."""
+    if beat is not None:
+        result = _timeouts.call(c.fn, c.args, c.timeout, c.idle, beat)
+    else:
+        result = c.fn(*c.args)
+    if inspect.isawaitable(result):
+        close(result)
+        raise InvalidWorkflow(
+            f"{c.what}: the function returned an awaitable; await it in an "
+            "`async def` workflow, or pass a plain function"
+        )
+    return result
+
+
+async def _aattempt(c: JournaledCall, beat: _timeouts.Beat | None) -> Any:
+    """Await an ``async def`` workflow's function once (cancelled at ``beat``'s limit).
+
+    ``fn`` may be ``async def``; a plain function runs in a worker thread, so that a
+    blocking call cannot stall the event loop.
+    """
     import asyncio  # noqa: PLC0415 - sync users never import asyncio
 
-    durable = policy is not None and policy.max_attempts > 1
-    attempt = 0
-    if session.budgeted:
-        await session.aask(("budget",))  # at its hard limit the run pauses here
-    while True:
-        if passed(session):  # issue 33: a boundary; the run ends here (or was extended)
-            await session.aask(("deadline",))
-        attempt = await session.aask(("attempt", seq, call)) if durable else attempt + 1
-        exhausted = _exhausted(what, attempt, policy)
-        if exhausted is not None:
-            failed = entry_failed(seq, call, attempt - 1, "AttemptsExhausted", str(exhausted))
-            await session.aask(("save", failed))
-            raise failure(session, failed) from exhausted
-        token = inside.set((session.run_id, seq, call, attempt))
-        scope = _stream.begin_call(seq, attempt)  # streams (issue 34)
-        try:
-            if bounded(session, limit, idle):  # issue 33: cancelled at the timeout
-                beat = beat_of(session, what)
-                mark = _timeouts.beating.set(beat)
-                try:
-                    is_async = inspect.iscoroutinefunction(fn)
-                    result = await _timeouts.acall(fn, args, is_async, limit, idle, beat)
-                finally:
-                    _timeouts.beating.reset(mark)
-            elif inspect.iscoroutinefunction(fn):
-                result = await fn(*args)
-            else:
-                result = await asyncio.to_thread(fn, *args)
-                if inspect.isawaitable(result):
-                    result = await result
-            ending, scope = scope, None
-            streamed = await _stream.aend(ending) if ending is not None else None
-        except Exception as exc:
-            if scope is not None:
-                _stream.abandon(scope)
-            if isinstance(exc, RateLimited):  # flow control: park the run, block its keys
-                await session.aask(("rate_limited", seq, call, exc))
-            if isinstance(exc, DeadlineExceeded):  # the run's, not the call's: never retried
-                await session.aask(("deadline",))
-                attempt -= 0 if durable else 1
-                continue
-            if retries(policy, attempt, exc):
-                await _clock.asleep(policy.delay(attempt))
-                continue
-            failed = entry_failed(seq, call, attempt, type(exc).__qualname__, safe_text(exc))
-            await session.aask(("save", failed))
-            raise failure(session, failed) from exc
-        finally:
-            inside.reset(token)
-        value = json_value(result, session.run_id, call, seq)
-        await session.aask(("save", _streamed(entry_ok(seq, call, attempt, value), streamed)))
-        return copy_containers(value)
+    is_async = inspect.iscoroutinefunction(c.fn)
+    if beat is not None:
+        return await _timeouts.acall(c.fn, c.args, is_async, c.timeout, c.idle, beat)
+    if is_async:
+        return await c.fn(*c.args)
+    result = await asyncio.to_thread(c.fn, *c.args)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+_SYNC: dict[str, Callable[..., Any]] = {
+    "ask": Session.ask,
+    "attempt": _attempt,
+    "backoff": _clock.sleep,
+    "stream": _stream.end,
+}
+_ASYNC: dict[str, Callable[..., Awaitable[Any]]] = {
+    "ask": Session.aask,
+    "attempt": _aattempt,
+    "backoff": _clock.asleep,
+    "stream": _stream.aend,
+}

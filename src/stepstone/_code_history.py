@@ -36,6 +36,7 @@ __all__ = [
     "fork_at_call",
     "journal",
     "rerun_from_call",
+    "save_fork",
     "save_rewound",
 ]
 
@@ -159,6 +160,18 @@ def fork_at_call(run_id: str, call: str, new_run_id: str) -> Op:
     check_run_id(new_run_id)
     cp = yield from _load(run_id)
     state, step, names = _cut(cp, call, keep_it=True)
+    return (yield from save_fork(cp, new_run_id, step, state, names, cp.history))
+
+
+def save_fork(
+    cp: Checkpoint, new_run_id: str, step: int, state: State, names: tuple[str, ...], history: bool
+) -> Generator[Effect, Any, Checkpoint]:
+    """Save ``cp``'s fork as the new run ``new_run_id`` at ``step``; announce it if queued.
+
+    Shared by a step list's fork (``_history``) and a call's. A run of a served workflow
+    is queued for the workers; one of a plain step list waits for ``run`` with the same
+    steps, which resumes it after ``step``.
+    """
     fresh = Checkpoint(
         run_id=new_run_id,
         step=step,
@@ -169,17 +182,10 @@ def fork_at_call(run_id: str, call: str, new_run_id: str) -> Op:
         workflow=cp.workflow,
         workflow_version=cp.workflow_version,
         queued=cp.workflow is not None,
-        history=cp.history,
+        history=history,
     )
-    try:
-        saved: Checkpoint = yield Save(fresh, "fork", owned=False)
-    except ConflictError:
-        raise ConflictError(
-            f"run {new_run_id!r} already exists; fork into a new run_id", new_run_id
-        ) from None
-    if saved.queued:
-        yield Announce()
-    return saved
+    refused = f"run {new_run_id!r} already exists; fork into a new run_id"
+    return (yield from _landed(fresh, "fork", refused))
 
 
 #: What ``RunOwned`` tells a ``rerun`` of a run whose owner is alive.
@@ -197,21 +203,7 @@ def rerun_from_call(run_id: str, call: str) -> Op:
         # the rewind's compare-and-swap fences it.
         cp = yield from watch_lease(run_id, cp, _ADVICE)
     state, step, names = _cut(cp, call, keep_it=False)
-    rewound = evolve(
-        cp,
-        step=step,
-        step_names=names,
-        state=state,
-        attempt=0,
-        failure=None,
-        cancelled=False,
-        cancel_requested=False,
-        waiting_for=None,
-        wake_at=None,
-        children=(),
-        queued=cp.workflow is not None,
-    )
-    return (yield from save_rewound(run_id, rewound))
+    return (yield from save_rewound(cp, step, names, state, cp.input))
 
 
 def _perform(store: Store) -> Any:
@@ -249,16 +241,47 @@ async def ajournal(store: Store, run_id: str) -> list[JournalEntry]:
     return result
 
 
-def save_rewound(run_id: str, rewound: Checkpoint) -> Generator[Effect, Any, Checkpoint]:
-    """Save a run rewound for ``rerun`` (compare-and-swap on the version it was read at);
-    announce it if queued. Shared by a step list's rerun (``_history``) and a call's."""
+def save_rewound(
+    cp: Checkpoint, step: int, names: tuple[str, ...], state: State, input: State | None
+) -> Generator[Effect, Any, Checkpoint]:
+    """Rewind ``cp`` to after ``step`` (with ``state`` and ``input``) for ``rerun``.
+
+    The run starts afresh from there: no attempts, failure, cancellation, wait or
+    children; queued if a worker serves its workflow. Saved by compare-and-swap on the
+    version it was read at, and announced if queued. Shared by a step list's rerun
+    (``_history``) and a call's.
+    """
+    rewound = evolve(
+        cp,
+        step=step,
+        step_names=names,
+        state=state,
+        attempt=0,
+        failure=None,
+        cancelled=False,
+        cancel_requested=False,
+        waiting_for=None,
+        wake_at=None,
+        children=(),
+        queued=cp.workflow is not None,
+        input=input,
+    )
+    refused = (
+        f"run {cp.run_id!r} changed while it was being rewound; nothing was changed, try again"
+    )
+    return (yield from _landed(rewound, "rerun", refused))
+
+
+def _landed(cp: Checkpoint, what: str, refused: str) -> Generator[Effect, Any, Checkpoint]:
+    """Save ``cp`` (compare-and-swap, not a save of the run's owner); announce it if queued.
+
+    Raises:
+        ConflictError: ``refused``, when the compare-and-swap missed.
+    """
     try:
-        saved: Checkpoint = yield Save(rewound, "rerun", owned=False)
+        saved: Checkpoint = yield Save(cp, what, owned=False)
     except ConflictError:
-        raise ConflictError(
-            f"run {run_id!r} changed while it was being rewound; nothing was changed, try again",
-            run_id,
-        ) from None
+        raise ConflictError(refused, cp.run_id) from None
     if saved.queued:
         yield Announce()
     return saved

@@ -17,8 +17,8 @@ from typing import Any
 
 from . import _timeouts
 from ._checkpoint import utcnow
+from ._code_calls import Do, JournaledCall, Op, adrive, arun_call, drive, failure, run_call
 from ._code_calls import answer as _answer
-from ._code_calls import arun_call, failure, run_call
 from ._context_args import (
     MISSING,
     RESERVED,
@@ -30,6 +30,7 @@ from ._context_args import (
     _reserve_args,
     _wait_args,
 )
+from ._effects import State
 from ._flow._limit import Limit
 from ._journal import answer_of, entry_ok
 from ._session import POOL_THREADS, CallFailed, Session, inside
@@ -50,8 +51,6 @@ __all__ = [
     "failure",
 ]
 
-State = dict[str, Any]
-
 
 # --- the contexts ------------------------------------------------------------------------
 
@@ -66,56 +65,59 @@ def _emit(topic: str, data: Any) -> None:
     _stream_emit(topic, data)
 
 
-# Each journaled call the core answers (or whose value is made here) is written once, in
-# the two forms below: the journal's answer on a replay, else the request posted to the
-# driver and its answer, with ``ask`` (a plain workflow's thread) or ``aask`` (a task).
+# Each journaled call is written once, as a generator of ``Do`` effects: the journal's
+# answer on a replay, else the request posted to the core and its answer. ``drive`` asks
+# from a plain workflow's thread, ``adrive`` from an ``async def`` workflow's task.
 
 
-def _asked(session: Session, key: str, what: str, kind: str, *args: Any) -> Any:
+def _asking(session: Session, key: str, what: str, kind: str, *args: Any) -> Op:
     """The answer to the call ``what``: the journal's, else the core's to ``kind``."""
     seq, call = session.begin(f"{RESERVED}{key}", what)
     entry = session.replay(seq, call)
     if entry is None:
-        return session.ask((kind, seq, call, *args))
+        return (yield Do("ask", session, (kind, seq, call, *args)))
     return _answer(session, entry)
 
 
-async def _aasked(session: Session, key: str, what: str, kind: str, *args: Any) -> Any:
-    """``_asked``, awaited."""
-    seq, call = session.begin(f"{RESERVED}{key}", what)
-    entry = session.replay(seq, call)
-    if entry is None:
-        return await session.aask((kind, seq, call, *args))
-    return _answer(session, entry)
-
-
-def _made(session: Session, key: str, make: Callable[[], Any]) -> Any:
+def _making(session: Session, key: str, make: Callable[[], Any]) -> Op:
     """``ctx.<key>()``'s value: the journal's, else ``make()``'s, journaled first."""
     seq, call = session.begin(f"{RESERVED}{key}", f"ctx.{key}()")
     entry = session.replay(seq, call)
     if entry is None:
         entry = entry_ok(seq, call, 1, make())
-        session.ask(("save", entry))
+        yield Do("ask", session, ("save", entry))
     return answer_of(entry)
 
 
-async def _amade(session: Session, key: str, make: Callable[[], Any]) -> Any:
-    """``_made``, awaited."""
-    seq, call = session.begin(f"{RESERVED}{key}", f"ctx.{key}()")
-    entry = session.replay(seq, call)
-    if entry is None:
-        entry = entry_ok(seq, call, 1, make())
-        await session.aask(("save", entry))
-    return answer_of(entry)
+def _call(
+    session: Session,
+    kind: str,
+    name: str,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    retry: object,
+    timeout: object,
+    idle_timeout: object,
+    limits: object = (),
+    tokens: object = None,
+) -> tuple[JournaledCall, dict[str, Any] | None]:
+    """Check a ``ctx.step``/``ctx.submit`` call; return it and its journal entry, if any.
 
-
-class WorkflowContext:
-    """The context of a plain ``def`` workflow: journaled calls, answered once.
-
-    Every method is a call in the journal's order: on a resumed run the journal
-    answers it without running anything, so the function must make the same calls in
-    the same order each time (``WorkflowChanged`` otherwise).
+    Every argument is checked before the journal is read: a bad call fails on a
+    replay as it did on its first run.
     """
+    what = f"ctx.{kind}({name!r})"
+    seq, call = session.begin(_check_step_name(name, what), what)
+    policy = _check_retry(retry, what)
+    limit = _timeouts.check_timeout(what, "timeout", timeout)
+    want = _limits(limits, tokens, what)
+    idle = _timeouts.check_timeout(what, "idle_timeout", idle_timeout)
+    checked = JournaledCall(seq, call, what, fn, args, policy, limit, idle, want)
+    return checked, session.replay(seq, call)
+
+
+class _Context:
+    """What both contexts do alike: the run's id, ``emit`` and ``heartbeat`` (not awaited)."""
 
     __slots__ = ("_session",)
 
@@ -145,6 +147,17 @@ class WorkflowContext:
         Outside a call with a limit it does nothing.
         """
         _timeouts.heartbeat()
+
+
+class WorkflowContext(_Context):
+    """The context of a plain ``def`` workflow: journaled calls, answered once.
+
+    Every method is a call in the journal's order: on a resumed run the journal
+    answers it without running anything, so the function must make the same calls in
+    the same order each time (``WorkflowChanged`` otherwise).
+    """
+
+    __slots__ = ()
 
     def step(
         self,
@@ -176,18 +189,12 @@ class WorkflowContext:
             WorkflowChanged: the journal recorded another call at this position.
         """
         session = self._session
-        what = f"ctx.step({name!r})"
-        seq, call = session.begin(_check_step_name(name, what), what)
-        policy = _check_retry(retry, what)
-        limit = _timeouts.check_timeout(what, "timeout", timeout)
-        want = _limits(limits, tokens, what)
-        entry = session.replay(seq, call)
+        checked, entry = _call(
+            session, "step", name, fn, args, retry, timeout, idle_timeout, limits, tokens
+        )
         if entry is not None:
             return _answer(session, entry)
-        if want:
-            session.ask(("acquire", seq, call, want))  # flow control: or the run parks
-        idle = _timeouts.check_timeout(what, "idle_timeout", idle_timeout)
-        return run_call(session, seq, call, what, fn, args, policy, limit, idle)
+        return run_call(session, checked)
 
     def submit(
         self,
@@ -207,33 +214,22 @@ class WorkflowContext:
         what ``ctx.step`` would; ``timeout`` and ``idle_timeout`` are ``ctx.step``'s.
         """
         session = self._session
-        what = f"ctx.submit({name!r})"
-        seq, call = session.begin(_check_step_name(name, what), what)
-        policy = _check_retry(retry, what)
-        limit = _timeouts.check_timeout(what, "timeout", timeout)
-        idle = _timeouts.check_timeout(what, "idle_timeout", idle_timeout)
-        entry = session.replay(seq, call)
+        checked, entry = _call(session, "submit", name, fn, args, retry, timeout, idle_timeout)
         if entry is None:
             # In a copy of this context: the call's events go to this run's stream.
-            return session.pool().submit(
-                contextvars.copy_context().run,
-                run_call,
-                session,
-                seq,
-                call,
-                what,
-                fn,
-                args,
-                policy,
-                limit,
-                idle,
-            )
+            return session.pool().submit(contextvars.copy_context().run, run_call, session, checked)
         done: Future[Any] = Future()
         try:
             done.set_result(_answer(session, entry))
         except CallFailed as exc:
             done.set_exception(exc)
         return done
+
+    def _asked(self, key: str, what: str, kind: str, *args: Any) -> Any:
+        return drive(_asking(self._session, key, what, kind, *args))
+
+    def _made(self, key: str, make: Callable[[], Any]) -> Any:
+        return drive(_making(self._session, key, make))
 
     def charge(
         self, *, usd: float = 0.0, tokens: int = 0, ref: str | None = None, **unknown: Any
@@ -246,7 +242,7 @@ class WorkflowContext:
         (returns False). Raises ``InvalidCharge`` on a bad amount; nothing recorded.
         """
         charge = _charge_args(usd, tokens, ref, unknown)
-        return bool(_asked(self._session, "charge", "ctx.charge()", "charge", charge))
+        return bool(self._asked("charge", "ctx.charge()", "charge", charge))
 
     def reserve(self, *, usd: float = 0.0, tokens: int = 0, **unknown: Any) -> str:
         """Reserve an estimate before an expensive ``ctx.step``; return its id (journaled).
@@ -257,19 +253,19 @@ class WorkflowContext:
         tree's pool's) the run pauses here until the budget is raised.
         """
         estimate = _reserve_args(usd, tokens, unknown)
-        return str(_asked(self._session, "reserve", "ctx.reserve()", "reserve", estimate))
+        return str(self._asked("reserve", "ctx.reserve()", "reserve", estimate))
 
     def now(self) -> datetime:
         """Return the current time (UTC), journaled: a replay returns the same time."""
-        return datetime.fromisoformat(_made(self._session, "now", _now_text))
+        return datetime.fromisoformat(self._made("now", _now_text))
 
     def uuid(self) -> str:
         """Return a random UUID (as text), journaled: a replay returns the same one."""
-        return str(_made(self._session, "uuid", _uuid_text))
+        return str(self._made("uuid", _uuid_text))
 
     def random(self) -> float:
         """Return a random float in [0, 1), journaled: a replay returns the same one."""
-        return float(_made(self._session, "random", _draw))
+        return float(self._made("random", _draw))
 
     def sleep(self, duration: float | timedelta) -> datetime:
         """Sleep durably: the run is saved waiting (no process held) until ``duration`` passed.
@@ -278,9 +274,7 @@ class WorkflowContext:
         begins, so restarts never move it.
         """
         seconds = _seconds(duration, "ctx.sleep() duration")
-        return datetime.fromisoformat(
-            _asked(self._session, "sleep", "ctx.sleep()", "sleep", seconds)
-        )
+        return datetime.fromisoformat(self._asked("sleep", "ctx.sleep()", "sleep", seconds))
 
     def wait_for(
         self, signal: str, *, timeout: float | timedelta | None = None, default: Any = MISSING
@@ -292,7 +286,7 @@ class WorkflowContext:
         call fails (``CallFailed``, type ``WaitTimeout``).
         """
         args = _wait_args(signal, timeout, default)
-        return _asked(self._session, f"wait:{signal}", f"ctx.wait_for({signal!r})", "wait", *args)
+        return self._asked(f"wait:{signal}", f"ctx.wait_for({signal!r})", "wait", *args)
 
     def map(self, name: str, workflow: Workflow, inputs: list[State]) -> list[Any]:
         """Run one child run of ``workflow`` per input; return their results, in order.
@@ -307,10 +301,10 @@ class WorkflowContext:
         """
         what = f"ctx.map({name!r})"
         args = _map_args(name, workflow, inputs, what)
-        return list(_asked(self._session, f"map:{name}", what, "map", *args))
+        return list(self._asked(f"map:{name}", what, "map", *args))
 
 
-class AsyncWorkflowContext:
+class AsyncWorkflowContext(_Context):
     """The context of an ``async def`` workflow: ``WorkflowContext``'s calls, awaited.
 
     A call's position in the journal is fixed when it is made, not when it is awaited,
@@ -318,23 +312,7 @@ class AsyncWorkflowContext:
     written; each is journaled as it completes.
     """
 
-    __slots__ = ("_session",)
-
-    def __init__(self, session: Session) -> None:
-        self._session = session
-
-    @property
-    def run_id(self) -> str:
-        """The run this execution belongs to."""
-        return self._session.run_id
-
-    def emit(self, topic: str, data: Any) -> None:
-        """Append an event to the run's stream (see ``WorkflowContext.emit``); not awaited."""
-        _emit(topic, data)
-
-    def heartbeat(self) -> None:
-        """Show that a call is alive (see ``WorkflowContext.heartbeat``); not awaited."""
-        _timeouts.heartbeat()
+    __slots__ = ()
 
     def step(
         self,
@@ -355,64 +333,50 @@ class AsyncWorkflowContext:
         ``fn`` may be ``async def``; a plain function runs in a worker thread, so that a
         blocking call cannot stall the event loop.
         """
-        session = self._session
-        what = f"ctx.step({name!r})"
-        seq, call = session.begin(_check_step_name(name, what), what)
-        policy = _check_retry(retry, what)
-        limit = _timeouts.check_timeout(what, "timeout", timeout)
-        want = _limits(limits, tokens, what)
-        entry = session.replay(seq, call)
-        idle = _timeouts.check_timeout(what, "idle_timeout", idle_timeout)
-        return self._step(seq, call, what, entry, fn, args, policy, limit, want, idle)
+        checked, entry = _call(
+            self._session, "step", name, fn, args, retry, timeout, idle_timeout, limits, tokens
+        )
+        return self._step(checked, entry)
 
-    async def _step(
-        self,
-        seq: int,
-        call: str,
-        what: str,
-        entry: dict[str, Any] | None,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        policy: RetryPolicy | None,
-        limit: float | None = None,
-        want: list[Any] | None = None,
-        idle: float | None = None,
-    ) -> Any:
-        session = self._session
+    async def _step(self, checked: JournaledCall, entry: dict[str, Any] | None) -> Any:
         if entry is not None:
-            return _answer(session, entry)
-        if want:
-            await session.aask(("acquire", seq, call, want))  # flow control: or the run parks
-        return await arun_call(session, seq, call, what, fn, args, policy, limit, idle)
+            return _answer(self._session, entry)
+        return await arun_call(self._session, checked)
+
+    async def _asked(self, key: str, what: str, kind: str, *args: Any) -> Any:
+        return await adrive(_asking(self._session, key, what, kind, *args))
+
+    async def _made(self, key: str, make: Callable[[], Any]) -> Any:
+        return await adrive(_making(self._session, key, make))
 
     async def charge(
         self, *, usd: float = 0.0, tokens: int = 0, ref: str | None = None, **unknown: Any
     ) -> bool:
         """Record what the workflow spent (see ``WorkflowContext.charge``)."""
         charge = _charge_args(usd, tokens, ref, unknown)
-        return bool(await _aasked(self._session, "charge", "ctx.charge()", "charge", charge))
+        return bool(await self._asked("charge", "ctx.charge()", "charge", charge))
 
     async def reserve(self, *, usd: float = 0.0, tokens: int = 0, **unknown: Any) -> str:
         """Reserve an estimate (see ``WorkflowContext.reserve``)."""
         estimate = _reserve_args(usd, tokens, unknown)
-        return str(await _aasked(self._session, "reserve", "ctx.reserve()", "reserve", estimate))
+        return str(await self._asked("reserve", "ctx.reserve()", "reserve", estimate))
 
     async def now(self) -> datetime:
         """Return the current time (UTC), journaled (see ``WorkflowContext.now``)."""
-        return datetime.fromisoformat(await _amade(self._session, "now", _now_text))
+        return datetime.fromisoformat(await self._made("now", _now_text))
 
     async def uuid(self) -> str:
         """Return a random UUID (as text), journaled (see ``WorkflowContext.uuid``)."""
-        return str(await _amade(self._session, "uuid", _uuid_text))
+        return str(await self._made("uuid", _uuid_text))
 
     async def random(self) -> float:
         """Return a random float in [0, 1), journaled (see ``WorkflowContext.random``)."""
-        return float(await _amade(self._session, "random", _draw))
+        return float(await self._made("random", _draw))
 
     async def sleep(self, duration: float | timedelta) -> datetime:
         """Sleep durably (see ``WorkflowContext.sleep``)."""
         seconds = _seconds(duration, "ctx.sleep() duration")
-        when = await _aasked(self._session, "sleep", "ctx.sleep()", "sleep", seconds)
+        when = await self._asked("sleep", "ctx.sleep()", "sleep", seconds)
         return datetime.fromisoformat(when)
 
     async def wait_for(
@@ -425,13 +389,13 @@ class AsyncWorkflowContext:
         """Wait durably for the signal ``signal`` (see ``WorkflowContext.wait_for``)."""
         args = _wait_args(signal, timeout, default)
         what = f"ctx.wait_for({signal!r})"
-        return await _aasked(self._session, f"wait:{signal}", what, "wait", *args)
+        return await self._asked(f"wait:{signal}", what, "wait", *args)
 
     async def map(self, name: str, workflow: Workflow, inputs: list[State]) -> list[Any]:
         """Run child runs and await their results (see ``WorkflowContext.map``)."""
         what = f"ctx.map({name!r})"
         args = _map_args(name, workflow, inputs, what)
-        return list(await _aasked(self._session, f"map:{name}", what, "map", *args))
+        return list(await self._asked(f"map:{name}", what, "map", *args))
 
 
 #: Draws of ``ctx.random()``: seeded from the OS, not the ``random`` module's shared

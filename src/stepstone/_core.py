@@ -31,17 +31,7 @@ from ._checkpoint import Checkpoint, evolve, utcnow
 from ._checks import check_input, check_names, check_workflow, first_difference
 from ._codec import pristine
 from ._deadline_run import DeadlineExceeded, deadline_armed, deadline_reached
-from ._effects import (
-    Announce,
-    Call,
-    Effect,
-    Load,
-    Pause,
-    Renewing,
-    Save,
-    astep_through,
-    step_through,
-)
+from ._effects import Announce, Call, Effect, Load, Pause, Save, step_through
 from ._errors import (
     ConflictError,
     InvalidState,
@@ -88,9 +78,7 @@ __all__ = [
     "Load",
     "Pause",
     "Plan",
-    "Renewing",
     "Save",
-    "astep_through",
     "check_input",
     "check_names",
     "check_workflow",

@@ -125,6 +125,5 @@ def deadline_asked(
     if plan.deadline_at is not None and utcnow() >= plan.deadline_at:
         cp = yield from deadline_reached(plan, cp, index, write)
     session.deadline_at = plan.deadline_at
-    session.answered(reply)
-    reply.ok(None)
+    session.answer(reply, None)
     return cp

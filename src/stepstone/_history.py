@@ -24,12 +24,11 @@ from typing import Any
 
 from . import _statelog
 from ._acquire import watch_lease
-from ._checkpoint import Checkpoint, Stored, check_run_id, evolve
-from ._code_history import fork_at_call, rerun_from_call, save_rewound
+from ._checkpoint import Checkpoint, Stored, check_run_id
+from ._code_history import fork_at_call, rerun_from_call, save_fork, save_rewound
 from ._codec import decode_json, encode_state
 from ._effects import Announce, Effect, Load, Pause, Save, astep_through, step_through
 from ._errors import (
-    ConflictError,
     CorruptCheckpoint,
     HistoryNotKept,
     RunNotFound,
@@ -299,29 +298,7 @@ def _fork(store: Store, run_id: str, at_step: int | str, new_run_id: str) -> Op:
     check_run_id(new_run_id)
     cp = yield from _current(store, run_id)
     state, names = yield from _after(store, run_id, cp, at_step)
-    fresh = Checkpoint(
-        run_id=new_run_id,
-        step=at_step,
-        state=encode_state(state)[1],
-        step_names=names,
-        total_steps=cp.total_steps,
-        input=cp.input,
-        workflow=cp.workflow,
-        workflow_version=cp.workflow_version,
-        # A run of a served workflow is queued for the workers; one of a plain step
-        # list waits for ``run`` with the same steps, which resumes it at ``at_step + 1``.
-        queued=cp.workflow is not None,
-        history=True,
-    )
-    try:
-        saved: Checkpoint = yield Save(fresh, "fork", owned=False)
-    except ConflictError:
-        raise ConflictError(
-            f"run {new_run_id!r} already exists; fork into a new run_id", new_run_id
-        ) from None
-    if saved.queued:
-        yield Announce()
-    return saved
+    return (yield from save_fork(cp, new_run_id, at_step, encode_state(state)[1], names, True))
 
 
 #: What ``RunOwned`` tells a ``rerun`` of a run whose owner is alive.
@@ -382,22 +359,8 @@ def _rerun(
         before = state
     elif patch is not None:
         before = {**before, **patch}
-    rewound = evolve(
-        cp,
-        step=from_step - 1,
-        step_names=names,
-        state=encode_state(before)[1],
-        attempt=0,
-        failure=None,
-        cancelled=False,
-        cancel_requested=False,
-        waiting_for=None,
-        wake_at=None,
-        children=(),
-        queued=cp.workflow is not None,
-        input=encode_state(input)[1] if input is not None else cp.input,
-    )
-    return (yield from save_rewound(run_id, rewound))
+    given = encode_state(input)[1] if input is not None else cp.input
+    return (yield from save_rewound(cp, from_step - 1, names, encode_state(before)[1], given))
 
 
 # --- the public API ---------------------------------------------------------------------

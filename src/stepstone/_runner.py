@@ -24,17 +24,7 @@ from . import _clock
 from ._budget import Budget
 from ._checks import Steps, check_clock, make_plan
 from ._core import execute, renew
-from ._effects import (
-    Announce,
-    Call,
-    Effect,
-    Load,
-    Pause,
-    Renewing,
-    Save,
-    Together,
-    step_through,
-)
+from ._effects import Announce, Call, Effect, Load, Pause, Renewing, Save, Together, step_through
 from ._errors import ConflictError
 from ._meter import current_store
 from ._observe import logger

@@ -24,6 +24,8 @@ from ._steps import StepContext, idempotency_key
 if TYPE_CHECKING:
     import asyncio
 
+    from ._flow._call import FlowCall
+
 __all__ = [
     "POOL_THREADS",
     "CallFailed",
@@ -211,6 +213,8 @@ class Session:
         self.reserved: str | None = None
         #: When the run's deadline falls (issue 33), or None: checked before each call.
         self.deadline_at: datetime | None = None
+        #: Flow control: the keys each call in flight holds, by its seq (``_code``).
+        self.held: dict[int, FlowCall] = {}
 
     # -- the function's side -----------------------------------------------------------
 
@@ -293,10 +297,8 @@ class Session:
         """The thread of a plain ``def`` workflow: run the function, report how it ended."""
         try:
             value = self.fn(self.ctx, self.input)
-        except Stop:
-            return
         except BaseException as exc:  # noqa: BLE001 - reported to the core, which decides
-            self.post(("end", "raise", exc))
+            self._raised(exc)
             return
         self.post(("end", "return", value))
 
@@ -304,12 +306,15 @@ class Session:
         """The task of an ``async def`` workflow: run the function, report how it ended."""
         try:
             value = await self.fn(self.ctx, self.input)
-        except Stop:
-            return
         except BaseException as exc:  # noqa: BLE001 - reported to the core, which decides
-            self.post(("end", "raise", exc))
+            self._raised(exc)
             return
         self.post(("end", "return", value))
+
+    def _raised(self, exc: BaseException) -> None:
+        """Report that the function raised ``exc``; a ``Stop`` is the core's own: not reported."""
+        if not isinstance(exc, Stop):
+            self.post(("end", "raise", exc))
 
     # -- the core's side ---------------------------------------------------------------
 
@@ -365,6 +370,11 @@ class Session:
         with self.lock:
             if reply in self.outstanding:
                 self.outstanding.remove(reply)
+
+    def answer(self, reply: Reply, value: Any) -> None:
+        """Answer a call with ``value`` (``answered`` first: ``stop`` no longer unwinds it)."""
+        self.answered(reply)
+        reply.ok(value)
 
     def stop(self, status: str) -> None:
         """Stop listening: unwind every call waiting for an answer, and any made later."""

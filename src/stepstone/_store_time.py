@@ -141,18 +141,21 @@ def _at(bounds: _Bounds, mono: float) -> StoreTime:
     return at
 
 
-def _cached(store: Store) -> tuple[bool, datetime | None]:
-    """Return (known, the store's time from its bounds); known False: read again."""
+def _known(store: Store) -> datetime | None:
+    """The store's time without asking it (a fake clock's, or its bounds'); None: read it."""
+    fake = _fake()
+    if fake is not None:
+        return fake
     mono = time.monotonic()
     with _lock:
         if store not in _readings:
-            return False, None
+            return None
         bounds = _readings[store]
     if bounds is None:
-        return True, _clock.SYSTEM.now()
+        return _clock.SYSTEM.now()
     if mono >= bounds.due:
-        return False, None
-    return True, _at(bounds, mono)
+        return None
+    return _at(bounds, mono)
 
 
 def _narrowed(old: _Bounds | None, lo: float, hi: float, after: float) -> _Bounds:
@@ -192,30 +195,20 @@ def _keep(store: Store, at: datetime | None, before: float, after: float) -> dat
 
 def store_now(store: Store) -> datetime:
     """Return the time on ``store``'s clock (aware, UTC); at most one round trip."""
-    fake = _fake()
-    if fake is not None:
-        return fake
-    known, at = _cached(store)
-    if known:
-        assert at is not None
-        return at
+    known = _known(store)
+    if known is not None:
+        return known
     before = time.monotonic()
-    read = store.server_now()
-    return _keep(store, read, before, time.monotonic())
+    return _keep(store, store.server_now(), before, time.monotonic())
 
 
 async def astore_now(store: Store) -> datetime:
     """Async ``store_now``."""
-    fake = _fake()
-    if fake is not None:
-        return fake
-    known, at = _cached(store)
-    if known:
-        assert at is not None
-        return at
+    known = _known(store)
+    if known is not None:
+        return known
     before = time.monotonic()
-    read = await store.aserver_now()
-    return _keep(store, read, before, time.monotonic())
+    return _keep(store, await store.aserver_now(), before, time.monotonic())
 
 
 def forget(store: Store) -> None:

@@ -147,115 +147,121 @@ class ProcessContract(ContractBase):
 
     # -- real crashes ----------------------------------------------------------------
 
-    def _child(self, ops: Ops, store_config: str, tmp_path: Path, run_id: str, **spec: Any) -> Any:
-        spec = {
-            "config": store_config,
-            "run_id": run_id,
-            "mode": ops.mode,
-            "steps": spec.pop("steps", ["a", "b", "c"]),
-            "effects": str(tmp_path / f"effects-{abs(hash(run_id))}.log"),
-            **spec,
-        }
-        return _barrier.run_child(
-            [sys.executable, "-m", "stepstone.testing._child", json.dumps(spec)],
-            f"_child {run_id!r} ({ops.mode}, kill={spec.get('kill')})",
-            env=child_env(),
-        )
-
-    def _resumes_to_the_end(self, ops: Ops, store_config: str, tmp_path: Path, run_id: str) -> None:
-        """A fresh child resumes ``run_id`` and finishes the three steps a, b, c."""
-        resumed = self._child(ops, store_config, tmp_path, run_id)
-        assert resumed.returncode == 0, (run_id, resumed.stderr)
-        assert json.loads(resumed.stdout) == {"a": 1, "b": 2, "c": 3, "last": "c"}
-
-    @staticmethod
-    def _effects(tmp_path: Path, run_id: str) -> list[str]:
-        path = tmp_path / f"effects-{abs(hash(run_id))}.log"
-        if not path.exists():
-            return []
-        return [line.split()[0] for line in path.read_text().splitlines()]
+    @pytest.fixture
+    def crashes(self, ops: Ops, store_config: str, tmp_path: Path) -> Crashes:
+        """The crash tests' child processes (durable stores only: others skip)."""
+        self.need_durable(ops.store)
+        return Crashes(ops, store_config, tmp_path)
 
     @pytest.mark.crash
     @pytest.mark.parametrize("how", ["exit", "sigkill"])
-    def test_crash_inside_step_resumes(
-        self, ops: Ops, store_config: str, tmp_path: Path, how: str
-    ) -> None:
+    def test_crash_inside_step_resumes(self, crashes: Crashes, how: str) -> None:
         """A process killed inside step b resumes in a fresh process running only b and c."""
-        self.need_durable(ops.store)
-        kill = {"how": how, "step": "b", "at": "inside"}
-        died = self._child(ops, store_config, tmp_path, "crash", kill=kill)
+        died = crashes.child("crash", kill={"how": how, "step": "b", "at": "inside"})
         assert died.returncode == (3 if how == "exit" else -9), died.stderr
-        assert self._effects(tmp_path, "crash") == ["a", "b"]
-        self._resumes_to_the_end(ops, store_config, tmp_path, "crash")
-        assert self._effects(tmp_path, "crash") == ["a", "b", "b", "c"]
+        assert crashes.effects("crash") == ["a", "b"]
+        crashes.resumes_to_the_end("crash")
+        assert crashes.effects("crash") == ["a", "b", "b", "c"]
 
     @pytest.mark.crash
-    def test_crash_after_step_before_save_reruns_it_once(
-        self, ops: Ops, store_config: str, tmp_path: Path
-    ) -> None:
+    def test_crash_after_step_before_save_reruns_it_once(self, crashes: Crashes) -> None:
         """Killed after b returned but before its checkpoint: b runs again, once."""
-        self.need_durable(ops.store)
         kill = {"how": "sigkill", "step": "b", "at": "runner.after_step"}
-        died = self._child(ops, store_config, tmp_path, "after", kill=kill)
+        died = crashes.child("after", kill=kill)
         assert died.returncode == -9, died.stderr
-        loaded = ops.load("after")
+        loaded = crashes.ops.load("after")
         assert loaded is not None and loaded.step == 0 and loaded.state == {"a": 1, "last": "a"}
-        self._resumes_to_the_end(ops, store_config, tmp_path, "after")
-        assert self._effects(tmp_path, "after") == ["a", "b", "b", "c"]
+        crashes.resumes_to_the_end("after")
+        assert crashes.effects("after") == ["a", "b", "b", "c"]
 
     @pytest.mark.crash
-    def test_crash_inside_save_keeps_a_whole_checkpoint(
-        self, ops: Ops, store_config: str, tmp_path: Path
-    ) -> None:
+    def test_crash_inside_save_keeps_a_whole_checkpoint(self, crashes: Crashes) -> None:
         """Killed at each kill point inside b's save: the next load is the old or new checkpoint."""
-        self.need_durable(ops.store)
-        points = self.kill_points(ops.store)
+        points = self.kill_points(crashes.ops.store)
         if not points:
-            pytest.skip(f"{type(ops.store).__name__} declares no kill points inside a save")
+            pytest.skip(f"{type(crashes.ops.store).__name__} declares no kill points inside a save")
         for point, new_visible in points.items():
             run_id = f"save-{point}"
-            kill = {"how": "sigkill", "step": "b", "at": point}
-            died = self._child(ops, store_config, tmp_path, run_id, kill=kill)
+            died = crashes.child(run_id, kill={"how": "sigkill", "step": "b", "at": point})
             assert died.returncode == -9, (point, died.stdout, died.stderr)
-            loaded = ops.load(run_id)
+            loaded = crashes.ops.load(run_id)
             assert loaded is not None, point
             if new_visible:
                 assert (loaded.step, loaded.state) == (1, {"a": 1, "b": 2, "last": "b"}), point
             else:
                 assert (loaded.step, loaded.state) == (0, {"a": 1, "last": "a"}), point
-            self._resumes_to_the_end(ops, store_config, tmp_path, run_id)
+            crashes.resumes_to_the_end(run_id)
             expected_b = 1 if new_visible else 2
-            assert self._effects(tmp_path, run_id).count("b") == expected_b, point
+            assert crashes.effects(run_id).count("b") == expected_b, point
 
     @pytest.mark.crash
-    def test_attempt_count_survives_a_crash(
-        self, ops: Ops, store_config: str, tmp_path: Path
-    ) -> None:
+    def test_attempt_count_survives_a_crash(self, crashes: Crashes) -> None:
         """A process killed between attempts resumes with the attempt count it had."""
-        self.need_durable(ops.store)
         # b fails on attempt 1, and the process dies during the backoff before attempt 2.
         kill = {"how": "sigkill", "step": "b", "at": "runner.backoff"}
         spec: dict[str, Any] = {"fail": {"b": 1}, "retry": {"b": 3}}
-        died = self._child(ops, store_config, tmp_path, "retry", kill=kill, **spec)
+        died = crashes.child("retry", kill=kill, **spec)
         assert died.returncode == -9, died.stderr
-        loaded = ops.load("retry")
+        loaded = crashes.ops.load("retry")
         assert loaded is not None and loaded.attempt == 1 and loaded.failure is not None
-        resumed = self._child(ops, store_config, tmp_path, "retry", **spec)
+        resumed = crashes.child("retry", **spec)
         assert resumed.returncode == 0, resumed.stderr
-        path = tmp_path / f"effects-{abs(hash('retry'))}.log"
-        assert path.read_text().splitlines() == ["a 1", "b 1", "b 2", "c 1"]
+        assert crashes.log("retry").read_text().splitlines() == ["a 1", "b 1", "b 2", "c 1"]
 
     @pytest.mark.crash
-    def test_crash_loop_stops_at_max_attempts(
-        self, ops: Ops, store_config: str, tmp_path: Path
-    ) -> None:
+    def test_crash_loop_stops_at_max_attempts(self, crashes: Crashes) -> None:
         """A step that kills its process every time stops after max_attempts, not forever."""
-        self.need_durable(ops.store)
         kill = {"how": "sigkill", "step": "b", "at": "inside"}
         for _ in range(2):
-            died = self._child(ops, store_config, tmp_path, "loop", kill=kill, retry={"b": 2})
+            died = crashes.child("loop", kill=kill, retry={"b": 2})
             assert died.returncode == -9, died.stderr
-        final = self._child(ops, store_config, tmp_path, "loop", kill=kill, retry={"b": 2})
+        final = crashes.child("loop", kill=kill, retry={"b": 2})
         assert final.returncode == 1, final.stderr
         assert json.loads(final.stdout) == {"failed": "b", "attempt": 2}
-        assert self._effects(tmp_path, "loop") == ["a", "b", "b"]
+        assert crashes.effects("loop") == ["a", "b", "b"]
+
+
+class Crashes:
+    """Child processes running the steps a, b, c of a run on the store, killed or not.
+
+    Each is ``stepstone.testing._child``; a step's effects are logged, one line per
+    call (``<step> <attempt>``), in a file per run under the test's ``tmp_path``.
+    """
+
+    def __init__(self, ops: Ops, store_config: str, tmp_path: Path) -> None:
+        self.ops = ops
+        self.store_config = store_config
+        self.tmp_path = tmp_path
+
+    def child(self, run_id: str, **spec: Any) -> Any:
+        """Run a child process on ``run_id`` (``spec``: a kill, failures, retries)."""
+        spec = {
+            "config": self.store_config,
+            "run_id": run_id,
+            "mode": self.ops.mode,
+            "steps": spec.pop("steps", ["a", "b", "c"]),
+            "effects": str(self.log(run_id)),
+            **spec,
+        }
+        return _barrier.run_child(
+            [sys.executable, "-m", "stepstone.testing._child", json.dumps(spec)],
+            f"_child {run_id!r} ({self.ops.mode}, kill={spec.get('kill')})",
+            env=child_env(),
+        )
+
+    def resumes_to_the_end(self, run_id: str) -> None:
+        """A fresh child resumes ``run_id`` and finishes the three steps a, b, c."""
+        resumed = self.child(run_id)
+        assert resumed.returncode == 0, (run_id, resumed.stderr)
+        assert json.loads(resumed.stdout) == {"a": 1, "b": 2, "c": 3, "last": "c"}
+
+    def log(self, run_id: str) -> Path:
+        """The file ``run_id``'s children log their steps' effects in."""
+        return self.tmp_path / f"effects-{abs(hash(run_id))}.log"
+
+    def effects(self, run_id: str) -> list[str]:
+        """The steps that ran for ``run_id``, in order, one per call (none: ``[]``)."""
+        path = self.log(run_id)
+        if not path.exists():
+            return []
+        return [line.split()[0] for line in path.read_text().splitlines()]

@@ -12,13 +12,7 @@ from typing import Any
 
 import pytest
 
-from .._errors import (
-    ConflictError,
-    InputMismatch,
-    InvalidState,
-    StepFailed,
-    WorkflowChanged,
-)
+from .._errors import ConflictError, InputMismatch, InvalidState, StepFailed, WorkflowChanged
 from .._runner import RetryPolicy, Step, StepContext
 from ._base import ContractBase
 from ._ops import Ops

@@ -16,11 +16,7 @@ import pytest
 
 from .. import _codec
 from .._checkpoint import DUE_NOW, PRIORITY_AGING, Checkpoint, Failure, Signal, utcnow
-from .._errors import (
-    ConflictError,
-    InvalidRunId,
-    InvalidState,
-)
+from .._errors import ConflictError, InvalidRunId, InvalidState
 from .._store import RunInfo, Store
 from ._base import ContractBase, cp
 from ._cases import AWKWARD_RUN_IDS, BAD_RUN_IDS, BAD_STATES, T0, runtime_checkpoints

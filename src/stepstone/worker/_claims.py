@@ -47,6 +47,7 @@ from .._errors import (
 )
 from .._observe import count_in_flight, emit, logger
 from .._plan import Plan
+from .._runinfo import ReadyAsk
 from .._runner import make_plan
 from .._schedule_fire import SchedulePoller
 from .._store import RunInfo, Store
@@ -444,7 +445,9 @@ class Claims:
             if self.plans:
                 cooling |= frozenset(self.plans)
         try:
-            claims = yield ClaimReady(self.owner, self.lease, free, self.served, now, cooling)
+            claims = yield ClaimReady(
+                ReadyAsk(self.owner, self.lease, free, self.served, now, cooling)
+            )
         except StoreError as exc:
             logger.warning("%r: cannot claim in one call, claiming run by run: %s", self, exc)
             return False

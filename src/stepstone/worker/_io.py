@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
     from .._checkpoint import RunStatus
     from .._plan import Plan
+    from .._runinfo import ReadyAsk
     from .._store import Store
 
 __all__ = ["ClaimReady", "Execute", "Page", "Rest", "Spawn", "aperform", "perform"]
@@ -38,22 +39,13 @@ class Page(Effect):
 
 
 class ClaimReady(Effect):
-    """Claim what needs no judgement in one call (``Store.claim_ready``); the result is
-    its ``Claim``s."""
+    """Claim what needs no judgement in one call (``Store.claim_ready``, its arguments
+    ``ask``); the result is its ``Claim``s."""
 
-    __slots__ = ("args", "exclude")
+    __slots__ = ("ask",)
 
-    def __init__(
-        self,
-        owner: str,
-        lease: float,
-        limit: int,
-        served: frozenset[tuple[str, str | None]],
-        now: datetime,
-        exclude: frozenset[str],
-    ) -> None:
-        self.args = (owner, lease, limit, served, now)
-        self.exclude = exclude
+    def __init__(self, ask: ReadyAsk) -> None:
+        self.ask = ask
 
 
 class Execute(Effect):
@@ -107,8 +99,8 @@ _IO: dict[
     ),
     Execute: (lambda store, e: drive(e.plan, store), lambda store, e: _adrive(e.plan, store)),
     ClaimReady: (
-        lambda store, e: store.claim_ready(*e.args, exclude=e.exclude),
-        lambda store, e: store.aclaim_ready(*e.args, exclude=e.exclude),
+        lambda store, e: store.claim_ready(*e.ask[:5], exclude=e.ask.exclude),
+        lambda store, e: store.aclaim_ready(*e.ask[:5], exclude=e.ask.exclude),
     ),
     Announce: (lambda store, e: announce(store), lambda store, e: aannounce(store)),
     Now: (lambda store, e: store_now(store), lambda store, e: astore_now(store)),
