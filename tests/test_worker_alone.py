@@ -37,8 +37,14 @@ def store(config: str) -> Iterator[Store]:
         yield opened
 
 
-def _blocking(entered: threading.Event, release: threading.Event) -> Workflow:
+def _blocking(
+    entered: threading.Event,
+    release: threading.Event,
+    ran_in: list[threading.Thread] | None = None,
+) -> Workflow:
     def hold(state: State) -> State:
+        if ran_in is not None:
+            ran_in.append(threading.current_thread())
         entered.set()
         release.wait(WAIT_TIMEOUT)
         return {"held": True}
@@ -68,7 +74,8 @@ def _status(store: Store, run_id: str) -> str | None:
 def test_a_lone_worker_returns_after_the_grace_and_abandons(store: Store) -> None:
     """With its one run stuck in a step, serve returns after the grace; abandon gives it back."""
     entered, release = threading.Event(), threading.Event()
-    flow = _blocking(entered, release)
+    ran_in: list[threading.Thread] = []
+    flow = _blocking(entered, release, ran_in)
     start(store, flow, "stuck")
     worker = Worker(store, [flow], concurrency=1, poll=0.05, grace=0.2)
     thread, errors = _serving(worker)
@@ -83,6 +90,12 @@ def test_a_lone_worker_returns_after_the_grace_and_abandons(store: Store) -> Non
         assert cp is not None and cp.owner is None, "the lease was not given back"
     finally:
         release.set()
+        # The abandoned step goes on in the worker's thread: once released, it finds its
+        # lease lost and logs so. Wait for it here, while the store is open and the log
+        # captured, not after the test (a write to a closed stream, a closed store).
+        for left in ran_in:
+            left.join(WAIT_TIMEOUT)
+            assert not left.is_alive(), f"the abandoned step's thread {left.name} did not end"
 
 
 def test_a_lone_worker_renews_the_lease_of_the_run_it_drives(store: Store) -> None:
