@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any
 
 from .._redact import redact_url
+from ._commands import Commands
 from ._common import (
     EXIT_OK,
     UsageError,
@@ -31,13 +31,13 @@ _LOOPBACK = ("127.0.0.1", "::1", "localhost")
 _MIN_TOKEN = 16
 
 
-def add_parsers(commands: Any, store: argparse.ArgumentParser) -> None:
-    """Add ``ui`` to the ``commands`` subparsers."""
-    ui = commands.add_parser(
+def add_parsers(commands: Commands) -> None:
+    """Add ``ui`` to the top-level ``commands``."""
+    ui = commands.add(
         "ui",
-        parents=[store],
-        help="serve a dashboard to see and steer the runs of a store",
-        description=(
+        _ui,
+        "serve a dashboard to see and steer the runs of a store",
+        (
             "Serve the dashboard: runs by status, each run's steps, failure, lease, "
             "signals and state, and actions (signal, cancel, retry, delete), each a "
             "compare-and-swap on the version the page showed. Binds 127.0.0.1 unless "
@@ -64,7 +64,6 @@ def add_parsers(commands: Any, store: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="how often pages look for changes (default 1)",
     )
-    ui.set_defaults(handler=_ui)
 
 
 def _ui(args: argparse.Namespace) -> int:

@@ -5,28 +5,17 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ._common import EXIT_OK, OperationalError, UsageError, existing, run_command, store_config
+from ._commands import Commands
+from ._common import EXIT_OK, OperationalError, UsageError, existing, store_config
 from ._output import PROG, emit_json, out, safe
 from ._worker import load_workflows
 
 __all__ = ["add_upgrade_parser"]
 
 
-def add_upgrade_parser(actions: Any, store: argparse.ArgumentParser) -> None:
+def add_upgrade_parser(actions: Commands) -> None:
     """Add ``upgrade`` to the ``runs`` actions (``stepstone.upgrade`` on one run)."""
-    upgrade = run_command(
-        actions,
-        store,
-        "upgrade",
-        _upgrade,
-        "move a run onto a newer version of its workflow (as stepstone.upgrade)",
-        "Move run RUN_ID onto the workflow among MODULE:ATTR that declares an upgrade "
-        "from the run's version (Workflow(..., upgrades={OLD: fn})), at its step "
-        "boundary, its state replaced by fn(state). Refused, with nothing written, "
-        "when the run is held by a worker, when the steps it completed are not the "
-        "first steps of the new version, or when fn raises. Workers serving the new "
-        "version do this by themselves for the runs they claim.",
-    )
+    upgrade = actions.run("upgrade", _upgrade)
     upgrade.add_argument(
         "--workflows",
         metavar="MODULE:ATTR",
@@ -70,6 +59,14 @@ def _target(workflows: list[Any], name: str | None, version: str | None, args: A
 
 
 def _upgrade(args: argparse.Namespace) -> int:
+    """move a run onto a newer version of its workflow (as stepstone.upgrade)
+
+    Move run RUN_ID onto the workflow among MODULE:ATTR that declares an upgrade from the
+    run's version (Workflow(..., upgrades={OLD: fn})), at its step boundary, its state
+    replaced by fn(state). Refused, with nothing written, when the run is held by a worker,
+    when the steps it completed are not the first steps of the new version, or when fn
+    raises. Workers serving the new version do this by themselves for the runs they claim.
+    """
     from .. import _upgrade as runtime  # noqa: PLC0415 - the runtime, only when used
 
     workflows = load_workflows(args.workflows)
