@@ -421,6 +421,9 @@ def test_show_failed_run(url: str) -> None:
     assert data["total_steps"] == 2
     assert data["state"] == {"order": 7}
     failure = data["failure"]
+    # The output's fields, in order; its time in the CLI's form (UTC, Z), as every time.
+    assert list(failure) == ["step_index", "step_name", "error_type", "message", "attempt", "at"]
+    assert failure["at"].endswith("Z")
     assert (failure["step_name"], failure["error_type"], failure["attempt"]) == (
         "charge",
         "ValueError",
