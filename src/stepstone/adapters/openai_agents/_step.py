@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable, Generator
+from collections.abc import Awaitable, Callable, Generator
 from contextvars import ContextVar
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack
@@ -149,7 +149,9 @@ class AgentRunStep(SuspendingStep):
         holder: list[Journal] = []
 
         async def body() -> dict[str, Any]:
-            return await self._streamed(holder[0], store, state, signals, consumed)
+            return await self._streamed(
+                lambda: self._execute(holder[0], store, state, signals, consumed)
+            )
 
         link = channel(plan.run_id, self.name, body, sync)
         journal = Journal(cp, self.name, link, sync)
@@ -175,15 +177,9 @@ class AgentRunStep(SuspendingStep):
             update[SPEND_KEY] = ledger  # spend budgets: the run's usage, saved with its output
         return Complete(update, changes)
 
-    async def _streamed(
-        self,
-        journal: Journal,
-        store: Store,
-        state: dict[str, Any],
-        signals: list[Any],
-        consumed: int,
-    ) -> dict[str, Any]:
-        """``_execute``; with ``stream``, under one stream attempt for the whole agent run.
+    async def _streamed(self, execute: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
+        """``execute()`` (``_execute``); with ``stream``, under one stream attempt for the
+        whole agent run.
 
         The agent's events are emitted between its journaled units (``Runner.run_streamed``
         yields them to this task), so they are the step's attempt, not a unit's: stored
@@ -193,7 +189,7 @@ class AgentRunStep(SuspendingStep):
         """
         scope = _step_attempt() if self.stream else None
         try:
-            outcome = await self._execute(journal, store, state, signals, consumed)
+            outcome = await execute()
         except BaseException:
             if scope is not None:
                 _stream.abandon(scope)
