@@ -18,6 +18,7 @@ from ._common import (
     EXIT_OK,
     OperationalError,
     UsageError,
+    add_signal_id,
     existing,
     positive_int,
     store_config,
@@ -34,9 +35,7 @@ def add_budget_parser(actions: Commands, ls: Any) -> None:
     budget.add_argument(
         "--raise-tokens", type=positive_int, metavar="N", help="tokens to add to the limit"
     )
-    budget.add_argument(
-        "--id", dest="signal_id", metavar="ID", help="an id that makes re-sending a no-op"
-    )
+    add_signal_id(budget, "an id that makes re-sending a no-op")
     ls.add_argument(
         "--over-budget",
         action="store_true",

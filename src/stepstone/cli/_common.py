@@ -29,6 +29,7 @@ __all__ = [
     "OperationalError",
     "Parser",
     "UsageError",
+    "add_signal_id",
     "age_arg",
     "bounded_int",
     "existing",
@@ -202,6 +203,12 @@ def seconds_arg(low: float, high: float, *, allow_low: bool = False) -> Callable
 
 
 # --- the store -----------------------------------------------------------------------
+
+
+def add_signal_id(parser: argparse.ArgumentParser, help_text: str) -> None:
+    """Add ``--id ID`` (``args.signal_id``): the id of the signal the command sends, which
+    makes sending it again a no-op."""
+    parser.add_argument("--id", dest="signal_id", metavar="ID", help=help_text)
 
 
 def json_arg(text: str, option: str, example: str, *, object_only: bool = True) -> Any:

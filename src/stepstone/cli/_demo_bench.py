@@ -23,16 +23,7 @@ __all__ = ["add_parsers", "command_name", "run_bench"]
 
 def add_parsers(commands: Commands) -> None:
     """Add ``demo`` and ``bench`` to the top-level ``commands``."""
-    demo = commands.add(
-        "demo",
-        _demo,
-        "watch a run survive its process being killed",
-        (
-            "Run a 4-step workflow in a child process that kills itself during step 2, "
-            "then resume the same run in a fresh process. Uses the store as usual "
-            f"(default {DEFAULT_STORE} in the working directory); a new run id each time."
-        ),
-    )
+    demo = commands.add("demo", _demo)
     demo.add_argument(
         "--approval",
         action="store_true",
@@ -69,6 +60,12 @@ def command_name() -> str:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    """watch a run survive its process being killed
+
+    Run a 4-step workflow in a child process that kills itself during step 2, then resume
+    the same run in a fresh process. Uses the store as usual (default
+    sqlite:///stepstone.db in the working directory); a new run id each time.
+    """
     config = store_config(args)
     if config.strip().lower().startswith("memory:"):
         raise UsageError(

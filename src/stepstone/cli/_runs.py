@@ -16,6 +16,7 @@ from ._budget import add_budget_parser, over_budget, spend_json, spend_text
 from ._commands import Commands
 from ._common import (
     EXIT_OK,
+    add_signal_id,
     age_arg,
     existing,
     info_matches,
@@ -91,12 +92,7 @@ def add_parsers(commands: Commands) -> None:
     signal.add_argument(
         "--data", metavar="JSON", default="null", help="the payload, as JSON (default: null)"
     )
-    signal.add_argument(
-        "--id",
-        dest="signal_id",
-        metavar="ID",
-        help="an id that makes re-sending a no-op (exit 0, 'already delivered')",
-    )
+    add_signal_id(signal, "an id that makes re-sending a no-op (exit 0, 'already delivered')")
 
 
 # --- list ----------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from .._observe import escape
 from ._commands import Commands
 from ._common import EXIT_OK, existing, json_arg, opened, store_config
 from ._output import emit_json, iso, out, safe, table, when
+from ._worker import add_workflow_version, add_workflows
 
 __all__ = ["add_parsers"]
 
@@ -33,8 +34,8 @@ def add_parsers(commands: Commands) -> None:
     add.add_argument("name", metavar="NAME")
     add.add_argument("--cron", required=True, help="five fields, e.g. '0 7 * * *'")
     add.add_argument("--workflow", required=True, metavar="WORKFLOW", help="the workflow's name")
-    add.add_argument("--workflows", required=True, metavar="MODULE:ATTR", help="where it is")
-    add.add_argument("--workflow-version", metavar="VERSION", default=None)
+    add_workflows(add, "where it is")
+    add_workflow_version(add)
     add.add_argument("--tz", default="UTC", help="IANA time zone of the cron fields (UTC)")
     add.add_argument("--input", metavar="JSON", default="{}", help="the runs' input object")
     add.add_argument(
@@ -65,7 +66,7 @@ def add_parsers(commands: Commands) -> None:
     backfill.add_argument("name", metavar="NAME")
     backfill.add_argument("--start", required=True, type=_instant, help="ISO time, e.g. 2030-01-01")
     backfill.add_argument("--end", required=True, type=_instant, help="ISO time (inclusive)")
-    backfill.add_argument("--workflows", required=True, metavar="MODULE:ATTR")
+    add_workflows(backfill)
 
 
 def _instant(text: str) -> datetime:

@@ -8,7 +8,7 @@ from typing import Any
 from ._commands import Commands
 from ._common import EXIT_OK, OperationalError, UsageError, existing, store_config
 from ._output import PROG, emit_json, out, safe
-from ._worker import load_workflows
+from ._worker import add_workflow_version, add_workflows, load_workflows
 
 __all__ = ["add_upgrade_parser"]
 
@@ -16,17 +16,9 @@ __all__ = ["add_upgrade_parser"]
 def add_upgrade_parser(actions: Commands) -> None:
     """Add ``upgrade`` to the ``runs`` actions (``stepstone.upgrade`` on one run)."""
     upgrade = actions.run("upgrade", _upgrade)
-    upgrade.add_argument(
-        "--workflows",
-        metavar="MODULE:ATTR",
-        required=True,
-        help="where the new version is defined, as for `stepstone worker`",
-    )
-    upgrade.add_argument(
-        "--workflow-version",
-        metavar="VERSION",
-        default=None,
-        help="the version to move it to, when more than one in MODULE:ATTR upgrades it",
+    add_workflows(upgrade, "where the new version is defined, as for `stepstone worker`")
+    add_workflow_version(
+        upgrade, "the version to move it to, when more than one in MODULE:ATTR upgrades it"
     )
 
 

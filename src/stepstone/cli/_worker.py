@@ -44,7 +44,13 @@ from ._common import (
 from ._common import store_config as _store_config
 from ._output import PROG, emit_json, out, safe
 
-__all__ = ["add_parsers", "add_start_parser", "load_workflows"]
+__all__ = [
+    "add_parsers",
+    "add_start_parser",
+    "add_workflow_version",
+    "add_workflows",
+    "load_workflows",
+]
 
 #: Longest lease and grace period accepted: longer is a typo, and a lease that long
 #: would leave a crashed worker's runs stranded for days.
@@ -55,12 +61,10 @@ MAX_CONCURRENCY = 1024
 def add_parsers(commands: Commands) -> None:
     """Add ``worker`` to the top-level ``commands``."""
     worker = commands.add("worker", _worker)
-    worker.add_argument(
-        "--workflows",
-        metavar="MODULE:ATTR",
-        required=True,
-        help="the workflows to serve, e.g. myapp.flows:WORKFLOWS (MODULE is imported "
-        "with the working directory on sys.path)",
+    add_workflows(
+        worker,
+        "the workflows to serve, e.g. myapp.flows:WORKFLOWS (MODULE is imported with the "
+        "working directory on sys.path)",
     )
     worker.add_argument(
         "--concurrency",
@@ -95,17 +99,9 @@ def add_start_parser(actions: Commands) -> None:
     start = actions.add("start", _start)
     start.add_argument("workflow", metavar="WORKFLOW", help="the workflow's name")
     start.add_argument("run_id", metavar="RUN_ID")
-    start.add_argument(
-        "--workflows",
-        metavar="MODULE:ATTR",
-        required=True,
-        help="where the workflow is defined, as for `stepstone worker`",
-    )
-    start.add_argument(
-        "--workflow-version",
-        metavar="VERSION",
-        default=None,
-        help="the workflow's version, when MODULE:ATTR holds more than one of its name",
+    add_workflows(start, "where the workflow is defined, as for `stepstone worker`")
+    add_workflow_version(
+        start, "the workflow's version, when MODULE:ATTR holds more than one of its name"
     )
     start.add_argument(
         "--input",
@@ -113,6 +109,16 @@ def add_start_parser(actions: Commands) -> None:
         default="{}",
         help="the run's input, a JSON object, e.g. '{\"order\": 42}' (default: {})",
     )
+
+
+def add_workflows(parser: argparse.ArgumentParser, help_text: str | None = None) -> None:
+    """Add the required ``--workflows MODULE:ATTR``: what ``load_workflows`` imports."""
+    parser.add_argument("--workflows", metavar="MODULE:ATTR", required=True, help=help_text)
+
+
+def add_workflow_version(parser: argparse.ArgumentParser, help_text: str | None = None) -> None:
+    """Add ``--workflow-version VERSION``: which of the workflows of one name."""
+    parser.add_argument("--workflow-version", metavar="VERSION", default=None, help=help_text)
 
 
 def load_workflows(spec: str) -> list[Any]:
