@@ -18,12 +18,13 @@ from ..._effects import Effect
 from ..._errors import InvalidWorkflow
 from ..._runner import arun, run
 from ..._spending import usage_charge
-from ..._steps import RetryPolicy, check_name
+from ..._steps import RetryPolicy
 from ..._store import Store
 from ..._stream import _hooks as _stream
 from ..._stream._writer import Attempt, current
-from ..._suspend import Complete, SuspendingStep, Wait
+from ..._suspend import Complete, Wait
 from .._agent_call import check_options, find, in_sync_run
+from .._agent_step import AgentStepBase
 from .._budget_gate import budgeted, unconsumed_raises
 from .._journaled import channel, journaled, with_journal
 from ._approvals import decide, interruptions, latest_pause
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
     from ..._core import Plan
 
 
-class AgentRunStep(SuspendingStep):
+class AgentRunStep(AgentStepBase):
     """A step that runs an OpenAI agent durably; its final output is merged under ``name``.
 
     ``input`` is the agent's input (a str or a list of input items), or a function of the
@@ -67,13 +68,11 @@ class AgentRunStep(SuspendingStep):
     """
 
     __slots__ = (
-        "agent",
         "approval_signal",
         "context",
         "input",
         "max_turns",
         "options",
-        "prices",
         "run_config",
         "store",
         "stream",
@@ -96,13 +95,10 @@ class AgentRunStep(SuspendingStep):
         stream: bool = False,
         **options: Any,
     ) -> None:
-        self.name = check_name(name)
+        self._begin(name, retry, prices)
         if not isinstance(stream, bool):
             raise InvalidWorkflow(f"AgentRunStep {name!r}: stream must be True or False")
         self.stream = stream
-        if prices is not None and not isinstance(prices, Prices):
-            raise InvalidWorkflow(f"AgentRunStep {name!r}: prices must be a stepstone.Prices")
-        self.prices = prices
         if not isinstance(agent, Agent):
             raise InvalidWorkflow(f"AgentRunStep {name!r}: agent must be an agents.Agent")
         if store is not None and not isinstance(store, Store):
@@ -122,11 +118,7 @@ class AgentRunStep(SuspendingStep):
         self.max_turns = max_turns
         self.run_config = durable_config(run_config)
         self.approval_signal = approval_signal
-        self.retry = retry
         self.options = options
-
-    def __repr__(self) -> str:
-        return f"AgentRunStep({self.name!r}, {self.agent.name!r})"
 
     def ready(self, cp: Checkpoint) -> bool:
         if cp.waiting_for == BUDGET_WAIT:  # paused by its budget between model calls
