@@ -6,8 +6,9 @@ A command module is handed one ``Commands`` and says only what differs (name, ha
 its own options), so that setup is written once here.
 
 A command's texts are its handler's docstring, as ``--help`` shows them: the first
-paragraph is the help line of the command list, the rest the description. Only texts
-computed from constants are given to ``add`` instead.
+paragraph is the help line of the command list, the rest the description. Texts are
+given to ``add`` only for a command without a handler (``bench``) or whose handler's
+docstring is for its callers (``runs show``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 __all__ = ["Commands", "Handler"]
 
-#: What carries out a parsed command: its exit status (None: ``bench``, run by ``main``).
+#: What carries out a parsed command: it returns the exit status.
 Handler = Callable[[argparse.Namespace], int]
 
 
@@ -39,8 +40,8 @@ class Commands:
         **options: Any,
     ) -> argparse.ArgumentParser:
         """Add the command ``name`` (``options`` go to ``add_parser``); ``handler`` carries
-        it out. Without ``help_text`` the texts are ``handler``'s docstring. Return its
-        parser, for the caller's own arguments."""
+        it out (None: ``main`` runs it itself, as ``bench``). Without ``help_text`` the
+        texts are ``handler``'s docstring. Return its parser, for the caller's arguments."""
         if help_text is None:
             help_text, description = _texts(handler)
         parser: argparse.ArgumentParser = self.actions.add_parser(
