@@ -421,6 +421,9 @@ def test_show_failed_run(url: str) -> None:
     assert data["total_steps"] == 2
     assert data["state"] == {"order": 7}
     failure = data["failure"]
+    # The output's fields, in order; its time in the CLI's form (UTC, Z), as every time.
+    assert list(failure) == ["step_index", "step_name", "error_type", "message", "attempt", "at"]
+    assert failure["at"].endswith("Z")
     assert (failure["step_name"], failure["error_type"], failure["attempt"]) == (
         "charge",
         "ValueError",
@@ -1703,3 +1706,21 @@ def test_bench_masks_every_secret_of_the_store_url() -> None:
     assert "cannot open store" in proc.stderr
     assert key not in proc.stderr + proc.stdout
     assert "key=***" in proc.stderr
+
+
+def test_command_help_is_the_handler_docstring_and_names_the_real_constants(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A command's --help is its handler's docstring (``cli._commands``); the ui's and the
+    demo's spell a constant out, which must stay the constant's value."""
+    from stepstone._registry import DEFAULT_STORE
+    from stepstone.cli import _demo_bench, _ui
+
+    for command, handler, constant in (
+        ("ui", _ui._ui, f"${_ui.TOKEN_ENV}"),
+        ("demo", _demo_bench._demo, DEFAULT_STORE),
+    ):
+        assert handler.__doc__ is not None and constant in handler.__doc__, command
+        assert main([command, "--help"]) == 0
+        shown = " ".join(capsys.readouterr().out.split())  # argparse rewraps the text
+        assert constant in shown, command

@@ -12,6 +12,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, ClassVar, Self
 
 from ._checkpoint import ACTIVE_STATUSES, STATUSES, Checkpoint, keep_times
+from ._closing import Closing
 from ._errors import StoreError
 from ._incarnation import ORPHAN_AGE
 from ._runinfo import (
@@ -46,7 +47,7 @@ __all__ = [
 ]
 
 
-class Store(abc.ABC):
+class Store(Closing, abc.ABC):
     """Keeps at most one checkpoint per run_id, with compare-and-swap saves.
 
     Subclasses implement the five abstract methods and ``from_config``; a backend that
@@ -443,18 +444,6 @@ class Store(abc.ABC):
         if type(self).server_now is Store.server_now:
             return None
         return await _to_thread(self.server_now)
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
 
     # The async defaults run the sync method in a worker thread: correct for any
     # backend (a third-party store written sync-only works under ``arun``), and the

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Self
-
+from .._closing import Closing
 from .._store import Store
 
 __all__ = ["StoreOwner"]
 
 
-class StoreOwner:
-    """``close`` / ``aclose`` and both context managers for an adapter over a ``store``.
+class StoreOwner(Closing):
+    """``close`` / ``aclose`` (and so both context managers) for an adapter over a ``store``.
 
     A store the adapter opened itself from a config string (``owns_store``) is closed
     with it; one it was handed stays open for whoever opened it.
@@ -28,15 +27,3 @@ class StoreOwner:
         """Async ``close``."""
         if self.owns_store:
             await self.store.aclose()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()

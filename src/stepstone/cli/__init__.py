@@ -34,6 +34,7 @@ from .._errors import ConfigError, InvalidRunId, StepstoneError
 from .._redact import redact_url as redact
 from .._registry import DEFAULT_STORE, ENV_VAR
 from . import _demo_bench, _limits, _runs, _schedules, _store_cmds, _ui, _worker
+from ._commands import Commands
 from ._common import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
@@ -105,13 +106,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     commands.required = True
-    _worker.add_parsers(commands, store)
-    _runs.add_parsers(commands, store, Parser)
-    _store_cmds.add_parsers(commands, store, common)
-    _demo_bench.add_parsers(commands, store)
-    _ui.add_parsers(commands, store)
-    _schedules.add_parsers(commands, store, Parser)  # issue 33
-    _limits.add_parsers(commands, store)  # flow control (issue 37)
+    group = Commands(commands, store)
+    _worker.add_parsers(group)
+    _runs.add_parsers(group)
+    _store_cmds.add_parsers(group, common)
+    _demo_bench.add_parsers(group)
+    _ui.add_parsers(group)
+    _schedules.add_parsers(group)  # issue 33
+    _limits.add_parsers(group)  # flow control (issue 37)
     return parser
 
 

@@ -13,13 +13,14 @@ from typing import Any
 
 from .._budget import RAISE_SIGNAL, Spend, spend_of
 from .._checkpoint import Checkpoint
+from ._commands import Commands
 from ._common import (
     EXIT_OK,
     OperationalError,
     UsageError,
+    add_signal_id,
     existing,
     positive_int,
-    run_command,
     store_config,
 )
 from ._output import emit_json, out, safe
@@ -27,26 +28,14 @@ from ._output import emit_json, out, safe
 __all__ = ["add_budget_parser", "over_budget", "spend_json", "spend_text"]
 
 
-def add_budget_parser(actions: Any, store: argparse.ArgumentParser, ls: Any) -> None:
+def add_budget_parser(actions: Commands, ls: Any) -> None:
     """Add ``runs budget`` to the ``runs`` actions and ``--over-budget`` to ``runs list``."""
-    budget = run_command(
-        actions,
-        store,
-        "budget",
-        _budget,
-        "raise a run's spend budget (resumes a run paused at its limit)",
-        "Raise RUN_ID's spend budget by --raise-usd dollars and/or --raise-tokens "
-        "tokens. A run paused at its hard limit (waiting for budget.raise) is due at "
-        "once: a worker, or the next run call, resumes it. Without --raise-* it prints "
-        "the run's spend. A repeated --id is a no-op.",
-    )
+    budget = actions.run("budget", _budget)
     budget.add_argument("--raise-usd", type=_dollars, metavar="USD", help="dollars to add")
     budget.add_argument(
         "--raise-tokens", type=positive_int, metavar="N", help="tokens to add to the limit"
     )
-    budget.add_argument(
-        "--id", dest="signal_id", metavar="ID", help="an id that makes re-sending a no-op"
-    )
+    add_signal_id(budget, "an id that makes re-sending a no-op")
     ls.add_argument(
         "--over-budget",
         action="store_true",
@@ -101,6 +90,13 @@ def over_budget(cp: Checkpoint | None) -> bool:
 
 
 def _budget(args: argparse.Namespace) -> int:
+    """raise a run's spend budget (resumes a run paused at its limit)
+
+    Raise RUN_ID's spend budget by --raise-usd dollars and/or --raise-tokens tokens. A run
+    paused at its hard limit (waiting for budget.raise) is due at once: a worker, or the
+    next run call, resumes it. Without --raise-* it prints the run's spend. A repeated --id
+    is a no-op.
+    """
     from .._control import signal  # noqa: PLC0415  (the runtime, only when used)
 
     payload: dict[str, Any] = {}

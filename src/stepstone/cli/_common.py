@@ -29,6 +29,7 @@ __all__ = [
     "OperationalError",
     "Parser",
     "UsageError",
+    "add_signal_id",
     "age_arg",
     "bounded_int",
     "existing",
@@ -38,7 +39,6 @@ __all__ = [
     "parse_age",
     "positive_int",
     "require_store",
-    "run_command",
     "seconds_arg",
     "store_config",
     "without_creating",
@@ -205,22 +205,10 @@ def seconds_arg(low: float, high: float, *, allow_low: bool = False) -> Callable
 # --- the store -----------------------------------------------------------------------
 
 
-def run_command(
-    actions: Any,
-    store: argparse.ArgumentParser,
-    name: str,
-    handler: Callable[[argparse.Namespace], int],
-    help_text: str,
-    description: str | None = None,
-) -> argparse.ArgumentParser:
-    """Add the command ``name`` on one run to ``actions``: the store's options, RUN_ID,
-    then what the caller adds; ``handler`` carries it out."""
-    parser: argparse.ArgumentParser = actions.add_parser(
-        name, parents=[store], help=help_text, description=description
-    )
-    parser.add_argument("run_id", metavar="RUN_ID")
-    parser.set_defaults(handler=handler)
-    return parser
+def add_signal_id(parser: argparse.ArgumentParser, help_text: str) -> None:
+    """Add ``--id ID`` (``args.signal_id``): the id of the signal the command sends, which
+    makes sending it again a no-op."""
+    parser.add_argument("--id", dest="signal_id", metavar="ID", help=help_text)
 
 
 def json_arg(text: str, option: str, example: str, *, object_only: bool = True) -> Any:

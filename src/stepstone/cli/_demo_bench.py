@@ -14,24 +14,16 @@ from typing import Any
 
 from .._redact import redact_url
 from .._registry import DEFAULT_STORE
+from ._commands import Commands
 from ._common import EXIT_OK, OperationalError, UsageError, opened, store_config
 from ._output import emit_json
 
 __all__ = ["add_parsers", "command_name", "run_bench"]
 
 
-def add_parsers(commands: Any, store: argparse.ArgumentParser) -> None:
-    """Add ``demo`` and ``bench`` to the ``commands`` subparsers."""
-    demo = commands.add_parser(
-        "demo",
-        parents=[store],
-        help="watch a run survive its process being killed",
-        description=(
-            "Run a 4-step workflow in a child process that kills itself during step 2, "
-            "then resume the same run in a fresh process. Uses the store as usual "
-            f"(default {DEFAULT_STORE} in the working directory); a new run id each time."
-        ),
-    )
+def add_parsers(commands: Commands) -> None:
+    """Add ``demo`` and ``bench`` to the top-level ``commands``."""
+    demo = commands.add("demo", _demo)
     demo.add_argument(
         "--approval",
         action="store_true",
@@ -44,12 +36,8 @@ def add_parsers(commands: Any, store: argparse.ArgumentParser) -> None:
         help="with --approval: stop while the run waits, and print the commands to approve "
         "and resume it",
     )
-    demo.set_defaults(handler=_demo)
-
-    bench = commands.add_parser(
-        "bench", parents=[store], add_help=False, help="benchmark a store (options: bench --help)"
-    )
-    bench.set_defaults(handler=None)
+    # ``main`` hands ``bench`` its options unparsed (``run_bench``): no handler, no -h.
+    commands.add("bench", None, "benchmark a store (options: bench --help)", add_help=False)
 
 
 def command_name() -> str:
@@ -72,6 +60,12 @@ def command_name() -> str:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    """watch a run survive its process being killed
+
+    Run a 4-step workflow in a child process that kills itself during step 2, then resume
+    the same run in a fresh process. Uses the store as usual (default
+    sqlite:///stepstone.db in the working directory); a new run id each time.
+    """
     config = store_config(args)
     if config.strip().lower().startswith("memory:"):
         raise UsageError(

@@ -12,6 +12,7 @@ from typing import Any
 
 from .._flow import Limit, get_limit, limit_usage, list_limits, set_limit
 from .._flow._limit import POLICIES
+from ._commands import Commands
 from ._common import EXIT_OK, OperationalError, existing, opened, store_config
 from ._output import emit_json, iso, out, safe, table
 
@@ -20,30 +21,18 @@ __all__ = ["add_parsers"]
 _FIELDS = ("concurrency", "rpm", "tpm", "requests", "tokens", "per", "policy")
 
 
-def add_parsers(commands: Any, store: argparse.ArgumentParser) -> None:
-    """Add ``limits`` (``list``, ``show``, ``set``) to the ``commands`` subparsers."""
-    limits = commands.add_parser(
+def add_parsers(commands: Commands) -> None:
+    """Add ``limits`` (``list``, ``show``, ``set``) to the top-level ``commands``."""
+    actions = commands.group(
         "limits",
-        help="see and change flow-control limits (concurrency, request and token rates)",
-        description=(
-            "Limits are stored records: what you set here holds for every worker at its "
-            "next acquisition."
-        ),
+        "see and change flow-control limits (concurrency, request and token rates)",
+        "Limits are stored records: what you set here holds for every worker at its "
+        "next acquisition.",
     )
-    actions = limits.add_subparsers(dest="action", metavar="ACTION")
-    actions.required = True
-    listing = actions.add_parser("list", parents=[store], help="list the limits")
-    listing.set_defaults(handler=_list)
-    show = actions.add_parser(
-        "show", parents=[store], help="show a limit, who holds it and who waits for it"
-    )
+    actions.add("list", _list)
+    show = actions.add("show", _show)
     show.add_argument("key")
-    show.set_defaults(handler=_show)
-    put = actions.add_parser(
-        "set",
-        parents=[store],
-        help="create a limit or change its values (the others are kept)",
-    )
+    put = actions.add("set", _set)
     put.add_argument("key")
     put.add_argument("--concurrency", type=int, help="most holders at once")
     put.add_argument("--rpm", type=float, help="requests per minute")
@@ -60,7 +49,6 @@ def add_parsers(commands: Any, store: argparse.ArgumentParser) -> None:
         metavar="FIELD",
         help=f"remove a value ({', '.join(_FIELDS[:-1])}); repeatable",
     )
-    put.set_defaults(handler=_set)
 
 
 def _row(limit: Limit) -> dict[str, Any]:
@@ -68,6 +56,7 @@ def _row(limit: Limit) -> dict[str, Any]:
 
 
 def _list(args: argparse.Namespace) -> int:
+    """list the limits"""
     with existing(store_config(args)) as store:
         found = list_limits(store)
     if getattr(args, "json", False):
@@ -82,6 +71,7 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
+    """show a limit, who holds it and who waits for it"""
     with existing(store_config(args)) as store:
         usage = limit_usage(store, args.key)
     if usage is None:
@@ -114,6 +104,7 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _set(args: argparse.Namespace) -> int:
+    """create a limit or change its values (the others are kept)"""
     given = {name: getattr(args, name) for name in _FIELDS if getattr(args, name) is not None}
     with opened(store_config(args)) as store:
         current = get_limit(store, args.key)

@@ -13,13 +13,13 @@ from __future__ import annotations
 import argparse
 import sys
 from datetime import datetime, timedelta
-from typing import Any
 
 from .._checkpoint import ACTIVE_STATUSES, STATUSES, utcnow
 from .._cron import RECORD as SCHEDULES_RECORD
 from .._errors import ConflictError
 from .._statelog import ORPHAN_AGE
 from .._store import RunInfo
+from ._commands import Commands
 from ._common import (
     EXIT_OK,
     OperationalError,
@@ -40,21 +40,9 @@ __all__ = ["FINISHED", "add_prune_parser"]
 FINISHED = ("done", "failed", "cancelled")
 
 
-def add_prune_parser(actions: Any, store: argparse.ArgumentParser) -> None:
+def add_prune_parser(actions: Commands) -> None:
     """Add ``runs prune`` to the ``runs`` actions."""
-    prune = actions.add_parser(
-        "prune",
-        parents=[store],
-        help="delete finished runs not updated for a while",
-        description=(
-            "Delete runs whose last update is older than --older-than: by default only "
-            "finished ones (done, failed, cancelled). Queued, running or waiting runs are "
-            "pruned only when --status names them, after a confirmation (--yes in "
-            "scripts). Runs without an update time are never pruned. Each run is re-read "
-            "just before it is deleted and deleted by compare-and-swap on the version read, "
-            "so one that advanced meanwhile is kept."
-        ),
-    )
+    prune = actions.add("prune", _prune)
     prune.add_argument(
         "--older-than",
         type=age_arg,
@@ -87,7 +75,6 @@ def add_prune_parser(actions: Any, store: argparse.ArgumentParser) -> None:
             "store expires them itself; only for stores with native TTL (cosmos)"
         ),
     )
-    prune.set_defaults(handler=_prune)
 
 
 def _matches(info: RunInfo, statuses: tuple[str, ...], cutoff: datetime) -> bool:
@@ -116,6 +103,14 @@ def _confirm(active: list[RunInfo], verb: str) -> None:
 
 
 def _prune(args: argparse.Namespace) -> int:
+    """delete finished runs not updated for a while
+
+    Delete runs whose last update is older than --older-than: by default only finished ones
+    (done, failed, cancelled). Queued, running or waiting runs are pruned only when --status
+    names them, after a confirmation (--yes in scripts). Runs without an update time are
+    never pruned. Each run is re-read just before it is deleted and deleted by
+    compare-and-swap on the version read, so one that advanced meanwhile is kept.
+    """
     from .._stream import delete_stream, expire_stream, is_block  # noqa: PLC0415 - when used
     from .._stream._retention import delete_orphan_streams  # noqa: PLC0415 - when used
 

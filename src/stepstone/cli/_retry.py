@@ -3,28 +3,17 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
-from ._common import EXIT_OK, existing, run_command, store_config
+from ._commands import Commands
+from ._common import EXIT_OK, existing, store_config
 from ._output import emit_json, out, safe
 
 __all__ = ["add_retry_parser"]
 
 
-def add_retry_parser(actions: Any, store: argparse.ArgumentParser) -> None:
+def add_retry_parser(actions: Commands) -> None:
     """Add ``runs retry`` to the ``runs`` actions."""
-    retry = run_command(
-        actions,
-        store,
-        "retry",
-        _retry,
-        "queue a failed (or parked, or cancelled) run again for a worker",
-        "Queue RUN_ID again from its last checkpoint, with a fresh attempt budget: a "
-        "worker serving its workflow claims it and runs its next step (the failed one). "
-        "Only failed runs (those parked by a worker as WorkflowChanged included) and "
-        "cancelled ones can be retried. With --version (the version `runs show` "
-        "printed) nothing is done if the run changed since.",
-    )
+    retry = actions.run("retry", _retry)
     retry.add_argument(
         "--version",
         dest="expected_version",
@@ -34,6 +23,14 @@ def add_retry_parser(actions: Any, store: argparse.ArgumentParser) -> None:
 
 
 def _retry(args: argparse.Namespace) -> int:
+    """queue a failed (or parked, or cancelled) run again for a worker
+
+    Queue RUN_ID again from its last checkpoint, with a fresh attempt budget: a worker
+    serving its workflow claims it and runs its next step (the failed one). Only failed runs
+    (those parked by a worker as WorkflowChanged included) and cancelled ones can be
+    retried. With --version (the version `runs show` printed) nothing is done if the run
+    changed since.
+    """
     from .._control import retry  # noqa: PLC0415  (the runtime, only when used)
 
     with existing(store_config(args)) as store:

@@ -13,12 +13,12 @@ from typing import Any
 
 from .._checkpoint import Checkpoint
 from .._errors import InvalidWorkflow
+from ._commands import Commands
 from ._common import (
     EXIT_OK,
     OperationalError,
     existing,
     json_arg,
-    run_command,
     store_config,
 )
 from ._output import emit_json, iso, out, safe, table, when
@@ -51,53 +51,17 @@ def _step_or_call(text: str) -> int | str:
         return text
 
 
-def add_rewind_parsers(actions: Any, store: argparse.ArgumentParser) -> None:
+def add_rewind_parsers(actions: Commands) -> None:
     """Add ``history``, ``journal``, ``fork`` and ``rerun`` to ``stepstone runs``."""
-    run_command(
-        actions,
-        store,
-        "history",
-        _history,
-        "list a run's kept saves (runs of Workflow(history=True))",
-        "List every kept save of a run, oldest first: step, time, attempt, status, "
-        "state size and what the save changed.",
-    )
+    actions.run("history", _history)
 
-    run_command(
-        actions,
-        store,
-        "journal",
-        _journal,
-        "list a code workflow run's journaled calls",
-        "List the journaled calls of a run of a @workflow function, in call order: "
-        "position, call (NAME#N), attempts, when it ended, bytes and outcome.",
-    )
+    actions.run("journal", _journal)
 
-    fork = run_command(
-        actions,
-        store,
-        "fork",
-        _fork,
-        "start a new run from the state a run had after a step (or a journaled call)",
-        "Write NEW_RUN_ID with the state RUN_ID had after step AT_STEP (-1: its input); "
-        "it continues at the next step. For a code workflow's run, AT_STEP may be a "
-        "journaled call (revise#2): the new run keeps the calls up to it. RUN_ID is not "
-        "changed.",
-    )
+    fork = actions.run("fork", _fork)
     fork.add_argument("at_step", metavar="AT_STEP", type=_step_or_call)
     fork.add_argument("new_run_id", metavar="NEW_RUN_ID")
 
-    rerun = run_command(
-        actions,
-        store,
-        "rerun",
-        _rerun,
-        "rewind a run to before a step (or a journaled call), to run it again from there",
-        "Rewind RUN_ID to the state it had before step FROM_STEP (its failure and "
-        "attempts cleared), optionally updated with --patch, a JSON object. For a code "
-        "workflow's run, FROM_STEP may be a journaled call (revise#3): it and every "
-        "later call run again.",
-    )
+    rerun = actions.run("rerun", _rerun)
     rerun.add_argument("from_step", metavar="FROM_STEP", type=_step_or_call)
     rerun.add_argument("--patch", metavar="JSON", help="a JSON object merged into the state")
 
@@ -123,6 +87,11 @@ def _listing(
 
 
 def _history(args: argparse.Namespace) -> int:
+    """list a run's kept saves (runs of Workflow(history=True))
+
+    List every kept save of a run, oldest first: step, time, attempt, status, state size and
+    what the save changed.
+    """
     return _listing(args, "history", _save_json, _SAVE_HEADERS, _save_rows)
 
 
@@ -190,6 +159,11 @@ def journal_lines(cp: Checkpoint) -> list[str]:
 
 
 def _journal(args: argparse.Namespace) -> int:
+    """list a code workflow run's journaled calls
+
+    List the journaled calls of a run of a @workflow function, in call order: position, call
+    (NAME#N), attempts, when it ended, bytes and outcome.
+    """
     return _listing(args, "journal", _call_json, _HEADERS, _rows)
 
 
@@ -204,6 +178,12 @@ def _call_json(e: Any) -> dict[str, Any]:
 
 
 def _fork(args: argparse.Namespace) -> int:
+    """start a new run from the state a run had after a step (or a journaled call)
+
+    Write NEW_RUN_ID with the state RUN_ID had after step AT_STEP (-1: its input); it
+    continues at the next step. For a code workflow's run, AT_STEP may be a journaled call
+    (revise#2): the new run keeps the calls up to it. RUN_ID is not changed.
+    """
     fork = runtime("fork")
     with existing(store_config(args)) as store:
         cp = fork(store, args.run_id, args.at_step, args.new_run_id)
@@ -220,6 +200,12 @@ def _fork(args: argparse.Namespace) -> int:
 
 
 def _rerun(args: argparse.Namespace) -> int:
+    """rewind a run to before a step (or a journaled call), to run it again from there
+
+    Rewind RUN_ID to the state it had before step FROM_STEP (its failure and attempts
+    cleared), optionally updated with --patch, a JSON object. For a code workflow's run,
+    FROM_STEP may be a journaled call (revise#3): it and every later call run again.
+    """
     rerun = runtime("rerun")
     patch = None if args.patch is None else json_arg(args.patch, "--patch", '{"amount": 40}')
     with existing(store_config(args)) as store:

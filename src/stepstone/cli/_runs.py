@@ -13,8 +13,10 @@ from .._errors import CorruptCheckpoint
 from .._reserved import is_reserved
 from .._store import RunInfo
 from ._budget import add_budget_parser, over_budget, spend_json, spend_text
+from ._commands import Commands
 from ._common import (
     EXIT_OK,
+    add_signal_id,
     age_arg,
     existing,
     info_matches,
@@ -22,7 +24,6 @@ from ._common import (
     json_arg,
     newest_first,
     positive_int,
-    run_command,
     store_config,
 )
 from ._output import age, emit_json, iso, out, safe, span, table, when
@@ -37,23 +38,15 @@ from ._worker import add_start_parser
 __all__ = ["add_parsers"]
 
 
-def add_parsers(commands: Any, store: argparse.ArgumentParser, parser_class: type) -> None:
-    """Add ``runs`` and its actions to the ``commands`` subparsers."""
-    runs = commands.add_parser(
-        "runs", help="start, list, show, retry, cancel, signal, delete and prune runs"
+def add_parsers(commands: Commands) -> None:
+    """Add ``runs`` and its actions to the top-level ``commands``."""
+    actions = commands.group(
+        "runs",
+        "start, list, show, retry, cancel, signal, delete and prune runs",
+        dest="runs_command",
     )
-    actions = runs.add_subparsers(dest="runs_command", metavar="ACTION", parser_class=parser_class)
-    actions.required = True
 
-    ls = actions.add_parser(
-        "list",
-        parents=[store],
-        help="list runs, newest first",
-        description=(
-            "List runs, most recently updated first, with the owner of a running run and "
-            "when it is next due (a running run's lease end, a waiting run's wake-up)."
-        ),
-    )
+    ls = actions.add("list", _list)
     ls.add_argument("--status", choices=STATUSES, help="only runs with this status")
     ls.add_argument(
         "--older-than",
@@ -74,60 +67,32 @@ def add_parsers(commands: Any, store: argparse.ArgumentParser, parser_class: typ
         help="only records of this kind: run (stepstone's runs) or one adapter's records",
     )
     ls.add_argument("--limit", type=positive_int, metavar="N", help="show at most N runs")
-    ls.set_defaults(handler=_list)
-    add_budget_parser(actions, store, ls)  # runs budget; runs list --over-budget
+    add_budget_parser(actions, ls)  # runs budget; runs list --over-budget
 
-    add_start_parser(actions, store)
-    add_upgrade_parser(actions, store)
+    add_start_parser(actions)
+    add_upgrade_parser(actions)
 
-    run_command(
-        actions, store, "show", show_run, "show one run: status, lease, what it waits for, state"
-    )
+    actions.run("show", show_run, "show one run: status, lease, what it waits for, state")
 
-    add_rewind_parsers(actions, store)
+    add_rewind_parsers(actions)
 
-    delete = run_command(actions, store, "delete", _delete, "delete one run")
+    delete = actions.run("delete", _delete)
     delete.add_argument(
         "--missing-ok", action="store_true", help="exit 0 when there is no such run"
     )
 
-    add_prune_parser(actions, store)
-    add_retry_parser(actions, store)
-    add_tail_parser(actions, store)  # streams (issue 34)
+    add_prune_parser(actions)
+    add_retry_parser(actions)
+    add_tail_parser(actions)  # streams (issue 34)
 
-    run_command(
-        actions,
-        store,
-        "cancel",
-        _cancel,
-        "cancel a run: it stops at its next step boundary",
-        "Cancel a run, whoever owns it: a queued or waiting run at once, a running one "
-        "at its next step boundary (a step in flight that completes is saved first). "
-        "Cancelling a finished run is an error.",
-    )
+    actions.run("cancel", _cancel)
 
-    signal = run_command(
-        actions,
-        store,
-        "signal",
-        _signal,
-        "send a signal to a run (e.g. an approval a WaitFor step waits for)",
-        "Send the signal NAME with a JSON payload to a run. A run accepts signals while "
-        "queued, running, waiting or failed. A repeated --id is a no-op, whatever its "
-        "payload and whatever the run's state (a webhook's retry after the run finished "
-        "included): it prints 'already delivered (id ID)', exits 0 and, with --json, "
-        'reports "delivered": false.',
-    )
+    signal = actions.run("signal", _signal)
     signal.add_argument("name", metavar="NAME")
     signal.add_argument(
         "--data", metavar="JSON", default="null", help="the payload, as JSON (default: null)"
     )
-    signal.add_argument(
-        "--id",
-        dest="signal_id",
-        metavar="ID",
-        help="an id that makes re-sending a no-op (exit 0, 'already delivered')",
-    )
+    add_signal_id(signal, "an id that makes re-sending a no-op (exit 0, 'already delivered')")
 
 
 # --- list ----------------------------------------------------------------------------
@@ -219,6 +184,11 @@ def _workflow_text(cp: Checkpoint | None) -> str:
 
 
 def _list(args: argparse.Namespace) -> int:
+    """list runs, newest first
+
+    List runs, most recently updated first, with the owner of a running run and when it is
+    next due (a running run's lease end, a waiting run's wake-up).
+    """
     config = store_config(args)
     with existing(config) as store:
         found = [
@@ -301,6 +271,7 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _delete(args: argparse.Namespace) -> int:
+    """delete one run"""
     config = store_config(args)
     with existing(config) as store:
         deleted = store.delete(args.run_id)
@@ -331,6 +302,12 @@ def _status_of(result: Any) -> str | None:
 
 
 def _cancel(args: argparse.Namespace) -> int:
+    """cancel a run: it stops at its next step boundary
+
+    Cancel a run, whoever owns it: a queued or waiting run at once, a running one at its
+    next step boundary (a step in flight that completes is saved first). Cancelling a
+    finished run is an error.
+    """
     cancel = runtime("cancel")
     config = store_config(args)
     with existing(config) as store:
@@ -350,6 +327,13 @@ def _cancel(args: argparse.Namespace) -> int:
 
 
 def _signal(args: argparse.Namespace) -> int:
+    """send a signal to a run (e.g. an approval a WaitFor step waits for)
+
+    Send the signal NAME with a JSON payload to a run. A run accepts signals while queued,
+    running, waiting or failed. A repeated --id is a no-op, whatever its payload and
+    whatever the run's state (a webhook's retry after the run finished included): it prints
+    'already delivered (id ID)', exits 0 and, with --json, reports "delivered": false.
+    """
     payload = json_arg(args.data, "--data", '{"approved": true}', object_only=False)
     signal = runtime("signal")
     config = store_config(args)

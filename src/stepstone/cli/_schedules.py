@@ -14,30 +14,28 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .._observe import escape
+from ._commands import Commands
 from ._common import EXIT_OK, existing, json_arg, opened, store_config
 from ._output import emit_json, iso, out, safe, table, when
+from ._worker import add_workflow_version, add_workflows
 
 __all__ = ["add_parsers"]
 
 
-def add_parsers(commands: Any, store: argparse.ArgumentParser, parser_class: Any) -> None:
+def add_parsers(commands: Commands) -> None:
     """Add ``schedules`` and its actions."""
-    group = commands.add_parser(
+    actions = commands.group(
         "schedules",
-        help="cron schedules: add, list, show, pause, resume, delete, backfill",
-        description=(
-            "Schedules fire runs of a workflow at cron times, each slot exactly once "
-            "(run id sched/NAME/SLOT-TIME-UTC), from any worker serving the workflow."
-        ),
+        "cron schedules: add, list, show, pause, resume, delete, backfill",
+        "Schedules fire runs of a workflow at cron times, each slot exactly once "
+        "(run id sched/NAME/SLOT-TIME-UTC), from any worker serving the workflow.",
     )
-    actions = group.add_subparsers(dest="action", metavar="ACTION", parser_class=parser_class)
-    actions.required = True
-    add = actions.add_parser("add", parents=[store], help="store a schedule")
+    add = actions.add("add", _add)
     add.add_argument("name", metavar="NAME")
     add.add_argument("--cron", required=True, help="five fields, e.g. '0 7 * * *'")
     add.add_argument("--workflow", required=True, metavar="WORKFLOW", help="the workflow's name")
-    add.add_argument("--workflows", required=True, metavar="MODULE:ATTR", help="where it is")
-    add.add_argument("--workflow-version", metavar="VERSION", default=None)
+    add_workflows(add, "where it is")
+    add_workflow_version(add)
     add.add_argument("--tz", default="UTC", help="IANA time zone of the cron fields (UTC)")
     add.add_argument("--input", metavar="JSON", default="{}", help="the runs' input object")
     add.add_argument(
@@ -54,26 +52,21 @@ def add_parsers(commands: Any, store: argparse.ArgumentParser, parser_class: Any
     )
     add.add_argument("--paused", action="store_true", help="store it paused")
     add.add_argument("--replace", action="store_true", help="change a schedule of that name")
-    add.set_defaults(handler=_add)
-    listing = actions.add_parser("list", parents=[store], help="list the schedules")
-    listing.set_defaults(handler=_list)
+    actions.add("list", _list)
     for action, text in (
         ("show", "show one schedule"),
         ("pause", "stop firing a schedule's slots"),
         ("resume", "fire a schedule's slots again, from the next one"),
         ("delete", "delete a schedule (its runs stay)"),
     ):
-        sub = actions.add_parser(action, parents=[store], help=text)
+        sub = actions.add(action, _one, text)
         sub.add_argument("name", metavar="NAME")
-        sub.set_defaults(handler=_one, action_name=action)
-    backfill = actions.add_parser(
-        "backfill", parents=[store], help="start the slots of a past window that have no run"
-    )
+        sub.set_defaults(action_name=action)
+    backfill = actions.add("backfill", _backfill)
     backfill.add_argument("name", metavar="NAME")
     backfill.add_argument("--start", required=True, type=_instant, help="ISO time, e.g. 2030-01-01")
     backfill.add_argument("--end", required=True, type=_instant, help="ISO time (inclusive)")
-    backfill.add_argument("--workflows", required=True, metavar="MODULE:ATTR")
-    backfill.set_defaults(handler=_backfill)
+    add_workflows(backfill)
 
 
 def _instant(text: str) -> datetime:
@@ -114,6 +107,7 @@ def _row(info: Any) -> dict[str, Any]:
 
 
 def _add(args: argparse.Namespace) -> int:
+    """store a schedule"""
     from .._schedule import schedule  # noqa: PLC0415 - the runtime, only when used
 
     flow = _workflow(args.workflows, args.workflow, args.workflow_version)
@@ -143,6 +137,7 @@ def _add(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
+    """list the schedules"""
     from .._schedule import schedules  # noqa: PLC0415
 
     with existing(store_config(args)) as store:
@@ -198,6 +193,7 @@ def _one(args: argparse.Namespace) -> int:
 
 
 def _backfill(args: argparse.Namespace) -> int:
+    """start the slots of a past window that have no run"""
     from .. import _schedule  # noqa: PLC0415
     from .._schedule_fire import backfill  # noqa: PLC0415
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
@@ -124,16 +125,8 @@ def _checkpoint_json(cp: Checkpoint, now: datetime) -> dict[str, Any]:
         "in_flight": None
         if (flight := _in_flight(cp, now)) is None
         else {"step_index": flight[0], "step_name": flight[1], "seconds": flight[2]},
-        "failure": None
-        if failure is None
-        else {
-            "step_index": failure.step_index,
-            "step_name": failure.step_name,
-            "error_type": failure.error_type,
-            "message": failure.message,
-            "attempt": failure.attempt,
-            "at": iso(failure.at),
-        },
+        # The failure as the checkpoint records it, its time in this output's form.
+        "failure": None if failure is None else {**asdict(failure), "at": iso(failure.at)},
         "created_at": iso(cp.created_at),
         "updated_at": iso(cp.updated_at),
         "version": cp.version,

@@ -12,6 +12,7 @@ from .._errors import ConfigError, StoreError, StorePermissionError
 from .._redact import redact_url
 from .._statelog import ORPHAN_AGE, Orphan
 from .._store import Diagnosis, Store
+from ._commands import Commands
 from ._common import (
     EXIT_ERROR,
     EXIT_OK,
@@ -26,21 +27,10 @@ from ._output import REDACT, emit_json, out, safe
 __all__ = ["add_parsers"]
 
 
-def add_parsers(
-    commands: Any, store: argparse.ArgumentParser, verbose: argparse.ArgumentParser
-) -> None:
-    """Add ``init``, ``doctor`` and ``migrate`` to the ``commands`` subparsers."""
-    mig = commands.add_parser(
-        "migrate",
-        parents=[verbose],
-        help="copy every run from one store to another",
-        description=(
-            "Copy every run from --from to --to. Runs missing in the destination are "
-            "created, identical ones skipped, differing ones reported as conflicts (or "
-            "overwritten with --force). Safe to re-run after an interruption. Exit status "
-            "1 when conflicts or failures remain, so scripts notice an incomplete copy."
-        ),
-    )
+def add_parsers(commands: Commands, verbose: argparse.ArgumentParser) -> None:
+    """Add ``init``, ``doctor`` and ``migrate`` to the top-level ``commands``."""
+    # migrate names its two stores itself: the common options (``verbose``), no --store.
+    mig = Commands(commands.actions, verbose).add("migrate", _migrate)
     mig.add_argument("--from", dest="src", metavar="URL", required=True, help="source store")
     mig.add_argument("--to", dest="dst", metavar="URL", required=True, help="destination store")
     mig.add_argument("--force", action="store_true", help="overwrite destination runs that differ")
@@ -52,16 +42,10 @@ def add_parsers(
         action="store_true",
         help="show progress on stderr even when it is not a terminal",
     )
-    mig.set_defaults(handler=_migrate)
 
-    init = commands.add_parser(
-        "init", parents=[store], help="create what the store needs (tables, container)"
-    )
-    init.set_defaults(handler=_init)
+    commands.add("init", _init)
 
-    doctor = commands.add_parser(
-        "doctor", parents=[store], help="check connectivity, permissions and schema"
-    )
+    doctor = commands.add("doctor", _doctor)
     doctor.add_argument(
         "--fix",
         action="store_true",
@@ -80,7 +64,6 @@ def add_parsers(
             "writing host's clock, so no save in flight is touched (default: %(default)s)"
         ),
     )
-    doctor.set_defaults(handler=_doctor)
 
 
 class _ProgressBar:
@@ -122,6 +105,13 @@ class _ProgressBar:
 
 
 def _migrate(args: argparse.Namespace) -> int:
+    """copy every run from one store to another
+
+    Copy every run from --from to --to. Runs missing in the destination are created,
+    identical ones skipped, differing ones reported as conflicts (or overwritten with
+    --force). Safe to re-run after an interruption. Exit status 1 when conflicts or failures
+    remain, so scripts notice an incomplete copy.
+    """
     from .._migrate import migrate  # noqa: PLC0415 - only for `migrate`
 
     REDACT.add(args.src)
@@ -167,6 +157,7 @@ def _migrate(args: argparse.Namespace) -> int:
 
 
 def _init(args: argparse.Namespace) -> int:
+    """create what the store needs (tables, container)"""
     config = store_config(args)
     with opened(config) as store:
         try:
@@ -210,6 +201,7 @@ def _fix(store: Store, min_age: float) -> tuple[Diagnosis, list[dict[str, Any]]]
 
 
 def _doctor(args: argparse.Namespace) -> int:
+    """check connectivity, permissions and schema"""
     config = store_config(args)
     collected: list[dict[str, Any]] = []
     try:

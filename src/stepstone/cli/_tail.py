@@ -5,27 +5,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
 
-from ._common import EXIT_OK, existing, run_command, store_config
+from ._commands import Commands
+from ._common import EXIT_OK, existing, store_config
 from ._output import _UNSAFE_IN_JSON, out, safe
 
 __all__ = ["add_tail_parser"]
 
 
-def add_tail_parser(actions: Any, store: argparse.ArgumentParser) -> None:
+def add_tail_parser(actions: Commands) -> None:
     """Add ``runs tail`` to the ``runs`` actions."""
-    tail = run_command(
-        actions,
-        store,
-        "tail",
-        _tail,
-        "print a run's event stream and follow it until the run ends",
-        "Print the events RUN_ID's steps emitted (ctx.emit), oldest first, then follow "
-        "new ones live until the run is done, failed or cancelled. Events of attempts "
-        "that did not commit their step are hidden (--superseded shows them, marked). "
-        "--after ID resumes after an event id; --json prints one JSON object a line.",
-    )
+    tail = actions.run("tail", _tail)
     tail.add_argument("--topic", metavar="TOPIC", help="only events of this topic")
     tail.add_argument("--after", metavar="ID", help="only events after this event id")
     tail.add_argument(
@@ -35,6 +25,13 @@ def add_tail_parser(actions: Any, store: argparse.ArgumentParser) -> None:
 
 
 def _tail(args: argparse.Namespace) -> int:
+    """print a run's event stream and follow it until the run ends
+
+    Print the events RUN_ID's steps emitted (ctx.emit), oldest first, then follow new ones
+    live until the run is done, failed or cancelled. Events of attempts that did not commit
+    their step are hidden (--superseded shows them, marked). --after ID resumes after an
+    event id; --json prints one JSON object a line.
+    """
     from .._stream import stream  # noqa: PLC0415 - the runtime, only when used
 
     with existing(store_config(args)) as store:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any
 
 from .._redact import redact_url
+from ._commands import Commands
 from ._common import (
     EXIT_OK,
     UsageError,
@@ -31,20 +31,9 @@ _LOOPBACK = ("127.0.0.1", "::1", "localhost")
 _MIN_TOKEN = 16
 
 
-def add_parsers(commands: Any, store: argparse.ArgumentParser) -> None:
-    """Add ``ui`` to the ``commands`` subparsers."""
-    ui = commands.add_parser(
-        "ui",
-        parents=[store],
-        help="serve a dashboard to see and steer the runs of a store",
-        description=(
-            "Serve the dashboard: runs by status, each run's steps, failure, lease, "
-            "signals and state, and actions (signal, cancel, retry, delete), each a "
-            "compare-and-swap on the version the page showed. Binds 127.0.0.1 unless "
-            f"--host says otherwise; any other address needs --token or ${TOKEN_ENV}. "
-            "Needs the ui extra: pip install 'stepstone[ui]'."
-        ),
-    )
+def add_parsers(commands: Commands) -> None:
+    """Add ``ui`` to the top-level ``commands``."""
+    ui = commands.add("ui", _ui)
     ui.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     ui.add_argument(
         "--port", type=bounded_int(0, 65535, "port"), default=8080, help="port (default 8080)"
@@ -64,10 +53,17 @@ def add_parsers(commands: Any, store: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="how often pages look for changes (default 1)",
     )
-    ui.set_defaults(handler=_ui)
 
 
 def _ui(args: argparse.Namespace) -> int:
+    """serve a dashboard to see and steer the runs of a store
+
+    Serve the dashboard: runs by status, each run's steps, failure, lease, signals and
+    state, and actions (signal, cancel, retry, delete), each a compare-and-swap on the
+    version the page showed. Binds 127.0.0.1 unless --host says otherwise; any other
+    address needs --token or $STEPSTONE_UI_TOKEN. Needs the ui extra: pip install
+    'stepstone[ui]'.
+    """
     token = args.token or os.environ.get(TOKEN_ENV) or None
     if token is not None and len(token) < _MIN_TOKEN:
         raise UsageError(f"the token must be at least {_MIN_TOKEN} characters long")

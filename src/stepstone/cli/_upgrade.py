@@ -5,39 +5,20 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ._common import EXIT_OK, OperationalError, UsageError, existing, run_command, store_config
+from ._commands import Commands
+from ._common import EXIT_OK, OperationalError, UsageError, existing, store_config
 from ._output import PROG, emit_json, out, safe
-from ._worker import load_workflows
+from ._worker import add_workflow_version, add_workflows, load_workflows
 
 __all__ = ["add_upgrade_parser"]
 
 
-def add_upgrade_parser(actions: Any, store: argparse.ArgumentParser) -> None:
+def add_upgrade_parser(actions: Commands) -> None:
     """Add ``upgrade`` to the ``runs`` actions (``stepstone.upgrade`` on one run)."""
-    upgrade = run_command(
-        actions,
-        store,
-        "upgrade",
-        _upgrade,
-        "move a run onto a newer version of its workflow (as stepstone.upgrade)",
-        "Move run RUN_ID onto the workflow among MODULE:ATTR that declares an upgrade "
-        "from the run's version (Workflow(..., upgrades={OLD: fn})), at its step "
-        "boundary, its state replaced by fn(state). Refused, with nothing written, "
-        "when the run is held by a worker, when the steps it completed are not the "
-        "first steps of the new version, or when fn raises. Workers serving the new "
-        "version do this by themselves for the runs they claim.",
-    )
-    upgrade.add_argument(
-        "--workflows",
-        metavar="MODULE:ATTR",
-        required=True,
-        help="where the new version is defined, as for `stepstone worker`",
-    )
-    upgrade.add_argument(
-        "--workflow-version",
-        metavar="VERSION",
-        default=None,
-        help="the version to move it to, when more than one in MODULE:ATTR upgrades it",
+    upgrade = actions.run("upgrade", _upgrade)
+    add_workflows(upgrade, "where the new version is defined, as for `stepstone worker`")
+    add_workflow_version(
+        upgrade, "the version to move it to, when more than one in MODULE:ATTR upgrades it"
     )
 
 
@@ -70,6 +51,14 @@ def _target(workflows: list[Any], name: str | None, version: str | None, args: A
 
 
 def _upgrade(args: argparse.Namespace) -> int:
+    """move a run onto a newer version of its workflow (as stepstone.upgrade)
+
+    Move run RUN_ID onto the workflow among MODULE:ATTR that declares an upgrade from the
+    run's version (Workflow(..., upgrades={OLD: fn})), at its step boundary, its state
+    replaced by fn(state). Refused, with nothing written, when the run is held by a worker,
+    when the steps it completed are not the first steps of the new version, or when fn
+    raises. Workers serving the new version do this by themselves for the runs they claim.
+    """
     from .. import _upgrade as runtime  # noqa: PLC0415 - the runtime, only when used
 
     workflows = load_workflows(args.workflows)

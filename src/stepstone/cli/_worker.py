@@ -31,6 +31,7 @@ from typing import Any, NoReturn
 from .. import _lease
 from .._observe import RunEvent, escape
 from .._redact import redact_url
+from ._commands import Commands
 from ._common import (
     EXIT_OK,
     OperationalError,
@@ -43,7 +44,13 @@ from ._common import (
 from ._common import store_config as _store_config
 from ._output import PROG, emit_json, out, safe
 
-__all__ = ["add_parsers", "add_start_parser", "load_workflows"]
+__all__ = [
+    "add_parsers",
+    "add_start_parser",
+    "add_workflow_version",
+    "add_workflows",
+    "load_workflows",
+]
 
 #: Longest lease and grace period accepted: longer is a typo, and a lease that long
 #: would leave a crashed worker's runs stranded for days.
@@ -51,31 +58,13 @@ MAX_LEASE_SECONDS = _lease.MAX_LEASE
 MAX_CONCURRENCY = 1024
 
 
-def add_parsers(commands: Any, store: argparse.ArgumentParser) -> None:
-    """Add ``worker`` to the ``commands`` subparsers."""
-    worker = commands.add_parser(
-        "worker",
-        parents=[store],
-        help="claim and run queued, interrupted and due runs until stopped",
-        description=(
-            "Serve the workflows MODULE:ATTR names (a list or dict of stepstone.Workflow) "
-            "from the store: claim queued runs, runs whose owner's lease expired and "
-            "waiting runs that are due, and drive them, up to --concurrency at once. "
-            "SIGTERM or SIGINT stops claiming, lets steps in flight finish within "
-            "--grace, releases the leases and exits 0; steps still running after --grace "
-            "are abandoned (their leases given back, to run again on another worker) and "
-            "the process exits 0 without waiting for them; a second signal exits at once. "
-            "Each run event (claimed, taken over, suspended, finished, failed, lease lost) "
-            "is one line on stderr; -q keeps only warnings and errors; --json prints each "
-            "event as one JSON object per line on stdout."
-        ),
-    )
-    worker.add_argument(
-        "--workflows",
-        metavar="MODULE:ATTR",
-        required=True,
-        help="the workflows to serve, e.g. myapp.flows:WORKFLOWS (MODULE is imported "
-        "with the working directory on sys.path)",
+def add_parsers(commands: Commands) -> None:
+    """Add ``worker`` to the top-level ``commands``."""
+    worker = commands.add("worker", _worker)
+    add_workflows(
+        worker,
+        "the workflows to serve, e.g. myapp.flows:WORKFLOWS (MODULE is imported with the "
+        "working directory on sys.path)",
     )
     worker.add_argument(
         "--concurrency",
@@ -103,33 +92,16 @@ def add_parsers(commands: Any, store: argparse.ArgumentParser) -> None:
         action="store_true",
         help="log only warnings and errors, not each run claimed, suspended or finished",
     )
-    worker.set_defaults(handler=_worker)
 
 
-def add_start_parser(actions: Any, store: argparse.ArgumentParser) -> None:
+def add_start_parser(actions: Commands) -> None:
     """Add ``start`` to the ``runs`` actions: queue a run for a worker."""
-    start = actions.add_parser(
-        "start",
-        parents=[store],
-        help="queue a run of a workflow for a worker (as stepstone.start)",
-        description=(
-            "Record a new run RUN_ID of WORKFLOW (a name among the workflows MODULE:ATTR "
-            "names) as queued, with --input as its input, for `stepstone worker` to run."
-        ),
-    )
+    start = actions.add("start", _start)
     start.add_argument("workflow", metavar="WORKFLOW", help="the workflow's name")
     start.add_argument("run_id", metavar="RUN_ID")
-    start.add_argument(
-        "--workflows",
-        metavar="MODULE:ATTR",
-        required=True,
-        help="where the workflow is defined, as for `stepstone worker`",
-    )
-    start.add_argument(
-        "--workflow-version",
-        metavar="VERSION",
-        default=None,
-        help="the workflow's version, when MODULE:ATTR holds more than one of its name",
+    add_workflows(start, "where the workflow is defined, as for `stepstone worker`")
+    add_workflow_version(
+        start, "the workflow's version, when MODULE:ATTR holds more than one of its name"
     )
     start.add_argument(
         "--input",
@@ -137,7 +109,16 @@ def add_start_parser(actions: Any, store: argparse.ArgumentParser) -> None:
         default="{}",
         help="the run's input, a JSON object, e.g. '{\"order\": 42}' (default: {})",
     )
-    start.set_defaults(handler=_start)
+
+
+def add_workflows(parser: argparse.ArgumentParser, help_text: str | None = None) -> None:
+    """Add the required ``--workflows MODULE:ATTR``: what ``load_workflows`` imports."""
+    parser.add_argument("--workflows", metavar="MODULE:ATTR", required=True, help=help_text)
+
+
+def add_workflow_version(parser: argparse.ArgumentParser, help_text: str | None = None) -> None:
+    """Add ``--workflow-version VERSION``: which of the workflows of one name."""
+    parser.add_argument("--workflow-version", metavar="VERSION", default=None, help=help_text)
 
 
 def load_workflows(spec: str) -> list[Any]:
@@ -212,6 +193,18 @@ def _stop_on_signals(worker: Any) -> Iterator[list[int]]:
 
 
 def _worker(args: argparse.Namespace) -> int:
+    """claim and run queued, interrupted and due runs until stopped
+
+    Serve the workflows MODULE:ATTR names (a list or dict of stepstone.Workflow) from the
+    store: claim queued runs, runs whose owner's lease expired and waiting runs that are
+    due, and drive them, up to --concurrency at once. SIGTERM or SIGINT stops claiming, lets
+    steps in flight finish within --grace, releases the leases and exits 0; steps still
+    running after --grace are abandoned (their leases given back, to run again on another
+    worker) and the process exits 0 without waiting for them; a second signal exits at once.
+    Each run event (claimed, taken over, suspended, finished, failed, lease lost) is one
+    line on stderr; -q keeps only warnings and errors; --json prints each event as one JSON
+    object per line on stdout.
+    """
     workflows = load_workflows(args.workflows)
     import stepstone  # noqa: PLC0415
 
@@ -360,6 +353,11 @@ def _pick(workflows: list[Any], name: str, version: str | None, spec: str) -> An
 
 
 def _start(args: argparse.Namespace) -> int:
+    """queue a run of a workflow for a worker (as stepstone.start)
+
+    Record a new run RUN_ID of WORKFLOW (a name among the workflows MODULE:ATTR names) as
+    queued, with --input as its input, for `stepstone worker` to run.
+    """
     workflows = load_workflows(args.workflows)
     workflow = _pick(workflows, args.workflow, args.workflow_version, args.workflows)
     payload = json_arg(args.input, "--input", '{"order": 42}')

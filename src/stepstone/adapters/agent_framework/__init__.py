@@ -71,12 +71,13 @@ storage cannot change that, so it also logs each failure at ERROR level on the
 
 from __future__ import annotations
 
+from .._extra import missing_extra
+
 try:
     import agent_framework  # noqa: F401 - fail here, naming the extra, rather than deeper
 except ImportError as exc:  # pragma: no cover - the tests run with the extra installed
-    raise ImportError(
-        "stepstone.adapters.agent_framework needs Microsoft Agent Framework: "
-        "pip install 'stepstone[agent-framework]'"
+    raise missing_extra(
+        exc, "agent_framework", "Microsoft Agent Framework", "agent-framework"
     ) from exc
 
 from ._encoding import TYPE_KEY

@@ -53,13 +53,12 @@ twice at once, as the SDK's documentation requires.
 
 from __future__ import annotations
 
+from .._extra import missing_extra
+
 try:
     import agents  # noqa: F401 - fail here, naming the extra, rather than deeper
 except ImportError as exc:  # pragma: no cover - the tests run with the extra installed
-    raise ImportError(
-        "stepstone.adapters.openai_agents needs the OpenAI Agents SDK: "
-        "pip install 'stepstone[openai-agents]'"
-    ) from exc
+    raise missing_extra(exc, "openai_agents", "the OpenAI Agents SDK", "openai-agents") from exc
 
 from ._approvals import aapprove, apending_approvals, approve, areject, pending_approvals, reject
 from ._journal import APPROVAL_SIGNAL as APPROVAL_SIGNAL  # module constants, as before

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import pydantic
 from agents import Agent, FunctionTool, ModelResponse, RunConfig
-from agents.models.interface import Model, ModelProvider, ModelTracing
+from agents.models.interface import Model, ModelProvider
 
 from ..._errors import InvalidWorkflow
 from .._budget_gate import over_budget
@@ -20,13 +20,8 @@ from ._streaming import journaled_stream
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from agents.agent_output import AgentOutputSchemaBase
-    from agents.handoffs import Handoff
-    from agents.items import TResponseInputItem, TResponseStreamEvent
-    from agents.model_settings import ModelSettings
-    from agents.tool import Tool
+    from agents.items import TResponseStreamEvent
     from agents.tool_context import ToolContext
-    from openai.types.responses.response_prompt_param import ResponsePromptParam
 
 _RESPONSE = pydantic.TypeAdapter(ModelResponse)
 # The invoke functions durable_tool made, so wrapping a wrapped tool is a no-op.
@@ -44,33 +39,14 @@ class StepstoneModel(Model):
         self.model = model
         self.name = name
 
-    async def get_response(
-        self,
-        system_instructions: str | None,
-        input: str | list[TResponseInputItem],
-        model_settings: ModelSettings,
-        tools: list[Tool],
-        output_schema: AgentOutputSchemaBase | None,
-        handoffs: list[Handoff],
-        tracing: ModelTracing,
-        *,
-        previous_response_id: str | None,
-        conversation_id: str | None,
-        prompt: ResponsePromptParam | None,
-    ) -> ModelResponse:
+    async def get_response(self, *args: Any, **kwargs: Any) -> ModelResponse:
+        """The wrapped model's ``get_response``, journaled: replayed once recorded.
+
+        The arguments are handed on as the SDK gave them, whatever its version adds.
+        """
+
         async def call() -> ModelResponse:
-            return await self.model.get_response(
-                system_instructions,
-                input,
-                model_settings,
-                tools,
-                output_schema,
-                handoffs,
-                tracing,
-                previous_response_id=previous_response_id,
-                conversation_id=conversation_id,
-                prompt=prompt,
-            )
+            return await self.model.get_response(*args, **kwargs)
 
         journal = journal_var.get()
         if journal is None:
@@ -97,33 +73,11 @@ class StepstoneModel(Model):
             journal.used[1] += int(usage.get("output_tokens") or 0)
         return _RESPONSE.validate_python(found["response"])
 
-    def stream_response(
-        self,
-        system_instructions: str | None,
-        input: str | list[TResponseInputItem],
-        model_settings: ModelSettings,
-        tools: list[Tool],
-        output_schema: AgentOutputSchemaBase | None,
-        handoffs: list[Handoff],
-        tracing: ModelTracing,
-        *,
-        previous_response_id: str | None,
-        conversation_id: str | None,
-        prompt: ResponsePromptParam | None,
-    ) -> AsyncIterator[TResponseStreamEvent]:
+    def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[TResponseStreamEvent]:
+        """The wrapped model's ``stream_response``, journaled as ``get_response`` is."""
+
         def call() -> AsyncIterator[TResponseStreamEvent]:
-            return self.model.stream_response(
-                system_instructions,
-                input,
-                model_settings,
-                tools,
-                output_schema,
-                handoffs,
-                tracing,
-                previous_response_id=previous_response_id,
-                conversation_id=conversation_id,
-                prompt=prompt,
-            )
+            return self.model.stream_response(*args, **kwargs)
 
         journal = journal_var.get()
         if journal is None:

@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import json
 import os
+from collections.abc import AsyncIterator
 from typing import Any
 
 from agents.memory.session_settings import (
@@ -137,6 +138,17 @@ class StepstoneSession:
             )
         return cp, cp.state
 
+    async def _heads(self) -> AsyncIterator[tuple[Checkpoint | None, dict[str, Any]]]:
+        """Yield the head (``_head``) up to ``MAX_TRIES`` times: each change is a loop over
+        it, and a try the caller does not end (a conflict, a page gone) backs off first."""
+        for attempt in range(MAX_TRIES):
+            yield await self._head()
+            await backoff(attempt)
+
+    def _contended(self, what: str = f"{MAX_TRIES} other writers got in first") -> ConflictError:
+        """The error once every try of ``_heads`` lost to other writers."""
+        return ConflictError(f"session {self.session_id!r}: {what}", self.head_id)
+
     async def _commit(self, cp: Checkpoint | None, state: dict[str, Any]) -> bool:
         """Save ``state`` as the head over ``cp``; return False on a conflict (retry)."""
         intended = done_record(self.head_id, state) if cp is None else evolve(cp, state=state)
@@ -211,8 +223,7 @@ class StepstoneSession:
     async def _read(self, limit: int | None) -> list[Any]:
         if limit is not None and limit <= 0:
             return []
-        for attempt in range(MAX_TRIES):
-            _, state = await self._head()
+        async for _, state in self._heads():
             items = list(state["items"])
             complete = True
             for seq, _count in reversed(state["pages"]):
@@ -225,10 +236,7 @@ class StepstoneSession:
                 items = list(page.state["items"]) + items
             if complete:
                 return items if limit is None else items[-limit:]
-            await backoff(attempt)
-        raise ConflictError(
-            f"session {self.session_id!r}: changed too often to be read", self.head_id
-        )
+        raise self._contended("changed too often to be read")
 
     async def add_items(self, items: list[Any]) -> None:
         """Append ``items`` (one batch, kept together and in order) to the history."""
@@ -238,8 +246,7 @@ class StepstoneSession:
         if not batch:
             return
         write = self._write_id()
-        for attempt in range(MAX_TRIES):
-            cp, state = await self._head()
+        async for cp, state in self._heads():
             if self._applied(state, write) is not MISSING:
                 return
             new = dict(state)
@@ -257,16 +264,12 @@ class StepstoneSession:
                 return
             if moved is not None:
                 await self._drop_pages([moved])
-            await backoff(attempt)
-        raise ConflictError(
-            f"session {self.session_id!r}: {MAX_TRIES} other writers got in first", self.head_id
-        )
+        raise self._contended()
 
     async def pop_item(self) -> Any:
         """Remove and return the newest item, or None when the history is empty."""
         write = self._write_id()
-        for attempt in range(MAX_TRIES):
-            cp, state = await self._head()
+        async for cp, state in self._heads():
             done = self._applied(state, write)
             if done is not MISSING:
                 return done
@@ -277,7 +280,6 @@ class StepstoneSession:
                 seq = state["pages"][-1][0]
                 page = await self.store.aload(_session_page_id(self.session_id, seq))
                 if page is None:
-                    await backoff(attempt)
                     continue
                 items = list(page.state["items"])
                 new["pages"] = state["pages"][:-1]
@@ -290,16 +292,12 @@ class StepstoneSession:
             if await self._commit(cp, new):
                 await self._drop_pages(dropped)
                 return popped
-            await backoff(attempt)
-        raise ConflictError(
-            f"session {self.session_id!r}: {MAX_TRIES} other writers got in first", self.head_id
-        )
+        raise self._contended()
 
     async def clear_session(self) -> None:
         """Remove every item of the session."""
         write = self._write_id()
-        for attempt in range(MAX_TRIES):
-            cp, state = await self._head()
+        async for cp, state in self._heads():
             if cp is None or self._applied(state, write) is not MISSING:
                 return
             new = {**self._empty(), "next_page": state["next_page"], "applied": state["applied"]}
@@ -307,7 +305,4 @@ class StepstoneSession:
             if await self._commit(cp, new):
                 await self._drop_pages([seq for seq, _ in state["pages"]])
                 return
-            await backoff(attempt)
-        raise ConflictError(
-            f"session {self.session_id!r}: {MAX_TRIES} other writers got in first", self.head_id
-        )
+        raise self._contended()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable, Generator
+from collections.abc import Awaitable, Callable, Generator
 from contextvars import ContextVar
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack
@@ -18,12 +18,13 @@ from ..._effects import Effect
 from ..._errors import InvalidWorkflow
 from ..._runner import arun, run
 from ..._spending import usage_charge
-from ..._steps import RetryPolicy, check_name
+from ..._steps import RetryPolicy
 from ..._store import Store
 from ..._stream import _hooks as _stream
 from ..._stream._writer import Attempt, current
-from ..._suspend import Complete, SuspendingStep, Wait
+from ..._suspend import Complete, Wait
 from .._agent_call import check_options, find, in_sync_run
+from .._agent_step import AgentStepBase
 from .._budget_gate import budgeted, unconsumed_raises
 from .._journaled import channel, journaled, with_journal
 from ._approvals import decide, interruptions, latest_pause
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
     from ..._core import Plan
 
 
-class AgentRunStep(SuspendingStep):
+class AgentRunStep(AgentStepBase):
     """A step that runs an OpenAI agent durably; its final output is merged under ``name``.
 
     ``input`` is the agent's input (a str or a list of input items), or a function of the
@@ -67,13 +68,11 @@ class AgentRunStep(SuspendingStep):
     """
 
     __slots__ = (
-        "agent",
         "approval_signal",
         "context",
         "input",
         "max_turns",
         "options",
-        "prices",
         "run_config",
         "store",
         "stream",
@@ -96,13 +95,10 @@ class AgentRunStep(SuspendingStep):
         stream: bool = False,
         **options: Any,
     ) -> None:
-        self.name = check_name(name)
+        self._begin(name, retry, prices)
         if not isinstance(stream, bool):
             raise InvalidWorkflow(f"AgentRunStep {name!r}: stream must be True or False")
         self.stream = stream
-        if prices is not None and not isinstance(prices, Prices):
-            raise InvalidWorkflow(f"AgentRunStep {name!r}: prices must be a stepstone.Prices")
-        self.prices = prices
         if not isinstance(agent, Agent):
             raise InvalidWorkflow(f"AgentRunStep {name!r}: agent must be an agents.Agent")
         if store is not None and not isinstance(store, Store):
@@ -122,11 +118,7 @@ class AgentRunStep(SuspendingStep):
         self.max_turns = max_turns
         self.run_config = durable_config(run_config)
         self.approval_signal = approval_signal
-        self.retry = retry
         self.options = options
-
-    def __repr__(self) -> str:
-        return f"AgentRunStep({self.name!r}, {self.agent.name!r})"
 
     def ready(self, cp: Checkpoint) -> bool:
         if cp.waiting_for == BUDGET_WAIT:  # paused by its budget between model calls
@@ -149,7 +141,9 @@ class AgentRunStep(SuspendingStep):
         holder: list[Journal] = []
 
         async def body() -> dict[str, Any]:
-            return await self._streamed(holder[0], store, state, signals, consumed)
+            return await self._streamed(
+                lambda: self._execute(holder[0], store, state, signals, consumed)
+            )
 
         link = channel(plan.run_id, self.name, body, sync)
         journal = Journal(cp, self.name, link, sync)
@@ -175,15 +169,9 @@ class AgentRunStep(SuspendingStep):
             update[SPEND_KEY] = ledger  # spend budgets: the run's usage, saved with its output
         return Complete(update, changes)
 
-    async def _streamed(
-        self,
-        journal: Journal,
-        store: Store,
-        state: dict[str, Any],
-        signals: list[Any],
-        consumed: int,
-    ) -> dict[str, Any]:
-        """``_execute``; with ``stream``, under one stream attempt for the whole agent run.
+    async def _streamed(self, execute: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
+        """``execute()`` (``_execute``); with ``stream``, under one stream attempt for the
+        whole agent run.
 
         The agent's events are emitted between its journaled units (``Runner.run_streamed``
         yields them to this task), so they are the step's attempt, not a unit's: stored
@@ -193,7 +181,7 @@ class AgentRunStep(SuspendingStep):
         """
         scope = _step_attempt() if self.stream else None
         try:
-            outcome = await self._execute(journal, store, state, signals, consumed)
+            outcome = await execute()
         except BaseException:
             if scope is not None:
                 _stream.abandon(scope)

@@ -45,12 +45,12 @@ owner (its lease taken over) gets ``LeaseLost`` on its next journal write.
 
 from __future__ import annotations
 
+from .._extra import missing_extra
+
 try:
     import pydantic_ai  # noqa: F401 - fail here, naming the extra, rather than deeper
 except ImportError as exc:  # pragma: no cover - the tests run with the extra installed
-    raise ImportError(
-        "stepstone.adapters.pydantic_ai needs pydantic-ai: pip install 'stepstone[pydantic-ai]'"
-    ) from exc
+    raise missing_extra(exc, "pydantic_ai", "pydantic-ai", "pydantic-ai") from exc
 
 from ._capability import StepstoneDurability
 from ._journal import JOURNAL_FORMAT, ConcurrentUnits, journal_run_id, parse_token

@@ -18,15 +18,16 @@ from ..._effects import Effect
 from ..._errors import InvalidWorkflow, LeaseLost
 from ..._runner import arun, run
 from ..._spending import usage_charge
-from ..._steps import RetryPolicy, check_name
+from ..._steps import RetryPolicy
 from ..._store import Store
-from ..._suspend import Complete, SuspendingStep, Wait, pending_signals
+from ..._suspend import Complete, Wait, pending_signals
 
 if TYPE_CHECKING:
     from pydantic_ai.agent import AbstractAgent
 
     from ..._core import Plan
 from .._agent_call import check_options, find, in_sync_run
+from .._agent_step import AgentStepBase
 from .._budget_gate import budgeted, unconsumed_raises
 from .._journaled import channel, journaled, step_entries, with_journal
 from ._capability import StepstoneDurability
@@ -35,7 +36,7 @@ from ._journal import Session, Suspend, journal_run_id, legacy_call, session_var
 # --- the step -------------------------------------------------------------------------
 
 
-class AgentStep(SuspendingStep):
+class AgentStep(AgentStepBase):
     """A step that runs a pydantic-ai agent durably; its output is merged under ``name``.
 
     ``prompt`` is the user prompt, or a function of the run's state returning it;
@@ -51,7 +52,7 @@ class AgentStep(SuspendingStep):
     with its output, by the same save: its tokens, and dollars at ``prices``.
     """
 
-    __slots__ = ("agent", "deps", "output", "prices", "prompt", "store")
+    __slots__ = ("deps", "output", "prompt", "store")
 
     def __init__(
         self,
@@ -65,10 +66,7 @@ class AgentStep(SuspendingStep):
         retry: RetryPolicy | None = None,
         prices: Prices | None = None,
     ) -> None:
-        self.name = check_name(name)
-        if prices is not None and not isinstance(prices, Prices):
-            raise InvalidWorkflow(f"AgentStep {name!r}: prices must be a stepstone.Prices")
-        self.prices = prices
+        self._begin(name, retry, prices)
         if not isinstance(store, Store):
             raise InvalidWorkflow(f"AgentStep {name!r}: store must be a stepstone Store")
         self.store = store
@@ -83,10 +81,6 @@ class AgentStep(SuspendingStep):
         self.prompt = prompt
         self.deps = deps
         self.output = output
-        self.retry = retry
-
-    def __repr__(self) -> str:
-        return f"AgentStep({self.name!r}, {self.agent.name!r})"
 
     def ready(self, cp: Checkpoint) -> bool:
         signal = (cp.waiting_for or "").removeprefix("signal ")
