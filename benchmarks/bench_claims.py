@@ -15,7 +15,9 @@
    ``run`` calls of the same steps, on the same SQLite store (``synchronous=normal``).
    ``worker`` counts the worker alone (the runs were queued before), ``start+worker``
    also the ``start`` calls. (count(2N) - count(N)) / N per run: start-up and warm-up
-   cancel out. Target: worker at most 1.2x the ``run`` loop. Needs valgrind.
+   cancel out. ``worker, listener open``: the same once the worker has gone idle once
+   and opened its listener (``cg_listening``), which it keeps. Target: worker at most
+   1.2x the ``run`` loop, with and without the listener. Needs valgrind.
 
 3. **Throughput** (PostgreSQL): RUNS queued runs of the 10-step workflow drained by 4
    worker processes, and by 1, each at concurrency 1: runs per second from the first
@@ -235,6 +237,58 @@ def cg_child(mode: str, n: int, directory: str) -> None:
     store.close()
 
 
+class _Listening(_Drain):
+    """A ``_Drain`` that says when it has opened its listener (at its first idle rest)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.listening = threading.Event()
+
+    def _listen(self, ring: Any) -> Any:
+        listener = super()._listen(ring)
+        self.listening.set()
+        return listener
+
+
+def cg_listening(n: int, directory: str) -> None:
+    """Figure 2 with the listener open: the worker goes idle (opening it), then drains.
+
+    The worker serves an empty store until its listener is open, then claims a run of
+    a one-step ``gate`` workflow whose step holds until the WARMUP + n runs are queued,
+    so it drains them all with the listener open, as a worker does once it has gone
+    idle once. The gate's run is the same in both counts; the listener's looks at the
+    ``start`` calls' commits are counted (they are its cost), the starts themselves
+    are subtracted as in ``start+worker``.
+    """
+    store = open_store(f"sqlite:///{directory}/cg.db?synchronous=normal")
+    workflow = _ten_steps()
+    holding, release = threading.Event(), threading.Event()
+
+    def hold(state: dict[str, Any]) -> dict[str, Any]:
+        holding.set()
+        if not release.wait(600):
+            raise SystemExit("cg listening: the runs were never queued")
+        return {}
+
+    gate = Workflow("gate", [Step("hold", hold)], version="1")
+    total = WARMUP + n
+    worker = _Listening(store, [workflow, gate], concurrency=1, poll=5)
+    worker.target = total + 1
+    thread = threading.Thread(target=worker.serve)
+    thread.start()
+    if not worker.listening.wait(600):
+        raise SystemExit("cg listening: the worker never opened its listener")
+    start(store, gate, "gate")
+    if not holding.wait(600):
+        raise SystemExit("cg listening: the worker never claimed the gate's run")
+    for index in range(total):
+        start(store, workflow, f"cg-{index}")
+    release.set()
+    thread.join(600)
+    assert worker.completed == total + 1, worker.completed
+    store.close()
+
+
 def _cg(mode: str, n: int) -> int:
     directory = tempfile.mkdtemp(dir=HERE / ".tmp")
     try:
@@ -307,12 +361,15 @@ def main() -> None:
         worker_all = per_run("start+worker", args.n)
         starts = per_run("start", args.n)
         looped = per_run("run", args.n)
+        listening = per_run("start+listening", args.n) - starts
         worker = worker_all - starts
         figures["instructions_per_run"] = {
             "run loop": looped,
             "worker": worker,
             "start+worker": worker_all,
+            "worker, listener open": listening,
             "worker / run": round(worker / looped, 3),
+            "worker, listener open / run": round(listening / looped, 3),
             "start+worker / run": round(worker_all / looped, 3),
         }
         for name, value in figures["instructions_per_run"].items():
@@ -358,6 +415,8 @@ def _child(argv: list[str]) -> None:
         for index in range(WARMUP + int(argv[2])):
             start(store, workflow, f"cg-{index}")
         store.close()
+    elif argv[1] == "start+listening":
+        cg_listening(int(argv[2]), argv[3])
     else:
         cg_child(argv[1], int(argv[2]), argv[3])
 
