@@ -17,6 +17,7 @@ from __future__ import annotations
 import heapq
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -258,20 +259,19 @@ def renew_once(plan: Plan, store: Store) -> BaseException | None:
     return lost
 
 
+# Identity semantics (``eq=False``): tickets sit in a heap ordered by ``__lt__`` alone.
+@dataclass(slots=True, eq=False, repr=False)
 class _Ticket:
-    __slots__ = ("active", "clock", "dead", "due", "lock", "lost", "plan", "store")
-
-    def __init__(self, plan: Plan, store: Store, due: float, clock: _clock.Clock) -> None:
-        self.plan = plan
-        self.store = store
-        self.due = due
-        #: The clock the run reads (its ``written_at``, ``due``): the call's own or the
-        #: installed one, as it was when the run first entered a step.
-        self.clock = clock
-        self.active = False
-        self.dead = False
-        self.lost: BaseException | None = None
-        self.lock = threading.Lock()
+    plan: Plan
+    store: Store
+    due: float
+    #: The clock the run reads (its ``written_at``, ``due``): the call's own or the
+    #: installed one, as it was when the run first entered a step.
+    clock: _clock.Clock
+    active: bool = field(default=False, init=False)
+    dead: bool = field(default=False, init=False)
+    lost: BaseException | None = field(default=None, init=False)
+    lock: threading.Lock = field(default_factory=threading.Lock, init=False)
 
     def __lt__(self, other: _Ticket) -> bool:
         return self.due < other.due

@@ -15,6 +15,7 @@ import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -169,6 +170,7 @@ Reply = _Reply | _AReply
 # --- the session: one execution of the function ----------------------------------------
 
 
+@dataclass(eq=False, repr=False)
 class Session:
     """What the function's context and the core share during one execution.
 
@@ -176,45 +178,39 @@ class Session:
     through its reply. ``status`` is ``open`` while the core listens, ``returned`` after
     the function returned, ``stopped`` after the execution ended otherwise (the run
     waits, failed, or its driver gave up): a call then unwinds the function (``Stop``).
+    Compared and hashed by identity (``eq=False``), as a plain object is.
     """
 
-    def __init__(
-        self,
-        run_id: str,
-        name: str,
-        recorded: dict[int, dict[str, Any]],
-        fn: Callable[..., Any],
-        input: State,
-        asynchronous: bool,
-    ) -> None:
-        self.run_id = run_id
-        self.name = name
-        self.recorded = recorded
-        self.fn = fn
-        self.input = input
-        self.asynchronous = asynchronous
-        self.seq = 0
-        self.counts: dict[str, int] = {}
-        self.status = "open"
-        self.fatal: WorkflowChanged | None = None
-        self.lock = threading.Lock()
-        self.outstanding: list[Reply] = []
-        self.requests: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
-        self.arequests: asyncio.Queue[tuple[Any, ...]] | None = None
-        self.loop: Any = None
-        self.executor: ThreadPoolExecutor | None = None
-        self.thread: threading.Thread | None = None
-        self.task: asyncio.Task[None] | None = None
-        #: The function's context (``_context``), set by whoever makes the session.
-        self.ctx: Any = None
-        #: The run has a spend budget: each ``ctx.step`` asks the core first (``_budget``).
-        self.budgeted = False
-        #: A ``ctx.reserve`` made for the next ``ctx.step`` (its check leaves it out).
-        self.reserved: str | None = None
-        #: When the run's deadline falls (issue 33), or None: checked before each call.
-        self.deadline_at: datetime | None = None
-        #: Flow control: the keys each call in flight holds, by its seq (``_code``).
-        self.held: dict[int, FlowCall] = {}
+    run_id: str
+    name: str
+    recorded: dict[int, dict[str, Any]]
+    fn: Callable[..., Any]
+    input: State
+    asynchronous: bool
+    seq: int = field(default=0, init=False)
+    counts: dict[str, int] = field(default_factory=dict, init=False)
+    status: str = field(default="open", init=False)
+    fatal: WorkflowChanged | None = field(default=None, init=False)
+    lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    outstanding: list[Reply] = field(default_factory=list, init=False)
+    requests: queue.SimpleQueue[tuple[Any, ...]] = field(
+        default_factory=queue.SimpleQueue, init=False
+    )
+    arequests: asyncio.Queue[tuple[Any, ...]] | None = field(default=None, init=False)
+    loop: Any = field(default=None, init=False)
+    executor: ThreadPoolExecutor | None = field(default=None, init=False)
+    thread: threading.Thread | None = field(default=None, init=False)
+    task: asyncio.Task[None] | None = field(default=None, init=False)
+    #: The function's context (``_context``), set by whoever makes the session.
+    ctx: Any = field(default=None, init=False)
+    #: The run has a spend budget: each ``ctx.step`` asks the core first (``_budget``).
+    budgeted: bool = field(default=False, init=False)
+    #: A ``ctx.reserve`` made for the next ``ctx.step`` (its check leaves it out).
+    reserved: str | None = field(default=None, init=False)
+    #: When the run's deadline falls (issue 33), or None: checked before each call.
+    deadline_at: datetime | None = field(default=None, init=False)
+    #: Flow control: the keys each call in flight holds, by its seq (``_code``).
+    held: dict[int, FlowCall] = field(default_factory=dict, init=False)
 
     # -- the function's side -----------------------------------------------------------
 

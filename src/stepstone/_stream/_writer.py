@@ -21,6 +21,7 @@ from __future__ import annotations
 import secrets
 import threading
 from contextvars import ContextVar
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 from .._errors import ConflictError, StoreError
@@ -331,22 +332,21 @@ class Writer:
         self.flush()
 
 
+@dataclass(slots=True, eq=False, repr=False)
 class Attempt:
-    """One attempt of one step, while it runs: where its events go, made on first emit."""
+    """One attempt of one step, while it runs: where its events go, made on first emit.
 
-    __slots__ = ("can_emit", "epoch", "key", "number", "run_id", "store", "token", "writer")
+    Compared and hashed by identity (``eq=False``), as a plain object is.
+    """
 
-    def __init__(
-        self, store: Store, run_id: str, key: str, epoch: int, number: int, can_emit: bool
-    ) -> None:
-        self.store = store
-        self.run_id = run_id
-        self.key = key
-        self.epoch = epoch
-        self.number = number
-        self.can_emit = can_emit
-        self.token = ""
-        self.writer: Writer | None = None
+    store: Store
+    run_id: str
+    key: str
+    epoch: int
+    number: int
+    can_emit: bool
+    token: str = field(default="", init=False)
+    writer: Writer | None = field(default=None, init=False)
 
     def call(self, seq: int, number: int) -> Attempt:
         """Return the attempt of the call at ``seq`` of the code workflow this step runs."""
