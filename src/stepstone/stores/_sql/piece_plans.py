@@ -37,6 +37,17 @@ class _Unreadable(Exception):
     """``delete`` found a document that is not UTF-8: it deletes it blind."""
 
 
+class _Saving:
+    """The ``ctx`` of a save: the run's key, and its pieces' statements, which
+    ``_pp_write`` plans and ``_pp_commit`` runs in the transaction of its swap."""
+
+    __slots__ = ("first", "key")
+
+    def __init__(self, key: Any) -> None:
+        self.key = key
+        self.first: tuple[tuple[str, Any], ...] = ()
+
+
 class _Loading(NamedTuple):
     """The ``ctx`` of the pieces protocol's loads and deletes: the run's key, id, source."""
 
@@ -46,13 +57,19 @@ class _Loading(NamedTuple):
 
 
 class SQLPieces(PiecesProtocol[Exec]):
-    """The pieces side of ``SQLStore``; ``ctx`` is the run's key in a save, a
-    ``_Loading`` in a load or delete."""
+    """The pieces side of ``SQLStore``; ``ctx`` is a ``_Saving`` in a save, a
+    ``_Loading`` in a load or delete.
+
+    A save's pieces are written in the transaction of its compare-and-swap
+    (``Exec.first``): one commit (on SQLite one fsync) for the save, not one per piece,
+    and a lost or killed save leaves none behind.
+    """
 
     _sql: SQLText
     where: str
 
     holds_pieces: ClassVar[bool] = True
+    _pieces_in_commit: ClassVar[bool] = True
     piece_kill_points: ClassVar[Mapping[str, bool]] = MappingProxyType(
         {"pieces.piece": False, "pieces.written": False, "pieces.collect": True}
     )
@@ -106,32 +123,33 @@ class SQLPieces(PiecesProtocol[Exec]):
     def _pp_run_id(self, plan: _SavePlan) -> str:
         return plan[0].run_id
 
-    def _pp_begin(self, plan: _SavePlan) -> Plan[Any]:
-        return plan[2]["run_key"]
+    def _pp_begin(self, plan: _SavePlan) -> Plan[_Saving]:
+        return _Saving(plan[2]["run_key"])
         yield  # a generator that performs nothing
 
-    def _pp_write(self, ctx: Any, pieces: Sequence[_statelog.Piece], retry: bool) -> Plan[None]:
-        # Each its own statement (within every packet limit).
+    def _pp_write(self, ctx: _Saving, pieces: Sequence[_statelog.Piece], retry: bool) -> Plan[None]:
+        """Plan the pieces' statements; ``_pp_commit`` runs them in the swap's transaction
+        (the drivers fire ``pieces.piece`` between two, ``pieces.written`` after them)."""
         yield from self._pieces_table()
         sql = self._pieces_sql
-        # A retry's pieces may be there already: keep them.
+        # A retry's pieces may be there already (its first attempt landed): keep them.
         insert = sql.insert_new if retry else sql.insert
-        for piece in pieces:
-            yield Exec(
-                insert,
-                {"run_key": ctx, "piece_key": piece.key, "gen": piece.gen, "data": piece.data},
-            )
-            _hooks.fire("pieces.piece")  # chaos: a kill between two pieces of a save
+        key = ctx.key
+        # Each its own statement (within every packet limit).
+        ctx.first = tuple(
+            (insert, {"run_key": key, "piece_key": p.key, "gen": p.gen, "data": p.data})
+            for p in pieces
+        )
 
-    def _pp_commit(self, ctx: Any, plan: _SavePlan, checkpoint: Checkpoint) -> Plan[int]:
+    def _pp_commit(self, ctx: _Saving, plan: _SavePlan, checkpoint: Checkpoint) -> Plan[int]:
         saved, sql, params, _ = plan
-        stored, _ = yield Exec(sql, params, save=True)
+        stored, _ = yield Exec(sql, params, save=True, first=ctx.first)
         if stored != 1:
             rows = yield from self._peek(saved.run_id)
             raise self._conflict(saved.run_id, checkpoint.version, rows)
         return stored
 
-    def _pp_own(self, ctx: Any, plan: _SavePlan) -> Plan[int | None]:
+    def _pp_own(self, ctx: _Saving, plan: _SavePlan) -> Plan[int | None]:
         rows = yield from self._peek(plan[0].run_id)
         # Nobody else writes a save's random version token.
         return 1 if rows and rows[0][0] == plan[0].version else None
@@ -139,18 +157,18 @@ class SQLPieces(PiecesProtocol[Exec]):
     def _pp_saved(self, plan: _SavePlan, checkpoint: Checkpoint, result: Any) -> Checkpoint:
         return plan[0]
 
-    def _pp_collect(self, ctx: Any, below: int, inc: str | None) -> Plan[None]:
+    def _pp_collect(self, ctx: _Saving, below: int, inc: str | None) -> Plan[None]:
         """One statement: this incarnation's pieces below ``below``, and orphans of other
         incarnations (``_statelog.is_orphan``). Never another incarnation's young pieces:
         the run may have been deleted and started again since this save's document landed."""
         sql = self._pieces_sql
         if inc is None:
-            params = {"run_key": ctx, "gen": below, "any_inc": "%:%"}
+            params = {"run_key": ctx.key, "gen": below, "any_inc": "%:%"}
             yield Exec(sql.delete_below_legacy, params)
             return
         cutoff = _statelog.inc_cutoff(_statelog.ORPHAN_AGE)
         params = {
-            "run_key": ctx,
+            "run_key": ctx.key,
             "gen": below,
             "inc_like": f"{inc}:%",
             "any_inc": "%:%",
@@ -158,11 +176,13 @@ class SQLPieces(PiecesProtocol[Exec]):
         }
         yield Exec(sql.delete_below, params)
 
-    def _pp_drop(self, ctx: Any, keys: list[str]) -> Plan[None]:
+    def _pp_drop(self, ctx: _Saving, keys: list[str]) -> Plan[None]:
+        # Not called (``_pieces_in_commit``: a lost save's pieces went with its swap);
+        # kept for the protocol's contract.
         pieces = self._pieces_sql
         for start in range(0, len(keys), IN_MAX):
             part = keys[start : start + IN_MAX]
-            params = {"run_key": ctx, **{f"k{n}": k for n, k in enumerate(part)}}
+            params = {"run_key": ctx.key, **{f"k{n}": k for n, k in enumerate(part)}}
             yield Exec(pieces.delete_keys(len(part)), params)
 
     def _pp_fetch(self, ctx: _Loading, keys: Sequence[str]) -> Plan[dict[str, bytes]]:

@@ -106,8 +106,10 @@ class SQLStore(Connections, SQLClaims, Store):
     def _perform(self, effect: Exec) -> Result:
         group = self._group
         if effect.save and group is not None:
-            return self._group_save(group, effect.sql, effect.params), []
-        return self._exec(effect.sql, effect.params, save=effect.save, keys=effect.keys)
+            return self._group_save(group, effect.sql, effect.params, effect.first), []
+        return self._exec(
+            effect.sql, effect.params, save=effect.save, keys=effect.keys, first=effect.first
+        )
 
     def _aio(self) -> bool:
         """Whether the async methods run on native async connections (not on threads).
@@ -118,7 +120,7 @@ class SQLStore(Connections, SQLClaims, Store):
         return self.native_async and (self._engine is None or self._aengine is not None)
 
     async def _aperform(self, effect: Exec) -> Result:
-        return await self._aexec(effect.sql, effect.params, save=effect.save)
+        return await self._aexec(effect.sql, effect.params, save=effect.save, first=effect.first)
 
     # --- rows and documents -------------------------------------------------------------
 
