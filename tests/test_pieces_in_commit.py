@@ -131,14 +131,18 @@ def test_a_save_interrupted_between_two_pieces_leaves_no_piece(config: str, mode
         with hook(cut), pytest.raises(Interrupted):
             _save(store, _whole(first, _long(220, "b")), mode)
         assert fired == 2
+        with open_store(config) as other:
+            assert other.piece_keys("cut") == before, "the interrupted save left pieces"
+            loaded = other.load("cut")
+            assert loaded is not None and loaded.version == first.version
+            assert loaded.state == _long(200, "a")
+        # The run goes on from the stored checkpoint, on the same store (no transaction
+        # of the interrupted save is left open on its connection).
+        again = _save(store, _whole(first, _long(230, "c")), mode)
     with open_store(config) as reopened:
-        assert reopened.piece_keys("cut") == before, "the interrupted save left pieces"
-        loaded = reopened.load("cut")
-        assert loaded is not None and loaded.version == first.version
-        assert loaded.state == _long(200, "a")
-        # The run goes on from the stored checkpoint.
-        again = _save(reopened, _whole(loaded, _long(230, "c")), mode)
         assert reopened.piece_keys("cut") == sorted(sl.pieces_of(_ref(again)))
+        loaded = reopened.load("cut")
+        assert loaded is not None and loaded.state == _long(230, "c")
 
 
 @pytest.mark.usefixtures("small_pieces")

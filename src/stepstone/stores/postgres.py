@@ -17,7 +17,8 @@ creation and migration. Design, and why:
 - No group commit in the client: PostgreSQL flushes the WAL of concurrently committing
   sessions together (its own group commit), so concurrent saves on separate connections
   already share flushes, and each save stays one statement, one round trip, even when
-  alone. The backend READMEs give the figures.
+  alone. The backend READMEs give the figures. A save with pieces is one transaction
+  in two round trips (psycopg's pipeline): BEGIN, the pieces and the swap, then COMMIT.
 - Async: ``psycopg.AsyncConnection``, the same statements, parameters and error table;
   only the awaits differ (``_sql.SQLStore.asave`` against ``save``).
 - Timeouts (URL options, seconds): ``connect_timeout`` (default 10) bounds connecting;
@@ -41,12 +42,14 @@ import math
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, Final, Self
 
+from .. import _hooks
 from .._errors import CheckpointTooLarge, StoreError, StorePermissionError, StoreUnavailable
 from ._errortable import ErrorRule
 from ._sql import (
     DEFAULT_TABLE,
     PASSWORD_ENV,
     Held,
+    Pieces,
     ServerStore,
     SQLText,
     detach_socket,
@@ -474,6 +477,31 @@ class PostgresStore(ServerStore):
         conn = await connection.connect(**self._connect_args)
         conn.read_timeout = self.read_timeout
         return conn, conn.cursor()
+
+    def _pieces_then_swap(self, held: Held, sql: str, params: Any, first: Pieces) -> int:
+        # Sent together, one round trip (``_save_in_transaction`` then commits).
+        cursor = held.cursor
+        self._count()
+        with held.conn.pipeline():
+            cursor.execute("BEGIN")
+            for statement, values in first:
+                cursor.execute(statement, values)
+                _hooks.fire("pieces.piece")  # chaos: a kill between two pieces of a save
+            _hooks.fire("pieces.written")
+            cursor.execute(sql, params)
+        return int(cursor.rowcount)  # the last statement's: the swap's
+
+    async def _apieces_then_swap(self, held: Held, sql: str, params: Any, first: Pieces) -> int:
+        cursor = held.cursor
+        self._count()
+        async with held.conn.pipeline():
+            await cursor.execute("BEGIN")
+            for statement, values in first:
+                await cursor.execute(statement, values)
+                _hooks.fire("pieces.piece")
+            _hooks.fire("pieces.written")
+            await cursor.execute(sql, params)
+        return int(cursor.rowcount)
 
     def _adrop(self, held: Held) -> None:
         # pgconn.finish closes the socket without awaiting: fine from a cancelled task.
