@@ -17,8 +17,9 @@ creation and migration. Design, and why:
 - No group commit in the client: PostgreSQL flushes the WAL of concurrently committing
   sessions together (its own group commit), so concurrent saves on separate connections
   already share flushes, and each save stays one statement, one round trip, even when
-  alone. The backend READMEs give the figures. A save with pieces is one transaction
-  in two round trips (psycopg's pipeline): BEGIN, the pieces and the swap, then COMMIT.
+  alone. The backend READMEs give the figures. A save with pieces is one transaction in
+  one round trip (psycopg's pipeline): BEGIN, the swap, its pieces, COMMIT; each piece
+  is inserted only if the swap landed, so a lost swap commits nothing.
 - Async: ``psycopg.AsyncConnection``, the same statements, parameters and error table;
   only the awaits differ (``_sql.SQLStore.asave`` against ``save``).
 - Timeouts (URL options, seconds): ``connect_timeout`` (default 10) bounds connecting;
@@ -247,6 +248,7 @@ class PostgresStore(ServerStore):
 
     scheme: ClassVar[str] = "postgresql"
     _DIALECT: ClassVar[str] = "postgresql"
+    _SWAP_FIRST: ClassVar[bool] = True
     # claims_in_one_call (``ServerStore``): one UPDATE over a FOR UPDATE SKIP LOCKED
     # pick, RETURNING the claimed rows.
     _LIST_PARAMS: ClassVar[bool] = True
@@ -478,30 +480,43 @@ class PostgresStore(ServerStore):
         conn.read_timeout = self.read_timeout
         return conn, conn.cursor()
 
-    def _pieces_then_swap(self, held: Held, sql: str, params: Any, first: Pieces) -> int:
-        # Sent together, one round trip (``_save_in_transaction`` then commits).
-        cursor = held.cursor
+    def _save_in_transaction(self, held: Held, sql: str, params: Any, first: Pieces) -> int:
+        # One round trip (psycopg's pipeline): BEGIN, the swap, the pieces (each inserted
+        # only if the swap landed: ``_SWAP_FIRST``), COMMIT. A lost swap commits nothing.
+        conn, cursor = held.conn, held.cursor
+        swap = conn.cursor()
         self._count()
-        with held.conn.pipeline():
-            cursor.execute("BEGIN")
-            for statement, values in first:
-                cursor.execute(statement, values)
-                _hooks.fire("pieces.piece")  # chaos: a kill between two pieces of a save
-            _hooks.fire("pieces.written")
-            cursor.execute(sql, params)
-        return int(cursor.rowcount)  # the last statement's: the swap's
+        try:
+            with conn.pipeline():
+                cursor.execute("BEGIN")
+                swap.execute(sql, params)
+                for statement, values in first:
+                    cursor.execute(statement, values)
+                    _hooks.fire("pieces.piece")  # chaos: a kill between two pieces of a save
+                _hooks.fire("pieces.written")  # chaos: all sent, nothing committed
+                cursor.execute("COMMIT")
+        except BaseException as exc:
+            self._abandon(held, exc)
+            raise
+        return int(swap.rowcount)
 
-    async def _apieces_then_swap(self, held: Held, sql: str, params: Any, first: Pieces) -> int:
-        cursor = held.cursor
+    async def _arun_save(self, held: Held, sql: str, params: Any, first: Pieces) -> int:
+        conn, cursor = held.conn, held.cursor
+        swap = conn.cursor()
         self._count()
-        async with held.conn.pipeline():
-            await cursor.execute("BEGIN")
-            for statement, values in first:
-                await cursor.execute(statement, values)
-                _hooks.fire("pieces.piece")
-            _hooks.fire("pieces.written")
-            await cursor.execute(sql, params)
-        return int(cursor.rowcount)
+        try:
+            async with conn.pipeline():
+                await cursor.execute("BEGIN")
+                await swap.execute(sql, params)
+                for statement, values in first:
+                    await cursor.execute(statement, values)
+                    _hooks.fire("pieces.piece")
+                _hooks.fire("pieces.written")
+                await cursor.execute("COMMIT")
+        except Exception:
+            await self._aabandon(held)
+            raise
+        return int(swap.rowcount)
 
     def _adrop(self, held: Held) -> None:
         # pgconn.finish closes the socket without awaiting: fine from a cancelled task.

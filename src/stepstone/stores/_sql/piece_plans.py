@@ -38,13 +38,15 @@ class _Unreadable(Exception):
 
 
 class _Saving:
-    """The ``ctx`` of a save: the run's key, and its pieces' statements, which
-    ``_pp_write`` plans and ``_pp_commit`` runs in the transaction of its swap."""
+    """The ``ctx`` of a save: the run's key, the save's new version, and its pieces'
+    statements, which ``_pp_write`` plans and ``_pp_commit`` runs in the transaction of
+    its swap."""
 
-    __slots__ = ("first", "key")
+    __slots__ = ("first", "key", "version")
 
-    def __init__(self, key: Any) -> None:
+    def __init__(self, key: Any, version: Any) -> None:
         self.key = key
+        self.version = version
         self.first: tuple[tuple[str, Any], ...] = ()
 
 
@@ -78,6 +80,9 @@ class SQLPieces(PiecesProtocol[Exec]):
     )
     #: The dialect of the pieces table (``pieces.py``): "sqlite", "postgresql", "mysql".
     _DIALECT: ClassVar[str] = ""
+    #: The driver runs a save's swap before its pieces, which are inserted only if it
+    #: landed (``PieceSQL.insert_landed``): PostgreSQL, whose save is one round trip.
+    _SWAP_FIRST: ClassVar[bool] = False
     _pieces_text: PieceSQL | None = None
     #: Whether the pieces table is known to exist: this store created or migrated the
     #: tables, or ran the pieces DDL once. A table an earlier release made gains it on
@@ -124,7 +129,8 @@ class SQLPieces(PiecesProtocol[Exec]):
         return plan[0].run_id
 
     def _pp_begin(self, plan: _SavePlan) -> Plan[_Saving]:
-        return _Saving(plan[2]["run_key"])
+        params = plan[2]
+        return _Saving(params["run_key"], params["version"])
         yield  # a generator that performs nothing
 
     def _pp_write(self, ctx: _Saving, pieces: Sequence[_statelog.Piece], retry: bool) -> Plan[None]:
@@ -132,10 +138,27 @@ class SQLPieces(PiecesProtocol[Exec]):
         (the drivers fire ``pieces.piece`` between two, ``pieces.written`` after them)."""
         yield from self._pieces_table()
         sql = self._pieces_sql
-        # A retry's pieces may be there already (its first attempt landed): keep them.
-        insert = sql.insert_new if retry else sql.insert
         key = ctx.key
-        # Each its own statement (within every packet limit).
+        # Each its own statement (within every packet limit). A retry's pieces may be
+        # there already (its first attempt landed): keep them.
+        if self._SWAP_FIRST:
+            insert = sql.insert_new_landed if retry else sql.insert_landed
+            version = ctx.version
+            ctx.first = tuple(
+                (
+                    insert,
+                    {
+                        "run_key": key,
+                        "piece_key": p.key,
+                        "gen": p.gen,
+                        "data": p.data,
+                        "version": version,
+                    },
+                )
+                for p in pieces
+            )
+            return
+        insert = sql.insert_new if retry else sql.insert
         ctx.first = tuple(
             (insert, {"run_key": key, "piece_key": p.key, "gen": p.gen, "data": p.data})
             for p in pieces

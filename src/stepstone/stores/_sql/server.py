@@ -200,15 +200,18 @@ class ServerStore(SQLStore):
             stored = await self._apieces_then_swap(held, sql, params, first)
             await self._arun(held, "COMMIT" if stored == 1 else "ROLLBACK", None)
         except Exception:
-            # A driver error leaves the connection reusable: roll the transaction back
-            # first. (Cancelled or interrupted, the call drops the connection instead.)
-            if not self._is_broken(held):
-                try:
-                    await held.cursor.execute("ROLLBACK")
-                except Exception:  # noqa: BLE001 - the first error is the one to raise
-                    self._adrop(held)
+            await self._aabandon(held)
             raise
         return stored
+
+    async def _aabandon(self, held: Held) -> None:
+        """Async ``_abandon`` after an error (cancelled or interrupted, the call drops the
+        connection itself): a driver error leaves it reusable once rolled back."""
+        if not self._is_broken(held):
+            try:
+                await held.cursor.execute("ROLLBACK")
+            except Exception:  # noqa: BLE001 - the first error is the one to raise
+                self._adrop(held)
 
     async def _apieces_then_swap(self, held: Held, sql: str, params: Any, first: Pieces) -> int:
         """Async ``_pieces_then_swap``."""
