@@ -25,8 +25,9 @@ class Exec(NamedTuple):
     ``save``: the statement of a save (its kill-point hooks fire around it, and a store
     with group commit batches it). ``keys``: it reads keys that may not decode as text
     (SQLite's run_id key), so read them raw. ``first``: with ``save``, the statements
-    (sql, params) of the save's pieces, run before it in the save's own transaction, so
-    they land only if its compare-and-swap does, with its one commit. A NamedTuple, not
+    (sql, params) of the save's pieces, run in the save's own transaction (before it;
+    on PostgreSQL after it, each inserting only if it landed), so they land only if its
+    compare-and-swap does, with its one commit. A NamedTuple, not
     a frozen dataclass: one is made per statement, on every save and load, and a tuple
     is the cheapest record.
     """

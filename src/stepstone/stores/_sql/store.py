@@ -12,7 +12,8 @@ created and migrated under that server's locking rules.
 - Group commit (SQLite, ``_group.py``): concurrent saves of one process share one
   transaction and its fsync, each keeping its own compare-and-swap outcome; a lone save
   commits at once. A dialect opts in by implementing ``_run_batch``. The servers do not:
-  each save stays one autocommit statement (one round trip, also alone), and the
+  each save stays one autocommit statement (one round trip, also alone; a save with
+  pieces one transaction, ``server.py``), and the
   server already flushes the WAL / redo log of concurrent sessions together (measured
   on PostgreSQL with a slow fsync: 64 threads 11x one thread, one statement per save).
 - Schema: a ``<meta>`` table holds ``schema_version`` (``TABLE_SCHEMA``, the version of
