@@ -50,6 +50,12 @@ class _Saving:
         self.first: tuple[tuple[str, Any], ...] = ()
 
 
+def _key_of(ctx: Any) -> Any:
+    """The run's key of a save's ``ctx``: a ``_Saving``, or the bare key of a save
+    without pieces (which a collection may follow: a state back under the inline size)."""
+    return ctx.key if type(ctx) is _Saving else ctx
+
+
 class _Loading(NamedTuple):
     """The ``ctx`` of the pieces protocol's loads and deletes: the run's key, id, source."""
 
@@ -59,8 +65,8 @@ class _Loading(NamedTuple):
 
 
 class SQLPieces(PiecesProtocol[Exec]):
-    """The pieces side of ``SQLStore``; ``ctx`` is a ``_Saving`` in a save, a
-    ``_Loading`` in a load or delete.
+    """The pieces side of ``SQLStore``; ``ctx`` is a ``_Saving`` in a save with pieces
+    (the run's key in one without), a ``_Loading`` in a load or delete.
 
     A save's pieces are written in the transaction of its compare-and-swap
     (``Exec.first``): one commit (on SQLite one fsync) for the save, not one per piece,
@@ -128,8 +134,10 @@ class SQLPieces(PiecesProtocol[Exec]):
     def _pp_run_id(self, plan: _SavePlan) -> str:
         return plan[0].run_id
 
-    def _pp_begin(self, plan: _SavePlan) -> Plan[_Saving]:
+    def _pp_begin(self, plan: _SavePlan) -> Plan[Any]:
         params = plan[2]
+        if not plan[3].pieces:
+            return params["run_key"]  # most saves: no pieces, the bare key (``_key_of``)
         return _Saving(params["run_key"], params["version"])
         yield  # a generator that performs nothing
 
@@ -164,15 +172,18 @@ class SQLPieces(PiecesProtocol[Exec]):
             for p in pieces
         )
 
-    def _pp_commit(self, ctx: _Saving, plan: _SavePlan, checkpoint: Checkpoint) -> Plan[int]:
+    def _pp_commit(self, ctx: Any, plan: _SavePlan, checkpoint: Checkpoint) -> Plan[int]:
         saved, sql, params, _ = plan
-        stored, _ = yield Exec(sql, params, save=True, first=ctx.first)
+        if type(ctx) is _Saving:
+            stored, _ = yield Exec(sql, params, True, False, ctx.first)
+        else:
+            stored, _ = yield Exec(sql, params, True)
         if stored != 1:
             rows = yield from self._peek(saved.run_id)
             raise self._conflict(saved.run_id, checkpoint.version, rows)
         return stored
 
-    def _pp_own(self, ctx: _Saving, plan: _SavePlan) -> Plan[int | None]:
+    def _pp_own(self, ctx: Any, plan: _SavePlan) -> Plan[int | None]:
         rows = yield from self._peek(plan[0].run_id)
         # Nobody else writes a save's random version token.
         return 1 if rows and rows[0][0] == plan[0].version else None
@@ -180,18 +191,18 @@ class SQLPieces(PiecesProtocol[Exec]):
     def _pp_saved(self, plan: _SavePlan, checkpoint: Checkpoint, result: Any) -> Checkpoint:
         return plan[0]
 
-    def _pp_collect(self, ctx: _Saving, below: int, inc: str | None) -> Plan[None]:
+    def _pp_collect(self, ctx: Any, below: int, inc: str | None) -> Plan[None]:
         """One statement: this incarnation's pieces below ``below``, and orphans of other
         incarnations (``_statelog.is_orphan``). Never another incarnation's young pieces:
         the run may have been deleted and started again since this save's document landed."""
         sql = self._pieces_sql
         if inc is None:
-            params = {"run_key": ctx.key, "gen": below, "any_inc": "%:%"}
+            params = {"run_key": _key_of(ctx), "gen": below, "any_inc": "%:%"}
             yield Exec(sql.delete_below_legacy, params)
             return
         cutoff = _statelog.inc_cutoff(_statelog.ORPHAN_AGE)
         params = {
-            "run_key": ctx.key,
+            "run_key": _key_of(ctx),
             "gen": below,
             "inc_like": f"{inc}:%",
             "any_inc": "%:%",
@@ -199,13 +210,13 @@ class SQLPieces(PiecesProtocol[Exec]):
         }
         yield Exec(sql.delete_below, params)
 
-    def _pp_drop(self, ctx: _Saving, keys: list[str]) -> Plan[None]:
+    def _pp_drop(self, ctx: Any, keys: list[str]) -> Plan[None]:
         # Not called (``_pieces_in_commit``: a lost save's pieces went with its swap);
         # kept for the protocol's contract.
         pieces = self._pieces_sql
         for start in range(0, len(keys), IN_MAX):
             part = keys[start : start + IN_MAX]
-            params = {"run_key": ctx.key, **{f"k{n}": k for n, k in enumerate(part)}}
+            params = {"run_key": _key_of(ctx), **{f"k{n}": k for n, k in enumerate(part)}}
             yield Exec(pieces.delete_keys(len(part)), params)
 
     def _pp_fetch(self, ctx: _Loading, keys: Sequence[str]) -> Plan[dict[str, bytes]]:
