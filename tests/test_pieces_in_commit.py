@@ -214,3 +214,32 @@ def test_a_lone_save_commits_its_pieces_with_its_swap_or_not_at_all() -> None:
     run_batch(conn, [lost], _error)
     assert lost.stored == 0 and "COMMIT" not in traced, traced
     assert conn.execute("SELECT k FROM pieces WHERE run = 'b'").fetchall() == []
+
+
+@pytest.mark.usefixtures("small_pieces")
+@pytest.mark.parametrize("pipelined", [True, False], ids=["pipeline", "no-pipeline"])
+def test_postgresql_sends_a_save_with_pieces_in_one_round_trip(
+    pipelined: bool,
+    mode: str,
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One round trip with libpq's pipeline mode; without it (libpq < 14) one a statement,
+    the same transaction."""
+    from stepstone.stores._sql import save_pg
+    from stepstone.stores.postgres import PostgresStore
+
+    monkeypatch.setattr(save_pg, "_pipelines", lambda is_async: pipelined)
+    with open_store(fresh_config("postgresql", request, tmp_path)) as store:
+        assert isinstance(store, PostgresStore)
+        first = _save(store, Checkpoint("rt", state=_long(200, "a")), mode)
+        sent = store.requests_sent
+        second = _save(store, _whole(first, _long(220, "b")), mode)
+        pieces = len(sl.pieces_of(_ref(second)))
+        assert pieces > 2
+        # BEGIN, the swap, the pieces, COMMIT; then the new base's collection.
+        assert store.requests_sent - sent == (1 if pipelined else pieces + 3) + 1
+        loaded = store.load("rt")
+        assert loaded is not None and loaded.state == _long(220, "b")
+        assert store.piece_keys("rt") == sorted(sl.pieces_of(_ref(second)))

@@ -43,7 +43,6 @@ import math
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, Final, Self
 
-from .. import _hooks
 from .._errors import CheckpointTooLarge, StoreError, StorePermissionError, StoreUnavailable
 from ._errortable import ErrorRule
 from ._sql import (
@@ -58,6 +57,7 @@ from ._sql import (
 )
 from ._sql.listen_pg import PostgresListener, channel_of, stream_channel_of
 from ._sql.pieces import schema_script
+from ._sql.save_pg import asave_pieces, save_pieces
 from ._sql.stream_hub_pg import StreamHub, Subscription, join
 
 __all__ = ["DEFAULT_TABLE", "ERRORS", "PostgresStore", "schema_ddl"]
@@ -481,42 +481,19 @@ class PostgresStore(ServerStore):
         return conn, conn.cursor()
 
     def _save_in_transaction(self, held: Held, sql: str, params: Any, first: Pieces) -> int:
-        # One round trip (psycopg's pipeline): BEGIN, the swap, the pieces (each inserted
-        # only if the swap landed: ``_SWAP_FIRST``), COMMIT. A lost swap commits nothing.
-        conn, cursor = held.conn, held.cursor
-        swap = conn.cursor()
-        self._count()
+        # One round trip: ``_sql.save_pg`` (``_SWAP_FIRST``: the swap, then its pieces).
         try:
-            with conn.pipeline():
-                cursor.execute("BEGIN")
-                swap.execute(sql, params)
-                for statement, values in first:
-                    cursor.execute(statement, values)
-                    _hooks.fire("pieces.piece")  # chaos: a kill between two pieces of a save
-                _hooks.fire("pieces.written")  # chaos: all sent, nothing committed
-                cursor.execute("COMMIT")
+            return save_pieces(held.conn, held.cursor, sql, params, first, self._count)
         except BaseException as exc:
             self._abandon(held, exc)
             raise
-        return int(swap.rowcount)
 
     async def _arun_save(self, held: Held, sql: str, params: Any, first: Pieces) -> int:
-        conn, cursor = held.conn, held.cursor
-        swap = conn.cursor()
-        self._count()
         try:
-            async with conn.pipeline():
-                await cursor.execute("BEGIN")
-                await swap.execute(sql, params)
-                for statement, values in first:
-                    await cursor.execute(statement, values)
-                    _hooks.fire("pieces.piece")
-                _hooks.fire("pieces.written")
-                await cursor.execute("COMMIT")
+            return await asave_pieces(held.conn, held.cursor, sql, params, first, self._count)
         except Exception:
             await self._aabandon(held)
             raise
-        return int(swap.rowcount)
 
     def _adrop(self, held: Held) -> None:
         # pgconn.finish closes the socket without awaiting: fine from a cancelled task.
