@@ -19,7 +19,8 @@ root's pool, the child's save not yet made). A long state's save
 document not yet swapped) and ``pieces.collect`` (the document swapped, older pieces
 not yet collected) in every backend that keeps pieces, and ``pieces.piece`` after each
 piece written (a kill between two pieces; Cosmos, which writes a save's pieces
-concurrently, after its first piece and after the rest). Outside saves:
+concurrently, after its first piece and after the rest). The SQL stores fire both
+inside the save's one transaction, nothing of it committed yet. Outside saves:
 ``pieces.deleting`` (a delete removed the document, its pieces not yet) and
 ``pieces.collecting`` (``collect_orphans`` between two deletions), declared in
 ``Store.cleanup_kill_points``. Flow control (``stepstone._flow``): ``flow.acquired``

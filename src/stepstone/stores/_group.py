@@ -43,11 +43,14 @@ _DONE: Final = 2
 class Pending:
     """One save waiting to be committed: its statement, then its outcome."""
 
-    __slots__ = ("error", "event", "params", "sql", "state", "stored")
+    __slots__ = ("error", "event", "first", "params", "sql", "state", "stored")
 
-    def __init__(self, sql: str, params: Any) -> None:
+    def __init__(self, sql: str, params: Any, first: tuple[tuple[str, Any], ...] = ()) -> None:
         self.sql = sql
         self.params = params
+        #: Statements run before ``sql`` in its transaction, landing only with it (the
+        #: save's pieces: ``effects.Exec.first``).
+        self.first = first
         #: Rows the statement changed (1: stored; 0: the compare-and-swap lost).
         self.stored: int | None = None
         #: The error this save raises, if any (its own, or its batch's).

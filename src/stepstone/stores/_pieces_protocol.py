@@ -85,6 +85,11 @@ class PiecesProtocol(Generic[E]):
     #: but give up after the last fetch without reading again. Otherwise the document is
     #: read again at once, and the same version missing a piece twice is damage.
     _pieces_lagging: ClassVar[bool] = False
+    #: The store writes a save's pieces inside the transaction of its compare-and-swap
+    #: (``_pp_write`` only plans them, ``_pp_commit`` runs them; the SQL stores): they
+    #: land with the document or not at all. So a lost save has no pieces to drop, and
+    #: the store fires ``pieces.written`` itself, inside that transaction.
+    _pieces_in_commit: ClassVar[bool] = False
 
     # --- hooks ----------------------------------------------------------------------
 
@@ -193,7 +198,8 @@ class PiecesProtocol(Generic[E]):
             # Immutable and under keys nobody else uses: written before the document
             # names them; the save's commit point is still the one write below.
             yield from self._pp_write(ctx, prepared.pieces, again is not None)
-            _hooks.fire("pieces.written")
+            if not self._pieces_in_commit:
+                _hooks.fire("pieces.written")
         try:
             result = yield from self._pp_commit(ctx, plan, checkpoint)
         except ConflictError:
@@ -205,8 +211,10 @@ class PiecesProtocol(Generic[E]):
                     self._unanswered.keep(checkpoint, run_id, plan)
                     raise
             if ours is None:
-                # Lost: this save's own pieces are garbage.
-                if prepared.pieces:
+                # Lost: this save's own pieces are garbage. Written with the swap, they
+                # went with it (and a retry's first attempt, had it landed, left pieces
+                # that are a stored document's, not garbage).
+                if prepared.pieces and not self._pieces_in_commit:
                     try:
                         yield from self._pp_drop(ctx, prepared.piece_keys)
                     except StoreError as exc:

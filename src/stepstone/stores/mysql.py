@@ -7,7 +7,9 @@ hooks. Design, and why:
   a first save is ``INSERT ... ON DUPLICATE KEY UPDATE run_key = run_key`` (a no-op
   assignment: an existing row reports 0 rows affected -> ``ConflictError``), later
   saves ``UPDATE ... WHERE run_key = :key AND version = :expected``. InnoDB re-checks the
-  ``WHERE`` under the row lock, so exactly one of several racing saves wins. Connections
+  ``WHERE`` under the row lock, so exactly one of several racing saves wins. A save of a
+  long state is one transaction: ``BEGIN``, a statement per piece (each under the
+  packet limit), the swap, ``COMMIT`` (``ROLLBACK`` if the swap lost): one commit. Connections
   never use ``CLIENT.FOUND_ROWS``: row counts must mean rows *changed*.
 - No group commit in the client: InnoDB flushes the redo log of concurrently committing
   sessions together (its own group commit), so concurrent saves on separate connections

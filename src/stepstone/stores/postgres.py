@@ -17,7 +17,9 @@ creation and migration. Design, and why:
 - No group commit in the client: PostgreSQL flushes the WAL of concurrently committing
   sessions together (its own group commit), so concurrent saves on separate connections
   already share flushes, and each save stays one statement, one round trip, even when
-  alone. The backend READMEs give the figures.
+  alone. The backend READMEs give the figures. A save with pieces is one transaction in
+  one round trip (psycopg's pipeline): BEGIN, the swap, its pieces, COMMIT; each piece
+  is inserted only if the swap landed, so a lost swap commits nothing.
 - Async: ``psycopg.AsyncConnection``, the same statements, parameters and error table;
   only the awaits differ (``_sql.SQLStore.asave`` against ``save``).
 - Timeouts (URL options, seconds): ``connect_timeout`` (default 10) bounds connecting;
@@ -47,11 +49,13 @@ from ._sql import (
     DEFAULT_TABLE,
     PASSWORD_ENV,
     Held,
+    Pieces,
     ServerStore,
     detach_socket,
 )
 from ._sql.listen_pg import PostgresListener, channel_of, stream_channel_of
 from ._sql.pieces import schema_script
+from ._sql.save_pg import asave_pieces, save_pieces
 from ._sql.stream_hub_pg import StreamHub, Subscription, join
 
 __all__ = ["DEFAULT_TABLE", "ERRORS", "PostgresStore", "schema_ddl"]
@@ -237,6 +241,7 @@ class PostgresStore(ServerStore):
 
     scheme: ClassVar[str] = "postgresql"
     _DIALECT: ClassVar[str] = "postgresql"
+    _SWAP_FIRST: ClassVar[bool] = True
     # claims_in_one_call (``ServerStore``): one UPDATE over a FOR UPDATE SKIP LOCKED
     # pick, RETURNING the claimed rows.
     _LIST_PARAMS: ClassVar[bool] = True
@@ -464,6 +469,21 @@ class PostgresStore(ServerStore):
         conn = await connection.connect(**self._connect_args)
         conn.read_timeout = self.read_timeout
         return conn, conn.cursor()
+
+    def _save_in_transaction(self, held: Held, sql: str, params: Any, first: Pieces) -> int:
+        # One round trip: ``_sql.save_pg`` (``_SWAP_FIRST``: the swap, then its pieces).
+        try:
+            return save_pieces(held.conn, held.cursor, sql, params, first, self._count)
+        except BaseException as exc:
+            self._abandon(held, exc)
+            raise
+
+    async def _arun_save(self, held: Held, sql: str, params: Any, first: Pieces) -> int:
+        try:
+            return await asave_pieces(held.conn, held.cursor, sql, params, first, self._count)
+        except Exception:
+            await self._aabandon(held)
+            raise
 
     def _adrop(self, held: Held) -> None:
         # pgconn.finish closes the socket without awaiting: fine from a cancelled task.

@@ -18,7 +18,7 @@ imports them. The SQLAlchemy definitions that produce ``_sql_text`` live in
 
 # What the dialect modules take from here; the rest of ``config`` they import from it.
 from .config import DEFAULT_TABLE, PASSWORD_ENV, detach_socket
-from .connections import Held
+from .connections import Held, Pieces
 from .schema import PLACEHOLDER, TABLE_SCHEMA, SQLText, statements_of
 from .server import ServerStore
 from .store import SQLStore
@@ -29,6 +29,7 @@ __all__ = [
     "PLACEHOLDER",
     "TABLE_SCHEMA",
     "Held",
+    "Pieces",
     "SQLStore",
     "SQLText",
     "ServerStore",

@@ -60,6 +60,8 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 _T = TypeVar("_T")
+#: A save's piece statements, (sql, params) each (``effects.Exec.first``).
+Pieces = tuple[tuple[str, Any], ...]
 
 
 @dataclass(slots=True, weakref_slot=True, eq=False, repr=False)
@@ -166,8 +168,9 @@ class Connections:
         """Run a statement reading keys that may not decode as text (``Exec.keys``)."""
         return self._run(held, sql, params)
 
-    def _run_save(self, held: Held, sql: str, params: Any) -> int:
-        """Run a save's statement; return the rowcount. Servers: one autocommit statement."""
+    def _run_save(self, held: Held, sql: str, params: Any, first: Pieces = ()) -> int:
+        """Run a save's statement; return the rowcount. Servers: one autocommit statement,
+        or with ``first`` (its pieces: ``Exec.first``) one transaction holding them too."""
         raise NotImplementedError
 
     def _run_batch(self, held: Held, items: list[Pending]) -> None:
@@ -214,6 +217,10 @@ class Connections:
         raise NotImplementedError
 
     async def _arun(self, held: Held, sql: str, params: Any) -> tuple[int, list[Any]]:
+        raise NotImplementedError
+
+    async def _arun_save(self, held: Held, sql: str, params: Any, first: Pieces) -> int:
+        """Async ``_run_save`` of a save with pieces (``first``): one transaction."""
         raise NotImplementedError
 
     def _adrop(self, held: Held) -> None:
@@ -320,11 +327,17 @@ class Connections:
         held.close()
 
     def _exec(
-        self, sql: str, params: Any = None, *, save: bool = False, keys: bool = False
+        self,
+        sql: str,
+        params: Any = None,
+        *,
+        save: bool = False,
+        keys: bool = False,
+        first: Pieces = (),
     ) -> tuple[int, list[Any]]:
         """Run one statement on this thread's connection, translating errors."""
         if save:
-            return self._on_held(self._run_save, sql, params), []
+            return self._on_held(self._run_save, sql, params, first), []
         return self._on_held(self._run_keys if keys else self._run, sql, params)
 
     def _on_held(self, call: Callable[..., _T], *args: Any) -> _T:
@@ -372,11 +385,11 @@ class Connections:
             self._drop(held)
         return exc
 
-    def _group_save(self, group: GroupCommit, sql: str, params: Any) -> int:
+    def _group_save(self, group: GroupCommit, sql: str, params: Any, first: Pieces = ()) -> int:
         """Submit one save to the group commit; return its rowcount once committed."""
         if self._closed:
             raise self._closed_error()
-        item = Pending(sql, params)
+        item = Pending(sql, params, first)
         group.submit(item)
         if item.error is not None:
             raise item.error
@@ -420,7 +433,7 @@ class Connections:
         return held
 
     async def _aexec(
-        self, sql: str, params: Any = None, *, save: bool = False
+        self, sql: str, params: Any = None, *, save: bool = False, first: Pieces = ()
     ) -> tuple[int, list[Any]]:
         """Run one statement on a connection of this loop, translating errors."""
         if self._closed:
@@ -434,7 +447,11 @@ class Connections:
                     raise self._closed_error()
                 if save:
                     self._fire_before()
-                result = await self._arun(held, sql, params)
+                result: tuple[int, list[Any]]
+                if first:
+                    result = await self._arun_save(held, sql, params, first), []
+                else:
+                    result = await self._arun(held, sql, params)
                 if save:
                     self._fire_after()
                 reuse = True

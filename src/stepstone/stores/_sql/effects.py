@@ -24,14 +24,19 @@ class Exec(NamedTuple):
 
     ``save``: the statement of a save (its kill-point hooks fire around it, and a store
     with group commit batches it). ``keys``: it reads keys that may not decode as text
-    (SQLite's run_id key), so read them raw. A NamedTuple, not a frozen dataclass: one
-    is made per statement, on every save and load, and a tuple is the cheapest record.
+    (SQLite's run_id key), so read them raw. ``first``: with ``save``, the statements
+    (sql, params) of the save's pieces, run in the save's own transaction (before it;
+    on PostgreSQL after it, each inserting only if it landed), so they land only if its
+    compare-and-swap does, with its one commit. A NamedTuple, not
+    a frozen dataclass: one is made per statement, on every save and load, and a tuple
+    is the cheapest record.
     """
 
     sql: str
     params: Any = None
     save: bool = False
     keys: bool = False
+    first: tuple[tuple[str, Any], ...] = ()
 
 
 #: A store method as a generator of effects, returning its result.

@@ -37,6 +37,25 @@ class _Unreadable(Exception):
     """``delete`` found a document that is not UTF-8: it deletes it blind."""
 
 
+class _Saving:
+    """The ``ctx`` of a save: the run's key, the save's new version, and its pieces'
+    statements, which ``_pp_write`` plans and ``_pp_commit`` runs in the transaction of
+    its swap."""
+
+    __slots__ = ("first", "key", "version")
+
+    def __init__(self, key: Any, version: Any) -> None:
+        self.key = key
+        self.version = version
+        self.first: tuple[tuple[str, Any], ...] = ()
+
+
+def _key_of(ctx: Any) -> Any:
+    """The run's key of a save's ``ctx``: a ``_Saving``, or the bare key of a save
+    without pieces (which a collection may follow: a state back under the inline size)."""
+    return ctx.key if type(ctx) is _Saving else ctx
+
+
 class _Loading(NamedTuple):
     """The ``ctx`` of the pieces protocol's loads and deletes: the run's key, id, source."""
 
@@ -46,13 +65,19 @@ class _Loading(NamedTuple):
 
 
 class SQLPieces(PiecesProtocol[Exec]):
-    """The pieces side of ``SQLStore``; ``ctx`` is the run's key in a save, a
-    ``_Loading`` in a load or delete."""
+    """The pieces side of ``SQLStore``; ``ctx`` is a ``_Saving`` in a save with pieces
+    (the run's key in one without), a ``_Loading`` in a load or delete.
+
+    A save's pieces are written in the transaction of its compare-and-swap
+    (``Exec.first``): one commit (on SQLite one fsync) for the save, not one per piece,
+    and a lost or killed save leaves none behind.
+    """
 
     _sql: SQLText
     where: str
 
     holds_pieces: ClassVar[bool] = True
+    _pieces_in_commit: ClassVar[bool] = True
     piece_kill_points: ClassVar[Mapping[str, bool]] = MappingProxyType(
         {"pieces.piece": False, "pieces.written": False, "pieces.collect": True}
     )
@@ -61,6 +86,9 @@ class SQLPieces(PiecesProtocol[Exec]):
     )
     #: The dialect of the pieces table (``pieces.py``): "sqlite", "postgresql", "mysql".
     _DIALECT: ClassVar[str] = ""
+    #: The driver runs a save's swap before its pieces, which are inserted only if it
+    #: landed (``PieceSQL.insert_landed``): PostgreSQL, whose save is one round trip.
+    _SWAP_FIRST: ClassVar[bool] = False
     _pieces_text: PieceSQL | None = None
     #: Whether the pieces table is known to exist: this store created or migrated the
     #: tables, or ran the pieces DDL once. A table an earlier release made gains it on
@@ -107,25 +135,49 @@ class SQLPieces(PiecesProtocol[Exec]):
         return plan[0].run_id
 
     def _pp_begin(self, plan: _SavePlan) -> Plan[Any]:
-        return plan[2]["run_key"]
+        params = plan[2]
+        if not plan[3].pieces:
+            return params["run_key"]  # most saves: no pieces, the bare key (``_key_of``)
+        return _Saving(params["run_key"], params["version"])
         yield  # a generator that performs nothing
 
-    def _pp_write(self, ctx: Any, pieces: Sequence[_statelog.Piece], retry: bool) -> Plan[None]:
-        # Each its own statement (within every packet limit).
+    def _pp_write(self, ctx: _Saving, pieces: Sequence[_statelog.Piece], retry: bool) -> Plan[None]:
+        """Plan the pieces' statements; ``_pp_commit`` runs them in the swap's transaction
+        (the drivers fire ``pieces.piece`` between two, ``pieces.written`` after them)."""
         yield from self._pieces_table()
         sql = self._pieces_sql
-        # A retry's pieces may be there already: keep them.
-        insert = sql.insert_new if retry else sql.insert
-        for piece in pieces:
-            yield Exec(
-                insert,
-                {"run_key": ctx, "piece_key": piece.key, "gen": piece.gen, "data": piece.data},
+        key = ctx.key
+        # Each its own statement (within every packet limit). A retry's pieces may be
+        # there already (its first attempt landed): keep them.
+        if self._SWAP_FIRST:
+            insert = sql.insert_new_landed if retry else sql.insert_landed
+            version = ctx.version
+            ctx.first = tuple(
+                (
+                    insert,
+                    {
+                        "run_key": key,
+                        "piece_key": p.key,
+                        "gen": p.gen,
+                        "data": p.data,
+                        "version": version,
+                    },
+                )
+                for p in pieces
             )
-            _hooks.fire("pieces.piece")  # chaos: a kill between two pieces of a save
+            return
+        insert = sql.insert_new if retry else sql.insert
+        ctx.first = tuple(
+            (insert, {"run_key": key, "piece_key": p.key, "gen": p.gen, "data": p.data})
+            for p in pieces
+        )
 
     def _pp_commit(self, ctx: Any, plan: _SavePlan, checkpoint: Checkpoint) -> Plan[int]:
         saved, sql, params, _ = plan
-        stored, _ = yield Exec(sql, params, save=True)
+        if type(ctx) is _Saving:
+            stored, _ = yield Exec(sql, params, True, False, ctx.first)
+        else:
+            stored, _ = yield Exec(sql, params, True)
         if stored != 1:
             rows = yield from self._peek(saved.run_id)
             raise self._conflict(saved.run_id, checkpoint.version, rows)
@@ -145,12 +197,12 @@ class SQLPieces(PiecesProtocol[Exec]):
         the run may have been deleted and started again since this save's document landed."""
         sql = self._pieces_sql
         if inc is None:
-            params = {"run_key": ctx, "gen": below, "any_inc": "%:%"}
+            params = {"run_key": _key_of(ctx), "gen": below, "any_inc": "%:%"}
             yield Exec(sql.delete_below_legacy, params)
             return
         cutoff = _statelog.inc_cutoff(_statelog.ORPHAN_AGE)
         params = {
-            "run_key": ctx,
+            "run_key": _key_of(ctx),
             "gen": below,
             "inc_like": f"{inc}:%",
             "any_inc": "%:%",
@@ -159,10 +211,12 @@ class SQLPieces(PiecesProtocol[Exec]):
         yield Exec(sql.delete_below, params)
 
     def _pp_drop(self, ctx: Any, keys: list[str]) -> Plan[None]:
+        # Not called (``_pieces_in_commit``: a lost save's pieces went with its swap);
+        # kept for the protocol's contract.
         pieces = self._pieces_sql
         for start in range(0, len(keys), IN_MAX):
             part = keys[start : start + IN_MAX]
-            params = {"run_key": ctx, **{f"k{n}": k for n, k in enumerate(part)}}
+            params = {"run_key": _key_of(ctx), **{f"k{n}": k for n, k in enumerate(part)}}
             yield Exec(pieces.delete_keys(len(part)), params)
 
     def _pp_fetch(self, ctx: _Loading, keys: Sequence[str]) -> Plan[dict[str, bytes]]:

@@ -35,6 +35,12 @@ class PieceSQL:
     insert: str
     #: ``insert``, keeping a row already there (a piece is immutable: same key, same bytes).
     insert_new: str
+    #: ``insert`` run after the save's swap in its transaction: inserts only if the run's
+    #: row holds the save's new ``version`` (the swap landed). PostgreSQL's save, one
+    #: pipelined round trip, commits without waiting for the swap's answer.
+    insert_landed: str
+    #: ``insert_landed``, keeping a row already there.
+    insert_new_landed: str
     keys: str
     #: After a new base: the incarnation's pieces below ``gen`` and other incarnations'
     #: made before ``cutoff`` (orphans); parameters ``run_key gen inc_like any_inc cutoff``.
@@ -112,6 +118,12 @@ def piece_sql(dialect: str, table: str | None) -> PieceSQL:
         if dialect == "mysql"
         else " ON CONFLICT DO NOTHING"
     )
+    landed = (
+        f"INSERT INTO {quoted} ({key}, piece_key, gen, data) "
+        f"SELECT {p('run_key')}, {p('piece_key')}, {p('gen')}, {p('data')} WHERE EXISTS "
+        f"(SELECT 1 FROM {runs} WHERE {runs}.{runs_key} = {p('run_key')} "
+        f"AND {runs}.version = {p('version')})"
+    )
     run = f"{key} = {p('run_key')}"
     no_document = f"NOT EXISTS (SELECT 1 FROM {runs} WHERE {runs}.{runs_key} = {quoted}.{key})"
     length = "LENGTH" if dialect != "postgresql" else "OCTET_LENGTH"
@@ -119,6 +131,8 @@ def piece_sql(dialect: str, table: str | None) -> PieceSQL:
         create=create,
         insert=insert,
         insert_new=insert + keep,
+        insert_landed=landed,
+        insert_new_landed=landed + keep,
         keys=f"SELECT piece_key FROM {quoted} WHERE {key} = {p('run_key')} ORDER BY piece_key",
         delete_below=(
             f"DELETE FROM {quoted} WHERE {run} AND piece_key LIKE {p('any_inc')} AND "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
@@ -21,7 +22,7 @@ from .config import (
     positive_seconds,
     run_key,
 )
-from .connections import Held
+from .connections import Held, Pieces
 from .engine import check_engine, server_url_of
 from .schema import TABLE_SCHEMA, statements_of
 from .store import SQLStore
@@ -159,14 +160,82 @@ class ServerStore(SQLStore):
     def _fire_after(self) -> None:
         _hooks.fire("sql.request_sent")
 
-    def _run_save(self, held: Held, sql: str, params: Any) -> int:
+    def _run_save(self, held: Held, sql: str, params: Any, first: Pieces = ()) -> int:
         # One statement in autocommit mode: its own atomic transaction, one round trip.
-        # Nothing runs between the compare and the swap.
+        # Nothing runs between the compare and the swap. A save with pieces: one
+        # transaction, so they land with the swap or not at all, with one commit.
         _hooks.fire("sql.before_request")
-        self._count()
-        held.cursor.execute(sql, params)
+        if first:
+            stored = self._save_in_transaction(held, sql, params, first)
+        else:
+            self._count()
+            held.cursor.execute(sql, params)
+            stored = int(held.cursor.rowcount)
         _hooks.fire("sql.request_sent")
-        return int(held.cursor.rowcount)
+        return stored
+
+    # --- a save with pieces: BEGIN, its pieces, its swap, then COMMIT (ROLLBACK if lost)
+
+    def _save_in_transaction(self, held: Held, sql: str, params: Any, first: Pieces) -> int:
+        try:
+            stored = self._pieces_then_swap(held, sql, params, first)
+            # A lost swap takes its pieces back with it: nothing of the save lands.
+            self._run(held, "COMMIT" if stored == 1 else "ROLLBACK", None)
+        except BaseException as exc:
+            self._abandon(held, exc)
+            raise
+        return stored
+
+    def _pieces_then_swap(self, held: Held, sql: str, params: Any, first: Pieces) -> int:
+        """Open a transaction, write the pieces, run the swap; return its rowcount.
+
+        Each piece is its own statement, under the server's packet limit (``_piece_max``).
+        """
+        self._run(held, "BEGIN", None)
+        for statement, values in first:
+            self._run(held, statement, values)
+            _hooks.fire("pieces.piece")  # chaos: a kill between two pieces of a save
+        _hooks.fire("pieces.written")  # chaos: the pieces written, the swap not yet run
+        return self._run(held, sql, params)[0]
+
+    def _abandon(self, held: Held, exc: BaseException) -> None:
+        """After a failure inside a save's transaction: roll it back, or close the
+        connection (never reused with a transaction open)."""
+        if isinstance(exc, Exception) and not self._is_broken(held):
+            try:
+                held.cursor.execute("ROLLBACK")
+            except Exception:  # noqa: BLE001 - the first error is the one to raise
+                held.conn.close()
+        else:  # interrupted, maybe mid-statement (^C): the call drops the connection
+            with contextlib.suppress(Exception):
+                held.conn.close()
+
+    async def _arun_save(self, held: Held, sql: str, params: Any, first: Pieces) -> int:
+        try:
+            stored = await self._apieces_then_swap(held, sql, params, first)
+            await self._arun(held, "COMMIT" if stored == 1 else "ROLLBACK", None)
+        except Exception:
+            await self._aabandon(held)
+            raise
+        return stored
+
+    async def _aabandon(self, held: Held) -> None:
+        """Async ``_abandon`` after an error (cancelled or interrupted, the call drops the
+        connection itself): a driver error leaves it reusable once rolled back."""
+        if not self._is_broken(held):
+            try:
+                await held.cursor.execute("ROLLBACK")
+            except Exception:  # noqa: BLE001 - the first error is the one to raise
+                self._adrop(held)
+
+    async def _apieces_then_swap(self, held: Held, sql: str, params: Any, first: Pieces) -> int:
+        """Async ``_pieces_then_swap``."""
+        await self._arun(held, "BEGIN", None)
+        for statement, values in first:
+            await self._arun(held, statement, values)
+            _hooks.fire("pieces.piece")
+        _hooks.fire("pieces.written")
+        return (await self._arun(held, sql, params))[0]
 
     def _run(self, held: Held, sql: str, params: Any) -> tuple[int, list[Any]]:
         cursor = held.cursor

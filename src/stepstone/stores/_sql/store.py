@@ -12,7 +12,8 @@ created and migrated under that server's locking rules.
 - Group commit (SQLite, ``_group.py``): concurrent saves of one process share one
   transaction and its fsync, each keeping its own compare-and-swap outcome; a lone save
   commits at once. A dialect opts in by implementing ``_run_batch``. The servers do not:
-  each save stays one autocommit statement (one round trip, also alone), and the
+  each save stays one autocommit statement (one round trip, also alone; a save with
+  pieces one transaction, ``server.py``), and the
   server already flushes the WAL / redo log of concurrent sessions together (measured
   on PostgreSQL with a slow fsync: 64 threads 11x one thread, one statement per save).
 - Schema: a ``<meta>`` table holds ``schema_version`` (``TABLE_SCHEMA``, the version of
@@ -106,8 +107,10 @@ class SQLStore(Connections, SQLClaims, Store):
     def _perform(self, effect: Exec) -> Result:
         group = self._group
         if effect.save and group is not None:
-            return self._group_save(group, effect.sql, effect.params), []
-        return self._exec(effect.sql, effect.params, save=effect.save, keys=effect.keys)
+            return self._group_save(group, effect.sql, effect.params, effect.first), []
+        return self._exec(
+            effect.sql, effect.params, save=effect.save, keys=effect.keys, first=effect.first
+        )
 
     def _aio(self) -> bool:
         """Whether the async methods run on native async connections (not on threads).
@@ -118,7 +121,7 @@ class SQLStore(Connections, SQLClaims, Store):
         return self.native_async and (self._engine is None or self._aengine is not None)
 
     async def _aperform(self, effect: Exec) -> Result:
-        return await self._aexec(effect.sql, effect.params, save=effect.save)
+        return await self._aexec(effect.sql, effect.params, save=effect.save, first=effect.first)
 
     # --- rows and documents -------------------------------------------------------------
 

@@ -3,6 +3,11 @@
 The group commit (``_group.py``) hands ``run_batch`` the saves that were waiting; each
 runs its own statement with its own rowcount, so a lost compare-and-swap or a failing
 statement fails that save alone, and the batch commits once: one fsync for all.
+
+A save with pieces (``Pending.first``) writes them in the same transaction, just before
+its compare-and-swap: they land with it or not at all, with no commit (no fsync) of
+their own. In a batch of several saves, each such save runs under a savepoint, so a
+lost swap or a failing statement takes back its own pieces and nothing of the others.
 """
 
 from __future__ import annotations
@@ -10,11 +15,15 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 from collections.abc import Callable
+from typing import Any
 
 from ... import _hooks
 from .._group import Pending
 
 __all__ = ["rollback", "run_batch"]
+
+#: The savepoint of one save with pieces inside a batch.
+_SAVEPOINT = "stepstone_save"
 
 
 def run_batch(
@@ -33,6 +42,8 @@ def run_batch(
         conn.execute("BEGIN IMMEDIATE")
         try:
             try:
+                if item.first:
+                    write_pieces(conn, item.first)
                 stored = item.stored = conn.execute(item.sql, item.params).rowcount
             except (sqlite3.Error, UnicodeEncodeError) as exc:
                 item.error = statement_error(exc)
@@ -42,7 +53,7 @@ def run_batch(
                 _hooks.fire("sqlite.in_transaction")
                 conn.commit()
             else:
-                conn.rollback()
+                conn.rollback()  # a lost swap: its pieces go with it
         except BaseException:
             rollback(conn)
             raise
@@ -85,7 +96,10 @@ def _statements(
     """
     for item in todo:
         try:
-            item.stored = conn.execute(item.sql, item.params).rowcount
+            if item.first:
+                item.stored = _with_pieces(conn, item)
+            else:
+                item.stored = conn.execute(item.sql, item.params).rowcount
         except (sqlite3.Error, UnicodeEncodeError) as exc:
             item.error = statement_error(exc)
             if not conn.in_transaction:
@@ -94,6 +108,36 @@ def _statements(
                     x.stored = None
                 return again
     return []
+
+
+def write_pieces(conn: sqlite3.Connection, first: tuple[tuple[str, Any], ...]) -> None:
+    """Run a save's piece statements in its open transaction (each within every limit)."""
+    for sql, params in first:
+        conn.execute(sql, params)
+        _hooks.fire("pieces.piece")  # chaos: a kill between two pieces of a save
+    _hooks.fire("pieces.written")  # chaos: pieces written, the swap not yet run
+
+
+def _with_pieces(conn: sqlite3.Connection, item: Pending) -> int:
+    """One save of a batch with its pieces, under a savepoint: return its rowcount.
+
+    A lost swap rolls back to the savepoint (its pieces vanish, the batch's other saves
+    stay); a failing statement does too, then raises as a failing statement does.
+    """
+    conn.execute(f"SAVEPOINT {_SAVEPOINT}")
+    try:
+        write_pieces(conn, item.first)
+        stored: int = conn.execute(item.sql, item.params).rowcount
+    except (sqlite3.Error, UnicodeEncodeError):
+        if conn.in_transaction:  # else SQLite rolled back the whole transaction itself
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute(f"ROLLBACK TO {_SAVEPOINT}")
+                conn.execute(f"RELEASE {_SAVEPOINT}")
+        raise
+    if stored != 1:
+        conn.execute(f"ROLLBACK TO {_SAVEPOINT}")
+    conn.execute(f"RELEASE {_SAVEPOINT}")
+    return stored
 
 
 def rollback(conn: sqlite3.Connection) -> None:

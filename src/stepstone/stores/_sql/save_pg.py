@@ -1,0 +1,83 @@
+"""PostgreSQL's save of a long state: one transaction, one round trip (psycopg's pipeline).
+
+``BEGIN``, the swap, the pieces and ``COMMIT`` are sent together. Each piece is inserted
+only if the run's row holds the save's new version (``PieceSQL.insert_landed``), so the
+transaction can commit without the client waiting for the swap's answer, and a lost
+swap commits nothing. Where libpq has no pipeline mode (before libpq 14) the same
+statements go one round trip each. An error leaves the transaction open or aborted:
+the caller rolls it back (``ServerStore._abandon``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from ... import _hooks
+from .connections import Pieces
+
+__all__ = ["asave_pieces", "save_pieces"]
+
+
+@functools.cache
+def _pipelines(is_async: bool) -> bool:
+    """Whether this libpq has pipeline mode."""
+    import psycopg  # noqa: PLC0415 - only a PostgreSQL store gets here
+
+    return bool((psycopg.AsyncPipeline if is_async else psycopg.Pipeline).is_supported())
+
+
+def _statements(sql: str, params: Any, first: Pieces) -> list[tuple[str, Any]]:
+    return [("BEGIN", None), (sql, params), *first, ("COMMIT", None)]
+
+
+def _fire(index: int, last: int) -> None:
+    """The chaos points after the statement at ``index`` (1: the swap; last: COMMIT)."""
+    if 1 < index < last - 1:
+        _hooks.fire("pieces.piece")  # a kill between two pieces of a save
+    elif index == last - 1:
+        _hooks.fire("pieces.piece")
+        _hooks.fire("pieces.written")  # all sent but COMMIT: nothing committed
+
+
+def save_pieces(
+    conn: Any, cursor: Any, sql: str, params: Any, first: Pieces, count: Callable[[], None]
+) -> int:
+    """Run the save (``sql``) and its pieces in one transaction; return its rowcount."""
+    swap = conn.cursor()
+    statements = _statements(sql, params, first)
+    last = len(statements) - 1
+    if _pipelines(False):
+        count()  # one round trip for all of them
+        with conn.pipeline():
+            for index, (statement, values) in enumerate(statements):
+                (swap if index == 1 else cursor).execute(statement, values)
+                _fire(index, last)
+    else:
+        for index, (statement, values) in enumerate(statements):
+            count()
+            (swap if index == 1 else cursor).execute(statement, values)
+            _fire(index, last)
+    return int(swap.rowcount)
+
+
+async def asave_pieces(
+    conn: Any, cursor: Any, sql: str, params: Any, first: Pieces, count: Callable[[], None]
+) -> int:
+    """Async ``save_pieces``."""
+    swap = conn.cursor()
+    statements = _statements(sql, params, first)
+    last = len(statements) - 1
+    if _pipelines(True):
+        count()
+        async with conn.pipeline():
+            for index, (statement, values) in enumerate(statements):
+                await (swap if index == 1 else cursor).execute(statement, values)
+                _fire(index, last)
+    else:
+        for index, (statement, values) in enumerate(statements):
+            count()
+            await (swap if index == 1 else cursor).execute(statement, values)
+            _fire(index, last)
+    return int(swap.rowcount)
