@@ -137,24 +137,38 @@ def test_a_retried_save_whose_answer_was_lost_succeeds(
     assert _load(store, run_id, mode).version == saved2.version
 
 
+@pytest.mark.parametrize("size", ["small", "long"])
 def test_another_writer_still_conflicts_after_a_lost_answer(
-    store: Store, kind: str, mode: str
+    store: Store, kind: str, mode: str, size: str
 ) -> None:
-    """After a lost answer, an equal but rebuilt save and a stale retry both conflict."""
-    run_id = f"other-{mode}"
-    base = _save(store, Checkpoint(run_id, state={"a": 0}, total_steps=5), mode)
-    cp1 = _next(base, {"a": 1})
+    """After a lost answer, an equal but rebuilt save and a stale retry both conflict.
+
+    Long: the lost save's write landed with pieces, and the other writer's save is made
+    from a load of it; the stale retry then drops its own pieces as a lost save's, and
+    the stored run must stay whole (a save made from a load writes a new base, never
+    a log against pieces another writer wrote).
+    """
+    run_id = f"other-{mode}-{size}"
+    zero: State = {"a": 0} if size == "small" else _long(40, "z")
+    base = _save(store, Checkpoint(run_id, state=zero, total_steps=5), mode)
+    one: State = (
+        {"a": 1} if size == "small" else {"items": [*zero["items"], *_long(20, "o")["items"]]}
+    )
+    cp1 = _next(base, one)
     _lost(store, cp1, mode, LANDED[kind])
     # Another writer's save from the same base (equal content, another object) conflicts:
     # only the save that wrote the token may claim its write.
     with pytest.raises(ConflictError):
         _save(store, replace(cp1), mode)
     # Someone moves the run on; the lost save's retry now meets their write, not its own.
-    moved = _save(store, _next(_load(store, run_id, mode), {"a": 2}), mode)
+    landed = _load(store, run_id, mode)
+    assert landed.state == one
+    two: State = {"a": 2} if size == "small" else {"items": [*one["items"], {"n": -1}]}
+    moved = _save(store, _next(landed, two), mode)
     with pytest.raises(ConflictError):
         _save(store, cp1, mode)
     loaded = _load(store, run_id, mode)
-    assert loaded.version == moved.version and loaded.state == {"a": 2}
+    assert loaded.version == moved.version and loaded.state == two
 
 
 @pytest.mark.parametrize("kind", list(NOT_LANDED), indirect=True)  # memory has no such point
