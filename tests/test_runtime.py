@@ -248,6 +248,40 @@ def test_too_deep_state_is_refused(monkeypatch: pytest.MonkeyPatch, fast: bool) 
     assert _codec.encode_state(wide)[1] == wide
 
 
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"messages": [], "n": 2**63, "deep": [{"a": [None, True, -1, "\u00e9\n\u2028\x7f"]}]},
+        {"f": 1e16},
+        {"f": 0.1},
+        {"nan": float("nan")},
+        {1: "an int key"},
+        {"t": (1, "a")},
+        {"when": datetime(2020, 1, 1, tzinfo=UTC)},
+        {"big": 2**70},
+        {"deep": json.loads("[" * 80 + "]" * 80)},
+    ],
+    ids=["plain", "1e16", "0.1", "nan", "int-key", "tuple", "datetime", "big-int", "deep"],
+)
+def test_a_document_is_the_standard_librarys_text_whatever_its_input(
+    monkeypatch: pytest.MonkeyPatch, payload: dict[Any, Any]
+) -> None:
+    """An input orjson may write (issue 36) leaves the document as the standard library's."""
+    if _statejson._load_orjson() is None:
+        pytest.skip("orjson is not installed")
+    cp = Checkpoint("r", step=1, state={}, step_names=("a",), input=payload)
+
+    def document() -> str | type[Exception]:
+        try:
+            return _codec.encode_document(cp, "{}")
+        except (TypeError, ValueError) as exc:
+            return type(exc)
+
+    fast = document()
+    monkeypatch.setattr(_statejson, "_orjson", None)
+    assert fast == document()
+
+
 def test_empty_workflow_finishes_without_an_owner() -> None:
     """A run of no steps is done at once and holds no lease afterwards."""
     with open_store("memory://") as store:

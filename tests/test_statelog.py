@@ -111,6 +111,31 @@ def test_an_item_replaced_in_place_inside_the_stored_prefix_is_detected() -> Non
     assert loaded == state
 
 
+def test_a_new_list_of_equal_but_fresh_items_of_another_type_is_saved_whole() -> None:
+    """A head item that is not the handed one, == to it but not the same JSON, is seen."""
+    store = _store()
+    base = _long()
+    base["messages"][2]["flag"] = 1
+    cp = _first(store, base)
+    fresh = [dict(item) for item in cp.state["messages"]]
+    fresh[2]["flag"] = True  # == 1, so only its identity tells it from the stored item
+    cp = _save(store, cp, {**cp.state, "messages": [*fresh, {"i": -4}]})
+    assert _newest_ops(store, cp)[0][0] == "s"
+    assert _loaded(store, cp.run_id)["messages"][2]["flag"] is True
+
+
+def test_a_list_grown_in_place_then_copied_longer_is_logged_as_its_tail() -> None:
+    """The handed list grown in place, then a new list of it and more: one "x" of both."""
+    store = _store()
+    cp = _first(store, _long())
+    state = dict(cp.state)
+    cp.state["messages"].append({"i": -5})
+    state["messages"] = [*cp.state["messages"], {"i": -6}]
+    cp = _save(store, cp, state)
+    assert _newest_ops(store, cp) == [["x", ["messages"], [{"i": -5}, {"i": -6}]]]
+    assert _loaded(store, cp.run_id) == state
+
+
 def test_nested_keys_set_and_deleted() -> None:
     """Setting and deleting keys deep in dicts is logged and replayed exactly."""
     store = _store()

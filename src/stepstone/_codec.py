@@ -192,13 +192,14 @@ def _meta_json(cp: Checkpoint, meta: dict[str, Any]) -> str:
     standard library would write differently or refuse only partly (lone surrogates,
     integers over 64 bits), which then goes the standard way. Payloads a caller put in
     the checkpoint (``input``, signal payloads) may hold any float or a NaN, which
-    orjson would write as null where ``_dumps`` refuses: those always go the standard way.
+    orjson would write as null where ``_dumps`` refuses: those go the standard way (an
+    input only if it holds more than ``_written_alike`` allows).
     """
     module = orjson_module()
     lease = cp.lease
     if (
         module is not None
-        and cp.input is None
+        and (cp.input is None or _written_alike(cp.input, 0))
         and cp.flow is None  # flow control's limits may hold any float: the standard way
         and not cp.signals
         and (lease is None or (type(lease) is float and 1e-4 <= lease < 1e16))
@@ -210,6 +211,32 @@ def _meta_json(cp: Checkpoint, meta: dict[str, Any]) -> str:
         else:
             return text
     return _dumps(meta)
+
+
+_ALIKE_SCALARS = frozenset((str, int, bool, type(None)))
+
+
+def _written_alike(value: Any, level: int) -> bool:
+    """True if orjson writes ``value`` as ``_dumps`` does, or raises (then the standard way).
+
+    Exactly dicts with str keys, lists, and str, int, bool or None: no float (its text
+    may differ; NaN orjson writes as null), nothing orjson writes and the standard
+    library refuses (a datetime, a dataclass); an int past 64 bits makes orjson raise.
+    Most inputs are that, and the document of a long run then costs orjson's time for
+    its ``step_names``, which grow with every step (issue 36), not the encoder's.
+    """
+    kind = type(value)
+    if kind in _ALIKE_SCALARS:
+        return True
+    if level >= 64:  # deeper (or a cycle): the standard way decides
+        return False
+    if kind is dict:
+        return all(
+            type(key) is str and _written_alike(item, level + 1) for key, item in value.items()
+        )
+    if kind is list:
+        return all(_written_alike(item, level + 1) for item in value)
+    return False
 
 
 def encode_document(

@@ -8,7 +8,6 @@ to the state handed back to the caller.
 
 from __future__ import annotations
 
-from itertools import islice
 from operator import is_
 from typing import Any
 
@@ -54,16 +53,16 @@ def _diff(
             continue  # the object handed out, unchanged in place
         if kind is list and type(before) is list:
             n = len(before)
-            if (
-                len(value) >= n
-                and type(given) is list
-                and len(given) >= n
-                and all(map(is_, islice(value, n), islice(given, n)))
-                and value[:n] == before
-            ):
-                if len(value) > n:
-                    out.append(((*path, key), "x", value[n:]))
-                continue
+            if len(value) >= n and type(given) is list and len(given) >= n:
+                # The handed list's first n items (the list itself unless the step grew it
+                # in place). Once value's head is those very objects, comparing the handed
+                # head with the private copy is comparing value's: no slice of value, and
+                # map stops at the head's end without islice's two iterators per item.
+                head = given if len(given) == n else given[:n]
+                if (value is given or all(map(is_, value, head))) and head == before:
+                    if len(value) > n:
+                        out.append(((*path, key), "x", value[n:]))
+                    continue
         elif kind is dict and type(before) is dict:
             if not _diff((*path, key), value, given if type(given) is dict else None, before, out):
                 return False
@@ -92,7 +91,7 @@ def _with(state: dict[str, Any], path: tuple[str, ...], value: Any) -> dict[str,
 
 
 def _extended(state: dict[str, Any], path: tuple[str, ...], items: list[Any]) -> dict[str, Any]:
-    return _with(state, path, [*_at(state, path), *items])
+    return _with(state, path, _at(state, path) + items)  # one C copy of the stored head
 
 
 def _without(state: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
@@ -111,7 +110,9 @@ def _extend_in(state: dict[str, Any], path: tuple[str, ...], items: list[Any], k
     """Replace the list at ``path`` by its first ``keep`` items (the stored ones), then
     ``items`` (fresh copies of the step's new ones)."""
     node = _parent(state, path)
-    node[path[-1]] = [*islice(node[path[-1]], keep), *items]
+    kept = node[path[-1]][:keep]  # one C slice, no iterator per item
+    kept += items
+    node[path[-1]] = kept
 
 
 def _at(state: dict[str, Any], path: tuple[str, ...]) -> Any:
