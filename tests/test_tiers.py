@@ -197,10 +197,13 @@ def test_store(kind, n, tmp_path_factory):
 
 @pytest.mark.process
 @pytest.mark.timeout(300)
-def test_the_emulator_tests_share_one_worker_under_xdist_loadgroup(
+def test_a_groups_tests_share_one_worker_under_xdist_loadgroup(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """On two xdist workers with --dist loadgroup, every Cosmos test runs on the same worker."""
+    """On two xdist workers with --dist loadgroup, every Cosmos test runs on the same worker.
+
+    (Its name keeps clear of the words that tie a test to a backend: it would be grouped.)
+    """
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(test_grouped=GROUPED_SUITE)
     ran_on = pytester.path / "ran_on.txt"
