@@ -26,6 +26,8 @@ from tiers import (  # noqa: E402
     modify_items,
     printable,
     runqueue_wait,
+    suffix_groups,
+    tell_worker_loadgroup,
 )
 
 
@@ -34,11 +36,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     add_options(parser)
 
 
-# First: xdist's loadgroup reads the groups this adds when it sees the items.
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+# A wrapper: the tiers and groups are set before every other plugin's hook (xdist's
+# included), the groups' id suffixes after them all (last, so an xdist that adds the
+# suffix itself is seen and not doubled).
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(
+    config: pytest.Config, items: list[pytest.Item]
+) -> Generator[None, None, None]:
     """Select the tier and the backends; group the emulator's and the browser's tests."""
     modify_items(config, items)
+    yield
+    suffix_groups(config, items)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """(xdist, controller side) Tell each worker whether the run is ``--dist loadgroup``."""
+    tell_worker_loadgroup(node)
 
 
 @pytest.hookimpl(wrapper=True)

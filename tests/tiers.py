@@ -11,7 +11,8 @@ partition the suite and CI runs each test once. ``--backends=memory,file,sqlite`
 the other backends' tests on its own.
 
 The xdist groups (``--dist loadgroup``) keep the Cosmos emulator's tests on one worker (one
-emulator per session) and the browser's tests with their module-scoped Chromium.
+emulator per session) and the browser's tests with their module-scoped Chromium; the worker
+side of the grouping is done here (``suffix_groups``), as xdist 3.8 under pytest 9 does not.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from _pytest.nodeid import coerce_node_id
 
 ALL_BACKENDS = ("memory", "file", "sqlite", "postgresql", "mysql", "cosmos")
 FAST_BACKENDS = ("memory", "file", "sqlite")
@@ -162,6 +164,42 @@ def modify_items(config: pytest.Config, items: list[pytest.Item]) -> None:
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
+
+
+# -- the xdist groups ---------------------------------------------------------------------
+
+#: The worker input key that tells a worker the run is ``--dist loadgroup``.
+LOADGROUP = "stepstone_loadgroup"
+
+
+def tell_worker_loadgroup(node: Any) -> None:
+    """On the controller, tell a starting xdist worker whether the run is ``--dist loadgroup``.
+
+    xdist's worker decides whether to suffix its ids with the group from its own ``dist``
+    option, which is "no" on a worker (pytest-xdist issue 1386): the controller says instead.
+    """
+    node.workerinput[LOADGROUP] = node.config.getoption("dist") == "loadgroup"
+
+
+def suffix_groups(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On a ``--dist loadgroup`` worker, end each grouped test's id with ``@<group>``.
+
+    The loadgroup scheduler sends the tests whose ids end with the same ``@<group>`` to one
+    worker; the suffix is xdist's job, but xdist 3.8 under pytest 9 skips it (it asks the
+    worker's own ``dist`` option, see ``tell_worker_loadgroup``) and sets ``_nodeid``, which
+    pytest 9 no longer reads (the id lives in ``_id``): pytest-xdist issue 1386. An id that
+    already ends with its suffix (an xdist that does it again) is left alone.
+    """
+    if not getattr(config, "workerinput", {}).get(LOADGROUP):
+        return
+    for item in items:
+        names = {
+            str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+            for mark in item.iter_markers("xdist_group")
+        }
+        suffix = f"@{'_'.join(sorted(names))}"
+        if names and not item.nodeid.endswith(suffix):
+            item._id = coerce_node_id(f"{item.nodeid}{suffix}")
 
 
 # -- the fast tier's guards ---------------------------------------------------------------

@@ -72,8 +72,19 @@ def serving(app: Any, host: str = "127.0.0.1") -> Iterator[str]:
     """Serve ``app`` with uvicorn on a free port of ``host``; yield its base URL."""
     import uvicorn
 
+    # A page still open holds its live updates' response open, which uvicorn would wait for
+    # without end on shutdown (the join below then ran out its time after each such test):
+    # a second's grace, then that response is cancelled, as when an operator stops the
+    # dashboard under an open page.
     server = uvicorn.Server(
-        uvicorn.Config(app, host=host, port=0, log_level="warning", access_log=False)
+        uvicorn.Config(
+            app,
+            host=host,
+            port=0,
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=1,
+        )
     )
     thread = threading.Thread(target=server.run, name="dashboard", daemon=True)
     thread.start()
@@ -85,7 +96,9 @@ def serving(app: Any, host: str = "127.0.0.1") -> Iterator[str]:
         yield f"http://{host}:{port}"
     finally:
         server.should_exit = True
-        thread.join(20)
+        thread.join(30)
+    if thread.is_alive():
+        pytest.fail(f"uvicorn on {host}:{port} did not stop within 30 s of being asked to")
 
 
 @contextmanager
