@@ -18,12 +18,14 @@ import asyncio
 import signal as signals
 import subprocess
 import sys
+import tempfile
 import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 
@@ -135,26 +137,48 @@ def status_of(store: Store, run_id: str) -> str | None:
     return None if cp is None else cp.status
 
 
+#: Each spawned process's stderr: a temporary file (``spawn``).
+_STDERR: weakref.WeakKeyDictionary[subprocess.Popen[str], IO[str]] = weakref.WeakKeyDictionary()
+
+
 def spawn(script: str, *args: str) -> subprocess.Popen[str]:
-    """Start ``python -c script args`` with this stepstone importable."""
-    return subprocess.Popen(
+    """Start ``python -c script args`` with this stepstone importable.
+
+    Its stderr goes to a temporary file, not a pipe: a child writing more than a pipe
+    holds (a warning per request to the Cosmos emulator) blocked on the write until
+    ``reap`` read it, and hung the test that waited on its work. Its stdout is dropped.
+    """
+    err = tempfile.TemporaryFile("w+")  # noqa: SIM115 - lives as long as the process
+    proc = subprocess.Popen(
         [sys.executable, "-c", script, *args],
         env=child_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=err,
         text=True,
     )
+    _STDERR[proc] = err
+    return proc
+
+
+def stderr_of(proc: subprocess.Popen[str]) -> str:
+    """What a process ``spawn`` started wrote to stderr so far."""
+    err = _STDERR[proc]
+    err.flush()
+    err.seek(0)
+    return err.read()
 
 
 def reap(proc: subprocess.Popen[str], what: str) -> tuple[int, str]:
     """Wait for ``proc`` (killing it if it hangs); return its exit status and stderr."""
     try:
-        _, err = proc.communicate(timeout=WAIT_TIMEOUT)
+        proc.wait(timeout=WAIT_TIMEOUT)
     except subprocess.TimeoutExpired as exc:
         proc.kill()
-        _, err = proc.communicate()
-        raise AssertionError(f"{what} did not end within {WAIT_TIMEOUT:g}s: {err[-2000:]}") from exc
-    return proc.returncode, err
+        proc.wait()
+        raise AssertionError(
+            f"{what} did not end within {WAIT_TIMEOUT:g}s: {stderr_of(proc)[-2000:]}"
+        ) from exc
+    return proc.returncode, stderr_of(proc)
 
 
 # --- 1: a WaitFor run stranded by a crash --------------------------------------------------
@@ -535,7 +559,7 @@ def _all_held(store: Store, ids: list[str], owner: subprocess.Popen[str], who: s
     wanted = set(ids)
 
     def held() -> bool:
-        assert owner.poll() is None, f"{who} died: {owner.communicate()[1][-2000:]}"
+        assert owner.poll() is None, f"{who} died: {stderr_of(owner)[-2000:]}"
         infos = [i for i in store.list_info() if i.run_id in wanted]
         return len(infos) == len(wanted) and all(
             i.status == "running" and i.owner is not None for i in infos

@@ -132,3 +132,18 @@ def test_the_rate_holds_for_workers_off_by_up_to_their_slack() -> None:
     # The same readings taken as exact: the one ahead finds credit where the one behind
     # charged from its earlier now, 2.4 grants over the bound.
     assert _worst(_grants(0.0, errors)) > 0.5
+
+
+@pytest.mark.parametrize("width", [0.5, 1.0])
+def test_a_clock_read_coarsely_still_grants_within_the_rate(width: float) -> None:
+    """Slack as wide as the coarse clock's tick (bounds not yet narrowed): never over, live.
+
+    Before, a unit was refused while ``2 * slack`` plus its interval exceeded the window:
+    with a 1 s wide clock a rate of 4 a second granted nothing at all.
+    """
+    slack_used = width / 2 + 0.05
+    errors = (-slack_used,) * 3 + (slack_used,) * 3 + (0.0,) * 2
+    granted = _grants(slack_used, errors)
+    assert _worst(granted) <= 1e-9, _worst(granted)
+    # 20 s at 4/s is 80; a slack of s costs up to 2s of the TAT after each idle spell.
+    assert len(granted) >= 20, f"only {len(granted)} grants in 20 s at 4/s: starved"

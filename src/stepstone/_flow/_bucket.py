@@ -87,22 +87,28 @@ def _gcra(
     """Return the new TAT if ``cost`` units conform now, else raise ``_Later`` with when.
 
     ``slack``: how far the store's time may be from ``now`` either way (a coarse server
-    clock, ``_store_time``). The units conform on the earliest the time can be and are
-    charged from the latest, so both conditions of the exact GCRA hold at the true time
-    (granted only if it would be, a TAT at least as late) and no window is over the rate.
-    The cost is throughput: a window shorter than ``2 * slack`` plus one unit's interval
-    is refused until the clock is read more finely.
+    clock, ``_store_time``). The units conform if they would at the earliest the time can
+    be (the exact GCRA's test, ``max(tat, t) + cost - t <= per``, only gets easier as
+    ``t`` grows, so the earliest is the worst case), and are charged from the latest (a
+    TAT at least as late as the true one), so every grant is one the exact GCRA would
+    make at the true time and no window is over the rate. The cost is burst, never
+    liveness: after an idle spell the TAT starts up to ``2 * slack`` late. (Testing the
+    TAT charged from the latest against the earliest, as before, refused every unit
+    while ``2 * slack`` plus one unit's interval exceeded the window: a Cosmos DB clock
+    not yet read finely, 1 s wide, stalled a rate of 4 a second outright.)
     """
     n, per = rate
     if cost > n:
         raise ConfigError(
             f"an acquisition of {cost:g} units can never fit a rate of {n:g} per {per:g}s"
         )
-    latest = now + slack
-    new = max(tat if tat is not None else latest, latest) + cost * per / n
-    if new - (now - slack) > per + _EPS:
-        raise _Later(new - per + slack)
-    return new
+    first = now - slack
+    held = tat if tat is not None else first
+    charge = cost * per / n
+    if max(held, first) + charge - first > per + _EPS:
+        # Conforms once the earliest time reaches held + charge - per.
+        raise _Later(held + charge - per + slack)
+    return max(held, now + slack) + charge
 
 
 class _Later(Exception):
