@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,12 +21,10 @@ from agents import (
 from agents.models.interface import ModelTracing
 from agents.testing import assistant_message, function_call
 
-import stepstone
+from child_process import last_line
 from stepstone import Budget, Prices, Step, Store, Suspended, open_store, run, signal, spend_of
 from stepstone._budget import BUDGET_WAIT, RAISE_SIGNAL, SPEND_KEY
 from stepstone.adapters.openai_agents import AgentRunStep
-
-SRC = str(Path(stepstone.__file__).resolve().parents[1])
 
 
 class CountingModel(Model):
@@ -179,15 +174,6 @@ with open_store(sys.argv[1]) as store:
 """
 
 
-def _process(*args: str) -> str:
-    env = {**os.environ, "PYTHONPATH": SRC}
-    done = subprocess.run(
-        [sys.executable, *args], env=env, capture_output=True, text=True, timeout=120, check=False
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout.strip().splitlines()[-1]
-
-
 @pytest.mark.process
 def test_a_run_paused_between_model_calls_is_raised_from_another_process_and_ends_exact(
     tmp_path: Path,
@@ -197,9 +183,9 @@ def test_a_run_paused_between_model_calls_is_raised_from_another_process_and_end
     call (the first is answered by the journal): 300 tokens, each call charged once."""
     config = f"sqlite:///{tmp_path}/runs.db"
     here = str(Path(__file__).resolve().parent)
-    assert json.loads(_process("-c", CHILD, config, here)) == [BUDGET_WAIT, 1]
-    _process("-m", "stepstone", "runs", "budget", "r", "--raise-tokens", "1000", "--store", config)
-    assert json.loads(_process("-c", CHILD, config, here)) == ["done", 1]
+    assert json.loads(last_line("-c", CHILD, config, here)) == [BUDGET_WAIT, 1]
+    last_line("-m", "stepstone", "runs", "budget", "r", "--raise-tokens", "1000", "--store", config)
+    assert json.loads(last_line("-c", CHILD, config, here)) == ["done", 1]
     with open_store(config) as store:
         cp = store.load("r")
     assert cp is not None and cp.status == "done"

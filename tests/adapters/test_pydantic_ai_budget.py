@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +13,7 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCall
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 import stepstone
+from child_process import last_line
 from stepstone import (
     Budget,
     InvalidWorkflow,
@@ -31,8 +29,6 @@ from stepstone import (
 from stepstone._budget import BUDGET_WAIT, RAISE_SIGNAL, SPEND_KEY
 from stepstone.adapters.pydantic_ai import AgentStep, StepstoneDurability
 from stepstone.cli._budget import over_budget, spend_text
-
-SRC = str(Path(stepstone.__file__).resolve().parents[1])
 
 
 def _model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
@@ -190,15 +186,6 @@ with open_store(sys.argv[1]) as store:
 """
 
 
-def _process(*args: str) -> str:
-    env = {**os.environ, "PYTHONPATH": SRC}
-    done = subprocess.run(
-        [sys.executable, *args], env=env, capture_output=True, text=True, timeout=120, check=False
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout.strip().splitlines()[-1]
-
-
 @pytest.mark.process
 def test_a_paused_agent_run_is_raised_from_another_process_and_ends_exact(
     tmp_path: Path,
@@ -207,11 +194,11 @@ def test_a_paused_agent_run_is_raised_from_another_process_and_ends_exact(
     the run finishes in a third with each agent's usage charged once."""
     inputs, outputs = _expected_usage()
     config = f"sqlite:///{tmp_path}/runs.db"
-    assert json.loads(_process("-c", CHILD, config)) == BUDGET_WAIT
-    _process(
+    assert json.loads(last_line("-c", CHILD, config)) == BUDGET_WAIT
+    last_line(
         "-m", "stepstone", "runs", "budget", "r", "--raise-tokens", "100000", "--store", config
     )
-    assert json.loads(_process("-c", CHILD, config)) == "done"
+    assert json.loads(last_line("-c", CHILD, config)) == "done"
     with open_store(config) as store:
         spend = spend_of(store.load("r"))  # type: ignore[arg-type]
     each = {"usd": 0.0, "tokens": inputs + outputs}
