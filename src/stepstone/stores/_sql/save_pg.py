@@ -10,6 +10,7 @@ the caller rolls it back (``ServerStore._abandon``).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -48,15 +49,13 @@ def save_pieces(
     swap = conn.cursor()
     statements = _statements(sql, params, first)
     last = len(statements) - 1
-    if _pipelines(False):
+    pipelined = _pipelines(False)
+    if pipelined:
         count()  # one round trip for all of them
-        with conn.pipeline():
-            for index, (statement, values) in enumerate(statements):
-                (swap if index == 1 else cursor).execute(statement, values)
-                _fire(index, last)
-    else:
+    with conn.pipeline() if pipelined else contextlib.nullcontext():
         for index, (statement, values) in enumerate(statements):
-            count()
+            if not pipelined:
+                count()
             (swap if index == 1 else cursor).execute(statement, values)
             _fire(index, last)
     return int(swap.rowcount)
@@ -69,15 +68,13 @@ async def asave_pieces(
     swap = conn.cursor()
     statements = _statements(sql, params, first)
     last = len(statements) - 1
-    if _pipelines(True):
+    pipelined = _pipelines(True)
+    if pipelined:
         count()
-        async with conn.pipeline():
-            for index, (statement, values) in enumerate(statements):
-                await (swap if index == 1 else cursor).execute(statement, values)
-                _fire(index, last)
-    else:
+    async with conn.pipeline() if pipelined else contextlib.nullcontext():
         for index, (statement, values) in enumerate(statements):
-            count()
+            if not pipelined:
+                count()
             await (swap if index == 1 else cursor).execute(statement, values)
             _fire(index, last)
     return int(swap.rowcount)
