@@ -154,8 +154,9 @@ def test_an_agent_run_pauses_between_its_model_calls_at_the_limit(store: Store) 
 
 
 CHILD = r"""
-import json, sys
-sys.path.insert(0, sys.argv[2])
+import json, os, sys
+# This module's folder and tests/ (what the module imports from there).
+sys.path[:0] = [sys.argv[2], os.path.dirname(sys.argv[2])]
 from agents import Agent, RunConfig
 from test_openai_agents_budget import CALLS, ToolProvider, look
 from stepstone import Budget, Suspended, open_store, run
