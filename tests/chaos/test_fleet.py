@@ -245,8 +245,16 @@ def test_fleet_of_code_workflows(tmp_path: Path) -> None:
         timeout=120,
         workdir=str(tmp_path / "fleet"),
         kinds=("code",),
+        # The first fault arms runner.after_step in a worker that owns a run: it dies
+        # holding a run whose step ran but was not saved, so a takeover must follow.
+        # Random kills alone may all land on workers that own nothing (code runs wait
+        # and sleep unowned): seed 3967 dealt 6 kills and saw no takeover.
+        point_kills=1,
+        points_first=True,
+        points=("runner.after_step",),
     )
     result = run_fleet(local_config("sqlite", str(tmp_path)), opts, "sqlite")
     summary = result.summary()
     assert result.ok, f"seed {opts.seed}: {summary}\n" + "\n".join(result.report.violations)
+    assert summary["at points"] == 1, f"seed {opts.seed}: the armed worker never stepped"
     assert summary["kills"] >= 1 and summary["takeovers"] > 0, f"seed {opts.seed}: {summary}"

@@ -54,6 +54,11 @@ def _parser() -> argparse.ArgumentParser:
         default=d.point_kills,
         help="kills a worker deals itself at a named runtime point (claim, renewal, ...)",
     )
+    p.add_argument(
+        "--points-first",
+        action="store_true",
+        help="fire the point kills before the other faults (the first at worker.claimed)",
+    )
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument(
         "--signal-window", type=float, default=None, help="seconds (default: 0.06 x runs)"
@@ -147,6 +152,7 @@ def main(argv: list[str]) -> int:
                 freezes=args.freezes,
                 stops=args.stops,
                 point_kills=args.point_kills,
+                points_first=args.points_first,
                 step_max=args.step_max,
                 seed=args.seed,
                 signal_window=args.signal_window or 0.06 * runs_of.get(backend, args.runs),

@@ -73,6 +73,13 @@ class Options:
     #: harness arms the point (SIGUSR1) and the worker SIGKILLs itself the next time any
     #: of its threads passes it (an external SIGKILL if it does not within ``arm_wait``).
     point_kills: int = 0
+    #: Fire the point kills before every other fault, not in the shuffled order: the
+    #: first is armed at ``worker.claimed`` while most runs are still ahead, so the
+    #: worker dies holding a run it just claimed and a takeover must follow (a campaign
+    #: that asserts one does not then rest on a random kill finding an owner).
+    points_first: bool = False
+    #: The points armed, in turn (default: every one of ``POINTS``).
+    points: tuple[str, ...] = ()
     arm_wait: float = 8.0
     seed: int = 1
     #: The kinds of run started, in turn (``workload.KINDS``); empty: all of them.
@@ -447,8 +454,12 @@ def run_fleet(config: str, opts: Options, backend: str = "?") -> Result:  # noqa
         delivered: dict[str, list[tuple[str, str]]] = {run_id: [] for run_id in kinds}
         sent = repeated = 0
         order = ["freeze"] * opts.freezes + ["kill"] * opts.kills + ["stop"] * opts.stops
-        order += ["point"] * opts.point_kills
-        rng.shuffle(order)
+        if opts.points_first:
+            rng.shuffle(order)
+            order = ["point"] * opts.point_kills + order
+        else:
+            order += ["point"] * opts.point_kills
+            rng.shuffle(order)
         last_fault = 0.0
         last_event_ns = time.monotonic_ns()
         next_poll = 0.0
@@ -495,12 +506,19 @@ def run_fleet(config: str, opts: Options, backend: str = "?") -> Result:  # noqa
                 if kind == "freeze" and len(live) <= 2:
                     pass  # keep two workers running: wait for a thaw
                 elif live:
-                    target_run, pid = _pick(rng, opts, store, live, kinds)
+                    # A leading point kill waits for a worker that owns a run: armed at
+                    # one that owns none, it may never pass the point before the end.
+                    must_aim = kind == "point" and opts.points_first
+                    target_run, pid = _pick(rng, opts, store, live, kinds, must_aim)
+                    if must_aim and target_run is None:
+                        time.sleep(0.02)
+                        continue
                     order.pop(0)
                     if kind == "kill":
                         fault = fleet.kill(pid, target_run)
                     elif kind == "point":
-                        fleet.point_kill(pid, POINTS[fleet.points_armed % len(POINTS)])
+                        points = opts.points or POINTS
+                        fleet.point_kill(pid, points[fleet.points_armed % len(points)])
                         fleet.points_armed += 1
                         last_fault = time.monotonic()
                         continue
@@ -576,10 +594,15 @@ def run_fleet(config: str, opts: Options, backend: str = "?") -> Result:  # noqa
 
 
 def _pick(
-    rng: random.Random, opts: Options, store: Store, live: list[int], kinds: dict[str, str]
+    rng: random.Random,
+    opts: Options,
+    store: Store,
+    live: list[int],
+    kinds: dict[str, str],
+    must_aim: bool = False,
 ) -> tuple[str | None, int]:
-    """Return (the run aimed at or None, the pid to hit)."""
-    if rng.random() < opts.targeted:
+    """Return (the run aimed at or None, the pid to hit); aimed always if ``must_aim``."""
+    if must_aim or rng.random() < opts.targeted:
         infos = list(store.list_info())  # fresh: who owns what right now
         aimed = [
             (info.run_id, pid)
