@@ -12,7 +12,7 @@ above it (the steps, the core, the drivers, the control operations) may import i
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Generator
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from ._checkpoint import Checkpoint
 
@@ -32,6 +32,10 @@ __all__ = [
 ]
 
 State = dict[str, Any]
+# The drivers are generic in the effect and the result, so that every rule written as a
+# generator (the core's, and the SQL stores' statements) is driven by these two loops.
+E = TypeVar("E")
+R = TypeVar("R")
 
 
 class Callee(Protocol):
@@ -154,7 +158,7 @@ class Announce(Effect):
         self.local = local
 
 
-def step_through(gen: Generator[Effect, Any, Any], perform: Callable[[Effect], Any]) -> Any:
+def step_through(gen: Generator[E, Any, R], perform: Callable[[E], Any]) -> R:
     """Drive ``gen`` to its end, performing each effect it yields with ``perform``.
 
     The result of an effect is sent back in; an error it raises is thrown back in, so
@@ -167,7 +171,8 @@ def step_through(gen: Generator[Effect, Any, Any], perform: Callable[[Effect], A
             try:
                 effect = gen.send(send) if error is None else gen.throw(error)
             except StopIteration as stop:
-                return stop.value
+                value: R = stop.value
+                return value
             send = error = None
             try:
                 send = perform(effect)
@@ -177,9 +182,7 @@ def step_through(gen: Generator[Effect, Any, Any], perform: Callable[[Effect], A
         gen.close()
 
 
-async def astep_through(
-    gen: Generator[Effect, Any, Any], perform: Callable[[Effect], Awaitable[Any]]
-) -> Any:
+async def astep_through(gen: Generator[E, Any, R], perform: Callable[[E], Awaitable[Any]]) -> R:
     """``step_through`` for an async ``perform``; the same loop, each effect awaited."""
     send: Any = None
     error: BaseException | None = None
@@ -188,7 +191,8 @@ async def astep_through(
             try:
                 effect = gen.send(send) if error is None else gen.throw(error)
             except StopIteration as stop:
-                return stop.value
+                value: R = stop.value
+                return value
             send = error = None
             try:
                 send = await perform(effect)

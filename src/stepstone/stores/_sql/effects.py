@@ -4,13 +4,16 @@ Each store method (``load``, ``save``, ``delete``, listing, ``claimable``) is wr
 once, as a generator that yields ``Exec`` (run this statement) and receives its
 ``(rowcount, rows)``; an error of the statement is thrown back in at the ``yield``, so
 the method decides what it means. ``drive`` performs the effects with the sync I/O
-primitive, ``adrive`` awaits the async one: the pattern of ``_core.step_through``.
+primitive, ``adrive`` awaits the async one: they are ``_effects.step_through`` and
+``astep_through``, the loops that drive the core.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Generator
 from typing import Any, NamedTuple, TypeVar
+
+from ..._effects import astep_through, step_through
 
 __all__ = ["Exec", "Plan", "Result", "adrive", "drive"]
 
@@ -43,47 +46,6 @@ class Exec(NamedTuple):
 Plan = Generator[Exec, Result, T]
 
 
-# The drivers are written out flat, not through a shared iterator: they run on every
-# store call, and each layer of calls between the plan and the I/O is paid per statement.
-
-
-def drive(plan: Plan[T], perform: Callable[[Exec], Result]) -> T:
-    """Run ``plan`` to its end, performing each effect with ``perform``.
-
-    An error of ``perform`` is thrown into the plan at its ``yield``: the plan decides
-    what it means (a conflict peek, a salvage) or lets it propagate.
-    """
-    try:
-        effect = plan.send(None)  # type: ignore[arg-type]
-        while True:
-            try:
-                result = perform(effect)
-            except Exception as exc:  # noqa: BLE001 - thrown back into the plan, which decides
-                effect = plan.throw(exc)
-            else:
-                effect = plan.send(result)
-    except StopIteration as stop:
-        value: T = stop.value
-        return value
-    except BaseException:
-        plan.close()  # a finished plan needs no close; one cut short by an error does
-        raise
-
-
-async def adrive(plan: Plan[T], perform: Callable[[Exec], Awaitable[Result]]) -> T:
-    """``drive`` for an async ``perform``: the same plan, each effect awaited."""
-    try:
-        effect = plan.send(None)  # type: ignore[arg-type]
-        while True:
-            try:
-                result = await perform(effect)
-            except Exception as exc:  # noqa: BLE001 - thrown back into the plan, which decides
-                effect = plan.throw(exc)
-            else:
-                effect = plan.send(result)
-    except StopIteration as stop:
-        value: T = stop.value
-        return value
-    except BaseException:
-        plan.close()  # a finished plan needs no close; one cut short by an error does
-        raise
+# The drivers are the core's (``_effects``): one loop for every rule written as a generator.
+drive = step_through
+adrive = astep_through
