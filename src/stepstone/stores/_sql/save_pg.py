@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ... import _hooks
 from .connections import Pieces
 
 __all__ = ["asave_pieces", "save_pieces"]
+
+#: Called once a round trip (the store's request count).
+Counter = Callable[[], None]
 
 
 @functools.cache
@@ -27,10 +30,6 @@ def _pipelines(is_async: bool) -> bool:
     import psycopg  # noqa: PLC0415 - only a PostgreSQL store gets here
 
     return bool((psycopg.AsyncPipeline if is_async else psycopg.Pipeline).is_supported())
-
-
-def _statements(sql: str, params: Any, first: Pieces) -> list[tuple[str, Any]]:
-    return [("BEGIN", None), (sql, params), *first, ("COMMIT", None)]
 
 
 def _fire(index: int, last: int) -> None:
@@ -42,39 +41,42 @@ def _fire(index: int, last: int) -> None:
         _hooks.fire("pieces.written")  # all sent but COMMIT: nothing committed
 
 
-def save_pieces(
-    conn: Any, cursor: Any, sql: str, params: Any, first: Pieces, count: Callable[[], None]
-) -> int:
-    """Run the save (``sql``) and its pieces in one transaction; return its rowcount."""
-    swap = conn.cursor()
-    statements = _statements(sql, params, first)
+def _sends(
+    cursor: Any, swap: Any, sql: str, params: Any, first: Pieces, pipelined: bool, count: Counter
+) -> Iterator[tuple[Any, str, Any]]:
+    """Yield each statement of the save with the cursor to run it on; both saves' one rule.
+
+    The swap runs on ``swap``, whose rowcount says whether it landed. Each round trip is
+    counted, and the chaos points fire once the statement before them has run.
+    """
+    statements = [("BEGIN", None), (sql, params), *first, ("COMMIT", None)]
     last = len(statements) - 1
-    pipelined = _pipelines(False)
     if pipelined:
         count()  # one round trip for all of them
+    for index, (statement, values) in enumerate(statements):
+        if not pipelined:
+            count()
+        yield (swap if index == 1 else cursor), statement, values
+        _fire(index, last)
+
+
+def save_pieces(
+    conn: Any, cursor: Any, sql: str, params: Any, first: Pieces, count: Counter
+) -> int:
+    """Run the save (``sql``) and its pieces in one transaction; return its rowcount."""
+    swap, pipelined = conn.cursor(), _pipelines(False)
     with conn.pipeline() if pipelined else contextlib.nullcontext():
-        for index, (statement, values) in enumerate(statements):
-            if not pipelined:
-                count()
-            (swap if index == 1 else cursor).execute(statement, values)
-            _fire(index, last)
+        for target, statement, values in _sends(cursor, swap, sql, params, first, pipelined, count):
+            target.execute(statement, values)
     return int(swap.rowcount)
 
 
 async def asave_pieces(
-    conn: Any, cursor: Any, sql: str, params: Any, first: Pieces, count: Callable[[], None]
+    conn: Any, cursor: Any, sql: str, params: Any, first: Pieces, count: Counter
 ) -> int:
     """Async ``save_pieces``."""
-    swap = conn.cursor()
-    statements = _statements(sql, params, first)
-    last = len(statements) - 1
-    pipelined = _pipelines(True)
-    if pipelined:
-        count()
+    swap, pipelined = conn.cursor(), _pipelines(True)
     async with conn.pipeline() if pipelined else contextlib.nullcontext():
-        for index, (statement, values) in enumerate(statements):
-            if not pipelined:
-                count()
-            await (swap if index == 1 else cursor).execute(statement, values)
-            _fire(index, last)
+        for target, statement, values in _sends(cursor, swap, sql, params, first, pipelined, count):
+            await target.execute(statement, values)
     return int(swap.rowcount)
