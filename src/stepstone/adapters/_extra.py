@@ -2,7 +2,24 @@
 
 from __future__ import annotations
 
-__all__ = ["missing_extra"]
+import importlib
+
+__all__ = ["missing_extra", "require"]
+
+
+def require(
+    adapter: str, framework: str, extra: str, *modules: str, name_missing: bool = False
+) -> None:
+    """Import ``modules`` (``framework``'s), or raise ``missing_extra``'s ImportError.
+
+    Each adapter package calls it first, so it fails at its own import, naming the extra,
+    rather than deeper with a bare ModuleNotFoundError.
+    """
+    try:
+        for module in modules:
+            importlib.import_module(module)
+    except ImportError as exc:
+        raise missing_extra(exc, adapter, framework, extra, name_missing=name_missing) from exc
 
 
 def missing_extra(

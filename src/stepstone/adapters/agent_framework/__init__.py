@@ -71,14 +71,9 @@ storage cannot change that, so it also logs each failure at ERROR level on the
 
 from __future__ import annotations
 
-from .._extra import missing_extra
+from .._extra import require
 
-try:
-    import agent_framework  # noqa: F401 - fail here, naming the extra, rather than deeper
-except ImportError as exc:  # pragma: no cover - the tests run with the extra installed
-    raise missing_extra(
-        exc, "agent_framework", "Microsoft Agent Framework", "agent-framework"
-    ) from exc
+require("agent_framework", "Microsoft Agent Framework", "agent-framework", "agent_framework")
 
 from ._encoding import TYPE_KEY
 from ._records import (

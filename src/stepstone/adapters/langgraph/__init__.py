@@ -57,14 +57,16 @@ refused on load with ``UnsafeCheckpoint`` unless the saver is built with
 ``allow_pickle=True``.
 """
 
-from .._extra import missing_extra
+from .._extra import require
 
-try:
-    # Fail here, naming the extra, rather than deeper with a bare ModuleNotFoundError.
-    import langchain_core.runnables  # noqa: F401
-    import langgraph.checkpoint.base  # noqa: F401
-except ImportError as exc:  # pragma: no cover - the tests run with the extra installed
-    raise missing_extra(exc, "langgraph", "LangGraph", "langgraph", name_missing=True) from exc
+require(
+    "langgraph",
+    "LangGraph",
+    "langgraph",
+    "langchain_core.runnables",
+    "langgraph.checkpoint.base",
+    name_missing=True,
+)
 
 from ._codec import WORKFLOW as WORKFLOW  # the records' workflow name, as before
 from ._errors import CheckpointConflict, ThreadOwned, UnsafeCheckpoint

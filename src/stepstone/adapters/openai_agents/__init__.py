@@ -53,12 +53,9 @@ twice at once, as the SDK's documentation requires.
 
 from __future__ import annotations
 
-from .._extra import missing_extra
+from .._extra import require
 
-try:
-    import agents  # noqa: F401 - fail here, naming the extra, rather than deeper
-except ImportError as exc:  # pragma: no cover - the tests run with the extra installed
-    raise missing_extra(exc, "openai_agents", "the OpenAI Agents SDK", "openai-agents") from exc
+require("openai_agents", "the OpenAI Agents SDK", "openai-agents", "agents")
 
 from ._approvals import aapprove, apending_approvals, approve, areject, pending_approvals, reject
 from ._journal import APPROVAL_SIGNAL as APPROVAL_SIGNAL  # module constants, as before

@@ -45,12 +45,9 @@ owner (its lease taken over) gets ``LeaseLost`` on its next journal write.
 
 from __future__ import annotations
 
-from .._extra import missing_extra
+from .._extra import require
 
-try:
-    import pydantic_ai  # noqa: F401 - fail here, naming the extra, rather than deeper
-except ImportError as exc:  # pragma: no cover - the tests run with the extra installed
-    raise missing_extra(exc, "pydantic_ai", "pydantic-ai", "pydantic-ai") from exc
+require("pydantic_ai", "pydantic-ai", "pydantic-ai", "pydantic_ai")
 
 from ._capability import StepstoneDurability
 from ._journal import JOURNAL_FORMAT, ConcurrentUnits, journal_run_id, parse_token
