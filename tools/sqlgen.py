@@ -14,6 +14,7 @@ here, in the repository, never in the wheel: its output is checked in as
 from __future__ import annotations
 
 import argparse
+import inspect
 import pprint
 import re
 import subprocess
@@ -55,21 +56,58 @@ GENERATED = Path(__file__).resolve().parent.parent / "src" / "stepstone" / "stor
 #: The SQLite store's fixed table names.
 SQLITE_TABLE = "stepstone_checkpoints"
 SQLITE_META = "stepstone_meta"
+#: The statements ``render`` writes as branches filled in at import.
+PER_KIND = ("claim_ready", "claims")
 
 
-def _kinds(due: str, cancelled: str) -> list[tuple[str, str, str]]:
-    """The three kinds ``claim_ready`` claims: (status, its due test, its extra test).
+def _kinds(due: str, cancelled: str) -> list[dict[str, str]]:
+    """The three kinds ``claim_ready`` claims: what fills a branch's ``@status@``, ``@due@``
+    (its due test) and ``@cancel@`` (its extra test).
 
     One branch each, every one an index range scan on (status, due_at) that stops at
     ``limit`` matches: an ``OR`` of the statuses would sort every due run (and parse
     each one's metadata) before the ``LIMIT``. Waiting runs first (resumed work), then
     runs given back, then new runs; the union is cut to ``limit`` by due_at.
     """
-    return [("waiting", due, ""), ("running", "", ""), ("queued", due, cancelled)]
+    return [
+        {"status": status, "due": due_test, "cancel": cancel}
+        for status, due_test, cancel in (
+            ("waiting", due, ""),
+            ("running", "", ""),
+            ("queued", due, cancelled),
+        )
+    ]
 
 
-def claim_ready(dialect: str, table: str) -> str:
-    """Return the one statement of ``Store.claim_ready`` for ``dialect``; "" for none.
+#: ``claim_ready`` as [head, branch, joiner, tail, due test, cancel test]: the branch
+#: once per kind of ``_kinds``, its ``@name@`` markers filled in (``_fill``); ``claims``
+#: as [templates, conditions]: each template once per condition, for ``@where@``.
+PerKind = list[Any]
+
+
+def _fill(template: str, kind: dict[str, str]) -> str:
+    """Return ``template`` with each ``@name@`` in it replaced by ``kind[name]``."""
+    for name, text in kind.items():
+        template = template.replace(f"@{name}@", text)
+    return template
+
+
+def _expand(parts: dict[str, PerKind]) -> dict[str, Any]:
+    """Return ``claim_ready`` and ``claims`` from their branches written once."""
+    head, branch, joiner, tail, due, cancelled = parts["claim_ready"]
+    templates, conditions = parts["claims"]
+    kinds = _kinds(due, cancelled)
+    return {
+        "claim_ready": head + joiner.join(_fill(branch, kind) for kind in kinds) + tail,
+        "claims": [
+            tuple(_fill(text, {"where": where}) for text in templates) for where in conditions
+        ],
+    }
+
+
+def claim_ready(dialect: str, table: str) -> PerKind:
+    """Return the one statement of ``Store.claim_ready`` for ``dialect``, its three
+    branches (one a kind) written once (``PerKind``).
 
     It claims what needs no judgement (unowned; queued and not cancel-requested,
     waiting and due, or running with its lease given back; of a served workflow) and
@@ -106,7 +144,7 @@ def claim_ready(dialect: str, table: str) -> str:
             "CASE WHEN instr(version, '.') > 0 "
             "THEN substr(version, 1, instr(version, '.') - 1) ELSE version END"
         )
-        return (
+        return [
             f"UPDATE {table} SET\n"
             "    owner = :owner,\n"
             f"    version = CASE WHEN ({head}) <> '' AND ({head}) NOT GLOB '*[^0-9]*'\n"
@@ -118,24 +156,24 @@ def claim_ready(dialect: str, table: str) -> str:
             f"        || (COALESCE(json_extract({meta}, '$.epoch'), 0) + 1) || ','\n"
             "        || substr(document, instr(document, char(10)))\n"
             "WHERE run_id IN (\n"
-            "    SELECT run_id FROM (\n"
-            + "\n        UNION ALL\n".join(
-                f"        SELECT run_id, due_at FROM (SELECT run_id, due_at FROM {table}\n"
-                f"            WHERE status = '{status}' AND owner IS NULL{due}\n"
-                "                AND document LIKE '{\"stepstone\":%'\n"
-                f"                AND instr(document, char(10)) > 2{cancel}\n"
-                f"                AND {nul} = 0\n"
-                f"                AND {key} IN (SELECT value FROM json_each(:served))\n"
-                "                AND run_id NOT IN (SELECT value FROM json_each(:exclude))\n"
-                "            ORDER BY due_at LIMIT :limit)"
-                for status, due, cancel in _kinds(" AND due_at <= :now", cancelled)
-            )
-            + "\n    )\n"
+            "    SELECT run_id FROM (\n",
+            f"        SELECT run_id, due_at FROM (SELECT run_id, due_at FROM {table}\n"
+            "            WHERE status = '@status@' AND owner IS NULL@due@\n"
+            "                AND document LIKE '{\"stepstone\":%'\n"
+            "                AND instr(document, char(10)) > 2@cancel@\n"
+            f"                AND {nul} = 0\n"
+            f"                AND {key} IN (SELECT value FROM json_each(:served))\n"
+            "                AND run_id NOT IN (SELECT value FROM json_each(:exclude))\n"
+            "            ORDER BY due_at LIMIT :limit)",
+            "\n        UNION ALL\n",
+            "\n    )\n"
             "    ORDER BY due_at\n"
             "    LIMIT :limit\n"
             ")\n"
-            "RETURNING run_id, version, document"
-        )
+            "RETURNING run_id, version, document",
+            " AND due_at <= :now",
+            cancelled,
+        ]
     if dialect == "postgresql":
         quoted = f'"{table}"'
         meta = "(left(c.document, strpos(c.document, chr(10)) - 2) || '}')::jsonb"
@@ -153,7 +191,7 @@ def claim_ready(dialect: str, table: str) -> str:
             f"                THEN {pmeta} ->> 'cancel_requested' END)::boolean, false)"
         )
         head = "split_part(c.version, '.', 1)"
-        return (
+        return [
             f"UPDATE {quoted} AS c SET\n"
             "    owner = %(owner)s,\n"
             f"    version = CASE WHEN {head} ~ '^[0-9]+$'\n"
@@ -165,34 +203,34 @@ def claim_ready(dialect: str, table: str) -> str:
             "    document = left(c.document, strpos(c.document, chr(10)) - 1) || %(fields)s\n"
             f"        || (COALESCE(({meta} ->> 'epoch')::bigint, 0) + 1)::text || ','\n"
             "        || substr(c.document, strpos(c.document, chr(10)))\n"
-            "FROM (\n"
-            + "\n    UNION ALL\n".join(
-                f"    SELECT * FROM (SELECT run_key, version AS was, due_at FROM {quoted}\n"
-                f"        WHERE status = '{status}' AND owner IS NULL{due}\n"
-                "            AND document LIKE '{\"stepstone\":%%'\n"
-                f"            AND strpos(document, chr(10)) > 2{cancel}\n"
-                f"            AND (CASE WHEN {nul} = 0 THEN {key} END) = ANY(%(served)s::text[])\n"
-                "            AND run_id <> ALL(%(exclude)s::text[])\n"
-                "        ORDER BY due_at LIMIT %(limit)s\n"
-                f"        FOR UPDATE SKIP LOCKED) AS {status}"
-                for status, due, cancel in _kinds(" AND due_at <= %(now)s", cancelled)
-            )
-            + "\n    ORDER BY due_at\n"
+            "FROM (\n",
+            f"    SELECT * FROM (SELECT run_key, version AS was, due_at FROM {quoted}\n"
+            "        WHERE status = '@status@' AND owner IS NULL@due@\n"
+            "            AND document LIKE '{\"stepstone\":%%'\n"
+            "            AND strpos(document, chr(10)) > 2@cancel@\n"
+            f"            AND (CASE WHEN {nul} = 0 THEN {key} END) = ANY(%(served)s::text[])\n"
+            "            AND run_id <> ALL(%(exclude)s::text[])\n"
+            "        ORDER BY due_at LIMIT %(limit)s\n"
+            "        FOR UPDATE SKIP LOCKED) AS @status@",
+            "\n    UNION ALL\n",
+            "\n    ORDER BY due_at\n"
             "    LIMIT %(limit)s\n"
             ") AS picked\n"
             "WHERE c.run_key = picked.run_key\n"
-            "RETURNING c.run_id, c.version, c.document, picked.was"
-        )
+            "RETURNING c.run_id, c.version, c.document, picked.was",
+            " AND due_at <= %(now)s",
+            cancelled,
+        ]
     if dialect == "mysql":
         return _mysql_claim(table)
-    return ""
+    raise AssertionError(f"no claim_ready for {dialect}")  # pragma: no cover
 
 
 #: Between the statements of MySQL's ``claim_ready`` transaction.
 MY_SEPARATOR = "\n;\n"
 
 
-def _mysql_claim(table: str) -> str:
+def _mysql_claim(table: str) -> PerKind:
     """Return MySQL's ``claim_ready``: the statements of one transaction (MySQL 8.0.21+,
     MariaDB 10.6+: ``SKIP LOCKED``, ``JSON_TABLE``, ``JSON_VALUE``).
 
@@ -220,19 +258,18 @@ def _mysql_claim(table: str) -> str:
             "CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH '$')) AS j)"
         )
 
-    picks = [
+    pick = (
         f"SELECT run_key, version, due_at FROM {quoted}\n"
-        f"WHERE status = '{status}' AND owner IS NULL{due}\n"
+        "WHERE status = '@status@' AND owner IS NULL@due@\n"
         "    AND document LIKE '{\"stepstone\":%%'\n"
-        f"    AND LOCATE({newline}, document) > 2{cancel}\n"
+        f"    AND LOCATE({newline}, document) > 2@cancel@\n"
         "    AND LOCATE(CONCAT(CHAR(92), 'u0000'),\n"
         f"        LEFT(document, LOCATE({newline}, document))) = 0\n"
         f"    AND {key} IN {listed('served', 4096)}\n"
         f"    AND run_id NOT IN {listed('exclude', 1024)}\n"
         "ORDER BY due_at LIMIT %(limit)s\n"
         "FOR UPDATE SKIP LOCKED"
-        for status, due, cancel in _kinds(" AND due_at <= %(now)s", cancelled)
-    ]
+    )
     head = "SUBSTRING_INDEX(version, '.', 1)"
     # MySQL assigns left to right, later ones seeing the earlier: due_at before status.
     update = (
@@ -249,7 +286,8 @@ def _mysql_claim(table: str) -> str:
         "WHERE run_key IN ({picked})"
     )
     read = f"SELECT run_key, run_id, version, document FROM {quoted} WHERE run_key IN ({{picked}})"
-    return MY_SEPARATOR.join([*picks, update, read])
+    tail = MY_SEPARATOR + update + MY_SEPARATOR + read
+    return ["", pick, MY_SEPARATOR, tail, " AND due_at <= %(now)s", cancelled]
 
 
 class Statements:
@@ -319,19 +357,27 @@ class Statements:
             if dialect.paramstyle == "named"
             else " LIMIT %(limit)s OFFSET %(skip)s"
         )
-        self.claims: list[tuple[str, str]] = [
-            (
-                self.compile(select(*columns).where(cond).order_by(c.due_at)) + limit,
-                self.compile(select(k).where(cond).order_by(c.due_at)) + limit,
-            )
-            for cond in (running, queued, waiting)
+        # One text a kind, written once: its condition fills ``@where@``.
+        where: Any = literal_column("@where@")
+        claims = [
+            [
+                self.compile(select(*columns).where(where).order_by(c.due_at)) + limit,
+                self.compile(select(k).where(where).order_by(c.due_at)) + limit,
+            ],
+            [self.compile(cond) for cond in (running, queued, waiting)],
         ]
         self.schema_version = self.compile(
             select(meta.c.value).where(meta.c.key == bindparam("key", "schema_version")),
             literal=True,
         )
         self.seed = self.compile(seed, literal=True)
-        self.claim_ready = claim_ready(dialect.name, str(checkpoints.name))
+        self.per_kind = {
+            "claims": claims,
+            "claim_ready": claim_ready(dialect.name, str(checkpoints.name)),
+        }
+        expanded = _expand(self.per_kind)
+        self.claims: list[tuple[str, ...]] = expanded["claims"]
+        self.claim_ready: str = expanded["claim_ready"]
         self.bump = self.compile(
             update(meta)
             .where(meta.c.key == "schema_version", meta.c.value == "1")
@@ -553,30 +599,59 @@ class _MyStatements(Statements):
         ]
 
 
-def generate() -> dict[str, dict[str, Any]]:
-    """Compile every statement from the definitions above (what ``_sql_text`` holds)."""
-    built: dict[str, Statements] = {
+def _built() -> dict[str, Statements]:
+    return {
         "sqlite": _SQLiteStatements(),
         "postgresql": _PgStatements(PLACEHOLDER),
         "mysql": _MyStatements(PLACEHOLDER),
     }
+
+
+def generate() -> dict[str, dict[str, Any]]:
+    """Compile every statement from the definitions above (what ``_sql_text`` holds)."""
     return {
         kind: {name: getattr(statements, name) for name in FIELDS}
-        for kind, statements in built.items()
+        for kind, statements in _built().items()
     }
 
 
 def render() -> str:
-    """Return the source of the ``_sql_text`` module (before ``ruff format``)."""
+    """Return the source of the ``_sql_text`` module (before ``ruff format``).
+
+    The statements that repeat a branch once per kind (``claim_ready``, ``claims``) are
+    written as their branches once (``per_kind``) and filled in at import by the same
+    ``_kinds``, ``_fill`` and ``_expand`` as here, copied in: what ``--check`` compares is
+    the text.
+    """
+    built = _built()
+    once = {
+        kind: {name: getattr(statements, name) for name in FIELDS if name not in PER_KIND}
+        for kind, statements in built.items()
+    }
+    per_kind = {kind: statements.per_kind for kind, statements in built.items()}
     return (
         '"""Generated by ``python tools/sqlgen.py --write``; do not edit by hand.\n\n'
         "Every SQL statement the SQL stores run, compiled from the SQLAlchemy definitions in\n"
         "``tools/sqlgen.py``; ``tools/sqlgen.py --check`` fails when it drifts.\n"
         '"""\n\n'
         "from typing import Any, Final\n\n"
+        "#: ``claim_ready`` as [head, branch, joiner, tail, due test, cancel test]: the branch\n"
+        "#: once per kind of ``_kinds``, its ``@name@`` markers filled in (``_fill``); ``claims``\n"
+        "#: as [templates, conditions]: each template once per condition, for ``@where@``.\n"
+        "PerKind = list[Any]\n\n"
         "STATEMENTS: Final[dict[str, dict[str, Any]]] = "
-        + pprint.pformat(generate(), width=100, sort_dicts=True)
-        + "\n"
+        + pprint.pformat(once, width=100, sort_dicts=True)
+        + "\n\n#: ``claim_ready`` and ``claims``, each branch written once.\n"
+        "_PER_KIND: Final[dict[str, dict[str, PerKind]]] = "
+        + pprint.pformat(per_kind, width=100, sort_dicts=True)
+        + "\n\n"
+        + inspect.getsource(_kinds)
+        + "\n\n"
+        + inspect.getsource(_fill)
+        + "\n\n"
+        + inspect.getsource(_expand)
+        + "\n\nfor _kind, _parts in _PER_KIND.items():\n"
+        "    STATEMENTS[_kind].update(_expand(_parts))\n"
     )
 
 

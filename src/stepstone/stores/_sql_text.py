@@ -6,137 +6,16 @@ Every SQL statement the SQL stores run, compiled from the SQLAlchemy definitions
 
 from typing import Any, Final
 
+#: ``claim_ready`` as [head, branch, joiner, tail, due test, cancel test]: the branch
+#: once per kind of ``_kinds``, its ``@name@`` markers filled in (``_fill``); ``claims``
+#: as [templates, conditions]: each template once per condition, for ``@where@``.
+PerKind = list[Any]
+
 STATEMENTS: Final[dict[str, dict[str, Any]]] = {
     "mysql": {
         "bump": "UPDATE `stepstone__table___meta` SET value='2' WHERE "
         "`stepstone__table___meta`.`key` = 'schema_version' AND "
         "`stepstone__table___meta`.value = '1'",
-        "claim_ready": "SELECT run_key, version, due_at FROM `stepstone__table__`\n"
-        "WHERE status = 'waiting' AND owner IS NULL AND due_at <= %(now)s\n"
-        "    AND document LIKE '{\"stepstone\":%%'\n"
-        "    AND LOCATE(CHAR(10 USING utf8mb4), document) > 2\n"
-        "    AND LOCATE(CONCAT(CHAR(92), 'u0000'),\n"
-        "        LEFT(document, LOCATE(CHAR(10 USING utf8mb4), document))) = 0\n"
-        "    AND CONCAT(COALESCE(JSON_VALUE(CONCAT(LEFT(document, LOCATE(CHAR(10 "
-        "USING utf8mb4), document) - 2), '}'), '$.workflow'), ''), CHAR(31 USING "
-        "utf8mb4), COALESCE(CONCAT(CHAR(30 USING utf8mb4), "
-        "JSON_VALUE(CONCAT(LEFT(document, LOCATE(CHAR(10 USING utf8mb4), "
-        "document) - 2), '}'), '$.workflow_version')), '')) IN (SELECT v FROM "
-        "JSON_TABLE(%(served)s, '$[*]' COLUMNS (v VARCHAR(4096) CHARACTER SET "
-        "utf8mb4 COLLATE utf8mb4_bin PATH '$')) AS j)\n"
-        "    AND run_id NOT IN (SELECT v FROM JSON_TABLE(%(exclude)s, '$[*]' "
-        "COLUMNS (v VARCHAR(1024) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH "
-        "'$')) AS j)\n"
-        "ORDER BY due_at LIMIT %(limit)s\n"
-        "FOR UPDATE SKIP LOCKED\n"
-        ";\n"
-        "SELECT run_key, version, due_at FROM `stepstone__table__`\n"
-        "WHERE status = 'running' AND owner IS NULL\n"
-        "    AND document LIKE '{\"stepstone\":%%'\n"
-        "    AND LOCATE(CHAR(10 USING utf8mb4), document) > 2\n"
-        "    AND LOCATE(CONCAT(CHAR(92), 'u0000'),\n"
-        "        LEFT(document, LOCATE(CHAR(10 USING utf8mb4), document))) = 0\n"
-        "    AND CONCAT(COALESCE(JSON_VALUE(CONCAT(LEFT(document, LOCATE(CHAR(10 "
-        "USING utf8mb4), document) - 2), '}'), '$.workflow'), ''), CHAR(31 USING "
-        "utf8mb4), COALESCE(CONCAT(CHAR(30 USING utf8mb4), "
-        "JSON_VALUE(CONCAT(LEFT(document, LOCATE(CHAR(10 USING utf8mb4), "
-        "document) - 2), '}'), '$.workflow_version')), '')) IN (SELECT v FROM "
-        "JSON_TABLE(%(served)s, '$[*]' COLUMNS (v VARCHAR(4096) CHARACTER SET "
-        "utf8mb4 COLLATE utf8mb4_bin PATH '$')) AS j)\n"
-        "    AND run_id NOT IN (SELECT v FROM JSON_TABLE(%(exclude)s, '$[*]' "
-        "COLUMNS (v VARCHAR(1024) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH "
-        "'$')) AS j)\n"
-        "ORDER BY due_at LIMIT %(limit)s\n"
-        "FOR UPDATE SKIP LOCKED\n"
-        ";\n"
-        "SELECT run_key, version, due_at FROM `stepstone__table__`\n"
-        "WHERE status = 'queued' AND owner IS NULL AND due_at <= %(now)s\n"
-        "    AND document LIKE '{\"stepstone\":%%'\n"
-        "    AND LOCATE(CHAR(10 USING utf8mb4), document) > 2\n"
-        "    AND COALESCE(JSON_VALUE(CONCAT(LEFT(document, LOCATE(CHAR(10 USING "
-        "utf8mb4), document) - 2), '}'), '$.cancel_requested'), 'false') IN "
-        "('false', '0')\n"
-        "    AND LOCATE(CONCAT(CHAR(92), 'u0000'),\n"
-        "        LEFT(document, LOCATE(CHAR(10 USING utf8mb4), document))) = 0\n"
-        "    AND CONCAT(COALESCE(JSON_VALUE(CONCAT(LEFT(document, LOCATE(CHAR(10 "
-        "USING utf8mb4), document) - 2), '}'), '$.workflow'), ''), CHAR(31 USING "
-        "utf8mb4), COALESCE(CONCAT(CHAR(30 USING utf8mb4), "
-        "JSON_VALUE(CONCAT(LEFT(document, LOCATE(CHAR(10 USING utf8mb4), "
-        "document) - 2), '}'), '$.workflow_version')), '')) IN (SELECT v FROM "
-        "JSON_TABLE(%(served)s, '$[*]' COLUMNS (v VARCHAR(4096) CHARACTER SET "
-        "utf8mb4 COLLATE utf8mb4_bin PATH '$')) AS j)\n"
-        "    AND run_id NOT IN (SELECT v FROM JSON_TABLE(%(exclude)s, '$[*]' "
-        "COLUMNS (v VARCHAR(1024) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin PATH "
-        "'$')) AS j)\n"
-        "ORDER BY due_at LIMIT %(limit)s\n"
-        "FOR UPDATE SKIP LOCKED\n"
-        ";\n"
-        "UPDATE `stepstone__table__` SET\n"
-        "    owner = %(owner)s,\n"
-        "    version = CONCAT(CASE WHEN SUBSTRING_INDEX(version, '.', 1) REGEXP "
-        "'^[0-9]+$'\n"
-        "        THEN CAST(SUBSTRING_INDEX(version, '.', 1) AS UNSIGNED) + 1 "
-        "ELSE 1 END, '.', %(token)s),\n"
-        "    due_at = CASE WHEN status = 'waiting' THEN %(due_now)s ELSE "
-        "%(due_running)s END,\n"
-        "    status = CASE WHEN status = 'waiting' THEN 'waiting' ELSE 'running' "
-        "END,\n"
-        "    updated_at = %(stamp)s,\n"
-        "    document = CONCAT(LEFT(document, LOCATE(CHAR(10 USING utf8mb4), "
-        "document) - 1), %(fields)s,\n"
-        "        CAST(COALESCE(JSON_VALUE(CONCAT(LEFT(document, LOCATE(CHAR(10 "
-        "USING utf8mb4), document) - 2), '}'), '$.epoch'), '0') AS SIGNED) + 1, "
-        "',',\n"
-        "        SUBSTRING(document, LOCATE(CHAR(10 USING utf8mb4), document)))\n"
-        "WHERE run_key IN ({picked})\n"
-        ";\n"
-        "SELECT run_key, run_id, version, document FROM `stepstone__table__` "
-        "WHERE run_key IN ({picked})",
-        "claims": [
-            (
-                "SELECT `stepstone__table__`.run_id, `stepstone__table__`.version, "
-                "`stepstone__table__`.status, `stepstone__table__`.step, "
-                "`stepstone__table__`.total_steps, `stepstone__table__`.updated_at, "
-                "`stepstone__table__`.due_at, `stepstone__table__`.owner\n"
-                "FROM `stepstone__table__`\n"
-                "WHERE `stepstone__table__`.status = 'running' ORDER BY "
-                "`stepstone__table__`.due_at LIMIT %(limit)s OFFSET %(skip)s",
-                "SELECT `stepstone__table__`.run_key\n"
-                "FROM `stepstone__table__`\n"
-                "WHERE `stepstone__table__`.status = 'running' ORDER BY "
-                "`stepstone__table__`.due_at LIMIT %(limit)s OFFSET %(skip)s",
-            ),
-            (
-                "SELECT `stepstone__table__`.run_id, `stepstone__table__`.version, "
-                "`stepstone__table__`.status, `stepstone__table__`.step, "
-                "`stepstone__table__`.total_steps, `stepstone__table__`.updated_at, "
-                "`stepstone__table__`.due_at, `stepstone__table__`.owner\n"
-                "FROM `stepstone__table__`\n"
-                "WHERE `stepstone__table__`.status = 'queued' AND "
-                "`stepstone__table__`.due_at <= %(now)s ORDER BY "
-                "`stepstone__table__`.due_at LIMIT %(limit)s OFFSET %(skip)s",
-                "SELECT `stepstone__table__`.run_key\n"
-                "FROM `stepstone__table__`\n"
-                "WHERE `stepstone__table__`.status = 'queued' AND "
-                "`stepstone__table__`.due_at <= %(now)s ORDER BY "
-                "`stepstone__table__`.due_at LIMIT %(limit)s OFFSET %(skip)s",
-            ),
-            (
-                "SELECT `stepstone__table__`.run_id, `stepstone__table__`.version, "
-                "`stepstone__table__`.status, `stepstone__table__`.step, "
-                "`stepstone__table__`.total_steps, `stepstone__table__`.updated_at, "
-                "`stepstone__table__`.due_at, `stepstone__table__`.owner\n"
-                "FROM `stepstone__table__`\n"
-                "WHERE `stepstone__table__`.status = 'waiting' AND "
-                "`stepstone__table__`.due_at <= %(now)s ORDER BY "
-                "`stepstone__table__`.due_at LIMIT %(limit)s OFFSET %(skip)s",
-                "SELECT `stepstone__table__`.run_key\n"
-                "FROM `stepstone__table__`\n"
-                "WHERE `stepstone__table__`.status = 'waiting' AND "
-                "`stepstone__table__`.due_at <= %(now)s ORDER BY "
-                "`stepstone__table__`.due_at LIMIT %(limit)s OFFSET %(skip)s",
-            ),
-        ],
         "create": [
             "CREATE TABLE IF NOT EXISTS `stepstone__table__` (\n"
             "    run_key BINARY(32) NOT NULL,\n"
@@ -216,125 +95,6 @@ STATEMENTS: Final[dict[str, dict[str, Any]]] = {
         "bump": "UPDATE \"stepstone__table___meta\" SET value='2' WHERE "
         "\"stepstone__table___meta\".key = 'schema_version' AND "
         "\"stepstone__table___meta\".value = '1'",
-        "claim_ready": 'UPDATE "stepstone__table__" AS c SET\n'
-        "    owner = %(owner)s,\n"
-        "    version = CASE WHEN split_part(c.version, '.', 1) ~ "
-        "'^[0-9]+$'\n"
-        "        THEN (split_part(c.version, '.', 1)::numeric + 1)::text "
-        "ELSE '1' END || '.' || %(token)s,\n"
-        "    status = CASE WHEN c.status = 'waiting' THEN 'waiting' ELSE "
-        "'running' END,\n"
-        "    due_at = CASE WHEN c.status = 'waiting'\n"
-        "        THEN %(due_now)s ELSE %(due_running)s END,\n"
-        "    updated_at = %(stamp)s,\n"
-        "    document = left(c.document, strpos(c.document, chr(10)) - 1) "
-        "|| %(fields)s\n"
-        "        || (COALESCE(((left(c.document, strpos(c.document, "
-        "chr(10)) - 2) || '}')::jsonb ->> 'epoch')::bigint, 0) + 1)::text "
-        "|| ','\n"
-        "        || substr(c.document, strpos(c.document, chr(10)))\n"
-        "FROM (\n"
-        "    SELECT * FROM (SELECT run_key, version AS was, due_at FROM "
-        '"stepstone__table__"\n'
-        "        WHERE status = 'waiting' AND owner IS NULL AND due_at <= "
-        "%(now)s\n"
-        "            AND document LIKE '{\"stepstone\":%%'\n"
-        "            AND strpos(document, chr(10)) > 2\n"
-        "            AND (CASE WHEN strpos(left(document, strpos(document, "
-        "chr(10))), chr(92) || 'u0000') = 0 THEN COALESCE((left(document, "
-        "strpos(document, chr(10)) - 2) || '}')::jsonb ->> 'workflow', '') "
-        "|| chr(31) || COALESCE(chr(30) || ((left(document, "
-        "strpos(document, chr(10)) - 2) || '}')::jsonb ->> "
-        "'workflow_version'), '') END) = ANY(%(served)s::text[])\n"
-        "            AND run_id <> ALL(%(exclude)s::text[])\n"
-        "        ORDER BY due_at LIMIT %(limit)s\n"
-        "        FOR UPDATE SKIP LOCKED) AS waiting\n"
-        "    UNION ALL\n"
-        "    SELECT * FROM (SELECT run_key, version AS was, due_at FROM "
-        '"stepstone__table__"\n'
-        "        WHERE status = 'running' AND owner IS NULL\n"
-        "            AND document LIKE '{\"stepstone\":%%'\n"
-        "            AND strpos(document, chr(10)) > 2\n"
-        "            AND (CASE WHEN strpos(left(document, strpos(document, "
-        "chr(10))), chr(92) || 'u0000') = 0 THEN COALESCE((left(document, "
-        "strpos(document, chr(10)) - 2) || '}')::jsonb ->> 'workflow', '') "
-        "|| chr(31) || COALESCE(chr(30) || ((left(document, "
-        "strpos(document, chr(10)) - 2) || '}')::jsonb ->> "
-        "'workflow_version'), '') END) = ANY(%(served)s::text[])\n"
-        "            AND run_id <> ALL(%(exclude)s::text[])\n"
-        "        ORDER BY due_at LIMIT %(limit)s\n"
-        "        FOR UPDATE SKIP LOCKED) AS running\n"
-        "    UNION ALL\n"
-        "    SELECT * FROM (SELECT run_key, version AS was, due_at FROM "
-        '"stepstone__table__"\n'
-        "        WHERE status = 'queued' AND owner IS NULL AND due_at <= "
-        "%(now)s\n"
-        "            AND document LIKE '{\"stepstone\":%%'\n"
-        "            AND strpos(document, chr(10)) > 2\n"
-        "            AND NOT COALESCE((CASE WHEN strpos(left(document, "
-        "strpos(document, chr(10))), chr(92) || 'u0000') = 0\n"
-        "                THEN (left(document, strpos(document, chr(10)) - "
-        "2) || '}')::jsonb ->> 'cancel_requested' END)::boolean, false)\n"
-        "            AND (CASE WHEN strpos(left(document, strpos(document, "
-        "chr(10))), chr(92) || 'u0000') = 0 THEN COALESCE((left(document, "
-        "strpos(document, chr(10)) - 2) || '}')::jsonb ->> 'workflow', '') "
-        "|| chr(31) || COALESCE(chr(30) || ((left(document, "
-        "strpos(document, chr(10)) - 2) || '}')::jsonb ->> "
-        "'workflow_version'), '') END) = ANY(%(served)s::text[])\n"
-        "            AND run_id <> ALL(%(exclude)s::text[])\n"
-        "        ORDER BY due_at LIMIT %(limit)s\n"
-        "        FOR UPDATE SKIP LOCKED) AS queued\n"
-        "    ORDER BY due_at\n"
-        "    LIMIT %(limit)s\n"
-        ") AS picked\n"
-        "WHERE c.run_key = picked.run_key\n"
-        "RETURNING c.run_id, c.version, c.document, picked.was",
-        "claims": [
-            (
-                'SELECT "stepstone__table__".run_id, "stepstone__table__".version, '
-                '"stepstone__table__".status, "stepstone__table__".step, '
-                '"stepstone__table__".total_steps, "stepstone__table__".updated_at, '
-                '"stepstone__table__".due_at, "stepstone__table__".owner\n'
-                'FROM "stepstone__table__"\n'
-                "WHERE \"stepstone__table__\".status = 'running' ORDER BY "
-                '"stepstone__table__".due_at LIMIT %(limit)s OFFSET %(skip)s',
-                'SELECT "stepstone__table__".run_key\n'
-                'FROM "stepstone__table__"\n'
-                "WHERE \"stepstone__table__\".status = 'running' ORDER BY "
-                '"stepstone__table__".due_at LIMIT %(limit)s OFFSET %(skip)s',
-            ),
-            (
-                'SELECT "stepstone__table__".run_id, "stepstone__table__".version, '
-                '"stepstone__table__".status, "stepstone__table__".step, '
-                '"stepstone__table__".total_steps, "stepstone__table__".updated_at, '
-                '"stepstone__table__".due_at, "stepstone__table__".owner\n'
-                'FROM "stepstone__table__"\n'
-                "WHERE \"stepstone__table__\".status = 'queued' AND "
-                '"stepstone__table__".due_at <= %(now)s::TIMESTAMP WITH TIME ZONE '
-                'ORDER BY "stepstone__table__".due_at LIMIT %(limit)s OFFSET %(skip)s',
-                'SELECT "stepstone__table__".run_key\n'
-                'FROM "stepstone__table__"\n'
-                "WHERE \"stepstone__table__\".status = 'queued' AND "
-                '"stepstone__table__".due_at <= %(now)s::TIMESTAMP WITH TIME ZONE '
-                'ORDER BY "stepstone__table__".due_at LIMIT %(limit)s OFFSET %(skip)s',
-            ),
-            (
-                'SELECT "stepstone__table__".run_id, "stepstone__table__".version, '
-                '"stepstone__table__".status, "stepstone__table__".step, '
-                '"stepstone__table__".total_steps, "stepstone__table__".updated_at, '
-                '"stepstone__table__".due_at, "stepstone__table__".owner\n'
-                'FROM "stepstone__table__"\n'
-                "WHERE \"stepstone__table__\".status = 'waiting' AND "
-                '"stepstone__table__".due_at <= %(now)s::TIMESTAMP WITH TIME ZONE '
-                'ORDER BY "stepstone__table__".due_at LIMIT %(limit)s OFFSET %(skip)s',
-                'SELECT "stepstone__table__".run_key\n'
-                'FROM "stepstone__table__"\n'
-                "WHERE \"stepstone__table__\".status = 'waiting' AND "
-                '"stepstone__table__".due_at <= %(now)s::TIMESTAMP WITH TIME ZONE '
-                'ORDER BY "stepstone__table__".due_at LIMIT %(limit)s OFFSET '
-                "%(skip)s",
-            ),
-        ],
         "create": [
             'CREATE TABLE IF NOT EXISTS "stepstone__table__" (\n'
             "    run_key BYTEA NOT NULL,\n"
@@ -423,128 +183,6 @@ STATEMENTS: Final[dict[str, dict[str, Any]]] = {
     "sqlite": {
         "bump": "UPDATE stepstone_meta SET value='2' WHERE stepstone_meta.\"key\" = "
         "'schema_version' AND stepstone_meta.value = '1'",
-        "claim_ready": "UPDATE stepstone_checkpoints SET\n"
-        "    owner = :owner,\n"
-        "    version = CASE WHEN (CASE WHEN instr(version, '.') > 0 THEN "
-        "substr(version, 1, instr(version, '.') - 1) ELSE version END) <> '' "
-        "AND (CASE WHEN instr(version, '.') > 0 THEN substr(version, 1, "
-        "instr(version, '.') - 1) ELSE version END) NOT GLOB '*[^0-9]*'\n"
-        "        THEN CAST((CASE WHEN instr(version, '.') > 0 THEN "
-        "substr(version, 1, instr(version, '.') - 1) ELSE version END) AS "
-        "INTEGER) + 1 ELSE 1 END || '.' || :token,\n"
-        "    status = CASE status WHEN 'waiting' THEN 'waiting' ELSE 'running' "
-        "END,\n"
-        "    due_at = CASE status WHEN 'waiting' THEN :due_now ELSE "
-        ":due_running END,\n"
-        "    updated_at = :stamp,\n"
-        "    document = substr(document, 1, instr(document, char(10)) - 1) || "
-        ":fields\n"
-        "        || (COALESCE(json_extract((substr(document, 1, instr(document, "
-        "char(10)) - 2) || '}'), '$.epoch'), 0) + 1) || ','\n"
-        "        || substr(document, instr(document, char(10)))\n"
-        "WHERE run_id IN (\n"
-        "    SELECT run_id FROM (\n"
-        "        SELECT run_id, due_at FROM (SELECT run_id, due_at FROM "
-        "stepstone_checkpoints\n"
-        "            WHERE status = 'waiting' AND owner IS NULL AND due_at <= "
-        ":now\n"
-        "                AND document LIKE '{\"stepstone\":%'\n"
-        "                AND instr(document, char(10)) > 2\n"
-        "                AND instr(substr(document, 1, instr(document, "
-        "char(10))), char(92) || 'u0000') = 0\n"
-        "                AND COALESCE(json_extract((substr(document, 1, "
-        "instr(document, char(10)) - 2) || '}'), '$.workflow'), '') || char(31) "
-        "|| COALESCE(char(30) || json_extract((substr(document, 1, "
-        "instr(document, char(10)) - 2) || '}'), '$.workflow_version'), '') IN "
-        "(SELECT value FROM json_each(:served))\n"
-        "                AND run_id NOT IN (SELECT value FROM "
-        "json_each(:exclude))\n"
-        "            ORDER BY due_at LIMIT :limit)\n"
-        "        UNION ALL\n"
-        "        SELECT run_id, due_at FROM (SELECT run_id, due_at FROM "
-        "stepstone_checkpoints\n"
-        "            WHERE status = 'running' AND owner IS NULL\n"
-        "                AND document LIKE '{\"stepstone\":%'\n"
-        "                AND instr(document, char(10)) > 2\n"
-        "                AND instr(substr(document, 1, instr(document, "
-        "char(10))), char(92) || 'u0000') = 0\n"
-        "                AND COALESCE(json_extract((substr(document, 1, "
-        "instr(document, char(10)) - 2) || '}'), '$.workflow'), '') || char(31) "
-        "|| COALESCE(char(30) || json_extract((substr(document, 1, "
-        "instr(document, char(10)) - 2) || '}'), '$.workflow_version'), '') IN "
-        "(SELECT value FROM json_each(:served))\n"
-        "                AND run_id NOT IN (SELECT value FROM "
-        "json_each(:exclude))\n"
-        "            ORDER BY due_at LIMIT :limit)\n"
-        "        UNION ALL\n"
-        "        SELECT run_id, due_at FROM (SELECT run_id, due_at FROM "
-        "stepstone_checkpoints\n"
-        "            WHERE status = 'queued' AND owner IS NULL AND due_at <= "
-        ":now\n"
-        "                AND document LIKE '{\"stepstone\":%'\n"
-        "                AND instr(document, char(10)) > 2\n"
-        "                AND COALESCE(json_extract((substr(document, 1, "
-        "instr(document, char(10)) - 2) || '}'), '$.cancel_requested'), 0) = 0\n"
-        "                AND instr(substr(document, 1, instr(document, "
-        "char(10))), char(92) || 'u0000') = 0\n"
-        "                AND COALESCE(json_extract((substr(document, 1, "
-        "instr(document, char(10)) - 2) || '}'), '$.workflow'), '') || char(31) "
-        "|| COALESCE(char(30) || json_extract((substr(document, 1, "
-        "instr(document, char(10)) - 2) || '}'), '$.workflow_version'), '') IN "
-        "(SELECT value FROM json_each(:served))\n"
-        "                AND run_id NOT IN (SELECT value FROM "
-        "json_each(:exclude))\n"
-        "            ORDER BY due_at LIMIT :limit)\n"
-        "    )\n"
-        "    ORDER BY due_at\n"
-        "    LIMIT :limit\n"
-        ")\n"
-        "RETURNING run_id, version, document",
-        "claims": [
-            (
-                "SELECT stepstone_checkpoints.run_id, stepstone_checkpoints.version, "
-                "stepstone_checkpoints.status, stepstone_checkpoints.step, "
-                "stepstone_checkpoints.total_steps, stepstone_checkpoints.updated_at, "
-                "stepstone_checkpoints.due_at, stepstone_checkpoints.owner\n"
-                "FROM stepstone_checkpoints\n"
-                "WHERE stepstone_checkpoints.status = 'running' ORDER BY "
-                "stepstone_checkpoints.due_at LIMIT :limit OFFSET :skip",
-                "SELECT stepstone_checkpoints.run_id\n"
-                "FROM stepstone_checkpoints\n"
-                "WHERE stepstone_checkpoints.status = 'running' ORDER BY "
-                "stepstone_checkpoints.due_at LIMIT :limit OFFSET :skip",
-            ),
-            (
-                "SELECT stepstone_checkpoints.run_id, stepstone_checkpoints.version, "
-                "stepstone_checkpoints.status, stepstone_checkpoints.step, "
-                "stepstone_checkpoints.total_steps, stepstone_checkpoints.updated_at, "
-                "stepstone_checkpoints.due_at, stepstone_checkpoints.owner\n"
-                "FROM stepstone_checkpoints\n"
-                "WHERE stepstone_checkpoints.status = 'queued' AND "
-                "stepstone_checkpoints.due_at <= :now ORDER BY "
-                "stepstone_checkpoints.due_at LIMIT :limit OFFSET :skip",
-                "SELECT stepstone_checkpoints.run_id\n"
-                "FROM stepstone_checkpoints\n"
-                "WHERE stepstone_checkpoints.status = 'queued' AND "
-                "stepstone_checkpoints.due_at <= :now ORDER BY "
-                "stepstone_checkpoints.due_at LIMIT :limit OFFSET :skip",
-            ),
-            (
-                "SELECT stepstone_checkpoints.run_id, stepstone_checkpoints.version, "
-                "stepstone_checkpoints.status, stepstone_checkpoints.step, "
-                "stepstone_checkpoints.total_steps, stepstone_checkpoints.updated_at, "
-                "stepstone_checkpoints.due_at, stepstone_checkpoints.owner\n"
-                "FROM stepstone_checkpoints\n"
-                "WHERE stepstone_checkpoints.status = 'waiting' AND "
-                "stepstone_checkpoints.due_at <= :now ORDER BY "
-                "stepstone_checkpoints.due_at LIMIT :limit OFFSET :skip",
-                "SELECT stepstone_checkpoints.run_id\n"
-                "FROM stepstone_checkpoints\n"
-                "WHERE stepstone_checkpoints.status = 'waiting' AND "
-                "stepstone_checkpoints.due_at <= :now ORDER BY "
-                "stepstone_checkpoints.due_at LIMIT :limit OFFSET :skip",
-            ),
-        ],
         "create": [
             "CREATE TABLE IF NOT EXISTS stepstone_checkpoints (\n"
             "    run_id TEXT NOT NULL,\n"
@@ -619,3 +257,267 @@ STATEMENTS: Final[dict[str, dict[str, Any]]] = {
         "WHERE stepstone_checkpoints.run_id = :run_key",
     },
 }
+
+#: ``claim_ready`` and ``claims``, each branch written once.
+_PER_KIND: Final[dict[str, dict[str, PerKind]]] = {
+    "mysql": {
+        "claim_ready": [
+            "",
+            "SELECT run_key, version, due_at FROM `stepstone__table__`\n"
+            "WHERE status = '@status@' AND owner IS NULL@due@\n"
+            "    AND document LIKE '{\"stepstone\":%%'\n"
+            "    AND LOCATE(CHAR(10 USING utf8mb4), document) > 2@cancel@\n"
+            "    AND LOCATE(CONCAT(CHAR(92), 'u0000'),\n"
+            "        LEFT(document, LOCATE(CHAR(10 USING utf8mb4), document))) = 0\n"
+            "    AND CONCAT(COALESCE(JSON_VALUE(CONCAT(LEFT(document, "
+            "LOCATE(CHAR(10 USING utf8mb4), document) - 2), '}'), '$.workflow'), "
+            "''), CHAR(31 USING utf8mb4), COALESCE(CONCAT(CHAR(30 USING utf8mb4), "
+            "JSON_VALUE(CONCAT(LEFT(document, LOCATE(CHAR(10 USING utf8mb4), "
+            "document) - 2), '}'), '$.workflow_version')), '')) IN (SELECT v FROM "
+            "JSON_TABLE(%(served)s, '$[*]' COLUMNS (v VARCHAR(4096) CHARACTER SET "
+            "utf8mb4 COLLATE utf8mb4_bin PATH '$')) AS j)\n"
+            "    AND run_id NOT IN (SELECT v FROM JSON_TABLE(%(exclude)s, '$[*]' "
+            "COLUMNS (v VARCHAR(1024) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin "
+            "PATH '$')) AS j)\n"
+            "ORDER BY due_at LIMIT %(limit)s\n"
+            "FOR UPDATE SKIP LOCKED",
+            "\n;\n",
+            "\n"
+            ";\n"
+            "UPDATE `stepstone__table__` SET\n"
+            "    owner = %(owner)s,\n"
+            "    version = CONCAT(CASE WHEN SUBSTRING_INDEX(version, '.', 1) REGEXP "
+            "'^[0-9]+$'\n"
+            "        THEN CAST(SUBSTRING_INDEX(version, '.', 1) AS UNSIGNED) + 1 "
+            "ELSE 1 END, '.', %(token)s),\n"
+            "    due_at = CASE WHEN status = 'waiting' THEN %(due_now)s ELSE "
+            "%(due_running)s END,\n"
+            "    status = CASE WHEN status = 'waiting' THEN 'waiting' ELSE "
+            "'running' END,\n"
+            "    updated_at = %(stamp)s,\n"
+            "    document = CONCAT(LEFT(document, LOCATE(CHAR(10 USING utf8mb4), "
+            "document) - 1), %(fields)s,\n"
+            "        CAST(COALESCE(JSON_VALUE(CONCAT(LEFT(document, LOCATE(CHAR(10 "
+            "USING utf8mb4), document) - 2), '}'), '$.epoch'), '0') AS SIGNED) + 1, "
+            "',',\n"
+            "        SUBSTRING(document, LOCATE(CHAR(10 USING utf8mb4), "
+            "document)))\n"
+            "WHERE run_key IN ({picked})\n"
+            ";\n"
+            "SELECT run_key, run_id, version, document FROM `stepstone__table__` "
+            "WHERE run_key IN ({picked})",
+            " AND due_at <= %(now)s",
+            "\n"
+            "    AND COALESCE(JSON_VALUE(CONCAT(LEFT(document, LOCATE(CHAR(10 USING "
+            "utf8mb4), document) - 2), '}'), '$.cancel_requested'), 'false') IN "
+            "('false', '0')",
+        ],
+        "claims": [
+            [
+                "SELECT `stepstone__table__`.run_id, `stepstone__table__`.version, "
+                "`stepstone__table__`.status, `stepstone__table__`.step, "
+                "`stepstone__table__`.total_steps, `stepstone__table__`.updated_at, "
+                "`stepstone__table__`.due_at, `stepstone__table__`.owner\n"
+                "FROM `stepstone__table__`\n"
+                "WHERE @where@ ORDER BY `stepstone__table__`.due_at LIMIT %(limit)s OFFSET "
+                "%(skip)s",
+                "SELECT `stepstone__table__`.run_key\n"
+                "FROM `stepstone__table__`\n"
+                "WHERE @where@ ORDER BY `stepstone__table__`.due_at LIMIT %(limit)s OFFSET "
+                "%(skip)s",
+            ],
+            [
+                "`stepstone__table__`.status = 'running'",
+                "`stepstone__table__`.status = 'queued' AND `stepstone__table__`.due_at <= %(now)s",
+                "`stepstone__table__`.status = 'waiting' AND `stepstone__table__`.due_at <= "
+                "%(now)s",
+            ],
+        ],
+    },
+    "postgresql": {
+        "claim_ready": [
+            'UPDATE "stepstone__table__" AS c SET\n'
+            "    owner = %(owner)s,\n"
+            "    version = CASE WHEN split_part(c.version, '.', 1) ~ "
+            "'^[0-9]+$'\n"
+            "        THEN (split_part(c.version, '.', 1)::numeric + 1)::text "
+            "ELSE '1' END || '.' || %(token)s,\n"
+            "    status = CASE WHEN c.status = 'waiting' THEN 'waiting' ELSE "
+            "'running' END,\n"
+            "    due_at = CASE WHEN c.status = 'waiting'\n"
+            "        THEN %(due_now)s ELSE %(due_running)s END,\n"
+            "    updated_at = %(stamp)s,\n"
+            "    document = left(c.document, strpos(c.document, chr(10)) - 1) "
+            "|| %(fields)s\n"
+            "        || (COALESCE(((left(c.document, strpos(c.document, "
+            "chr(10)) - 2) || '}')::jsonb ->> 'epoch')::bigint, 0) + 1)::text "
+            "|| ','\n"
+            "        || substr(c.document, strpos(c.document, chr(10)))\n"
+            "FROM (\n",
+            "    SELECT * FROM (SELECT run_key, version AS was, due_at FROM "
+            '"stepstone__table__"\n'
+            "        WHERE status = '@status@' AND owner IS NULL@due@\n"
+            "            AND document LIKE '{\"stepstone\":%%'\n"
+            "            AND strpos(document, chr(10)) > 2@cancel@\n"
+            "            AND (CASE WHEN strpos(left(document, strpos(document, "
+            "chr(10))), chr(92) || 'u0000') = 0 THEN COALESCE((left(document, "
+            "strpos(document, chr(10)) - 2) || '}')::jsonb ->> 'workflow', '') "
+            "|| chr(31) || COALESCE(chr(30) || ((left(document, "
+            "strpos(document, chr(10)) - 2) || '}')::jsonb ->> "
+            "'workflow_version'), '') END) = ANY(%(served)s::text[])\n"
+            "            AND run_id <> ALL(%(exclude)s::text[])\n"
+            "        ORDER BY due_at LIMIT %(limit)s\n"
+            "        FOR UPDATE SKIP LOCKED) AS @status@",
+            "\n    UNION ALL\n",
+            "\n"
+            "    ORDER BY due_at\n"
+            "    LIMIT %(limit)s\n"
+            ") AS picked\n"
+            "WHERE c.run_key = picked.run_key\n"
+            "RETURNING c.run_id, c.version, c.document, picked.was",
+            " AND due_at <= %(now)s",
+            "\n"
+            "            AND NOT COALESCE((CASE WHEN strpos(left(document, "
+            "strpos(document, chr(10))), chr(92) || 'u0000') = 0\n"
+            "                THEN (left(document, strpos(document, chr(10)) - "
+            "2) || '}')::jsonb ->> 'cancel_requested' END)::boolean, false)",
+        ],
+        "claims": [
+            [
+                'SELECT "stepstone__table__".run_id, "stepstone__table__".version, '
+                '"stepstone__table__".status, "stepstone__table__".step, '
+                '"stepstone__table__".total_steps, "stepstone__table__".updated_at, '
+                '"stepstone__table__".due_at, "stepstone__table__".owner\n'
+                'FROM "stepstone__table__"\n'
+                'WHERE @where@ ORDER BY "stepstone__table__".due_at LIMIT %(limit)s '
+                "OFFSET %(skip)s",
+                'SELECT "stepstone__table__".run_key\n'
+                'FROM "stepstone__table__"\n'
+                'WHERE @where@ ORDER BY "stepstone__table__".due_at LIMIT %(limit)s '
+                "OFFSET %(skip)s",
+            ],
+            [
+                "\"stepstone__table__\".status = 'running'",
+                "\"stepstone__table__\".status = 'queued' AND "
+                '"stepstone__table__".due_at <= %(now)s::TIMESTAMP WITH TIME ZONE',
+                "\"stepstone__table__\".status = 'waiting' AND "
+                '"stepstone__table__".due_at <= %(now)s::TIMESTAMP WITH TIME ZONE',
+            ],
+        ],
+    },
+    "sqlite": {
+        "claim_ready": [
+            "UPDATE stepstone_checkpoints SET\n"
+            "    owner = :owner,\n"
+            "    version = CASE WHEN (CASE WHEN instr(version, '.') > 0 THEN "
+            "substr(version, 1, instr(version, '.') - 1) ELSE version END) <> '' "
+            "AND (CASE WHEN instr(version, '.') > 0 THEN substr(version, 1, "
+            "instr(version, '.') - 1) ELSE version END) NOT GLOB '*[^0-9]*'\n"
+            "        THEN CAST((CASE WHEN instr(version, '.') > 0 THEN "
+            "substr(version, 1, instr(version, '.') - 1) ELSE version END) AS "
+            "INTEGER) + 1 ELSE 1 END || '.' || :token,\n"
+            "    status = CASE status WHEN 'waiting' THEN 'waiting' ELSE 'running' "
+            "END,\n"
+            "    due_at = CASE status WHEN 'waiting' THEN :due_now ELSE "
+            ":due_running END,\n"
+            "    updated_at = :stamp,\n"
+            "    document = substr(document, 1, instr(document, char(10)) - 1) || "
+            ":fields\n"
+            "        || (COALESCE(json_extract((substr(document, 1, "
+            "instr(document, char(10)) - 2) || '}'), '$.epoch'), 0) + 1) || ','\n"
+            "        || substr(document, instr(document, char(10)))\n"
+            "WHERE run_id IN (\n"
+            "    SELECT run_id FROM (\n",
+            "        SELECT run_id, due_at FROM (SELECT run_id, due_at FROM "
+            "stepstone_checkpoints\n"
+            "            WHERE status = '@status@' AND owner IS NULL@due@\n"
+            "                AND document LIKE '{\"stepstone\":%'\n"
+            "                AND instr(document, char(10)) > 2@cancel@\n"
+            "                AND instr(substr(document, 1, instr(document, "
+            "char(10))), char(92) || 'u0000') = 0\n"
+            "                AND COALESCE(json_extract((substr(document, 1, "
+            "instr(document, char(10)) - 2) || '}'), '$.workflow'), '') || "
+            "char(31) || COALESCE(char(30) || json_extract((substr(document, 1, "
+            "instr(document, char(10)) - 2) || '}'), '$.workflow_version'), '') IN "
+            "(SELECT value FROM json_each(:served))\n"
+            "                AND run_id NOT IN (SELECT value FROM "
+            "json_each(:exclude))\n"
+            "            ORDER BY due_at LIMIT :limit)",
+            "\n        UNION ALL\n",
+            "\n"
+            "    )\n"
+            "    ORDER BY due_at\n"
+            "    LIMIT :limit\n"
+            ")\n"
+            "RETURNING run_id, version, document",
+            " AND due_at <= :now",
+            "\n"
+            "                AND COALESCE(json_extract((substr(document, 1, "
+            "instr(document, char(10)) - 2) || '}'), '$.cancel_requested'), 0) = "
+            "0",
+        ],
+        "claims": [
+            [
+                "SELECT stepstone_checkpoints.run_id, stepstone_checkpoints.version, "
+                "stepstone_checkpoints.status, stepstone_checkpoints.step, "
+                "stepstone_checkpoints.total_steps, stepstone_checkpoints.updated_at, "
+                "stepstone_checkpoints.due_at, stepstone_checkpoints.owner\n"
+                "FROM stepstone_checkpoints\n"
+                "WHERE @where@ ORDER BY stepstone_checkpoints.due_at LIMIT :limit OFFSET "
+                ":skip",
+                "SELECT stepstone_checkpoints.run_id\n"
+                "FROM stepstone_checkpoints\n"
+                "WHERE @where@ ORDER BY stepstone_checkpoints.due_at LIMIT :limit OFFSET "
+                ":skip",
+            ],
+            [
+                "stepstone_checkpoints.status = 'running'",
+                "stepstone_checkpoints.status = 'queued' AND stepstone_checkpoints.due_at <= :now",
+                "stepstone_checkpoints.status = 'waiting' AND stepstone_checkpoints.due_at <= :now",
+            ],
+        ],
+    },
+}
+
+
+def _kinds(due: str, cancelled: str) -> list[dict[str, str]]:
+    """The three kinds ``claim_ready`` claims: what fills a branch's ``@status@``, ``@due@``
+    (its due test) and ``@cancel@`` (its extra test).
+
+    One branch each, every one an index range scan on (status, due_at) that stops at
+    ``limit`` matches: an ``OR`` of the statuses would sort every due run (and parse
+    each one's metadata) before the ``LIMIT``. Waiting runs first (resumed work), then
+    runs given back, then new runs; the union is cut to ``limit`` by due_at.
+    """
+    return [
+        {"status": status, "due": due_test, "cancel": cancel}
+        for status, due_test, cancel in (
+            ("waiting", due, ""),
+            ("running", "", ""),
+            ("queued", due, cancelled),
+        )
+    ]
+
+
+def _fill(template: str, kind: dict[str, str]) -> str:
+    """Return ``template`` with each ``@name@`` in it replaced by ``kind[name]``."""
+    for name, text in kind.items():
+        template = template.replace(f"@{name}@", text)
+    return template
+
+
+def _expand(parts: dict[str, PerKind]) -> dict[str, Any]:
+    """Return ``claim_ready`` and ``claims`` from their branches written once."""
+    head, branch, joiner, tail, due, cancelled = parts["claim_ready"]
+    templates, conditions = parts["claims"]
+    kinds = _kinds(due, cancelled)
+    return {
+        "claim_ready": head + joiner.join(_fill(branch, kind) for kind in kinds) + tail,
+        "claims": [
+            tuple(_fill(text, {"where": where}) for text in templates) for where in conditions
+        ],
+    }
+
+
+for _kind, _parts in _PER_KIND.items():
+    STATEMENTS[_kind].update(_expand(_parts))
