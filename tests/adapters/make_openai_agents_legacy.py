@@ -12,43 +12,32 @@ store's file). For the test of the OpenAI Agents adapter's move onto the run's j
 from __future__ import annotations
 
 import contextlib
-import importlib
-import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from legacy_records import write_records
+
+from stepstone import Store, Suspended
+
 OUT = Path(__file__).parent / "openai_agents_legacy_records.json"
 
 
-def main() -> None:
-    agents: Any = importlib.import_module("test_openai_agents")
-
-    from stepstone import Suspended, open_store
+def make_runs(store: Store, agents: Any) -> None:
+    """A run waiting for an approval and a finished one."""
     from stepstone.adapters.openai_agents import StepstoneRunner
 
-    with tempfile.TemporaryDirectory() as tmp:
-        os.environ[agents.LOG_ENV] = str(Path(tmp) / "calls.log")
-        with open_store(f"file://{tmp}/runs") as store:
-            with contextlib.suppress(Suspended):  # waits for the approval: as recorded
-                StepstoneRunner.run_sync(
-                    store, "legacy-wait", agents.refund_agent(), "refund me",
-                    run_config=agents.config_(),
-                )  # fmt: skip
-            StepstoneRunner.run_sync(
-                store, "legacy-done", agents.lookup_agent(), "hi", run_config=agents.config_()
-            )
-        records = {
-            path.name: path.read_text(encoding="utf-8")
-            for path in sorted(Path(tmp, "runs").rglob("*.json"))
-        }
-    OUT.write_text(json.dumps(records, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    print(f"wrote {len(records)} records to {OUT}")
+    with contextlib.suppress(Suspended):  # waits for the approval: as recorded
+        StepstoneRunner.run_sync(
+            store, "legacy-wait", agents.refund_agent(), "refund me",
+            run_config=agents.config_(),
+        )  # fmt: skip
+    StepstoneRunner.run_sync(
+        store, "legacy-done", agents.lookup_agent(), "hi", run_config=agents.config_()
+    )
 
 
 if __name__ == "__main__":
-    main()
+    write_records(OUT, "test_openai_agents", make_runs)
