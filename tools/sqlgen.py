@@ -14,7 +14,6 @@ here, in the repository, never in the wheel: its output is checked in as
 from __future__ import annotations
 
 import argparse
-import inspect
 import pprint
 import re
 import subprocess
@@ -48,6 +47,7 @@ from sqlalchemy.sql.elements import quoted_name
 
 from stepstone.stores._sql import PLACEHOLDER, TABLE_SCHEMA
 from stepstone.stores._sql.schema import FIELDS
+from stepstone.stores._sql_kinds import PerKind, expand
 from stepstone.stores._sql_text import STATEMENTS
 
 __all__ = ["generate", "main", "render"]
@@ -58,51 +58,6 @@ SQLITE_TABLE = "stepstone_checkpoints"
 SQLITE_META = "stepstone_meta"
 #: The statements ``render`` writes as branches filled in at import.
 PER_KIND = ("claim_ready", "claims")
-
-
-def _kinds(due: str, cancelled: str) -> list[dict[str, str]]:
-    """The three kinds ``claim_ready`` claims: what fills a branch's ``@status@``, ``@due@``
-    (its due test) and ``@cancel@`` (its extra test).
-
-    One branch each, every one an index range scan on (status, due_at) that stops at
-    ``limit`` matches: an ``OR`` of the statuses would sort every due run (and parse
-    each one's metadata) before the ``LIMIT``. Waiting runs first (resumed work), then
-    runs given back, then new runs; the union is cut to ``limit`` by due_at.
-    """
-    return [
-        {"status": status, "due": due_test, "cancel": cancel}
-        for status, due_test, cancel in (
-            ("waiting", due, ""),
-            ("running", "", ""),
-            ("queued", due, cancelled),
-        )
-    ]
-
-
-#: ``claim_ready`` as [head, branch, joiner, tail, due test, cancel test]: the branch
-#: once per kind of ``_kinds``, its ``@name@`` markers filled in (``_fill``); ``claims``
-#: as [templates, conditions]: each template once per condition, for ``@where@``.
-PerKind = list[Any]
-
-
-def _fill(template: str, kind: dict[str, str]) -> str:
-    """Return ``template`` with each ``@name@`` in it replaced by ``kind[name]``."""
-    for name, text in kind.items():
-        template = template.replace(f"@{name}@", text)
-    return template
-
-
-def _expand(parts: dict[str, PerKind]) -> dict[str, Any]:
-    """Return ``claim_ready`` and ``claims`` from their branches written once."""
-    head, branch, joiner, tail, due, cancelled = parts["claim_ready"]
-    templates, conditions = parts["claims"]
-    kinds = _kinds(due, cancelled)
-    return {
-        "claim_ready": head + joiner.join(_fill(branch, kind) for kind in kinds) + tail,
-        "claims": [
-            tuple(_fill(text, {"where": where}) for text in templates) for where in conditions
-        ],
-    }
 
 
 def claim_ready(dialect: str, table: str) -> PerKind:
@@ -375,7 +330,7 @@ class Statements:
             "claims": claims,
             "claim_ready": claim_ready(dialect.name, str(checkpoints.name)),
         }
-        expanded = _expand(self.per_kind)
+        expanded = expand(self.per_kind)
         self.claims: list[tuple[str, ...]] = expanded["claims"]
         self.claim_ready: str = expanded["claim_ready"]
         self.bump = self.compile(
@@ -619,9 +574,8 @@ def render() -> str:
     """Return the source of the ``_sql_text`` module (before ``ruff format``).
 
     The statements that repeat a branch once per kind (``claim_ready``, ``claims``) are
-    written as their branches once (``per_kind``) and filled in at import by the same
-    ``_kinds``, ``_fill`` and ``_expand`` as here, copied in: what ``--check`` compares is
-    the text.
+    written as their branches once (``per_kind``) and filled in at import by
+    ``_sql_kinds.expand``, as here: what ``--check`` compares is the filled-in text.
     """
     built = _built()
     once = {
@@ -635,23 +589,14 @@ def render() -> str:
         "``tools/sqlgen.py``; ``tools/sqlgen.py --check`` fails when it drifts.\n"
         '"""\n\n'
         "from typing import Any, Final\n\n"
-        "#: ``claim_ready`` as [head, branch, joiner, tail, due test, cancel test]: the branch\n"
-        "#: once per kind of ``_kinds``, its ``@name@`` markers filled in (``_fill``); ``claims``\n"
-        "#: as [templates, conditions]: each template once per condition, for ``@where@``.\n"
-        "PerKind = list[Any]\n\n"
+        "from ._sql_kinds import PerKind, expand\n\n"
         "STATEMENTS: Final[dict[str, dict[str, Any]]] = "
         + pprint.pformat(once, width=100, sort_dicts=True)
-        + "\n\n#: ``claim_ready`` and ``claims``, each branch written once.\n"
+        + "\n\n#: ``claim_ready`` and ``claims``, each branch written once (``_sql_kinds``).\n"
         "_PER_KIND: Final[dict[str, dict[str, PerKind]]] = "
         + pprint.pformat(per_kind, width=100, sort_dicts=True)
-        + "\n\n"
-        + inspect.getsource(_kinds)
-        + "\n\n"
-        + inspect.getsource(_fill)
-        + "\n\n"
-        + inspect.getsource(_expand)
         + "\n\nfor _kind, _parts in _PER_KIND.items():\n"
-        "    STATEMENTS[_kind].update(_expand(_parts))\n"
+        "    STATEMENTS[_kind].update(expand(_parts))\n"
     )
 
 

@@ -6,10 +6,7 @@ Every SQL statement the SQL stores run, compiled from the SQLAlchemy definitions
 
 from typing import Any, Final
 
-#: ``claim_ready`` as [head, branch, joiner, tail, due test, cancel test]: the branch
-#: once per kind of ``_kinds``, its ``@name@`` markers filled in (``_fill``); ``claims``
-#: as [templates, conditions]: each template once per condition, for ``@where@``.
-PerKind = list[Any]
+from ._sql_kinds import PerKind, expand
 
 STATEMENTS: Final[dict[str, dict[str, Any]]] = {
     "mysql": {
@@ -258,7 +255,7 @@ STATEMENTS: Final[dict[str, dict[str, Any]]] = {
     },
 }
 
-#: ``claim_ready`` and ``claims``, each branch written once.
+#: ``claim_ready`` and ``claims``, each branch written once (``_sql_kinds``).
 _PER_KIND: Final[dict[str, dict[str, PerKind]]] = {
     "mysql": {
         "claim_ready": [
@@ -479,45 +476,5 @@ _PER_KIND: Final[dict[str, dict[str, PerKind]]] = {
     },
 }
 
-
-def _kinds(due: str, cancelled: str) -> list[dict[str, str]]:
-    """The three kinds ``claim_ready`` claims: what fills a branch's ``@status@``, ``@due@``
-    (its due test) and ``@cancel@`` (its extra test).
-
-    One branch each, every one an index range scan on (status, due_at) that stops at
-    ``limit`` matches: an ``OR`` of the statuses would sort every due run (and parse
-    each one's metadata) before the ``LIMIT``. Waiting runs first (resumed work), then
-    runs given back, then new runs; the union is cut to ``limit`` by due_at.
-    """
-    return [
-        {"status": status, "due": due_test, "cancel": cancel}
-        for status, due_test, cancel in (
-            ("waiting", due, ""),
-            ("running", "", ""),
-            ("queued", due, cancelled),
-        )
-    ]
-
-
-def _fill(template: str, kind: dict[str, str]) -> str:
-    """Return ``template`` with each ``@name@`` in it replaced by ``kind[name]``."""
-    for name, text in kind.items():
-        template = template.replace(f"@{name}@", text)
-    return template
-
-
-def _expand(parts: dict[str, PerKind]) -> dict[str, Any]:
-    """Return ``claim_ready`` and ``claims`` from their branches written once."""
-    head, branch, joiner, tail, due, cancelled = parts["claim_ready"]
-    templates, conditions = parts["claims"]
-    kinds = _kinds(due, cancelled)
-    return {
-        "claim_ready": head + joiner.join(_fill(branch, kind) for kind in kinds) + tail,
-        "claims": [
-            tuple(_fill(text, {"where": where}) for text in templates) for where in conditions
-        ],
-    }
-
-
 for _kind, _parts in _PER_KIND.items():
-    STATEMENTS[_kind].update(_expand(_parts))
+    STATEMENTS[_kind].update(expand(_parts))
