@@ -110,7 +110,10 @@ class AsyncPool:
 
 
 class Connections:
-    """Connections of one store and the two I/O primitives, ``_exec`` and ``_aexec``."""
+    """Connections of one store and the two I/O primitives, ``_on_held`` and ``_aexec``.
+
+    ``_exec`` runs one plain statement on ``_on_held``.
+    """
 
     #: The dialect's error table, first match wins.
     _ERRORS: ClassVar[tuple[ErrorRule, ...]] = ()
@@ -326,19 +329,12 @@ class Connections:
         self._held.discard(held)
         held.close()
 
-    def _exec(
-        self,
-        sql: str,
-        params: Any = None,
-        *,
-        save: bool = False,
-        keys: bool = False,
-        first: Pieces = (),
-    ) -> tuple[int, list[Any]]:
-        """Run one statement on this thread's connection, translating errors."""
-        if save:
-            return self._on_held(self._run_save, sql, params, first), []
-        return self._on_held(self._run_keys if keys else self._run, sql, params)
+    def _exec(self, sql: str, params: Any = None) -> tuple[int, list[Any]]:
+        """Run one statement on this thread's connection, translating errors.
+
+        A plan's statements (a save, raw keys) go through ``SQLStore._perform``.
+        """
+        return self._on_held(self._run, sql, params)
 
     def _on_held(self, call: Callable[..., _T], *args: Any) -> _T:
         """Run ``call(held, *args)`` on this thread's connection, holding it; settle errors.

@@ -6,9 +6,9 @@ reports errors (a table of ``ErrorRule``), how times are stored, and how the sch
 created and migrated under that server's locking rules.
 
 - Each store method is written once, as a plan: a generator of ``Exec`` effects
-  (``effects.py``) that ``drive`` runs with the sync ``_exec`` and ``adrive`` with the
-  async ``_aexec``. Statements, parameters, error handling and document handling are
-  therefore the same on both paths; only the I/O differs.
+  (``effects.py``) that ``drive`` runs with the sync ``_on_held`` (``_perform``) and
+  ``adrive`` with the async ``_aexec``. Statements, parameters, error handling and
+  document handling are therefore the same on both paths; only the I/O differs.
 - Group commit (SQLite, ``_group.py``): concurrent saves of one process share one
   transaction and its fsync, each keeping its own compare-and-swap outcome; a lone save
   commits at once. A dialect opts in by implementing ``_run_batch``. The servers do not:
@@ -105,12 +105,14 @@ class SQLStore(Connections, SQLClaims, Store):
     # --- the drivers --------------------------------------------------------------------
 
     def _perform(self, effect: Exec) -> Result:
+        """Run one statement of a plan on this thread's connection (``_on_held``)."""
+        sql, params = effect.sql, effect.params
+        if not effect.save:
+            return self._on_held(self._run_keys if effect.keys else self._run, sql, params)
         group = self._group
-        if effect.save and group is not None:
-            return self._group_save(group, effect.sql, effect.params, effect.first), []
-        return self._exec(
-            effect.sql, effect.params, save=effect.save, keys=effect.keys, first=effect.first
-        )
+        if group is not None:
+            return self._group_save(group, sql, params, effect.first), []
+        return self._on_held(self._run_save, sql, params, effect.first), []
 
     def _aio(self) -> bool:
         """Whether the async methods run on native async connections (not on threads).
