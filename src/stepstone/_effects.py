@@ -178,8 +178,12 @@ def step_through(gen: Generator[E, Any, R], perform: Callable[[E], Any]) -> R:
                 send = perform(effect)
             except Exception as exc:  # noqa: BLE001 - thrown back in: the core decides
                 error = exc
-    finally:
+    except BaseException:
+        # Cut short (an error that is not thrown back in, or one ``gen`` raised): close
+        # it. Not a ``finally``: a generator that returned needs no close, and this runs
+        # on every store call.
         gen.close()
+        raise
 
 
 async def astep_through(gen: Generator[E, Any, R], perform: Callable[[E], Awaitable[Any]]) -> R:
@@ -198,5 +202,6 @@ async def astep_through(gen: Generator[E, Any, R], perform: Callable[[E], Awaita
                 send = await perform(effect)
             except Exception as exc:  # noqa: BLE001 - thrown back in: the core decides
                 error = exc
-    finally:
-        gen.close()
+    except BaseException:
+        gen.close()  # cut short: as in ``step_through``
+        raise
