@@ -32,11 +32,11 @@ from typing import Any, ClassVar, Final, Generic, NamedTuple, TypeVar
 from .. import _hooks, _statelog
 from .._checkpoint import Checkpoint
 from .._codec import PiecesNeeded
-from .._errors import ConflictError, CorruptCheckpoint, StoreError
+from .._errors import ConflictError, CorruptCheckpoint, StoreError, StoreUnavailable
 from .._observe import logger
 from ._common import Unanswered
 
-__all__ = ["DELETE_TRIES", "Current", "PiecesProtocol", "run_plain"]
+__all__ = ["DELETE_TRIES", "READ_AGAIN", "Current", "PiecesProtocol", "run_plain"]
 
 E = TypeVar("E")
 T = TypeVar("T")
@@ -45,6 +45,10 @@ Steps = Generator[E, Any, T]
 
 #: How many times ``delete`` reads a document that keeps changing before giving up.
 DELETE_TRIES: Final = 50
+#: How many times a load reads again a document that keeps being replaced while its
+#: pieces are fetched (reads that do not lag) before it gives up with
+#: ``StoreUnavailable``.
+READ_AGAIN: Final = 50
 
 
 def run_plain(steps: Steps[None, T]) -> T:
@@ -78,7 +82,8 @@ class PiecesProtocol(Generic[E]):
 
     _unanswered: Unanswered
 
-    #: How many times a load fetches pieces before a missing one is damage.
+    #: Lagging reads only: how many times a load fetches pieces before a missing one
+    #: is damage (other stores: the same document missing one is, at once).
     _pieces_reads: ClassVar[int] = 3
     #: Reads may lag behind writes (Cosmos below Strong consistency): after a missing
     #: piece, wait (``_pp_pause``) and read again, even a document of the same version,
@@ -249,9 +254,14 @@ class PiecesProtocol(Generic[E]):
             return self._pp_decode(ctx, doc, version, None)
         except PiecesNeeded as need:
             ref = need.ref
-        reads = self._pieces_reads
         lagging = self._pieces_lagging
-        for attempt in range(reads):
+        # Lagging reads: a missing piece may only not have arrived yet, so each try
+        # counts. Otherwise only a document replaced since it was read counts: the same
+        # version missing a piece is damage at once, while a writer saving new bases
+        # faster than this reader fetches them is progress, not damage, and a long run
+        # of it (seen on a loaded MariaDB: three in a row) must not read as corruption.
+        tries = self._pieces_reads if lagging else READ_AGAIN
+        for attempt in range(tries):
             try:
                 keys = _statelog.pieces_of(ref)
             except (KeyError, TypeError, ValueError) as exc:
@@ -263,7 +273,7 @@ class PiecesProtocol(Generic[E]):
                 return self._pp_decode(ctx, doc, version, found)
             except _statelog.PiecesMissing as exc:
                 missing = exc
-            last = attempt == reads - 1
+            last = attempt == tries - 1
             if lagging:
                 if last:
                     raise _statelog.missing_error(self._pp_source(ctx), missing) from None
@@ -272,8 +282,14 @@ class PiecesProtocol(Generic[E]):
             read = yield from self._pp_read(ctx)
             if read is None:
                 return None  # a delete landed while its pieces were read: the run is gone
-            if not lagging and (read[1] == version or last):
+            if not lagging and read[1] == version:
                 raise _statelog.missing_error(self._pp_source(ctx), missing) from None
+            if last:
+                raise StoreUnavailable(
+                    f"{self._pp_source(ctx)}: its state was replaced {tries} times while "
+                    "its pieces were read (a writer saving faster than this reader); "
+                    "nothing is damaged: read it again"
+                )
             doc, version = read
             try:
                 return self._pp_decode(ctx, doc, version, None)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Generator, Sequence
-from typing import Any, ClassVar, Final, NamedTuple
+from typing import Any, Final, NamedTuple
 
 from ... import _statelog
 from ..._checkpoint import ACTIVE_STATUSES, Checkpoint, utcnow
@@ -37,8 +37,6 @@ from ._publish import Publisher, logger
 
 __all__ = ["PieceHooks"]
 
-#: Reads of a run's document when the pieces it names were collected by a newer save.
-_READS = 3
 #: ``Current.version`` of an entry at the run's name that is not a document of ours.
 _FOREIGN: Final = object()
 #: ``Current.version`` of a document of ours that cannot be parsed.
@@ -94,8 +92,6 @@ class PieceHooks(Publisher, PiecesProtocol[None]):
     """The load, save and delete of ``FileStore``, as the pieces protocol's hooks."""
 
     __slots__ = ()
-
-    _pieces_reads: ClassVar[int] = _READS
 
     # -- loading --------------------------------------------------------------------------
 
