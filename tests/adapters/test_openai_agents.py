@@ -72,6 +72,7 @@ from stepstone.adapters.openai_agents import (
     pending_approvals,
 )
 from stepstone.adapters.openai_agents._journal import MISSING, Journal
+from waiting import status_of
 
 DURABLE = ("file", "sqlite", "postgresql", "mysql", "cosmos")
 #: Seconds a child process may take (it imports the SDK and opens the store).
@@ -620,21 +621,16 @@ def test_a_worker_serves_the_run_and_resumes_it_on_approval(tmp_path: Path, log:
         thread = threading.Thread(target=worker.serve, daemon=True)
         thread.start()
         try:
-            _until(lambda: _status(store, "w1") == "waiting", "the run to wait for approval")
+            _until(lambda: status_of(store, "w1") == "waiting", "the run to wait for approval")
             assert [p["call_id"] for p in pending_approvals(store, "w1")] == ["r1"]
             assert approve(store, "w1", "r1") is True
-            _until(lambda: _status(store, "w1") == "done", "the approved run to finish")
+            _until(lambda: status_of(store, "w1") == "done", "the approved run to finish")
         finally:
             worker.stop()
             thread.join(30)
         cp = store.load("w1")
         assert cp is not None and cp.state["agent"] == "done: refunded 5"
     assert calls(log) == Counter({"model 1": 1, "refund": 1, "model 2": 1})
-
-
-def _status(store: Store, run_id: str) -> str | None:
-    cp = store.load(run_id)
-    return None if cp is None else cp.status
 
 
 def test_handoff_targets_are_journaled_too(log: Path) -> None:

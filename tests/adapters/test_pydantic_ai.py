@@ -66,6 +66,7 @@ from stepstone.adapters.pydantic_ai import (
     parse_token,
     read_journal,
 )
+from waiting import status_of
 
 DURABLE = ("file", "sqlite", "postgresql", "mysql", "cosmos")
 #: Seconds a child process may take (it imports pydantic-ai and opens the store).
@@ -641,7 +642,7 @@ def test_wait_timeout_is_durable(tmp_path: Path, log: Path) -> None:
         thread = threading.Thread(target=worker.serve, daemon=True)
         thread.start()
         try:
-            _until(lambda: _status(store, "late") == "done", "the timed-out run to finish")
+            _until(lambda: status_of(store, "late") == "done", "the timed-out run to finish")
         finally:
             worker.stop()
             thread.join(30)
@@ -649,11 +650,6 @@ def test_wait_timeout_is_durable(tmp_path: Path, log: Path) -> None:
         assert cp is not None
         assert "No decision on this tool call arrived" in str(cp.state["agent"])
     assert calls(log)["refund"] == 0
-
-
-def _status(store: Store, run_id: str) -> str | None:
-    cp = store.load(run_id)
-    return None if cp is None else cp.status
 
 
 def _until(condition: Any, what: str, timeout: float = CHILD_TIMEOUT) -> None:
@@ -758,7 +754,7 @@ def _serve_until_done(store: Store, flow: Workflow, run_id: str, asynchronous: b
 
         async def main() -> None:
             task = asyncio.create_task(worker.aserve())
-            while _status(store, run_id) != "done":  # noqa: ASYNC110 - polls the store, which has no event to wait on
+            while status_of(store, run_id) != "done":  # noqa: ASYNC110 - polls the store, which has no event to wait on
                 await asyncio.sleep(0.02)
             worker.stop()
             await task
@@ -767,7 +763,7 @@ def _serve_until_done(store: Store, flow: Workflow, run_id: str, asynchronous: b
     else:
         thread = threading.Thread(target=worker.serve, daemon=True)
         thread.start()
-        _until(lambda: _status(store, run_id) == "done", f"run {run_id!r} to finish")
+        _until(lambda: status_of(store, run_id) == "done", f"run {run_id!r} to finish")
         worker.stop()
         thread.join(60)
     cp = store.load(run_id)
