@@ -40,6 +40,7 @@ from agents import (
 )
 from agents.testing import assistant_message, function_call
 
+from fresh_stores import DURABLE_BACKENDS, fresh_config
 from stepstone import (
     Checkpoint,
     ConflictError,
@@ -74,7 +75,7 @@ from stepstone.adapters.openai_agents import (
 from stepstone.adapters.openai_agents._journal import MISSING, Journal
 from waiting import status_of
 
-DURABLE = ("file", "sqlite", "postgresql", "mysql", "cosmos")
+DURABLE = DURABLE_BACKENDS
 #: Seconds a child process may take (it imports the SDK and opens the store).
 CHILD_TIMEOUT = 120.0
 LOG_ENV = "STEPSTONE_OA_LOG"
@@ -216,29 +217,13 @@ def calls(log: Path) -> Counter[str]:
 
 
 @pytest.fixture
-def config(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    """A fresh, empty store of the backend named by the parameter, as a config string."""
-    name = request.param
-    if name == "memory":
-        return f"memory://oa-{uuid.uuid4().hex}"
-    if name == "file":
-        return f"file://{tmp_path}/runs"
-    if name == "sqlite":
-        return f"sqlite:///{tmp_path}/runs.db"
-    if name in ("postgresql", "mysql"):
-        from fresh_stores import SERVERS, fresh_table
+def config(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh, empty store of the backend named by the parameter, as a config string.
 
-        server = SERVERS[name]
-        return fresh_table(request, server)
-    emulator = request.getfixturevalue("emulator")
-    # In the environment, so the child processes find the key as the parent does.
-    monkeypatch.setenv("AZURE_COSMOS_KEY", emulator.key)
-    monkeypatch.delenv("AZURE_COSMOS_CONNECTION_STRING", raising=False)
-    protocol = "&protocol=http" if emulator.endpoint.startswith("http://") else ""
-    return (
-        f"cosmos://{emulator.host}:{emulator.port}/adapters/oa-{uuid.uuid4().hex[:12]}"
-        f"?verify=false&create=true{protocol}"
-    )
+    (Cosmos DB's key goes in the environment, so the child processes find it as the
+    parent does.)
+    """
+    return fresh_config(str(request.param), request, tmp_path)
 
 
 def child(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
