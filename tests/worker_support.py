@@ -1,9 +1,10 @@
 """Workers for tests: one serving in a thread of this process, or a real `stepstone worker`.
 
 ``serving`` runs a ``Worker`` (``serve`` or ``aserve``) in a thread for the length of a
-``with`` block. ``WorkerProcess`` is a real ``stepstone worker`` process on the
-``FLOWS`` module, its output read line by line (``Lines``) with a timeout that names
-what hung; ``queue_run`` and ``event_line`` feed and follow it.
+``with`` block; ``WorkerThread`` runs one until stopped. ``WorkerProcess`` is a real
+``stepstone worker`` process on the ``FLOWS`` module, its output read line by line
+(``Lines``) with a timeout that names what hung; ``queue_run`` and ``event_line`` feed
+and follow it.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import pytest
 
 from stepstone import Worker, Workflow, open_store
 from stepstone.testing._barrier import WAIT_TIMEOUT
+from waiting import in_thread
 
 
 @contextmanager
@@ -66,6 +68,25 @@ def serving(config: str, workflows: list[Workflow], mode: str, **options: Any) -
         assert not thread.is_alive(), f"the {mode} worker did not stop"
     if "error" in box:
         raise box["error"]
+
+
+class WorkerThread:
+    """A Worker serving in a thread (sync) or on its own loop in a thread (async)."""
+
+    def __init__(self, worker: Worker, mode: str = "sync", timeout: float = WAIT_TIMEOUT) -> None:
+        self.worker = worker
+        self.mode = mode
+        self.join = in_thread(f"{mode} worker", self._serve, timeout)
+
+    def _serve(self) -> None:
+        if self.mode == "sync":
+            self.worker.serve()
+        else:
+            asyncio.run(self.worker.aserve())
+
+    def stop(self) -> None:
+        self.worker.stop()
+        self.join()
 
 
 #: Seconds any one wait may take: generous, so only a hang fails it, never a slow machine.

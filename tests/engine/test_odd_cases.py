@@ -3,7 +3,8 @@
 Each case pins what stepstone must do when a user or an operator does something odd:
 raise the clear error from the tree, store nothing wrong, never hang, never lose or
 double work. The cases that found bugs (21 in the first review) stay here as their
-regression tests.
+regression tests; those against a serving ``Worker`` are in
+``worker/test_worker_odd_cases.py``.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -31,7 +31,6 @@ from stepstone import (
     Map,
     RetryPolicy,
     RunCancelled,
-    RunInfo,
     RunNotActive,
     RunNotFound,
     RunOwned,
@@ -44,7 +43,6 @@ from stepstone import (
     Worker,
     Workflow,
     WorkflowChanged,
-    _hooks,
     arun,
     cancel,
     open_store,
@@ -57,6 +55,8 @@ from stepstone._suspend import child_run_id
 from stepstone.stores.memory import MemoryStore
 from stepstone.testing import use_clock
 from stepstone.testing._runtime_kit import ClockAhead
+from waiting import loaded
+from worker_support import WorkerThread
 
 State = dict[str, Any]
 #: Seconds any wait in this file may take before it fails naming what hung.
@@ -70,46 +70,11 @@ LIVE = 2.0
 pytestmark = pytest.mark.timeout(120)
 
 
-#: The shared waiter, bounded by this file's ``WAIT``.
+#: The shared helpers, bounded by this file's ``WAIT``.
 until = functools.partial(waiting.until, timeout=WAIT)
-
-
-def in_thread(what: str, fn: Callable[[], Any]) -> Callable[..., Any]:
-    """Run ``fn`` in a thread; return a join that fails naming ``what`` if it hangs."""
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - the thread's outcome, whatever it is, goes to the test
-            box["error"] = exc
-
-    thread = threading.Thread(target=target, name=what, daemon=True)
-    thread.start()
-
-    def join(timeout: float = WAIT) -> Any:
-        thread.join(timeout)
-        if thread.is_alive():
-            raise AssertionError(f"{what} did not finish within {timeout:g}s")
-        if "error" in box:
-            raise box["error"]
-        return box.get("value")
-
-    return join
-
-
-def arun_in_time(what: str, coro: Any, timeout: float = WAIT) -> Any:
-    """Run ``coro`` on a fresh loop; fail naming ``what`` if it takes over ``timeout``."""
-
-    async def main() -> Any:
-        try:
-            return await asyncio.wait_for(coro, timeout)
-        except TimeoutError:
-            # pytrace=False: a short report (formatting this traceback trips a CPython
-            # 3.11 ast bug inside pytest after the asyncio hang).
-            pytest.fail(f"{what} hung for {timeout:g}s", pytrace=False)
-
-    return asyncio.run(main())
+in_thread = functools.partial(waiting.in_thread, timeout=WAIT)
+arun_in_time = functools.partial(waiting.arun_in_time, timeout=WAIT)
+_Serving = functools.partial(WorkerThread, timeout=WAIT)
 
 
 @pytest.fixture(params=["memory", "sqlite"])
@@ -130,12 +95,6 @@ def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]
     }[request.param]
     with open_store(config) as opened:
         yield opened
-
-
-def _loaded(store: Store, run_id: str) -> Checkpoint:
-    cp = store.load(run_id)
-    assert cp is not None, f"run {run_id!r} is not stored"
-    return cp
 
 
 def _counting(calls: list[str], name: str, update: State | None = None) -> Step:
@@ -174,7 +133,7 @@ def test_base_exception_in_step_under_run_releases_and_resumes(
     steps = [_counting(calls, "a", {"a": 1}), Step("boom", boom), _counting(calls, "c")]
     with pytest.raises(kind):
         run("r", steps, any_store)
-    cp = _loaded(any_store, "r")
+    cp = loaded(any_store, "r")
     assert (cp.step, cp.state, cp.failure, cp.owner) == (0, {"a": 1}, None, None)
     assert cp.status == "running"
     assert run("r", steps, any_store) == {"a": 1, "b": 2}
@@ -208,7 +167,7 @@ def test_base_exception_in_step_under_arun_releases_and_resumes(
 
     with pytest.raises(kind):
         asyncio.run(main())
-    cp = _loaded(store, "r")
+    cp = loaded(store, "r")
     assert (cp.step, cp.failure, cp.owner) == (0, None, None)
     assert arun_in_time("resumed arun", arun("r", steps, store)) == {"a": 1, "b": 2}
 
@@ -222,7 +181,7 @@ def test_step_raising_stop_iteration_under_run_fails_the_step(store: Store) -> N
     with pytest.raises(StepFailed) as info:
         run("r", [Step("stop", stop)], store)
     assert isinstance(info.value.__cause__, StopIteration)
-    failure = _loaded(store, "r").failure
+    failure = loaded(store, "r").failure
     assert failure is not None and failure.error_type == "StopIteration"
 
 
@@ -233,7 +192,9 @@ def test_step_raising_stop_iteration_under_arun_fails_the_step(store: Store) -> 
         raise StopIteration("odd")
 
     with pytest.raises(StepFailed):
-        arun_in_time("arun of a step raising StopIteration", arun("r", [Step("s", stop)], store), 5)
+        arun_in_time(
+            "arun of a step raising StopIteration", arun("r", [Step("s", stop)], store), timeout=5
+        )
 
 
 def test_async_step_raising_stop_iteration_fails_the_step(store: Store) -> None:
@@ -244,7 +205,7 @@ def test_async_step_raising_stop_iteration_fails_the_step(store: Store) -> None:
 
     with pytest.raises(StepFailed):
         arun_in_time("arun", arun("r", [Step("s", stop)], store))
-    assert _loaded(store, "r").failure is not None
+    assert loaded(store, "r").failure is not None
 
 
 # --- what a step returns ------------------------------------------------------------------
@@ -256,7 +217,7 @@ def test_step_returning_a_non_mapping_fails_the_step(store: Store, value: object
     with pytest.raises(StepFailed) as info:
         run("r", [Step("s", lambda s: value)], store)
     assert isinstance(info.value.__cause__, TypeError)
-    cp = _loaded(store, "r")
+    cp = loaded(store, "r")
     assert cp.failure is not None and cp.failure.error_type == "TypeError"
     assert (cp.step, cp.state, cp.owner) == (-1, {}, None)
 
@@ -269,7 +230,7 @@ def test_step_returning_a_dict_subclass_is_merged(store: Store) -> None:
             raise RuntimeError("items() of a dict subclass")
 
     assert run("r", [Step("s", lambda s: Odd(a=1))], store) == {"a": 1}
-    assert _loaded(store, "r").state == {"a": 1}
+    assert loaded(store, "r").state == {"a": 1}
 
 
 class _HostileMapping(Mapping[str, Any]):
@@ -304,7 +265,7 @@ def test_mapping_whose_methods_raise_fails_the_step(store: Store, fail: str) -> 
     """A returned Mapping whose methods raise ends in StepFailed with the failure saved."""
     with pytest.raises(StepFailed):
         run("r", [Step("s", lambda s: _HostileMapping(fail))], store)
-    assert _loaded(store, "r").failure is not None
+    assert loaded(store, "r").failure is not None
 
 
 def test_step_returning_non_json_values_saves_nothing(store: Store) -> None:
@@ -315,7 +276,7 @@ def test_step_returning_non_json_values_saves_nothing(store: Store) -> None:
         run("r", steps, store)
     cause = info.value.__cause__
     assert isinstance(cause, InvalidState) and cause.path == "state['bad']"
-    cp = _loaded(store, "r")
+    cp = loaded(store, "r")
     assert (cp.step, cp.state, cp.owner, cp.status) == (0, {"a": 1}, None, "failed")
 
 
@@ -357,7 +318,7 @@ def test_misbehaving_exception_text_still_fails_the_step(
     with pytest.raises(StepFailed) as info:
         run("r", [Step("s", bad)], any_store)
     assert type(info.value.__cause__) is kind
-    failure = _loaded(any_store, "r").failure
+    failure = loaded(any_store, "r").failure
     assert failure is not None and failure.error_type == kind.__qualname__
     assert len(failure.message) <= 10_000
     failure.message.encode("utf-8")
@@ -375,7 +336,7 @@ def test_retry_predicate_that_raises_fails_the_step(store: Store) -> None:
     policy = RetryPolicy(max_attempts=3, initial_delay=0, retry_on=predicate)
     with pytest.raises(StepFailed):
         run("r", [Step("s", bad, retry=policy)], store)
-    assert _loaded(store, "r").failure is not None
+    assert loaded(store, "r").failure is not None
 
 
 # --- RetryPolicy edges ----------------------------------------------------------------------
@@ -461,7 +422,7 @@ def test_interrupted_step_in_place_changes_are_not_saved(any_store: Store) -> No
     steps = [Step("a", lambda s: {"n": 1}), Step("bump", bump)]
     with pytest.raises(KeyboardInterrupt):
         run("r", steps, any_store)
-    assert _loaded(any_store, "r").state == {"n": 1}
+    assert loaded(any_store, "r").state == {"n": 1}
     assert run("r", steps, any_store) == {"n": 2}
 
 
@@ -485,7 +446,7 @@ def test_cancelled_arun_saves_nothing_of_the_step(store: Store) -> None:
             await asyncio.wait_for(task, WAIT)
 
     asyncio.run(main())
-    cp = _loaded(store, "r")
+    cp = loaded(store, "r")
     assert cp.owner is None
     assert cp.state == {"n": 1}
 
@@ -496,9 +457,9 @@ def test_renewal_does_not_store_a_running_steps_changes(store: Store) -> None:
 
     def slow(state: State) -> None:
         state["n"] += 1
-        first = _loaded(store, "r").version
-        until("a lease renewal during the step", lambda: _loaded(store, "r").version != first)
-        seen.append(_loaded(store, "r").state)
+        first = loaded(store, "r").version
+        until("a lease renewal during the step", lambda: loaded(store, "r").version != first)
+        seen.append(loaded(store, "r").state)
 
     run("r", [Step("a", lambda s: {"n": 1}), Step("slow", slow)], store, lease=0.15)
     assert seen == [{"n": 1}]
@@ -511,10 +472,10 @@ def test_renewer_survives_a_step_holding_non_json_in_its_state(store: Store) -> 
     def holds_a_set(state: State) -> None:
         state["tmp"] = {1, 2}
         # Two renewals while the set is in the state, however slow the machine.
-        versions = [_loaded(store, "r").version]
+        versions = [loaded(store, "r").version]
 
         def renewed_twice() -> bool:
-            version = _loaded(store, "r").version
+            version = loaded(store, "r").version
             if version != versions[-1]:
                 versions.append(version)
             return len(versions) > 2
@@ -523,8 +484,8 @@ def test_renewer_survives_a_step_holding_non_json_in_its_state(store: Store) -> 
         del state["tmp"]
 
     def long(state: State) -> None:
-        first = _loaded(store, "r").version
-        until("a renewal in the second step", lambda: _loaded(store, "r").version != first)
+        first = loaded(store, "r").version
+        until("a renewal in the second step", lambda: loaded(store, "r").version != first)
 
     steps = [Step("first", lambda s: {"a": 1}), Step("a", holds_a_set), Step("b", long)]
     run("r", steps, store, lease=0.15)
@@ -572,7 +533,7 @@ def test_arun_cancelled_during_a_save_lands_it_whole() -> None:
             await asyncio.wait_for(task, WAIT)
 
     asyncio.run(main())
-    cp = _loaded(store, "r")
+    cp = loaded(store, "r")
     assert (cp.step, cp.state, cp.owner) == (0, {"a": 1}, None)
     assert arun_in_time("resume", arun("r", steps, store)) == {"a": 1, "b": 2}
     assert calls == ["a", "b"]
@@ -602,7 +563,7 @@ def test_arun_cancelled_during_a_renewal_waits_for_it_and_releases() -> None:
             await asyncio.wait_for(task, WAIT)
 
     asyncio.run(main())
-    cp = _loaded(store, "r")
+    cp = loaded(store, "r")
     assert (cp.step, cp.owner) == (0, None)
 
 
@@ -639,7 +600,7 @@ def test_arun_cancelled_during_backoff_stops_at_once_and_keeps_the_count(
             await asyncio.wait_for(task, WAIT)
 
     asyncio.run(main())
-    cp = _loaded(store, "r")
+    cp = loaded(store, "r")
     assert (cp.attempt, cp.owner) == (1, None)
     assert cp.failure is not None and cp.failure.message == "first"
     assert arun_in_time("resume", arun("r", steps, store)) == {"ok": True}
@@ -658,7 +619,7 @@ def test_arun_under_asyncio_timeout_raises_timeout_and_releases(store: Store) ->
                 await arun("r", [Step("slow", slow)], store)
 
     arun_in_time("main", main())
-    assert _loaded(store, "r").owner is None
+    assert loaded(store, "r").owner is None
 
 
 def test_async_step_that_cancels_itself_is_a_cancellation(store: Store) -> None:
@@ -675,7 +636,7 @@ def test_async_step_that_cancels_itself_is_a_cancellation(store: Store) -> None:
             await arun("r", [Step("a", lambda s: {"a": 1}), Step("s", suicide)], store)
 
     arun_in_time("main", main())
-    cp = _loaded(store, "r")
+    cp = loaded(store, "r")
     assert (cp.step, cp.failure, cp.owner) == (0, None, None)
 
 
@@ -690,167 +651,7 @@ def test_async_step_raising_cancelled_error_uncancelled_fails_the_step(store: St
             await arun("r", [Step("s", liar)], store)
 
     arun_in_time("main", main())
-    assert _loaded(store, "r").failure is not None
-
-
-# --- workers ----------------------------------------------------------------------------
-
-
-class _Serving:
-    """A Worker serving in a thread (sync) or on its own loop in a thread (async)."""
-
-    def __init__(self, worker: Worker, mode: str = "sync") -> None:
-        self.worker = worker
-        self.mode = mode
-        self.join = in_thread(f"{mode} worker", self._serve)
-
-    def _serve(self) -> None:
-        if self.mode == "sync":
-            self.worker.serve()
-        else:
-            asyncio.run(self.worker.aserve())
-
-    def stop(self) -> None:
-        self.worker.stop()
-        self.join()
-
-
-def test_worker_stop_before_serve_and_twice_returns_at_once(store: Store) -> None:
-    """stop() before serve() makes serve return at once; a second stop() is harmless."""
-    wf = Workflow("w", [Step("a", lambda s: {"a": 1})])
-    worker = Worker(store, [wf], poll=0.05)
-    worker.stop()
-    worker.stop()
-    in_thread("serve after stop", worker.serve)()
-    in_thread("aserve after stop", lambda: asyncio.run(worker.aserve()))()
-    assert worker.stopping
-
-
-@pytest.mark.parametrize("mode", ["sync", "async"])
-def test_worker_stop_from_inside_a_step_hands_the_run_over(store: Store, mode: str) -> None:
-    """A step calling worker.stop() is saved; the run is handed over at the step boundary."""
-    holder: dict[str, Worker] = {}
-
-    def stopper(state: State) -> State:
-        holder["w"].stop()
-        return {"a": 1}
-
-    wf = Workflow("w", [Step("a", stopper), Step("b", lambda s: {"b": 2})])
-    start(store, wf, "r")
-    worker = holder["w"] = Worker(store, [wf], poll=0.05, grace=5)
-    _Serving(worker, mode).join()
-    cp = _loaded(store, "r")
-    assert (cp.step, cp.state, cp.owner) == (0, {"a": 1}, None)
-    assert cp.status == "running"
-
-
-def test_worker_stop_from_many_threads_while_claiming(store: Store) -> None:
-    """stop() raced from several threads while the worker claims leaves no run owned by it."""
-    wf = Workflow("w", [Step("a", lambda s: {"a": 1}), Step("b", lambda s: {"b": 2})])
-    for i in range(40):
-        start(store, wf, f"r{i}")
-    worker = Worker(store, [wf], poll=0.01, concurrency=4, grace=10)
-    serving = _Serving(worker)
-    until(
-        "the first claim",
-        lambda: (
-            worker.completed > 0
-            or any(_loaded(store, f"r{i}").owner is not None for i in range(40))
-        ),
-    )
-    joins = [in_thread(f"stopper {i}", worker.stop) for i in range(4)]
-    for join in joins:
-        join()
-    serving.join()
-    for i in range(40):
-        cp = _loaded(store, f"r{i}")
-        assert cp.owner is None, f"r{i} still owned after the worker stopped"
-        assert cp.status in ("queued", "running", "done")
-
-
-def test_worker_survives_a_step_raising_base_exception(store: Store) -> None:
-    """A step raising a BaseException once under serve() does not strand the run or the slot."""
-    raised: list[int] = []
-
-    def once(state: State) -> State:
-        if not raised:
-            raised.append(1)
-            raise _Custom("library-level interrupt")
-        return {"a": 1}
-
-    wf = Workflow("w", [Step("a", once)])
-    start(store, wf, "r")
-    serving = _Serving(Worker(store, [wf], poll=0.05, concurrency=1))
-    try:
-        until(
-            "the run to finish after the BaseException",
-            lambda: _loaded(store, "r").status == "done",
-            timeout=5,
-        )
-    finally:
-        serving.stop()
-
-
-def test_aserve_survives_a_step_raising_cancelled_error(store: Store) -> None:
-    """A step raising CancelledError unprompted fails (saved) and does not strand the worker."""
-    raised: list[int] = []
-
-    async def once(state: State) -> State:
-        if not raised:
-            raised.append(1)
-            raise asyncio.CancelledError
-        return {"a": 1}
-
-    wf = Workflow("w", [Step("a", once)])
-    start(store, wf, "r")
-    serving = _Serving(Worker(store, [wf], poll=0.05, concurrency=1), "async")
-    try:
-        until(
-            "the run to fail on the CancelledError",
-            lambda: _loaded(store, "r").status == "failed",
-        )
-        failure = _loaded(store, "r").failure
-        assert failure is not None and failure.error_type == "RuntimeError"
-        start(store, wf, "r2")  # the worker's one slot is free again
-        until("the next run to finish", lambda: _loaded(store, "r2").status == "done")
-    finally:
-        serving.stop()
-
-
-def test_graceful_hand_over_logs_no_error(store: Store, caplog: pytest.LogCaptureFixture) -> None:
-    """A worker stopped between steps hands its run over without logging an ERROR."""
-    holder: dict[str, Worker] = {}
-
-    def stopper(state: State) -> State:
-        holder["w"].stop()
-        return {"a": 1}
-
-    wf = Workflow("w", [Step("a", stopper), Step("b", lambda s: {"b": 2})])
-    start(store, wf, "r")
-    worker = holder["w"] = Worker(store, [wf], poll=0.05)
-    with caplog.at_level(logging.INFO, logger="stepstone"):
-        _Serving(worker).join()
-    # The worker's own records: a task another test left behind can be collected (and
-    # logged by asyncio) at any moment, and is not this worker's error.
-    errors = [
-        r.getMessage()
-        for r in caplog.records
-        if r.levelno >= logging.ERROR and r.name.startswith("stepstone")
-    ]
-    assert errors == []
-
-
-def test_store_closed_while_a_worker_serves(tmp_path: Path) -> None:
-    """Closing a SQLite store under a serving worker neither crashes it nor stops stop() working."""
-    store = open_store(f"sqlite:///{tmp_path}/c.db")
-    wf = Workflow("w", [Step("a", lambda s: {"a": 1})])
-    start(store, wf, "r0")
-    worker = Worker(store, [wf], poll=0.02)
-    serving = _Serving(worker)
-    until("the first run", lambda: _loaded(store, "r0").status == "done")
-    store.close()
-    time.sleep(0.2)  # some polls against the closed store
-    serving.stop()
+    assert loaded(store, "r").failure is not None
 
 
 # --- concurrency from outside -----------------------------------------------------------
@@ -891,7 +692,7 @@ def test_concurrent_cancel_signal_and_run_keep_every_signal_once(tmp_path: Path)
         joins.append(in_thread("canceller", canceller))
         for join in joins:
             join(60)
-        cp = _loaded(store, "r")
+        cp = loaded(store, "r")
         ids = [s.id for s in cp.signals]
         assert len(ids) == len(set(ids)), "a signal was stored twice"
         assert sorted(ids) == sorted(accepted), "an accepted signal was lost"
@@ -943,7 +744,7 @@ def test_cancel_of_a_directly_running_run_saves_the_step_then_stops(store: Store
     release.set()
     with pytest.raises(RunCancelled):
         first()
-    cp = _loaded(store, "r")
+    cp = loaded(store, "r")
     assert (cp.step, cp.state, cp.status, cp.owner) == (0, {"x": 1}, "cancelled", None)
     assert calls == ["long"]
     with pytest.raises(RunNotActive):
@@ -971,11 +772,11 @@ def test_non_json_signal_payload_is_refused_and_nothing_stored(
     """A signal payload that is not JSON is refused with InvalidState and the run is unchanged."""
     with pytest.raises(Suspended):
         run("r", [WaitFor("w", "go")], store)
-    before = _loaded(store, "r").version
+    before = loaded(store, "r").version
     with pytest.raises(InvalidState) as info:
         signal(store, "r", "go", payload)
     assert info.value.path == path
-    assert _loaded(store, "r").version == before
+    assert loaded(store, "r").version == before
 
 
 def test_too_deep_signal_payload_is_refused(store: Store) -> None:
@@ -987,7 +788,7 @@ def test_too_deep_signal_payload_is_refused(store: Store) -> None:
         deep = [deep]
     with pytest.raises(InvalidState):
         signal(store, "r", "go", deep)
-    assert _loaded(store, "r").signals == ()
+    assert loaded(store, "r").signals == ()
 
 
 def test_huge_signal_payload_is_delivered_exactly(any_store: Store) -> None:
@@ -1008,7 +809,7 @@ def test_odd_signal_ids_are_refused(store: Store, signal_id: Any) -> None:
         run("r", [WaitFor("w", "go")], store)
     with pytest.raises(InvalidWorkflow):
         signal(store, "r", "go", None, signal_id=signal_id)
-    assert _loaded(store, "r").signals == ()
+    assert loaded(store, "r").signals == ()
 
 
 @pytest.mark.parametrize("name", ["", 1, None, "x" * 201])
@@ -1049,7 +850,7 @@ def test_sleep_until_far_future_waits_with_that_due_time(store: Store) -> None:
     with pytest.raises(Suspended) as info:
         run("r", [Sleep("s", until=far)], store)
     assert info.value.wake_at == far
-    cp = _loaded(store, "r")
+    cp = loaded(store, "r")
     assert (cp.status, cp.wake_at, cp.owner) == ("waiting", far, None)
     with pytest.raises(Suspended):
         run("r", [Sleep("s", until=far)], store)
@@ -1094,7 +895,7 @@ def test_wait_for_timeout_zero(store: Store) -> None:
     with pytest.raises(StepFailed) as info:
         run("b", [WaitFor("w", "go", timeout=0)], store)
     assert isinstance(info.value.__cause__, stepstone.WaitTimeout)
-    cp = _loaded(store, "b")
+    cp = loaded(store, "b")
     assert (cp.status, cp.owner, cp.waiting_for) == ("failed", None, None)
     signal(store, "b", "go", {"late": True})
     assert run("b", [WaitFor("w", "go", timeout=0)], store) == {"w": {"late": True}}
@@ -1136,7 +937,7 @@ def test_map_items_that_raise_fail_the_step(store: Store) -> None:
 
     with pytest.raises(StepFailed):
         run("p", [Map("m", CHILD, items)], store)
-    assert _loaded(store, "p").failure is not None
+    assert loaded(store, "p").failure is not None
     assert list(store.list_runs()) == ["p"]
 
 
@@ -1145,7 +946,7 @@ def test_map_items_of_the_wrong_shape_fail_the_step(store: Store, items: Any) ->
     """items() returning a tuple, non-dict items or None fails the step with the failure saved."""
     with pytest.raises(StepFailed):
         run("p", [Map("m", CHILD, items)], store)
-    assert _loaded(store, "p").status == "failed"
+    assert loaded(store, "p").status == "failed"
 
 
 def test_map_items_with_nan_fail_the_step(store: Store) -> None:
@@ -1161,7 +962,7 @@ def test_map_child_workflow_not_run_leaves_parent_waiting(store: Store) -> None:
     for _ in range(2):
         with pytest.raises(Suspended):
             run("p", steps, store)
-    assert _loaded(store, child_run_id("p", "m", 0)).status == "queued"
+    assert loaded(store, child_run_id("p", "m", 0)).status == "queued"
     _drain_children(store, "p", "m", 2)
     assert [c["out"] for c in run("p", steps, store)["m"]] == [2, 10]
 
@@ -1216,7 +1017,7 @@ def test_parent_cancelled_while_creating_children_cancels_them(store: Store) -> 
     with pytest.raises(RunCancelled):
         run("p", [Map("m", CHILD, items)], store)
     for i in range(2):
-        assert _loaded(store, child_run_id("p", "m", i)).status == "cancelled"
+        assert loaded(store, child_run_id("p", "m", i)).status == "cancelled"
 
 
 def test_cancelling_a_waiting_parent_cancels_its_children(store: Store) -> None:
@@ -1226,8 +1027,8 @@ def test_cancelling_a_waiting_parent_cancels_its_children(store: Store) -> None:
         run("p", steps, store)
     run(child_run_id("p", "m", 0), CHILD, store)
     cancel(store, "p")
-    assert _loaded(store, child_run_id("p", "m", 0)).status == "done"
-    assert _loaded(store, child_run_id("p", "m", 1)).status == "cancelled"
+    assert loaded(store, child_run_id("p", "m", 0)).status == "done"
+    assert loaded(store, child_run_id("p", "m", 1)).status == "cancelled"
     with pytest.raises(RunCancelled):
         run("p", steps, store)
 
@@ -1264,13 +1065,13 @@ def test_resume_with_another_input_runs_nothing(any_store: Store) -> None:
     steps = [_counting(calls, "a"), WaitFor("w", "go")]
     with pytest.raises(Suspended):
         run("r", steps, any_store, input={"n": 1, "deep": {"k": [1, 2]}})
-    before = _loaded(any_store, "r").version
+    before = loaded(any_store, "r").version
     with pytest.raises(InputMismatch) as info:
         run("r", steps, any_store, input={"n": 1, "deep": {"k": [1, 3]}})
     assert info.value.path == "input['deep']['k'][1]"
     with pytest.raises(InputMismatch):
         run("r", steps, any_store, input={"n": 1.0, "deep": {"k": [1, 2]}})
-    assert _loaded(any_store, "r").version == before
+    assert loaded(any_store, "r").version == before
     assert calls == ["a"]
     with pytest.raises(Suspended):
         run("r", steps, any_store, input={"n": 1, "deep": {"k": [1, 2]}})
@@ -1285,10 +1086,10 @@ def test_start_on_a_direct_run_without_workflow_is_refused(store: Store) -> None
     """start() under a workflow on a run created by run() without one raises WorkflowChanged."""
     wf = Workflow("w", [Step("a", lambda s: {"a": 1})])
     run("r", [Step("a", lambda s: {"a": 1})], store)
-    before = _loaded(store, "r")
+    before = loaded(store, "r")
     with pytest.raises(WorkflowChanged):
         start(store, wf, "r")
-    after = _loaded(store, "r")
+    after = loaded(store, "r")
     assert (after.version, after.workflow, after.status) == (before.version, None, "done")
 
 
@@ -1296,13 +1097,13 @@ def test_start_on_a_direct_run_of_the_same_workflow_is_a_no_op(store: Store) -> 
     """start() on a run that run() made from the same Workflow is a no-op returning its status."""
     wf = Workflow("w", [Step("a", lambda s: {"a": 1})], version="1")
     run("r", wf, store, input={"i": 1})
-    version = _loaded(store, "r").version
+    version = loaded(store, "r").version
     assert start(store, wf, "r", input={"i": 1}).status == "done"
     with pytest.raises(InputMismatch):
         start(store, wf, "r", input={"i": 2})
     with pytest.raises(WorkflowChanged):
         start(store, Workflow("w", wf.steps, version="2"), "r", input={"i": 1})
-    assert _loaded(store, "r").version == version
+    assert loaded(store, "r").version == version
 
 
 def test_queued_workflow_run_cannot_be_run_with_other_steps(store: Store) -> None:
@@ -1311,7 +1112,7 @@ def test_queued_workflow_run_cannot_be_run_with_other_steps(store: Store) -> Non
     start(store, wf, "r")
     with pytest.raises(WorkflowChanged):
         run("r", [Step("other", lambda s: {"evil": 1})], store)
-    assert _loaded(store, "r").status == "queued"
+    assert loaded(store, "r").status == "queued"
 
 
 @pytest.mark.parametrize(
@@ -1331,11 +1132,11 @@ def test_odd_workflow_names_round_trip_and_are_served(
     """Workflow names and versions with odd characters are kept exactly; a worker serves them."""
     wf = Workflow(name, [Step("a", lambda s: {"a": 1})], version=version)
     assert start(any_store, wf, "r").status == "queued"
-    cp = _loaded(any_store, "r")
+    cp = loaded(any_store, "r")
     assert (cp.workflow, cp.workflow_version) == (name, version)
     serving = _Serving(Worker(any_store, [wf], poll=0.02))
     try:
-        until("the odd-named run to finish", lambda: _loaded(any_store, "r").status == "done")
+        until("the odd-named run to finish", lambda: loaded(any_store, "r").status == "done")
     finally:
         serving.stop()
 
@@ -1354,7 +1155,7 @@ def test_bad_workflow_names_are_refused(name: Any, version: Any) -> None:
 def test_empty_workflow_with_input_returns_the_input(store: Store) -> None:
     """A run of no steps returns its input, is done and has no owner."""
     assert run("r", [], store, input={"a": [1]}) == {"a": [1]}
-    cp = _loaded(store, "r")
+    cp = loaded(store, "r")
     assert (cp.status, cp.owner) == ("done", None)
 
 
@@ -1389,7 +1190,7 @@ def test_queued_run_from_a_host_with_a_fast_clock_is_claimed_at_once() -> None:
         start(store, wf, "r")
     serving = _Serving(Worker(store, [wf], poll=0.02))
     try:
-        until("the queued run to be claimed", lambda: _loaded(store, "r").status == "done")
+        until("the queued run to be claimed", lambda: loaded(store, "r").status == "done")
     finally:
         serving.stop()
 
@@ -1419,7 +1220,7 @@ def test_step_cancelling_its_own_run_is_saved_then_stops(store: Store) -> None:
     steps = [Step("a", lambda s: {"a": 1}), Step("stop", stop_me), _counting(calls, "later")]
     with pytest.raises(RunCancelled):
         run("r", steps, store)
-    cp = _loaded(store, "r")
+    cp = loaded(store, "r")
     assert (cp.step, cp.state, cp.status, cp.owner) == (1, {"a": 1, "x": 1}, "cancelled", None)
     assert calls == []
 
@@ -1470,80 +1271,6 @@ def test_lambda_returning_a_coroutine_under_arun_is_awaited(store: Store) -> Non
     assert isinstance(info.value.__cause__, TypeError)
 
 
-# --- workers and waiting runs ----------------------------------------------------------------
-
-
-def test_worker_leaves_a_far_sleeping_run_alone(store: Store) -> None:
-    """A run sleeping until next year is not claimed or rewritten by a polling worker."""
-    wf = Workflow("w", [Sleep("s", until=datetime.now(UTC) + timedelta(days=365))])
-    start(store, wf, "r")
-    worker = Worker(store, [wf], poll=0.02)
-    serving = _Serving(worker)
-    try:
-        until("the run to wait", lambda: _loaded(store, "r").status == "waiting")
-        version = _loaded(store, "r").version
-        deadline = time.monotonic() + 0.5
-        while time.monotonic() < deadline:
-            assert _loaded(store, "r").version == version, "a waiting run was rewritten"
-            time.sleep(0.02)
-    finally:
-        serving.stop()
-
-
-def test_worker_does_not_reclaim_a_malformed_map_forever(
-    store: Store, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A worker facing a Map with malformed items records one failure instead of re-claiming."""
-    wf = Workflow("w", [Map("m", CHILD, lambda s: "not a list")])  # type: ignore[arg-type,return-value]
-    start(store, wf, "r")
-    polls: list[int] = []
-    claimable = store.claimable
-
-    def counted(*args: Any, **kwargs: Any) -> list[RunInfo]:
-        polls.append(1)
-        return claimable(*args, **kwargs)
-
-    monkeypatch.setattr(store, "claimable", counted)
-    serving = _Serving(Worker(store, [wf], poll=0.02))
-    try:
-        until("the failure to be saved", lambda: _loaded(store, "r").status == "failed")
-        # Many polls of the claim index since: a correct worker claimed only once.
-        seen = len(polls)
-        until("ten more polls of the claim index", lambda: len(polls) >= seen + 10)
-        cp = _loaded(store, "r")
-        assert cp.status == "failed"
-        assert cp.epoch == 1
-    finally:
-        serving.stop()
-
-
-def test_direct_run_on_a_run_a_worker_holds_is_refused(store: Store) -> None:
-    """run() on a run a live worker executes raises RunOwned; the step runs once."""
-    calls: list[str] = []
-    inside = threading.Event()
-    release = threading.Event()
-
-    def long(state: State) -> State:
-        calls.append("long")
-        inside.set()
-        release.wait(WAIT)
-        return {"x": 1}
-
-    wf = Workflow("w", [Step("long", long)])
-    start(store, wf, "r")
-    serving = _Serving(Worker(store, [wf], poll=0.02, lease=LIVE))
-    try:
-        assert inside.wait(WAIT), "the worker never started the step"
-        with pytest.raises(RunOwned):
-            run("r", wf, store, lease=LIVE)
-        release.set()
-        until("the worker to finish", lambda: _loaded(store, "r").status == "done")
-    finally:
-        release.set()
-        serving.stop()
-    assert calls == ["long"]
-
-
 # --- arguments of the wrong type ----------------------------------------------------------
 
 
@@ -1576,103 +1303,3 @@ def test_start_refuses_what_is_not_a_workflow(store: Store) -> None:
     with pytest.raises(InvalidWorkflow):
         start(store, [Step("a", lambda s: None)], "r")  # type: ignore[arg-type]
     assert store.load("r") is None
-
-
-def test_cancelling_aserve_frees_the_runs_in_flight(
-    store: Store, request: pytest.FixtureRequest
-) -> None:
-    """Cancelling the task awaiting aserve cancels the step in flight and gives its lease back."""
-    inside = threading.Event()
-
-    async def slow(state: State) -> None:
-        inside.set()
-        await asyncio.sleep(3600)
-
-    wf = Workflow("w", [Step("a", lambda s: {"a": 1}), Step("slow", slow)])
-    start(store, wf, "r")
-
-    async def main() -> None:
-        task = asyncio.create_task(Worker(store, [wf], poll=0.02).aserve())
-        deadline = time.monotonic() + WAIT
-        while not inside.is_set():
-            assert time.monotonic() < deadline, "the worker never started the slow step"
-            await asyncio.sleep(0.01)
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait_for(task, WAIT)
-
-    arun_in_time("aserve cancellation", main(), WAIT * 2)
-    until("the lease to be given back", lambda: _loaded(store, "r").owner is None)
-    cp = _loaded(store, "r")
-    assert (cp.step, cp.state) == (0, {"a": 1})
-
-
-def test_cancelling_aserve_as_its_rest_is_woken_still_stops_it(store: Store) -> None:
-    """A cancel that lands just as the rest's wake event is set is not lost.
-
-    On Python 3.11 ``asyncio.wait_for`` returns normally when cancelled in the same turn
-    as the awaited event is set; a rest written with it swallowed the cancel and the
-    worker served on (a flaky hang of the test above on SQLite, whose listener rings on
-    every commit). Here the two are made to coincide on purpose.
-    """
-    resting = threading.Event()
-    previous = _hooks.installed()
-
-    def hook(point: str) -> None:
-        if point == "worker.resting":
-            resting.set()
-        if previous is not None:
-            previous(point)
-
-    async def main() -> None:
-        worker = Worker(store, [Workflow("w", [Step("a", lambda s: None)])], poll=30)
-        task = asyncio.create_task(worker.aserve())
-        deadline = time.monotonic() + WAIT
-        while not resting.is_set():
-            assert time.monotonic() < deadline, "the worker never began to rest"
-            await asyncio.sleep(0.01)
-        for _ in range(5):  # let the rest reach its await on the wake event
-            await asyncio.sleep(0)
-        wake = worker._async_wake  # the event the rest awaits
-        assert wake is not None, "aserve published no wake event"
-        wake[1].set()
-        task.cancel()  # in the same turn: the rest's await has not resumed yet
-        done, _ = await asyncio.wait({task}, timeout=WAIT)
-        if not done:
-            worker.stop()
-            await asyncio.wait({task}, timeout=WAIT)
-            pytest.fail("aserve lost its cancel: it kept serving after task.cancel()")
-        assert task.cancelled(), "aserve ended without raising CancelledError"
-
-    _hooks.install(hook)
-    try:
-        arun_in_time("aserve cancelled during a wake-up", main(), WAIT * 3)
-    finally:
-        _hooks.install(previous)
-
-
-def test_serve_returns_after_grace_with_a_stuck_step(store: Store) -> None:
-    """stop() on a worker whose step outlasts the grace returns from serve after the grace."""
-    inside = threading.Event()
-    release = threading.Event()
-
-    def stuck(state: State) -> State:
-        inside.set()
-        release.wait(WAIT)
-        return {"x": 1}
-
-    wf = Workflow("w", [Step("stuck", stuck), Step("b", lambda s: {"b": 2})])
-    start(store, wf, "r")
-    worker = Worker(store, [wf], poll=0.02, grace=0.2)
-    serving = _Serving(worker)
-    try:
-        assert inside.wait(WAIT), "the worker never started the step"
-        worker.stop()
-        # serve returned while the step is still stuck (release is not set yet).
-        serving.join(WAIT)
-        assert not release.is_set()
-    finally:
-        release.set()
-    # The step that outlived the grace still completes and hands the run over.
-    until("the stuck step to be saved", lambda: _loaded(store, "r").step == 0)
-    until("the run to be handed over", lambda: _loaded(store, "r").owner is None)
