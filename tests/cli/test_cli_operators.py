@@ -36,7 +36,9 @@ from stepstone import (
     Worker,
     Workflow,
     WorkflowChanged,
+    asignal,
     open_store,
+    start,
 )
 from stepstone._checkpoint import Failure, evolve, utcnow
 from stepstone.testing import backend_unavailable
@@ -487,6 +489,30 @@ def test_a_repeated_signal_id_to_a_finished_run_is_a_no_op(url: str) -> None:
         assert asyncio.run(stepstone.asignal(store, "r", "go", signal_id="hook-1")) is False
         with pytest.raises(RunNotActive):
             stepstone.signal(store, "r", "go", signal_id="hook-3")
+
+
+def test_runs_signal_reports_a_repeated_id(tmp_path: Path) -> None:
+    """A repeated --id prints 'already delivered', exits 0 and says delivered false."""
+    config = f"sqlite:///{tmp_path}/runs.db"
+    flow = Workflow("w", [WaitFor("approve", "go")])
+    with open_store(config) as opened:
+        start(opened, flow, "r1")
+    base = ("runs", "signal", "r1", "go", "--store", config, "--id", "mail-42")
+    code, out, err = cli(*base, "--data", "1")
+    assert (code, out.strip()) == (0, "sent signal 'go' to run 'r1' (status queued)"), err
+    code, out, err = cli(*base, "--data", "2")
+    assert code == 0, err
+    assert out.strip() == "already delivered (id 'mail-42'): run 'r1' has it; nothing was recorded"
+    code, out, err = cli(*base, "--data", "3", "--json")
+    assert code == 0 and json.loads(out)["delivered"] is False, err
+    code, out, err = cli("runs", "signal", "r1", "go", "--store", config, "--json")
+    assert code == 0 and json.loads(out)["delivered"] is True, err
+    with open_store(config) as opened:
+        cp = opened.load("r1")
+        assert cp is not None and [s.payload for s in cp.signals] == [1, None]
+        assert asyncio.run(asignal(opened, "r1", "go", 4, signal_id="mail-42")) is False
+    code, out, _ = cli("runs", "signal", "--help")
+    assert code == 0 and "already delivered (id ID)" in out and "exits 0" in out
 
 
 # --- 6: status and attempts that read right -------------------------------------------------

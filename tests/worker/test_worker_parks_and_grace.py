@@ -1,10 +1,9 @@
-"""Hardening III, the worker and the CLI: parked runs, exit after the grace, repeated signals.
+"""The worker's hard cases: parked runs, the exit after the grace, an unreadable error.
 
 - A run whose completed steps were renamed without a version bump is parked as
   ``failed`` by the first worker that claims it (one claim, one save), never spun on.
 - ``stepstone worker`` exits after ``--grace`` with a step still running, gives that
   run's lease back, and a fresh worker finishes the run; ``Worker.stop`` takes no lock.
-- ``stepstone runs signal`` tells a repeated ``--id`` from a delivery.
 """
 
 from __future__ import annotations
@@ -35,7 +34,6 @@ from stepstone import (
     WaitFor,
     Worker,
     Workflow,
-    asignal,
     open_store,
     run,
     start,
@@ -526,30 +524,3 @@ def test_worker_command_exits_after_the_grace(durable_config: str, tmp_path: Pat
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop(module, None)
-
-
-# --- 9: runs signal tells a repeated id from a delivery ------------------------------------
-
-
-def test_runs_signal_reports_a_repeated_id(tmp_path: Path) -> None:
-    """A repeated --id prints 'already delivered', exits 0 and says delivered false."""
-    config = f"sqlite:///{tmp_path}/runs.db"
-    flow = Workflow("w", [WaitFor("approve", "go")])
-    with open_store(config) as opened:
-        start(opened, flow, "r1")
-    base = ("runs", "signal", "r1", "go", "--store", config, "--id", "mail-42")
-    code, out, err = cli(*base, "--data", "1")
-    assert (code, out.strip()) == (0, "sent signal 'go' to run 'r1' (status queued)"), err
-    code, out, err = cli(*base, "--data", "2")
-    assert code == 0, err
-    assert out.strip() == "already delivered (id 'mail-42'): run 'r1' has it; nothing was recorded"
-    code, out, err = cli(*base, "--data", "3", "--json")
-    assert code == 0 and json.loads(out)["delivered"] is False, err
-    code, out, err = cli("runs", "signal", "r1", "go", "--store", config, "--json")
-    assert code == 0 and json.loads(out)["delivered"] is True, err
-    with open_store(config) as opened:
-        cp = opened.load("r1")
-        assert cp is not None and [s.payload for s in cp.signals] == [1, None]
-        assert asyncio.run(asignal(opened, "r1", "go", 4, signal_id="mail-42")) is False
-    code, out, _ = cli("runs", "signal", "--help")
-    assert code == 0 and "already delivered (id ID)" in out and "exits 0" in out
