@@ -15,7 +15,7 @@ pytest.register_assert_rewrite("stepstone.testing")
 
 from stepstone.testing import backend_unavailable  # noqa: E402
 
-# pytester: tests/test_tiers.py runs made-up suites through the tiers' hooks.
+# pytester: tests/project/test_tiers.py runs made-up suites through the tiers' hooks.
 pytest_plugins = ("pytester",)
 
 from tiers import (  # noqa: E402

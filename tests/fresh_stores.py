@@ -25,9 +25,11 @@ from stepstone.testing import backend_unavailable
 
 __all__ = [
     "BACKENDS",
+    "DURABLE_BACKENDS",
     "LOCAL_BACKENDS",
     "MYSQL_URL",
     "POSTGRES_URL",
+    "QUICK_BACKENDS",
     "SERVERS",
     "admin_connection",
     "cosmos_config",
@@ -40,6 +42,10 @@ __all__ = [
 BACKENDS = ("memory", "file", "sqlite", "postgresql", "mysql", "cosmos")
 #: The backends that need no server.
 LOCAL_BACKENDS = ("memory", "file", "sqlite")
+#: The backends another process can open too (all but memory): for crash and takeover tests.
+DURABLE_BACKENDS = tuple(kind for kind in BACKENDS if kind != "memory")
+#: One store in memory, one on disk: for behaviour no backend changes, pinned quickly.
+QUICK_BACKENDS = ("memory", "sqlite")
 #: The loopback servers' test databases (PostgreSQL trusts, MariaDB's root has no password).
 POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
 MYSQL_URL = "mysql://root@127.0.0.1:3306/test"

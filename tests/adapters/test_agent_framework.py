@@ -44,7 +44,7 @@ from agent_framework import (
 )
 from agent_framework.exceptions import WorkflowCheckpointException
 
-from fresh_stores import BACKENDS, SERVERS
+from fresh_stores import BACKENDS, DURABLE_BACKENDS, fresh_config
 from stepstone import ConflictError, InvalidState, open_store
 from stepstone.adapters.agent_framework import (
     AgentFrameworkCheckpointError,
@@ -56,7 +56,7 @@ from stepstone.adapters.agent_framework import (
 
 WORKFLOW = "pipeline"
 STAGES = ("fetch", "parse", "think", "write", "publish")
-DURABLE = BACKENDS[1:]
+DURABLE = DURABLE_BACKENDS
 #: Seconds a child process may take (it imports MAF and opens the store).
 CHILD_TIMEOUT = 180.0
 
@@ -171,29 +171,13 @@ def ran(log: Path) -> list[str]:
 
 
 @pytest.fixture
-def config(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    """A fresh, empty store of the backend named by the parameter, as a config string."""
-    name = request.param
-    if name == "memory":
-        return f"memory://maf-{uuid.uuid4().hex}"
-    if name == "file":
-        return f"file://{tmp_path}/runs"
-    if name == "sqlite":
-        return f"sqlite:///{tmp_path}/runs.db"
-    if name in ("postgresql", "mysql"):
-        from fresh_stores import fresh_table
+def config(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh, empty store of the backend named by the parameter, as a config string.
 
-        server = SERVERS[name]
-        return fresh_table(request, server)
-    emulator = request.getfixturevalue("emulator")
-    # In the environment, so the child processes find the key as the parent does.
-    monkeypatch.setenv("AZURE_COSMOS_KEY", emulator.key)
-    monkeypatch.delenv("AZURE_COSMOS_CONNECTION_STRING", raising=False)
-    protocol = "&protocol=http" if emulator.endpoint.startswith("http://") else ""
-    return (
-        f"cosmos://{emulator.host}:{emulator.port}/adapters/maf-{uuid.uuid4().hex[:12]}"
-        f"?verify=false&create=true{protocol}"
-    )
+    (Cosmos DB's key goes in the environment, so the child processes find it as the
+    parent does.)
+    """
+    return fresh_config(str(request.param), request, tmp_path)
 
 
 every_backend = pytest.mark.parametrize("config", BACKENDS, indirect=True)

@@ -40,6 +40,7 @@ from agents import (
 )
 from agents.testing import assistant_message, function_call
 
+from fresh_stores import DURABLE_BACKENDS, fresh_config
 from stepstone import (
     Checkpoint,
     ConflictError,
@@ -72,8 +73,9 @@ from stepstone.adapters.openai_agents import (
     pending_approvals,
 )
 from stepstone.adapters.openai_agents._journal import MISSING, Journal
+from waiting import status_of
 
-DURABLE = ("file", "sqlite", "postgresql", "mysql", "cosmos")
+DURABLE = DURABLE_BACKENDS
 #: Seconds a child process may take (it imports the SDK and opens the store).
 CHILD_TIMEOUT = 120.0
 LOG_ENV = "STEPSTONE_OA_LOG"
@@ -215,29 +217,13 @@ def calls(log: Path) -> Counter[str]:
 
 
 @pytest.fixture
-def config(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    """A fresh, empty store of the backend named by the parameter, as a config string."""
-    name = request.param
-    if name == "memory":
-        return f"memory://oa-{uuid.uuid4().hex}"
-    if name == "file":
-        return f"file://{tmp_path}/runs"
-    if name == "sqlite":
-        return f"sqlite:///{tmp_path}/runs.db"
-    if name in ("postgresql", "mysql"):
-        from fresh_stores import SERVERS, fresh_table
+def config(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh, empty store of the backend named by the parameter, as a config string.
 
-        server = SERVERS[name]
-        return fresh_table(request, server)
-    emulator = request.getfixturevalue("emulator")
-    # In the environment, so the child processes find the key as the parent does.
-    monkeypatch.setenv("AZURE_COSMOS_KEY", emulator.key)
-    monkeypatch.delenv("AZURE_COSMOS_CONNECTION_STRING", raising=False)
-    protocol = "&protocol=http" if emulator.endpoint.startswith("http://") else ""
-    return (
-        f"cosmos://{emulator.host}:{emulator.port}/adapters/oa-{uuid.uuid4().hex[:12]}"
-        f"?verify=false&create=true{protocol}"
-    )
+    (Cosmos DB's key goes in the environment, so the child processes find it as the
+    parent does.)
+    """
+    return fresh_config(str(request.param), request, tmp_path)
 
 
 def child(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -620,21 +606,16 @@ def test_a_worker_serves_the_run_and_resumes_it_on_approval(tmp_path: Path, log:
         thread = threading.Thread(target=worker.serve, daemon=True)
         thread.start()
         try:
-            _until(lambda: _status(store, "w1") == "waiting", "the run to wait for approval")
+            _until(lambda: status_of(store, "w1") == "waiting", "the run to wait for approval")
             assert [p["call_id"] for p in pending_approvals(store, "w1")] == ["r1"]
             assert approve(store, "w1", "r1") is True
-            _until(lambda: _status(store, "w1") == "done", "the approved run to finish")
+            _until(lambda: status_of(store, "w1") == "done", "the approved run to finish")
         finally:
             worker.stop()
             thread.join(30)
         cp = store.load("w1")
         assert cp is not None and cp.state["agent"] == "done: refunded 5"
     assert calls(log) == Counter({"model 1": 1, "refund": 1, "model 2": 1})
-
-
-def _status(store: Store, run_id: str) -> str | None:
-    cp = store.load(run_id)
-    return None if cp is None else cp.status
 
 
 def test_handoff_targets_are_journaled_too(log: Path) -> None:

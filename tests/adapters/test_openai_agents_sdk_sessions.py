@@ -38,6 +38,7 @@ from agents import Agent, RunConfig, Runner
 from agents.memory import SessionSettings
 from agents.testing import ScriptedModel, assistant_message
 
+from fresh_stores import LOCAL_BACKENDS
 from stepstone import InvalidWorkflow, open_store
 from stepstone.adapters.openai_agents import StepstoneSession
 
@@ -54,7 +55,7 @@ INI = "stepstone-pytest.ini"
 
 P = ParamSpec("P")
 
-BACKENDS = ["memory", "file", "sqlite"]
+BACKENDS = LOCAL_BACKENDS
 
 
 def _get(url: str, accept: str) -> bytes:

@@ -39,6 +39,7 @@ from pydantic_ai.tools import DeferredToolRequests
 from pydantic_ai.toolsets import DynamicToolset, FunctionToolset
 
 import stepstone
+from fresh_stores import DURABLE_BACKENDS, fresh_config
 from stepstone import (
     Checkpoint,
     ConflictError,
@@ -66,8 +67,9 @@ from stepstone.adapters.pydantic_ai import (
     parse_token,
     read_journal,
 )
+from waiting import status_of
 
-DURABLE = ("file", "sqlite", "postgresql", "mysql", "cosmos")
+DURABLE = DURABLE_BACKENDS
 #: Seconds a child process may take (it imports pydantic-ai and opens the store).
 CHILD_TIMEOUT = 120.0
 LOG_ENV = "STEPSTONE_PA_LOG"
@@ -178,29 +180,13 @@ def calls(log: Path) -> Counter[str]:
 
 
 @pytest.fixture
-def config(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    """A fresh, empty store of the backend named by the parameter, as a config string."""
-    name = request.param
-    if name == "memory":
-        return f"memory://pa-{uuid.uuid4().hex}"
-    if name == "file":
-        return f"file://{tmp_path}/runs"
-    if name == "sqlite":
-        return f"sqlite:///{tmp_path}/runs.db"
-    if name in ("postgresql", "mysql"):
-        from fresh_stores import SERVERS, fresh_table
+def config(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh, empty store of the backend named by the parameter, as a config string.
 
-        server = SERVERS[name]
-        return fresh_table(request, server)
-    emulator = request.getfixturevalue("emulator")
-    # In the environment, so the child processes find the key as the parent does.
-    monkeypatch.setenv("AZURE_COSMOS_KEY", emulator.key)
-    monkeypatch.delenv("AZURE_COSMOS_CONNECTION_STRING", raising=False)
-    protocol = "&protocol=http" if emulator.endpoint.startswith("http://") else ""
-    return (
-        f"cosmos://{emulator.host}:{emulator.port}/adapters/pa-{uuid.uuid4().hex[:12]}"
-        f"?verify=false&create=true{protocol}"
-    )
+    (Cosmos DB's key goes in the environment, so the child processes find it as the
+    parent does.)
+    """
+    return fresh_config(str(request.param), request, tmp_path)
 
 
 @pytest.fixture
@@ -641,7 +627,7 @@ def test_wait_timeout_is_durable(tmp_path: Path, log: Path) -> None:
         thread = threading.Thread(target=worker.serve, daemon=True)
         thread.start()
         try:
-            _until(lambda: _status(store, "late") == "done", "the timed-out run to finish")
+            _until(lambda: status_of(store, "late") == "done", "the timed-out run to finish")
         finally:
             worker.stop()
             thread.join(30)
@@ -649,11 +635,6 @@ def test_wait_timeout_is_durable(tmp_path: Path, log: Path) -> None:
         assert cp is not None
         assert "No decision on this tool call arrived" in str(cp.state["agent"])
     assert calls(log)["refund"] == 0
-
-
-def _status(store: Store, run_id: str) -> str | None:
-    cp = store.load(run_id)
-    return None if cp is None else cp.status
 
 
 def _until(condition: Any, what: str, timeout: float = CHILD_TIMEOUT) -> None:
@@ -669,12 +650,15 @@ def _until(condition: Any, what: str, timeout: float = CHILD_TIMEOUT) -> None:
 
 def _child(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run this file as a child process; a hung child is killed and named in the failure."""
+    # The child imports this module's helpers from tests/ (CI's fresh clone sets no PYTHONPATH).
+    tests = str(Path(__file__).resolve().parents[1])
+    path = os.pathsep.join(p for p in (tests, os.environ.get("PYTHONPATH", "")) if p)
     proc = subprocess.Popen(
         [sys.executable, __file__, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, **(env or {})},
+        env={**os.environ, "PYTHONPATH": path, **(env or {})},
     )
     try:
         out, err = proc.communicate(timeout=CHILD_TIMEOUT)
@@ -758,7 +742,7 @@ def _serve_until_done(store: Store, flow: Workflow, run_id: str, asynchronous: b
 
         async def main() -> None:
             task = asyncio.create_task(worker.aserve())
-            while _status(store, run_id) != "done":  # noqa: ASYNC110 - polls the store, which has no event to wait on
+            while status_of(store, run_id) != "done":  # noqa: ASYNC110 - polls the store, which has no event to wait on
                 await asyncio.sleep(0.02)
             worker.stop()
             await task
@@ -767,7 +751,7 @@ def _serve_until_done(store: Store, flow: Workflow, run_id: str, asynchronous: b
     else:
         thread = threading.Thread(target=worker.serve, daemon=True)
         thread.start()
-        _until(lambda: _status(store, run_id) == "done", f"run {run_id!r} to finish")
+        _until(lambda: status_of(store, run_id) == "done", f"run {run_id!r} to finish")
         worker.stop()
         thread.join(60)
     cp = store.load(run_id)
@@ -799,7 +783,6 @@ def _child_main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     _child_main(sys.argv[1:])
 
 

@@ -24,16 +24,12 @@ from ui_support import (
     wait_until,
     working,
 )
+from waiting import status_of
 
 # Chromium and its Playwright driver are processes.
 pytestmark = pytest.mark.process
 
 TOKEN = "t0ken-for-the-browser-test-0123456789"
-
-
-def _status(store: Store, run_id: str) -> str | None:
-    cp = store.load(run_id)
-    return None if cp is None else cp.status
 
 
 def _seed(store: Store) -> None:
@@ -42,12 +38,12 @@ def _seed(store: Store) -> None:
     start(store, APPROVAL, "refund-1042", {"customer": "Ana", "amount": 42.5})
     start(store, PAYMENT, "payment-7", {"order": "A-7"})
     with working(store):
-        wait_until(lambda: _status(store, "refund-1042") == "waiting", "refund-1042 to wait")
-        wait_until(lambda: _status(store, "payment-7") == "failed", "payment-7 to fail")
+        wait_until(lambda: status_of(store, "refund-1042") == "waiting", "refund-1042 to wait")
+        wait_until(lambda: status_of(store, "payment-7") == "failed", "payment-7 to fail")
         start(store, APPROVAL, "refund-1041", {"customer": "Bo", "amount": 10})
-        wait_until(lambda: _status(store, "refund-1041") == "waiting", "refund-1041 to wait")
+        wait_until(lambda: status_of(store, "refund-1041") == "waiting", "refund-1041 to wait")
         stepstone.signal(store, "refund-1041", "approval", {"ok": True})
-        wait_until(lambda: _status(store, "refund-1041") == "done", "refund-1041 to finish")
+        wait_until(lambda: status_of(store, "refund-1041") == "done", "refund-1041 to finish")
 
 
 def test_approve_a_waiting_run_and_watch_it_finish_live(
@@ -94,7 +90,7 @@ def test_approve_a_waiting_run_and_watch_it_finish_live(
         expect(page.locator(".signals tr.pending")).to_have_count(1)  # the note: no WaitFor
     cp = store.load("refund-1042")
     assert cp is not None and cp.status == "done" and cp.state["approval"]["by"] == "lead"
-    assert _status(store, "refund-1043") == "waiting"
+    assert status_of(store, "refund-1043") == "waiting"
 
 
 def test_cancel_retry_and_bulk_cancel(store: Store, store_config: str, page: Any) -> None:
@@ -104,14 +100,14 @@ def test_cancel_retry_and_bulk_cancel(store: Store, store_config: str, page: Any
         start(store, APPROVAL, f"bulk-{i}")
     with serving(create_app(store_config, poll=0.2)) as url, working(store):
         wait_until(
-            lambda: all(_status(store, f"bulk-{i}") == "waiting" for i in range(3)),
+            lambda: all(status_of(store, f"bulk-{i}") == "waiting" for i in range(3)),
             "the bulk runs to wait",
         )
         page.goto(f"{url}/run?id=refund-1042")
         page.locator("[data-action=cancel]").click()
         expect(page.locator(".message.ok")).to_have_text("Cancelled the run.")
         expect(page.locator("#run-status")).to_have_text("cancelled")
-        assert _status(store, "refund-1042") == "cancelled"
+        assert status_of(store, "refund-1042") == "cancelled"
 
         page.goto(f"{url}/runs?status=failed")
         page.locator("tr.run td.id a").click()
@@ -121,7 +117,7 @@ def test_cancel_retry_and_bulk_cancel(store: Store, store_config: str, page: Any
         page.locator("[data-action=retry]").click()
         expect(page.locator(".message.ok")).to_contain_text("Queued the run again")
         expect(page.locator("#run-status")).to_have_text("done")
-        assert _status(store, "payment-7") == "done"
+        assert status_of(store, "payment-7") == "done"
 
         page.goto(f"{url}/runs?status=waiting")
         expect(page.locator("tr.run")).to_have_count(3)
@@ -129,7 +125,7 @@ def test_cancel_retry_and_bulk_cancel(store: Store, store_config: str, page: Any
         expect(page.locator(".bulk-count")).to_have_text("3")
         page.locator("[data-confirm=cancel]").click()
         expect(page.locator(".message.ok .text")).to_have_text("Cancelled 3 run(s).")
-    assert [_status(store, f"bulk-{i}") for i in range(3)] == ["cancelled"] * 3
+    assert [status_of(store, f"bulk-{i}") for i in range(3)] == ["cancelled"] * 3
 
 
 def test_a_stale_action_is_refused(store: Store, store_config: str, page: Any) -> None:
@@ -145,12 +141,12 @@ def test_a_stale_action_is_refused(store: Store, store_config: str, page: Any) -
         assert cp is not None and cp.version != shown
         page.locator("[data-action=cancel]").click()
         expect(page.locator(".message.error h2")).to_have_text("The run changed")
-        assert _status(store, "refund-1042") == "waiting", "a stale cancel was applied"
+        assert status_of(store, "refund-1042") == "waiting", "a stale cancel was applied"
         # The refusal shows the run as it is now; acting on that version works.
         expect(page.locator("#run-live")).to_have_attribute("data-version", cp.version or "")
         page.locator("[data-action=cancel]").click()
         expect(page.locator(".message.ok")).to_have_text("Cancelled the run.")
-    assert _status(store, "refund-1042") == "cancelled"
+    assert status_of(store, "refund-1042") == "cancelled"
 
 
 HOSTILE = "<script>window.__xss=1</script>\"'><img src=x onerror=window.__xss=1>&amp;"
@@ -170,7 +166,7 @@ def test_hostile_stored_text_is_inert(store: Store, store_config: str, page: Any
     with pytest.raises(stepstone.StepFailed):
         stepstone.run(f"fail-{HOSTILE}", bad, store)
     with working(store):
-        wait_until(lambda: _status(store, run_id) == "waiting", "the hostile run to wait")
+        wait_until(lambda: status_of(store, run_id) == "waiting", "the hostile run to wait")
     stepstone.signal(store, run_id, "approval", {"note": HOSTILE}, signal_id=HOSTILE)
     with serving(create_app(store_config)) as url:
         page.goto(f"{url}/runs")

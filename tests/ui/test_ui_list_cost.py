@@ -8,7 +8,6 @@ the state assemblies made meanwhile: both must stay at zero, whatever the state'
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from fresh_stores import BACKENDS, SERVERS, fresh_table
+from fresh_stores import BACKENDS, fresh_config
 from stepstone import Checkpoint, Store, _statelog, open_store
 from stepstone.ui import create_app
 
@@ -24,33 +23,12 @@ from stepstone.ui import create_app
 _BIG = 4 * _statelog.INLINE_MAX
 
 
-def _config(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    name = request.param
-    if name == "memory":
-        return f"memory://list-cost-{uuid.uuid4().hex}"
-    if name == "file":
-        return f"file://{tmp_path}/runs"
-    if name == "sqlite":
-        return f"sqlite:///{tmp_path}/runs.db"
-    if name in ("postgresql", "mysql"):
-        server = SERVERS[name]
-        return fresh_table(request, server)
-    emulator: Any = request.getfixturevalue("emulator")
-    monkeypatch.setenv("AZURE_COSMOS_KEY", emulator.key)
-    monkeypatch.delenv("AZURE_COSMOS_CONNECTION_STRING", raising=False)
-    protocol = "&protocol=http" if emulator.endpoint.startswith("http://") else ""
-    return (
-        f"cosmos://{emulator.host}:{emulator.port}/listcost/runs-{uuid.uuid4().hex[:12]}"
-        f"?verify=false&create=true{protocol}"
-    )
-
-
 @pytest.fixture(params=BACKENDS)
 def config(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[str]:
     """A fresh store's config on each backend, holding three runs with large states."""
-    config = _config(request, tmp_path, monkeypatch)
+    config = fresh_config(str(request.param), request, tmp_path)
     with open_store(config) as store:
         for i in range(3):
             store.save(

@@ -9,7 +9,6 @@ end, before and after runs change, and check that the override reads no full lis
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from fresh_stores import BACKENDS, MYSQL_URL, POSTGRES_URL, fresh_table
+from fresh_stores import BACKENDS, cosmos_config, fresh_config
 from stepstone import Checkpoint, Failure, Store, open_store
 from stepstone._checkpoint import STATUSES, RunStatus, evolve
 from stepstone._store import page_key
@@ -29,35 +28,12 @@ _STEMS = ["a", "ab", "abc-", "B", "b", "a_%", "x!y", "é"]
 _PREFIXES = ["", "a", "ab", "B", "a_", "é", "nothing-has-this"]
 
 
-def _cosmos_config(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    emulator: Any = request.getfixturevalue("emulator")
-    monkeypatch.setenv("AZURE_COSMOS_KEY", emulator.key)
-    monkeypatch.delenv("AZURE_COSMOS_CONNECTION_STRING", raising=False)
-    protocol = "&protocol=http" if emulator.endpoint.startswith("http://") else ""
-    return (
-        f"cosmos://{emulator.host}:{emulator.port}/listing/runs-{uuid.uuid4().hex[:12]}"
-        f"?verify=false&create=true{protocol}"
-    )
-
-
 @pytest.fixture(params=BACKENDS)
 def listing_store(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Store]:
     """A fresh, empty store on each of the six backends (as in test_contract.py)."""
-    name = request.param
-    if name == "memory":
-        config = f"memory://listing-{uuid.uuid4().hex}"
-    elif name == "file":
-        config = f"file://{tmp_path}/runs"
-    elif name == "sqlite":
-        config = f"sqlite:///{tmp_path}/runs.db"
-    elif name == "postgresql":
-        config = fresh_table(request, POSTGRES_URL)
-    elif name == "mysql":
-        config = fresh_table(request, MYSQL_URL)
-    else:
-        config = _cosmos_config(request, monkeypatch)
+    config = fresh_config(str(request.param), request, tmp_path)
     with open_store(config) as store:
         yield store
 
@@ -189,7 +165,7 @@ def test_cosmos_page_and_counts_are_indexed_queries(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Cosmos sends one TOP query per page and one COUNT per status, never the full list."""
-    store = open_store(_cosmos_config(request, monkeypatch))
+    store = open_store(cosmos_config(request, "listing"))
     try:
         _fill(store, 12)
         want = _ids(Store.list_page(store, "running", limit=2))
@@ -227,7 +203,7 @@ def test_cosmos_old_container_scans_then_init_adds_the_listing_indexes(
 
     from stepstone.stores.cosmos import CONTAINER_DEFINITION
 
-    config = _cosmos_config(request, monkeypatch)
+    config = cosmos_config(request, "listing")
     emulator: Any = request.getfixturevalue("emulator")
     name = config.split("?")[0].rsplit("/", 1)[1]
     policy = copy.deepcopy(CONTAINER_DEFINITION["indexingPolicy"])

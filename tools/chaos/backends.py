@@ -104,7 +104,7 @@ def check_durable(backend: str) -> None:
 
 # -- SQL servers: the tables, the only DDL ----------------------------------------------------
 
-#: Where the SQL backends' servers are (loopback, as in tests/test_contract.py); override
+#: Where the SQL backends' servers are (loopback, as in tests/stores/test_contract.py); override
 #: with STEPSTONE_CHAOS_POSTGRESQL / STEPSTONE_CHAOS_MYSQL (a URL without ``?table=``).
 SQL_SERVERS: dict[str, str] = {
     "postgresql": "postgresql://postgres@127.0.0.1:5432/test",
