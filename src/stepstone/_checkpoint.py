@@ -388,7 +388,7 @@ def _make_evolve() -> Any:
 if TYPE_CHECKING:
     # What the type checker sees: one keyword-only parameter per field of
     # ``Checkpoint``, written out, so that a misspelt or mistyped field
-    # (``evolve(cp, cancelld=True)``) is refused before it runs. ``tests/test_evolve.py``
+    # (``evolve(cp, cancelld=True)``) is refused before it runs. ``tests/engine/test_evolve.py``
     # keeps the list equal to the fields. At run time ``evolve`` is the generated copy
     # below (same parameters), and this costs nothing: it is never executed.
     def evolve(

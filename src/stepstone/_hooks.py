@@ -27,7 +27,7 @@ inside the save's one transaction, nothing of it committed yet. Outside saves:
 (a slot was taken, the step not yet run) and ``flow.released`` (a slot was given back
 or handed to a waiter, the waiter not yet woken). ``memory.saved`` and
 ``sqlite.committed`` follow a save's commit (the tests of lost answers raise there;
-``tests/test_lost_answers.py``). Each
+``tests/stores/test_lost_commit_answers.py``). Each
 backend's points inside a save are declared once, on the backend class, as
 ``Store.kill_points`` (point -> whether the new checkpoint survives a kill there); the
 contract suite and the chaos harness read them from there.

@@ -474,7 +474,7 @@ class AsyncContract(ContractBase):
 
         Entering takes the hold (loads must still be answered); the value is the release
         function. The default, None, skips the held-save test for native async backends;
-        a backend's test class overrides it (tests/test_contract.py does for SQL).
+        a backend's test class overrides it (tests/stores/test_contract.py does for SQL).
         """
         return None
 

@@ -4,7 +4,7 @@ A piece missing means a newer save collected it, or damage. The stores tell them
 by the document: the same version still naming a missing piece is damage
 (``CorruptCheckpoint``); a new version is a writer's progress, read again. A reader that
 a fast writer outruns many times in a row is not reading damage: on a loaded MariaDB the
-reader test of ``test_long_states`` saw three new bases in a row and, when three reads
+reader test of ``stores/test_long_states`` saw three new bases in a row and, when three reads
 were all a load allowed, reported the state corrupt.
 """
 
