@@ -72,7 +72,8 @@ _TEXT_FIELDS: Final = ("input", "signals")
 
 #: Stepstone's records that hold configuration, not a run: the store's schedules
 #: (``_cron.RECORD``) and flow control's limits (``_flow._limit.PREFIX`` + key). As text
-#: here, so the store imports no runtime; tests/stores/cosmos/test_cosmos_records.py checks they agree.
+#: here, so the store imports no runtime; tests/stores/cosmos/test_cosmos_records.py
+#: checks they agree.
 SCHEDULES_RECORD: Final = "~schedules"
 LIMIT_PREFIX: Final = "~limit/"
 
