@@ -57,7 +57,7 @@ def nudge(parent: str, done: str | None = None) -> Generator[Effect, Any, None]:
             if cp.owner is None and cp.wake_at is not None and cp.wake_at <= utcnow():
                 return
             if done is not None:
-                finished = yield from _siblings_done(cp.children, done)
+                finished = yield from _siblings_done(cp.children, done, cp.status == "running")
                 if not finished:
                     return  # a sibling is still going: its own end tells the parent
             yield Save(
@@ -77,7 +77,9 @@ def nudge(parent: str, done: str | None = None) -> Generator[Effect, Any, None]:
     logger.info("run %r: gave up waking parent run %r (it polls)", done, parent)
 
 
-def _siblings_done(children: tuple[str, ...], done: str) -> Generator[Effect, Any, bool]:
+def _siblings_done(
+    children: tuple[str, ...], done: str, running: bool = False
+) -> Generator[Effect, Any, bool]:
     """Return whether the siblings of ``done`` looked at are all done (True if unknown).
 
     Looks at no more than ``_PEEKS`` siblings, stopping at the first one not done: the
@@ -96,7 +98,12 @@ def _siblings_done(children: tuple[str, ...], done: str) -> Generator[Effect, An
     for near in order[:_PEEKS]:
         sibling: Checkpoint | None = yield Load(children[near])
         if sibling is None:
-            return True  # deleted meanwhile: the parent's own look deals with it
+            # A running parent lists its children before it makes them
+            # (``_suspend._list_children``): not made yet, its own look sees it made,
+            # and that child's end tells it. Waiting: deleted meanwhile, the parent's
+            # own look deals with it (a deletion under a running parent waits for the
+            # parent's poll, ``CHILD_POLL``).
+            return not running
         if sibling.status != "done":
             return False
     return True

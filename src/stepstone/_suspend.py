@@ -315,7 +315,13 @@ class Map(SuspendingStep):
             polled: Wait | None = yield Renewing(self._look(cp, key, ids))
             if polled is not None:
                 return polled
-        children: list[Checkpoint] = yield Renewing(self._children(cp, ids, inputs, first))
+        # No child of this look can exist yet unless an earlier look listed them (it
+        # crashed, or this is a retry, whose children made before answer ``ConflictError``
+        # and are loaded then): made without being loaded first.
+        fresh = first and not cp.children
+        if first and cp.children != tuple(ids):
+            cp = yield from _list_children(plan, cp, ids)
+        children: list[Checkpoint] = yield Renewing(self._children(cp, ids, inputs, first, fresh))
         done = [child for child in children if child.status == "done"]
         if len(done) == len(children):
             _SEEN.forget(key)
@@ -360,9 +366,17 @@ class Map(SuspendingStep):
         return None
 
     def _children(
-        self, cp: Checkpoint, ids: list[str], inputs: list[dict[str, Any]], first: bool
+        self,
+        cp: Checkpoint,
+        ids: list[str],
+        inputs: list[dict[str, Any]],
+        first: bool,
+        fresh: bool = False,
     ) -> Generator[Effect, Any, list[Checkpoint]]:
         """Load (or create) every child; on a fresh attempt re-queue the failed ones.
+
+        ``fresh``: none is expected to exist, so each is created without a load first
+        (one that exists after all answers ``ConflictError`` and is loaded).
 
         Performed inside ``Renewing``: thousands of child records take as long as a long
         step, and the lease is renewed meanwhile in the same way.
@@ -370,7 +384,9 @@ class Map(SuspendingStep):
         children: list[Checkpoint] = []
         for start in range(0, len(ids), TOGETHER_BATCH):
             batch_ids = ids[start : start + TOGETHER_BATCH]
-            batch = yield from self._batch(cp, batch_ids, inputs[start : start + TOGETHER_BATCH])
+            batch = yield from self._batch(
+                cp, batch_ids, inputs[start : start + TOGETHER_BATCH], fresh
+            )
             for child_id, child in zip(batch_ids, batch, strict=True):
                 self._check_child(cp, child_id, child)
             children.extend(batch)
@@ -398,7 +414,7 @@ class Map(SuspendingStep):
             )
 
     def _batch(
-        self, cp: Checkpoint, ids: list[str], inputs: list[dict[str, Any]]
+        self, cp: Checkpoint, ids: list[str], inputs: list[dict[str, Any]], fresh: bool
     ) -> Generator[Effect, Any, list[Checkpoint]]:
         """Load a batch of children at once, then create the missing ones at once.
 
@@ -406,9 +422,12 @@ class Map(SuspendingStep):
         one at a time; a store error raises. This process's workers are rung after
         each batch made, so they run children while the next batch is made.
         """
-        loads: list[Load | Save] = [Load(child_id) for child_id in ids]
-        loaded: list[Any] = yield Together(loads)
-        _raise_first(loaded)
+        loaded: list[Any]
+        if fresh:
+            loaded = [None] * len(ids)
+        else:
+            loaded = yield Together([Load(child_id) for child_id in ids])
+            _raise_first(loaded)
         missing = [n for n, child in enumerate(loaded) if child is None]
         if missing:
             saves: list[Load | Save] = [
@@ -459,6 +478,31 @@ class Map(SuspendingStep):
             f"child run {child_id!r} was deleted {_CHILD_TRIES} times as it was created",
             child_id,
         )
+
+
+def _list_children(
+    plan: Plan, cp: Checkpoint, ids: list[str]
+) -> Generator[Effect, Any, Checkpoint]:
+    """Write the child run_ids on the running parent before its children are made.
+
+    A child that ends tells its parent only if the siblings it looks at are done
+    (``_nudge``); a parent that does not list its children yet (still making them)
+    would be told, and written, by every child that ends meanwhile, each write making
+    it look at all of them once more. One write of ours instead: the parent's own look
+    after making them sees each child as made, and the child that ends last tells it.
+    Best effort: a write that conflicts (a signal, a cancel request, a nudge landed)
+    leaves the record to the step's own save, which re-bases on it as before.
+    """
+    current = plan.current
+    if current is None or current.owner != cp.owner or current.epoch != cp.epoch:
+        current = cp  # as ``_core._latest``: a renewal during ``items`` replaced ``cp``
+    try:
+        listed: Checkpoint = yield Save(
+            evolve(current, children=tuple(ids), renewed_at=utcnow()), "list children"
+        )
+    except ConflictError:
+        return current
+    return listed
 
 
 def _waiting(done: str, ids: list[str]) -> Wait:

@@ -33,11 +33,13 @@ from stepstone import (
     run,
 )
 from stepstone._checkpoint import Checkpoint, utcnow
-from stepstone._suspend import CHILD_POLL, child_run_id
+from stepstone._effects import step_through
+from stepstone._suspend import CHILD_POLL, child_run_id, nudge
 from stepstone.testing import Ops, use_clock
 from stepstone.testing._barrier import WAIT_TIMEOUT
 from stepstone.testing._ops import MODES, Mode
 from stepstone.testing._runtime_kit import ClockAhead, Serving, until
+from stepstone.worker._io import perform
 
 State = dict[str, Any]
 
@@ -200,7 +202,9 @@ def _child_create(op: str, run_id: str, cp: Checkpoint | None) -> bool:
 def test_store_error_while_the_parent_starts_a_child_pauses_it(ops: Ops, config: str) -> None:
     """One StoreUnavailable loading or creating a child stops the parent unfailed; a worker ends."""
     parent = fanout(3)
-    for cue in (_child_load, _child_create):
+    # Creating first: a first look makes its children without loading them (none can
+    # exist yet); the look after that failure finds them listed on the parent, so loads.
+    for cue in (_child_create, _child_load):
         cued = Cued(ops.store, cue)
         with pytest.raises(StoreUnavailable, match="injected"):
             ops.run("p", parent, cued)
@@ -427,9 +431,13 @@ def test_lease_is_kept_while_many_children_are_created(ops: Ops, config: str) ->
             lambda: bool(holding) and holding[0].reached.is_set(),
         )
         _second_caller_is_refused(ops, parent)
-        # A child finishing now nudges the parent (due at once), and the owner's next
-        # renewal must keep that on the record, or the parent sleeps a whole poll.
+        # A child that ends now tells nobody: the last child is not made yet (the parent
+        # lists its children before it makes them), and its end tells the parent.
         ops.run(child_run_id("p", "kids", 0), CHILD)
+        # A child that fails or is cancelled always nudges the parent (due at once), and
+        # the owner's next renewal must keep that on the record, or the parent sleeps a
+        # whole poll.
+        step_through(nudge("p"), lambda effect: perform(ops.store, effect))
         until("a lease renewal after the nudge", renewed(ops, 1))
     finally:
         release.set()

@@ -19,7 +19,7 @@ from fresh_stores import BACKENDS as ALL_BACKENDS
 from fresh_stores import fresh_config
 from stepstone import Map, Step, StepFailed, Store, Suspended, Workflow, open_store, run
 from stepstone._checkpoint import Checkpoint, utcnow
-from stepstone._suspend import child_run_id
+from stepstone._suspend import TOGETHER_BATCH, child_run_id
 
 State = dict[str, Any]
 #: Every backend but Cosmos DB.
@@ -198,3 +198,45 @@ def test_a_map_makes_its_children_concurrently(
         assert seen.most >= 4, f"the Map made at most {seen.most} children at once"
         children = [store.load(child_run_id("p", "kids", n)) for n in range(SIZE)]
         assert all(c is not None and c.status == "queued" for c in children)
+
+
+def test_children_ending_while_their_parent_makes_the_rest_leave_it_alone(
+    config: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Children that end while the parent still makes their siblings write nothing to it.
+
+    The parent lists its children before it makes them, and its last child is not made
+    yet, so none of them can be the last to end. (Unlisted, each such end wrote the
+    parent, due now, and sent it looking at every child once more: under one worker, 40
+    to 99 parent writes for 100 children.) Here the first batch of children runs to its
+    end inside the parent's creation of the first child of the next batch.
+    """
+    held = child_run_id("p", "kids", TOGETHER_BATCH)
+    parent_writes: list[str] = []
+    during: list[int] = []
+    with open_store(config) as store:
+        inner = store.save
+
+        def save(cp: Checkpoint) -> Checkpoint:
+            if cp.run_id == "p":
+                parent_writes.append(cp.status)
+            elif cp.run_id == held and cp.version is None and not during:
+                before = len(parent_writes)
+                for n in range(TOGETHER_BATCH):  # made already (the batch before)
+                    assert run(child_run_id("p", "kids", n), CHILD, store)["square"] == n * n
+                during.append(len(parent_writes) - before)
+            return inner(cp)
+
+        monkeypatch.setattr(store, "save", save)
+        with pytest.raises(Suspended):
+            run("p", PARENT, store)
+        assert during == [0], f"the parent was written {during} times while it made children"
+        counts = Counts(store, monkeypatch)
+        result: State | None = None
+        for n in range(TOGETHER_BATCH, SIZE):
+            assert result is None, "the parent finished before its last child"
+            assert run(child_run_id("p", "kids", n), CHILD, store)["square"] == n * n
+            result = _resume_if_due(store, counts)
+        assert result is not None, "the parent was never told its last child finished"
+        assert [kid["square"] for kid in result["kids"]] == [n * n for n in range(SIZE)]
+        assert counts.resumed == 1, f"the parent resumed {counts.resumed} times"
