@@ -6,12 +6,13 @@ import math
 import re
 from collections.abc import Callable
 from contextvars import ContextVar
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
 from . import _clock
 from ._errors import InvalidRunId, InvalidState
+from ._frozen import Twin
 
 __all__ = [
     "ACTIVE_STATUSES",
@@ -334,43 +335,12 @@ def queued_due(created_at: datetime | None, priority: int) -> datetime:
     return DUE_NOW + timedelta(seconds=max(0.0, rank) / _QUEUE_SCALE)
 
 
-# Building and copying checkpoints (every save and every step does both) without the
-# frozen dataclass's per-field ``object.__setattr__``: the fields are set on a twin class
-# with the same slots, whose plain attribute stores Python specialises to one slot write
-# each, and the object then becomes a ``Checkpoint`` (``__class__`` assignment, allowed
-# because the layouts are identical). About a third of the instructions of setting the
-# 28 slots one setter call at a time. The generated functions only ever hand out
-# finished ``Checkpoint`` objects.
-_FIELDS = tuple(f.name for f in fields(Checkpoint))
-_Twin: Any = type("_CheckpointTwin", (), {"__slots__": Checkpoint.__slots__})
-
-
-def _twin_works() -> bool:
-    try:
-        probe = object.__new__(_Twin)
-        probe.__class__ = Checkpoint
-    except TypeError:  # pragma: no cover - an interpreter with stricter layout rules
-        return False
-    return set(Checkpoint.__slots__) == set(_FIELDS)
-
-
-_TWIN = _twin_works()
-
-
-def _compile(name: str, params: str, values: dict[str, str], namespace: dict[str, Any]) -> Any:
-    """Compile ``def name(params)`` building a Checkpoint from ``values`` (field -> expr)."""
-    namespace.update(_new=object.__new__, _C=Checkpoint, _T=_Twin)
-    if _TWIN:
-        body = "".join(f"    new.{field} = {values[field]}\n" for field in _FIELDS)
-        body += "    new.__class__ = _C\n"
-        start = "    new = _new(_T)\n"
-    else:  # pragma: no cover - as above
-        for field in _FIELDS:
-            namespace[f"_set_{field}"] = Checkpoint.__dict__[field].__set__
-        body = "".join(f"    _set_{field}(new, {values[field]})\n" for field in _FIELDS)
-        start = "    new = _new(_C)\n"
-    exec(f"def {name}({params}):\n{start}{body}    return new\n", namespace)
-    return namespace[name]
+# Building and copying checkpoints (every save and every step does both) on a twin class
+# (``_frozen``): about a third of the instructions of setting the 28 slots one setter
+# call at a time. The generated functions only ever hand out finished ``Checkpoint``s.
+_TWIN = Twin(Checkpoint)
+_FIELDS = _TWIN.fields
+_compile = _TWIN.compile
 
 
 def _make_evolve() -> Any:
@@ -452,58 +422,9 @@ _stored_copy: Callable[
 ] = _make_stored_copy()
 
 
-class _Factory:
-    """The default of a field with a default factory (shown as in ``dataclasses``)."""
-
-    def __repr__(self) -> str:
-        return "<factory>"
-
-
-def _make_init() -> Any:
-    """Build ``Checkpoint.__init__``: the dataclass one, minus ``object.__setattr__``.
-
-    The frozen dataclass ``__init__`` sets each of the 28 fields through
-    ``object.__setattr__``; this one makes the object a twin for the duration (see
-    above), sets the fields as plain attributes and makes it a ``Checkpoint`` again, in
-    under half the instructions. Same parameters, order, defaults and default factories
-    as the generated one. A subclass's instance is set through the slots' setters.
-    """
-    namespace: dict[str, Any] = {"_F": _Factory(), "_C": Checkpoint, "_T": _Twin}
-    namespace["_set_class"] = object.__setattr__
-    params = []
-    fast = ['    _set_class(self, "__class__", _T)\n']
-    slow = []
-    for f in fields(Checkpoint):
-        namespace[f"_set_{f.name}"] = Checkpoint.__dict__[f.name].__set__
-        value = f.name
-        if f.default is not MISSING:
-            namespace[f"_d_{f.name}"] = f.default
-            params.append(f"{f.name}=_d_{f.name}")
-        elif f.default_factory is not MISSING:
-            namespace[f"_f_{f.name}"] = f.default_factory
-            params.append(f"{f.name}=_F")
-            value = f"_f_{f.name}() if {f.name} is _F else {f.name}"
-        else:
-            params.append(f.name)
-        fast.append(f"        self.{f.name} = {value}\n")
-        slow.append(f"        _set_{f.name}(self, {value})\n")
-    fast.append("        self.__class__ = _C\n")
-    source = (
-        f"def __init__(self, {', '.join(params)}):\n"
-        + ("    if type(self) is _C:\n" if _TWIN else "    if False:\n")
-        + "".join("    " + line for line in fast[:1])
-        + "".join(fast[1:])
-        + "    else:\n"
-        + "".join(slow)
-    )
-    exec(source, namespace)
-    init = namespace["__init__"]
-    init.__qualname__ = "Checkpoint.__init__"
-    init.__doc__ = Checkpoint.__init__.__doc__
-    return init
-
-
-Checkpoint.__init__ = _make_init()  # type: ignore[method-assign]
+# The dataclass ``__init__``, minus ``object.__setattr__`` per field (``_frozen``).
+Checkpoint.__init__ = _TWIN.init()  # type: ignore[method-assign]
+Stored.__init__ = Twin(Stored).init()  # type: ignore[method-assign]
 
 
 def parked(cp: Checkpoint, index: int, name: str, why: Exception, advice: str) -> Checkpoint:

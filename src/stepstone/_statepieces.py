@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._checkpoint import Stored
+from ._frozen import Twin
 
 #: A state whose JSON text is at most this many bytes stays in the run's document.
 INLINE_MAX = 8 * 1024
@@ -107,6 +108,13 @@ class Prepared:
     @property
     def piece_keys(self) -> list[str]:
         return [piece.key for piece in self.pieces]
+
+
+# Every save builds a ``Prepared`` (and a long run's a ``Piece`` or more): built on a
+# twin (``_frozen``), not through the frozen ``__init__``'s setter call per field, which
+# cost about 17,000 of a memory save's instructions. Still frozen to everyone else.
+Prepared.__init__ = Twin(Prepared).init()  # type: ignore[method-assign]
+Piece.__init__ = Twin(Piece).init()  # type: ignore[method-assign]
 
 
 def pieces_of(ref: dict[str, Any]) -> list[str]:
