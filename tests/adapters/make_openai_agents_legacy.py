@@ -12,14 +12,10 @@ store's file). For the test of the OpenAI Agents adapter's move onto the run's j
 from __future__ import annotations
 
 import contextlib
-import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).parent))
-
 from legacy_records import write_records
-
 from stepstone import Store, Suspended
 
 OUT = Path(__file__).parent / "openai_agents_legacy_records.json"

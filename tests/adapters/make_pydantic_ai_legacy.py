@@ -12,14 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).parent))
-
 from legacy_records import write_records
-
 from stepstone import Store, Suspended
 
 OUT = Path(__file__).parent / "pydantic_ai_legacy_records.json"
