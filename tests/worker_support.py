@@ -10,6 +10,7 @@ and follow it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import queue
 import signal
@@ -20,10 +21,11 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 import pytest
 
+import waiting
 from stepstone import Worker, Workflow, open_store
 from stepstone.testing._barrier import WAIT_TIMEOUT
 from waiting import in_thread
@@ -91,6 +93,36 @@ class WorkerThread:
 
 #: Seconds any one wait may take: generous, so only a hang fails it, never a slow machine.
 WAIT = 60.0
+
+#: Seconds any wait of the odd-case files (tests/engine/test_odd_cases.py and
+#: tests/worker/test_worker_odd_cases.py) may take before it fails naming what hung.
+#: Generous for a loaded CI machine (a wait this long is a hang), and twice it still
+#: fits in their per-test timeout (``ODD_TIMEOUT``).
+ODD_WAIT = 45.0
+ODD_TIMEOUT = 120
+#: The lease of an owner a test needs seen alive (a second caller gets RunOwned): it
+#: renews every third of it, so only a stall of over a second could look like its death.
+LIVE_LEASE = 2.0
+
+
+class Bounded(NamedTuple):
+    """The shared waiting helpers and ``WorkerThread``, each bounded by one timeout."""
+
+    until: Callable[..., Any]
+    in_thread: Callable[..., Any]
+    arun_in_time: Callable[..., Any]
+    serving: Callable[..., WorkerThread]
+
+
+def bounded(timeout: float) -> Bounded:
+    """``waiting``'s helpers and ``WorkerThread`` with ``timeout`` as their bound."""
+    return Bounded(
+        functools.partial(waiting.until, timeout=timeout),
+        functools.partial(waiting.in_thread, timeout=timeout),
+        functools.partial(waiting.arun_in_time, timeout=timeout),
+        functools.partial(WorkerThread, timeout=timeout),
+    )
+
 
 FLOWS = """
 import os, time

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import threading
 import time
@@ -20,7 +19,6 @@ from typing import Any
 
 import pytest
 
-import waiting
 from fresh_stores import QUICK_BACKENDS, fresh_config
 from stepstone import (
     Map,
@@ -37,25 +35,14 @@ from stepstone import (
     start,
 )
 from waiting import loaded
-from worker_support import WorkerThread
+from worker_support import LIVE_LEASE, ODD_TIMEOUT, ODD_WAIT, bounded
 
 State = dict[str, Any]
-#: Seconds any wait in this file may take before it fails naming what hung.
-#: Generous for a loaded CI machine (a wait this long is a hang), and twice it still
-#: fits in the per-test timeout below.
-WAIT = 45.0
-#: The lease of an owner a test needs seen alive (a second caller gets RunOwned): it
-#: renews every third of it, so only a stall of over a second could look like its death.
-LIVE = 2.0
-
-pytestmark = pytest.mark.timeout(120)
-
-
-#: The shared helpers, bounded by this file's ``WAIT``.
-until = functools.partial(waiting.until, timeout=WAIT)
-in_thread = functools.partial(waiting.in_thread, timeout=WAIT)
-arun_in_time = functools.partial(waiting.arun_in_time, timeout=WAIT)
-_Serving = functools.partial(WorkerThread, timeout=WAIT)
+WAIT = ODD_WAIT
+LIVE = LIVE_LEASE
+pytestmark = pytest.mark.timeout(ODD_TIMEOUT)
+#: The shared helpers, bounded by ``WAIT``.
+until, in_thread, arun_in_time, _Serving = bounded(WAIT)
 
 
 @pytest.fixture(params=QUICK_BACKENDS)
