@@ -352,7 +352,10 @@ def test_the_worker_names_the_store_it_serves(tmp_path: Path) -> None:
         first = child.stdout.readline()
         assert f"serving w from {url}" in first, first
     finally:
-        child.send_signal(signal.SIGINT)
+        # Killed, not interrupted: what is checked is the first line. A SIGINT here once
+        # left the worker running past 60 s (an idle fresh-clone run on 2026-12-06):
+        # a worker's Ctrl-C is a defect of its own, to be pinned by a test of its own.
+        child.send_signal(signal.SIGKILL)
         child.communicate(timeout=WAIT_TIMEOUT)
 
 
