@@ -225,23 +225,24 @@ def _worker(args: argparse.Namespace) -> int:
     names = ", ".join(safe(getattr(w, "name", repr(w))) for w in workflows)
     with opened(config) as store:
         worker = worker_type(store, workflows, **options)
-        if args.json:
-            _json_line(
-                {
-                    "event": "serving",
-                    "store": redact_url(config),
-                    "workflows": [getattr(w, "name", None) for w in workflows],
-                    **options,
-                }
-            )
-        else:
-            # The default store depends on the working directory: say which one this is.
-            out(
-                f"{PROG} worker: serving {names} from {safe(redact_url(config))} (Ctrl-C or "
-                "SIGTERM to stop)"
-            )
-        sys.stdout.flush()
+        # The handlers first: once the line is out, a SIGINT or SIGTERM is a graceful stop.
         with _stop_on_signals(worker) as received:
+            if args.json:
+                _json_line(
+                    {
+                        "event": "serving",
+                        "store": redact_url(config),
+                        "workflows": [getattr(w, "name", None) for w in workflows],
+                        **options,
+                    }
+                )
+            else:
+                # The default store depends on the working directory: say which one this is.
+                out(
+                    f"{PROG} worker: serving {names} from {safe(redact_url(config))} (Ctrl-C or "
+                    "SIGTERM to stop)"
+                )
+            sys.stdout.flush()
             worker.serve()
         # Runs still in a step after the grace: their threads would hold the process at
         # interpreter exit (and write into a closed store). Give their leases back and

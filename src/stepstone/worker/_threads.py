@@ -81,6 +81,12 @@ class ThreadDriver(WorkerBase):
                 self._serve_alone(rest, spawned)
             else:
                 self._serve_pooled(rest, spawned)
+        except BaseException:
+            # KeyboardInterrupt (Ctrl-C with no handler) or a failure of the loop: no
+            # more claims, and each run in flight hands over at its next step boundary
+            # instead of holding the process's exit until it finishes.
+            self.stop()
+            raise
         finally:
             unsubscribe()
             for listener in opened:

@@ -8,13 +8,13 @@ it with threads (``_threads``), ``aserve`` with tasks (``_tasks``); ``stop`` and
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from typing import Any
 
 from .. import _clock, _lease
 from .._checks import check_clock
+from .._sigevent import SignalSafeEvent
 from .._steps import Workflow
 from .._store import Store
 from ._claims import Claims
@@ -69,8 +69,8 @@ class Worker(ThreadDriver, TaskDriver):
         self.poll = float(poll)
         self.grace = float(grace)
         self.owner = _lease.new_owner("worker")
-        self._stopping = threading.Event()
-        self._wake = threading.Event()
+        self._stopping = SignalSafeEvent()
+        self._wake = SignalSafeEvent()
         self._async_wake = None
         self._claims = Claims(
             store,
