@@ -3,7 +3,8 @@
 What the pool gave ``serve`` must still hold without it: ``stop`` returns after the
 grace with a step stuck, ``abandon`` then gives the lease back, the lease is renewed
 while a step runs, a failure of the loop reaches the caller, and work committed after
-a backlog is drained is still heard (the listener opens at the first idle rest).
+a backlog is drained is still heard (the listener policy itself, for serve and
+aserve: ``test_listener_policy``).
 """
 
 from __future__ import annotations
@@ -162,52 +163,6 @@ def test_a_lone_worker_hears_work_after_a_backlog(
             start(store, flow, "later")  # rings the doorbell the worker subscribed to
         until("the run started later to finish", lambda: status_of(store, "later") == "done")
     finally:
-        worker.stop()
-        thread.join(WAIT_TIMEOUT)
-    assert not thread.is_alive() and not errors
-
-
-def test_a_lone_worker_drains_a_backlog_unheard_and_listens_again(
-    store: Store, config: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Once it listens, a backlog is driven with the listener closed; idle, it hears again.
-
-    A run arriving at an idle worker is driven with the listener open; a run claimed
-    right after another (a backlog) without it. At the next idle rest the listener is
-    opened again and a run started by another process is found at once (poll at 60 s).
-    """
-    if not store.pushes_wakeups:
-        pytest.skip("the store has no listener: nothing to close")
-    monkeypatch.setattr(_claims, "_QUICK", 60.0)
-    entered, release = threading.Event(), threading.Event()
-    listening: list[bool] = []
-    claims: list[_claims.Claims] = []  # the worker's, once made (its steps read it)
-
-    def mark(state: State) -> State:
-        listening.append(claims[0].pushed)
-        return {}
-
-    flow = Workflow("alone-backlog", [Step("mark", mark)], version="1")
-    gate = _blocking(entered, release)
-    worker = Worker(store, [flow, gate], concurrency=1, poll=60.0)
-    claims.append(worker._claims)
-    thread, errors = _serving(worker)
-    try:
-        until("the worker to listen", lambda: worker._claims.pushed)
-        with open_store(config) as other:  # as another process would: no doorbell
-            start(other, gate, "gate")
-            assert entered.wait(WAIT_TIMEOUT), "the worker never claimed the gate's run"
-            assert worker._claims.pushed  # a run found by an idle worker: kept open
-            for index in range(3):
-                start(other, flow, f"backlog-{index}")
-            release.set()
-            until("the backlog to be drained", lambda: len(listening) >= 3)
-            assert listening == [False, False, False]
-            until("the worker to listen again", lambda: worker._claims.pushed)
-            start(other, flow, "later")
-            until("the run started later to finish", lambda: status_of(store, "later") == "done")
-    finally:
-        release.set()
         worker.stop()
         thread.join(WAIT_TIMEOUT)
     assert not thread.is_alive() and not errors

@@ -88,12 +88,29 @@ def _queued(tmp_path: Path, count: int) -> str:
     return url
 
 
+#: Runs the rest of its arguments as a Python program with SIGINT at its default, as a
+#: program started from a terminal has it. A process started in the background by a
+#: non-interactive shell (a CI script's job) inherits SIGINT *ignored*, and so do its
+#: children, pytest's workers and these processes among them: Python then installs no
+#: KeyboardInterrupt handler, and a SIGINT before ``stepstone worker`` installs its own
+#: would be dropped, not delivered. (Seen: this file's serve tests hung under such a job.)
+#: It says so on stderr once SIGINT is back at its default, before it becomes the program:
+#: ``_start`` waits for that, so a signal is never sent into the window where it is
+#: still ignored.
+AS_FROM_A_TERMINAL = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "sys.stderr.write('SIGINT at its default\\n'); sys.stderr.flush(); "
+    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+)
+
+
 def _start(tmp_path: Path, argv: list[str]) -> tuple[subprocess.Popen[str], Lines, Lines]:
+    """Start ``python *argv`` in ``tmp_path`` as from a terminal; its output read by lines."""
     env = child_env()
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", ""), TESTS])
     env.pop("STEPSTONE_STORE", None)
     proc = subprocess.Popen(
-        [sys.executable, *argv],
+        [sys.executable, "-c", AS_FROM_A_TERMINAL, *argv],
         cwd=tmp_path,
         env=env,
         stdout=subprocess.PIPE,
@@ -101,7 +118,9 @@ def _start(tmp_path: Path, argv: list[str]) -> tuple[subprocess.Popen[str], Line
         text=True,
     )
     assert proc.stdout is not None and proc.stderr is not None
-    return proc, Lines(proc.stdout), Lines(proc.stderr)
+    out, err = Lines(proc.stdout), Lines(proc.stderr)
+    err.wait("the launcher to give SIGINT its default", lambda line: "SIGINT at its" in line)
+    return proc, out, err
 
 
 def _exits(proc: subprocess.Popen[str], what: str, err: Lines) -> int:

@@ -52,7 +52,7 @@ from .._runner import make_plan
 from .._schedule_fire import SchedulePoller
 from .._store import RunInfo, Store
 from ._config import WorkflowTable
-from ._io import ClaimReady, Execute, Page, Rest, Spawn
+from ._io import ClaimReady, Drain, Execute, Listen, Page, Rest, Spawn, Subscribe, Unlisten
 from ._outcomes import SETTLED, changed, claim_event, ending, park
 from ._watch import KINDS, RECHECK, Watch
 
@@ -273,12 +273,21 @@ class Claims:
         # The runs-in-flight gauge (under OpenTelemetry) reads this worker while it serves.
         count_in_flight(id(self), lambda: len(self.plans))
         try:
+            yield Subscribe()  # before the first look, which covers what came before it
             yield from self._claiming(asynchronous)
         finally:
             count_in_flight(id(self), None)
 
     def _claiming(self, asynchronous: bool) -> Generator[Effect, Any, None]:
         idle = min(_QUICK, self.poll)  # the back-off's next rest (no listener only)
+        # The listener policy, the same under serve and aserve. It is opened at the first
+        # rest after a look that claimed nothing, not before: a worker draining a
+        # backlog needs no wake-ups, and SQLite's listener looks at every commit, the
+        # worker's own included (0.4 M instructions a run of 10 steps). No rest then:
+        # the look right after it covers what was committed before it opened.
+        listening = False  # Listen was performed (the store may have no listener)
+        worked = False  # a run was spawned since the last rest
+        backlog = False  # the look before the last rest claimed a run too
         while not self.stopping.is_set():
             began = _clock.monotonic()
             free = self.concurrency - len(self.plans)  # one C call: no lock, no copy
@@ -294,14 +303,41 @@ class Claims:
                     self._claim_failed()
                     failed = True
             for plan in plans:
+                if backlog and self.concurrency == 1 and self.pushed:
+                    # A backlog again (this look and the one before it claimed): at
+                    # concurrency 1 nothing can be claimed while this run is driven, the
+                    # look after it needs no ring, and SQLite's listener would look at
+                    # each of its commits (~0.9 M instructions a run of 10 steps).
+                    # Opened again at the next rest after a look that claims nothing,
+                    # as at the start; a run arriving at an idle worker is driven with
+                    # it open.
+                    yield Unlisten()
+                    listening = False
+                worked = True
                 yield Spawn(plan)
             if failed:
                 yield from self._back_off()
                 continue
             _hooks.fire("worker.resting")  # tests: the look is over, the rest begins
-            fallback = self.poll if self.pushed else idle
-            woken = yield Rest(self._rest(began, fallback))
+            if free > 0 and not listening and not worked and not self.stopping.is_set():
+                yield Listen()
+                listening = True
+                backlog = False
+                woken = True
+            else:
+                # A look with no free slot (aserve's loop looks while its runs are in
+                # flight, serve's at concurrency 1 never does) neither ends a backlog nor
+                # makes the worker idle: only a look that could claim says either.
+                if free > 0:
+                    backlog, worked = worked, False
+                fallback = self.poll if self.pushed else idle
+                # Cleared by the driver as the rest ends, just before the next look: a
+                # ring during that look sets it again, and the rest after returns at once.
+                woken = yield Rest(self._rest(began, fallback))
             idle = next_idle(idle, bool(plans or woken), self.poll)
+        if listening:
+            yield Unlisten()
+        yield Drain()
 
     def _rest(self, began: float, fallback: float) -> float:
         """Return the seconds to rest after the look that began at ``began`` (monotonic).

@@ -3,8 +3,10 @@
 The worker's rules (claim, park, serve) are generators of effects (``_effects``), written
 once; ``Worker.serve`` drives them with plain calls and ``Worker.aserve`` with awaits.
 ``perform`` and ``aperform`` are those calls for the effects that touch the store or
-drive a run; ``Spawn`` and ``Rest`` are left to each loop (a thread or a task, a
-``threading.Event`` or an ``asyncio.Event``).
+drive a run. ``Spawn``, ``Rest``, ``Subscribe``, ``Listen``, ``Unlisten`` and ``Drain``
+are left to each loop (a thread or a task, a ``threading.Event`` or an
+``asyncio.Event``, a listener opened in the loop's thread or in one of asyncio's): what
+they do differs by driver; when they happen is the claim loop's rule, written once.
 """
 
 from __future__ import annotations
@@ -26,7 +28,19 @@ if TYPE_CHECKING:
     from .._runinfo import ReadyAsk
     from .._store import Store
 
-__all__ = ["ClaimReady", "Execute", "Page", "Rest", "Spawn", "aperform", "perform"]
+__all__ = [
+    "ClaimReady",
+    "Drain",
+    "Execute",
+    "Listen",
+    "Page",
+    "Rest",
+    "Spawn",
+    "Subscribe",
+    "Unlisten",
+    "aperform",
+    "perform",
+]
 
 
 class Page(Effect):
@@ -76,6 +90,39 @@ class Rest(Effect):
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
+
+
+class Subscribe(Effect):
+    """Ring the loop on this process's own wake-ups (``Store.doorbell``) from now on.
+
+    Yielded once, before the first look; the subscription ends with the loop (``Drain``
+    ends it on a stop, the driver's teardown on anything else).
+    """
+
+    __slots__ = ()
+
+
+class Listen(Effect):
+    """Open the store's listener for other processes' rings (``Store.listen``).
+
+    The result is None; ``Claims.pushed`` says afterwards whether one is open (a store
+    that cannot push has none, and the loop backs off instead).
+    """
+
+    __slots__ = ()
+
+
+class Unlisten(Effect):
+    """Close the listener ``Listen`` opened (if one is open)."""
+
+    __slots__ = ()
+
+
+class Drain(Effect):
+    """The loop has stopped: end the subscription, then wait up to the grace for the runs
+    in flight to hand over."""
+
+    __slots__ = ()
 
 
 async def _adrive(plan: Plan, store: Store) -> Any:

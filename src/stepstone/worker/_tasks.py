@@ -8,6 +8,7 @@ clock seam, which a ring (from any thread, through the loop) or a run ending set
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 from .. import _clock
@@ -16,7 +17,7 @@ from .._observe import logger
 from .._plan import Plan
 from .._store import Listener
 from ._base import WorkerBase
-from ._io import Rest, Spawn, aperform
+from ._io import Drain, Listen, Rest, Spawn, Subscribe, Unlisten, aperform
 
 __all__ = ["TaskDriver"]
 
@@ -41,6 +42,9 @@ class TaskDriver(WorkerBase):
         loop = asyncio.get_running_loop()
         wake = asyncio.Event()
 
+        subscribed: list[Callable[[], None]] = []  # Subscribe's unsubscribe, until Drain
+        opened: list[Listener | None] = []  # what Listen opened and Unlisten has not closed
+
         async def perform(effect: Effect) -> Any:
             if isinstance(effect, Spawn):
                 task = asyncio.create_task(self._adrive(effect.plan, wake))
@@ -53,7 +57,20 @@ class TaskDriver(WorkerBase):
                 woken = await _clock.await_event(wake, effect.seconds)
                 wake.clear()
                 return woken
-            return await self._aio(effect)
+            if isinstance(effect, Subscribe):
+                subscribed.append(self.store.doorbell.subscribe(ring))
+            elif isinstance(effect, Listen):
+                opened.append(await self._alisten(ring))
+            elif isinstance(effect, Unlisten):
+                if opened:
+                    await asyncio.to_thread(self._unlisten, opened.pop())
+            elif isinstance(effect, Drain):
+                while subscribed:
+                    subscribed.pop()()
+                await self._adrain(tasks)
+            else:
+                return await self._aio(effect)
+            return None
 
         def ring() -> None:
             # RuntimeError: the loop is closed, aserve has returned already.
@@ -62,25 +79,11 @@ class TaskDriver(WorkerBase):
 
         with self._claims.lock:
             self._async_wake = (loop, wake)
-        unsubscribe = self.store.doorbell.subscribe(ring)
-        listener: Listener | None = None
         try:
-            # In a thread: listening may connect to a server, the loop must not wait.
-            opening = asyncio.ensure_future(asyncio.to_thread(self._listen, ring))
-            try:
-                listener = await asyncio.shield(opening)
-            except asyncio.CancelledError:
-                opening.add_done_callback(self._unlisten_opened)
-                raise
             await astep_through(self._claims.serving(asynchronous=True), perform)
-            if tasks:
-                _done, pending = await asyncio.wait(tasks, timeout=self.grace)
-                for task in pending:
-                    task.cancel()
-                if pending:
-                    await asyncio.wait(pending, timeout=10)
         finally:
-            unsubscribe()
+            while subscribed:  # the loop was cut short: end what it left open
+                subscribed.pop()()
             for task in tasks:
                 task.cancel()
             try:
@@ -90,9 +93,31 @@ class TaskDriver(WorkerBase):
             finally:
                 with self._claims.lock:
                     self._async_wake = None
-                if listener is not None:
+                for listener in opened:  # the loop was cut short: close what it left open
                     await asyncio.to_thread(self._unlisten, listener)
         logger.info("%r: stopped", self)
+
+    async def _alisten(self, ring: Callable[[], None]) -> Listener | None:
+        """Open the store's listener in a thread: listening may connect to a server."""
+        import asyncio  # noqa: PLC0415 - imported already by aserve, which calls this
+
+        opening = asyncio.ensure_future(asyncio.to_thread(self._listen, ring))
+        try:
+            return await asyncio.shield(opening)
+        except asyncio.CancelledError:
+            opening.add_done_callback(self._unlisten_opened)
+            raise
+
+    async def _adrain(self, tasks: set[Any]) -> None:
+        """Wait up to the grace for the runs in flight, then cancel what is left."""
+        import asyncio  # noqa: PLC0415 - imported already by aserve, which calls this
+
+        if tasks:
+            _done, pending = await asyncio.wait(tasks, timeout=self.grace)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=10)
 
     def _unlisten_opened(self, opening: Any) -> None:
         """Close what ``listen`` opened in ``opening`` (aserve was cancelled meanwhile)."""

@@ -21,7 +21,7 @@ from .._plan import Plan
 from .._store import Listener
 from ._base import WorkerBase
 from ._config import check_async_steps
-from ._io import Rest, Spawn, perform
+from ._io import Drain, Listen, Rest, Spawn, Subscribe, Unlisten, perform
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -41,46 +41,36 @@ class ThreadDriver(WorkerBase):
     def _serve(self) -> None:
         logger.info("%r: serving %d workflows", self, len(self.workflows))
         ring = self._wake.set
-        unsubscribe = self.store.doorbell.subscribe(ring)
-        opened: list[Listener | None] = []
-        worked = [False]  # a run was spawned since the last rest
-        backlog = [False]  # the look before the last rest claimed a run too
+        subscribed: list[Callable[[], None]] = []  # Subscribe's unsubscribe, until Drain
+        opened: list[Listener | None] = []  # what Listen opened and Unlisten has not closed
 
-        def rest(effect: Rest) -> bool:
-            if not opened and not worked[0] and not self._stopping.is_set():
-                # The listener is opened at the first rest after a look that claimed
-                # nothing, not before: a worker draining a backlog needs no wake-ups,
-                # and SQLite's listener looks at every commit, the worker's own
-                # included (0.4 M instructions a run of 10 steps). No rest now: the
-                # look right after it covers what was committed before it opened.
+        def perform(effect: Effect, drain: Callable[[], None]) -> Any:
+            """Do a claim-loop effect other than ``Spawn`` (each caller spawns its own way)."""
+            if isinstance(effect, Rest):
+                # Cleared as the rest ends, just before the next look (``_claims``).
+                woken = _clock.wait(self._wake, effect.seconds)
+                self._wake.clear()
+                return woken
+            if isinstance(effect, Subscribe):
+                subscribed.append(self.store.doorbell.subscribe(ring))
+            elif isinstance(effect, Listen):
                 opened.append(self._listen(ring))
-                backlog[0] = False
-                return True
-            backlog[0] = worked[0]
-            worked[0] = False
-            # Cleared as the rest ends, just before the next look: a ring during that
-            # look sets it again, and the rest after it returns at once.
-            woken = _clock.wait(self._wake, effect.seconds)
-            self._wake.clear()
-            return woken
-
-        def spawned() -> None:
-            if backlog[0] and self.concurrency == 1 and opened and opened[0] is not None:
-                # A backlog again (this look and the one before it claimed): at
-                # concurrency 1 nothing can be claimed while this run is driven, the
-                # look after it needs no ring, and SQLite's listener would look at each
-                # of its commits (~0.9 M instructions a run of 10 steps). Closed here,
-                # opened again at the next rest after a look that claims nothing (then
-                # the look right after covers what was committed meanwhile), as at the
-                # start; a run arriving at an idle worker is driven with it open.
-                self._unlisten(opened.pop())
-            worked[0] = True
+            elif isinstance(effect, Unlisten):
+                if opened:
+                    self._unlisten(opened.pop())
+            elif isinstance(effect, Drain):
+                while subscribed:
+                    subscribed.pop()()
+                drain()
+            else:
+                return self._io(effect)
+            return None
 
         try:
             if self.concurrency == 1:
-                self._serve_alone(rest, spawned)
+                self._serve_alone(perform)
             else:
-                self._serve_pooled(rest, spawned)
+                self._serve_pooled(perform)
         except BaseException:
             # KeyboardInterrupt (Ctrl-C with no handler) or a failure of the loop: no
             # more claims, and each run in flight hands over at its next step boundary
@@ -88,12 +78,15 @@ class ThreadDriver(WorkerBase):
             self.stop()
             raise
         finally:
-            unsubscribe()
+            # The loop was cut short (or its thread still drives a run past the grace):
+            # end what it left open.
+            while subscribed:
+                subscribed.pop()()
             for listener in opened:
                 self._unlisten(listener)
         logger.info("%r: stopped", self)
 
-    def _serve_pooled(self, rest: Callable[[Rest], bool], spawned: Callable[[], None]) -> None:
+    def _serve_pooled(self, loop_effect: Callable[[Effect, Callable[[], None]], Any]) -> None:
         """Claim in this thread; drive each claimed run in a thread of a pool."""
         # Imported here: a process that only starts runs or calls the CLI never pays for it.
         from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
@@ -106,19 +99,15 @@ class ThreadDriver(WorkerBase):
             if isinstance(effect, Spawn):
                 futures = {f for f in futures if not f.done()}
                 futures.add(pool.submit(self._clocked(partial(self._drive, effect.plan))))
-                spawned()
                 return None
-            if isinstance(effect, Rest):
-                return rest(effect)
-            return self._io(effect)
+            return loop_effect(effect, lambda: self._drain(futures))
 
         try:
             step_through(self._claims.serving(asynchronous=False), perform)
-            self._drain(futures)
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
 
-    def _serve_alone(self, rest: Callable[[Rest], bool], spawned: Callable[[], None]) -> None:
+    def _serve_alone(self, loop_effect: Callable[[Effect, Callable[[], None]], Any]) -> None:
         """Concurrency 1: claim and drive in one thread of ours, each run where it was claimed.
 
         With one slot the loop has nothing to do while a run is driven (it could claim
@@ -133,12 +122,10 @@ class ThreadDriver(WorkerBase):
 
         def perform(effect: Effect) -> Any:
             if isinstance(effect, Spawn):
-                spawned()
                 self._drive(effect.plan)
                 return None
-            if isinstance(effect, Rest):
-                return rest(effect)
-            return self._io(effect)
+            # Drain: nothing is in flight here, each run was driven where it was claimed.
+            return loop_effect(effect, lambda: None)
 
         def loop() -> None:
             try:
