@@ -193,6 +193,11 @@ def _spec(
 _SPEC_KEYS = ("cron", "tz", "workflow", "version", "input", "overlap", "catchup")
 
 
+def _next_fire(spec: dict[str, Any], now: datetime) -> str:
+    """The slot id of the schedule's first slot after ``now`` (in its time zone)."""
+    return _cron.slot_id(_cron.next_slot(spec["cron"], _cron.check_tz(spec["tz"]), now))
+
+
 def _put(name: str, spec: dict[str, Any], replace: bool) -> Op:
     for _ in range(_MAX_TRIES):
         cp = yield Load(RECORD)
@@ -211,13 +216,11 @@ def _put(name: str, spec: dict[str, Any], replace: bool) -> Op:
                 )
             entry = {**old, **spec}
             if old.get("cron") != spec["cron"] or old.get("tz") != spec["tz"]:
-                tz = _cron.check_tz(spec["tz"])
-                entry["next_fire"] = _cron.slot_id(_cron.next_slot(spec["cron"], tz, now))
+                entry["next_fire"] = _next_fire(spec, now)
         else:
-            tz = _cron.check_tz(spec["tz"])
             entry = {
                 **spec,
-                "next_fire": _cron.slot_id(_cron.next_slot(spec["cron"], tz, now)),
+                "next_fire": _next_fire(spec, now),
                 "last_fired": None,
                 "last_run": None,
                 "pending": [],
@@ -352,8 +355,7 @@ def _change(name: str, what: str) -> Op:
             now = yield Now()
             if _cron.parse_slot(spec["next_fire"]) <= now:
                 # Slots that passed while paused are not due: the next one is.
-                tz = _cron.check_tz(spec["tz"])
-                spec["next_fire"] = _cron.slot_id(_cron.next_slot(spec["cron"], tz, now))
+                spec["next_fire"] = _next_fire(spec, now)
         try:
             yield Save(_record(cp, table), f"schedule {name} {what}", owned=False)
         except ConflictError:
