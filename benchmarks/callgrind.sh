@@ -43,6 +43,18 @@ if [ -n "$before" ]; then
     label="$(git -C "$root" rev-parse --short "$before")"
 fi
 export PYTHONHASHSEED=0
+# Say which stepstone is measured, and refuse another checkout's: a worktree without a
+# .venv of its own once measured the main checkout's code through $root/.venv's install.
+measured="$("$python" -c 'import os, stepstone; print(os.path.dirname(os.path.dirname(os.path.realpath(stepstone.__file__))))')"
+expected="$root/src"
+[ -z "$before" ] || expected="$work/src-before/src"
+expected="$(realpath "$expected")"
+if [ "$measured" != "$expected" ]; then
+    echo "callgrind.sh: $python imports stepstone from $measured, not $expected;" \
+        "set PYTHONPATH=$expected (or PYTHON=) to measure this tree" >&2
+    exit 1
+fi
+[ "$json" = 1 ] || echo "callgrind: measuring stepstone from $measured with $python" >&2
 
 count() {  # count MODE N -> instructions of the whole process
     local dir="$work/d-$1-$2"
