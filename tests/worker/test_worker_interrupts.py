@@ -4,10 +4,11 @@ A worker that ignores Ctrl-C is found by an operator, not a test: one did (a rea
 ``stepstone worker`` ran on past 60 s after a SIGINT in a CI run). The cause was an
 event that a signal handler set while the main thread was inside that event's own
 ``wait``, holding its lock (``stepstone._sigevent``). These tests interrupt real
-processes at the points a signal can land: before the serving line, right after it,
-while runs are in their steps, once the worker is idle; under ``stepstone worker`` (its
-handlers) and under a user's own ``serve`` and ``aserve`` (Python's KeyboardInterrupt,
-asyncio.run's cancel), at concurrency 1 and above. Each must exit in bounded time, and
+processes at the points a signal can land once the program runs: right after the
+serving line, during its first claims, while runs are in their steps; under
+``stepstone worker`` (its handlers) and under a user's own ``serve`` and ``aserve``
+(Python's KeyboardInterrupt, asyncio.run's cancel), at concurrency 1 and above. Each
+must exit in bounded time, and
 the runs it held must be handed over, not finished and not lost.
 """
 
@@ -193,11 +194,13 @@ def test_the_cli_worker_stops_on_a_signal_with_runs_in_flight(
 
 @pytest.mark.parametrize("concurrency", [1, 3])
 def test_the_cli_worker_stops_on_a_signal_at_any_moment(tmp_path: Path, concurrency: int) -> None:
-    """SIGINTs landing at random moments of a busy worker's life: each exits, 0 or 130.
+    """SIGINTs landing at random moments of a busy worker's life: each exits 0 in time.
 
-    Before the serving line the program may still be importing: Python's own ending of
-    a KeyboardInterrupt is allowed there (1, 130 or -SIGINT). Once the line is out, the
-    handlers are in place and the stop is graceful (0).
+    From its serving line on (its handlers are in place by then) through its first
+    claims and its runs' steps. Not before: a signal during the interpreter's start-up
+    is Python's own business, and under coverage in CI it can land in the ``.pth`` hook's
+    ``try: import coverage`` with a bare ``except``, which swallows the KeyboardInterrupt
+    and lets the program run on (seen in two loaded runs).
     """
     url = _queued(tmp_path, concurrency)
     chooser = random.Random(concurrency)
@@ -216,14 +219,11 @@ def test_the_cli_worker_stops_on_a_signal_at_any_moment(tmp_path: Path, concurre
                 str(concurrency),
             ],
         )
-        after_line = attempt % 3 != 0
-        if after_line:
-            out.wait("the serving line", lambda line: "serving long" in line)
-        time.sleep(chooser.uniform(0, 0.3))
+        out.wait("the serving line", lambda line: "serving long" in line)
+        time.sleep(chooser.uniform(0, 0.5))
         proc.send_signal(signal.SIGINT)
         code = _exits(proc, f"attempt {attempt}", err)
-        allowed = (0,) if after_line else (0, 1, 130, -signal.SIGINT)
-        assert code in allowed, (attempt, code, err.seen)
+        assert code == 0, (attempt, code, err.seen)
     _handed_over(url, concurrency)
 
 
