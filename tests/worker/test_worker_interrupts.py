@@ -124,6 +124,14 @@ def _start(tmp_path: Path, argv: list[str]) -> tuple[subprocess.Popen[str], Line
     return proc, out, err
 
 
+def _serving_cli(tmp_path: Path, url: str, concurrency: int) -> tuple[subprocess.Popen[str], Lines]:
+    """Start `stepstone worker` on ``url``; return once it printed its serving line."""
+    argv = ["-m", "stepstone", "worker", "--workflows", "flows:WORKFLOWS", "--store", url]
+    proc, out, err = _start(tmp_path, [*argv, "--concurrency", str(concurrency)])
+    out.wait("the serving line", lambda line: "serving long" in line)
+    return proc, err
+
+
 def _exits(proc: subprocess.Popen[str], what: str, err: Lines) -> int:
     try:
         return proc.wait(timeout=EXIT_WITHIN)
@@ -171,21 +179,7 @@ def test_the_cli_worker_stops_on_a_signal_with_runs_in_flight(
 ) -> None:
     """`stepstone worker` exits 0 after one signal, its runs handed over at a step boundary."""
     url = _queued(tmp_path, concurrency)
-    proc, out, err = _start(
-        tmp_path,
-        [
-            "-m",
-            "stepstone",
-            "worker",
-            "--workflows",
-            "flows:WORKFLOWS",
-            "--store",
-            url,
-            "--concurrency",
-            str(concurrency),
-        ],
-    )
-    out.wait("the serving line", lambda line: "serving long" in line)
+    proc, err = _serving_cli(tmp_path, url, concurrency)
     _until_running(url, concurrency, proc, err)
     proc.send_signal(signum)
     assert _exits(proc, "stepstone worker", err) == 0, err.seen
@@ -205,21 +199,7 @@ def test_the_cli_worker_stops_on_a_signal_at_any_moment(tmp_path: Path, concurre
     url = _queued(tmp_path, concurrency)
     chooser = random.Random(concurrency)
     for attempt in range(12):
-        proc, out, err = _start(
-            tmp_path,
-            [
-                "-m",
-                "stepstone",
-                "worker",
-                "--workflows",
-                "flows:WORKFLOWS",
-                "--store",
-                url,
-                "--concurrency",
-                str(concurrency),
-            ],
-        )
-        out.wait("the serving line", lambda line: "serving long" in line)
+        proc, err = _serving_cli(tmp_path, url, concurrency)
         time.sleep(chooser.uniform(0, 0.5))
         proc.send_signal(signal.SIGINT)
         code = _exits(proc, f"attempt {attempt}", err)
