@@ -133,6 +133,9 @@ class Stored:
     #: The run's incarnation (``_statelog``), which every piece key of its lineage
     #: starts with; None: none yet, or a legacy lineage (keys without one).
     inc: str | None = None
+    #: Where ``private``'s compared containers hold numbers (``_statediff.Numbers``), so
+    #: the next save checks only those for a change of type; None: none found yet.
+    numbers: Any = None
 
 
 @dataclass(frozen=True, slots=True)

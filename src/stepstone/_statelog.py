@@ -71,8 +71,9 @@ Change detection never scans text. The saved checkpoint carries a private
 ``Stored`` handle: the stored state as decoded (``private``: shared with nobody)
 and the state handed to the caller (``handed``). A later save of a checkpoint
 derived from it compares the new state with both: a value that is the same object
-as the one handed out *and* equal to the private copy is unchanged (the equality
-is Python's, in C, and catches changes made in place); a list whose head is the
+as the one handed out *and* the same JSON as the private copy is unchanged (Python's
+equality, in C, catches changes made in place; ``_statediff._same_json`` then checks
+types and key order, since ``1 == True``); a list whose head is the
 list handed out, unchanged, gained only its tail; anything else is re-encoded
 (validated as strictly as a whole state, at its depth in the state).
 """
@@ -102,7 +103,9 @@ from ._incarnation import (
     new_inc,
 )
 from ._statediff import (
+    Numbers,
     _at,
+    _carry,
     _containers,
     _del_in,
     _diff,
@@ -328,7 +331,8 @@ def _delta(store: object, cp: Checkpoint, known: Stored, piece_max: int) -> Prep
     if type(new) is not dict:
         return None  # encode_state refuses it, with its usual message
     changed: list[tuple[tuple[str, ...], str, Any]] = []
-    if not _diff((), new, known.handed, private, changed):
+    numbers: Numbers = {}  # what _same_json looked up this save, for the next
+    if not _diff((), new, known.handed, private, changed, known.numbers, numbers):
         return None
     next_state = dict(new)
     if not changed:
@@ -345,6 +349,7 @@ def _delta(store: object, cp: Checkpoint, known: Stored, piece_max: int) -> Prep
             cp.run_id,
             chain=known.chain,
             inc=known.inc,
+            numbers=numbers,
         )
     texts: list[str] = []
     next_private: dict[str, Any] = private
@@ -374,7 +379,9 @@ def _delta(store: object, cp: Checkpoint, known: Stored, piece_max: int) -> Prep
         value_text = text[len(head) : len(text) - len(path)]
         texts.append(dump_json([op, list(path)])[:-1] + "," + value_text + "]")
         if op == "x":
+            head = _at(next_private, path)
             next_private = _extended(next_private, path, mine)
+            _carry(numbers, head, _at(next_private, path), mine)
             _extend_in(next_state, path, inner, len(_at(private, path)))
         else:
             next_private = _with(next_private, path, mine)
@@ -424,6 +431,7 @@ def _delta(store: object, cp: Checkpoint, known: Stored, piece_max: int) -> Prep
         changes,
         chain=chain,
         inc=known.inc,
+        numbers=numbers,
     )
 
 

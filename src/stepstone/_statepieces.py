@@ -75,6 +75,8 @@ class Prepared:
     chain: Any = None
     #: The run's incarnation (``new_inc``); None: a legacy lineage (keys without one).
     inc: str | None = None
+    #: The number locations found by this save's change detection, for the next.
+    numbers: Any = None
 
     def bind(self, version: str) -> Stored | None:
         """The handle of the saved checkpoint, once its version is known.
@@ -97,6 +99,7 @@ class Prepared:
             self.history,
             self.chain,
             self.inc,
+            self.numbers,
         )
 
     def document_fields(self) -> dict[str, Any]:

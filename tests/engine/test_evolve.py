@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 import stepstone._checkpoint
+from parsing import parse
 from stepstone._checkpoint import Checkpoint, Failure, Signal, Stored, evolve
 
 FIELDS = dataclasses.fields(Checkpoint)
@@ -29,7 +30,7 @@ def _written() -> ast.FunctionDef:
     source = Path(stepstone._checkpoint.__file__).read_text(encoding="utf-8")
     found = [
         node
-        for node in ast.walk(ast.parse(source))
+        for node in ast.walk(parse(source))
         if isinstance(node, ast.FunctionDef) and node.name == "evolve"
     ]
     assert len(found) == 1, "one written-out `def evolve` in _checkpoint.py"

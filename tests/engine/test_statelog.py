@@ -171,6 +171,67 @@ def test_an_equal_value_of_another_type_is_saved_as_the_new_type() -> None:
     assert type(loaded["ratio"]) is float
 
 
+@pytest.mark.parametrize(
+    ("where", "new"),
+    [
+        ("a nested dict's number", True),
+        ("a nested dict's number", 1.0),
+        ("a list item's number", True),
+        ("a stored message's number", 3.0),
+        ("a number in the stored head of a grown list", False),
+    ],
+)
+def test_a_number_changed_in_place_to_an_equal_one_of_another_type_is_stored(
+    where: str, new: Any
+) -> None:
+    """``1 == True == 1.0``: a change in place between them is still a change, stored as such.
+
+    Before the fix the private copy's ``==`` took these for unchanged: the run went on
+    with the new value while the store kept the old one.
+    """
+    store = _store()
+    base = _long()
+    base["messages"][3]["i"] = 0 if new is False else 3
+    cp = _first(store, base)
+    state = cp.state
+    if where == "a nested dict's number":
+        state["meta"]["a"] = new  # was 1
+        reach: Any = lambda s: s["meta"]["a"]  # noqa: E731
+    elif where == "a list item's number":
+        state["meta"]["b"]["c"][0] = new  # was 1
+        reach = lambda s: s["meta"]["b"]["c"][0]  # noqa: E731
+    elif where == "a stored message's number":
+        state["messages"][3]["i"] = new  # was 3
+        reach = lambda s: s["messages"][3]["i"]  # noqa: E731
+    else:
+        state["messages"][3]["i"] = new  # was 0
+        state["messages"] = [*state["messages"], {"i": -7}]
+        reach = lambda s: s["messages"][3]["i"]  # noqa: E731
+    cp = _save(store, cp, state)
+    assert _newest_ops(store, cp), "the save was not a log piece: the test misses its path"
+    loaded = _loaded(store, cp.run_id)
+    assert type(reach(loaded)) is type(new), f"{where}: stored as {reach(loaded)!r}"
+    assert type(reach(cp.state)) is type(new), f"{where}: handed back as {reach(cp.state)!r}"
+    assert dump_json(loaded) == dump_json(state)
+
+
+def test_keys_swapped_with_equal_values_of_other_types_in_place_are_stored() -> None:
+    """Two keys re-inserted in another order with each other's (equal) values: still seen."""
+    store = _store()
+    base = _long()
+    base["meta"] = {"a": 1, "b": True}
+    cp = _first(store, base)
+    state = cp.state
+    meta = state["meta"]
+    del meta["a"]
+    meta["a"] = True
+    meta["b"] = 1  # now {"b": 1, "a": True}: == the stored {"a": 1, "b": True}
+    cp = _save(store, cp, state)
+    loaded = _loaded(store, cp.run_id)
+    assert loaded["meta"]["a"] is True
+    assert type(loaded["meta"]["b"]) is int
+
+
 def test_an_unchanged_state_writes_no_piece() -> None:
     """A save that changes nothing keeps naming the same pieces."""
     store = _store()

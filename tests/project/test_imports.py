@@ -16,6 +16,8 @@ import functools
 from collections.abc import Iterator
 from pathlib import Path
 
+from parsing import parse
+
 SRC = Path(__file__).resolve().parents[2] / "src"
 PACKAGE = "stepstone"
 
@@ -80,7 +82,7 @@ def _resolve(module: str, path: Path, level: int, target: str | None) -> str:
 
 def _imports(module: str, path: Path, known: dict[str, Path]) -> Iterator[str]:
     """Yield every module of the package that ``module`` imports, anywhere in its body."""
-    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    tree = parse(path.read_text(encoding="utf-8"), str(path))
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:

@@ -329,11 +329,12 @@ def test_the_package_modules_import_no_cycle() -> None:
     import ast
 
     import stepstone.stores.file as package
+    from parsing import parse
 
     folder = Path(package.__file__).parent
     graph: dict[str, set[str]] = {}
     for source in folder.glob("*.py"):
-        tree = ast.parse(source.read_text())
+        tree = parse(source.read_text(), str(source))
         graph[source.stem] = {
             (node.module or "").split(".")[0]
             for node in ast.walk(tree)
