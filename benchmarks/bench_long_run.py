@@ -2,11 +2,15 @@
 
     .venv/bin/python benchmarks/bench_long_run.py [--n 25,50,100,200,400]
         [--stores memory,file,sqlite[,postgresql,mysql]] [--src DIR] [--profile N] [--json]
+        [--usage]
 
 The workload: a workflow of ``n`` steps run by ``stepstone.run``; each step appends one
 message of ~2 KB (``{"role": "assistant", "content": "turn i: lorem ipsum ..."}``, the
 turn ``bench_langgraph.py`` gives LangGraph) to ``state["messages"]``, so the state after
-step ``i`` holds ``i`` messages and every save is of a larger state.
+step ``i`` holds ``i`` messages and every save is of a larger state. ``--usage`` gives
+each message two numbers too (``"usage": {"input_tokens": i, "output_tokens": 2 * i}``,
+as model APIs report them), the case where a save checks each stored number's type
+(``_statediff._same_json``).
 
 Figures, per store (``memory://``, ``file://`` at its default durability, ``sqlite://``
 with ``synchronous=full``; ``postgresql://`` and ``mysql://`` on the local servers, a
@@ -54,8 +58,15 @@ STORES = ("memory", "file", "sqlite")
 WARMUP_STEPS = 5
 
 
+#: ``--usage``: each message carries its token counts (set in the measured process too).
+USAGE = False
+
+
 def _message(i: int) -> dict[str, Any]:
-    return {"role": "assistant", "content": f"turn {i}: {MESSAGE}"}
+    message: dict[str, Any] = {"role": "assistant", "content": f"turn {i}: {MESSAGE}"}
+    if USAGE:
+        message["usage"] = {"input_tokens": i, "output_tokens": 2 * i}
+    return message
 
 
 def _steps(n: int) -> list[Any]:
@@ -159,6 +170,7 @@ def _callgrind(store: str, ns: list[int], src: str | None, profile: bool) -> tup
                 ",".join(map(str, ns)),
                 "--dir",
                 str(data),
+                *(["--usage"] if USAGE else []),
             ],
             check=True,
             capture_output=True,
@@ -226,10 +238,13 @@ def main() -> None:
     parser.add_argument("--src", help="a stepstone src dir to measure instead of the installed")
     parser.add_argument("--profile", type=int, help="top functions of one N-step run")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--usage", action="store_true", help="messages carry token counts")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
     ns = [int(v) for v in args.n.split(",")]
+    global USAGE  # noqa: PLW0603 - read by _message in this process and the measured one
+    USAGE = args.usage
     if args.child:
         _child(args.child, ns, args.dir)
         return
@@ -260,7 +275,8 @@ def main() -> None:
     if args.json:
         print(json.dumps({"src": args.src or "installed", "stores": results}, indent=2))
         return
-    print(f"chat run, ~2 KB appended per step; src: {args.src or 'installed stepstone'}")
+    usage = ", with token counts" if USAGE else ""
+    print(f"chat run, ~2 KB appended per step{usage}; src: {args.src or 'installed stepstone'}")
     header = "".join(f"{'n=' + str(n):>14}" for n in ns)
     print(f"  instructions per run{header}   growth")
     for store, r in results.items():

@@ -8,6 +8,7 @@ to the state handed back to the caller.
 
 from __future__ import annotations
 
+from itertools import chain
 from math import copysign
 from operator import is_
 from typing import Any
@@ -32,29 +33,35 @@ _MISSING: Any = object()
 #: containers are never changed in place, so an entry never goes stale.
 Numbers = dict[int, tuple[Any, list[tuple[Any, ...]]]]
 
-_NUMBER_TYPES = (bool, int, float)
+_NUMBER_TYPES = frozenset((bool, int, float))
+_LEAVES = frozenset((str, type(None)))  # what holds no number and no container
+_DICT = frozenset((dict,))
 
 
 def _locate(value: Any, prefix: tuple[Any, ...], out: list[tuple[Any, ...]]) -> None:
-    """Append the location (below ``prefix``) of every number inside container ``value``."""
-    for key, item in value.items() if type(value) is dict else enumerate(value):
+    """Append the location (below ``prefix``) of every number inside container ``value``.
+
+    A container of text only, and a list of dicts of text only (a transcript), are told
+    apart in C (a type per value) without a frame per item: this runs on every item a
+    save appends, and over a whole list once per handle.
+    """
+    if type(value) is dict:
+        if _LEAVES.issuperset(map(type, value.values())):
+            return
+        items: Any = value.items()
+    else:
+        if _LEAVES.issuperset(kinds := set(map(type, value))) or (
+            kinds == _DICT
+            and _LEAVES.issuperset(map(type, chain.from_iterable(map(dict.values, value))))
+        ):
+            return
+        items = enumerate(value)
+    for key, item in items:
         kind = type(item)
         if kind is dict or kind is list:
             _locate(item, (*prefix, key), out)
         elif kind in _NUMBER_TYPES:
             out.append((*prefix, key))
-
-
-def _numbers(old: Any, seen: Numbers | None, keep: Numbers) -> list[tuple[Any, ...]]:
-    """The locations of the numbers in private container ``old``: from ``seen`` (the last
-    save's entries) or walked once, and kept for the next save in ``keep``."""
-    entry = seen.get(id(old)) if seen is not None else None
-    if entry is None or entry[0] is not old:
-        found: list[tuple[Any, ...]] = []
-        _locate(old, (), found)
-        entry = (old, found)
-    keep[id(old)] = entry
-    return entry[1]
 
 
 def _same_json(new: Any, old: Any, seen: Numbers | None, keep: Numbers) -> bool:
@@ -66,12 +73,19 @@ def _same_json(new: Any, old: Any, seen: Numbers | None, keep: Numbers) -> bool:
     values only numbers compare equal across kinds (a str, None, dict or list equals only
     its own kind), so with ``==`` holding, comparing the number at each of ``old``'s
     number locations is exact. Those locations are found once per container and carried
-    from save to save (a list extended by a save carries its head's): a long transcript
-    of text costs nothing here, and one with numbers a look per number, where comparing
-    the whole text again (a strict walk, orjson) cost 10-15 times Python's ``==``.
+    from save to save (``seen`` the last save's, ``keep`` the next's; a list extended by
+    a save carries its head's, ``_carry``): a long transcript of text costs nothing here,
+    and one with numbers a look per number, where comparing the whole text again (a
+    strict walk, orjson) cost 10-15 times Python's ``==``.
     Dict key order, which ``==`` ignores, is not compared: no value is lost by it.
     """
-    for location in _numbers(old, seen, keep):
+    entry = seen.get(id(old)) if seen is not None else None
+    if entry is None or entry[0] is not old:
+        found: list[tuple[Any, ...]] = []
+        _locate(old, (), found)
+        entry = (old, found)
+    keep[id(old)] = entry  # for the next save, which compares ``old`` again
+    for location in entry[1]:
         a = new
         b = old
         for key in location:
@@ -90,11 +104,12 @@ def _carry(keep: Numbers, head: list[Any], longer: list[Any], tail: list[Any]) -
     entry = keep.get(id(head))
     if entry is None or entry[0] is not head:
         return  # looked up (and walked) only if a later save needs it
-    found = list(entry[1])
     added: list[tuple[Any, ...]] = []
     _locate(tail, (), added)
-    n = len(head)
-    found.extend((location[0] + n, *location[1:]) for location in added)
+    found = entry[1]  # an entry's list is never changed once made: shared
+    if added:
+        n = len(head)
+        found = [*found, *[(location[0] + n, *location[1:]) for location in added]]
     keep[id(longer)] = (longer, found)
 
 
@@ -173,10 +188,6 @@ def _with(state: dict[str, Any], path: tuple[str, ...], value: Any) -> dict[str,
     top = dict(state)
     _parent(top, path)[path[-1]] = value
     return top
-
-
-def _extended(state: dict[str, Any], path: tuple[str, ...], items: list[Any]) -> dict[str, Any]:
-    return _with(state, path, _at(state, path) + items)  # one C copy of the stored head
 
 
 def _without(state: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any]:

@@ -110,7 +110,6 @@ from ._statediff import (
     _del_in,
     _diff,
     _extend_in,
-    _extended,
     _set_in,
     _with,
     _without,
@@ -380,8 +379,9 @@ def _delta(store: object, cp: Checkpoint, known: Stored, piece_max: int) -> Prep
         texts.append(dump_json([op, list(path)])[:-1] + "," + value_text + "]")
         if op == "x":
             head = _at(next_private, path)
-            next_private = _extended(next_private, path, mine)
-            _carry(numbers, head, _at(next_private, path), mine)
+            longer = head + mine  # one C copy of the stored head
+            next_private = _with(next_private, path, longer)
+            _carry(numbers, head, longer, mine)
             _extend_in(next_state, path, inner, len(_at(private, path)))
         else:
             next_private = _with(next_private, path, mine)

@@ -295,11 +295,13 @@ def test_worker_closes_its_listener_and_survives_one_that_fails(
         if fail:
             signal(store, "r-heard", "go")
         else:
+            # "worker.resting" fires as the look that opens the listener ends, before the
+            # listener is opened: wait for it (a loaded run saw the rings still empty).
+            until("the idle worker to open its listener", lambda: len(store.rings) == 1, PROMPT)
             # Written as another process would: no doorbell rung, only the listener.
             cp = store.load("r-heard")
             assert cp is not None
             store.save(evolve(cp, signals=(Signal("go", "s1", None, utcnow()),), wake_at=DUE_NOW))
-            assert len(store.rings) == 1
             store.rings[0]()
         assert ran.wait(PROMPT), "the worker did not resume the run"
     assert store.listener.closed == (0 if fail else 1)
