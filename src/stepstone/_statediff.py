@@ -8,9 +8,9 @@ to the state handed back to the caller.
 
 from __future__ import annotations
 
-from itertools import chain
+from itertools import chain, repeat
 from math import copysign
-from operator import is_
+from operator import getitem, is_
 from typing import Any
 
 from ._codec import copy_containers
@@ -27,11 +27,14 @@ def _containers(value: Any) -> Any:
 
 _MISSING: Any = object()
 
-#: Where a private container holds numbers: ``id(container) -> (container, locations)``,
-#: each location the keys and indexes from the container down to a bool, int or float.
-#: An entry holds its container, so the id is not reused while the entry lives; private
+#: Where a private container holds numbers: ``id(container) -> (container, groups)``.
+#: The numbers are grouped by their path below the container's first key or index
+#: (``("usage", "input_tokens")`` for every message of a transcript): a group maps that
+#: path to its first keys (ascending indexes, in a list) and the numbers themselves. An entry
+#: holds its container, so the id is not reused while the entry lives; private
 #: containers are never changed in place, so an entry never goes stale.
-Numbers = dict[int, tuple[Any, list[tuple[Any, ...]]]]
+Groups = dict[tuple[Any, ...], tuple[list[Any], list[Any]]]
+Numbers = dict[int, tuple[Any, Groups]]
 
 _NUMBER_TYPES = frozenset((bool, int, float))
 _LEAVES = frozenset((str, type(None)))  # what holds no number and no container
@@ -64,6 +67,24 @@ def _locate(value: Any, prefix: tuple[Any, ...], out: list[tuple[Any, ...]]) -> 
             out.append((*prefix, key))
 
 
+def _grouped(container: Any, shift: int = 0) -> Groups:
+    """The numbers of ``container`` as ``Groups``, first indexes moved on by ``shift``."""
+    found: list[tuple[Any, ...]] = []
+    _locate(container, (), found)
+    groups: Groups = {}
+    for location in found:
+        below = location[1:]
+        group = groups.get(below)
+        if group is None:
+            group = groups[below] = ([], [])
+        number = container
+        for key in location:
+            number = number[key]
+        group[0].append(location[0] + shift if shift else location[0])
+        group[1].append(number)
+    return groups
+
+
 def _same_json(new: Any, old: Any, seen: Numbers | None, keep: Numbers) -> bool:
     """Whether ``new``, already ``== old`` (a private container), is also the same JSON.
 
@@ -71,46 +92,58 @@ def _same_json(new: Any, old: Any, seen: Numbers | None, keep: Numbers) -> bool:
     in place to an equal one of another type (a flag from 1 to True) would be taken as
     unchanged and never stored, while the run goes on with the new value. Among JSON's
     values only numbers compare equal across kinds (a str, None, dict or list equals only
-    its own kind), so with ``==`` holding, comparing the number at each of ``old``'s
-    number locations is exact. Those locations are found once per container and carried
-    from save to save (``seen`` the last save's, ``keep`` the next's; a list extended by
-    a save carries its head's, ``_carry``): a long transcript of text costs nothing here,
-    and one with numbers a look per number, where comparing the whole text again (a
-    strict walk, orjson) cost 10-15 times Python's ``==``.
-    Dict key order, which ``==`` ignores, is not compared: no value is lost by it.
+    its own kind), so with ``==`` holding, comparing ``new``'s number at each place
+    ``old`` has one is exact.
+
+    The places are found once per container and carried from save to save (``seen`` the
+    last save's, ``keep`` the next's; a list a save extends carries its head's,
+    ``_carry``). Each group of them is read out of ``new`` in C (``map`` of ``getitem``) and
+    compared by identity with ``old``'s numbers, which an unchanged state shares; only a
+    group where one is not the same object is compared by type, in Python. A transcript
+    of text costs nothing here, and one with token counts about what ``==`` costs, where
+    comparing the whole text again (a strict walk, orjson) cost 10-15 times ``==``. Dict
+    key order, which ``==`` ignores, is not compared: no value is lost by it.
     """
     entry = seen.get(id(old)) if seen is not None else None
     if entry is None or entry[0] is not old:
-        found: list[tuple[Any, ...]] = []
-        _locate(old, (), found)
-        entry = (old, found)
+        entry = (old, _grouped(old))
     keep[id(old)] = entry  # for the next save, which compares ``old`` again
-    for location in entry[1]:
-        a = new
-        b = old
-        for key in location:
-            a = a[key]
-            b = b[key]
-        if a is not b and (
-            type(a) is not type(b) or (type(a) is float and copysign(1.0, a) != copysign(1.0, b))
-        ):
-            return False
+    for below, (firsts, numbers) in entry[1].items():
+        # A list whose every item has a number at ``below`` (each message its token
+        # count) is read from directly: its firsts are then exactly 0..n-1.
+        values: Any = new if type(new) is list and len(firsts) == len(new) else None
+        if values is None:
+            values = map(getitem, repeat(new), firsts)
+        for key in below:
+            values = map(getitem, values, repeat(key))
+        if all(map(is_, values, numbers)):
+            continue
+        values = map(getitem, repeat(new), firsts)
+        for key in below:
+            values = map(getitem, values, repeat(key))
+        for a, b in zip(values, numbers, strict=True):
+            if a is not b and (
+                type(a) is not type(b)
+                or (type(a) is float and copysign(1.0, a) != copysign(1.0, b))
+            ):
+                return False
     return True
 
 
 def _carry(keep: Numbers, head: list[Any], longer: list[Any], tail: list[Any]) -> None:
-    """Give ``longer`` (``head`` + ``tail``, a new private list) its number locations,
-    from ``head``'s entry in ``keep`` and a walk of ``tail`` only."""
+    """Give ``longer`` (``head`` + ``tail``, a new private list) its numbers, from
+    ``head``'s entry in ``keep`` and a walk of ``tail`` only."""
     entry = keep.get(id(head))
     if entry is None or entry[0] is not head:
         return  # looked up (and walked) only if a later save needs it
-    added: list[tuple[Any, ...]] = []
-    _locate(tail, (), added)
-    found = entry[1]  # an entry's list is never changed once made: shared
+    groups = entry[1]  # an entry's groups are never changed once made: shared
+    added = _grouped(tail, len(head))
     if added:
-        n = len(head)
-        found = [*found, *[(location[0] + n, *location[1:]) for location in added]]
-    keep[id(longer)] = (longer, found)
+        groups = dict(groups)
+        for below, group in added.items():
+            had = groups.get(below)
+            groups[below] = group if had is None else (had[0] + group[0], had[1] + group[1])
+    keep[id(longer)] = (longer, groups)
 
 
 def _diff(

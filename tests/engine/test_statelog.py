@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import stepstone
+from fresh_stores import fresh_config
 from stepstone import ConflictError, CorruptCheckpoint, InvalidState, Step, open_store
 from stepstone import _statelog as sl
 from stepstone._checkpoint import Checkpoint, Stored
@@ -213,6 +215,71 @@ def test_a_number_changed_in_place_to_an_equal_one_of_another_type_is_stored(
     assert type(reach(loaded)) is type(new), f"{where}: stored as {reach(loaded)!r}"
     assert type(reach(cp.state)) is type(new), f"{where}: handed back as {reach(cp.state)!r}"
     assert dump_json(loaded) == dump_json(state)
+
+
+def test_numbers_in_items_appended_by_earlier_saves_are_checked_too() -> None:
+    """The places of a transcript's numbers are carried from save to save as it grows
+    (an item without them in between): a type changed in place in an item appended
+    saves ago, or in the first, is still stored."""
+    store = _store()
+    base = _long()
+    for i, message in enumerate(base["messages"]):
+        message["usage"] = {"in": i, "out": 2 * i}
+    cp = _first(store, base)
+    for item in ({"i": -1, "usage": {"in": 7, "out": 0}}, {"i": -2}):
+        state = dict(cp.state)  # two appends: the second save's places come from the first's
+        state["messages"] = [*cp.state["messages"], item]
+        cp = _save(store, cp, state)
+        assert _newest_ops(store, cp)[0][0] == "x"
+    state = cp.state
+    state["messages"][-2]["usage"]["in"] = 7.0  # appended two saves ago
+    state["messages"][0]["usage"]["out"] = False  # was 0
+    state["messages"][0]["usage"]["in"] = -0.0  # was 0
+    state["messages"].append({"i": -3})
+    cp = _save(store, cp, state)
+    loaded = _loaded(store, cp.run_id)
+    assert type(loaded["messages"][-3]["usage"]["in"]) is float
+    assert loaded["messages"][0]["usage"]["out"] is False
+    assert str(loaded["messages"][0]["usage"]["in"]) == "-0.0"
+    assert dump_json(loaded) == dump_json(state)
+
+
+def test_an_equal_number_set_again_in_place_is_no_change() -> None:
+    """A number replaced in place by an equal one of the same type (a new object) is not
+    a change: only the append is logged."""
+    store = _store()
+    base = _long()
+    base["messages"][1]["big"] = 10**20
+    cp = _first(store, base)
+    state = cp.state
+    state["messages"][1]["big"] = int("1" + "0" * 20)  # equal, not the same object
+    state["messages"].append({"i": -8})
+    cp = _save(store, cp, state)
+    assert _newest_ops(store, cp) == [["x", ["messages"], [{"i": -8}]]]
+
+
+@pytest.mark.parametrize("kind", ["file", "sqlite"])
+def test_a_run_that_flips_a_flag_in_place_stores_it(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """The user's view: a run with a long state whose last step turns ``cfg.flag`` from 1
+    to True in place returns True, and the store, reopened from its config, holds True."""
+    config = fresh_config(kind, request, tmp_path)
+
+    def grow(state: State) -> State:
+        return {"big": "x" * (sl.INLINE_MAX * 4), "cfg": {"flag": 1}}
+
+    def flip(state: State) -> State:
+        state["cfg"]["flag"] = True
+        return state
+
+    with open_store(config) as store:
+        final = stepstone.run("flag", [Step("grow", grow), Step("flip", flip)], store)
+    assert final["cfg"]["flag"] is True
+    with open_store(config) as store:
+        cp = store.load("flag")
+    assert cp is not None and cp.status == "done"
+    assert cp.state["cfg"]["flag"] is True, f"stored as {cp.state['cfg']['flag']!r}"
 
 
 def test_keys_swapped_with_equal_values_of_other_types_in_place_are_stored() -> None:
