@@ -73,7 +73,7 @@ and the state handed to the caller (``handed``). A later save of a checkpoint
 derived from it compares the new state with both: a value that is the same object
 as the one handed out *and* the same JSON as the private copy is unchanged (Python's
 equality, in C, catches changes made in place; ``_statediff._same_json`` then checks
-types and key order, since ``1 == True``); a list whose head is the
+the types of the numbers, since ``1 == True``); a list whose head is the
 list handed out, unchanged, gained only its tail; anything else is re-encoded
 (validated as strictly as a whole state, at its depth in the state).
 """

@@ -244,6 +244,31 @@ def test_numbers_in_items_appended_by_earlier_saves_are_checked_too() -> None:
     assert dump_json(loaded) == dump_json(state)
 
 
+class _EqualToAnything:
+    """Not JSON, and equal to everything: ``==`` alone would take it for the stored value."""
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    __hash__ = object.__hash__
+
+
+@pytest.mark.parametrize("where", ["a number", "a dict holding numbers"])
+def test_a_non_json_value_equal_to_the_stored_one_is_refused_not_skipped(where: str) -> None:
+    """Set in place where a number (or a dict of them) was, an object that says it is
+    equal to anything is still a change: the save refuses it as any non-JSON value."""
+    store = _store()
+    cp = _first(store, _long())
+    state = cp.state
+    if where == "a number":
+        state["meta"]["a"] = _EqualToAnything()  # was 1
+    else:
+        state["messages"][2] = _EqualToAnything()  # was {"i": 2, "text": ...}
+    with pytest.raises(InvalidState):
+        _save(store, cp, state)
+    assert _loaded(store, cp.run_id) == _long()
+
+
 def test_an_equal_number_set_again_in_place_is_no_change() -> None:
     """A number replaced in place by an equal one of the same type (a new object) is not
     a change: only the append is logged."""
