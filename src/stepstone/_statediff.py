@@ -41,8 +41,8 @@ _LEAVES = frozenset((str, type(None)))  # what holds no number and no container
 _DICT = frozenset((dict,))
 
 
-def _locate(value: Any, prefix: tuple[Any, ...], out: list[tuple[Any, ...]]) -> None:
-    """Append the location (below ``prefix``) of every number inside container ``value``.
+def _locate(value: Any, prefix: tuple[Any, ...], out: list[tuple[tuple[Any, ...], Any]]) -> None:
+    """Append ``(location, number)`` (below ``prefix``) for every number inside ``value``.
 
     A container of text only, and a list of dicts of text only (a transcript), are told
     apart in C (a type per value) without a frame per item: this runs on every item a
@@ -64,22 +64,19 @@ def _locate(value: Any, prefix: tuple[Any, ...], out: list[tuple[Any, ...]]) -> 
         if kind is dict or kind is list:
             _locate(item, (*prefix, key), out)
         elif kind in _NUMBER_TYPES:
-            out.append((*prefix, key))
+            out.append(((*prefix, key), item))
 
 
 def _grouped(container: Any, shift: int = 0) -> Groups:
     """The numbers of ``container`` as ``Groups``, first indexes moved on by ``shift``."""
-    found: list[tuple[Any, ...]] = []
+    found: list[tuple[tuple[Any, ...], Any]] = []
     _locate(container, (), found)
     groups: Groups = {}
-    for location in found:
+    for location, number in found:
         below = location[1:]
         group = groups.get(below)
         if group is None:
             group = groups[below] = ([], [])
-        number = container
-        for key in location:
-            number = number[key]
         group[0].append(location[0] + shift if shift else location[0])
         group[1].append(number)
     return groups
@@ -120,25 +117,28 @@ def _same_json(new: Any, old: Any, seen: Numbers | None, keep: Numbers) -> bool:
 def _numbers_agree(new: Any, groups: Groups) -> bool:
     """Whether ``new`` holds, at each group's places, the same numbers by identity or type."""
     for below, (firsts, numbers) in groups.items():
-        # A list whose every item has a number at ``below`` (each message its token
-        # count) is read from directly: its firsts are then exactly 0..n-1.
-        values: Any = new if type(new) is list and len(firsts) == len(new) else None
-        if values is None:
-            values = map(getitem, repeat(new), firsts)
-        for key in below:
-            values = map(getitem, values, repeat(key))
-        if all(map(is_, values, numbers)):
+        if all(map(is_, _read(new, firsts, below), numbers)):
             continue
-        values = map(getitem, repeat(new), firsts)
-        for key in below:
-            values = map(getitem, values, repeat(key))
-        for a, b in zip(values, numbers, strict=True):
+        for a, b in zip(_read(new, firsts, below), numbers, strict=True):
             if a is not b and (
                 type(a) is not type(b)
                 or (type(a) is float and copysign(1.0, a) != copysign(1.0, b))
             ):
                 return False
     return True
+
+
+def _read(new: Any, firsts: list[Any], below: tuple[Any, ...]) -> Any:
+    """An iterator, in C, over ``new``'s values at each first key or index, then ``below``."""
+    # A list whose every item has a value at ``below`` (each message its token count) is
+    # read from directly: its firsts are then exactly 0..n-1.
+    if type(new) is list and len(firsts) == len(new):
+        values: Any = new
+    else:
+        values = map(getitem, repeat(new), firsts)
+    for key in below:
+        values = map(getitem, values, repeat(key))
+    return values
 
 
 def _carry(keep: Numbers, head: list[Any], longer: list[Any], tail: list[Any]) -> None:
