@@ -104,12 +104,25 @@ async def async_checkpointer(
         yield saver
 
 
+def _checkpointer(item: pytest.Item) -> str | None:
+    """The checkpointer a collected test runs on, or None where it takes none."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    saver = params.get("sync_checkpointer", params.get("async_checkpointer"))
+    return saver if isinstance(saver, str) else None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """With ``$STEPSTONE_LG_SAVER_TESTS_ONLY``, keep only the tests that take a saver."""
+    """Keep only the tests that take a saver (``$STEPSTONE_LG_SAVER_TESTS_ONLY``), and of
+    those only the ones on the checkpointers named in ``$STEPSTONE_LG_CHECKPOINTERS``
+    (comma-separated; all of them when unset)."""
     if not os.environ.get("STEPSTONE_LG_SAVER_TESTS_ONLY"):
         return
-    names = {"sync_checkpointer", "async_checkpointer"}
-    keep = [i for i in items if names & set(getattr(i, "fixturenames", ()))]
+    chosen = set(filter(None, os.environ.get("STEPSTONE_LG_CHECKPOINTERS", "").split(",")))
+    keep = [
+        i
+        for i in items
+        if (saver := _checkpointer(i)) is not None and (not chosen or saver in chosen)
+    ]
     config.hook.pytest_deselected(items=[i for i in items if i not in keep])
     items[:] = keep
 
@@ -124,8 +137,7 @@ def pytest_runtest_makereport(
     path = os.environ.get("STEPSTONE_LG_REPORT")
     if not path or not (report.when == "call" or report.outcome != "passed"):
         return
-    params = getattr(getattr(item, "callspec", None), "params", {})
-    saver = params.get("sync_checkpointer", params.get("async_checkpointer"))
+    saver = _checkpointer(item)
     with open(path, "a") as f:
         entry = {"nodeid": item.nodeid, "when": report.when, "outcome": report.outcome}
         f.write(json.dumps({**entry, "checkpointer": saver}) + "\n")

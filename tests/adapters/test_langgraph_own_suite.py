@@ -4,10 +4,12 @@ The ``langgraph`` sdist on PyPI ships its ``tests/``. This module fetches the sd
 the installed version (``pip download --no-binary :all:``, cached in pytest's cache
 directory), unpacks its tests, puts ``langgraph_suite_conftest.py`` in place of their
 conftest (theirs needs Docker services and more saver packages) and runs the files
-below in a pytest subprocess, each test once per checkpointer: ``memory`` (LangGraph's
-``InMemorySaver``), ``stepstone_memory`` and ``stepstone_sqlite``. Tests that take no
-checkpointer are left out. Every test that passes on ``InMemorySaver`` must pass on
-both of ours, apart from ``EXPECTED_DIFFERENCES``.
+below in a pytest subprocess, each test once on each of ours (``stepstone_memory``,
+``stepstone_sqlite``); a test that does not pass on one of them runs again, in a second
+subprocess, on LangGraph's ``InMemorySaver`` (``memory``), the reference. Tests that take
+no checkpointer are left out. Every test that passes on ``InMemorySaver`` must pass on
+both of ours, apart from ``EXPECTED_DIFFERENCES``. (Until 2026-12-07 every test ran on all
+three savers: the reference's third of the time bought nothing when ours all pass.)
 
 Numbers at langgraph 1.2.24 (tests that take a checkpointer, each run once per
 checkpointer; passed on each of ours / on InMemorySaver): before the saver followed
@@ -33,6 +35,7 @@ import subprocess
 import sys
 import tarfile
 from collections import defaultdict
+from dataclasses import dataclass, field
 from importlib import metadata, util
 from pathlib import Path
 from typing import NoReturn
@@ -175,18 +178,100 @@ def _suite_dir(request: pytest.FixtureRequest, version: str) -> Path:
     return suite
 
 
-def _outcomes(report: Path) -> dict[str, dict[str, str]]:
-    """``{test id with "CP" for the checkpointer: {checkpointer: outcome}}``."""
-    outcomes: dict[str, dict[str, str]] = defaultdict(dict)
+@dataclass
+class _SuiteRun:
+    """One pytest subprocess over LangGraph's files: what each test did on each saver."""
+
+    # {test id with "CP" for the checkpointer: {checkpointer: outcome}}; a test's first
+    # phase that did not pass (setup, call, teardown) is its outcome.
+    outcomes: dict[str, dict[str, str]] = field(default_factory=lambda: defaultdict(dict))
+    # {test id with "CP": the node ids it ran as}, to run the same tests on another saver.
+    nodes: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
+    tail: str = ""
+
+    def record(self, test: str, saver: str, outcome: str, node: str) -> None:
+        """One phase's outcome of ``test`` on ``saver``."""
+        if self.outcomes[test].get(saver) in (None, "passed"):
+            self.outcomes[test][saver] = outcome
+        self.nodes[test].add(node)
+
+
+def _as_test(node: str, saver: str) -> str:
+    """A node id with its checkpointer's name replaced by ``CP``."""
+    return re.sub(rf"\b{re.escape(saver)}\b", "CP", node, count=1)
+
+
+def _run_suite(suite: Path, report: Path, savers: tuple[str, ...], args: list[str]) -> _SuiteRun:
+    """Run LangGraph's tests named by ``args`` (files or node ids) on ``savers``, in a
+    pytest subprocess in the unpacked sdist ``suite``; ``report`` is its outcomes file."""
+    env = {
+        **os.environ,
+        "STEPSTONE_LG_REPORT": str(report),
+        "STEPSTONE_LG_SAVER_TESTS_ONLY": "1",
+        "STEPSTONE_LG_CHECKPOINTERS": ",".join(savers),
+        # What this process imports (our src, the test dependencies), the child too.
+        "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+    }
+    command = [sys.executable, "-m", "pytest", "-q", "-c", os.devnull, "--rootdir", str(suite)]
+    command += ["-p", "no:cacheprovider", "-p", "no:playwright", "-p", "no:randomly", *args]
+    try:
+        done = subprocess.run(
+            command,
+            cwd=suite,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=SHARD_TIMEOUT,
+            check=False,  # the report, not the exit code, says what differs
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"LangGraph's tests on {savers} did not finish in {SHARD_TIMEOUT} s")
+    run = _SuiteRun(tail="\n".join(done.stdout.splitlines()[-40:]))
+    assert report.exists(), f"the suite reported nothing on {savers}; its output ends:\n{run.tail}"
     for line in report.read_text().splitlines():
         entry = json.loads(line)
         saver = entry["checkpointer"]
-        if saver is None:
-            continue
-        test = re.sub(rf"\b{re.escape(saver)}\b", "CP", entry["nodeid"], count=1)
-        if outcomes[test].get(saver) in (None, "passed"):
-            outcomes[test][saver] = entry["outcome"]
-    return outcomes
+        if saver is not None:
+            node = entry["nodeid"]
+            run.record(_as_test(node, saver), saver, entry["outcome"], node)
+    return run
+
+
+def _compare(
+    suite: Path, tmp_path: Path, args: list[str]
+) -> tuple[dict[str, dict[str, str]], dict[str, dict[str, str]], str]:
+    """Run LangGraph's tests ``args`` on ours, and what did not pass there on the reference.
+
+    Returns every test's outcomes by saver, the differences (a test that passed on
+    ``InMemorySaver`` and not on one of ours, timing-sensitive ones left out) and the tail
+    of our run's output.
+    """
+    ours = _run_suite(suite, tmp_path / "ours.jsonl", OURS, args)
+    outcomes = ours.outcomes
+    # InMemorySaver, the reference, runs only what did not pass on one of ours: a test that
+    # fails there too is not a difference. (Run on all three, it took a third of the time.)
+    misses = {t for t, by in outcomes.items() if any(by.get(o) != "passed" for o in OURS)}
+    if misses:
+        # Our names are unlike any other parameter's, so the reference's node id is ours
+        # with the name replaced; its outcome goes back under our test id.
+        back = {
+            re.sub(rf"\b{o}\b", "memory", node, count=1): test
+            for test in misses
+            for node in ours.nodes[test]
+            for o in OURS
+            if re.search(rf"\b{o}\b", node)
+        }
+        reference = _run_suite(suite, tmp_path / "memory.jsonl", ("memory",), sorted(back))
+        ran_there = {node for nodes in reference.nodes.values() for node in nodes}
+        assert ran_there == set(back), f"not run on InMemorySaver: {sorted(set(back) - ran_there)}"
+        for test, nodes in reference.nodes.items():
+            for node in nodes:
+                outcomes[back[node]]["memory"] = reference.outcomes[test]["memory"]
+    timed = {t for t in outcomes if t.split("[")[0] in TIMING_SENSITIVE}
+    differences = {
+        test: by for test in misses - timed if (by := outcomes[test]).get("memory") == "passed"
+    }
+    return outcomes, differences, ours.tail
 
 
 def _file(test: str) -> str:
@@ -215,43 +300,12 @@ def test_langgraph_own_graph_tests_pass_on_our_saver(
         _unavailable(f"{', '.join(missing)} not installed (pip install --group dev)")
     version = metadata.version("langgraph")
     suite = _suite_dir(request, version)
-    report = tmp_path / "report.jsonl"
-    env = {
-        **os.environ,
-        "STEPSTONE_LG_REPORT": str(report),
-        "STEPSTONE_LG_SAVER_TESTS_ONLY": "1",
-        # What this process imports (our src, the test dependencies), the child too.
-        "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
-    }
-    command = [sys.executable, "-m", "pytest", "-q", "-c", os.devnull, "--rootdir", str(suite)]
-    command += ["-p", "no:cacheprovider", "-p", "no:playwright", "-p", "no:randomly"]
-    command += [f"tests/{name}" for name in files]
-    try:
-        run = subprocess.run(
-            command,
-            cwd=suite,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=SHARD_TIMEOUT,
-            check=False,  # the report, not the exit code, says what differs
-        )
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"LangGraph's own tests, shard {shard}, did not finish in {SHARD_TIMEOUT} s")
-    tail = "\n".join(run.stdout.splitlines()[-40:])
-    assert report.exists(), f"the suite reported nothing; its output ends:\n{tail}"
-    outcomes = _outcomes(report)
-    reference = {t for t, by in outcomes.items() if by.get("memory") == "passed"}
-    assert len(reference) > floor, (
-        f"too few tests ran on InMemorySaver in shard {shard} ({len(reference)}, "
-        f"not over {floor}):\n{tail}"
+    outcomes, differences, tail = _compare(suite, tmp_path, [f"tests/{name}" for name in files])
+    counted = {o: sum(by.get(o) == "passed" for by in outcomes.values()) for o in OURS}
+    assert min(counted.values()) > floor, (
+        f"too few tests passed on our savers in shard {shard} ({counted}, not over {floor}):"
+        f"\n{tail}"
     )
-    reference = {t for t in reference if t.split("[")[0] not in TIMING_SENSITIVE}
-    differences = {
-        test: by
-        for test in reference
-        if any((by := outcomes[test]).get(o) != "passed" for o in OURS)
-    }
     unexpected = {t: by for t, by in differences.items() if t not in EXPECTED_DIFFERENCES}
     assert not unexpected, (
         f"{len(unexpected)} of LangGraph's tests pass on InMemorySaver and not on ours: "
@@ -264,8 +318,73 @@ def test_langgraph_own_graph_tests_pass_on_our_saver(
     ran = {t.split("[")[0] for t in outcomes}
     gone = sorted(t for t in TIMING_SENSITIVE if _file(t) in files and t not in ran)
     assert not gone, f"timing-sensitive tests that no longer run (remove them): {gone}"
-    passed = {o: sum(by.get(o) == "passed" for by in outcomes.values()) for o in (*OURS, "memory")}
-    print(f"LangGraph {version}'s tests ({shard}) passed, per checkpointer: {passed}")
+    print(f"LangGraph {version}'s tests ({shard}) passed, per checkpointer: {counted}")
+
+
+_FAKE_TESTS = """
+from langgraph.checkpoint.memory import InMemorySaver
+
+
+def test_same(sync_checkpointer):
+    pass
+
+
+def test_reference_only(sync_checkpointer):
+    assert isinstance(sync_checkpointer, InMemorySaver)
+
+
+def test_not_on_sqlite(request, sync_checkpointer):
+    assert request.node.callspec.params["sync_checkpointer"] != "stepstone_sqlite"
+
+
+def test_with_cache(cache, sync_checkpointer):
+    # Its ids name the cache "memory" first: test_with_cache[memory-stepstone_sqlite].
+    assert isinstance(sync_checkpointer, InMemorySaver)
+
+
+def test_fails_everywhere(sync_checkpointer):
+    assert False
+
+
+def test_takes_no_saver():
+    pass
+"""
+
+
+@pytest.mark.process
+def test_the_reference_runs_only_what_failed_on_ours_and_a_difference_shows(
+    tmp_path: Path,
+) -> None:
+    """A fake suite: a test that passes only on InMemorySaver is a difference, one that
+    fails on all three is not, and one that passes on ours never runs on the reference."""
+    tests = tmp_path / "suite" / "tests"
+    tests.mkdir(parents=True)
+    (tests / "__init__.py").touch()
+    (tests / "memory_assert.py").write_text(
+        "from langgraph.checkpoint.memory import InMemorySaver\n\n\n"
+        "class MemorySaverAssertImmutable(InMemorySaver):\n    pass\n"
+    )
+    shutil.copy(Path(__file__).with_name("langgraph_suite_conftest.py"), tests / "conftest.py")
+    (tests / "test_fake.py").write_text(_FAKE_TESTS)
+    outcomes, differences, tail = _compare(tests.parent, tmp_path, ["tests/test_fake.py"])
+    fake = "tests/test_fake.py::"
+    assert sorted(differences) == [
+        f"{fake}test_not_on_sqlite[CP]",
+        f"{fake}test_reference_only[CP]",
+        f"{fake}test_with_cache[memory-CP]",
+    ], tail
+    assert differences[f"{fake}test_not_on_sqlite[CP]"] == {
+        "stepstone_memory": "passed",
+        "stepstone_sqlite": "failed",
+        "memory": "passed",
+    }
+    # Failed on all three: run on the reference, and not a difference.
+    assert outcomes[f"{fake}test_fails_everywhere[CP]"] == dict.fromkeys(
+        ("stepstone_memory", "stepstone_sqlite", "memory"), "failed"
+    )
+    # Passed on ours: the reference never ran it; a test without a saver never ran at all.
+    assert outcomes[f"{fake}test_same[CP]"] == dict.fromkeys(OURS, "passed")
+    assert not any("test_takes_no_saver" in test for test in outcomes)
 
 
 def test_a_worker_that_loses_the_unpack_race_keeps_the_winners_copy(
