@@ -26,6 +26,7 @@ from stepstone.testing import backend_unavailable
 __all__ = [
     "BACKENDS",
     "DURABLE_BACKENDS",
+    "FLUSHED_COMMITS",
     "LOCAL_BACKENDS",
     "MYSQL_URL",
     "POSTGRES_URL",
@@ -50,6 +51,10 @@ QUICK_BACKENDS = ("memory", "sqlite")
 POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
 MYSQL_URL = "mysql://root@127.0.0.1:3306/test"
 SERVERS = {"postgresql": POSTGRES_URL, "mysql": MYSQL_URL}
+#: The environment under which a new PostgreSQL session flushes each commit to disk, the
+#: server's default. ``scripts/test`` runs the suite with ``synchronous_commit=off``
+#: (``PGOPTIONS``; docs/development.md): a test that checks the setting sets it back.
+FLUSHED_COMMITS = {"PGOPTIONS": "-c synchronous_commit=on"}
 
 
 def admin_connection(kind: str, database: str = "test") -> Any:

@@ -29,6 +29,9 @@ creation and migration. Design, and why:
   raises ``StoreUnavailable`` instead of blocking forever; TCP keepalives and
   ``tcp_user_timeout`` let the kernel notice a dead peer too. A save that timed out may
   or may not have committed: the next save's compare-and-swap tells.
+- ``PGOPTIONS`` in the environment (libpq's session settings) is kept: the store passes
+  it before its own ``-c statement_timeout``, where libpq would let the store's
+  ``options`` replace it. ``doctor()`` reports a session that does not flush commits.
 - Wake-ups: ``announce`` sends ``NOTIFY`` on the table's channel, ``listen`` holds a
   ``LISTEN`` connection in a thread (``_sql.listen_pg``), so a worker in another process
   wakes when a run is started or signalled instead of at its next poll.
@@ -40,6 +43,7 @@ import contextlib
 import functools
 import hashlib
 import math
+import os
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, Final, Self
 
@@ -281,6 +285,7 @@ class PostgresStore(ServerStore):
             },
             create,
         )
+        timeout_ms = int(self.statement_timeout * 1000)
         args: dict[str, Any] = {
             "host": parsed.host,
             "port": parsed.port,
@@ -289,7 +294,8 @@ class PostgresStore(ServerStore):
             "connect_timeout": max(2, math.ceil(self.connect_timeout)),
             "application_name": "stepstone",
             "autocommit": True,
-            "options": f"-c statement_timeout={int(self.statement_timeout * 1000)}",
+            # libpq reads PGOPTIONS only when no options are given: keep the user's.
+            "options": f"{os.environ.get('PGOPTIONS', '')} -c statement_timeout={timeout_ms}",
             "keepalives": 1,
             "keepalives_idle": 10,
             "keepalives_interval": 5,

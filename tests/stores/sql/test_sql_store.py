@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from fresh_stores import MYSQL_URL, POSTGRES_URL
+from fresh_stores import FLUSHED_COMMITS, MYSQL_URL, POSTGRES_URL
 from stepstone import (
     ConfigError,
     ConflictError,
@@ -643,13 +643,29 @@ def test_forked_child_does_not_disturb_the_parents_connection(store: Any) -> Non
     assert store._local.held.conn is conn  # the same session, still working
 
 
-def test_doctor_reports_schema_and_durability(store: Any) -> None:
+def test_doctor_reports_schema_and_durability(config: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """doctor() passes the probe checks and reports the schema version and commit flushing."""
-    results = {d.check: d for d in store.doctor()}
+    for key, value in FLUSHED_COMMITS.items():
+        monkeypatch.setenv(key, value)
+    with open_store(config) as store:
+        results = {d.check: d for d in store.doctor()}
     assert all(d.ok for d in results.values()), results
     assert f"schema version {TABLE_SCHEMA}" in results
     detail = results["commits are flushed to disk"].detail
-    assert ("synchronous_commit=on" if store.kind == "postgresql" else "flush_log") in detail
+    assert ("synchronous_commit=on" if "postgresql" in config else "flush_log") in detail
+
+
+@pytest.mark.parametrize("kind", ["postgresql"])  # MariaDB's flush setting is global only
+def test_doctor_fails_a_postgresql_session_that_does_not_flush_its_commits(
+    config: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session with ``synchronous_commit=off`` (a server or role default, or PGOPTIONS)
+    can lose acknowledged saves in a power cut: doctor says so, and names the setting."""
+    monkeypatch.setenv("PGOPTIONS", "-c synchronous_commit=off")
+    with open_store(config) as store:
+        check = {d.check: d for d in store.doctor()}["commits are flushed to disk"]
+    assert not check.ok
+    assert "synchronous_commit=off" in check.detail
 
 
 # --- schema 2: migration, claimable, delete, capabilities ---------------------------------
