@@ -85,7 +85,22 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_terminal_summary(
     terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config
 ) -> None:
-    """Repeat backend skips at the end, where nobody can miss them."""
+    """Say where the time went by file; repeat backend skips at the end, where nobody can
+    miss them."""
+    spent: dict[str, list[float]] = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if isinstance(report, pytest.TestReport):
+                file = spent.setdefault(report.nodeid.partition("::")[0], [0.0, 0])
+                file[0] += report.duration
+                file[1] += report.when == "call"
+    if spent:
+        # --durations names single tests; a file of many quick ones is where a tier's
+        # minutes often go (all its tests' setup, call and teardown, on every worker).
+        total = sum(seconds for seconds, _ in spent.values())
+        terminalreporter.write_sep("=", f"files by test time (all workers: {total:.0f} s)")
+        for name, (seconds, count) in sorted(spent.items(), key=lambda kv: -kv[1][0])[:15]:
+            terminalreporter.write_line(f"{seconds:8.1f} s {count:5d} tests  {name}")
     skipped = terminalreporter.stats.get("skipped", [])
     reasons = {str(r.longrepr[2]) for r in skipped if "BACKEND UNAVAILABLE" in str(r.longrepr)}
     for reason in sorted(reasons):
