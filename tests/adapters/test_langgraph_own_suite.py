@@ -16,9 +16,11 @@ checkpointer; passed on each of ours / on InMemorySaver): before the saver follo
 what its writer read, 614 / 646 (32 differences, all a write refused as a concurrent
 writer's: a subgraph's replay and resume, resuming or replaying a checkpoint the thread
 had moved past, forks by invoke under ``durability="exit"``); now 646 / 646, no
-expected differences, the timing-sensitive tests (``TIMING_SENSITIVE``). About four
-and a half minutes on two busy cores, in four shards (``SHARDS``), each its own test and
-its own pytest subprocess, so that xdist spreads them over its workers.
+expected differences, the timing-sensitive tests (``TIMING_SENSITIVE``). In four shards
+(``SHARDS``), each its own test and its own pytest subprocess, so that xdist spreads them
+over its workers. On all three savers the shards took 492 s of a loaded CI run's worker
+time (2026-12-07, two CPU hogs beside it); on ours, with the reference only for what
+failed, 197 s one after the other in one process on the same loaded machine.
 
 Without the network or the test dependencies (``syrupy``, ``pytest-mock``: the ``dev``
 group), the test is skipped loudly; under ``CI=true`` it fails instead.
