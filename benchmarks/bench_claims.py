@@ -49,6 +49,7 @@ from bench_arun import callgrind_count
 
 from stepstone import Step, Store, Worker, Workflow, open_store, run, start
 from stepstone._bench_workload import make_steps, state_of_size
+from stepstone.testing import kill_point
 
 HERE = Path(__file__).resolve().parent
 POSTGRES = os.environ.get("STEPSTONE_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
@@ -202,23 +203,6 @@ def _my_drop(handle: Any) -> None:
     conn.close()
 
 
-class _Drain(Worker):
-    """A worker that stops itself once it has finished ``target`` runs."""
-
-    target = 0
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        finished = self._claims.finished  # the claim loop's end of a run (worker._claims)
-
-        def and_stop(plan: Any, error: BaseException | None = None) -> None:
-            finished(plan, error)
-            if self.completed >= self.target:
-                self.stop()
-
-        self._claims.finished = and_stop  # type: ignore[method-assign]
-
-
 def cg_child(mode: str, n: int, directory: str) -> None:
     """The measured process of figure 2: WARMUP + n runs by ``mode``."""
     store = open_store(f"sqlite:///{directory}/cg.db?synchronous=normal")
@@ -230,24 +214,11 @@ def cg_child(mode: str, n: int, directory: str) -> None:
     else:  # "start+worker": queue them, then drain them with one worker
         for index in range(total):
             start(store, workflow, f"cg-{index}")
-        worker = _Drain(store, [workflow], concurrency=1, poll=5)
-        worker.target = total
+        # max_runs: serve returns once it has drained them (a public seam, issue 30).
+        worker = Worker(store, [workflow], concurrency=1, poll=5, max_runs=total)
         worker.serve()
         assert worker.completed == total, worker.completed
     store.close()
-
-
-class _Listening(_Drain):
-    """A ``_Drain`` that says when it has opened its listener (at its first idle rest)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.listening = threading.Event()
-
-    def _listen(self, ring: Any) -> Any:
-        listener = super()._listen(ring)
-        self.listening.set()
-        return listener
 
 
 def cg_listening(n: int, directory: str) -> None:
@@ -272,12 +243,15 @@ def cg_listening(n: int, directory: str) -> None:
 
     gate = Workflow("gate", [Step("hold", hold)], version="1")
     total = WARMUP + n
-    worker = _Listening(store, [workflow, gate], concurrency=1, poll=5)
-    worker.target = total + 1
-    thread = threading.Thread(target=worker.serve)
-    thread.start()
-    if not worker.listening.wait(600):
-        raise SystemExit("cg listening: the worker never opened its listener")
+    worker = Worker(store, [workflow, gate], concurrency=1, poll=5, max_runs=total + 1)
+    idle = threading.Event()
+    # The first rest of a look that claimed nothing: the worker opens its listener next,
+    # before its next look, which is the one that finds the gate's run.
+    with kill_point("worker.resting", lambda point: idle.set()):
+        thread = threading.Thread(target=worker.serve)
+        thread.start()
+        if not idle.wait(600):
+            raise SystemExit("cg listening: the worker never went idle")
     start(store, gate, "gate")
     if not holding.wait(600):
         raise SystemExit("cg listening: the worker never claimed the gate's run")

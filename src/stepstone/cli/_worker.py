@@ -56,6 +56,9 @@ __all__ = [
 #: would leave a crashed worker's runs stranded for days.
 MAX_LEASE_SECONDS = _lease.MAX_LEASE
 MAX_CONCURRENCY = 1024
+#: The Worker's own bound (``worker._config.MAX_RUNS``; not imported: every command
+#: builds this parser, and the worker's modules are for ``worker`` alone).
+MAX_RUNS = 1_000_000_000
 
 
 def add_parsers(commands: Commands) -> None:
@@ -85,6 +88,13 @@ def add_parsers(commands: Commands) -> None:
         metavar="SECONDS",
         help="on SIGTERM/SIGINT, how long steps in flight may take to finish; then the "
         "process exits and the steps still running are abandoned (default: the Worker's)",
+    )
+    worker.add_argument(
+        "--max-runs",
+        type=bounded_int(1, MAX_RUNS, "max-runs"),
+        metavar="N",
+        help="claim N executions, let them end, then exit 0: a worker replaced after N "
+        "runs, or a job that drains N (default: until stopped)",
     )
     worker.add_argument(
         "-q",
@@ -217,7 +227,7 @@ def _worker(args: argparse.Namespace) -> int:
     # Only the options given: the Worker's own defaults are the documented ones.
     options = {
         name: getattr(args, name)
-        for name in ("concurrency", "lease", "grace")
+        for name in ("concurrency", "lease", "grace", "max_runs")
         if getattr(args, name) is not None
     }
     config = _store_config(args)

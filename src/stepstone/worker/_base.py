@@ -31,6 +31,8 @@ class WorkerBase:
     lease: float
     poll: float
     grace: float
+    #: Executions claimed before the worker stops claiming (``max_runs=``); None: no limit.
+    max_runs: int | None
     owner: str
     #: The clock this worker's loop and runs read (``clock=``); None: the installed one.
     clock: _clock.Clock | None
@@ -69,7 +71,7 @@ class WorkerBase:
 
     @property
     def stopping(self) -> bool:
-        """Whether ``stop`` was called."""
+        """Whether ``stop`` was called (or ``max_runs`` executions were claimed and ended)."""
         return self._stopping.is_set()
 
     @property

@@ -99,6 +99,8 @@ class Claims:
         lease: Seconds of each claim.
         poll: The fallback rest between looks.
         concurrency: Runs driven at once.
+        limit: Executions to claim in all (``Worker(max_runs=)``), then return once
+            they have ended; None: until ``stop``.
         stopping: Set by ``Worker.stop``: no more claims.
         wake: Set to end a rest early (a ring, a run ending).
         label: How the log names the worker.
@@ -113,6 +115,7 @@ class Claims:
         lease: float,
         poll: float,
         concurrency: int,
+        limit: int | None = None,
         stopping: threading.Event,
         wake: threading.Event,
         label: str,
@@ -123,6 +126,9 @@ class Claims:
         self.lease = lease
         self.poll = poll
         self.concurrency = concurrency
+        self.limit = limit
+        #: Executions claimed so far (``_adopt``), held against ``limit``.
+        self.claimed = 0
         self.stopping = stopping
         self.wake = wake
         self.label = label
@@ -291,6 +297,14 @@ class Claims:
         while not self.stopping.is_set():
             began = _clock.monotonic()
             free = self.concurrency - len(self.plans)  # one C call: no lock, no copy
+            if self.limit is not None:
+                left = self.limit - self.claimed
+                if left <= 0 and not self.plans:
+                    # All claimed and ended (``finished`` wakes the rest below): stop
+                    # as ``stop`` would, with nothing left in flight to hand over.
+                    self.stopping.set()
+                    break
+                free = min(free, left)
             plans: list[Plan] = []
             failed = False
             soonest = yield from self.schedules.look(self.workflows)  # issue 33: schedules
@@ -549,6 +563,7 @@ class Claims:
         plan.written_at = _clock.monotonic()
         with self.lock:
             self.plans[plan.run_id] = plan
+            self.claimed += 1
             if self.stopping.is_set():
                 plan.stop_requested = True
         emit(claim_event(plan, loaded, claimed))

@@ -58,6 +58,25 @@ def check_numbers(store: object, concurrency: object, poll: object, grace: objec
             raise InvalidWorkflow(f"{name} must be seconds from 0 to 86400, got {value!r}")
 
 
+#: The most executions ``max_runs`` may name: more is a typo, not a batch.
+MAX_RUNS = 1_000_000_000
+
+
+def check_max_runs(max_runs: object) -> int | None:
+    """Return ``max_runs`` (None or a whole number of executions), or refuse it.
+
+    Raises:
+        InvalidWorkflow: not None nor an int from 1 to ``MAX_RUNS``, named.
+    """
+    if max_runs is None:
+        return None
+    if isinstance(max_runs, bool) or not isinstance(max_runs, int) or not 1 <= max_runs <= MAX_RUNS:
+        raise InvalidWorkflow(
+            f"max_runs must be None (no limit) or an int from 1 to {MAX_RUNS}, got {max_runs!r}"
+        )
+    return max_runs
+
+
 def index(workflows: Iterable[Workflow] | Mapping[Any, Workflow]) -> WorkflowTable:
     """Return the table of what a worker serves: ``workflows``, their Maps' children, upgrades.
 

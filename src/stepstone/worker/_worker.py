@@ -18,7 +18,14 @@ from .._sigevent import SignalSafeEvent
 from .._steps import Workflow
 from .._store import Store
 from ._claims import Claims
-from ._config import DEFAULT_CONCURRENCY, DEFAULT_GRACE, DEFAULT_POLL, check_numbers, index
+from ._config import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_GRACE,
+    DEFAULT_POLL,
+    check_max_runs,
+    check_numbers,
+    index,
+)
 from ._tasks import TaskDriver
 from ._threads import ThreadDriver
 
@@ -44,6 +51,11 @@ class Worker(ThreadDriver, TaskDriver):
             the store cannot push, it looks quickly after activity and backs off to
             ``poll`` when idle. Default 1.
         grace: Seconds ``stop`` lets steps in flight finish. Default 30.
+        max_runs: Executions this worker claims before it stops claiming; ``serve`` and
+            ``aserve`` return once they have ended (none is handed back, as ``stop``
+            does). A run resumed after a wait is claimed again and counts again. For a
+            worker replaced after so many runs, or a job that drains a known number.
+            Default None: until ``stop``.
         clock: The clock ``serve`` and ``aserve`` read (rests, leases, timers, the runs
             they drive), in place of the installed one (``stepstone.testing.use_clock``);
             a ``stepstone.testing.FakeClock`` in tests. Default: the installed clock.
@@ -58,9 +70,11 @@ class Worker(ThreadDriver, TaskDriver):
         lease: float | timedelta = _lease.DEFAULT_LEASE,
         poll: float = DEFAULT_POLL,
         grace: float = DEFAULT_GRACE,
+        max_runs: int | None = None,
         clock: _clock.Clock | None = None,
     ) -> None:
         check_numbers(store, concurrency, poll, grace)
+        self.max_runs = check_max_runs(max_runs)
         self.clock = check_clock(clock)
         self.store = store
         self.workflows = index(workflows)
@@ -79,6 +93,7 @@ class Worker(ThreadDriver, TaskDriver):
             lease=self.lease,
             poll=self.poll,
             concurrency=concurrency,
+            limit=self.max_runs,
             stopping=self._stopping,
             wake=self._wake,
             label=repr(self),
