@@ -16,11 +16,13 @@ unique name (uuid), so tests running at once never meet.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from stepstone import open_store
 from stepstone.testing import backend_unavailable
 
 __all__ = [
@@ -37,6 +39,7 @@ __all__ = [
     "fresh_config",
     "fresh_database",
     "fresh_table",
+    "store_fixture",
 ]
 
 #: Every built-in backend, in the order the suites list them.
@@ -140,3 +143,20 @@ def fresh_config(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> s
     if kind == "cosmos":
         return cosmos_config(request)
     raise ValueError(f"unknown backend {kind!r}; one of {', '.join(BACKENDS)}")
+
+
+def store_fixture(backends: Sequence[str]) -> Any:
+    """A ``store`` fixture for a test module: a fresh store of each of ``backends``, open.
+
+    ``store = store_fixture(QUICK_BACKENDS)`` at module level, in place of the pair of a
+    ``config`` fixture and a ``store`` fixture that opens it.
+    """
+
+    @pytest.fixture(params=backends)
+    def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+        from stepstone import open_store
+
+        with open_store(fresh_config(str(request.param), request, tmp_path)) as opened:
+            yield opened
+
+    return store

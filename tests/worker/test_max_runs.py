@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from cli_support import cli
-from fresh_stores import QUICK_BACKENDS, fresh_config
+from fresh_stores import QUICK_BACKENDS, store_fixture
 from stepstone import InvalidWorkflow, Step, Store, Worker, Workflow, open_store, start
 from stepstone.cli import _worker as cli_worker
 from stepstone.testing._barrier import WAIT_TIMEOUT
@@ -22,17 +21,7 @@ from waiting import status_of
 State = dict[str, Any]
 
 
-@pytest.fixture(params=QUICK_BACKENDS)
-def config(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A fresh store on memory and on SQLite, as a config string."""
-    return fresh_config(str(request.param), request, tmp_path)
-
-
-@pytest.fixture
-def store(config: str) -> Iterator[Store]:
-    """The store under test."""
-    with open_store(config) as opened:
-        yield opened
+store = store_fixture(QUICK_BACKENDS)
 
 
 def _marking(done: list[str]) -> Workflow:
