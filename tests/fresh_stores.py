@@ -154,8 +154,6 @@ def store_fixture(backends: Sequence[str]) -> Any:
 
     @pytest.fixture(params=backends)
     def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
-        from stepstone import open_store
-
         with open_store(fresh_config(str(request.param), request, tmp_path)) as opened:
             yield opened
 
