@@ -126,12 +126,12 @@ class Claims:
         self.lease = lease
         self.poll = poll
         self.concurrency = concurrency
-        self.limit = limit
-        #: Executions claimed so far (``_adopt``), held against ``limit``.
-        self.claimed = 0
         self.stopping = stopping
         self.wake = wake
         self.label = label
+        self.limit = limit
+        #: Executions claimed so far (``_adopt``), held against ``limit``.
+        self.claimed = 0
         self.watch = Watch()
         #: run_id -> the plan of each run this worker drives now.
         self.plans: dict[str, Plan] = {}
