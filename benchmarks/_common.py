@@ -36,6 +36,31 @@ ROOT = HERE.parent
 TMP = HERE / ".tmp"
 
 
+_COLLECTED = re.compile(r"Collected : (\d+)")
+
+
+def callgrind_count(
+    argv: Sequence[str], env: Mapping[str, str] | None = None, python: str = sys.executable
+) -> int:
+    """Instructions callgrind counts for ``python argv...`` (``PYTHONHASHSEED=0``), the
+    whole process; ``SystemExit`` naming the command when it fails or prints no count.
+
+    ``env``: the child's environment (default: this process's); ``python``: the
+    interpreter (default: this one).
+    """
+    done = subprocess.run(
+        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", python, *argv],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**(os.environ if env is None else env), "PYTHONHASHSEED": "0"},
+    )
+    found = _COLLECTED.search(done.stderr)
+    if done.returncode != 0 or found is None:
+        raise SystemExit(f"callgrind gave no count for {list(argv)}: {done.stderr[-800:]}")
+    return int(found.group(1))
+
+
 def parse_args(description: str, extra: Sequence[str] = ()) -> argparse.Namespace:
     """Parse the options every script takes: --quick, --json, --repeats, --no-sql, --cosmos."""
     parser = argparse.ArgumentParser(description=description)

@@ -20,21 +20,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import re
 import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from _common import callgrind_count
 
 from stepstone import Step, arun, open_store, run
 from stepstone._bench_workload import make_steps, state_of_size
 
 HERE = Path(__file__).resolve().parent
 WARMUP = 20
-_COLLECTED = re.compile(r"Collected : (\d+)")
 
 
 def _async_of(steps: list[Step]) -> list[Step]:
@@ -76,21 +73,6 @@ def child(driver: str, store_name: str, count: int, n: int, directory: str) -> N
 
         asyncio.run(go())
     store.close()
-
-
-def callgrind_count(argv: list[str]) -> int:
-    """Instructions of ``python argv...`` under callgrind (``PYTHONHASHSEED=0``)."""
-    done = subprocess.run(
-        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, *argv],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={**os.environ, "PYTHONHASHSEED": "0"},
-    )
-    found = _COLLECTED.search(done.stderr)
-    if found is None:
-        raise SystemExit(f"callgrind gave no count for {argv}: {done.stderr[-500:]}")
-    return int(found.group(1))
 
 
 def _count(driver: str, store: str, steps: int, n: int) -> int:

@@ -45,7 +45,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench_arun import callgrind_count
+from _common import callgrind_count
 
 from stepstone import Step, Store, Worker, Workflow, open_store, run, start
 from stepstone._bench_workload import make_steps, state_of_size

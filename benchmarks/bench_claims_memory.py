@@ -23,7 +23,7 @@ import shutil
 from datetime import timedelta
 from typing import Any
 
-from bench_arun import callgrind_count
+from _common import callgrind_count
 
 from stepstone import Store
 from stepstone._checkpoint import Checkpoint, utcnow

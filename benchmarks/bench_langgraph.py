@@ -36,13 +36,12 @@ import json
 import os
 import pickle
 import shutil
-import subprocess
-import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
+from _common import callgrind_count
 from langchain_core.messages import AIMessage, AnyMessage
 from langgraph.channels.delta import DeltaChannel
 from langgraph.graph import START, StateGraph
@@ -147,31 +146,8 @@ def _replay(mode: str, path: str, supersteps: int, directory: str) -> None:
 def _replay_instructions(mode: str, path: str, supersteps: int) -> int:
     """Instructions of a process replaying ``supersteps`` supersteps' calls on ``mode``."""
     with tempfile.TemporaryDirectory() as directory:
-        out = subprocess.run(
-            [
-                "valgrind",
-                "--tool=callgrind",
-                "--callgrind-out-file=/dev/null",
-                sys.executable,
-                __file__,
-                "--replay",
-                mode,
-                "--calls",
-                path,
-                "--steps",
-                str(supersteps),
-                "--dir",
-                directory,
-            ],
-            capture_output=True,
-            text=True,
-            check=True,
-            env={**os.environ, "PYTHONHASHSEED": "0"},
-        )
-    for line in out.stderr.splitlines():
-        if "Collected :" in line:
-            return int(line.split("Collected :")[1])
-    raise RuntimeError(f"no callgrind total for a replay on {mode}: {out.stderr[-500:]}")
+        replay = ["--replay", mode, "--calls", path, "--steps", str(supersteps)]
+        return callgrind_count([__file__, *replay, "--dir", directory])
 
 
 def saver_only(steps: int, delta: bool, modes: Sequence[str]) -> dict[str, int]:
@@ -228,30 +204,10 @@ def run_once(
 def _instructions(mode: str, steps: int, delta: bool) -> int:
     """Instructions of a whole process running ``mode`` for ``steps`` supersteps."""
     with tempfile.TemporaryDirectory() as directory:
-        out = subprocess.run(
-            [
-                "valgrind",
-                "--tool=callgrind",
-                "--callgrind-out-file=/dev/null",
-                sys.executable,
-                __file__,
-                "--once",
-                mode,
-                "--steps",
-                str(steps),
-                "--dir",
-                directory,
-                *(["--delta"] if delta else []),
-            ],
-            capture_output=True,
-            text=True,
-            check=True,
-            env={**os.environ, "PYTHONHASHSEED": "0"},
+        return callgrind_count(
+            [__file__, "--once", mode, "--steps", str(steps), "--dir", directory]
+            + (["--delta"] if delta else [])
         )
-    for line in out.stderr.splitlines():
-        if "Collected :" in line:
-            return int(line.split("Collected :")[1])
-    raise RuntimeError(f"no callgrind total for {mode}: {out.stderr[-500:]}")
 
 
 def main() -> None:

@@ -27,11 +27,11 @@ import argparse
 import json
 import os
 import sqlite3
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from _common import callgrind_count
 
 from stepstone.stores._sql_text import STATEMENTS
 
@@ -113,28 +113,8 @@ def saves(path: str, layout: str, count: int, rows: int) -> float:
 def _instructions(layout: str, count: int, rows: int) -> int:
     """Instructions of the whole child process doing ``count`` saves (callgrind)."""
     with tempfile.TemporaryDirectory() as directory:
-        done = subprocess.run(
-            [
-                "valgrind",
-                "--tool=callgrind",
-                "--callgrind-out-file=/dev/null",
-                sys.executable,
-                __file__,
-                "--child",
-                layout,
-                str(count),
-                str(rows),
-                os.path.join(directory, "cg.db"),
-            ],
-            capture_output=True,
-            text=True,
-            check=True,
-            env={**os.environ, "PYTHONHASHSEED": "0"},
-        )
-    for line in done.stderr.splitlines():
-        if "Collected :" in line:
-            return int(line.rsplit(":", 1)[1])
-    raise RuntimeError(f"callgrind printed no count: {done.stderr[-500:]}")
+        database = os.path.join(directory, "cg.db")
+        return callgrind_count([__file__, "--child", layout, str(count), str(rows), database])
 
 
 def main() -> None:

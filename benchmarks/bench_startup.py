@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _common import callgrind_count
+
 FORBIDDEN = ("sqlalchemy", "azure", "psycopg", "pymysql", "aiomysql", "asyncio")
 IMPORT_TARGET_MS = 30.0
 HELP_TARGET_MS = 50.0
@@ -129,17 +131,10 @@ def importtime(python: str, top: int = 12, runs: int = 5) -> list[tuple[str, flo
 
 
 def callgrind(argv: list[str]) -> int | None:
+    """Instructions of ``argv`` (an interpreter and its arguments); None without valgrind."""
     if not shutil.which("valgrind"):
         return None
-    err = subprocess.run(
-        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *argv],
-        capture_output=True,
-        check=False,
-        text=True,
-        env={**ENV, "PYTHONHASHSEED": "0"},
-    ).stderr
-    m = re.search(r"Collected : (\d+)", err)
-    return int(m.group(1)) if m else None
+    return callgrind_count(argv[1:], ENV, python=argv[0])
 
 
 def main() -> None:

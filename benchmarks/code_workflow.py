@@ -28,14 +28,13 @@ import asyncio
 import contextlib
 import json
 import os
-import re
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
+
+from _common import callgrind_count
 
 import stepstone
 from stepstone import Step, Store, Workflow, arun, open_store, run
@@ -108,21 +107,6 @@ def child(kind: str, store: str, calls: int) -> None:
     ):
         timed(opened, kind, flows(5)[kind], "warm")  # imports, tables, threads
         timed(opened, kind, flows(calls)[kind], "measured")
-
-
-def callgrind_count(argv: list[str]) -> int:
-    """Instructions of ``python argv...`` under callgrind (``PYTHONHASHSEED=0``)."""
-    done = subprocess.run(
-        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, *argv],
-        capture_output=True,
-        text=True,
-        check=False,
-        env={**os.environ, "PYTHONHASHSEED": "0"},
-    )
-    found = re.search(r"Collected : (\d+)", done.stderr)
-    if done.returncode != 0 or found is None:
-        raise SystemExit(f"callgrind gave no count for {argv}: {done.stderr[-800:]}")
-    return int(found.group(1))
 
 
 def instructions(store: str, calls: int) -> dict[str, float]:
