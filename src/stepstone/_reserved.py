@@ -16,11 +16,13 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from ._store import Store
 
-__all__ = ["RESERVED_IDS", "RESERVED_PREFIXES", "is_reserved", "run_counts"]
+__all__ = ["LIMIT_PREFIX", "RESERVED_IDS", "RESERVED_PREFIXES", "is_reserved", "run_counts"]
 
+#: Flow control's limit records (``_flow._limit.PREFIX``), for the CLI's listings.
+LIMIT_PREFIX = "~limit/"
 #: Heads of reserved record ids: ``_stream._events.HEAD + ":"``, ``_flow._limit.PREFIX``,
 #: ``_tenant.PREFIX``.
-RESERVED_PREFIXES = ("stream:", "~limit/", "~tenant-budget/")
+RESERVED_PREFIXES = ("stream:", LIMIT_PREFIX, "~tenant-budget/")
 #: Reserved record ids: ``_cron.RECORD``.
 RESERVED_IDS = frozenset({"~schedules"})
 

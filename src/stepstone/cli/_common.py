@@ -15,9 +15,9 @@ from typing import Any, NoReturn
 from urllib.parse import unquote, urlsplit
 
 from .._errors import CorruptCheckpoint
-from .._flow._limit import PREFIX as LIMIT_PREFIX
 from .._redact import redact_url
 from .._registry import DEFAULT_STORE, ENV_VAR, open_store
+from .._reserved import LIMIT_PREFIX
 from .._store import RunInfo, Store
 from ._output import PROG, REDACT, err, warn
 

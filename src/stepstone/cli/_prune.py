@@ -15,8 +15,8 @@ import sys
 from datetime import datetime, timedelta
 
 from .._checkpoint import ACTIVE_STATUSES, STATUSES, utcnow
-from .._cron import RECORD as SCHEDULES_RECORD
 from .._errors import ConflictError
+from .._reserved import is_reserved
 from .._statelog import ORPHAN_AGE
 from .._store import RunInfo
 from ._commands import Commands
@@ -78,8 +78,12 @@ def add_prune_parser(actions: Commands) -> None:
 
 
 def _matches(info: RunInfo, statuses: tuple[str, ...], cutoff: datetime) -> bool:
-    if info.run_id == SCHEDULES_RECORD:
-        return False  # issue 33: the schedules themselves, never pruned with the runs
+    if is_reserved(info.run_id):
+        # stepstone's own records, never pruned as runs (one rule, ``_reserved``): the
+        # schedules, flow control's limits, a tenant's cap and spend (status "done",
+        # so an old one matched and its cap was lifted), a stream's blocks (they go
+        # with their run, or as orphans below).
+        return False
     return info.status in statuses and info_matches(info, None, cutoff, None)
 
 
@@ -129,9 +133,7 @@ def _prune(args: argparse.Namespace) -> int:
             )
         # A stream's blocks (issue 34) go with their run, never on their own age.
         listed = list(infos(store))
-        candidates = newest_first(
-            [i for i in listed if _matches(i, statuses, cutoff) and not is_block(i.run_id)]
-        )
+        candidates = newest_first([i for i in listed if _matches(i, statuses, cutoff)])
         active = [i for i in candidates if i.status in ACTIVE_STATUSES]
         if active and not args.dry_run and not args.yes:
             _confirm(active, verb)
