@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from child_process import last_line
 from cli_support import cli
 from fresh_stores import fresh_config
 from stepstone import Limit, Step, Suspended, open_store, run, set_limit
@@ -59,3 +60,29 @@ def test_bad_values_are_usage_errors(tmp_path: Path) -> None:
     assert window.returncode == 2 and "window" in window.stderr
     missing = cli("--store", url, "limits", "show", "nope")
     assert missing.returncode == 1 and "no limit 'nope'" in missing.stderr
+
+
+def test_the_parsers_policies_are_flow_controls() -> None:
+    """``--policy``'s choices are spelled in the CLI (not imported): they must agree."""
+    from stepstone._flow._limit import POLICIES
+    from stepstone.cli import _limits
+
+    assert _limits.POLICIES == POLICIES
+
+
+@pytest.mark.process
+def test_help_imports_no_flow_control_and_no_asyncio() -> None:
+    """``stepstone --help`` builds every parser without importing ``_flow`` (and asyncio
+    with it, ~25 ms of every command's start): a fresh interpreter says what it loaded."""
+    code = (
+        "import contextlib, io, sys\n"
+        "from stepstone.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    try:\n"
+        "        main(['--help'])\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "flow = [m for m in sys.modules if m.startswith('stepstone._flow')]\n"
+        "print(sorted(flow + [m for m in sys.modules if m == 'asyncio']))\n"
+    )
+    assert last_line("-c", code) == "[]"

@@ -8,15 +8,20 @@ it is given (``--unset`` removes one) and keeps who holds the key.
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .._flow import Limit, get_limit, limit_usage, list_limits, set_limit
-from .._flow._limit import POLICIES
 from ._commands import Commands
 from ._common import EXIT_OK, OperationalError, existing, opened, store_config
 from ._output import emit_json, iso, out, safe, table
 
+if TYPE_CHECKING:
+    from .._flow import Limit
+
 __all__ = ["add_parsers"]
+
+#: ``_flow._limit.POLICIES``, spelled here (a test checks they agree): ``_flow`` imports
+#: asyncio, and importing it to build this parser cost every command, ``--help`` too.
+POLICIES = ("queue", "reject", "replace_pending", "cancel_running")
 
 _FIELDS = ("concurrency", "rpm", "tpm", "requests", "tokens", "per", "policy")
 
@@ -57,6 +62,8 @@ def _row(limit: Limit) -> dict[str, Any]:
 
 def _list(args: argparse.Namespace) -> int:
     """list the limits"""
+    from .._flow import list_limits  # noqa: PLC0415 - when used (asyncio)
+
     with existing(store_config(args)) as store:
         found = list_limits(store)
     if getattr(args, "json", False):
@@ -72,6 +79,8 @@ def _list(args: argparse.Namespace) -> int:
 
 def _show(args: argparse.Namespace) -> int:
     """show a limit, who holds it and who waits for it"""
+    from .._flow import limit_usage  # noqa: PLC0415 - when used (asyncio)
+
     with existing(store_config(args)) as store:
         usage = limit_usage(store, args.key)
     if usage is None:
@@ -105,6 +114,8 @@ def _show(args: argparse.Namespace) -> int:
 
 def _set(args: argparse.Namespace) -> int:
     """create a limit or change its values (the others are kept)"""
+    from .._flow import Limit, get_limit, set_limit  # noqa: PLC0415 - when used (asyncio)
+
     given = {name: getattr(args, name) for name in _FIELDS if getattr(args, name) is not None}
     with opened(store_config(args)) as store:
         current = get_limit(store, args.key)
