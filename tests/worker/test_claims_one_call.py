@@ -364,11 +364,20 @@ def test_two_workers_never_claim_one_run_twice(
 
 
 _CHILD = """
-import json, sys, threading, time
+import json, os, sys, threading, time
 from stepstone import Step, Worker, Workflow, open_store
-config, runs, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+config, runs, out, marks = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 done = []
 def record(state):
+    # Each process marks that it ran a run, and holds its runs until a second process
+    # has: one process whose slots are all held cannot drain the queue alone, however
+    # soon it started, so the others must claim beside it (what the test is about).
+    open(os.path.join(marks, str(os.getpid())), "w").close()
+    deadline = time.monotonic() + 120
+    while len(os.listdir(marks)) < 2:
+        if time.monotonic() > deadline:
+            raise RuntimeError("no second process ran a run in 120 s")
+        time.sleep(0.01)
     done.append(state["id"])
     return {"ok": True}
 wf = Workflow("wf", [Step("record", record)], version="1")
@@ -407,9 +416,11 @@ def test_four_processes_spread_over_the_queue(
         for index in range(runs):
             start(store, wf, f"p{index}", {"id": f"p{index}"})
     outs = [tmp_path / f"out{i}.json" for i in range(4)]
+    marks = tmp_path / "marks"
+    marks.mkdir()
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", _CHILD, config, str(runs), str(out)],
+            [sys.executable, "-c", _CHILD, config, str(runs), str(out), str(marks)],
             env=child_env(),
             stderr=subprocess.PIPE,
             text=True,
@@ -428,6 +439,7 @@ def test_four_processes_spread_over_the_queue(
     # (244 for 200 seen beside eight test runs), so the bound is 1.5x: the old two-call
     # claim (a load per claim, 2.0x and up) still fails it.
     assert loads <= 1.5 * runs, f"{loads} loads for {runs} claims"
+    # Not left to timing: a process's runs wait for a second one's (``_CHILD``).
     assert sum(1 for r in results if r["done"]) >= 2, "one process took every run"
 
 
