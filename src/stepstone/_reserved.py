@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 __all__ = ["LIMIT_PREFIX", "RESERVED_IDS", "RESERVED_PREFIXES", "is_reserved", "run_counts"]
 
-#: Flow control's limit records (``_flow._limit.PREFIX``), for the CLI's listings.
+#: Flow control's limit records (``_flow._limit.PREFIX`` is this), for the CLI's listings.
 LIMIT_PREFIX = "~limit/"
 #: Heads of reserved record ids: ``_stream._events.HEAD + ":"``, ``_flow._limit.PREFIX``,
 #: ``_tenant.PREFIX``.

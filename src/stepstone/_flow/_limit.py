@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from .._errors import ConfigError, StepstoneError
+from .._reserved import LIMIT_PREFIX
 
 __all__ = [
     "POLICIES",
@@ -28,7 +29,8 @@ __all__ = [
 
 #: Run id prefix of the limit records: ``~limit/<key>``. ``~`` keeps them apart from
 #: user run ids in every listing that sorts, and the CLI hides them from ``runs list``.
-PREFIX = "~limit/"
+#: Written once, in ``_reserved``, which the CLI reads without importing flow control.
+PREFIX = LIMIT_PREFIX
 MAX_KEY_LENGTH = 200
 Policy = Literal["queue", "reject", "replace_pending", "cancel_running"]
 #: What happens when a key is full. ``queue``: wait (the run parks, holding no thread).
