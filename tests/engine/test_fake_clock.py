@@ -23,6 +23,7 @@ from fresh_stores import BACKENDS as ALL_BACKENDS
 from fresh_stores import fresh_config
 from stepstone import (
     Checkpoint,
+    ConfigError,
     RetryPolicy,
     Sleep,
     Step,
@@ -308,3 +309,19 @@ def test_bad_uses_are_refused() -> None:
         FakeClock().advance(-1.0)
     with pytest.raises(TypeError, match="needs a Clock"), use_clock(object()):  # type: ignore[arg-type]
         pass
+
+
+def test_a_start_before_2000_is_refused_and_the_earliest_finds_queued_runs_due() -> None:
+    """Queued runs are dated into 1970 to order them: a clock there would find none due,
+    so such a start is refused; at the earliest start allowed, queued runs are due."""
+    for early in (datetime(1969, 12, 31, tzinfo=UTC), datetime(1999, 12, 31, 23, tzinfo=UTC)):
+        with pytest.raises(ConfigError, match="on or after 2000-01-01"):
+            FakeClock(early)
+    flow = Workflow("queued", [Step("after", _after)])
+    earliest = datetime(2000, 1, 1, tzinfo=UTC)
+    with open_store("memory://") as store:
+        start(store, flow, "today")  # queued by the real clock: ordered by today's time
+        with FakeClock(earliest) as clock:
+            start(store, flow, "then", priority=-5)
+            due = {info.run_id for info in store.claimable(clock.now(), status="queued")}
+    assert due == {"today", "then"}

@@ -9,12 +9,16 @@ from contextlib import AbstractContextManager, suppress
 from datetime import UTC, datetime, timedelta
 
 from .._clock import current, use_clock
+from .._errors import ConfigError
 
 __all__ = ["FakeClock"]
 
 #: Real seconds between looks at a ``threading.Event`` while a wait is parked on fake time:
 #: an Event cannot notify our condition, so a set is noticed within this much.
 _EVENT_POLL = 0.002
+#: The earliest start: queued runs are dated into 1970 to order their claims
+#: (``_checkpoint.queued_due``), so a clock in or before 1970 would find none due.
+EARLIEST_START = datetime(2000, 1, 1, tzinfo=UTC)
 
 
 class FakeClock:
@@ -39,14 +43,22 @@ class FakeClock:
         start: The wall-clock time to start at; timezone-aware.
 
     Raises:
-        ValueError: ``start`` is naive (no timezone).
+        ConfigError: ``start`` is naive (no timezone) or before 2000-01-01 UTC (queued
+            runs are dated into 1970 to order them: a clock there would find none due).
+            A ``ValueError``.
     """
 
     def __init__(self, start: datetime | None = None) -> None:
         if start is not None and start.tzinfo is None:
-            raise ValueError(
+            raise ConfigError(
                 f"FakeClock needs a timezone-aware start, got {start!r}; "
                 "pass e.g. datetime(2030, 1, 1, tzinfo=UTC)"
+            )
+        if start is not None and start < EARLIEST_START:
+            raise ConfigError(
+                f"FakeClock needs a start on or after 2000-01-01 UTC, got {start.isoformat()}: "
+                "stepstone dates queued runs into 1970 to order their claims, so a clock "
+                "there would find none due; pass e.g. datetime(2030, 1, 1, tzinfo=UTC)"
             )
         real = current()
         self._wall = (start or real.now()).astimezone(UTC)
