@@ -8,11 +8,12 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from . import _clock
 from ._errors import InvalidRunId, InvalidState
 from ._frozen import Twin
+from ._status import ACTIVE_STATUSES, STATUSES, RunStatus
 
 __all__ = [
     "ACTIVE_STATUSES",
@@ -49,11 +50,6 @@ SCHEMA_PIECES = 3
 READABLE_SCHEMAS = frozenset({1, 2, 3})
 
 MAX_RUN_ID_LENGTH = 1024
-
-RunStatus = Literal["queued", "running", "waiting", "failed", "done", "cancelled"]
-STATUSES: tuple[RunStatus, ...] = ("queued", "running", "waiting", "failed", "done", "cancelled")
-#: Statuses a worker may have to act on; the others are at rest until someone acts.
-ACTIVE_STATUSES: tuple[RunStatus, ...] = ("queued", "running", "waiting")
 
 # C0 controls, DEL, C1 controls, and lone surrogates (which cannot be encoded as UTF-8,
 # so no backend could store them).

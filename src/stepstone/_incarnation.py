@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import _clock
+from ._bounds import ORPHAN_AGE
 from ._codec import REF_KEY
 
 __all__ = [
@@ -31,8 +32,6 @@ __all__ = [
     "new_inc",
 ]
 
-#: Seconds after which pieces of an incarnation no document names are collected.
-ORPHAN_AGE = 24 * 3600.0
 #: An incarnation's length: 8 hex digits of unix seconds, 8 random hex digits.
 INC_LEN = 16
 

@@ -33,11 +33,14 @@ import json
 import os
 from datetime import timedelta
 
+from ._bounds import DEFAULT_LEASE, MAX_LEASE, MIN_LEASE
 from ._checkpoint import Checkpoint, evolve, utcnow
 from ._errors import ConflictError, InvalidWorkflow, LeaseLost
 
 __all__ = [
     "DEFAULT_LEASE",
+    "MAX_LEASE",
+    "MIN_LEASE",
     "check_lease",
     "as_stored",
     "claimed",
@@ -48,13 +51,6 @@ __all__ = [
     "released",
     "renewal",
 ]
-
-#: Seconds. Long enough that a renewal every ten seconds is cheap traffic; short enough
-#: that a crashed worker's runs move to another worker within half a minute.
-DEFAULT_LEASE = 30.0
-#: Bounds on a lease, so that a typo cannot strand a run for a year or renew in a loop.
-MIN_LEASE = 0.05
-MAX_LEASE = 24 * 3600.0
 
 
 def check_lease(lease: object) -> float:

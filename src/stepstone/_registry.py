@@ -12,12 +12,14 @@ import difflib
 import importlib
 import os
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from ._errors import ConfigError, StepstoneError
 from ._redact import check_unambiguous, redact_url, secrets_of, split_userinfo
 from ._redact import redact as redact_text
-from ._store import Store
+
+if TYPE_CHECKING:
+    from ._store import Store
 
 __all__ = ["DEFAULT_STORE", "ENV_VAR", "open_store", "register_store", "schemes"]
 
@@ -117,9 +119,18 @@ def register_store(scheme: str, cls: type[Store]) -> None:
     scheme = scheme.lower()
     if scheme in _BUILTIN:
         raise ConfigError(f"scheme {scheme!r} is built in and cannot be registered over")
-    if not (isinstance(cls, type) and issubclass(cls, Store)):
+    if not _is_store_class(cls):
         raise ConfigError(f"{cls!r} is not a stepstone.Store subclass")
     _registered[scheme] = cls
+
+
+def _is_store_class(cls: object) -> TypeGuard[type[Store]]:
+    # The Store contract is imported here, not with this module: the CLI reads this
+    # module's constants to build its parser, and `stepstone --help` should not pay for
+    # the contract (a store class about to be opened has imported it already).
+    from ._store import Store  # noqa: PLC0415 - deferred: see above
+
+    return isinstance(cls, type) and issubclass(cls, Store)
 
 
 def entry_points(group: str) -> list[Any]:
@@ -160,7 +171,7 @@ def _load_class(target: str, scheme: str, extra: str | None) -> type[Store]:
             f"({exc.name or exc}): pip install 'stepstone[{extra}]'"
         ) from exc
     cls = getattr(module, attr, None)
-    if not (isinstance(cls, type) and issubclass(cls, Store)):
+    if not _is_store_class(cls):
         raise ConfigError(f"{target} (scheme {scheme!r}) is not a stepstone.Store subclass")
     return cls
 

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .._budget import RAISE_SIGNAL, Spend, spend_of
-from .._checkpoint import Checkpoint
 from ._commands import Commands
 from ._common import (
     EXIT_OK,
@@ -24,6 +22,10 @@ from ._common import (
     store_config,
 )
 from ._output import emit_json, out, safe
+
+if TYPE_CHECKING:
+    from .._budget import Spend
+    from .._checkpoint import Checkpoint
 
 __all__ = ["add_budget_parser", "over_budget", "spend_json", "spend_text"]
 
@@ -60,6 +62,8 @@ def spend_json(cp: Checkpoint) -> dict[str, Any] | None:
 
 
 def _spend(cp: Checkpoint) -> Spend | None:
+    from .._budget import spend_of  # noqa: PLC0415  (the runtime, only when used)
+
     try:
         spend = spend_of(cp)
     except Exception:  # noqa: BLE001 - a malformed ledger is shown as none, never a crash
@@ -97,6 +101,7 @@ def _budget(args: argparse.Namespace) -> int:
     next run call, resumes it. Without --raise-* it prints the run's spend. A repeated --id
     is a no-op.
     """
+    from .._budget import RAISE_SIGNAL  # noqa: PLC0415  (the runtime, only when used)
     from .._control import signal  # noqa: PLC0415  (the runtime, only when used)
 
     payload: dict[str, Any] = {}

@@ -11,15 +11,17 @@ import re
 import stat
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 from urllib.parse import unquote, urlsplit
 
 from .._errors import CorruptCheckpoint
 from .._redact import redact_url
 from .._registry import DEFAULT_STORE, ENV_VAR, open_store
 from .._reserved import LIMIT_PREFIX
-from .._store import RunInfo, Store
 from ._output import PROG, REDACT, err, warn
+
+if TYPE_CHECKING:
+    from .._store import RunInfo, Store
 
 __all__ = [
     "EXIT_ERROR",
@@ -343,6 +345,8 @@ def infos(store: Store) -> Iterator[RunInfo]:
     the whole listing; backends with their own index report theirs as they are. Limit
     records (``~limit/<key>``, ``stepstone limits``) are left out.
     """
+    from .._store import RunInfo, Store  # noqa: PLC0415 - when used
+
     if type(store).list_info is not Store.list_info:
         # Flow control's limit records are not runs: never listed, never pruned.
         yield from (i for i in store.list_info() if not i.run_id.startswith(LIMIT_PREFIX))

@@ -13,12 +13,12 @@ from __future__ import annotations
 import argparse
 import sys
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
-from .._checkpoint import ACTIVE_STATUSES, STATUSES, utcnow
+from .._bounds import ORPHAN_AGE
 from .._errors import ConflictError
 from .._reserved import is_reserved
-from .._statelog import ORPHAN_AGE
-from .._store import RunInfo
+from .._status import ACTIVE_STATUSES, STATUSES
 from ._commands import Commands
 from ._common import (
     EXIT_OK,
@@ -33,6 +33,9 @@ from ._common import (
     ttl_arg,
 )
 from ._output import emit_json, iso, out, safe, when
+
+if TYPE_CHECKING:
+    from .._store import RunInfo
 
 __all__ = ["FINISHED", "add_prune_parser"]
 
@@ -115,6 +118,8 @@ def _prune(args: argparse.Namespace) -> int:
     never pruned. Each run is re-read just before it is deleted and deleted by
     compare-and-swap on the version read, so one that advanced meanwhile is kept.
     """
+    from .._checkpoint import utcnow  # noqa: PLC0415 - when used
+    from .._store import RunInfo  # noqa: PLC0415 - when used
     from .._stream import delete_stream, expire_stream, is_block  # noqa: PLC0415 - when used
     from .._stream._retention import delete_orphan_streams  # noqa: PLC0415 - when used
 

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .._checkpoint import Checkpoint
 from .._errors import InvalidWorkflow
 from ._commands import Commands
 from ._common import (
@@ -22,6 +21,9 @@ from ._common import (
     store_config,
 )
 from ._output import emit_json, iso, out, safe, table, when
+
+if TYPE_CHECKING:
+    from .._checkpoint import Checkpoint
 
 __all__ = ["add_rewind_parsers", "journal_lines", "runtime"]
 

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import argparse
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .._checkpoint import STATUSES, Checkpoint
 from .._cron import RECORD as SCHEDULES_RECORD
 from .._errors import CorruptCheckpoint
 from .._reserved import is_reserved
-from .._store import RunInfo
+from .._status import STATUSES
 from ._budget import add_budget_parser, over_budget, spend_json, spend_text
 from ._commands import Commands
 from ._common import (
@@ -34,6 +33,10 @@ from ._show import missing, show_run
 from ._tail import add_tail_parser
 from ._upgrade import add_upgrade_parser
 from ._worker import add_start_parser
+
+if TYPE_CHECKING:
+    from .._checkpoint import Checkpoint
+    from .._store import RunInfo
 
 __all__ = ["add_parsers"]
 

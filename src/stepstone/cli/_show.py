@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import asdict
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .._checkpoint import Checkpoint
-from .._deadline import describe
 from .._redact import redact_url
 from ._budget import spend_json, spend_text
 from ._common import EXIT_OK, OperationalError, existing, store_config
 from ._output import emit_json, iso, out, safe, safe_lines, span, when
 from ._rewind import journal_lines
+
+if TYPE_CHECKING:
+    from .._checkpoint import Checkpoint
 
 __all__ = ["missing", "show_run"]
 
@@ -109,6 +109,8 @@ def _attempt(cp: Checkpoint) -> tuple[int | None, str]:
 
 
 def _checkpoint_json(cp: Checkpoint, now: datetime) -> dict[str, Any]:
+    from dataclasses import asdict  # noqa: PLC0415 - when used
+
     failure = cp.failure
     lease_text, live = _lease(cp, now)
     return {
@@ -189,6 +191,8 @@ def show_run(args: argparse.Namespace) -> int:
 
 def _fields(cp: Checkpoint, now: datetime) -> list[tuple[str, str]]:
     """The labelled lines ``runs show`` prints above the failure, the journal and the state."""
+    from .._deadline import describe  # noqa: PLC0415 - when used
+
     total = "?" if cp.total_steps is None else str(cp.total_steps)
     names = ", ".join(safe(n) for n in cp.step_names) if cp.step_names else "none yet"
     fields: list[tuple[str, str]] = [

@@ -6,12 +6,11 @@ import argparse
 import sys
 import time
 import traceback
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
+from .._bounds import ORPHAN_AGE
 from .._errors import ConfigError, StoreError, StorePermissionError
 from .._redact import redact_url
-from .._statelog import ORPHAN_AGE, Orphan
-from .._store import Diagnosis, Store
 from ._commands import Commands
 from ._common import (
     EXIT_ERROR,
@@ -23,6 +22,10 @@ from ._common import (
     store_config,
 )
 from ._output import REDACT, emit_json, out, safe
+
+if TYPE_CHECKING:
+    from .._statelog import Orphan
+    from .._store import Diagnosis, Store
 
 __all__ = ["add_parsers"]
 
@@ -188,6 +191,8 @@ def _collected(orphans: list[Orphan]) -> list[dict[str, Any]]:
 
 
 def _fix(store: Store, min_age: float) -> tuple[Diagnosis, list[dict[str, Any]]]:
+    from .._store import Diagnosis  # noqa: PLC0415 - when used
+
     if min_age < 0:
         raise UsageError(f"--min-age must be at least 0 seconds, not {min_age}")
     try:
@@ -202,6 +207,8 @@ def _fix(store: Store, min_age: float) -> tuple[Diagnosis, list[dict[str, Any]]]
 
 def _doctor(args: argparse.Namespace) -> int:
     """check connectivity, permissions and schema"""
+    from .._store import Diagnosis  # noqa: PLC0415 - when used
+
     config = store_config(args)
     collected: list[dict[str, Any]] = []
     try:

@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any, NoReturn
 
-from .. import _lease
+from .. import _bounds
 from .._observe import RunEvent, escape
 from .._redact import redact_url
 from ._commands import Commands
@@ -54,7 +54,7 @@ __all__ = [
 
 #: Longest lease and grace period accepted: longer is a typo, and a lease that long
 #: would leave a crashed worker's runs stranded for days.
-MAX_LEASE_SECONDS = _lease.MAX_LEASE
+MAX_LEASE_SECONDS = _bounds.MAX_LEASE
 MAX_CONCURRENCY = 1024
 #: The Worker's own bound (``worker._config.MAX_RUNS``; not imported: every command
 #: builds this parser, and the worker's modules are for ``worker`` alone).
@@ -77,7 +77,7 @@ def add_parsers(commands: Commands) -> None:
     )
     worker.add_argument(
         "--lease",
-        type=seconds_arg(_lease.MIN_LEASE, MAX_LEASE_SECONDS, allow_low=True),
+        type=seconds_arg(_bounds.MIN_LEASE, MAX_LEASE_SECONDS, allow_low=True),
         metavar="SECONDS",
         help="lease length: how long a dead worker's runs wait before another worker "
         "takes them over, against how often the lease is renewed (default: the Worker's)",
