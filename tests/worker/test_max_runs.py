@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import threading
 from pathlib import Path
 from typing import Any
@@ -13,7 +15,8 @@ import pytest
 from cli_support import cli
 from fresh_stores import QUICK_BACKENDS, store_fixture
 from stepstone import InvalidWorkflow, Step, Store, Worker, Workflow, open_store, start
-from stepstone.cli import _worker as cli_worker
+from stepstone._bounds import MAX_RUNS
+from stepstone.cli import build_parser
 from stepstone.testing._barrier import WAIT_TIMEOUT
 from stepstone.worker import _config
 from waiting import status_of
@@ -116,6 +119,14 @@ def test_the_cli_worker_exits_after_max_runs(tmp_path: Path) -> None:
         ]
 
 
-def test_the_clis_bound_is_the_workers() -> None:
-    """The parser's bound is copied, not imported (every command builds the parser)."""
-    assert cli_worker.MAX_RUNS == _config.MAX_RUNS
+def test_the_cli_and_the_worker_take_the_same_bound() -> None:
+    """``--max-runs`` accepts what ``Worker(max_runs=)`` accepts, up to the one bound."""
+    parser = build_parser()
+    top = ["worker", "--workflows", "m:w", "--max-runs"]
+    assert parser.parse_args([*top, str(MAX_RUNS)]).max_runs == MAX_RUNS
+    assert _config.check_max_runs(MAX_RUNS) == MAX_RUNS
+    with pytest.raises(SystemExit) as usage, contextlib.redirect_stderr(io.StringIO()) as err:
+        parser.parse_args([*top, str(MAX_RUNS + 1)])
+    assert usage.value.code == 2 and str(MAX_RUNS) in err.getvalue()
+    with pytest.raises(InvalidWorkflow, match=str(MAX_RUNS)):
+        _config.check_max_runs(MAX_RUNS + 1)

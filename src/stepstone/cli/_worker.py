@@ -56,9 +56,6 @@ __all__ = [
 #: would leave a crashed worker's runs stranded for days.
 MAX_LEASE_SECONDS = _bounds.MAX_LEASE
 MAX_CONCURRENCY = 1024
-#: The Worker's own bound (``worker._config.MAX_RUNS``; not imported: every command
-#: builds this parser, and the worker's modules are for ``worker`` alone).
-MAX_RUNS = 1_000_000_000
 
 
 def add_parsers(commands: Commands) -> None:
@@ -91,7 +88,7 @@ def add_parsers(commands: Commands) -> None:
     )
     worker.add_argument(
         "--max-runs",
-        type=bounded_int(1, MAX_RUNS, "max-runs"),
+        type=bounded_int(1, _bounds.MAX_RUNS, "max-runs"),
         metavar="N",
         help="claim N executions, let them end, then exit 0: a worker replaced after N "
         "runs, or a job that drains N (default: until stopped)",

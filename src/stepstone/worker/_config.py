@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .. import _upgrade
+from .._bounds import MAX_RUNS
 from .._errors import InvalidWorkflow
 from .._steps import Workflow, workflow_label
 from .._store import Store
@@ -56,10 +57,6 @@ def check_numbers(store: object, concurrency: object, poll: object, grace: objec
             or not 0 <= value <= 86_400
         ):
             raise InvalidWorkflow(f"{name} must be seconds from 0 to 86400, got {value!r}")
-
-
-#: The most executions ``max_runs`` may name: more is a typo, not a batch.
-MAX_RUNS = 1_000_000_000
 
 
 def check_max_runs(max_runs: object) -> int | None:
