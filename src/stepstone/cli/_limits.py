@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
+from .._flow._limit import POLICIES
 from ._commands import Commands
 from ._common import EXIT_OK, OperationalError, existing, opened, store_config
 from ._output import emit_json, iso, out, safe, table
@@ -18,10 +19,6 @@ if TYPE_CHECKING:
     from .._flow import Limit
 
 __all__ = ["add_parsers"]
-
-#: ``_flow._limit.POLICIES``, spelled here (a test checks they agree): ``_flow`` imports
-#: asyncio, and importing it to build this parser cost every command, ``--help`` too.
-POLICIES = ("queue", "reject", "replace_pending", "cancel_running")
 
 _FIELDS = ("concurrency", "rpm", "tpm", "requests", "tokens", "per", "policy")
 
