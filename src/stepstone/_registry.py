@@ -8,7 +8,6 @@ never silently redirect ``sqlite://`` or ``cosmos://`` somewhere else.
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import os
 import re
@@ -191,6 +190,8 @@ def store_class(scheme: str) -> type[Store]:
     plugins = _entry_point_schemes()
     if scheme in plugins:
         return _load_class(plugins[scheme], scheme, None)
+    import difflib  # noqa: PLC0415 - only to suggest a name for an unknown scheme
+
     close = difflib.get_close_matches(scheme, schemes(), n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
     raise ConfigError(f"unknown store scheme {scheme!r}.{hint} Valid forms: {_valid_forms()}")

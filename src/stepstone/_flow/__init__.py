@@ -1,12 +1,12 @@
 """Flow control on the Store: keyed concurrency, request and token rates, shared 429s.
 
-``_limit`` holds what users declare (``Limit``, its policies) and the errors; ``_bucket``
-the rules of a limit record as pure functions (GCRA, fenced slots); ``_ops`` the record
-operations as effect generators; ``_api`` the public functions; ``_hook`` what the
-runner does around a step that names limits.
+``_limit`` holds what users declare (``Limit``, its policies in ``_policy``) and the
+errors; ``_bucket`` the rules of a limit record as pure functions (GCRA, fenced slots);
+``_ops`` the record operations as effect generators; ``_api`` the public functions;
+``_hook`` what the runner does around a step that names limits.
 
 The names below are imported on first use, as ``stepstone``'s are: ``_api`` imports
-asyncio, and the CLI's parser reads ``_limit.POLICIES`` on every command, ``--help``
+asyncio, and the CLI's parser reads ``_policy.POLICIES`` on every command, ``--help``
 too, without it.
 """
 

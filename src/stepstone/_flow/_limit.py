@@ -12,10 +12,11 @@ import math
 import re
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
 from .._errors import ConfigError, StepstoneError
 from .._reserved import LIMIT_PREFIX
+from ._policy import POLICIES, Policy
 
 __all__ = [
     "POLICIES",
@@ -32,13 +33,6 @@ __all__ = [
 #: Written once, in ``_reserved``, which the CLI reads without importing flow control.
 PREFIX = LIMIT_PREFIX
 MAX_KEY_LENGTH = 200
-Policy = Literal["queue", "reject", "replace_pending", "cancel_running"]
-#: What happens when a key is full. ``queue``: wait (the run parks, holding no thread).
-#: ``reject``: a step fails with ``LimitReached`` (recorded, not retried), and
-#: ``start`` of a run holding the key refuses it. For a run's own keys (``start``):
-#: ``replace_pending`` cancels the runs started with the key that have not taken it yet
-#: (debounce), ``cancel_running`` cancels the runs holding it; a step's keys queue.
-POLICIES: tuple[Policy, ...] = ("queue", "reject", "replace_pending", "cancel_running")
 _BAD_KEY_CHAR = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 
 

@@ -23,10 +23,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import logging
 import os
 import sys
-import traceback
 from collections.abc import Sequence
 
 from .. import __version__
@@ -58,11 +56,6 @@ memory:// (this process only).
 Exit status: 0 ok; 1 operational error (store failed, run missing, a doctor check
 failed, migrate left conflicts or failures); 2 usage or configuration error.
 """
-
-
-class _RedactingFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        return REDACT(super().format(record))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -117,29 +110,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _setup_logging(verbose: bool) -> None:
-    logger = logging.getLogger("stepstone")
-    handler = logging.StreamHandler(sys.stderr)
-    if verbose:
-        handler.setFormatter(_RedactingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        logger.setLevel(logging.DEBUG)
-    else:
-        handler.setFormatter(_RedactingFormatter(f"{PROG}: %(levelname)s: %(message)s"))
-        logger.setLevel(logging.WARNING)
-    logger.handlers[:] = [handler]
-    logger.propagate = False
-    # Drivers' own warnings (urllib3's InsecureRequestWarning for an emulator with
-    # verify=false, azure-identity's long credential-chain report) would break the
-    # one-line error promise; they go through the same redacting handler, and only
-    # with --verbose.
-    logging.captureWarnings(True)
-    for name in ("py.warnings", "azure", "urllib3"):
-        noisy = logging.getLogger(name)
-        noisy.handlers[:] = [handler]
-        noisy.propagate = False
-        noisy.setLevel(logging.DEBUG if verbose else logging.CRITICAL)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``stepstone`` command with ``argv`` (default ``sys.argv[1:]``); return
     its exit status."""
@@ -164,7 +134,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args, extra = parser.parse_known_args(argv)
         verbose = bool(args.verbose)
-        _setup_logging(verbose)
+        # Here, not at the top: --help and usage errors end above without logging.
+        from ._logs import setup_logging  # noqa: PLC0415 - deferred: see above
+
+        setup_logging(verbose)
         if args.command == "bench":
             return _demo_bench.run_bench(args, extra)
         if extra:
@@ -188,6 +161,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - the last resort: any failure is one line and an exit code
         code, message = _classify(exc)
         if verbose:
+            import traceback  # noqa: PLC0415 - only for --verbose's traceback
+
             text = "".join(traceback.format_exception(exc))
             print(REDACT(text), file=sys.stderr, end="")
         elif code == EXIT_ERROR and not isinstance(exc, (OperationalError, StepstoneError)):

@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import io
 import os
-import shutil
 import sys
-from pathlib import Path
 from typing import Any
 
 from .._redact import redact_url
@@ -47,6 +43,9 @@ def command_name() -> str:
     itself (``.venv/bin/stepstone`` after ``./scripts/demo``), relative when it lies
     below the working directory; else ``python -m stepstone``.
     """
+    import shutil  # noqa: PLC0415 - when used
+    from pathlib import Path  # noqa: PLC0415 - when used
+
     script = Path(sys.executable).parent / "stepstone"
     found = shutil.which("stepstone")
     if found is not None and script.exists() and os.path.samefile(found, script):
@@ -114,6 +113,8 @@ def _demo(args: argparse.Namespace) -> int:
 
 def run_bench(args: argparse.Namespace, extra: list[str]) -> int:
     """Run ``stepstone bench`` with the options ``bench`` itself parses."""
+    import importlib.util  # noqa: PLC0415 - when used
+
     if importlib.util.find_spec("stepstone._bench") is None:
         raise OperationalError(
             "the benchmark is not available in this installation (no stepstone._bench module)"

@@ -22,6 +22,7 @@ __all__ = [
     "REDACT",
     "age",
     "emit_json",
+    "json_line",
     "err",
     "iso",
     "out",
@@ -86,6 +87,15 @@ def emit_json(value: Any) -> None:
     """
     text = json.dumps(value, ensure_ascii=False, indent=2)
     out(_UNSAFE_IN_JSON.sub(lambda m: f"\\u{ord(m[0]):04x}", text))
+
+
+def json_line(value: dict[str, Any]) -> None:
+    """Print ``value`` as one line of JSON (JSON Lines: one object per line), masked.
+
+    ASCII only: every control, C1 and bidirectional character is a ``\\u`` escape.
+    """
+    out(json.dumps(value, ensure_ascii=True, separators=(",", ":"), default=str))
+    sys.stdout.flush()
 
 
 def utc(value: datetime) -> datetime:

@@ -13,7 +13,6 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from .._observe import escape
 from ._commands import Commands
 from ._common import EXIT_OK, existing, json_arg, opened, store_config
 from ._output import emit_json, iso, out, safe, table, when
@@ -108,6 +107,7 @@ def _row(info: Any) -> dict[str, Any]:
 
 def _add(args: argparse.Namespace) -> int:
     """store a schedule"""
+    from .._observe import escape  # noqa: PLC0415 - when used
     from .._schedule import schedule  # noqa: PLC0415 - the runtime, only when used
 
     flow = _workflow(args.workflows, args.workflow, args.workflow_version)
@@ -167,6 +167,7 @@ def _list(args: argparse.Namespace) -> int:
 
 def _one(args: argparse.Namespace) -> int:
     from .. import _schedule  # noqa: PLC0415
+    from .._observe import escape  # noqa: PLC0415 - when used
 
     with existing(store_config(args)) as store:
         if args.action_name == "show":
@@ -195,6 +196,7 @@ def _one(args: argparse.Namespace) -> int:
 def _backfill(args: argparse.Namespace) -> int:
     """start the slots of a past window that have no run"""
     from .. import _schedule  # noqa: PLC0415
+    from .._observe import escape  # noqa: PLC0415 - when used
     from .._schedule_fire import backfill  # noqa: PLC0415
 
     with existing(store_config(args)) as store:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-import traceback
 from typing import TYPE_CHECKING, Any, TextIO
 
 from .._bounds import ORPHAN_AGE
@@ -223,6 +222,8 @@ def _doctor(args: argparse.Namespace) -> int:
         results = [Diagnosis("open the store", False, str(exc))]
     except (StoreError, OSError) as exc:
         if args.verbose:
+            import traceback  # noqa: PLC0415 - only for --verbose's traceback
+
             print(REDACT("".join(traceback.format_exception(exc))), file=sys.stderr, end="")
         results = [Diagnosis("open the store", False, f"{type(exc).__name__}: {exc}")]
     failed = [d for d in results if not d.ok]

@@ -18,10 +18,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
-import logging
 import os
-import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,7 +26,6 @@ from types import FrameType
 from typing import Any, NoReturn
 
 from .. import _bounds
-from .._observe import RunEvent, escape
 from .._redact import redact_url
 from ._commands import Commands
 from ._common import (
@@ -42,7 +38,7 @@ from ._common import (
     seconds_arg,
 )
 from ._common import store_config as _store_config
-from ._output import PROG, emit_json, out, safe
+from ._output import PROG, emit_json, json_line, out, safe
 
 __all__ = [
     "add_parsers",
@@ -177,6 +173,8 @@ def load_workflows(spec: str) -> list[Any]:
 def _stop_on_signals(worker: Any) -> Iterator[list[int]]:
     """Install SIGTERM/SIGINT handlers: the first calls ``worker.stop()``, a second
     exits at once with 128 + the signal number. Yields the signals received."""
+    import signal  # noqa: PLC0415 - when used
+
     received: list[int] = []
 
     def handle(signum: int, frame: FrameType | None) -> None:
@@ -228,14 +226,16 @@ def _worker(args: argparse.Namespace) -> int:
         if getattr(args, name) is not None
     }
     config = _store_config(args)
-    _log_events(args)
+    from ._logs import log_events  # noqa: PLC0415 - when used (logging)
+
+    log_events(args)
     names = ", ".join(safe(getattr(w, "name", repr(w))) for w in workflows)
     with opened(config) as store:
         worker = worker_type(store, workflows, **options)
         # The handlers first: once the line is out, a SIGINT or SIGTERM is a graceful stop.
         with _stop_on_signals(worker) as received:
             if args.json:
-                _json_line(
+                json_line(
                     {
                         "event": "serving",
                         "store": redact_url(config),
@@ -268,7 +268,7 @@ _ABANDON_TIMEOUT = 5.0
 
 def _stopped(args: argparse.Namespace, received: list[int], stuck: list[str]) -> None:
     if args.json:
-        _json_line({"event": "stopped", "signals": len(received), "abandoned": stuck})
+        json_line({"event": "stopped", "signals": len(received), "abandoned": stuck})
     elif stuck:
         shown = ", ".join(safe(repr(run_id)) for run_id in stuck[:5])
         more = f" and {len(stuck) - 5} more" if len(stuck) > 5 else ""
@@ -288,54 +288,6 @@ def _exit_now(code: int) -> NoReturn:
 
 
 # --- the run events' lines ----------------------------------------------------------------
-
-
-def _json_line(value: dict[str, Any]) -> None:
-    """Print ``value`` as one line of JSON (JSON Lines: one object per line), masked.
-
-    ASCII only: every control, C1 and bidirectional character is a ``\\u`` escape.
-    """
-    out(json.dumps(value, ensure_ascii=True, separators=(",", ":"), default=str))
-    sys.stdout.flush()
-
-
-class _EventLines(logging.Handler):
-    """Prints each run event (a record carrying ``stepstone_event``) as a JSON line."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        event = getattr(record, "stepstone_event", None)
-        if isinstance(event, RunEvent):
-            try:
-                _json_line(event.as_json())
-            except (OSError, ValueError):  # stdout closed: the worker goes on
-                self.handleError(record)
-
-
-def _is_event(record: logging.LogRecord) -> bool:
-    return isinstance(getattr(record, "stepstone_event", None), RunEvent)
-
-
-def _event_or_warning(record: logging.LogRecord) -> bool:
-    return record.levelno >= logging.WARNING or _is_event(record)
-
-
-def _json_elsewhere(record: logging.LogRecord) -> bool:
-    """Keep on stderr the warnings and errors that are not events (those are JSON)."""
-    return record.levelno >= logging.WARNING and not _is_event(record)
-
-
-def _log_events(args: argparse.Namespace) -> None:
-    """Log each run event at INFO (``-q``: warnings and errors only); ``--json``: as
-    JSON lines on stdout, the other log lines staying on stderr."""
-    logger = logging.getLogger("stepstone")
-    if not args.verbose:  # --verbose: every record on stderr already, events among them
-        logger.setLevel(logging.WARNING if args.quiet else logging.INFO)
-        for handler in logger.handlers:
-            # One line per run event: the engine's own INFO lines (starting, waiting
-            # for, done after) say the same things again; its warnings and errors stay.
-            handler.addFilter(_json_elsewhere if args.json else _event_or_warning)
-    if args.json:
-        logger.addHandler(_EventLines())
 
 
 # --- runs start ---------------------------------------------------------------------------
@@ -366,6 +318,8 @@ def _start(args: argparse.Namespace) -> int:
     Record a new run RUN_ID of WORKFLOW (a name among the workflows MODULE:ATTR names) as
     queued, with --input as its input, for `stepstone worker` to run.
     """
+    from .._observe import escape  # noqa: PLC0415 - when used
+
     workflows = load_workflows(args.workflows)
     workflow = _pick(workflows, args.workflow, args.workflow_version, args.workflows)
     payload = json_arg(args.input, "--input", '{"order": 42}')
