@@ -72,8 +72,8 @@ class Commands:
 def _texts(handler: Handler | None) -> tuple[str, str | None]:
     """Return the help line and the description ``handler``'s docstring holds."""
     # The docstring as written, not ``inspect.getdoc``'s: the texts are reflowed below,
-    # so its indentation does not matter, and ``inspect`` costs ``--help`` ~25M
-    # instructions to import.
+    # so its indentation does not matter, and building the parser (``--help``) then
+    # imports neither ``inspect`` nor the ``ast`` and ``dis`` it brings.
     doc = handler.__doc__ if handler is not None else None
     if not doc:
         raise TypeError(f"{handler!r} has no docstring to be its command's help")
