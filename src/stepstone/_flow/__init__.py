@@ -1,51 +1,15 @@
 """Flow control on the Store: keyed concurrency, request and token rates, shared 429s.
 
-``_limit`` holds what users declare (``Limit``, its policies in ``_policy``) and the
-errors; ``_bucket`` the rules of a limit record as pure functions (GCRA, fenced slots);
-``_ops`` the record operations as effect generators; ``_api`` the public functions;
-``_hook`` what the runner does around a step that names limits.
-
-The names below are imported on first use, as ``stepstone``'s are: ``_api`` imports
-asyncio, and the CLI's parser reads ``_policy.POLICIES`` on every command, ``--help``
-too, without it.
+``_limit`` holds what users declare (``Limit``; its policies are ``.._flow_policy``'s)
+and the errors; ``_bucket`` the rules of a limit record as pure functions (GCRA, fenced
+slots); ``_ops`` the record operations as effect generators; ``_api`` the public
+functions; ``_hook`` what the runner does around a step that names limits.
 """
 
-from typing import TYPE_CHECKING
+from . import _api
+from ._api import *  # noqa: F403 - the public functions, listed once: _api.__all__
+from ._limit import Limit, LimitReached, RateLimited
 
-from .._lazy import lazy_getattr
-
-if TYPE_CHECKING:  # what the names below are, for type checkers; imported on first use
-    from ._api import (
-        LimitUsage,
-        aget_limit,
-        alimit_usage,
-        alist_limits,
-        aset_limit,
-        get_limit,
-        limit_usage,
-        list_limits,
-        set_limit,
-    )
-    from ._limit import Limit, LimitReached, RateLimited
-
-__all__ = [
-    "Limit",
-    "LimitReached",
-    "LimitUsage",
-    "RateLimited",
-    "aget_limit",
-    "alimit_usage",
-    "alist_limits",
-    "aset_limit",
-    "get_limit",
-    "limit_usage",
-    "list_limits",
-    "set_limit",
-]
-
-_DECLARED = ("Limit", "LimitReached", "RateLimited")
-__getattr__ = lazy_getattr(
-    __name__,
-    {name: "._limit" if name in _DECLARED else "._api" for name in __all__},
-    globals(),
-)
+# What ``_api`` exports, and the declarations: one list of the public functions.
+__all__ = ["Limit", "LimitReached", "RateLimited"]
+__all__ += _api.__all__

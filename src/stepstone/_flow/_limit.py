@@ -15,8 +15,8 @@ from datetime import datetime
 from typing import Any
 
 from .._errors import ConfigError, StepstoneError
+from .._flow_policy import POLICIES, Policy
 from .._reserved import LIMIT_PREFIX
-from ._policy import POLICIES, Policy
 
 __all__ = [
     "POLICIES",

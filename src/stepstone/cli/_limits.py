@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from .._flow._policy import POLICIES
+from .._flow_policy import POLICIES
 from ._commands import Commands
 from ._common import EXIT_OK, OperationalError, existing, opened, store_config
 from ._output import emit_json, iso, out, safe, table

@@ -1,7 +1,9 @@
-"""What a limit does when its key is full: the policies, in a module of their own.
+"""What a flow-control limit does when its key is full: the policies.
 
-``_limit`` declares limits with them; the CLI's parser offers them as ``--policy``'s
-choices and reads them here, without ``_limit``'s dataclasses (``stepstone --help``).
+Outside the ``_flow`` package, as its record prefix is in ``_reserved``: ``_flow._limit``
+declares limits with them, and the CLI's parser offers them as ``--policy``'s choices,
+reading them here without importing flow control (its operations import asyncio;
+``stepstone --help``).
 """
 
 from __future__ import annotations
