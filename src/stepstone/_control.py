@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Callable, Generator, Mapping
 from datetime import timedelta
 from typing import Any
@@ -23,7 +24,7 @@ from ._checkpoint import DUE_NOW, Checkpoint, Signal, check_run_id, evolve, utcn
 from ._checks import check_clock, check_input
 from ._codec import encode_state
 from ._deadline import check_deadline, check_on_deadline, start_timing
-from ._effects import Announce, Effect, Load, Save, astep_through, step_through
+from ._effects import Announce, Effect, Load, Pause, Save, astep_through, step_through
 from ._errors import (
     ConflictError,
     InputMismatch,
@@ -76,6 +77,9 @@ def performer(store: Store) -> Callable[[Effect], Any]:
             return announce(store)
         if isinstance(effect, Now):
             return store_now(store)
+        if isinstance(effect, Pause):  # watching a lease (``watch_lease``): renews nothing
+            time.sleep(effect.seconds)
+            return None
         assert isinstance(effect, Load)
         return store.load(effect.run_id)
 
@@ -94,6 +98,11 @@ async def _async(gen: Op, store: Store) -> Any:
             return await aannounce(store)
         if isinstance(effect, Now):
             return await astore_now(store)
+        if isinstance(effect, Pause):
+            import asyncio  # noqa: PLC0415 - only async callers pay for asyncio
+
+            await asyncio.sleep(effect.seconds)
+            return None
         assert isinstance(effect, Load)
         return await store.aload(effect.run_id)
 

@@ -1,8 +1,8 @@
 """Public names a package imports on first use (PEP 562), from a table of their modules.
 
-A package (``stepstone``; ``stepstone._stream`` has the same table) keeps each name's
-module in a table and imports it the first time the name is looked up, so that
-importing the package costs only what is used.
+A package (``stepstone``, ``stepstone._stream``) keeps each name's module in a table
+and imports it the first time the name is looked up, so that importing the package
+costs only what is used.
 """
 
 from __future__ import annotations

@@ -49,6 +49,7 @@ from collections.abc import Generator, Mapping
 from typing import Any
 
 from . import _hooks
+from ._acquire import watch_lease
 from ._checkpoint import Checkpoint, evolve
 from ._checks import renamed_at
 from ._code import CodeStep
@@ -61,7 +62,6 @@ from ._errors import (
     InvalidWorkflow,
     RunNotActive,
     RunNotFound,
-    RunOwned,
     WorkflowChanged,
     safe_text,
 )
@@ -264,6 +264,14 @@ def _check_journal(cp: Checkpoint, workflow: Workflow, state: State, position: i
         )
 
 
+def _advice(workflow: Workflow) -> str:
+    """What ``RunOwned`` tells the caller of ``upgrade`` whose run an owner executes."""
+    return (
+        "try again once it waits or is given back, or let a worker serving version "
+        f"{workflow.version!r} upgrade it when it claims it"
+    )
+
+
 def upgrade_op(run_id: str, workflow: Workflow) -> Generator[Effect, Any, Checkpoint]:
     """``upgrade`` as a generator of ``Load``/``Save`` effects (a compare-and-swap loop)."""
     if not isinstance(workflow, Workflow):
@@ -283,13 +291,13 @@ def upgrade_op(run_id: str, workflow: Workflow) -> Generator[Effect, Any, Checkp
                 status,
             )
         if cp.owner is not None:
-            raise RunOwned(
-                f"run {run_id!r} is held by {cp.owner!r}: it is upgraded only between two "
-                "executions. Try again once it waits or is given back, or let a worker "
-                f"serving version {workflow.version!r} upgrade it when it claims it",
-                run_id,
-                cp.owner,
-            )
+            # Only a live lease blocks, as for rerun: an owner that wrote nothing for a
+            # whole lease (by our clock), or is known dead on this machine, is taken
+            # over. The upgrade's compare-and-swap then fences it: its next write
+            # conflicts, and the run is claimable at once.
+            cp = yield from watch_lease(run_id, cp, _advice(workflow))
+            if cp.owner is not None or cp.status in ("done", "cancelled"):
+                continue  # it finished meanwhile: read it again, and say so
         new = upgraded(cp, workflow)
         try:
             saved: Checkpoint = yield Save(new, "upgrade", owned=False)
@@ -312,9 +320,12 @@ def upgrade(store: Store, run_id: str, workflow: Workflow) -> Checkpoint:
 
     The run must be at rest (queued, waiting, failed or given back): the upgraded
     record is saved by compare-and-swap on the version read, so a run that moves
-    meanwhile is read again. A run of ``workflow``'s version already is returned as it
-    is. Workers upgrade the runs they claim by themselves; this is for runs that are
-    not due yet (a waiting run is loaded by a worker only when it is due).
+    meanwhile is read again. A run whose owner died is taken over first, as ``rerun``
+    does: at once if the owner was a process of this machine that no longer exists,
+    else once it has written nothing for a whole lease (this call waits that long). A
+    run of ``workflow``'s version already is returned as it is. Workers upgrade the runs
+    they claim by themselves; this is for runs that are not due yet (a waiting run is
+    loaded by a worker only when it is due).
 
     Returns:
         The stored record, now of ``workflow``'s version.
@@ -322,7 +333,8 @@ def upgrade(store: Store, run_id: str, workflow: Workflow) -> Checkpoint:
     Raises:
         RunNotFound: no such run.
         RunNotActive: the run is done or cancelled.
-        RunOwned: someone executes the run now; it is upgraded between executions.
+        RunOwned: someone executes the run now (its record changed while this call
+            watched its lease); it is upgraded between executions.
         WorkflowChanged: ``workflow`` does not upgrade the run's version, or the steps
             the run completed are not its first steps (the message names the step), or
             the upgrade function raised (its ``__cause__``). Nothing was written.

@@ -14,10 +14,12 @@ a new process that opens the store itself, but does not pay the import again.
 from __future__ import annotations
 
 import asyncio
+import binascii
 import json
 import operator
 import os
 import queue
+import random
 import signal
 import threading
 import uuid
@@ -366,6 +368,30 @@ def test_serialized_bytes_are_stored_as_ascii_base64(saver: StepstoneSaver, stor
     assert record is not None
     assert {k: v[1] for k, v in record.state["values"].items()} == {"text": "b64", "blob": "b64"}
     assert all(v[2].isascii() for v in record.state["values"].values())
+
+
+def test_base64_text_is_the_standard_librarys_both_ways() -> None:
+    """The saver's base64 (pybase64 when installed) writes the standard library's text and
+    reads it back, so records written with either encoder load under the other; the
+    decoder is as lenient as the standard library's on text it did not write."""
+    from stepstone.adapters.langgraph import _codec
+
+    rng = random.Random(36)
+    samples = [b"", b"\x00", b"\xff\xfe", bytes(range(256))]
+    samples += [rng.randbytes(rng.randrange(1, 5000)) for _ in range(200)]
+    for data in samples:
+        text = _codec.b64_text(data)
+        assert text == _codec.stdlib_b64_text(data)
+        assert type(text) is str and text.isascii()
+        assert _codec.b64_bytes(text) == data == _codec.stdlib_b64_bytes(text)
+    # Text of another writer: line breaks ignored alike; bad padding refused alike.
+    wrapped = "AAEC\nAw=="
+    assert _codec.b64_bytes(wrapped) == _codec.stdlib_b64_bytes(wrapped) == b"\0\1\2\3"
+    for bad in ("AAA", "A"):
+        with pytest.raises(binascii.Error):
+            _codec.stdlib_b64_bytes(bad)
+        with pytest.raises(binascii.Error):
+            _codec.b64_bytes(bad)
 
 
 def test_bad_arguments_get_clear_errors(saver: StepstoneSaver, store: Store) -> None:

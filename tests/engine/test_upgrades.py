@@ -26,6 +26,7 @@ import textwrap
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ from stepstone import (
     InvalidWorkflow,
     Map,
     RunNotActive,
+    RunOwned,
     Sleep,
     Step,
     StepContext,
@@ -53,7 +55,7 @@ from stepstone import (
     _upgrade,
     open_store,
 )
-from stepstone._checkpoint import Checkpoint
+from stepstone._checkpoint import Checkpoint, utcnow
 from stepstone.testing._barrier import WAIT_TIMEOUT
 from waiting import until
 
@@ -413,6 +415,130 @@ def test_direct_run_with_the_new_version_is_refused_until_upgraded(store: Store,
     with pytest.raises(WorkflowChanged, match="version '2'"):
         _run(store, "r", V3, mode)
     assert _loaded(store, "r").version == signalled.version != before.version
+
+
+# --- a run whose owner died -----------------------------------------------------------
+
+
+def _die(state: State, ctx: StepContext) -> State:
+    os.kill(os.getpid(), signal.SIGKILL)
+    raise AssertionError("SIGKILL did not end the process")
+
+
+def _stall(state: State, ctx: StepContext) -> State:
+    if not STALL_RELEASE.wait(WAIT_TIMEOUT):
+        raise AssertionError("the test never released the owner's step")
+    return state
+
+
+#: Version 2 whose last step kills its process (the crash test's owner dies in it)...
+V2_DYING = Workflow(
+    "report",
+    [Step("fetch", _fetch_v2), WaitFor("approve", "go"), Step("publish", _die)],
+    version="2",
+)
+#: ... or waits for the test (a live owner, renewing its lease meanwhile).
+V2_STALLING = Workflow(
+    "report",
+    [Step("fetch", _fetch_v2), WaitFor("approve", "go"), Step("publish", _stall)],
+    version="2",
+)
+STALL_RELEASE = threading.Event()
+
+_DYING_CHILD = textwrap.dedent(
+    """
+    import asyncio, sys
+    import stepstone
+    from stepstone import open_store
+    from test_upgrades import V2_DYING
+
+    config, mode = sys.argv[1:3]
+    with open_store(config) as store:
+        # A ten-minute lease: a takeover that waited it out would time the test out.
+        if mode == "async":
+            asyncio.run(stepstone.arun("r", V2_DYING, store, lease=600))
+        else:
+            stepstone.run("r", V2_DYING, store, lease=600)
+    """
+)
+
+
+@pytest.mark.crash
+def test_upgrade_takes_over_at_once_a_run_whose_owner_was_killed(
+    request: pytest.FixtureRequest, tmp_path: Path, mode: str
+) -> None:
+    """An owner SIGKILLed mid-step on this machine no longer blocks ``upgrade``: the run
+    moves to version 3 at once, unowned, and finishes there. (The rule is the backends'
+    shared code: one durable backend shows it.)"""
+    config = fresh_config("sqlite", request, tmp_path)
+    with open_store(config) as store:
+        _waiting_v2(store, "r", mode)
+        stepstone.signal(store, "r", "go", APPROVAL)
+    child = subprocess.run(
+        [sys.executable, "-c", _DYING_CHILD, config, mode],
+        env={**os.environ, "PYTHONPATH": CHILD_PATH},
+        timeout=WAIT_TIMEOUT,
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    assert child.returncode == -signal.SIGKILL, child.stderr[-2000:]
+    with open_store(config) as store:  # reopened from its config string
+        held = _loaded(store, "r")
+        assert held.owner is not None and held.status == "running", held
+        assert held.workflow_version == "2" and held.step_names == ("fetch", "approve")
+        upgraded = _upgrade_one(store, "r", V3, mode)
+        assert upgraded.workflow_version == "3" and upgraded.owner is None
+        assert upgraded.step_names == held.step_names and upgraded.version != held.version
+        assert _run(store, "r", V3, mode) == UPGRADED_END
+
+
+def test_upgrade_takes_over_a_run_whose_lease_expired_unrenewed(store: Store, mode: str) -> None:
+    """An owner of another machine (whose death this one cannot see) that wrote nothing
+    for its whole lease no longer blocks ``upgrade``; the upgraded run finishes."""
+    _waiting_v2(store, "r", mode)
+    stepstone.signal(store, "r", "go", APPROVAL)
+    signalled = _loaded(store, "r")
+    held = store.save(
+        replace(
+            signalled,
+            owner="worker:elsewhere:4242:-:0badc0de",
+            epoch=signalled.epoch + 1,
+            lease=0.3,
+            renewed_at=utcnow(),
+        )
+    )
+    assert held.owner is not None
+    upgraded = _upgrade_one(store, "r", V3, mode)
+    assert upgraded.workflow_version == "3" and upgraded.owner is None
+    assert upgraded.epoch == held.epoch  # the epoch stays: the dead owner is fenced
+    assert _run(store, "r", V3, mode) == UPGRADED_END
+
+
+def test_a_live_owner_still_blocks_upgrade(store: Store, mode: str) -> None:
+    """An owner renewing its lease while ``upgrade`` watches refuses it, saying what to do;
+    nothing is written, and the owner finishes its version-2 run."""
+    _waiting_v2(store, "r", mode)
+    stepstone.signal(store, "r", "go", APPROVAL)
+    STALL_RELEASE.clear()
+    outcome: dict[str, Any] = {}
+
+    def owner() -> None:
+        # A lease of 1.5 s: the owner renews every ~0.5 s while its step runs.
+        outcome["result"] = stepstone.run("r", V2_STALLING, store, lease=1.5)
+
+    thread = threading.Thread(target=owner)
+    thread.start()
+    try:
+        until("the owner to claim the run", lambda: _loaded(store, "r").owner is not None)
+        with pytest.raises(RunOwned, match="being executed by .*try again once it waits"):
+            _upgrade_one(store, "r", V3, mode)
+        assert _loaded(store, "r").workflow_version == "2"
+    finally:
+        STALL_RELEASE.set()
+        thread.join(WAIT_TIMEOUT)
+    assert not thread.is_alive(), "the owner did not finish"
+    assert outcome["result"] == {"rows": [1, 2, 3], "approve": APPROVAL}
 
 
 # --- refusals ----------------------------------------------------------------------------

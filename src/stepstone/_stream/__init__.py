@@ -10,8 +10,9 @@ The names below are imported on first use, as ``stepstone``'s are: the drivers i
 ``_hooks`` on every run, and need none of the reader.
 """
 
-import importlib
 from typing import TYPE_CHECKING
+
+from .._lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from ._events import MAX_EVENT_BYTES, EmitOutsideStep, EventTooLarge, StreamEvent
@@ -33,13 +34,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> object:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _LAZY, globals())
 
 
 __all__ = [
