@@ -9,6 +9,7 @@ nothing for a whole lease (by our own clock), then taken over, or refused with
 from __future__ import annotations
 
 from collections.abc import Generator
+from datetime import datetime
 from typing import Any
 
 from . import _clock, _lease
@@ -22,6 +23,7 @@ from ._errors import ConflictError, RunCancelled, RunOwned, Suspended
 from ._observe import logger
 from ._plan import Plan
 from ._steps import Step
+from ._store_time import Now
 
 __all__ = ["acquire", "ready", "watch_lease"]
 
@@ -53,7 +55,7 @@ def acquire(plan: Plan) -> Generator[Effect, Any, Checkpoint]:
         if cp.owner is not None and cp.owner != plan.owner:
             found = yield from watch_lease(run_id, cp)
             continue
-        if status == "waiting" and not ready(plan, cp):
+        if status == "waiting" and not ready(plan, cp, (yield Now())):
             raise Suspended(run_id, cp.waiting_for or "?", cp.wake_at)
         try:
             claimed: Checkpoint = yield Save(_lease.claimed(cp, plan.owner, plan.lease), "claim")
@@ -170,8 +172,9 @@ def watch_lease(
         latest = now  # signals may have come: claim on the newest version
 
 
-def ready(plan: Plan, cp: Checkpoint) -> bool:
-    """Return whether a waiting run has what it waits for (signal, due timer, children)."""
+def ready(plan: Plan, cp: Checkpoint, now: datetime | None = None) -> bool:
+    """Return whether a waiting run has what it waits for (signal, due timer, children)
+    by ``now``: the store's clock (``Now``), or this host's when None."""
     index = cp.step + 1
     if index >= plan.total or cp.waiting_for == BUDGET_WAIT:
         return True  # a budget pause: the core's budget check decides (``_spending.gate``)
@@ -180,7 +183,7 @@ def ready(plan: Plan, cp: Checkpoint) -> bool:
         return True
     if cp.timing and _deadline_fell(cp):
         return True  # issue 33: the core acts on the deadline (``_deadline_run``)
-    return bool(step.ready(cp))
+    return bool(step.ready(cp, now))
 
 
 def _deadline_fell(cp: Checkpoint) -> bool:

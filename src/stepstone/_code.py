@@ -28,7 +28,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from . import _budget, _hooks, _lease
-from ._checkpoint import Checkpoint, evolve, parked, utcnow
+from ._checkpoint import Checkpoint, evolve, parked
 from ._code_budget import _append, _spend_request
 from ._codec import copy_containers
 from ._context import MISSING, AsyncWorkflowContext, WorkflowContext, failure
@@ -62,6 +62,7 @@ from ._observe import logger
 from ._plan import Plan
 from ._session import CallFailed, Reply, Session, Waiter, close, current_call
 from ._steps import Complete, Outcome, StepCodeError, SuspendingStep, Wait, Workflow, check_name
+from ._store_time import Now
 from ._suspend import Map, _due, nudge, pending_signals
 from ._write import _finish_cancelled as finish_cancelled
 
@@ -97,12 +98,12 @@ class CodeStep(SuspendingStep):
     def __repr__(self) -> str:
         return f"CodeStep({self.name!r})"
 
-    def ready(self, cp: Checkpoint) -> bool:
+    def ready(self, cp: Checkpoint, now: datetime | None = None) -> bool:
         waiting = cp.waiting_for or ""
         if waiting.startswith("signal ") and pending_signals(cp, waiting[len("signal ") :]):
             return True
         # A key may have come free before the due time (flow control): ask it again.
-        return waiting.startswith("limit:") or _due(cp.wake_at)
+        return waiting.startswith("limit:") or _due(cp.wake_at, now)
 
     def evaluate(
         self, plan: Plan, cp: Checkpoint, index: int, state: State, first: bool
@@ -229,8 +230,8 @@ def _acquire(
         session.answer(reply, None)
         return cp, None
     session.stop("stopped")
-    if wait.retry_at is None:
-        wake = utcnow() + timedelta(seconds=_flow.LIMIT_POLL)
+    if wait.retry_at is None:  # on the store's clock, as ``retry_at`` and the claims
+        wake = (yield Now()) + timedelta(seconds=_flow.LIMIT_POLL)
     else:
         wake = datetime.fromtimestamp(wait.retry_at, UTC)
     return cp, Wait(f"limit:{wait.key}", wake)
@@ -327,11 +328,12 @@ def _sleep(
     # wait the run is saved at is always the first call the journal cannot answer, so
     # the label says which call it is.
     label = "timer"
+    now: datetime = yield Now()  # the store's clock, as ``Sleep``'s (``_suspend``)
     if cp.waiting_for == label and cp.wake_at is not None:
         wake = cp.wake_at  # fixed when this sleep began: a restart never moves it
     else:
-        wake = utcnow() + timedelta(seconds=seconds)
-    if utcnow() < wake:
+        wake = now + timedelta(seconds=seconds)
+    if not _due(wake, now):
         session.stop("stopped")
         return cp, Wait(label, wake)
     entry = entry_ok(seq, call, 1, wake.isoformat())
@@ -355,11 +357,12 @@ def _wait(
         return (
             yield from _answered(plan, cp, session, reply, entry, {**cleared, "consumed": consumed})
         )
+    now: datetime = yield Now()  # the store's clock, as ``WaitFor``'s (``_suspend``)
     if cp.waiting_for == label:
         deadline = cp.wake_at
     else:
-        deadline = None if timeout is None else utcnow() + timedelta(seconds=timeout)
-    if deadline is None or utcnow() < deadline:
+        deadline = None if timeout is None else now + timedelta(seconds=timeout)
+    if deadline is None or not _due(deadline, now):
         session.stop("stopped")
         return cp, Wait(label, deadline)
     if default is not MISSING:

@@ -57,6 +57,7 @@ from ._steps import (
     idempotency_key,
     retries,
 )
+from ._store_time import Now
 from ._suspend import nudge
 
 # Flow control (issue 37): what a step that names limits does around its call.
@@ -528,10 +529,11 @@ def _run_suspending(
                 )
             )
             saved = yield from write(plan, cp, waiting, f"wait at step {index}")
+            now = yield Now()  # the store's clock, as the step's own (``_suspend``)
             # A cancel or a signal may have arrived while we looked (our save was re-based
             # on it): take the run back and act on it now rather than sleep on it.
             if saved.cancel_requested or (
-                step.ready(saved) and not outcome.poll_only and looks < _MAX_LOOKS
+                step.ready(saved, now) and not outcome.poll_only and looks < _MAX_LOOKS
             ):
                 cp = yield from write(
                     plan, saved, _lease.claimed(saved, plan.owner, plan.lease), "claim"
@@ -540,7 +542,7 @@ def _run_suspending(
                     yield from _finish_cancelled(plan, cp)
                 resumed = True
                 continue
-            if saved.wake_at is not None and saved.wake_at <= utcnow():
+            if saved.wake_at is not None and saved.wake_at <= now:
                 # Given back already due (a child finished while we looked, and we left
                 # the rest to a worker): nobody else will announce it.
                 yield Announce()

@@ -427,8 +427,9 @@ class SuspendingStep:
     name: str
     retry: RetryPolicy | None
 
-    def ready(self, cp: Checkpoint) -> bool:
-        """Return whether a run waiting at this step has what it waits for."""
+    def ready(self, cp: Checkpoint, now: datetime | None = None) -> bool:
+        """Return whether a run waiting at this step has what it waits for by ``now``
+        (the store's clock; this host's when None)."""
         raise NotImplementedError
 
     def evaluate(

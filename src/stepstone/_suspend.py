@@ -44,6 +44,7 @@ from ._steps import (
     Workflow,
     check_name,
 )
+from ._store_time import Now, earliest
 
 __all__ = [
     "DUE_NOW_UNTIL",
@@ -85,8 +86,13 @@ class ChildFailed(Exception):
         self.run_id = run_id
 
 
-def _due(wake_at: datetime | None) -> bool:
-    return wake_at is not None and utcnow() >= wake_at
+def _due(wake_at: datetime | None, now: datetime | None = None) -> bool:
+    """Whether ``wake_at`` has come by ``now`` (the store's clock; the host's if None).
+
+    A store's time is known within its ``slack`` (a millisecond or so on a server): the
+    earliest it may be decides, so a timer never ends before its time.
+    """
+    return wake_at is not None and (utcnow() if now is None else earliest(now)) >= wake_at
 
 
 def pending_signals(cp: Checkpoint, name: str) -> list[Signal]:
@@ -143,8 +149,8 @@ class WaitFor(SuspendingStep):
     def __repr__(self) -> str:
         return f"WaitFor({self.name!r}, {self.signal!r}, timeout={self.timeout!r})"
 
-    def ready(self, cp: Checkpoint) -> bool:
-        return bool(pending_signals(cp, self.signal)) or _due(cp.wake_at)
+    def ready(self, cp: Checkpoint, now: datetime | None = None) -> bool:
+        return bool(pending_signals(cp, self.signal)) or _due(cp.wake_at, now)
 
     def evaluate(
         self, plan: Plan, cp: Checkpoint, index: int, state: dict[str, Any], first: bool
@@ -156,16 +162,18 @@ class WaitFor(SuspendingStep):
             logger.info("run %r: signal %r (id %r) consumed", cp.run_id, self.signal, pending[0].id)
             _hooks.fire("wait.consumed")  # chosen, not yet saved: a crash here must not lose it
             return Complete({self.name: pending[0].payload}, {"consumed": consumed})
+        # The store's clock, not this host's: a timeout begun on a host whose clock is
+        # off by an hour must neither end an hour early nor an hour late.
+        now: datetime = yield Now()
         if first:
-            deadline = None if self.timeout is None else utcnow() + timedelta(seconds=self.timeout)
+            deadline = None if self.timeout is None else now + timedelta(seconds=self.timeout)
         else:
             deadline = cp.wake_at
-        if _due(deadline):
+        if _due(deadline, now):
             if self.default is not _MISSING:
                 return Complete({self.name: self.default})
             raise WaitTimeout(f"no signal {self.signal!r} within {self.timeout:g}s")
         return Wait(f"signal {self.signal}", deadline)
-        yield  # pragma: no cover - makes this a generator
 
 
 class Sleep(SuspendingStep):
@@ -209,23 +217,24 @@ class Sleep(SuspendingStep):
     def __repr__(self) -> str:
         return f"Sleep({self.name!r}, duration={self.duration!r}, until={self.until!r})"
 
-    def ready(self, cp: Checkpoint) -> bool:
-        return _due(cp.wake_at)
+    def ready(self, cp: Checkpoint, now: datetime | None = None) -> bool:
+        return _due(cp.wake_at, now)
 
     def evaluate(
         self, plan: Plan, cp: Checkpoint, index: int, state: dict[str, Any], first: bool
     ) -> Generator[Effect, Any, Outcome]:
-        wake = cp.wake_at if (not first and cp.wake_at is not None) else self._wake_time()
-        if utcnow() >= wake:
+        # The store's clock (as for WaitFor): a duration counts from the store's now.
+        now: datetime = yield Now()
+        wake = cp.wake_at if (not first and cp.wake_at is not None) else self._wake_time(now)
+        if _due(wake, now):
             return Complete({self.name: wake.astimezone(UTC).isoformat()})
         return Wait("timer", wake)
-        yield  # pragma: no cover - makes this a generator
 
-    def _wake_time(self) -> datetime:
+    def _wake_time(self, now: datetime) -> datetime:
         if self.until is not None:
             return self.until
         assert self.duration is not None
-        return utcnow() + timedelta(seconds=self.duration)
+        return now + timedelta(seconds=self.duration)
 
 
 def child_run_id(parent: str, name: str, index: int) -> str:
@@ -282,8 +291,8 @@ class Map(SuspendingStep):
     def __repr__(self) -> str:
         return f"Map({self.name!r}, {self.workflow!r})"
 
-    def ready(self, cp: Checkpoint) -> bool:
-        return _due(cp.wake_at)
+    def ready(self, cp: Checkpoint, now: datetime | None = None) -> bool:
+        return _due(cp.wake_at, now)
 
     def _inputs(self, items: object) -> list[dict[str, Any]]:
         if not isinstance(items, list):
@@ -339,7 +348,7 @@ class Map(SuspendingStep):
                 )
                 _SEEN.forget(key)
                 raise ChildFailed(f"child run {child.run_id!r} {reason}", child.run_id)
-        return _waiting(str(len(done)), ids)
+        return _waiting(str(len(done)), ids, (yield Now()))
 
     def _look(
         self, cp: Checkpoint, key: _Key, ids: list[str]
@@ -361,7 +370,7 @@ class Map(SuspendingStep):
             self._check_child(cp, ids[position], child)
             if child.status != "done":
                 _SEEN.remember(key, len(ids), position)
-                return _waiting(f"{position}+", ids)
+                return _waiting(f"{position}+", ids, (yield Now()))
             position += 1
         return None
 
@@ -505,13 +514,13 @@ def _list_children(
     return listed
 
 
-def _waiting(done: str, ids: list[str]) -> Wait:
+def _waiting(done: str, ids: list[str], now: datetime) -> Wait:
     """Return the wait on the children ``ids``, ``done`` of them done (``3``, or ``3+``
-    after a poll that stopped at the first still going); the parent looks again after
-    ``CHILD_POLL`` unless a child nudges it sooner."""
+    after a poll that stopped at the first still going); the parent looks again
+    ``CHILD_POLL`` after ``now`` (the store's clock) unless a child nudges it sooner."""
     return Wait(
         f"children {done} of {len(ids)}",
-        utcnow() + timedelta(seconds=CHILD_POLL),
+        now + timedelta(seconds=CHILD_POLL),
         {"children": tuple(ids)},
         poll_only=True,
     )

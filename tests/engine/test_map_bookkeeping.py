@@ -35,10 +35,10 @@ from stepstone import (
 from stepstone._checkpoint import Checkpoint, utcnow
 from stepstone._effects import step_through
 from stepstone._suspend import CHILD_POLL, child_run_id, nudge
-from stepstone.testing import Ops, use_clock
+from stepstone.testing import Ops
 from stepstone.testing._barrier import WAIT_TIMEOUT
 from stepstone.testing._ops import MODES, Mode
-from stepstone.testing._runtime_kit import ClockAhead, Serving, until
+from stepstone.testing._runtime_kit import Serving, time_ahead, until
 from stepstone.worker._io import perform
 
 State = dict[str, Any]
@@ -236,7 +236,7 @@ def test_store_error_in_a_childs_nudge_does_not_fail_anything(ops: Ops, config: 
     # Time driven explicitly: the worker's clocks (its claim query, the Map's due check)
     # read one poll interval later, when the parent looks at its children unprompted.
     ahead = timedelta(seconds=CHILD_POLL + 1)
-    with use_clock(ClockAhead(ahead)):
+    with time_ahead(ahead):
         assert finished_by_a_worker(ops, config, parent, "p")["total"] == 1
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from child_process import reap, spawn
 from fresh_stores import fresh_config
-from stepstone import Step, Workflow, open_store, schedule, start
+from stepstone import Sleep, Step, Workflow, open_store, schedule, start
 from stepstone._cron import parse_slot
 from stepstone._effects import Effect
 from stepstone._store import Store
@@ -216,6 +216,61 @@ def test_skewed_workers_fire_each_slot_once_none_early(
     missed = [s for s in due if s <= began and s not in slots]
     assert not missed, f"due slots not fired: {missed}"
     assert len(slots) == len(set(slots)) <= 4
+
+
+_SLEEPER = r"""
+import sys, threading, time
+from datetime import timedelta
+from stepstone import Sleep, Step, Worker, Workflow, open_store
+from stepstone.testing import use_clock
+from stepstone.testing._runtime_kit import ClockAhead
+
+config, hours = sys.argv[1], float(sys.argv[2])
+
+def stamp(name):
+    return lambda state: {name: time.time()}  # one host: the real clock, not the skewed one
+
+flow = Workflow(
+    "nap", [Step("begin", stamp("begin")), Sleep("nap", duration=2), Step("end", stamp("end"))]
+)
+with use_clock(ClockAhead(timedelta(hours=hours))):
+    store = open_store(config)
+    worker = Worker(store, [flow], poll=0.05)
+    thread = threading.Thread(target=worker.serve)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while store.count_by_status("nap").get("done", 0) < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    worker.stop()
+    thread.join()
+    store.close()
+"""
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_skewed_workers_end_a_sleep_neither_early_nor_late(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Workers 3 h behind and 3 h ahead share a run that sleeps 2 s: it wakes 2 s after it
+    began, by the store's clock. On their own clocks, the one ahead would wake it at once
+    (or one begun behind would be due 3 h early) and the one behind would leave it 3 h."""
+    config = fresh_config(kind, request, tmp_path)
+    steps = [Step("begin", lambda s: {}), Sleep("nap", duration=2), Step("end", lambda s: {})]
+    flow = Workflow("nap", steps)  # the workers' own, their steps stamping the real time
+    with open_store(config) as store:
+        start(store, flow, "nap")
+    procs = [spawn(_SLEEPER, config, str(h)) for h in (-HOURS, HOURS)]
+    for proc in procs:
+        code, err = reap(proc, "a skewed sleeping worker")
+        assert code == 0, err[-2000:]
+    with open_store(config) as store:
+        done = store.load("nap")
+    assert done is not None and done.status == "done", done
+    slept = done.state["end"] - done.state["begin"]
+    # The store's clock is this host's real one (SQLite) or a server on it (PostgreSQL):
+    # two seconds less a millisecond's slack at most, and nowhere near three hours.
+    assert 1.99 <= slept < 30, slept
 
 
 def test_the_async_worker_driver_performs_now(tmp_path: Path) -> None:

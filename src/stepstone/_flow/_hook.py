@@ -12,11 +12,11 @@ for everyone and parks the same way.
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple, NoReturn
 
 from .. import _lease
-from .._checkpoint import Checkpoint, evolve, utcnow
+from .._checkpoint import Checkpoint, evolve
 from .._effects import Announce, Effect
 from .._errors import StoreError, Suspended
 from .._observe import logger
@@ -207,17 +207,17 @@ def park(
     plan: Any, cp: Checkpoint, wait: Park, attempt: int, write: Write
 ) -> Generator[Effect, Any, NoReturn]:
     """Save the run waiting on ``limit:<key>`` (``attempt`` as it was), give its lease back."""
+    # ``retry_at`` is on the store's clock, and so is every wake time: the workers'
+    # claims judge what is due on it too (``worker._claims``), never on a host's clock.
+    store_at = yield Now()
     if wait.retry_at is not None:
-        # ``retry_at`` is on the store's clock; the run's wake time is read by the
-        # workers' claims on their own clocks: moved into this host's frame.
-        store_at = yield Now()
-        wake = utcnow() + timedelta(seconds=wait.retry_at - store_at.timestamp())
+        wake = datetime.fromtimestamp(wait.retry_at, UTC)
     else:
-        wake = utcnow() + timedelta(seconds=LIMIT_POLL)
+        wake = store_at + timedelta(seconds=LIMIT_POLL)
     waiting_for = f"limit:{wait.key}"
     parked = _lease.released(evolve(cp, attempt=attempt, waiting_for=waiting_for, wake_at=wake))
     saved = yield from write(plan, cp, parked, f"wait for limit {wait.key}")
-    if saved.wake_at is not None and saved.wake_at <= utcnow():
+    if saved.wake_at is not None and saved.wake_at <= store_at:
         # A release woke us while we parked: nobody else will announce it.
         yield Announce()
     raise Suspended(cp.run_id, waiting_for, saved.wake_at)

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
 
-from .. import _clock
+from .. import _clock, _store_time
 from .._checkpoint import Checkpoint
 from .._control import acancel, asignal, astart, cancel, signal, start
 from .._lease import claimed
@@ -31,6 +32,7 @@ __all__ = [
     "Serving",
     "State",
     "clock_ahead",
+    "time_ahead",
     "until",
 ]
 
@@ -75,15 +77,33 @@ class ClockAhead(_clock.SystemClock):
 
 
 def clock_ahead(monkeypatch: pytest.MonkeyPatch, due: datetime) -> None:
-    """Move stepstone's wall clock to a second past ``due``: time driven, not waited for.
+    """Move stepstone's wall clock and every store's clock to a second past ``due``: time
+    driven, not waited for.
 
-    Through the clock seam (``stepstone._clock``), so every reader of the time sees it,
-    until the test ends (``monkeypatch`` puts the clock back).
+    Through the clock seams (``stepstone._clock``, and ``_store_time``'s stand-in, since
+    a store's clock ignores a host clock that is merely ahead: timers are judged on it),
+    so every reader of the time sees it, until the test ends (``monkeypatch`` puts both
+    back).
     """
     # From the real clock: called twice, the second move is not added to the first.
     offset = due - _clock.SYSTEM.now() + timedelta(seconds=1)
     # The seam's one variable, not each module's ``utcnow``: nothing to keep in sync.
-    monkeypatch.setattr(_clock, "_current", ClockAhead(offset))
+    ahead = ClockAhead(offset)
+    monkeypatch.setattr(_clock, "_current", ahead)
+    monkeypatch.setattr(_store_time, "_stand_in", [ahead.now])
+
+
+@contextlib.contextmanager
+def time_ahead(offset: timedelta) -> Iterator[None]:
+    """Move this process's wall clock and every store's clock ``offset`` ahead, for the
+    ``with`` block (``clock_ahead``'s move, as a context manager)."""
+    ahead = ClockAhead(offset)
+    with _clock.use_clock(ahead):
+        _store_time.use_store_clock(ahead.now)
+        try:
+            yield
+        finally:
+            _store_time.use_store_clock(None)
 
 
 class Serving:

@@ -51,6 +51,7 @@ from .._runinfo import ReadyAsk
 from .._runner import make_plan
 from .._schedule_fire import SchedulePoller
 from .._store import RunInfo, Store
+from .._store_time import Now
 from ._config import WorkflowTable
 from ._io import ClaimReady, Drain, Execute, Listen, Page, Rest, Spawn, Subscribe, Unlisten
 from ._outcomes import SETTLED, changed, claim_event, ending, park
@@ -165,7 +166,9 @@ class Claims:
         with self.lock:
             return set(self.plans)
 
-    def _plan_for(self, cp: Checkpoint, asynchronous: bool) -> Plan | None:
+    def _plan_for(
+        self, cp: Checkpoint, asynchronous: bool, now: datetime | None = None
+    ) -> Plan | None:
         """Return the plan to drive ``cp`` by, or None if this worker must leave it."""
         workflow = self.workflows.get((cp.workflow or "", cp.workflow_version))
         if workflow is not None and workflow.version != cp.workflow_version:
@@ -177,10 +180,10 @@ class Claims:
                 # Left untouched for a worker serving its version, and not loaded (nor
                 # claimed in one call: cooled) again for a while: a refused upgrade is
                 # refused again until the code changes.
-                now = _clock.monotonic()
-                self.watch.leave(cp.run_id, now)
+                moment = _clock.monotonic()
+                self.watch.leave(cp.run_id, moment)
                 with self.lock:
-                    self.cooling[cp.run_id] = (0, now + RECHECK)
+                    self.cooling[cp.run_id] = (0, moment + RECHECK)
                 logger.warning("run %r: not upgraded, left as it is: %s", cp.run_id, exc)
                 return None
             upgrading: Checkpoint | None = cp
@@ -207,7 +210,7 @@ class Claims:
             owner=self.owner,
             asynchronous=asynchronous,
         )
-        if cp.status == "waiting" and not ready(plan, cp):
+        if cp.status == "waiting" and not ready(plan, cp, now):
             return None
         cooling = self.cooling.get(cp.run_id)
         if cooling is not None and _clock.monotonic() < cooling[1]:
@@ -406,7 +409,9 @@ class Claims:
         takeovers of owners whose lease ran out (what claiming in one call leaves).
         """
         self.watch.prune()
-        now = utcnow()
+        # The store's clock (``_store_time``): which timers are due is the store's
+        # judgement, never this host's, whose clock may be hours off the writers'.
+        now: datetime = yield Now()
         if self.one_call:
             # Owned runs only: running ones, and waiting ones re-claimed to act on a signal.
             # At most once per poll interval, not after every run that ends: a takeover
@@ -467,7 +472,7 @@ class Claims:
                 for info in self.watch.pick(listed, self.busy(), _clock.monotonic()):
                     if len(plans) >= free or self.stopping.is_set():
                         break
-                    plan = yield from self._claim_one(info, asynchronous)
+                    plan = yield from self._claim_one(info, asynchronous, now)
                     if plan is not None:
                         plans.append(plan)
                         taken += 1
@@ -502,16 +507,16 @@ class Claims:
             logger.warning("%r: cannot claim in one call, claiming run by run: %s", self, exc)
             return False
         for before, claimed in claims:
-            plan = yield from self._take(before, claimed, asynchronous)
+            plan = yield from self._take(before, claimed, asynchronous, now)
             if plan is not None:
                 plans.append(plan)
         return True
 
     def _take(
-        self, before: Checkpoint, claimed: Checkpoint, asynchronous: bool
+        self, before: Checkpoint, claimed: Checkpoint, asynchronous: bool, now: datetime
     ) -> Generator[Effect, Any, Plan | None]:
         """Drive a run ``claim_ready`` claimed, or give it back; return its plan, or None."""
-        plan = self._plan_for(claimed, asynchronous=asynchronous)
+        plan = self._plan_for(claimed, asynchronous=asynchronous, now=now)
         try:
             if plan is None:
                 # Not for this worker now after all (its step's own readiness rule, a
@@ -535,7 +540,9 @@ class Claims:
             return None
         return self._adopt(plan, before, claimed)
 
-    def _claim_one(self, info: RunInfo, asynchronous: bool) -> Generator[Effect, Any, Plan | None]:
+    def _claim_one(
+        self, info: RunInfo, asynchronous: bool, now: datetime
+    ) -> Generator[Effect, Any, Plan | None]:
         """Claim ``info``'s run if it needs this worker now; return its plan, or None."""
         try:
             # The time *before* the read: the version it returns was current at some
@@ -545,7 +552,7 @@ class Claims:
             cp = self._claimable(loaded, began)
             if cp is None:
                 return None
-            plan = self._plan_for(cp, asynchronous=asynchronous)
+            plan = self._plan_for(cp, asynchronous=asynchronous, now=now)
             if plan is None:
                 return None
             claimed = yield Save(self._claim_record(plan.preclaimed or cp), "claim", owned=False)

@@ -6,7 +6,7 @@ import contextlib
 import json
 from collections.abc import Awaitable, Callable, Generator
 from contextvars import ContextVar
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 from agents import Agent, RunConfig, Runner, RunResult, RunResultStreaming, RunState
@@ -120,7 +120,7 @@ class AgentRunStep(AgentStepBase):
         self.approval_signal = approval_signal
         self.options = options
 
-    def ready(self, cp: Checkpoint) -> bool:
+    def ready(self, cp: Checkpoint, now: datetime | None = None) -> bool:
         if cp.waiting_for == BUDGET_WAIT:  # paused by its budget between model calls
             return unconsumed_raises(cp) > 0
         received = sum(1 for s in cp.signals if s.name == self.approval_signal)

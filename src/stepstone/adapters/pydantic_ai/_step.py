@@ -82,11 +82,11 @@ class AgentStep(AgentStepBase):
         self.deps = deps
         self.output = output
 
-    def ready(self, cp: Checkpoint) -> bool:
+    def ready(self, cp: Checkpoint, now: datetime | None = None) -> bool:
         signal = (cp.waiting_for or "").removeprefix("signal ")
         if cp.waiting_for is not None and pending_signals(cp, signal):
             return True
-        return cp.wake_at is not None and utcnow() >= cp.wake_at
+        return cp.wake_at is not None and (utcnow() if now is None else now) >= cp.wake_at
 
     def evaluate(
         self, plan: Plan, cp: Checkpoint, index: int, state: dict[str, Any], first: bool
