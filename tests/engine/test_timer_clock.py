@@ -13,17 +13,16 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 import stepstone
-from fresh_stores import fresh_config
-from stepstone import Sleep, Step, Store, Suspended, WaitFor, Worker, Workflow, open_store
+from code_support import store
+from stepstone import Sleep, Step, Store, Suspended, WaitFor, Worker, Workflow
 from stepstone._runinfo import ReadyAsk
+from stepstone._status import RunStatus
 from stepstone._store import RunInfo
 from stepstone.stores.memory import MemoryStore
 from stepstone.testing import use_clock
@@ -42,11 +41,9 @@ MODES = ("sync", "async")
 State = dict[str, Any]
 
 
-@pytest.fixture(params=("memory", "sqlite"))
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    """A fresh store whose clock is the host's real one."""
-    with open_store(fresh_config(str(request.param), request, tmp_path)) as opened:
-        yield opened
+#: The fixture this module takes from code_support: a fresh memory, file or SQLite
+#: store, whose clock is the host's real one.
+__all__ = ["store"]
 
 
 @pytest.fixture(params=MODES)
@@ -135,10 +132,17 @@ class _SeenClaims(MemoryStore):
             self.times.append(ask.now)
         return super()._claim_asked(ask)
 
-    def claimable(self, now: datetime, *args: Any, **kwargs: Any) -> Iterator[RunInfo]:
+    def claimable(
+        self,
+        now: datetime,
+        limit: int = 100,
+        *,
+        status: RunStatus | None = None,
+        skip: int = 0,
+    ) -> list[RunInfo]:
         with self.lock:
             self.times.append(now)
-        return super().claimable(now, *args, **kwargs)
+        return super().claimable(now, limit, status=status, skip=skip)
 
 
 @pytest.mark.parametrize("offset", [SKEW, -SKEW], ids=["ahead", "behind"])
