@@ -62,7 +62,7 @@ from ._observe import logger
 from ._plan import Plan
 from ._session import CallFailed, Reply, Session, Waiter, close, current_call
 from ._steps import Complete, Outcome, StepCodeError, SuspendingStep, Wait, Workflow, check_name
-from ._store_time import Now
+from ._store_time import Now, plain
 from ._suspend import Map, _due, nudge, pending_signals
 from ._write import _finish_cancelled as finish_cancelled
 
@@ -231,7 +231,7 @@ def _acquire(
         return cp, None
     session.stop("stopped")
     if wait.retry_at is None:  # on the store's clock, as ``retry_at`` and the claims
-        wake = (yield Now()) + timedelta(seconds=_flow.LIMIT_POLL)
+        wake = plain((yield Now())) + timedelta(seconds=_flow.LIMIT_POLL)
     else:
         wake = datetime.fromtimestamp(wait.retry_at, UTC)
     return cp, Wait(f"limit:{wait.key}", wake)
@@ -332,7 +332,7 @@ def _sleep(
     if cp.waiting_for == label and cp.wake_at is not None:
         wake = cp.wake_at  # fixed when this sleep began: a restart never moves it
     else:
-        wake = now + timedelta(seconds=seconds)
+        wake = plain(now) + timedelta(seconds=seconds)
     if not _due(wake, now):
         session.stop("stopped")
         return cp, Wait(label, wake)
@@ -361,7 +361,7 @@ def _wait(
     if cp.waiting_for == label:
         deadline = cp.wake_at
     else:
-        deadline = None if timeout is None else now + timedelta(seconds=timeout)
+        deadline = None if timeout is None else plain(now) + timedelta(seconds=timeout)
     if deadline is None or not _due(deadline, now):
         session.stop("stopped")
         return cp, Wait(label, deadline)

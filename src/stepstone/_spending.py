@@ -37,7 +37,7 @@ from ._effects import Announce, Effect, Load
 from ._errors import Suspended
 from ._observe import logger
 from ._pool import POOL_POLL, pool_id, push
-from ._store_time import Now
+from ._store_time import Now, plain
 from ._tenant import tenant_of
 
 if TYPE_CHECKING:
@@ -160,21 +160,22 @@ def check(
         # A tree's child refused a reservation (by the pool, most likely): a raise of the
         # root's budget wakes no child, so it looks again (on the store's clock, as
         # every wake time: the claims judge it there).
-        wake_at = (yield Now()) + timedelta(seconds=POOL_POLL)
+        wake_at = plain((yield Now())) + timedelta(seconds=POOL_POLL)
     if reason is None and root_id is not None:
         # A child of a budgeted run: the tree's one pool is its root's record.
         root: Checkpoint | None = yield Load(root_id)
         pool = None if root is None else over(spend_now(root, None))
         if pool is not None:
             reason = f"the pool of run {root_id!r}: {pool}"
-            wake_at = (yield Now()) + timedelta(seconds=POOL_POLL)  # a raise there wakes no child
+            # A raise there wakes no child: it looks again.
+            wake_at = plain((yield Now())) + timedelta(seconds=POOL_POLL)
     tenant = tenant_of(cp)
     if reason is None and tenant is not None:
         # The tenant's cap (``_tenant``): a new window or a higher cap wakes no run.
         record: Checkpoint | None = yield Load(_tenant.PREFIX + tenant)
         reason = _tenant.refusal(tenant, record)
         if reason is not None:
-            wake_at = (yield Now()) + timedelta(seconds=POOL_POLL)
+            wake_at = plain((yield Now())) + timedelta(seconds=POOL_POLL)
     state = None
     if reason is None:
         # Saved only when something changed: the run leaves a budget pause, a raise

@@ -58,6 +58,8 @@ __all__ = [
     "astore_now",
     "earliest",
     "forget",
+    "known_now",
+    "plain",
     "slack",
     "store_now",
 ]
@@ -83,6 +85,27 @@ class StoreTime(datetime):
 def slack(at: datetime) -> float:
     """Seconds ``at`` may be off the store's clock (0 for a plain datetime, a test's)."""
     return at.slack if isinstance(at, StoreTime) else 0.0
+
+
+def plain(at: datetime) -> datetime:
+    """``at`` as a plain ``datetime`` (a ``StoreTime``'s slack dropped).
+
+    What a record or a query is given: a database driver may encode only the exact type
+    (PyMySQL does, and sends a subclass as text a MySQL server refuses).
+    """
+    if type(at) is datetime:
+        return at
+    return datetime(
+        at.year,
+        at.month,
+        at.day,
+        at.hour,
+        at.minute,
+        at.second,
+        at.microsecond,
+        at.tzinfo,
+        fold=at.fold,
+    )
 
 
 def earliest(at: datetime) -> datetime:
@@ -141,6 +164,11 @@ def _at(bounds: _Bounds, mono: float) -> StoreTime:
     at = StoreTime.fromtimestamp((bounds.lo + bounds.hi) / 2 + mono, UTC)
     at.slack = (bounds.hi - bounds.lo) / 2
     return at
+
+
+def known_now(store: Store) -> datetime | None:
+    """The store's time if known without asking it (no I/O), else None."""
+    return _known(store)
 
 
 def _known(store: Store) -> datetime | None:

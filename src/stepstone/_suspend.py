@@ -44,7 +44,7 @@ from ._steps import (
     Workflow,
     check_name,
 )
-from ._store_time import Now, earliest
+from ._store_time import Now, earliest, plain
 
 __all__ = [
     "DUE_NOW_UNTIL",
@@ -166,7 +166,9 @@ class WaitFor(SuspendingStep):
         # off by an hour must neither end an hour early nor an hour late.
         now: datetime = yield Now()
         if first:
-            deadline = None if self.timeout is None else now + timedelta(seconds=self.timeout)
+            deadline = (
+                None if self.timeout is None else plain(now) + timedelta(seconds=self.timeout)
+            )
         else:
             deadline = cp.wake_at
         if _due(deadline, now):
@@ -234,7 +236,7 @@ class Sleep(SuspendingStep):
         if self.until is not None:
             return self.until
         assert self.duration is not None
-        return now + timedelta(seconds=self.duration)
+        return plain(now) + timedelta(seconds=self.duration)
 
 
 def child_run_id(parent: str, name: str, index: int) -> str:
@@ -520,7 +522,7 @@ def _waiting(done: str, ids: list[str], now: datetime) -> Wait:
     ``CHILD_POLL`` after ``now`` (the store's clock) unless a child nudges it sooner."""
     return Wait(
         f"children {done} of {len(ids)}",
-        now + timedelta(seconds=CHILD_POLL),
+        plain(now) + timedelta(seconds=CHILD_POLL),
         {"children": tuple(ids)},
         poll_only=True,
     )

@@ -20,7 +20,7 @@ from .._checkpoint import Checkpoint, evolve
 from .._effects import Announce, Effect
 from .._errors import StoreError, Suspended
 from .._observe import logger
-from .._store_time import Now
+from .._store_time import Now, plain
 from . import _ops
 from ._call import FlowCall, NeedLimit, check_tokens
 from ._limit import Limit, LimitReached, RateLimited
@@ -213,7 +213,7 @@ def park(
     if wait.retry_at is not None:
         wake = datetime.fromtimestamp(wait.retry_at, UTC)
     else:
-        wake = store_at + timedelta(seconds=LIMIT_POLL)
+        wake = plain(store_at) + timedelta(seconds=LIMIT_POLL)
     waiting_for = f"limit:{wait.key}"
     parked = _lease.released(evolve(cp, attempt=attempt, waiting_for=waiting_for, wake_at=wake))
     saved = yield from write(plan, cp, parked, f"wait for limit {wait.key}")

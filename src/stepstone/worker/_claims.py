@@ -51,7 +51,7 @@ from .._runinfo import ReadyAsk
 from .._runner import make_plan
 from .._schedule_fire import SchedulePoller
 from .._store import RunInfo, Store
-from .._store_time import Now
+from .._store_time import Now, earliest, known_now, plain
 from ._config import WorkflowTable
 from ._io import ClaimReady, Drain, Execute, Listen, Page, Rest, Spawn, Subscribe, Unlisten
 from ._outcomes import SETTLED, changed, claim_event, ending, park
@@ -268,7 +268,10 @@ class Claims:
 
     def _remember_due(self, wake_at: datetime) -> None:
         """Look at the claim index when ``wake_at`` (a run's timer) is due, not at the poll."""
-        left = (wake_at - utcnow()).total_seconds()
+        # On the store's clock, as the claim that will find it judges it: the earliest
+        # the store's time may be (a Cosmos DB clock ticks in whole seconds).
+        at = known_now(self.store)
+        left = (wake_at - (utcnow() if at is None else earliest(at))).total_seconds()
         if left <= 0:
             return  # due already: the look that ``finished`` wakes finds it
         with self.lock:
@@ -411,7 +414,9 @@ class Claims:
         self.watch.prune()
         # The store's clock (``_store_time``): which timers are due is the store's
         # judgement, never this host's, whose clock may be hours off the writers'.
-        now: datetime = yield Now()
+        # The earliest it may be (``earliest``), so no run is claimed before its time;
+        # as a plain datetime, which every driver encodes (``plain``).
+        now = plain(earliest((yield Now())))
         if self.one_call:
             # Owned runs only: running ones, and waiting ones re-claimed to act on a signal.
             # At most once per poll interval, not after every run that ends: a takeover
