@@ -23,7 +23,7 @@ from ._errors import ConflictError, RunCancelled, RunOwned, Suspended
 from ._observe import logger
 from ._plan import Plan
 from ._steps import Step
-from ._store_time import Now
+from ._store_time import Now, earliest
 
 __all__ = ["acquire", "ready", "watch_lease"]
 
@@ -181,11 +181,11 @@ def ready(plan: Plan, cp: Checkpoint, now: datetime | None = None) -> bool:
     step = plan.steps[index]
     if isinstance(step, Step):
         return True
-    if cp.timing and _deadline_fell(cp):
+    if cp.timing and _deadline_fell(cp, now):
         return True  # issue 33: the core acts on the deadline (``_deadline_run``)
     return bool(step.ready(cp, now))
 
 
-def _deadline_fell(cp: Checkpoint) -> bool:
+def _deadline_fell(cp: Checkpoint, now: datetime | None) -> bool:
     at = deadline_of(cp)
-    return at is not None and at <= utcnow()
+    return at is not None and at <= (utcnow() if now is None else earliest(now))

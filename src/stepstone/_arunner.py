@@ -172,7 +172,7 @@ async def _acall(effect: Call, plan: Plan, store: Store) -> Any:
         try:
             if applies(plan, step):  # issue 33: a timeout, or the run's deadline
                 renewal = _AsyncRenewal(plan, store)
-                late, at = plan.late, plan.deadline_at
+                late, at = plan.late, plan.deadline_mono
                 update = await atimed_call(step, effect.state, effect.ctx, at, late)
             elif step.is_async:
                 steps = step.fn(*args).__await__()

@@ -115,7 +115,8 @@ class CodeStep(SuspendingStep):
         )
         session.ctx = (AsyncWorkflowContext if self.is_async else WorkflowContext)(session)
         session.budgeted = _budget.active(plan, cp)
-        session.deadline_at = plan.deadline_at  # issue 33: checked by each call
+        # Issue 33: checked by each call, on this process's monotonic clock.
+        session.deadline_at, session.deadline_mono = plan.deadline_at, plan.deadline_mono
         # Awaited under arun. The sync driver calls it instead, and gets a coroutine: the
         # core then waits in the driver's thread (``next_requests``).
         waiter = Waiter(self.name, session.anext_requests, True)
@@ -359,7 +360,8 @@ def _wait(
         )
     now: datetime = yield Now()  # the store's clock, as ``WaitFor``'s (``_suspend``)
     if cp.waiting_for == label:
-        deadline = cp.wake_at
+        # Without a timeout, a wake time is the run's deadline: the core acts on it.
+        deadline = cp.wake_at if timeout is not None else None
     else:
         deadline = None if timeout is None else plain(now) + timedelta(seconds=timeout)
     if deadline is None or not _due(deadline, now):

@@ -24,7 +24,6 @@ from functools import partial
 from typing import Any, NamedTuple
 
 from . import _clock, _timeouts
-from ._checkpoint import utcnow
 from ._codec import copy_containers
 from ._effects import Effect, astep_through, step_through
 from ._errors import DeadlineExceeded, InvalidWorkflow, safe_text
@@ -50,8 +49,8 @@ __all__ = [
 
 def passed(session: Session) -> bool:
     """Whether the run's deadline has fallen (never without one)."""
-    at = session.deadline_at
-    return at is not None and utcnow() >= at
+    until = session.deadline_mono
+    return until is not None and _clock.monotonic() >= until
 
 
 def bounded(session: Session, timeout: float | None, idle: float | None) -> bool:
@@ -63,8 +62,8 @@ def beat_of(session: Session, what: str) -> _timeouts.Beat:
     """The heartbeat of one attempt, given at most the time to the run's deadline."""
     beat = _timeouts.Beat(what)
     at = session.deadline_at
-    if at is not None:
-        beat.until = _clock.monotonic() + (at - utcnow()).total_seconds()
+    if at is not None and session.deadline_mono is not None:
+        beat.until = session.deadline_mono
         run_id = session.run_id
         beat.late = lambda: DeadlineExceeded(run_id, at)
     return beat

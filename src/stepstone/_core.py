@@ -27,7 +27,7 @@ from typing import Any
 
 from . import _budget, _hooks, _lease, _spending
 from ._acquire import acquire, ready
-from ._checkpoint import Checkpoint, evolve, utcnow
+from ._checkpoint import Checkpoint, evolve
 from ._checks import check_input, check_names, check_workflow, first_difference
 from ._codec import pristine
 from ._deadline_run import DeadlineExceeded, deadline_armed, deadline_reached
@@ -133,7 +133,7 @@ def execute(plan: Plan) -> Run:
         while index < plan.total:
             if cp.cancel_requested:
                 yield from _finish_cancelled(plan, cp)
-            if plan.deadline_at is not None and utcnow() >= plan.deadline_at:
+            if plan.deadline_passed():
                 cp = yield from deadline_reached(plan, cp, index, write)  # issue 33
                 working = pristine(cp)
             if plan.stop_requested:

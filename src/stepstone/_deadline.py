@@ -15,7 +15,10 @@ the run's ``timing`` field (one namespaced field for time control):
 
 The core checks it at every step boundary; a running step is given at most the time
 left (``_timeouts``, with the deadline as its limit); a waiting run is due at its
-deadline at the latest, so a worker wakes it then. All reads go through the clock seam.
+deadline at the latest, so a worker wakes it then. It counts on the store's clock
+(``_store_time``), as timers do: fixed from the store's time, and turned into this
+process's monotonic time for the checks (``Plan.set_deadline``), so no host's clock
+moves it.
 
 The rules are pure functions here; the core (``_core``) performs the writes.
 """
@@ -88,12 +91,13 @@ def deadline_of(cp: Checkpoint) -> datetime | None:
     return None if at is None else datetime.fromisoformat(at)
 
 
-def armed(cp: Checkpoint, own: float | None, on_deadline: str) -> Checkpoint | None:
+def armed(cp: Checkpoint, own: float | None, on_deadline: str, now: datetime) -> Checkpoint | None:
     """Return ``cp`` with its deadline fixed, if its first claim must fix it; else None.
 
     ``own`` is the deadline of the workflow being run (``Workflow.deadline``). The
     run's own length (``start(deadline=)``) wins over it; an inherited deadline gives
-    way to it.
+    way to it. ``now``: the store's time (``_store_time``), which the deadline counts
+    from, so that no host's clock moves it.
     """
     timing = dict(cp.timing or {})
     if "deadline_at" in timing and not (timing.get("inherited") and own is not None):
@@ -102,7 +106,7 @@ def armed(cp: Checkpoint, own: float | None, on_deadline: str) -> Checkpoint | N
     if seconds is None:
         return None
     timing["deadline"] = float(seconds)
-    timing["deadline_at"] = (utcnow() + timedelta(seconds=float(seconds))).isoformat()
+    timing["deadline_at"] = (now + timedelta(seconds=float(seconds))).isoformat()
     timing.setdefault("on_deadline", on_deadline)
     timing.pop("inherited", None)
     timing.pop("expired_at", None)
@@ -126,10 +130,10 @@ def left(at: datetime | None) -> float | None:
     return None if at is None else (at - utcnow()).total_seconds()
 
 
-def extended(cp: Checkpoint, seconds: float) -> Checkpoint:
-    """Return ``cp`` with its deadline moved ``seconds`` past now."""
+def extended(cp: Checkpoint, seconds: float, now: datetime) -> Checkpoint:
+    """Return ``cp`` with its deadline moved ``seconds`` past ``now`` (the store's time)."""
     timing = dict(cp.timing or {})
-    timing["deadline_at"] = (utcnow() + timedelta(seconds=seconds)).isoformat()
+    timing["deadline_at"] = (now + timedelta(seconds=seconds)).isoformat()
     return evolve(cp, timing=timing)
 
 

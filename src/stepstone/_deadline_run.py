@@ -19,6 +19,7 @@ from ._effects import Effect
 from ._errors import Suspended
 from ._observe import logger
 from ._plan import Plan
+from ._store_time import Now, plain
 from ._suspend import nudge
 
 __all__ = ["DeadlineExceeded", "deadline_armed", "deadline_asked", "deadline_reached"]
@@ -28,11 +29,14 @@ Write = Callable[[Plan, Checkpoint, Checkpoint, str], Generator[Effect, Any, Che
 
 def deadline_armed(plan: Plan, cp: Checkpoint, write: Write) -> Generator[Effect, Any, Checkpoint]:
     """Fix the run's deadline at its first claim (if it has one); note it on ``plan``."""
-    fixed = armed(cp, plan.deadline, plan.on_deadline)
+    if not (cp.timing or plan.deadline):
+        return cp  # no deadline: not even the store's time is read
+    now = plain((yield Now()))  # the store's clock: a deadline counts on it (``_deadline``)
+    fixed = armed(cp, plan.deadline, plan.on_deadline, now)
     if fixed is not None:
         cp = yield from write(plan, cp, fixed, "deadline")
         logger.info("run %r: deadline at %s", plan.run_id, (cp.timing or {}).get("deadline_at"))
-    plan.deadline_at = deadline_of(cp)
+    plan.set_deadline(deadline_of(cp), now)
     return cp
 
 
@@ -66,9 +70,10 @@ def deadline_reached(
         extension = _extension(cp)
         if extension is not None:
             seconds, consumed = extension
-            moved = evolve(extended(cp, seconds), consumed=consumed, waiting_for=None)
+            now = plain((yield Now()))
+            moved = evolve(extended(cp, seconds, now), consumed=consumed, waiting_for=None)
             cp = yield from write(plan, cp, moved, "deadline extended")
-            plan.deadline_at = deadline_of(cp)
+            plan.set_deadline(deadline_of(cp), now)
             logger.info("run %r: deadline extended by %gs", plan.run_id, seconds)
             return cp
         waiting = _lease.released(
@@ -122,8 +127,8 @@ def deadline_asked(
     so the function unwinds), or a ``deadline`` signal extended it: then the call goes
     on under the new deadline.
     """
-    if plan.deadline_at is not None and utcnow() >= plan.deadline_at:
+    if plan.deadline_passed():
         cp = yield from deadline_reached(plan, cp, index, write)
-    session.deadline_at = plan.deadline_at
+    session.deadline_at, session.deadline_mono = plan.deadline_at, plan.deadline_mono
     session.answer(reply, None)
     return cp

@@ -32,6 +32,7 @@ class Plan:
         "current",
         "deadline",
         "deadline_at",
+        "deadline_mono",
         "flow",
         "history",
         "input",
@@ -102,8 +103,19 @@ class Plan:
         #: The workflow's deadline (seconds from the first claim) and what happens then.
         self.deadline: float | None = None
         self.on_deadline = "fail"
-        #: When this run reaches its deadline (None: it has none), once claimed.
+        #: When this run reaches its deadline (None: it has none), once claimed: on the
+        #: store's clock, and as this process's monotonic time (``set_deadline``).
         self.deadline_at: datetime | None = None
+        self.deadline_mono: float | None = None
+
+    def set_deadline(self, at: datetime | None, now: datetime) -> None:
+        """Note the run's deadline ``at``, read when the store's time was ``now``."""
+        self.deadline_at = at
+        self.deadline_mono = None if at is None else _clock.monotonic() + (at - now).total_seconds()
+
+    def deadline_passed(self) -> bool:
+        """Whether the run's deadline has fallen (never without one)."""
+        return self.deadline_mono is not None and _clock.monotonic() >= self.deadline_mono
 
     def late(self) -> Exception:
         """Return the ``DeadlineExceeded`` a step running past the run's deadline raises."""

@@ -153,7 +153,7 @@ def _perform(effect: Effect, plan: Plan, store: Store) -> Any:
         attempt = _stream.begin(store, plan, effect)  # streams (issue 34)
         try:
             if applies(plan, step):  # issue 33: a timeout, or the run's deadline
-                update = timed_call(step, effect.state, effect.ctx, plan.deadline_at, plan.late)
+                update = timed_call(step, effect.state, effect.ctx, plan.deadline_mono, plan.late)
             elif effect.ctx is not None:
                 update = step.fn(effect.state, effect.ctx)
             else:

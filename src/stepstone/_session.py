@@ -209,6 +209,8 @@ class Session:
     reserved: str | None = field(default=None, init=False)
     #: When the run's deadline falls (issue 33), or None: checked before each call.
     deadline_at: datetime | None = field(default=None, init=False)
+    #: ``deadline_at`` as this process's monotonic time (``Plan.set_deadline``).
+    deadline_mono: float | None = field(default=None, init=False)
     #: Flow control: the keys each call in flight holds, by its seq (``_code``).
     held: dict[int, FlowCall] = field(default_factory=dict, init=False)
 

@@ -170,7 +170,9 @@ class WaitFor(SuspendingStep):
                 None if self.timeout is None else plain(now) + timedelta(seconds=self.timeout)
             )
         else:
-            deadline = cp.wake_at
+            # Without a timeout, a wake time is the run's deadline (the core's to act on,
+            # ``_core``): never a timeout of this wait's.
+            deadline = cp.wake_at if self.timeout is not None else None
         if _due(deadline, now):
             if self.default is not _MISSING:
                 return Complete({self.name: self.default})

@@ -25,7 +25,7 @@ import dataclasses
 import math
 import threading
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from . import _clock
@@ -237,21 +237,22 @@ def applies(plan: Any, step: Any) -> bool:
 
 
 def _step_call(
-    step: Any, state: Any, ctx: Any, deadline: datetime | None, late: Callable[[], Exception]
+    step: Any, state: Any, ctx: Any, deadline: float | None, late: Callable[[], Exception]
 ) -> tuple[Beat, tuple[Any, ...]]:
     what = f"step {step.name!r}" + ("" if ctx is None else f" attempt {ctx.attempt}")
     beat = Beat(what)
     if deadline is not None:
-        beat.until = _clock.monotonic() + (deadline - _clock.now()).total_seconds()
+        beat.until = deadline
         beat.late = late
     ctx = with_beat(ctx, beat)
     return beat, ((state,) if ctx is None else (state, ctx))
 
 
 def timed_call(
-    step: Any, state: Any, ctx: Any, deadline: datetime | None, late: Callable[[], Exception]
+    step: Any, state: Any, ctx: Any, deadline: float | None, late: Callable[[], Exception]
 ) -> Any:
-    """Call a ``Step`` with its timeouts and the run's ``deadline`` (the sync ``Call``)."""
+    """Call a ``Step`` with its timeouts and the run's ``deadline`` (the sync ``Call``):
+    the monotonic time it falls at (``Plan.deadline_mono``), or None."""
     beat, args = _step_call(step, state, ctx, deadline, late)
     return call(
         step.fn, args, getattr(step, "timeout", None), getattr(step, "idle_timeout", None), beat
@@ -259,7 +260,7 @@ def timed_call(
 
 
 async def atimed_call(
-    step: Any, state: Any, ctx: Any, deadline: datetime | None, late: Callable[[], Exception]
+    step: Any, state: Any, ctx: Any, deadline: float | None, late: Callable[[], Exception]
 ) -> Any:
     """Await a ``Step`` with its timeouts and the run's ``deadline`` (the async ``Call``)."""
     beat, args = _step_call(step, state, ctx, deadline, late)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -171,3 +172,60 @@ def test_a_worker_judges_what_is_due_on_the_store_clock(offset: timedelta) -> No
     assert seen and all(abs(at - real) < NEAR for at in seen), (seen, real)
     after = store.load("nap")
     assert after is not None and after.status == "waiting" and after.version == asleep.version
+
+
+DEADLINED = Workflow("dl", [WaitFor("go", "go"), Step("after", _after)], deadline=WAIT)
+
+
+@stepstone.workflow("code-dl")
+def code_deadlined(ctx: Any, input: State) -> Any:
+    """A signal to wait for, under the run's deadline (``start(deadline=)``)."""
+    return ctx.wait_for("go")
+
+
+@pytest.mark.parametrize("kind", ["steps", "code"])
+def test_a_deadline_counts_on_the_store_clock(store: Store, mode: str, kind: str) -> None:
+    """A deadline fixed by a host 3 h behind falls ten minutes from the store's now, and a
+    host 3 h ahead resuming the run before then does not fail it."""
+    flow: Any = DEADLINED if kind == "steps" else code_deadlined
+    if kind == "code":
+        stepstone.start(store, code_deadlined, "r", deadline=WAIT)
+    real = datetime.now(UTC)
+    with use_clock(ClockAhead(-SKEW)):
+        _suspends("r", flow, store, mode)
+    waiting = store.load("r")
+    assert waiting is not None and waiting.timing is not None
+    fixed = datetime.fromisoformat(waiting.timing["deadline_at"])
+    assert _near(fixed, real + WAIT), (fixed, real + WAIT)
+    stepstone.signal(store, "r", "go", {"ok": True})
+    with use_clock(ClockAhead(SKEW)):
+        state = _run("r", flow, store, mode)
+    if kind == "steps":
+        assert state == {"go": {"ok": True}, "after": True}
+    else:
+        assert state["result"] == {"ok": True}
+
+
+UNTIMED = Workflow("untimed", [WaitFor("go", "go"), Step("after", _after)])
+
+
+@stepstone.workflow("code-untimed")
+def code_untimed(ctx: Any, input: State) -> Any:
+    """A signal to wait for, with no timeout."""
+    return ctx.wait_for("go")
+
+
+@pytest.mark.parametrize("flow", [UNTIMED, code_untimed], ids=["WaitFor", "ctx.wait_for"])
+def test_a_wait_without_a_timeout_never_times_out(store: Store, mode: str, flow: Any) -> None:
+    """A past wake time on a wait with no timeout (a run deadline's, which the core acts
+    on) leaves the run waiting for its signal; it never failed with a ``TypeError``
+    formatting the missing timeout."""
+    _suspends("r", flow, store, mode)
+    waiting = store.load("r")
+    assert waiting is not None and waiting.status == "waiting"
+    store.save(replace(waiting, wake_at=datetime.now(UTC) - timedelta(hours=1)))
+    again = _suspends("r", flow, store, mode)
+    assert again.waiting_for == "signal go"
+    stepstone.signal(store, "r", "go", {"ok": True})
+    state = _run("r", flow, store, mode)
+    assert (state["go"] if flow is UNTIMED else state["result"]) == {"ok": True}
