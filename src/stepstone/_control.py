@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 from collections.abc import Callable, Generator, Mapping
 from datetime import timedelta
 from typing import Any
@@ -78,7 +77,7 @@ def performer(store: Store) -> Callable[[Effect], Any]:
         if isinstance(effect, Now):
             return store_now(store)
         if isinstance(effect, Pause):  # watching a lease (``watch_lease``): renews nothing
-            time.sleep(effect.seconds)
+            _clock.sleep(effect.seconds)  # the clock the lease is counted on
             return None
         assert isinstance(effect, Load)
         return store.load(effect.run_id)
@@ -99,9 +98,7 @@ async def _async(gen: Op, store: Store) -> Any:
         if isinstance(effect, Now):
             return await astore_now(store)
         if isinstance(effect, Pause):
-            import asyncio  # noqa: PLC0415 - only async callers pay for asyncio
-
-            await asyncio.sleep(effect.seconds)
+            await _clock.asleep(effect.seconds)
             return None
         assert isinstance(effect, Load)
         return await store.aload(effect.run_id)

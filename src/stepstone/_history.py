@@ -16,13 +16,12 @@ once as effect generators (``_effects``) for the sync and the async API.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from . import _statelog
+from . import _clock, _statelog
 from ._acquire import watch_lease
 from ._checkpoint import Checkpoint, Stored, check_run_id
 from ._code_history import fork_at_call, rerun_from_call, save_fork, save_rewound
@@ -116,7 +115,7 @@ def _perform(store: Store) -> Any:
         if isinstance(effect, Announce):
             return announce(store)
         if isinstance(effect, Pause):  # watching a lease (``watch_lease``): renews nothing
-            time.sleep(effect.seconds)
+            _clock.sleep(effect.seconds)  # the clock the lease is counted on
             return None
         assert isinstance(effect, Load)
         return store.load(effect.run_id)
@@ -135,9 +134,7 @@ def _aperform(store: Store) -> Any:
         if isinstance(effect, Announce):
             return await aannounce(store)
         if isinstance(effect, Pause):
-            import asyncio  # noqa: PLC0415 - only async callers pay for asyncio
-
-            await asyncio.sleep(effect.seconds)
+            await _clock.asleep(effect.seconds)
             return None
         assert isinstance(effect, Load)
         return await store.aload(effect.run_id)

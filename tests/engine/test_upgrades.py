@@ -27,7 +27,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,7 @@ from stepstone import (
     open_store,
 )
 from stepstone._checkpoint import Checkpoint, utcnow
+from stepstone.testing import FakeClock
 from stepstone.testing._barrier import WAIT_TIMEOUT
 from waiting import until
 
@@ -513,6 +514,35 @@ def test_upgrade_takes_over_a_run_whose_lease_expired_unrenewed(store: Store, mo
     assert upgraded.workflow_version == "3" and upgraded.owner is None
     assert upgraded.epoch == held.epoch  # the epoch stays: the dead owner is fenced
     assert _run(store, "r", V3, mode) == UPGRADED_END
+
+
+def test_upgrade_under_a_fake_clock_waits_out_a_lease_in_fake_time(store: Store, mode: str) -> None:
+    """Under a ``FakeClock`` the watch of another host's lease pauses on that clock (as a
+    run's pauses do), so a 30 s lease runs out in fake time instead of never."""
+    outcome: dict[str, Checkpoint] = {}
+    with FakeClock(datetime(2030, 1, 1, tzinfo=UTC)):
+        _waiting_v2(store, "r", mode)
+        stepstone.signal(store, "r", "go", APPROVAL)
+        signalled = _loaded(store, "r")
+        store.save(
+            replace(
+                signalled,
+                owner="worker:elsewhere:4242:-:0badc0de",
+                epoch=signalled.epoch + 1,
+                lease=30.0,
+                renewed_at=utcnow(),
+            )
+        )
+        thread = threading.Thread(
+            target=lambda: outcome.setdefault("cp", _upgrade_one(store, "r", V3, mode)),
+            daemon=True,
+        )
+        thread.start()
+        # Milliseconds of work in fake time; a quarter of the per-test timeout, so that
+        # a hang fails here, naming what hung.
+        thread.join(WAIT_TIMEOUT / 4)
+        assert not thread.is_alive(), "upgrade hung watching a lease the fake clock never ran out"
+    assert outcome["cp"].workflow_version == "3" and outcome["cp"].owner is None
 
 
 def test_a_live_owner_still_blocks_upgrade(store: Store, mode: str) -> None:
