@@ -48,7 +48,8 @@ from langgraph.types import Command, interrupt
 import langgraph_support as lgs
 from fresh_stores import BACKENDS
 from langgraph_support import CHILD_TIMEOUT, DURABLE, _config_for, _context
-from stepstone import ConfigError, Store, open_store
+from stepstone import ConfigError, CorruptCheckpoint, Store, open_store
+from stepstone._checkpoint import evolve
 from stepstone.adapters.langgraph import (
     CheckpointConflict,
     StepstoneSaver,
@@ -368,6 +369,35 @@ def test_serialized_bytes_are_stored_as_ascii_base64(saver: StepstoneSaver, stor
     assert record is not None
     assert {k: v[1] for k, v in record.state["values"].items()} == {"text": "b64", "blob": "b64"}
     assert all(v[2].isascii() for v in record.state["values"].values())
+
+
+@pytest.mark.parametrize(
+    ("bad", "said"),
+    [
+        (["msgpack", "b64", "AAA"], "not valid b64 .*padding"),
+        (["msgpack", "text", "caf\u20ac"], "not valid text"),
+        (["msgpack", "b64"], 'not a serialized value .*"b64" or "text"'),
+        (["msgpack", "zip", "AA=="], "not a serialized value"),
+        ({"secret": "sk-do-not-show"}, "stored as a dict, which is not a serialized value"),
+    ],
+    ids=["bad-padding", "not-latin-1", "two-parts", "unknown-encoding", "not-a-list"],
+)
+def test_a_damaged_stored_value_is_a_clear_error(
+    saver: StepstoneSaver, store: Store, bad: Any, said: str
+) -> None:
+    """A channel value edited or damaged in the store raises ``CorruptCheckpoint`` naming
+    the checkpoint and the channel and what a stored value is, never a bare unpacking or
+    base64 error, and never the stored content; the record is left as it is."""
+    stored = saver.put(_cfg("t"), _checkpoint({"text": "hello"}), _meta(), {"text": 1})
+    key = f"{saver.prefix}/t//{stored['configurable']['checkpoint_id']}"
+    record = store.load(key)
+    assert record is not None
+    damaged = store.save(evolve(record, state={**record.state, "values": {"text": bad}}))
+    with pytest.raises(CorruptCheckpoint, match=said) as info:
+        saver.get_tuple(stored)
+    assert "channel 'text'" in str(info.value) and "sk-do-not-show" not in str(info.value)
+    after = store.load(key)
+    assert after is not None and after.version == damaged.version
 
 
 def test_base64_text_is_the_standard_librarys_both_ways() -> None:

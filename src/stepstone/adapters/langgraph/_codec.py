@@ -23,7 +23,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from ..._checkpoint import MAX_RUN_ID_LENGTH, Checkpoint, find_non_json
-from ..._errors import ConfigError
+from ..._errors import ConfigError, CorruptCheckpoint, safe_text
 from ._errors import UnsafeCheckpoint
 
 
@@ -49,6 +49,16 @@ except ImportError:  # pragma: no cover - without the extra's pybase64
 else:
     b64_text = pybase64.b64encode_as_string
     b64_bytes = pybase64.b64decode
+
+
+def _shown(value: object) -> str:
+    """What a stored value is, for an error message: its shape, never its content (a
+    channel's value may hold what its graph was told in confidence)."""
+    if isinstance(value, list):
+        kinds = ", ".join(type(item).__name__ for item in value[:4])
+        return f"a list of {len(value)} ({kinds}{', ...' if len(value) > 4 else ''})"
+    return f"a {type(value).__name__}"
+
 
 #: The ``workflow`` name every record of this adapter carries (CLI and dashboard).
 WORKFLOW = "langgraph"
@@ -152,6 +162,18 @@ class Codec:
         return [type_, "b64", b64_text(data)]
 
     def _undump(self, packed: list[str], where: str) -> Any:
+        # A record edited or damaged outside the saver gets an error that names the
+        # value and what a stored value is, never a bare unpacking or base64 error.
+        if (
+            not isinstance(packed, list)
+            or len(packed) != 3
+            or not all(isinstance(part, str) for part in packed)
+            or packed[1] not in ("b64", "text")
+        ):
+            raise CorruptCheckpoint(
+                f"{where}: stored as {_shown(packed)}, which is not a serialized value "
+                '(a list [type, "b64" or "text", data] of three strings); left untouched'
+            )
         type_, encoding, data = packed
         if type_ == "pickle" and not self.allow_pickle:
             raise UnsafeCheckpoint(
@@ -159,7 +181,13 @@ class Codec:
                 "Pass allow_pickle=True to StepstoneSaver only if nobody else can write "
                 "to the store"
             )
-        raw = data.encode("latin-1") if encoding == "text" else b64_bytes(data)
+        try:
+            raw = data.encode("latin-1") if encoding == "text" else b64_bytes(data)
+        except ValueError as exc:  # binascii.Error, UnicodeEncodeError, non-ASCII text
+            raise CorruptCheckpoint(
+                f"{where}: its stored data is not valid {encoding} ({safe_text(exc, 200)}); "
+                "left untouched"
+            ) from None
         return self.serde.loads_typed((type_, raw))
 
     def _pack(self, value: Any, where: str) -> dict[str, Any]:
