@@ -5,10 +5,10 @@ host an hour ahead would otherwise find a bucket refilled (and burst through a r
 a schedule's slot due an hour early, or a timer another host began over an hour early.
 So rates, schedule slots, the wake times of waiting runs (``Sleep``, ``WaitFor``'s
 timeout, a limit's or a pool's poll), the claims that find them due and run deadlines
-(``_deadline``) are judged on the store's clock (``Store.server_now``): the server's where the store has one (PostgreSQL
-``clock_timestamp()``, MySQL ``UTC_TIMESTAMP(6)``, Cosmos DB an item's ``_ts``), the
-host's otherwise (memory, file and SQLite stores live on one host, whose processes
-share its clock).
+(``_deadline``) are judged on the store's clock (``Store.server_now``): the server's
+where the store has one (PostgreSQL ``clock_timestamp()``, MySQL
+``UTC_TIMESTAMP(6)``, Cosmos DB an item's ``_ts``), the host's otherwise (memory, file
+and SQLite stores live on one host, whose processes share its clock).
 
 **Cost.** The server is not asked on every acquisition: what the readings say is kept
 per store object as bounds on the offset between the server's clock and this process's
