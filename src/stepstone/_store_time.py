@@ -167,12 +167,8 @@ def _at(bounds: _Bounds, mono: float) -> StoreTime:
 
 
 def known_now(store: Store) -> datetime | None:
-    """The store's time if known without asking it (no I/O), else None."""
-    return _known(store)
-
-
-def _known(store: Store) -> datetime | None:
-    """The store's time without asking it (a fake clock's, or its bounds'); None: read it."""
+    """The store's time without asking it (a fake clock's, or its bounds'; no I/O), or
+    None: then it must be read."""
     fake = _fake()
     if fake is not None:
         return fake
@@ -225,7 +221,7 @@ def _keep(store: Store, at: datetime | None, before: float, after: float) -> dat
 
 def store_now(store: Store) -> datetime:
     """Return the time on ``store``'s clock (aware, UTC); at most one round trip."""
-    known = _known(store)
+    known = known_now(store)
     if known is not None:
         return known
     before = time.monotonic()
@@ -234,7 +230,7 @@ def store_now(store: Store) -> datetime:
 
 async def astore_now(store: Store) -> datetime:
     """Async ``store_now``."""
-    known = _known(store)
+    known = known_now(store)
     if known is not None:
         return known
     before = time.monotonic()

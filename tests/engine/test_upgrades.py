@@ -494,21 +494,26 @@ def test_upgrade_takes_over_at_once_a_run_whose_owner_was_killed(
         assert _run(store, "r", V3, mode) == UPGRADED_END
 
 
-def test_upgrade_takes_over_a_run_whose_lease_expired_unrenewed(store: Store, mode: str) -> None:
-    """An owner of another machine (whose death this one cannot see) that wrote nothing
-    for its whole lease no longer blocks ``upgrade``; the upgraded run finishes."""
+def _held_elsewhere(store: Store, mode: str, lease: float) -> Checkpoint:
+    """A signalled version-2 run made to look held by a process of another machine (whose
+    death this one cannot see) that stopped renewing its ``lease`` just now."""
     _waiting_v2(store, "r", mode)
     stepstone.signal(store, "r", "go", APPROVAL)
     signalled = _loaded(store, "r")
-    held = store.save(
-        replace(
-            signalled,
-            owner="worker:elsewhere:4242:-:0badc0de",
-            epoch=signalled.epoch + 1,
-            lease=0.3,
-            renewed_at=utcnow(),
-        )
+    stalled = replace(
+        signalled,
+        owner="worker:elsewhere:4242:-:0badc0de",
+        epoch=signalled.epoch + 1,
+        lease=lease,
+        renewed_at=utcnow(),
     )
+    return store.save(stalled)
+
+
+def test_upgrade_takes_over_a_run_whose_lease_expired_unrenewed(store: Store, mode: str) -> None:
+    """An owner of another machine (whose death this one cannot see) that wrote nothing
+    for its whole lease no longer blocks ``upgrade``; the upgraded run finishes."""
+    held = _held_elsewhere(store, mode, lease=0.3)
     assert held.owner is not None
     upgraded = _upgrade_one(store, "r", V3, mode)
     assert upgraded.workflow_version == "3" and upgraded.owner is None
@@ -521,18 +526,7 @@ def test_upgrade_under_a_fake_clock_waits_out_a_lease_in_fake_time(store: Store,
     run's pauses do), so a 30 s lease runs out in fake time instead of never."""
     outcome: dict[str, Checkpoint] = {}
     with FakeClock(datetime(2030, 1, 1, tzinfo=UTC)):
-        _waiting_v2(store, "r", mode)
-        stepstone.signal(store, "r", "go", APPROVAL)
-        signalled = _loaded(store, "r")
-        store.save(
-            replace(
-                signalled,
-                owner="worker:elsewhere:4242:-:0badc0de",
-                epoch=signalled.epoch + 1,
-                lease=30.0,
-                renewed_at=utcnow(),
-            )
-        )
+        _held_elsewhere(store, mode, lease=30.0)
         thread = threading.Thread(
             target=lambda: outcome.setdefault("cp", _upgrade_one(store, "r", V3, mode)),
             daemon=True,

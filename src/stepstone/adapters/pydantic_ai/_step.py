@@ -13,14 +13,14 @@ from pydantic_ai.run import AgentRunResult
 from pydantic_core import to_jsonable_python
 
 from ..._budget import RAISE_SIGNAL, SPEND_KEY, Prices
-from ..._checkpoint import Checkpoint, utcnow
+from ..._checkpoint import Checkpoint
 from ..._effects import Effect
 from ..._errors import InvalidWorkflow, LeaseLost
 from ..._runner import arun, run
 from ..._spending import usage_charge
 from ..._steps import RetryPolicy
 from ..._store import Store
-from ..._suspend import Complete, Wait, pending_signals
+from ..._suspend import Complete, Wait, _due, pending_signals
 
 if TYPE_CHECKING:
     from pydantic_ai.agent import AbstractAgent
@@ -86,7 +86,7 @@ class AgentStep(AgentStepBase):
         signal = (cp.waiting_for or "").removeprefix("signal ")
         if cp.waiting_for is not None and pending_signals(cp, signal):
             return True
-        return cp.wake_at is not None and (utcnow() if now is None else now) >= cp.wake_at
+        return _due(cp.wake_at, now)
 
     def evaluate(
         self, plan: Plan, cp: Checkpoint, index: int, state: dict[str, Any], first: bool
