@@ -372,7 +372,10 @@ def _runtime_fields(doc: dict[str, Any]) -> dict[str, Any]:  # noqa: C901 - see 
     if children:
         if not isinstance(children, list):
             raise TypeError("children is not a list")
-        fields["children"] = tuple(_str(child) for child in children)
+        for child in children:  # a plain loop: a Map's parent lists thousands
+            if type(child) is not str:
+                raise TypeError(f"{child!r} is not a string")
+        fields["children"] = tuple(children)
     consumed = doc.get("consumed")
     if consumed:
         if not isinstance(consumed, dict) or not all(

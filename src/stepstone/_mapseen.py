@@ -1,9 +1,13 @@
-"""What a ``Map`` parent's poll remembers between looks: the children it has seen done.
+"""What this process remembers of the ``Map`` steps it runs, between looks.
 
-A child that is done stays done, so a waiting parent's poll reads on from the first
-child it has not seen done, up to one still going, instead of every child on every
-look (``_suspend.Map``): over a Map's life its polls read each child about once, where
-N looks at N children read N * N records.
+``SEEN``: a child that is done stays done, so a waiting parent's poll reads on from the
+first child it has not seen done, up to one still going, instead of every child on
+every look (``_suspend.Map``): over a Map's life its polls read each child about once,
+where N looks at N children read N * N records.
+
+``LISTED``: the children each parent made here, so a child that ends in this process
+looks at a sibling before it loads its parent (``_nudge``): while a sibling is still
+going, the parent (whose record lists every child) is not read at all.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import threading
 from collections import OrderedDict
 from datetime import datetime
 
-__all__ = ["SEEN", "Key", "Seen", "nudged"]
+__all__ = ["LISTED", "SEEN", "Key", "Listed", "Seen", "nudged"]
 
 #: (parent run id, Map step name, the parent's ``created_at``).
 Key = tuple[str, str, datetime | None]
@@ -61,3 +65,40 @@ class Seen:
 
 #: The process's one ``Seen``.
 SEEN = Seen()
+
+
+class Listed:
+    """The child run ids of the Maps this process ran, by parent run id: a hint only.
+
+    Bounded in size. An entry may be stale (the parent was deleted and started again,
+    or retried with other items): ``_nudge`` only ever uses it to learn that a sibling
+    is still going, which proves that sibling's own end tells the parent; anything
+    else (a sibling missing, all done) takes the full path, which reads the parent.
+    """
+
+    def __init__(self, size: int = 1024) -> None:
+        self._size = size
+        self._listed: OrderedDict[str, tuple[str, ...]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, parent: str) -> tuple[str, ...] | None:
+        """Return the children ``parent`` listed here last, or None."""
+        with self._lock:
+            return self._listed.get(parent)
+
+    def remember(self, parent: str, children: tuple[str, ...]) -> None:
+        """Record that ``parent`` made (or is making) ``children``."""
+        with self._lock:
+            self._listed[parent] = children
+            self._listed.move_to_end(parent)
+            while len(self._listed) > self._size:
+                self._listed.popitem(last=False)
+
+    def forget(self, parent: str) -> None:
+        """Drop the entry of a parent whose Map finished or failed."""
+        with self._lock:
+            self._listed.pop(parent, None)
+
+
+#: The process's one ``Listed``.
+LISTED = Listed()

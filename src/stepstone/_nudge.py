@@ -10,6 +10,7 @@ from typing import Any
 from ._checkpoint import DUE_NOW, Checkpoint, evolve, utcnow
 from ._effects import Announce, Effect, Load, Save
 from ._errors import ConflictError, StoreError
+from ._mapseen import LISTED
 from ._observe import logger
 
 #: How often a child tries to nudge a parent that others keep writing (then it polls).
@@ -45,6 +46,13 @@ def nudge(parent: str, done: str | None = None) -> Generator[Effect, Any, None]:
     or still looking (its owner keeps the due time, ``_lease.rebase``); a nudge lost
     to a crash only delays the parent to its poll (``CHILD_POLL``).
     """
+    if done is not None:
+        try:
+            if (yield from _sibling_going(parent, done)):
+                return  # that sibling's own end tells the parent
+        except StoreError as exc:
+            logger.warning("could not wake parent run %r: %s (it polls)", parent, exc)
+            return
     for _ in range(_NUDGE_TRIES):
         try:
             cp = yield Load(parent)
@@ -75,6 +83,33 @@ def nudge(parent: str, done: str | None = None) -> Generator[Effect, Any, None]:
             yield Announce()
         return
     logger.info("run %r: gave up waking parent run %r (it polls)", done, parent)
+
+
+def _sibling_going(parent: str, done: str) -> Generator[Effect, Any, bool]:
+    """Whether a sibling of ``done`` is still going, by the children this process saw
+    ``parent`` make (``LISTED``); False if unknown here, or if none looked at is.
+
+    The parent's record lists every child, so loading it costs as much as its Map is
+    wide; a child whose parent was made here looks at its siblings first, and while
+    one is still going (the usual case: all but the last few children to end) the
+    parent is not read at all. A stale entry can only find a sibling that does not
+    exist, or one of another attempt: either is "not known going" unless the sibling
+    names this parent, so the full path (which reads the parent) decides.
+    """
+    children = LISTED.get(parent)
+    if children is None or done not in children:
+        return False
+    position = children.index(done)
+    last = len(children) - 1
+    order = [last] if position != last else []
+    order.extend(n for n in (position + 1, position - 1) if 0 <= n < last)
+    for near in order[:_PEEKS]:
+        sibling: Checkpoint | None = yield Load(children[near])
+        if sibling is None or sibling.parent != parent:
+            return False
+        if sibling.status != "done":
+            return sibling.status in ("queued", "running", "waiting")
+    return False
 
 
 def _siblings_done(

@@ -26,6 +26,7 @@ from ._deadline import inherited
 from ._effects import Announce, Call, Effect, Load, Renewing, Save, Together
 from ._errors import ConflictError, InvalidState, InvalidWorkflow, LeaseLost
 from ._flow._runs import check_max_concurrency, with_flow
+from ._mapseen import LISTED as _LISTED
 from ._mapseen import SEEN as _SEEN
 from ._mapseen import Key as _Key
 from ._mapseen import nudged
@@ -322,6 +323,7 @@ class Map(SuspendingStep):
         inputs = self._inputs(listed)
         ids = [child_run_id(cp.run_id, self.name, i) for i in range(len(inputs))]
         key = (cp.run_id, self.name, cp.created_at)
+        _LISTED.remember(cp.run_id, tuple(ids))  # a child ending here looks at siblings first
         if not first and not nudged(cp.wake_at, DUE_NOW_UNTIL):
             # A poll: children seen done stay done, so read on from the first one not
             # seen done, up to one still going (``_look``).
@@ -338,6 +340,7 @@ class Map(SuspendingStep):
         done = [child for child in children if child.status == "done"]
         if len(done) == len(children):
             _SEEN.forget(key)
+            _LISTED.forget(cp.run_id)
             return Complete({self.name: [pristine(child) for child in children]})
         first_going = next(n for n, child in enumerate(children) if child.status != "done")
         _SEEN.remember(key, len(ids), first_going)
@@ -351,6 +354,7 @@ class Map(SuspendingStep):
                     else "failed"
                 )
                 _SEEN.forget(key)
+                _LISTED.forget(cp.run_id)
                 raise ChildFailed(f"child run {child.run_id!r} {reason}", child.run_id)
         return _waiting(str(len(done)), ids, (yield Now()))
 

@@ -221,15 +221,19 @@ def test_store_error_in_a_childs_nudge_does_not_fail_anything(ops: Ops, config: 
     parent = fanout(2)
     with pytest.raises(Suspended):
         ops.run("p", parent)
-    # Child 0's nudge fails reading the parent, child 1's writing it.
-    for n, op in enumerate(("load", "save")):
+    # Child 0's nudge fails reading its sibling (a child whose parent was made in this
+    # process looks at a sibling before the parent, ``_mapseen.LISTED``), child 1's
+    # writing the parent.
+    for n, (op, target) in enumerate((("load", child_run_id("p", "kids", 1)), ("save", "p"))):
 
-        def on_parent(o: str, run_id: str, cp: Checkpoint | None, op: str = op) -> bool:
-            return o == op and run_id == "p"
+        def on_target(
+            o: str, run_id: str, cp: Checkpoint | None, op: str = op, target: str = target
+        ) -> bool:
+            return o == op and run_id == target
 
-        cued = Cued(ops.store, on_parent)
+        cued = Cued(ops.store, on_target)
         assert ops.run(child_run_id("p", "kids", n), CHILD, cued) == {"n": n, "square": n * n}
-        assert cued.fired == [f"{op} p"]
+        assert cued.fired == [f"{op} {target}"]
     waiting = ops.load("p")
     assert waiting is not None and waiting.failure is None and waiting.status == "waiting"
     assert waiting.wake_at is not None and waiting.wake_at > utcnow(), "a nudge landed"
