@@ -12,9 +12,18 @@ ratio map/steps is taken per round, then its median. SQLite (``synchronous=full`
 PostgreSQL.
 
     .venv/bin/python benchmarks/bench_map.py [--quick] [--json] [--no-sql]
-        [--children 100] [--rounds 5] [--work-ms 0]
+        [--children 100] [--rounds 5] [--work-ms 0] [--callgrind] [--src DIR]
 
 Target (issue 20): the Map at most 1.5x the steps.
+
+``--callgrind``: instructions instead of seconds, repeatable on a noisy machine. One
+process per backend under valgrind's callgrind serves both workflows with a worker
+thread (the same defaults) and runs a warm-up of each kind, then one Map and one run of
+steps, each inside ``operator.call``; callgrind dumps its counters as that call is
+entered and as it returns, so each kept dump holds every thread's instructions (the
+worker's, its pool's, the group committer's, the listener's) during one run, from its
+start to its end step. ``--src DIR`` puts ``DIR`` first on that process's
+``PYTHONPATH`` (a ``git archive REV src`` of an earlier tree, for a before/after).
 """
 
 from __future__ import annotations
@@ -22,10 +31,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import multiprocessing as mp
+import operator
+import os
+import re
 import statistics
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from _common import emit, progress, scratch, sql_config, table
@@ -53,7 +69,7 @@ def _end(state: dict[str, Any]) -> dict[str, Any]:
     return {"end_ns": time.monotonic_ns()}
 
 
-def workflows(children: int, work_ms: float) -> tuple[Workflow, Workflow]:
+def workflows(children: int, work_ms: float, end: Any = _end) -> tuple[Workflow, Workflow]:
     """The two workflows of the figure: (a Map of ``children``, ``children`` steps)."""
     work = _work_step(work_ms / 1e3)
     child = Workflow(f"bench-map-child-{children}", [Step("w", work)])
@@ -61,11 +77,11 @@ def workflows(children: int, work_ms: float) -> tuple[Workflow, Workflow]:
     def items(state: dict[str, Any]) -> list[dict[str, Any]]:
         return [{"i": i} for i in range(children)]
 
-    begin, end = Step("begin", _begin), Step("end", _end)
-    mapped = Workflow(f"bench-map-{children}", [begin, Map("kids", child, items), end])
+    begin, last = Step("begin", _begin), Step("end", end)
+    mapped = Workflow(f"bench-map-{children}", [begin, Map("kids", child, items), last])
     stepped = Workflow(
         f"bench-map-steps-{children}",
-        [begin, *(Step(f"s{i}", work) for i in range(children)), end],
+        [begin, *(Step(f"s{i}", work) for i in range(children)), last],
     )
     return mapped, stepped
 
@@ -144,6 +160,108 @@ def measure(config: str, children: int, rounds: int, work_ms: float) -> dict[str
     }
 
 
+#: Set by the end step of the workflows the callgrind child serves (one run at a time).
+_ENDED = threading.Event()
+
+
+def _end_and_tell(state: dict[str, Any]) -> dict[str, Any]:
+    _ENDED.set()
+    return _end(state)
+
+
+def _counted_run(store: Store, workflow: Workflow, run_id: str) -> None:
+    """Start ``run_id`` and return once its end step ran (no polling: an event)."""
+    _ENDED.clear()
+    start(store, workflow, run_id)
+    if not _ENDED.wait(600):
+        raise RuntimeError(f"run {run_id!r} did not reach its end step within 600 s")
+
+
+def _child(config: str, children: int) -> None:
+    """Under callgrind: serve both kinds in a thread; warm up, then count one of each."""
+    mapped, stepped = workflows(children, 0.0, _end_and_tell)
+    store = open_store(config)
+    worker = Worker(store, [mapped, stepped])
+    thread = threading.Thread(target=worker.serve, name="bench-serve", daemon=True)
+    thread.start()
+    try:
+        for kind in ("warm", "again"):
+            _counted_run(store, mapped, f"map-{kind}")
+            _counted_run(store, stepped, f"steps-{kind}")
+        operator.call(_counted_run, store, mapped, "map")
+        operator.call(_counted_run, store, stepped, "steps")
+    finally:
+        worker.stop()
+        thread.join(timeout=600)
+        store.close()
+
+
+def _callgrind(config: str, children: int, src: str | None) -> dict[str, int]:
+    """Instructions of one Map and one run of steps on ``config`` (every thread)."""
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    if src:
+        env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if "PYTHONPATH" in env else "")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "cg.out"
+        subprocess.run(
+            [
+                "valgrind",
+                "--tool=callgrind",
+                "--dump-before=_operator_call",
+                "--dump-after=_operator_call",
+                f"--callgrind-out-file={out}",
+                sys.executable,
+                __file__,
+                "--child",
+                config,
+                "--children",
+                str(children),
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+            env=env,
+        )
+        counts = []
+        for dump in sorted(
+            (p for p in Path(tmp).iterdir() if re.fullmatch(r"cg\.out\.\d+", p.name)),
+            key=lambda p: int(p.name.rsplit(".", 1)[1]),
+        ):
+            text = dump.read_text(encoding="utf-8", errors="replace")
+            if "Trigger: --dump-after" not in text:
+                continue  # outside the counted calls: imports, warm-up
+            match = re.search(r"^(?:summary|totals):\s*(\d+)", text, re.M)
+            assert match is not None, f"no totals in {dump.name}"
+            counts.append(int(match.group(1)))
+    assert len(counts) == 2, f"{len(counts)} counted dumps, expected 2"
+    return {"map": counts[0], "steps": counts[1]}
+
+
+def _main_callgrind(args: argparse.Namespace) -> None:
+    payload: dict[str, Any] = {"children": args.children, "unit": "instructions"}
+    rows: list[list[str]] = []
+    skipped: list[str] = []
+    for backend in BACKENDS:
+        if args.no_sql and backend != "sqlite":
+            continue
+        with _config(backend) as (config, about):
+            if config is None:
+                skipped.append(f"{backend} skipped: {about}")
+                continue
+            progress(args, f"map: {backend} under callgrind...")
+            got = _callgrind(config, args.children, args.src)
+        payload[backend] = got
+        ratio = got["map"] / got["steps"]
+        payload[backend]["ratio"] = ratio
+        rows.append([backend, f"{got['map']:,}", f"{got['steps']:,}", f"{ratio:.2f}x"])
+    head = (
+        f"Map of {args.children} children vs one run of {args.children} steps "
+        "(instructions of every thread, callgrind, one run each after a warm-up)"
+    )
+    text = [head, table(["backend", "map", "steps", "map/steps"], rows), *skipped]
+    emit(args, payload, "\n".join(text))
+
+
 @contextlib.contextmanager
 def _config(backend: str) -> Iterator[tuple[str | None, str]]:
     if backend == "sqlite":
@@ -162,7 +280,16 @@ def main() -> None:
     parser.add_argument("--children", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=None, help="rounds (default 5)")
     parser.add_argument("--work-ms", type=float, default=0.0, help="sleep in each step")
+    parser.add_argument("--callgrind", action="store_true", help="count instructions")
+    parser.add_argument("--src", default=None, help="PYTHONPATH first (--callgrind)")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:
+        _child(args.child, args.children)
+        return
+    if args.callgrind:
+        _main_callgrind(args)
+        return
     rounds = args.rounds or (3 if args.quick else 5)
     payload: dict[str, Any] = {"children": args.children, "rounds": rounds}
     rows: list[list[str]] = []
