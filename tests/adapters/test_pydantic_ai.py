@@ -18,7 +18,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterable, Iterator
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +67,8 @@ from stepstone.adapters.pydantic_ai import (
     parse_token,
     read_journal,
 )
+from stepstone.testing import use_clock
+from stepstone.testing._runtime_kit import ClockAhead, time_ahead
 from waiting import status_of
 
 DURABLE = DURABLE_BACKENDS
@@ -635,6 +637,35 @@ def test_wait_timeout_is_durable(tmp_path: Path, log: Path) -> None:
         assert cp is not None
         assert "No decision on this tool call arrived" in str(cp.state["agent"])
     assert calls(log)["refund"] == 0
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_wait_timeout_counts_and_ends_on_the_store_clock(memory_store: Store, mode: str) -> None:
+    """Begun on a host 3 h behind, the wait's deadline is ten minutes from the store's
+    now; a host 3 h ahead does not end it early; the store's time past it ends it."""
+    skew, wait = timedelta(hours=3), timedelta(minutes=10)
+    step = AgentStep("agent", approval_agent(wait), "go", store=memory_store)
+    flow = Workflow("pa-skew", [step])
+
+    def attempt() -> Any:
+        if mode == "sync":
+            return stepstone.run("skew", flow, memory_store)
+        return asyncio.run(arun("skew", flow, memory_store))
+
+    real = datetime.now(UTC)
+    with use_clock(ClockAhead(-skew)), pytest.raises(Suspended) as began:
+        attempt()
+    deadline = datetime.fromisoformat(
+        read_journal(memory_store, "skew")["support__external_event.approve.deadline#1"]
+    )
+    assert abs(deadline - (real + wait)) < timedelta(seconds=30), (deadline, real + wait)
+    assert began.value.wake_at == deadline
+    with use_clock(ClockAhead(skew)), pytest.raises(Suspended) as again:
+        attempt()  # three hours ahead: not due yet on the store's clock
+    assert again.value.wake_at == deadline
+    with time_ahead(wait + timedelta(seconds=5)):
+        final = attempt()
+    assert "No decision on this tool call arrived" in str(final["agent"])
 
 
 def _until(condition: Any, what: str, timeout: float = CHILD_TIMEOUT) -> None:

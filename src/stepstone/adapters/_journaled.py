@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Callable, Coroutine, Generator
+from datetime import datetime
 from typing import Any
 
 from .._checkpoint import Checkpoint
@@ -32,6 +33,7 @@ from .._errors import InvalidWorkflow, LeaseLost
 from .._journal import JOURNAL_KEY, entry_ok, journal_of, json_value
 from .._plan import Plan
 from .._session import Session, Waiter, close
+from .._store_time import Now
 from .._write import _latest
 
 __all__ = ["UnitJournal", "channel", "journaled", "step_entries", "with_journal"]
@@ -113,6 +115,13 @@ class UnitJournal:
         cp: Checkpoint = await self.ask(("latest",))
         return cp
 
+    async def store_now(self) -> datetime:
+        """Return the time on the store's clock (``_store_time``), the one timers use:
+        a wait's deadline set and judged by it ends neither early nor late on a host
+        whose clock is off the store's."""
+        now: datetime = await self.ask(("now",))
+        return now
+
 
 def channel(
     run_id: str, step_name: str, body: Callable[[], Coroutine[Any, Any, Any]], sync: bool
@@ -137,8 +146,9 @@ def journaled(
     """Serve the agent's requests until it ends; return the run's record and its value.
 
     ``save``: append the entries by the core's write (fenced by the lease, re-based on
-    signals), answered once landed; ``latest``: the run's record as stored now; ``end``:
-    the agent run returned (its value is returned) or raised (raised here).
+    signals), answered once landed; ``latest``: the run's record as stored now; ``now``:
+    the store's time; ``end``: the agent run returned (its value is returned) or raised
+    (raised here).
     """
     next_requests = link.next_requests if sync else link.anext_requests
     waiter = Waiter(link.name, next_requests, not sync)
@@ -164,6 +174,10 @@ def journaled(
                     cp = yield from _append(plan, cp, request[1], {})
                     link.answered(reply)
                     reply.ok(None)
+                elif kind == "now":
+                    now: datetime = yield Now()
+                    link.answered(reply)
+                    reply.ok(now)
                 else:  # "latest"
                     fresh: Checkpoint | None = yield Load(plan.run_id)
                     link.answered(reply)

@@ -26,10 +26,10 @@ from pydantic_ai.run import AgentRunResult
 from pydantic_ai.tools import AgentDepsT, RunContext
 
 from ..._budget import RAISE_SIGNAL
-from ..._checkpoint import utcnow
 from ..._errors import InvalidWorkflow
+from ..._store_time import plain
 from ..._stream import _hooks as _stream
-from ..._suspend import pending_signals
+from ..._suspend import _due, pending_signals
 from .._budget_gate import over_budget
 
 if TYPE_CHECKING:
@@ -196,7 +196,9 @@ class StepstoneDurability(BaseDurabilityCapability[AgentDepsT]):
         if session is None:
             return None
         key = session.next_name(f"{self.name}.run_start_time")
-        recorded = await session.record(key, utcnow().isoformat())
+        if key in session.entries:
+            return datetime.fromisoformat(session.entries[key])
+        recorded = await session.record(key, (await session.store_now()).isoformat())
         return datetime.fromisoformat(recorded)
 
     async def wrap_run(
@@ -238,9 +240,18 @@ class Waiter(ExternalEventWaiter):
             answer = await session.record(ask_key, await ask(wait_token(session.run_id, name)))
         if answer is not None:
             return outcome_of(await session.record(key, {"payload": answer}))
+        # The deadline is set and judged on the store's clock, as every timer is
+        # (``_store_time``): the worker that resumes the wait judges its wake time so,
+        # and a host whose clock is off the store's would otherwise end it early, or
+        # resume it again and again until its own clock caught up.
         deadline: datetime | None = None
         if timeout is not None:
-            due = await session.record(sub_call(key, "deadline"), (utcnow() + timeout).isoformat())
+            deadline_key = sub_call(key, "deadline")
+            if deadline_key in session.entries:
+                due = session.entries[deadline_key]
+            else:
+                at = plain(await session.store_now()) + timeout
+                due = await session.record(deadline_key, at.isoformat())
             deadline = datetime.fromisoformat(due)
         cp = await session.latest_run()
         taken = session.taken_signal_ids()
@@ -248,7 +259,7 @@ class Waiter(ExternalEventWaiter):
             if signal.id not in taken:
                 value = {"payload": signal.payload, "signal": name, "signal_id": signal.id}
                 return outcome_of(await session.record(key, value))
-        if deadline is not None and utcnow() >= deadline:
+        if deadline is not None and _due(deadline, await session.store_now()):
             value = {"error": f"no signal {name!r} arrived within {timeout}", "signal": name}
             return outcome_of(await session.record(key, value))
         raise Suspend(name, deadline)
