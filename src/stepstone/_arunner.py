@@ -273,7 +273,12 @@ async def _aperform(effect: Effect, plan: Plan, store: Store) -> Any:
         return None
     if kind is Together:
         assert isinstance(effect, Together)
-        return list(await asyncio.gather(*(_aone(each, store) for each in effect.effects)))
+        effects = effect.effects
+        saves = [each.cp for each in effects if isinstance(each, Save)]
+        if store.saves_together and len(saves) == len(effects) > 1:
+            # A Map's children made in one transaction (SQLite: one commit, one fsync).
+            return list(await store.asave_many(saves))
+        return list(await asyncio.gather(*(_aone(each, store) for each in effects)))
     if kind is Now:
         return await astore_now(store)
     assert isinstance(effect, Pause)

@@ -236,6 +236,10 @@ def together(effect: Together, store: Store) -> list[Any]:
     effects = effect.effects
     if len(effects) <= 1:
         return [_one(each, store) for each in effects]
+    saves = [each.cp for each in effects if isinstance(each, Save)]
+    if store.saves_together and len(saves) == len(effects):
+        # A Map's children made in one transaction (SQLite: one commit, one fsync).
+        return list(store.save_many(saves))
     pool = _shared_pool()
     futures = [pool.submit(_one, each, store) for each in effects]
     return [future.result() for future in futures]

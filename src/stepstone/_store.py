@@ -27,6 +27,7 @@ from ._runinfo import (
     page_key,
 )
 from ._store_compat import _delete, _to_thread, aclaim_page, claim_page
+from ._store_many import asave_in_order, save_in_order
 from ._wake import Doorbell
 
 if TYPE_CHECKING:
@@ -106,6 +107,8 @@ class Store(Closing, abc.ABC):
     #: due, of a served workflow) in one call, returning the claimed records: workers
     #: then load nothing to claim them. False: the worker loads and saves each one.
     claims_in_one_call: ClassVar[bool] = False
+    #: ``save_many`` commits its saves in one transaction (SQLite's group commit).
+    saves_together: ClassVar[bool] = False
     #: The ``asave`` this class defines never suspends (it awaits nothing), so ``arun``
     #: needs no shielded task per save: a cancellation cannot land inside it.
     asave_never_suspends: ClassVar[bool] = False
@@ -154,6 +157,17 @@ class Store(Closing, abc.ABC):
             InvalidState: the state does not round-trip through JSON; nothing was stored.
             CheckpointTooLarge: the encoded checkpoint is over the backend's limit.
         """
+
+    def save_many(self, checkpoints: Sequence[Checkpoint]) -> list[Checkpoint | Exception]:
+        """Save each checkpoint as ``save`` would; return each outcome, in order: the
+        checkpoint as stored or the ``Exception`` its save raised. One failing fails no
+        other (``stepstone._store_many``); at most one checkpoint per run. With
+        ``saves_together`` they share one commit, else they are saved one by one."""
+        return save_in_order(self, checkpoints)
+
+    async def asave_many(self, checkpoints: Sequence[Checkpoint]) -> list[Checkpoint | Exception]:
+        """Async ``save_many``."""
+        return await asave_in_order(self, checkpoints)
 
     def expire(self, run_id: str, ttl_seconds: int | None) -> bool:
         """Let the backend delete the run by itself ``ttl_seconds`` after its last write.

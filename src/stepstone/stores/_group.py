@@ -118,6 +118,55 @@ class GroupCommit:
             batch, self._queue = self._queue, []
         self._lead(batch)
 
+    def submit_many(self, items: list[Pending]) -> None:
+        """Return once every one of ``items`` is committed or failed, all in ONE batch.
+
+        ``Store.save_many``: the items are queued together (or led together), so the
+        batch that takes the first takes them all, and they share its transaction and
+        commit; each keeps its own outcome, as any save of a batch does.
+        """
+        if len(items) == 1:
+            self.submit(items[0])
+            return
+        with self._lock:
+            if self._leading:
+                for item in items:
+                    item.event = threading.Event()
+                self._queue.extend(items)
+                lead = False
+            else:
+                self._leading = True
+                lead = True
+        if lead:
+            self._lead(items)
+            return
+        first = items[0]
+        assert first.event is not None
+        try:
+            first.event.wait()
+        except BaseException:
+            with self._lock:
+                # Still queued (all of them: they were queued at once and are taken at
+                # once): none lands. Already in a batch: they land with it.
+                if first in self._queue:
+                    for item in items:
+                        self._queue.remove(item)
+                    following = self._handoff() if first.state == _LEAD else None
+                else:
+                    following = None
+            if following is not None:
+                self._wake(following)
+            raise
+        if first.state != _DONE:
+            # Handed leadership: the batch is everything queued now, all of ours included.
+            with self._lock:
+                batch, self._queue = self._queue, []
+            self._lead(batch)
+            return
+        for item in items[1:]:  # in the batch the first was in: done with it
+            assert item.event is not None
+            item.event.wait()
+
     def _wait(self, item: Pending) -> None:
         event = item.event
         assert event is not None

@@ -149,6 +149,7 @@ class SQLiteStore(SQLStore):
     scheme: ClassVar[str] = "sqlite"
     _DIALECT: ClassVar[str] = "sqlite"
     claims_in_one_call: ClassVar[bool] = True  # one UPDATE ... RETURNING (one writer)
+    saves_together: ClassVar[bool] = True  # save_many: one batch of the group commit
     durability_levels: ClassVar[tuple[str, ...]] = _SYNCHRONOUS
     kill_points: ClassVar[Mapping[str, bool]] = MappingProxyType({"sqlite.in_transaction": False})
     counts_requests: ClassVar[bool] = False

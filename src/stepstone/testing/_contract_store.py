@@ -142,6 +142,40 @@ class StoreMethodsContract(ContractBase):
         assert loaded is not None and loaded.state == {"v": 2}
         assert loaded.version == v2.version
 
+    def test_save_many_keeps_each_outcome(self, ops: Ops) -> None:
+        """``save_many``: each save as ``save`` would, in order; one failing fails no other."""
+        taken = ops.save(cp("taken", 0, {"first": True}))
+        moved = ops.save(cp("moved", 0, {"v": 1}))
+        long_text = "x" * 300_000  # past the inline limit: kept in pieces where a store can
+        outcomes = ops.save_many(
+            [
+                cp("new", 0, {"n": 1}),
+                cp("taken", 0, {"second": True}),  # a create over an existing run
+                cp("moved", 1, {"v": 2}, version=moved.version),
+                cp("long", 0, {"text": long_text}),
+                cp("bad", 0, {"not json": {1, 2}}),
+            ]
+        )
+        assert [type(o).__name__ for o in outcomes] == [
+            "Checkpoint",
+            "ConflictError",
+            "Checkpoint",
+            "Checkpoint",
+            "InvalidState",
+        ], outcomes
+        for outcome, run_id in zip(outcomes, ("new", "taken", "moved", "long", "bad"), strict=True):
+            loaded = ops.load(run_id)
+            if isinstance(outcome, Checkpoint):
+                assert loaded is not None and loaded.version == outcome.version, run_id
+                assert loaded.state == outcome.state, run_id
+        assert ops.load("taken") == taken, "a lost create changed the stored run"
+        updated = ops.load("moved")
+        assert updated is not None and updated.state == {"v": 2} and updated.step == 1
+        again = ops.load("long")
+        assert again is not None and again.state == {"text": long_text}
+        assert ops.load("bad") is None
+        assert ops.save_many([]) == []
+
     def test_recreated_run_gets_a_new_version(self, ops: Ops) -> None:
         """After delete and re-create, a version held from before no longer matches."""
         old = ops.save(cp("r", 0))

@@ -77,6 +77,13 @@ class Ops:
         s = store or self.store
         return self.call(lambda: s.save(checkpoint), lambda: s.asave(checkpoint))
 
+    def save_many(
+        self, checkpoints: list[Checkpoint], store: Store | None = None
+    ) -> list[Checkpoint | Exception]:
+        """``save_many`` / ``asave_many``."""
+        s = store or self.store
+        return self.call(lambda: s.save_many(checkpoints), lambda: s.asave_many(checkpoints))
+
     def delete(self, run_id: str, *, expected_version: str | None = None) -> bool:
         """``delete`` / ``adelete``, with the optional compare-and-swap version."""
         s = self.store

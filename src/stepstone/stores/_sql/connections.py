@@ -391,6 +391,12 @@ class Connections:
             raise item.error
         return item.stored or 0
 
+    def _group_many(self, group: GroupCommit, items: list[Pending]) -> None:
+        """Submit several saves to the group commit as one batch (``save_many``)."""
+        if self._closed:
+            raise self._closed_error()
+        group.submit_many(items)
+
     def _commit_batch(self, items: list[Pending]) -> None:
         """Run a batch of saves on this thread's connection (the group's ``execute``)."""
         self._on_held(self._run_batch, items)

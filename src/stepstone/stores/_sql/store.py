@@ -41,6 +41,7 @@ from ..._errors import ConflictError, CorruptCheckpoint, StoreError
 from ..._observe import logger
 from ..._runinfo import PageAsk, ReadyAsk
 from ..._store import Claim, RunInfo, Store
+from ..._store_compat import _to_thread
 from .._common import new_version
 from .claim_plans import SQLClaims
 from .connections import Connections, Held
@@ -48,6 +49,7 @@ from .effects import Exec, Plan, Result, adrive, drive
 from .errors import Undecodable
 from .pages import count_query, listed_fields, page_query
 from .piece_plans import _Deleted, _Loading, _SavePlan, _Unreadable
+from .save_many import save_together
 from .schema import MIGRATABLE, TABLE_SCHEMA, SQLText
 
 if TYPE_CHECKING:
@@ -361,6 +363,20 @@ class SQLStore(Connections, SQLClaims, Store):
             StoreUnavailable: the database cannot be reached, or timed out.
         """
         return drive(self._save(checkpoint), self._perform)
+
+    def save_many(self, checkpoints: Sequence[Checkpoint]) -> list[Checkpoint | Exception]:
+        """``Store.save_many``: with group commit (SQLite), in one transaction and commit."""
+        group = self._group
+        if group is None or len(checkpoints) < 2:
+            return super().save_many(checkpoints)
+        plans = [self._save(checkpoint) for checkpoint in checkpoints]
+        return save_together(plans, self._perform, lambda items: self._group_many(group, items))
+
+    async def asave_many(self, checkpoints: Sequence[Checkpoint]) -> list[Checkpoint | Exception]:
+        """Async ``save_many``: with group commit on a thread (saved together there)."""
+        if self._group is None or self._aio():
+            return await super().asave_many(checkpoints)
+        return await _to_thread(self.save_many, checkpoints)
 
     def delete(self, run_id: str, *, expected_version: str | None = None) -> bool:
         """Delete the run's row; with ``expected_version``, only if it still holds it.

@@ -1,0 +1,54 @@
+"""Saving several records in one call: ``Store.save_many``'s one-by-one default.
+
+A ``Map`` makes its children 16 at a time, and the LangGraph saver writes a checkpoint
+and advances its head for every superstep: each is several saves that depend on none of
+each other's outcomes. ``save_many`` hands them to the store at once; a store that
+declares ``saves_together`` (SQLite, by its group commit) commits them in one
+transaction, with one fsync, where one by one each would be a commit of its own.
+
+Never all-or-nothing: each save keeps its own outcome, as concurrent saves through a
+group commit always did. A compare-and-swap that loses fails that save alone (its
+``ConflictError`` in its place in the answer) and the others land; a failure of the
+transaction as a whole fails every save it held. A caller that needs one save to land
+only with another checks the outcomes and undoes what it must (the saver does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from ._checkpoint import Checkpoint
+
+__all__ = ["asave_in_order", "save_in_order"]
+
+
+class _Saves(Protocol):
+    def save(self, checkpoint: Checkpoint) -> Checkpoint: ...
+
+    async def asave(self, checkpoint: Checkpoint) -> Checkpoint: ...
+
+
+def save_in_order(store: _Saves, checkpoints: Sequence[Checkpoint]) -> list[Checkpoint | Exception]:
+    """Save each checkpoint with ``store.save``, one after another; each one's outcome."""
+    outcomes: list[Checkpoint | Exception] = []
+    for checkpoint in checkpoints:
+        try:
+            outcomes.append(store.save(checkpoint))
+        except Exception as exc:  # noqa: BLE001 - the outcome of that save alone
+            outcomes.append(exc)
+    return outcomes
+
+
+async def asave_in_order(
+    store: _Saves, checkpoints: Sequence[Checkpoint]
+) -> list[Checkpoint | Exception]:
+    """Async ``save_in_order``: each with ``store.asave``."""
+    outcomes: list[Checkpoint | Exception] = []
+    for checkpoint in checkpoints:
+        try:
+            outcomes.append(await store.asave(checkpoint))
+        except Exception as exc:  # noqa: BLE001 - the outcome of that save alone
+            outcomes.append(exc)
+    return outcomes
