@@ -136,14 +136,13 @@ def test_a_caller_interrupted_while_queued_takes_all_its_saves_out() -> None:
     _wait_for(lambda: executed == [["lone"]], "the lone save to lead")
     mine = [Pending(f"mine{n}", None) for n in range(3)]
     previous = signal.signal(signal.SIGALRM, _interrupt)
+
+    def interrupt_once_queued() -> None:
+        _wait_for(lambda: len(group._queue) == 3, "the three to queue")
+        signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGALRM)
+
     try:
-        threading.Thread(
-            target=lambda: (
-                _wait_for(lambda: len(group._queue) == 3, "the three to queue"),
-                signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGALRM),
-            ),
-            daemon=True,
-        ).start()
+        threading.Thread(target=interrupt_once_queued, daemon=True).start()
         with pytest.raises(KeyboardInterrupt):
             group.submit_many(mine)
     finally:
