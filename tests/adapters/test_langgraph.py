@@ -198,6 +198,27 @@ def test_checkpoint_id_is_written_once(saver: StepstoneSaver) -> None:
     assert tup is not None and tup.checkpoint["channel_values"] == {"x": 1}
 
 
+def test_a_refused_checkpoint_leaves_the_head_where_it_was(saver: StepstoneSaver) -> None:
+    """The head is advanced in the same call as the checkpoint's record (one commit on
+    SQLite); a record refused there (its id stored with other content) puts it back."""
+    a = _checkpoint({"x": 1})
+    at_a = saver.put(_cfg("t"), a, _meta("input", -1), {"x": 1})
+    b = _checkpoint({"x": 2})
+    at_b = saver.put(at_a, b, _meta("loop", 0), {"x": 1})
+    other = {**a, "channel_values": {"x": 3}}  # a's id again, other content, after b
+    with pytest.raises(CheckpointConflict, match="already stored with other content"):
+        saver.put(at_b, other, _meta("loop", 1), {"x": 1})  # type: ignore[arg-type]
+    for reader in (saver, StepstoneSaver(saver.store, prefix=saver.prefix)):
+        latest = reader.get_tuple(_cfg("t"))
+        assert latest is not None and latest.checkpoint["id"] == b["id"], "the head moved"
+        first = reader.get_tuple(at_a)
+        assert first is not None and first.checkpoint["channel_values"] == {"x": 1}
+    c = _checkpoint({"x": 4})
+    saver.put(at_b, c, _meta("loop", 1), {"x": 1})  # the thread goes on from b
+    latest = saver.get_tuple(_cfg("t"))
+    assert latest is not None and latest.checkpoint["id"] == c["id"]
+
+
 def test_a_write_follows_what_its_writer_read(saver: StepstoneSaver) -> None:
     """A parent read as the latest (or a put's answer) must be the head, whatever the
     source; a parent asked for by id (get_tuple with an id, list, parent_config) may branch."""

@@ -1,7 +1,8 @@
 """StepstoneSaver's cost per superstep, and stores written before that cost came down.
 
-A superstep of a graph is three store writes (the task's writes, the checkpoint, the
-head's compare-and-swap) and no load: the saver guesses the head and the writes record
+A superstep of a graph is three store writes in two calls (the task's writes; the
+checkpoint and the head's compare-and-swap in one ``save_many``, one commit on SQLite)
+and no load: the saver guesses the head and the writes record
 it last wrote or read, and a wrong guess is caught by the compare-and-swap. Guessing
 keeps ownership: a writer whose remembered head is stale is refused, and leaves nothing
 behind. Values are stored as ASCII base64; threads written by the previous release (one
@@ -12,9 +13,10 @@ from __future__ import annotations
 
 import json
 import operator
+import threading
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
@@ -23,7 +25,7 @@ from langgraph.graph import START, StateGraph
 
 from fresh_stores import BACKENDS
 from langgraph_support import _config_for
-from stepstone import Checkpoint, Store, open_store
+from stepstone import Checkpoint, Store, _hooks, open_store
 from stepstone.adapters.langgraph import CheckpointConflict, StepstoneSaver
 
 LEGACY = Path(__file__).parent / "langgraph_legacy_records.json"
@@ -48,18 +50,38 @@ def _prefix() -> str:
 
 
 def _count(store: Store) -> Counter[str]:
-    """Count the store's loads and saves from now on (patched on this instance)."""
+    """Count the store's loads, saves and ``save_many`` calls from now on (patched on this
+    instance): ``records`` is every record saved, ``calls`` every call that saves."""
     calls: Counter[str] = Counter()
+    inside = threading.local()  # per thread: LangGraph saves writes beside a checkpoint
+    lock = threading.Lock()
+    load, save, save_many = store.load, store.save, store.save_many
 
-    def counted(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
-        def call(*args: Any, **kwargs: Any) -> Any:
-            calls[name] += 1
-            return method(*args, **kwargs)
+    def counted_load(run_id: str) -> Checkpoint | None:
+        with lock:
+            calls["load"] += 1
+        return load(run_id)
 
-        return call
+    def counted_save(cp: Checkpoint) -> Checkpoint:
+        if not getattr(inside, "many", False):  # the default save_many saves through save
+            with lock:
+                calls["records"] += 1
+                calls["calls"] += 1
+        return save(cp)
 
-    for name in ("load", "save"):
-        setattr(store, name, counted(name, getattr(store, name)))
+    def counted_save_many(cps: Any) -> list[Checkpoint | Exception]:
+        with lock:
+            calls["records"] += len(cps)
+            calls["calls"] += 1
+        inside.many = True
+        try:
+            return save_many(cps)
+        finally:
+            inside.many = False
+
+    store.load = counted_load  # type: ignore[method-assign]
+    store.save = counted_save  # type: ignore[method-assign,assignment]
+    store.save_many = counted_save_many  # type: ignore[method-assign,assignment]
     return calls
 
 
@@ -77,8 +99,9 @@ def _graph(saver: StepstoneSaver, steps: int) -> Any:
     return builder.compile(checkpointer=saver)
 
 
-def test_a_superstep_is_three_writes_and_no_load(store: Store) -> None:
-    """Past the first, each superstep saves writes, checkpoint and head, and loads nothing."""
+def test_a_superstep_is_three_writes_in_two_calls_and_no_load(store: Store) -> None:
+    """Past the first, each superstep saves writes, then checkpoint and head in one
+    ``save_many`` (one commit on SQLite), and loads nothing."""
     saver = StepstoneSaver(store, prefix=_prefix())
     config: Any = {"configurable": {"thread_id": "t"}, "recursion_limit": 100}
     calls = _count(store)
@@ -87,8 +110,29 @@ def test_a_superstep_is_three_writes_and_no_load(store: Store) -> None:
     calls.clear()
     config["configurable"]["thread_id"] = "u"
     _graph(saver, 13).invoke({"messages": []}, config, durability="sync")
-    assert calls["save"] - short["save"] == 10 * 3, (dict(calls), short)
+    assert calls["records"] - short["records"] == 10 * 3, (dict(calls), short)
+    assert calls["calls"] - short["calls"] == 10 * 2, (dict(calls), short)
     assert calls["load"] == short["load"], (dict(calls), short)
+
+
+def test_a_superstep_is_two_commits_on_sqlite(tmp_path: Path) -> None:
+    """On SQLite the checkpoint and its head share a commit: at most two per superstep,
+    as LangGraph's own SqliteSaver makes (the writes, then the checkpoint); three before."""
+    commits: list[str] = []
+    with open_store(f"sqlite:///{tmp_path}/lg.db") as store:
+        saver = StepstoneSaver(store, prefix=_prefix())
+        config: Any = {"configurable": {"thread_id": "t"}, "recursion_limit": 100}
+        _hooks.install(lambda point: commits.append(point) if point == "sqlite.committed" else None)
+        try:
+            _graph(saver, 3).invoke({"messages": []}, config, durability="sync")
+            short = len(commits)
+            config["configurable"]["thread_id"] = "u"
+            _graph(saver, 13).invoke({"messages": []}, config, durability="sync")
+        finally:
+            _hooks.install(None)
+    # At most: LangGraph may save a task's writes on another thread while the checkpoint
+    # is saved, and the group commit then puts both in one commit.
+    assert len(commits) - 2 * short <= 10 * 2, (len(commits), short)
 
 
 def test_a_stale_remembered_head_is_refused_and_leaves_nothing(store: Store) -> None:

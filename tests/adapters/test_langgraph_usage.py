@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -156,7 +156,20 @@ def test_a_put_whose_commit_failed_charges_nothing_and_its_rerun_charges_once(
             raise StoreUnavailable("injected: the head's save did not land")
         return real_save(cp)
 
+    real_many = store.save_many
+
+    def save_many(cps: Sequence[Checkpoint]) -> list[Checkpoint | Exception]:
+        # The head saved with its checkpoint in one call: the same failure, the head's alone.
+        head = f"langgraph/{thread}/"
+        if failing["left"] == 0 or all(cp.run_id != head for cp in cps):
+            return real_many(cps)
+        failing["left"] -= 1
+        landed = iter(real_many([cp for cp in cps if cp.run_id != head]))
+        lost = StoreUnavailable("injected: the head's save did not land")
+        return [lost if cp.run_id == head else next(landed) for cp in cps]
+
     store.save = save  # type: ignore[method-assign,assignment]
+    store.save_many = save_many  # type: ignore[method-assign,assignment]
     graph = _graph(saver, model)
     original_put = saver.put
     failed: list[str] = []

@@ -27,6 +27,7 @@ __all__ = [
     "Load",
     "Rule",
     "Save",
+    "SaveMany",
     "Scan",
     "adrive",
     "aiterate",
@@ -88,6 +89,35 @@ async def asave(store: Store, checkpoint: Checkpoint) -> Checkpoint:
 
 
 @dataclass(frozen=True, slots=True)
+class SaveMany:
+    """Save each of ``checkpoints`` (``Store.save_many``: one commit where the store can);
+    the result is each one's outcome, the stored ``Checkpoint`` or the exception."""
+
+    checkpoints: tuple[Checkpoint, ...]
+
+    def perform(self, store: Store) -> list[Checkpoint | Exception]:
+        outcomes = store.save_many(self.checkpoints)
+        # A lost answer, as ``save``: the same object once more, alone.
+        for n, outcome in enumerate(outcomes):
+            if isinstance(outcome, StoreUnavailable):
+                try:
+                    outcomes[n] = store.save(self.checkpoints[n])
+                except Exception as exc:  # noqa: BLE001 - that save's outcome
+                    outcomes[n] = exc
+        return outcomes
+
+    async def aperform(self, store: Store) -> list[Checkpoint | Exception]:
+        outcomes = await store.asave_many(self.checkpoints)
+        for n, outcome in enumerate(outcomes):
+            if isinstance(outcome, StoreUnavailable):
+                try:
+                    outcomes[n] = await store.asave(self.checkpoints[n])
+                except Exception as exc:  # noqa: BLE001 - that save's outcome
+                    outcomes[n] = exc
+        return outcomes
+
+
+@dataclass(frozen=True, slots=True)
 class Delete:
     """Delete the record ``key`` (at ``version`` if given); the result is whether it was."""
 
@@ -121,7 +151,7 @@ class Emit:
     item: Any
 
 
-Effect: TypeAlias = Load | Save | Delete | Scan | Emit
+Effect: TypeAlias = Load | Save | SaveMany | Delete | Scan | Emit
 #: A rule: yields effects, receives their results, returns ``T``.
 Rule: TypeAlias = Generator[Effect, Any, T]
 

@@ -47,7 +47,7 @@ from ..._budget import DIGITS, SPEND_KEY, Budget, Prices, check_budget, ledger_o
 from ..._checkpoint import Checkpoint, evolve
 from ..._errors import ConflictError, InvalidWorkflow, StepstoneError
 from ..._spending import charge_ledger
-from .._drive import Load, Rule, Save
+from .._drive import Load, Rule, Save, SaveMany
 from ._writes import MAX_RETRIES
 
 __all__ = ["ThreadOverBudget", "Usage", "usage_charges"]
@@ -196,13 +196,22 @@ class Usage:
             except StopIteration as stop:
                 return stop.value
             head = False
+            at: int | None = None  # where the head is in a SaveMany
             if isinstance(effect, Save) and effect.checkpoint.run_id == ns_key:
                 head = True
                 effect = Save(self._charged(effect.checkpoint, charges))
+            elif isinstance(effect, SaveMany):
+                saves = list(effect.checkpoints)
+                for n, saved in enumerate(saves):
+                    if saved.run_id == ns_key:
+                        at, saves[n] = n, self._charged(saved, charges)
+                effect = SaveMany(tuple(saves))
             try:
                 sent, thrown = (yield effect), None
                 if head:
                     heads.append(sent)
+                elif at is not None and isinstance(sent[at], Checkpoint):
+                    heads.append(sent[at])
             except Exception as exc:  # noqa: BLE001 - handed to the rule, which decides
                 sent, thrown = None, exc
 

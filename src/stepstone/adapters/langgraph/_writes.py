@@ -19,7 +19,11 @@ Neither write loads first when the saver knows what is stored: the head it last 
 or read (``get_tuple`` of the latest), the writes record it last wrote, or none for a
 checkpoint it has not written writes for. Each is only a guess for a compare-and-swap:
 a stale one fails it, and the rule loads and checks as it would have. A superstep is
-then three writes and no load.
+then three records written in two calls and no load: the task's writes, then the
+checkpoint and the head together (``Store.save_many``: one transaction and one commit on
+SQLite, where LangGraph's own ``SqliteSaver`` also commits twice). The record is saved
+before the head in that call; a record refused there (its id taken by other content)
+puts back a head advanced with it.
 """
 
 from __future__ import annotations
@@ -38,8 +42,8 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.base import Checkpoint as LGCheckpoint
 
 from ..._checkpoint import Checkpoint, evolve
-from ..._errors import ConflictError
-from .._drive import Delete, Load, Rule, Save
+from ..._errors import ConflictError, StoreError
+from .._drive import Delete, Load, Rule, Save, SaveMany
 from ._codec import AddressedId, Codec, kind_of, q
 from ._errors import CheckpointConflict, ThreadOwned
 
@@ -113,41 +117,47 @@ class Writes(Codec):
             head_record = yield Load(ns_key)
             self._check_head(head_record, thread_id, ns, parent, cp_id, branch, fresh)
         # Insert-if-absent: a checkpoint id is written once. The same content again is
-        # a retry of a put whose answer was lost, and succeeds.
-        try:
-            yield Save(self._record(key, state, None))
-        except ConflictError:
-            existing = kind_of((yield Load(key)), "checkpoint")
-            if existing is None or existing != state:
-                raise CheckpointConflict(
-                    f"{where} (namespace {ns!r}) is already stored with other content; "
-                    "a checkpoint id is written once. Another writer is driving this thread",
-                    thread_id,
-                    ns,
-                    cp_id,
-                ) from None
-        # Advance the head last: it is the commit point. A writer that loses the race
-        # here leaves its record behind unreferenced and removes it.
+        # a retry of a put whose answer was lost, and succeeds. The head is advanced in
+        # the same call (``SaveMany``: one transaction and one commit on SQLite), after
+        # the record; should the record be refused, a head advanced with it is put back.
+        record = self._record(key, state, None)
+        head_new = self._advanced(head_record, ns_key, thread_id, ns, cp_id)
+        lost: ConflictError | None = None
+        if head_new is None:  # the head names this checkpoint already: a retried put
+            try:
+                yield Save(record)
+            except ConflictError:
+                yield from self._same_record(key, state, where, thread_id, ns, cp_id)
+        else:
+            record_out, head_out = yield SaveMany((record, head_new))
+            if isinstance(record_out, Exception):
+                try:
+                    if not isinstance(record_out, ConflictError):
+                        raise record_out
+                    yield from self._same_record(key, state, where, thread_id, ns, cp_id)
+                except Exception:
+                    if isinstance(head_out, Checkpoint):
+                        yield from self._put_back(ns_key, head_out, head_record)
+                    raise
+            if isinstance(head_out, Checkpoint):
+                self.remember_head(ns_key, head_out)
+                return self._config(thread_id, ns, cp_id)
+            if not isinstance(head_out, ConflictError):
+                raise head_out
+            lost = head_out
+        # The head's compare-and-swap lost (or was not tried): load it, check, retry.
+        # A writer that loses the race here leaves its record behind unreferenced and
+        # removes it.
         for _ in range(MAX_RETRIES):
             try:
-                if head_record is None:
-                    head_state = {
-                        "kind": "head",
-                        "thread_id": thread_id,
-                        "checkpoint_ns": ns,
-                        "head": cp_id,
-                    }
-                    stored = yield Save(self._lease(self._record(ns_key, head_state, None)))
-                else:
-                    head = head_record.state
-                    stored = head_record
-                    if head.get("head") != cp_id:
-                        stored = yield Save(
-                            self._lease(evolve(head_record, state={**head, "head": cp_id}))
-                        )
+                if lost is not None:
+                    raise lost
+                head_new = self._advanced(head_record, ns_key, thread_id, ns, cp_id)
+                stored = head_record if head_new is None else (yield Save(head_new))
                 self.remember_head(ns_key, stored)
                 break
             except ConflictError:
+                lost = None
                 self._heads.pop(ns_key, None)
                 # This put found no head, and another writer made one since: it started
                 # the namespace afresh too, so this one must not replace its head.
@@ -161,6 +171,50 @@ class Writes(Codec):
         else:  # pragma: no cover - only under a pathological stream of concurrent writes
             raise ConflictError(f"{where}: the head kept changing; {MAX_RETRIES} attempts")
         return self._config(thread_id, ns, cp_id)
+
+    def _advanced(
+        self, head_record: Checkpoint | None, ns_key: str, thread_id: str, ns: str, cp_id: str
+    ) -> Checkpoint | None:
+        """The head record naming ``cp_id`` to save over ``head_record``; None if it does."""
+        if head_record is None:
+            head_state = {
+                "kind": "head",
+                "thread_id": thread_id,
+                "checkpoint_ns": ns,
+                "head": cp_id,
+            }
+            return self._lease(self._record(ns_key, head_state, None))
+        head = head_record.state
+        if head.get("head") == cp_id:
+            return None
+        return self._lease(evolve(head_record, state={**head, "head": cp_id}))
+
+    def _same_record(
+        self, key: str, state: dict[str, Any], where: str, thread_id: str, ns: str, cp_id: str
+    ) -> Rule[None]:
+        """After a refused insert of checkpoint ``key``: succeed if the stored record has
+        the same content (a retried put), else raise ``CheckpointConflict``."""
+        existing = kind_of((yield Load(key)), "checkpoint")
+        if existing is None or existing != state:
+            raise CheckpointConflict(
+                f"{where} (namespace {ns!r}) is already stored with other content; "
+                "a checkpoint id is written once. Another writer is driving this thread",
+                thread_id,
+                ns,
+                cp_id,
+            )
+
+    def _put_back(self, ns_key: str, landed: Checkpoint, before: Checkpoint | None) -> Rule[None]:
+        """Undo a head advanced with a checkpoint record that was refused (best effort:
+        a head another writer moved since is theirs, and is left alone)."""
+        self._heads.pop(ns_key, None)
+        try:
+            if before is None:
+                yield Delete(ns_key, landed.version)
+            else:
+                yield Save(evolve(landed, state={**landed.state, "head": before.state["head"]}))
+        except StoreError:
+            pass
 
     def remember_head(self, ns_key: str, record: Checkpoint | None) -> None:
         """Keep ``record`` as the namespace's head last seen (None: forget it)."""
