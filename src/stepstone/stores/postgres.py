@@ -47,8 +47,10 @@ import os
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, Final, Self
 
+from .. import _hooks
 from .._errors import CheckpointTooLarge, StoreError, StorePermissionError, StoreUnavailable
 from ._errortable import ErrorRule
+from ._group import Pending
 from ._sql import (
     DEFAULT_TABLE,
     PASSWORD_ENV,
@@ -59,7 +61,7 @@ from ._sql import (
 )
 from ._sql.listen_pg import PostgresListener, channel_of, stream_channel_of
 from ._sql.pieces import schema_script
-from ._sql.save_pg import asave_pieces, save_pieces
+from ._sql.save_pg import asave_pieces, save_many, save_pieces
 from ._sql.stream_hub_pg import StreamHub, Subscription, join
 
 __all__ = ["DEFAULT_TABLE", "ERRORS", "PostgresStore", "schema_ddl"]
@@ -246,6 +248,8 @@ class PostgresStore(ServerStore):
     scheme: ClassVar[str] = "postgresql"
     _DIALECT: ClassVar[str] = "postgresql"
     _SWAP_FIRST: ClassVar[bool] = True
+    #: ``save_many``: one transaction in one round trip (``_sql.save_pg.save_many``).
+    saves_together: ClassVar[bool] = True
     # claims_in_one_call (``ServerStore``): one UPDATE over a FOR UPDATE SKIP LOCKED
     # pick, RETURNING the claimed rows.
     _LIST_PARAMS: ClassVar[bool] = True
@@ -483,6 +487,16 @@ class PostgresStore(ServerStore):
         except BaseException as exc:
             self._abandon(held, exc)
             raise
+
+    def _run_many(self, held: Held, items: list[Pending]) -> None:
+        # ``save_many``: one transaction, one round trip (``_sql.save_pg.save_many``).
+        _hooks.fire("sql.before_request")
+        try:
+            save_many(held.conn, held.cursor, items, self._count)
+        except BaseException as exc:
+            self._abandon(held, exc)
+            raise
+        _hooks.fire("sql.request_sent")
 
     async def _arun_save(self, held: Held, sql: str, params: Any, first: Pieces) -> int:
         try:

@@ -185,6 +185,12 @@ class Connections:
         """
         raise NotImplementedError
 
+    def _run_many(self, held: Held, items: list[Pending]) -> None:
+        """``save_many`` where ``saves_together`` without group commit (PostgreSQL): the
+        saves in one transaction; sets each item's ``stored``, raises a driver error for
+        the transaction as a whole (nothing of it committed)."""
+        raise NotImplementedError
+
     def _close_connection(self, held: Held) -> None:
         if isinstance(held.lease, Lease):
             held.lease.give_back()

@@ -16,9 +16,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ... import _hooks
+from .._group import Pending
 from .connections import Pieces
 
-__all__ = ["asave_pieces", "save_pieces"]
+__all__ = ["asave_pieces", "save_many", "save_pieces"]
 
 #: Called once a round trip (the store's request count).
 Counter = Callable[[], None]
@@ -80,3 +81,30 @@ async def asave_pieces(
         for target, statement, values in _sends(cursor, swap, sql, params, first, pipelined, count):
             await target.execute(statement, values)
     return int(swap.rowcount)
+
+
+def save_many(conn: Any, cursor: Any, items: list[Pending], count: Counter) -> None:
+    """Run several saves, each with its pieces, in ONE transaction and one round trip.
+
+    ``Store.save_many`` on PostgreSQL: ``BEGIN``, each save's swap (on a cursor of its
+    own, whose rowcount says whether it landed) and its pieces (each inserted only if
+    that swap landed), ``COMMIT``. A lost swap writes nothing and fails its save alone;
+    a statement's error aborts the transaction, and the caller fails every save of it
+    (``ServerStore._abandon`` rolls it back). Sets each item's ``stored``.
+    """
+    pipelined = _pipelines(False)
+    swaps = [conn.cursor() for _ in items]
+    statements: list[tuple[Any, str, Any]] = [(cursor, "BEGIN", None)]
+    for swap, item in zip(swaps, items, strict=True):
+        statements.append((swap, item.sql, item.params))
+        statements.extend((cursor, statement, values) for statement, values in item.first)
+    statements.append((cursor, "COMMIT", None))
+    if pipelined:
+        count()  # one round trip for all of them
+    with conn.pipeline() if pipelined else contextlib.nullcontext():
+        for target, statement, values in statements:
+            if not pipelined:
+                count()
+            target.execute(statement, values)
+    for swap, item in zip(swaps, items, strict=True):
+        item.stored = int(swap.rowcount)

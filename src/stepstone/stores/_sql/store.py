@@ -367,14 +367,20 @@ class SQLStore(Connections, SQLClaims, Store):
     def save_many(self, checkpoints: Sequence[Checkpoint]) -> list[Checkpoint | Exception]:
         """``Store.save_many``: with group commit (SQLite), in one transaction and commit."""
         group = self._group
-        if group is None or len(checkpoints) < 2:
+        if not self.saves_together or len(checkpoints) < 2:
             return super().save_many(checkpoints)
         plans = [self._save(checkpoint) for checkpoint in checkpoints]
-        return save_together(plans, self._perform, lambda items: self._group_many(group, items))
+        if group is not None:  # SQLite: one batch of the group commit
+            return save_together(plans, self._perform, lambda items: self._group_many(group, items))
+        # PostgreSQL: one transaction in one round trip on this thread's connection.
+        return save_together(
+            plans, self._perform, lambda items: self._on_held(self._run_many, items)
+        )
 
     async def asave_many(self, checkpoints: Sequence[Checkpoint]) -> list[Checkpoint | Exception]:
-        """Async ``save_many``: with group commit on a thread (saved together there)."""
-        if self._group is None or self._aio():
+        """Async ``save_many``: where the saves go together, on a thread (sync connections:
+        the one transaction is the sync driver's); else one by one, natively."""
+        if not self.saves_together or len(checkpoints) < 2:
             return await super().asave_many(checkpoints)
         return await _to_thread(self.save_many, checkpoints)
 
