@@ -192,7 +192,8 @@ def test_a_retry_of_a_save_that_did_not_land_writes_it(
 def test_the_langgraph_saver_absorbs_a_lost_answer(
     store: Store, kind: str, mode: str, nth: int
 ) -> None:
-    """A put whose record (1st write) or head (2nd) landed unanswered succeeds and extends."""
+    """A put whose one commit (its record and head together, ``save_many``) landed
+    unanswered succeeds: the thread's first put (``nth`` 1) or the one extending it (2)."""
     pytest.importorskip("langgraph")
     from langgraph.checkpoint.base import empty_checkpoint
 
@@ -214,14 +215,16 @@ def test_the_langgraph_saver_absorbs_a_lost_answer(
         return saver.put(config, empty_checkpoint(), meta, {})
 
     with kill_point(LANDED[kind], lose):
-        first = put(config, meta)  # the adapter saved the same object again
-    assert len(seen) >= nth, f"the put never reached write {nth}"
-    stored = saver.get_tuple(config)
-    assert stored is not None and stored.config == first
-    # The thread goes on from it: the head is the put's checkpoint.
-    second = put(first, {"source": "loop", "step": 0, "parents": {}})
+        first = put(config, meta)  # the adapter saved the same objects again
+        stored = saver.get_tuple(config)
+        assert stored is not None and stored.config == first
+        # The thread goes on from it: the head is the put's checkpoint.
+        second = put(first, {"source": "loop", "step": 0, "parents": {}})
+    assert len(seen) >= nth, f"the puts never reached commit {nth}"
     head = saver.get_tuple(config)
     assert head is not None and head.config == second
+    again = saver.get_tuple(first)
+    assert again is not None and again.config == first
 
 
 class _DroppingProxy:
