@@ -365,7 +365,8 @@ class SQLStore(Connections, SQLClaims, Store):
         return drive(self._save(checkpoint), self._perform)
 
     def save_many(self, checkpoints: Sequence[Checkpoint]) -> list[Checkpoint | Exception]:
-        """``Store.save_many``: with group commit (SQLite), in one transaction and commit."""
+        """``Store.save_many``: where ``saves_together``, in one transaction and one commit
+        (SQLite: a batch of the group commit; PostgreSQL: one pipelined round trip)."""
         group = self._group
         if not self.saves_together or len(checkpoints) < 2:
             return super().save_many(checkpoints)
