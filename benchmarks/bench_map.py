@@ -12,9 +12,14 @@ ratio map/steps is taken per round, then its median. SQLite (``synchronous=full`
 PostgreSQL.
 
     .venv/bin/python benchmarks/bench_map.py [--quick] [--json] [--no-sql]
-        [--children 100] [--rounds 5] [--work-ms 0] [--callgrind] [--src DIR]
+        [--children 100] [--rounds 5] [--work-ms 0] [--callgrind] [--src DIR] [--in-process]
 
 Target (issue 20): the Map at most 1.5x the steps.
+
+``--in-process``: the worker is a thread of this process, so ``time.process_time`` counts
+the CPU both kinds cost (worker, group committer, listener, this loop); per round, the
+Map's wall time and CPU time over the steps' (medians). For a before/after, run it
+twice, once with ``PYTHONPATH=<a git archive of the earlier src>``, alternating.
 
 ``--callgrind``: instructions instead of seconds, repeatable on a noisy machine. One
 process per backend under valgrind's callgrind serves both workflows with a worker
@@ -237,6 +242,58 @@ def _callgrind(config: str, children: int, src: str | None) -> dict[str, int]:
     return {"map": counts[0], "steps": counts[1]}
 
 
+def _in_process(config: str, children: int, rounds: int) -> dict[str, float]:
+    """Median wall and CPU ratios (Map over steps) with the worker a thread of this process."""
+    mapped, stepped = workflows(children, 0.0, _end_and_tell)
+    store = open_store(config)
+    worker = Worker(store, [mapped, stepped])
+    thread = threading.Thread(target=worker.serve, name="bench-serve", daemon=True)
+    thread.start()
+    walls: list[float] = []
+    cpus: list[float] = []
+    try:
+        _counted_run(store, mapped, "warm-map")
+        _counted_run(store, stepped, "warm-steps")
+        for r in range(rounds):
+            got: dict[str, tuple[float, float]] = {}
+            kinds = [("map", mapped), ("steps", stepped)]
+            for name, workflow in kinds if r % 2 == 0 else kinds[::-1]:
+                wall, cpu = time.monotonic(), time.process_time()
+                _counted_run(store, workflow, f"{name}-{r}")
+                got[name] = (time.monotonic() - wall, time.process_time() - cpu)
+            walls.append(got["map"][0] / got["steps"][0])
+            cpus.append(got["map"][1] / got["steps"][1])
+    finally:
+        worker.stop()
+        thread.join(timeout=600)
+        store.close()
+    return {"wall_ratio": statistics.median(walls), "cpu_ratio": statistics.median(cpus)}
+
+
+def _main_in_process(args: argparse.Namespace) -> None:
+    rounds = args.rounds or 5
+    payload: dict[str, Any] = {"children": args.children, "rounds": rounds}
+    rows: list[list[str]] = []
+    skipped: list[str] = []
+    for backend in BACKENDS:
+        if args.no_sql and backend != "sqlite":
+            continue
+        with _config(backend) as (config, about):
+            if config is None:
+                skipped.append(f"{backend} skipped: {about}")
+                continue
+            progress(args, f"map: {backend} in one process, {rounds} rounds...")
+            got = _in_process(config, args.children, rounds)
+        payload[backend] = got
+        rows.append([backend, f"{got['wall_ratio']:.2f}x", f"{got['cpu_ratio']:.2f}x"])
+    head = (
+        f"Map of {args.children} children over one run of {args.children} steps, the worker "
+        f"in this process (median of {rounds} rounds)"
+    )
+    text = [head, table(["backend", "wall", "CPU"], rows), *skipped]
+    emit(args, payload, "\n".join(text))
+
+
 def _main_callgrind(args: argparse.Namespace) -> None:
     payload: dict[str, Any] = {"children": args.children, "unit": "instructions"}
     rows: list[list[str]] = []
@@ -281,6 +338,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=None, help="rounds (default 5)")
     parser.add_argument("--work-ms", type=float, default=0.0, help="sleep in each step")
     parser.add_argument("--callgrind", action="store_true", help="count instructions")
+    parser.add_argument("--in-process", action="store_true", help="worker thread; CPU time")
     parser.add_argument("--src", default=None, help="PYTHONPATH first (--callgrind)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -289,6 +347,9 @@ def main() -> None:
         return
     if args.callgrind:
         _main_callgrind(args)
+        return
+    if args.in_process:
+        _main_in_process(args)
         return
     rounds = args.rounds or (3 if args.quick else 5)
     payload: dict[str, Any] = {"children": args.children, "rounds": rounds}
