@@ -206,7 +206,9 @@ class Writes(Codec):
 
     def _put_back(self, ns_key: str, landed: Checkpoint, before: Checkpoint | None) -> Rule[None]:
         """Undo a head advanced with a checkpoint record that was refused (best effort:
-        a head another writer moved since is theirs, and is left alone)."""
+        a head another writer moved since is theirs, and is left alone). Only the head's
+        pointer goes back: usage charged with it stays, as the calls it counts were made
+        (and their refs keep a later put from charging them again)."""
         self._heads.pop(ns_key, None)
         try:
             if before is None:
