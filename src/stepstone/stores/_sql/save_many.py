@@ -1,12 +1,13 @@
-"""``save_many`` on a store with group commit (SQLite): the saves in one transaction.
+"""``save_many`` on a SQL store that saves together: the saves in one transaction.
 
 Each checkpoint's save is the store's own plan (``SQLStore._save``: pieces, the
 compare-and-swap, what a lost swap or a retried answer means), driven in lockstep: every
-plan runs until it reaches its save statement, those statements go to the group commit
-together (``GroupCommit.submit_many``: one batch, one ``BEGIN IMMEDIATE`` ... ``COMMIT``,
-one fsync), and each plan then goes on with its own statement's outcome. So a save in
-``save_many`` means exactly what ``save`` means, error for error; only the commit is
-shared.
+plan runs until it reaches its save statement, those statements are run together (SQLite:
+``GroupCommit.submit_many``, one batch, one ``BEGIN IMMEDIATE`` ... ``COMMIT``, one fsync;
+PostgreSQL: ``save_pg.save_many``, one pipelined round trip), and each plan then goes on
+with its own statement's outcome. So a save in ``save_many`` means exactly what ``save``
+means, error for error; only the commit is shared, and an error of the transaction as a
+whole fails each of its saves, as it would have failed each one alone.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ def save_together(
 ) -> list[Checkpoint | Exception]:
     """Drive the save ``plans`` with one commit; each one's outcome (``Store.save_many``).
 
-    ``perform`` runs any other statement (``SQLStore._perform``); ``submit`` hands the
-    save statements to the group commit as one batch.
+    ``perform`` runs any other statement (``SQLStore._perform``); ``submit`` runs the
+    save statements in one transaction, setting each one's ``stored`` or ``error``.
     """
     outcomes: list[Any] = [None] * len(plans)
     parked: list[tuple[int, Exec]] = []
@@ -45,7 +46,7 @@ def save_together(
             items = [Pending(e.sql, e.params, e.first) for _, e in parked]
             try:
                 submit(items)
-            except Exception as exc:  # noqa: BLE001 - before any ran (a closed store): each save's
+            except Exception as exc:  # noqa: BLE001 - the whole transaction's: each save's
                 for item in items:
                     item.error = exc
             for (n, _), item in zip(parked, items, strict=True):

@@ -108,3 +108,4 @@ def save_many(conn: Any, cursor: Any, items: list[Pending], count: Counter) -> N
             target.execute(statement, values)
     for swap, item in zip(swaps, items, strict=True):
         item.stored = int(swap.rowcount)
+        swap.close()
