@@ -161,8 +161,8 @@ class Store(Closing, abc.ABC):
     def save_many(self, checkpoints: Sequence[Checkpoint]) -> list[Checkpoint | Exception]:
         """Save each checkpoint as ``save`` would; return each outcome, in order: the
         checkpoint as stored or the ``Exception`` its save raised. One failing fails no
-        other (``stepstone._store_many``); at most one checkpoint per run. With
-        ``saves_together`` they share one commit, else they are saved one by one."""
+        other (``stepstone._store_many``); at most one checkpoint per run (ValueError),
+        each a ``Checkpoint`` (TypeError). With ``saves_together`` one commit holds them."""
         return save_in_order(self, checkpoints)
 
     async def asave_many(self, checkpoints: Sequence[Checkpoint]) -> list[Checkpoint | Exception]:

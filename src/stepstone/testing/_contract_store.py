@@ -176,6 +176,16 @@ class StoreMethodsContract(ContractBase):
         assert ops.load("bad") is None
         assert ops.save_many([]) == []
 
+    def test_save_many_refuses_what_it_cannot_save(self, ops: Ops) -> None:
+        """Not a list of Checkpoint, or two of one run: a clear error, nothing saved."""
+        with pytest.raises(TypeError, match="item 1 is a str, not a stepstone.Checkpoint"):
+            ops.save_many([cp("ok", 0), "not a checkpoint"])  # type: ignore[list-item]
+        with pytest.raises(TypeError, match="takes a list of stepstone.Checkpoint"):
+            ops.save_many(cp("ok", 0))  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="run 'twice' appears twice"):
+            ops.save_many([cp("twice", 0), cp("other", 0), cp("twice", 1)])
+        assert [ops.load(r) for r in ("ok", "twice", "other")] == [None, None, None]
+
     def test_recreated_run_gets_a_new_version(self, ops: Ops) -> None:
         """After delete and re-create, a version held from before no longer matches."""
         old = ops.save(cp("r", 0))

@@ -42,6 +42,7 @@ from ..._observe import logger
 from ..._runinfo import PageAsk, ReadyAsk
 from ..._store import Claim, RunInfo, Store
 from ..._store_compat import _to_thread
+from ..._store_many import check_many
 from .._common import new_version
 from .claim_plans import SQLClaims
 from .connections import Connections, Held
@@ -367,6 +368,7 @@ class SQLStore(Connections, SQLClaims, Store):
     def save_many(self, checkpoints: Sequence[Checkpoint]) -> list[Checkpoint | Exception]:
         """``Store.save_many``: where ``saves_together``, in one transaction and one commit
         (SQLite: a batch of the group commit; PostgreSQL: one pipelined round trip)."""
+        checkpoints = check_many(checkpoints)
         group = self._group
         if not self.saves_together or len(checkpoints) < 2:
             return super().save_many(checkpoints)
@@ -381,6 +383,7 @@ class SQLStore(Connections, SQLClaims, Store):
     async def asave_many(self, checkpoints: Sequence[Checkpoint]) -> list[Checkpoint | Exception]:
         """Async ``save_many``: where the saves go together, on a thread (sync connections:
         the one transaction is the sync driver's); else one by one, natively."""
+        checkpoints = check_many(checkpoints)
         if not self.saves_together or len(checkpoints) < 2:
             return await super().asave_many(checkpoints)
         return await _to_thread(self.save_many, checkpoints)
