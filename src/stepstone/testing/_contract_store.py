@@ -178,9 +178,9 @@ class StoreMethodsContract(ContractBase):
 
     def test_save_many_refuses_what_it_cannot_save(self, ops: Ops) -> None:
         """Not a list of Checkpoint, or two of one run: a clear error, nothing saved."""
-        with pytest.raises(TypeError, match="item 1 is a str, not a stepstone.Checkpoint"):
+        with pytest.raises(TypeError, match=r"item 1 is a str, not a stepstone\.Checkpoint"):
             ops.save_many([cp("ok", 0), "not a checkpoint"])  # type: ignore[list-item]
-        with pytest.raises(TypeError, match="takes a list of stepstone.Checkpoint"):
+        with pytest.raises(TypeError, match=r"takes a list of stepstone\.Checkpoint"):
             ops.save_many(cp("ok", 0))  # type: ignore[arg-type]
         with pytest.raises(ValueError, match="run 'twice' appears twice"):
             ops.save_many([cp("twice", 0), cp("other", 0), cp("twice", 1)])
