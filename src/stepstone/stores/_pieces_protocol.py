@@ -138,6 +138,10 @@ class PiecesProtocol(Generic[E]):
         """Delete exactly these pieces (a lost save's own); ``StoreError`` if it failed."""
         raise NotImplementedError
 
+    def _pp_collected(self, ctx: Any) -> bool:
+        """Whether the save's commit already collected what ``_pp_collect`` would."""
+        return False
+
     def _pp_collect(self, ctx: Any, below: int, inc: str | None) -> Steps[E, None]:
         """Delete incarnation ``inc``'s pieces below generation ``below`` and old orphans
         of other incarnations (``_statelog.is_orphan``), never another's young pieces."""
@@ -237,6 +241,8 @@ class PiecesProtocol(Generic[E]):
         below = prepared.collect_below
         if below is not None:
             _hooks.fire("pieces.collect")
+            if self._pp_collected(ctx):
+                return saved  # collected in the save's own transaction
             try:
                 yield from self._pp_collect(ctx, below, prepared.inc)
             except StoreError as exc:

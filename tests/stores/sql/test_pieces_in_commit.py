@@ -225,8 +225,8 @@ def test_postgresql_sends_a_save_with_pieces_in_one_round_trip(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """One round trip with libpq's pipeline mode; without it (libpq < 14) one a statement,
-    the same transaction."""
+    """One round trip with libpq's pipeline mode, the superseded pieces' collection
+    included; without it (libpq < 14) one a statement, the same transaction."""
     from stepstone.stores._sql import save_pg
     from stepstone.stores.postgres import PostgresStore
 
@@ -238,8 +238,40 @@ def test_postgresql_sends_a_save_with_pieces_in_one_round_trip(
         second = _save(store, _whole(first, _long(220, "b")), mode)
         pieces = len(sl.pieces_of(_ref(second)))
         assert pieces > 2
-        # BEGIN, the swap, the pieces, COMMIT; then the new base's collection.
-        assert store.requests_sent - sent == (1 if pipelined else pieces + 3) + 1
+        # BEGIN, the swap, the pieces, the new base's collection (only if the swap
+        # landed), COMMIT: all in the one transaction.
+        assert store.requests_sent - sent == (1 if pipelined else pieces + 4)
         loaded = store.load("rt")
         assert loaded is not None and loaded.state == _long(220, "b")
         assert store.piece_keys("rt") == sorted(sl.pieces_of(_ref(second)))
+
+
+def test_postgresql_sweeps_superseded_pieces_only_if_its_swap_landed(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """The collection that rides a PostgreSQL save deletes nothing unless the run's row
+    holds that save's version: a lost swap must never take the pieces the winner's
+    document names."""
+    from stepstone.stores.postgres import PostgresStore
+
+    with open_store(fresh_config("postgresql", request, tmp_path)) as store:
+        assert isinstance(store, PostgresStore)
+        first = store.save(Checkpoint("sw", state=_long(200, "a")))
+        second = store.save(_whole(first, _long(220, "b")))
+        named = sorted(sl.pieces_of(_ref(second)))
+        assert store.piece_keys("sw") == named  # the first base's pieces were swept
+        ref = _ref(second)
+        sweep = {
+            "run_key": store._key("sw"),
+            "gen": ref["gen"] + 5,  # everything this incarnation holds
+            "inc_like": f"{ref['inc']}:%",
+            "any_inc": "%:%",
+            "cutoff": sl.inc_cutoff(sl.ORPHAN_AGE),
+        }
+        sql = store._pieces_sql.delete_below_landed
+        deleted, _ = store._exec(sql, {**sweep, "version": "not-the-stored-version"})
+        assert deleted == 0 and store.piece_keys("sw") == named
+        loaded = store.load("sw")
+        assert loaded is not None and loaded.state == _long(220, "b")
+        deleted, _ = store._exec(sql, {**sweep, "version": second.version})
+        assert deleted == len(named) and store.piece_keys("sw") == []

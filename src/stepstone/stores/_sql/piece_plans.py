@@ -42,12 +42,14 @@ class _Saving:
     statements, which ``_pp_write`` plans and ``_pp_commit`` runs in the transaction of
     its swap."""
 
-    __slots__ = ("first", "key", "version")
+    __slots__ = ("collected", "first", "key", "version")
 
     def __init__(self, key: Any, version: Any) -> None:
         self.key = key
         self.version = version
         self.first: tuple[tuple[str, Any], ...] = ()
+        #: The base collection went into the swap's transaction (``_pp_commit``).
+        self.collected = False
 
 
 def _key_of(ctx: Any) -> Any:
@@ -173,8 +175,16 @@ class SQLPieces(PiecesProtocol[Exec]):
         )
 
     def _pp_commit(self, ctx: Any, plan: _SavePlan, checkpoint: Checkpoint) -> Plan[int]:
-        saved, sql, params, _ = plan
+        saved, sql, params, prepared = plan
         if type(ctx) is _Saving:
+            below, inc = prepared.collect_below, prepared.inc
+            if self._SWAP_FIRST and below is not None and inc is not None:
+                # PostgreSQL: the sweep after a new base rides the swap's transaction
+                # (and its one round trip), deleting only if the swap landed.
+                sweep = self._collect_params(ctx, below, inc)
+                sweep["version"] = ctx.version
+                ctx.first = (*ctx.first, (self._pieces_sql.delete_below_landed, sweep))
+                ctx.collected = True
             stored, _ = yield Exec(sql, params, True, False, ctx.first)
         else:
             stored, _ = yield Exec(sql, params, True)
@@ -200,15 +210,22 @@ class SQLPieces(PiecesProtocol[Exec]):
             params = {"run_key": _key_of(ctx), "gen": below, "any_inc": "%:%"}
             yield Exec(sql.delete_below_legacy, params)
             return
-        cutoff = _statelog.inc_cutoff(_statelog.ORPHAN_AGE)
-        params = {
+        yield Exec(sql.delete_below, self._collect_params(ctx, below, inc))
+
+    def _pp_collected(self, ctx: Any) -> bool:
+        return type(ctx) is _Saving and ctx.collected
+
+    @staticmethod
+    def _collect_params(ctx: Any, below: int, inc: str) -> dict[str, Any]:
+        """``delete_below``'s parameters: this incarnation below ``below``, and other
+        incarnations' pieces made before the orphan age (``_statelog.is_orphan``)."""
+        return {
             "run_key": _key_of(ctx),
             "gen": below,
             "inc_like": f"{inc}:%",
             "any_inc": "%:%",
-            "cutoff": cutoff,
+            "cutoff": _statelog.inc_cutoff(_statelog.ORPHAN_AGE),
         }
-        yield Exec(sql.delete_below, params)
 
     def _pp_drop(self, ctx: Any, keys: list[str]) -> Plan[None]:
         # Not called (``_pieces_in_commit``: a lost save's pieces went with its swap);

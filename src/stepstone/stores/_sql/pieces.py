@@ -45,6 +45,10 @@ class PieceSQL:
     #: After a new base: the incarnation's pieces below ``gen`` and other incarnations'
     #: made before ``cutoff`` (orphans); parameters ``run_key gen inc_like any_inc cutoff``.
     delete_below: str
+    #: ``delete_below`` run after the save's swap in its transaction (PostgreSQL): only if
+    #: the run's row holds the save's new ``version``; parameters as ``delete_below`` and
+    #: ``version``. The sweep then costs no round trip and no commit of its own.
+    delete_below_landed: str
     #: After a new base of a legacy lineage: legacy pieces below ``gen`` (``any_inc``).
     delete_below_legacy: str
     #: Every piece of one incarnation (``inc_like``): a delete of its document.
@@ -125,6 +129,11 @@ def piece_sql(dialect: str, table: str | None) -> PieceSQL:
         f"AND {runs}.version = {p('version')})"
     )
     run = f"{key} = {p('run_key')}"
+    below = (
+        f"DELETE FROM {quoted} WHERE {run} AND piece_key LIKE {p('any_inc')} AND "
+        f"((gen < {p('gen')} AND piece_key LIKE {p('inc_like')}) OR "
+        f"(piece_key < {p('cutoff')} AND piece_key NOT LIKE {p('inc_like')}))"
+    )
     no_document = f"NOT EXISTS (SELECT 1 FROM {runs} WHERE {runs}.{runs_key} = {quoted}.{key})"
     length = "LENGTH" if dialect != "postgresql" else "OCTET_LENGTH"
     return PieceSQL(
@@ -134,10 +143,10 @@ def piece_sql(dialect: str, table: str | None) -> PieceSQL:
         insert_landed=landed,
         insert_new_landed=landed + keep,
         keys=f"SELECT piece_key FROM {quoted} WHERE {key} = {p('run_key')} ORDER BY piece_key",
-        delete_below=(
-            f"DELETE FROM {quoted} WHERE {run} AND piece_key LIKE {p('any_inc')} AND "
-            f"((gen < {p('gen')} AND piece_key LIKE {p('inc_like')}) OR "
-            f"(piece_key < {p('cutoff')} AND piece_key NOT LIKE {p('inc_like')}))"
+        delete_below=below,
+        delete_below_landed=(
+            f"{below} AND EXISTS (SELECT 1 FROM {runs} WHERE {runs}.{runs_key} = "
+            f"{p('run_key')} AND {runs}.version = {p('version')})"
         ),
         delete_below_legacy=(
             f"DELETE FROM {quoted} WHERE {run} AND gen < {p('gen')} "
