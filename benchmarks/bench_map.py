@@ -38,18 +38,13 @@ import contextlib
 import multiprocessing as mp
 import operator
 import os
-import re
 import statistics
-import subprocess
-import sys
-import tempfile
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from _common import emit, progress, scratch, sql_config, table
+from _common import callgrind_calls, emit, progress, scratch, sql_config, table
 
 from stepstone import Map, Step, Worker, Workflow, open_store, start
 from stepstone._store import Store
@@ -203,41 +198,11 @@ def _child(config: str, children: int) -> None:
 
 def _callgrind(config: str, children: int, src: str | None) -> dict[str, int]:
     """Instructions of one Map and one run of steps on ``config`` (every thread)."""
-    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    env = dict(os.environ)
     if src:
         env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if "PYTHONPATH" in env else "")
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "cg.out"
-        subprocess.run(
-            [
-                "valgrind",
-                "--tool=callgrind",
-                "--dump-before=_operator_call",
-                "--dump-after=_operator_call",
-                f"--callgrind-out-file={out}",
-                sys.executable,
-                __file__,
-                "--child",
-                config,
-                "--children",
-                str(children),
-            ],
-            check=True,
-            capture_output=True,
-            text=True,
-            env=env,
-        )
-        counts = []
-        for dump in sorted(
-            (p for p in Path(tmp).iterdir() if re.fullmatch(r"cg\.out\.\d+", p.name)),
-            key=lambda p: int(p.name.rsplit(".", 1)[1]),
-        ):
-            text = dump.read_text(encoding="utf-8", errors="replace")
-            if "Trigger: --dump-after" not in text:
-                continue  # outside the counted calls: imports, warm-up
-            match = re.search(r"^(?:summary|totals):\s*(\d+)", text, re.M)
-            assert match is not None, f"no totals in {dump.name}"
-            counts.append(int(match.group(1)))
+    argv = [__file__, "--child", config, "--children", str(children)]
+    counts = callgrind_calls(argv, env)
     assert len(counts) == 2, f"{len(counts)} counted dumps, expected 2"
     return {"map": counts[0], "steps": counts[1]}
 
@@ -273,19 +238,13 @@ def _in_process(config: str, children: int, rounds: int) -> dict[str, float]:
 def _main_in_process(args: argparse.Namespace) -> None:
     rounds = args.rounds or 5
     payload: dict[str, Any] = {"children": args.children, "rounds": rounds}
-    rows: list[list[str]] = []
-    skipped: list[str] = []
-    for backend in BACKENDS:
-        if args.no_sql and backend != "sqlite":
-            continue
-        with _config(backend) as (config, about):
-            if config is None:
-                skipped.append(f"{backend} skipped: {about}")
-                continue
-            progress(args, f"map: {backend} in one process, {rounds} rounds...")
-            got = _in_process(config, args.children, rounds)
-        payload[backend] = got
-        rows.append([backend, f"{got['wall_ratio']:.2f}x", f"{got['cpu_ratio']:.2f}x"])
+    found, skipped = _per_backend(
+        args,
+        f"in one process, {rounds} rounds",
+        lambda config: _in_process(config, args.children, rounds),
+    )
+    payload.update(found)
+    rows = [[b, f"{g['wall_ratio']:.2f}x", f"{g['cpu_ratio']:.2f}x"] for b, g in found.items()]
     head = (
         f"Map of {args.children} children over one run of {args.children} steps, the worker "
         f"in this process (median of {rounds} rounds)"
@@ -294,9 +253,12 @@ def _main_in_process(args: argparse.Namespace) -> None:
     emit(args, payload, "\n".join(text))
 
 
-def _main_callgrind(args: argparse.Namespace) -> None:
-    payload: dict[str, Any] = {"children": args.children, "unit": "instructions"}
-    rows: list[list[str]] = []
+def _per_backend(
+    args: argparse.Namespace, what: str, measure_one: Callable[[str], Any]
+) -> tuple[dict[str, Any], list[str]]:
+    """``measure_one(config)`` on each backend's fresh store (SQLite only with
+    ``--no-sql``); the figures by backend, and a line for each one skipped."""
+    found: dict[str, Any] = {}
     skipped: list[str] = []
     for backend in BACKENDS:
         if args.no_sql and backend != "sqlite":
@@ -305,11 +267,20 @@ def _main_callgrind(args: argparse.Namespace) -> None:
             if config is None:
                 skipped.append(f"{backend} skipped: {about}")
                 continue
-            progress(args, f"map: {backend} under callgrind...")
-            got = _callgrind(config, args.children, args.src)
-        payload[backend] = got
+            progress(args, f"map: {backend}, {what}...")
+            found[backend] = measure_one(config)
+    return found, skipped
+
+
+def _main_callgrind(args: argparse.Namespace) -> None:
+    payload: dict[str, Any] = {"children": args.children, "unit": "instructions"}
+    found, skipped = _per_backend(
+        args, "under callgrind", lambda config: _callgrind(config, args.children, args.src)
+    )
+    rows = []
+    for backend, got in found.items():
         ratio = got["map"] / got["steps"]
-        payload[backend]["ratio"] = ratio
+        payload[backend] = {**got, "ratio": ratio}
         rows.append([backend, f"{got['map']:,}", f"{got['steps']:,}", f"{ratio:.2f}x"])
     head = (
         f"Map of {args.children} children vs one run of {args.children} steps "
@@ -353,18 +324,14 @@ def main() -> None:
         return
     rounds = args.rounds or (3 if args.quick else 5)
     payload: dict[str, Any] = {"children": args.children, "rounds": rounds}
-    rows: list[list[str]] = []
-    skipped: list[str] = []
-    for backend in BACKENDS:
-        if args.no_sql and backend != "sqlite":
-            continue
-        with _config(backend) as (config, about):
-            if config is None:
-                skipped.append(f"{backend} skipped: {about}")
-                continue
-            progress(args, f"map: {backend}, {rounds} rounds of {args.children}...")
-            got = measure(config, args.children, rounds, args.work_ms)
-        payload[backend] = got
+    found, skipped = _per_backend(
+        args,
+        f"{rounds} rounds of {args.children}",
+        lambda config: measure(config, args.children, rounds, args.work_ms),
+    )
+    payload.update(found)
+    rows = []
+    for backend, got in found.items():
         m, s, x = got["map"], got["steps"], got["ratio"]
         rows.append(
             [

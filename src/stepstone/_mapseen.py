@@ -15,8 +15,12 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from datetime import datetime
+from typing import Generic, TypeVar
 
 __all__ = ["LISTED", "SEEN", "Key", "Listed", "Seen", "nudged"]
+
+K = TypeVar("K")
+V = TypeVar("V")
 
 #: (parent run id, Map step name, the parent's ``created_at``).
 Key = tuple[str, str, datetime | None]
@@ -26,6 +30,31 @@ def nudged(wake_at: datetime | None, due_now_until: datetime) -> bool:
     """Whether the parent looks because it was told (a child's ``nudge`` or a signal
     made it due "now", before ``due_now_until``), not because its poll came round."""
     return wake_at is not None and wake_at < due_now_until
+
+
+class Bounded(Generic[K, V]):
+    """A map of at most ``size`` entries, the least recently written dropped first;
+    safe across threads. What both hints below keep."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._items: OrderedDict[K, V] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: K) -> V | None:
+        with self._lock:
+            return self._items.get(key)
+
+    def put(self, key: K, value: V) -> None:
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            while len(self._items) > self._size:
+                self._items.popitem(last=False)
+
+    def pop(self, key: K) -> None:
+        with self._lock:
+            self._items.pop(key, None)
 
 
 class Seen:
@@ -39,28 +68,20 @@ class Seen:
     """
 
     def __init__(self, size: int = 4096) -> None:
-        self._size = size
-        self._seen: OrderedDict[Key, tuple[int, int]] = OrderedDict()
-        self._lock = threading.Lock()
+        self._seen: Bounded[Key, tuple[int, int]] = Bounded(size)
 
     def start(self, key: Key, count: int) -> int:
         """Return where a poll of ``count`` children reads from."""
-        with self._lock:
-            found = self._seen.get(key)
+        found = self._seen.get(key)
         return found[1] if found is not None and found[0] == count else 0
 
     def remember(self, key: Key, count: int, position: int) -> None:
         """Record that the first ``position`` of ``count`` children are done."""
-        with self._lock:
-            self._seen[key] = (count, position)
-            self._seen.move_to_end(key)
-            while len(self._seen) > self._size:
-                self._seen.popitem(last=False)
+        self._seen.put(key, (count, position))
 
     def forget(self, key: Key) -> None:
         """Drop the entry of a Map that finished or failed."""
-        with self._lock:
-            self._seen.pop(key, None)
+        self._seen.pop(key)
 
 
 #: The process's one ``Seen``.
@@ -77,27 +98,19 @@ class Listed:
     """
 
     def __init__(self, size: int = 1024) -> None:
-        self._size = size
-        self._listed: OrderedDict[str, tuple[str, ...]] = OrderedDict()
-        self._lock = threading.Lock()
+        self._listed: Bounded[str, tuple[str, ...]] = Bounded(size)
 
     def get(self, parent: str) -> tuple[str, ...] | None:
         """Return the children ``parent`` listed here last, or None."""
-        with self._lock:
-            return self._listed.get(parent)
+        return self._listed.get(parent)
 
     def remember(self, parent: str, children: tuple[str, ...]) -> None:
         """Record that ``parent`` made (or is making) ``children``."""
-        with self._lock:
-            self._listed[parent] = children
-            self._listed.move_to_end(parent)
-            while len(self._listed) > self._size:
-                self._listed.popitem(last=False)
+        self._listed.put(parent, children)
 
     def forget(self, parent: str) -> None:
         """Drop the entry of a parent whose Map finished or failed."""
-        with self._lock:
-            self._listed.pop(parent, None)
+        self._listed.pop(parent)
 
 
 #: The process's one ``Listed``.

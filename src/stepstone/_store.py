@@ -27,7 +27,7 @@ from ._runinfo import (
     page_key,
 )
 from ._store_compat import _delete, _to_thread, aclaim_page, claim_page
-from ._store_many import asave_in_order, save_in_order
+from ._store_many import asave_in_order, check_many, save_in_order
 from ._wake import Doorbell
 
 if TYPE_CHECKING:
@@ -163,11 +163,11 @@ class Store(Closing, abc.ABC):
         checkpoint as stored or the ``Exception`` its save raised. One failing fails no
         other (``stepstone._store_many``); at most one checkpoint per run (ValueError),
         each a ``Checkpoint`` (TypeError). With ``saves_together`` one commit holds them."""
-        return save_in_order(self, checkpoints)
+        return save_in_order(self, check_many(checkpoints))
 
     async def asave_many(self, checkpoints: Sequence[Checkpoint]) -> list[Checkpoint | Exception]:
         """Async ``save_many``."""
-        return await asave_in_order(self, checkpoints)
+        return await asave_in_order(self, check_many(checkpoints))
 
     def expire(self, run_id: str, ttl_seconds: int | None) -> bool:
         """Let the backend delete the run by itself ``ttl_seconds`` after its last write.

@@ -61,9 +61,10 @@ def check_many(checkpoints: object) -> list[Checkpoint]:
 
 
 def save_in_order(store: _Saves, checkpoints: Sequence[Checkpoint]) -> list[Checkpoint | Exception]:
-    """Save each checkpoint with ``store.save``, one after another; each one's outcome."""
+    """Save each checkpoint (``check_many``'d) with ``store.save``, one after another;
+    each one's outcome."""
     outcomes: list[Checkpoint | Exception] = []
-    for checkpoint in check_many(checkpoints):
+    for checkpoint in checkpoints:
         try:
             outcomes.append(store.save(checkpoint))
         except Exception as exc:  # noqa: BLE001 - the outcome of that save alone
@@ -76,7 +77,7 @@ async def asave_in_order(
 ) -> list[Checkpoint | Exception]:
     """Async ``save_in_order``: each with ``store.asave``."""
     outcomes: list[Checkpoint | Exception] = []
-    for checkpoint in check_many(checkpoints):
+    for checkpoint in checkpoints:
         try:
             outcomes.append(await store.asave(checkpoint))
         except Exception as exc:  # noqa: BLE001 - the outcome of that save alone

@@ -176,6 +176,22 @@ class StoreMethodsContract(ContractBase):
         assert ops.load("bad") is None
         assert ops.save_many([]) == []
 
+    def test_save_many_lost_swap_writes_none_of_its_pieces(self, ops: Ops) -> None:
+        """A lost create in ``save_many`` fails alone: the run keeps its record and its
+        pieces (none of the loser's), and the call's other save lands whole."""
+        held = ops.save(cp("held", 0, {"text": "a" * 300_000}))
+        keys = ops.store.piece_keys("held") if ops.store.holds_pieces else []
+        outcomes = ops.save_many(
+            [cp("held", 0, {"text": "b" * 300_000}), cp("fresh", 0, {"text": "c" * 300_000})]
+        )
+        assert isinstance(outcomes[0], ConflictError), outcomes
+        assert isinstance(outcomes[1], Checkpoint), outcomes
+        if ops.store.holds_pieces:
+            assert ops.store.piece_keys("held") == keys, "the lost save's pieces were kept"
+        assert ops.load("held") == held
+        fresh = ops.load("fresh")
+        assert fresh is not None and fresh.state == {"text": "c" * 300_000}
+
     def test_save_many_refuses_what_it_cannot_save(self, ops: Ops) -> None:
         """Not a list of Checkpoint, or two of one run: a clear error, nothing saved."""
         with pytest.raises(TypeError, match=r"item 1 is a str, not a stepstone\.Checkpoint"):

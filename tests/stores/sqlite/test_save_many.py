@@ -1,8 +1,8 @@
 """``save_many`` on SQLite: the saves of one call share one transaction and one commit.
 
-The contract (each save's own outcome, on every backend) is ``StoreContract``'s
-``test_save_many_keeps_each_outcome``; here, what SQLite adds: one ``COMMIT`` for the
-whole call, the call kept in one batch when it queues behind another commit, a waiter
+The contract (each save's own outcome, a lost swap writing none of its pieces, on every
+backend) is ``StoreContract``'s; here, what SQLite adds: one ``COMMIT`` for the whole
+call, the call kept in one batch when it queues behind another commit, a waiter
 interrupted while queued taking all of its saves out, and a process killed inside the
 transaction leaving none of them.
 """
@@ -15,16 +15,16 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from stepstone import Checkpoint, ConflictError, _hooks
+from stepstone import Checkpoint, _hooks
 from stepstone.stores._group import GroupCommit, Pending
 from stepstone.stores.sqlite import SQLiteStore
+from waiting import until
 
 REPO = Path(__file__).resolve().parents[3]
 WAIT = 30.0  # seconds any wait below allows before failing, naming what hung
@@ -35,14 +35,6 @@ def store(tmp_path: Path) -> Iterator[SQLiteStore]:
     with SQLiteStore(str(tmp_path / "many.db")) as s:
         yield s
     _hooks.install(None)
-
-
-def _wait_for(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {WAIT} s waiting for {what}")
-        time.sleep(0.002)
 
 
 def _commits(store: SQLiteStore) -> list[str]:
@@ -65,22 +57,6 @@ def test_one_call_is_one_transaction_and_one_commit(store: SQLiteStore) -> None:
     assert all(isinstance(o, Checkpoint) for o in outcomes), outcomes
     assert commits == ["sqlite.committed"], f"{len(commits)} commits for one save_many"
     assert store._group is not None and store._group.batch_sizes[10] == 1
-
-
-def test_a_lost_swap_takes_back_its_own_pieces_only(store: SQLiteStore) -> None:
-    held = store.save(Checkpoint("held", state={"text": "a" * 300_000}))
-    keys = store.piece_keys("held")
-    outcomes = store.save_many(
-        [
-            Checkpoint("held", state={"text": "b" * 300_000}),  # a create: loses
-            Checkpoint("fresh", state={"text": "c" * 300_000}),
-        ]
-    )
-    assert isinstance(outcomes[0], ConflictError) and isinstance(outcomes[1], Checkpoint)
-    assert store.piece_keys("held") == keys, "the lost save's pieces were kept"
-    assert store.load("held") == held
-    fresh = store.load("fresh")
-    assert fresh is not None and fresh.state == {"text": "c" * 300_000}
 
 
 def test_a_call_queued_behind_a_commit_stays_in_one_batch(store: SQLiteStore) -> None:
@@ -108,7 +84,7 @@ def test_a_call_queued_behind_a_commit_stays_in_one_batch(store: SQLiteStore) ->
         daemon=True,
     )
     many.start()
-    _wait_for(lambda: len(group._queue) == 5, "the five saves to queue")
+    until("the five saves to queue", lambda: len(group._queue) == 5)
     release.set()
     lone.join(WAIT)
     many.join(WAIT)
@@ -133,12 +109,12 @@ def test_a_caller_interrupted_while_queued_takes_all_its_saves_out() -> None:
     group = GroupCommit(execute, "test")
     lone = threading.Thread(target=group.submit, args=(Pending("lone", None),), daemon=True)
     lone.start()
-    _wait_for(lambda: executed == [["lone"]], "the lone save to lead")
+    until("the lone save to lead", lambda: executed == [["lone"]])
     mine = [Pending(f"mine{n}", None) for n in range(3)]
     previous = signal.signal(signal.SIGALRM, _interrupt)
 
     def interrupt_once_queued() -> None:
-        _wait_for(lambda: len(group._queue) == 3, "the three to queue")
+        until("the three to queue", lambda: len(group._queue) == 3)
         signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGALRM)
 
     try:

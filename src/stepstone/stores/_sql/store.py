@@ -42,7 +42,7 @@ from ..._observe import logger
 from ..._runinfo import PageAsk, ReadyAsk
 from ..._store import Claim, RunInfo, Store
 from ..._store_compat import _to_thread
-from ..._store_many import check_many
+from ..._store_many import check_many, save_in_order
 from .._common import new_version
 from .claim_plans import SQLClaims
 from .connections import Connections, Held
@@ -371,7 +371,7 @@ class SQLStore(Connections, SQLClaims, Store):
         checkpoints = check_many(checkpoints)
         group = self._group
         if not self.saves_together or len(checkpoints) < 2:
-            return super().save_many(checkpoints)
+            return save_in_order(self, checkpoints)
         plans = [self._save(checkpoint) for checkpoint in checkpoints]
         if group is not None:  # SQLite: one batch of the group commit
             return save_together(plans, self._perform, lambda items: self._group_many(group, items))
@@ -383,10 +383,9 @@ class SQLStore(Connections, SQLClaims, Store):
     async def asave_many(self, checkpoints: Sequence[Checkpoint]) -> list[Checkpoint | Exception]:
         """Async ``save_many``: where the saves go together, on a thread (sync connections:
         the one transaction is the sync driver's); else one by one, natively."""
-        checkpoints = check_many(checkpoints)
-        if not self.saves_together or len(checkpoints) < 2:
+        if not self.saves_together:
             return await super().asave_many(checkpoints)
-        return await _to_thread(self.save_many, checkpoints)
+        return await _to_thread(self.save_many, checkpoints)  # checked there
 
     def delete(self, run_id: str, *, expected_version: str | None = None) -> bool:
         """Delete the run's row; with ``expected_version``, only if it still holds it.
