@@ -24,6 +24,7 @@ __all__ = [
     "decode_json",
     "dump_json",
     "encode_state",
+    "encode_state_as_written",
     "orjson_module",
 ]
 
@@ -53,6 +54,21 @@ def _load_orjson() -> Any:
 def encode_state(state: object) -> tuple[str, dict[str, Any]]:
     """Return ``(json_text, fresh_copy)`` of ``state``, or raise ``InvalidState``.
 
+    ``encode_state_as_written`` is the same with the JSON in the form its writer made
+    it, for what stores bytes (a long state's pieces).
+    """
+    written, copy = encode_state_as_written(state)
+    return (written.decode("utf-8") if isinstance(written, bytes) else written), copy
+
+
+def encode_state_as_written(state: object) -> tuple[str | bytes, dict[str, Any]]:
+    """``(json, fresh_copy)`` of ``state``: the JSON as orjson wrote it (UTF-8 bytes) or
+    as the standard library did (``str``); or raise ``InvalidState``.
+
+    Neither form is converted to the other here, so a caller that stores bytes never
+    has orjson's bytes made a ``str`` and encoded back (issue 36: for a long state,
+    two copies of its text per save).
+
     Round-trips the state and compares: this catches what ``json.dumps`` quietly
     changes (int keys become strings, tuples become lists) at C speed, and the decoded
     copy is exactly what a later load returns, so the runner hands it to the next step.
@@ -81,13 +97,12 @@ def encode_state(state: object) -> tuple[str, dict[str, Any]]:
             if plain is not None:
                 # The text is written from the copy, so the two agree even if another
                 # thread changes the state meanwhile.
-                return module.dumps(plain).decode("utf-8"), plain
-            raw = module.dumps(state)
+                return module.dumps(plain), plain
+            raw: bytes = module.dumps(state)
             fast: dict[str, Any] = module.loads(raw)
             if fast == state:
-                text = raw.decode("utf-8")
-                _check_depth(fast, text)
-                return text, fast
+                _check_depth(fast, raw)
+                return raw, fast
         except (TypeError, ValueError, RecursionError):
             pass
     try:
@@ -199,7 +214,15 @@ def copy_containers(value: Any) -> Any:
     return value
 
 
-def _check_depth(copy: dict[str, Any], text: str) -> None:
+def _brackets(text: str | bytes) -> int:
+    """How many ``[`` and ``{`` characters ``text`` (JSON, as str or UTF-8) holds."""
+    if type(text) is bytes:
+        return text.count(b"[") + text.count(b"{")
+    assert type(text) is str
+    return text.count("[") + text.count("{")
+
+
+def _check_depth(copy: dict[str, Any], text: str | bytes) -> None:
     """Raise ``InvalidState`` if ``copy`` (the decoded state, ``text`` its JSON) is too deep.
 
     The rule, unchanged: ``copy`` is level 1 and each value inside a dict or list one
@@ -229,7 +252,7 @@ def _check_depth(copy: dict[str, Any], text: str) -> None:
         if level > MAX_DEPTH:
             deeper = next(below, _UNSET) is not _UNSET
             # Counted only now, for the one exception kept (see above).
-            if deeper and text.count("[") + text.count("{") > MAX_DEPTH:
+            if deeper and _brackets(text) > MAX_DEPTH:
                 raise InvalidState(
                     f"state: nested more than {MAX_DEPTH} levels deep; a state that deep "
                     "could not be loaded from every call stack. Flatten it (keep deep data "

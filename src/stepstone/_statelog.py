@@ -114,6 +114,7 @@ from ._statediff import (
     _with,
     _without,
 )
+from ._statejson import encode_state_as_written
 from ._statepieces import (
     INLINE_MAX,
     LOG_FACTOR,
@@ -274,12 +275,27 @@ def _plan(
         planned = _delta(store, cp, handle, piece_max)
         if planned is not None:
             return planned
-    text, copy = encode_state(cp.state)
+    # A long state's pieces are the bytes orjson wrote, never made a str and encoded
+    # back (issue 36: the LangGraph saver's records, ~100 KB each, spent a tenth of
+    # their instructions on it); an inline state's text is decoded once, for the document.
+    written, copy = encode_state_as_written(cp.state)
+    text: str | None = None
+    data: bytes | None = None
+    if type(written) is str:
+        text = written
+        if len(text) > INLINE_MAX // 4:  # else at most INLINE_MAX bytes in UTF-8
+            data = text.encode("utf-8")
+    else:
+        assert type(written) is bytes
+        data = written
     # A stale or foreign handle still tells the generation it came from: a save above it
     # never collects a piece a newer document could name (see the module docstring).
     base_gen = handle.gen if handle is not None else 0
     had_pieces = handle is not None and handle.ref is not None
-    if len(text) <= INLINE_MAX // 4 or len(data := text.encode("utf-8")) <= INLINE_MAX:
+    if data is None or len(data) <= INLINE_MAX:
+        if text is None:
+            assert data is not None
+            text = data.decode("utf-8")
         if not had_pieces:
             # Most runs: no pieces ever, so no incarnation to make (it costs a syscall).
             inc = _inc_for(cp, handle) if base_gen else None
@@ -293,6 +309,7 @@ def _plan(
     gen = base_gen + 1
     token = _token()
     inc = _inc_for(cp, handle)
+    assert data is not None
     pieces = [
         Piece(key_in(inc, f"{gen}.{token}.b{n}"), gen, data[start : start + piece_max])
         for n, start in enumerate(range(0, len(data), piece_max))

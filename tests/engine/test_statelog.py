@@ -706,3 +706,35 @@ def test_a_copied_or_forked_handle_starts_a_chain_of_its_own() -> None:
     os.close(read)
     assert os.waitpid(pid, 0)[1] == 0
     assert child and child not in keys | {next_key(cp)}
+
+
+@pytest.mark.parametrize("json_path", ["orjson", "stdlib"])
+@pytest.mark.parametrize("size", ["inline", "pieces"])
+def test_a_whole_save_writes_the_same_utf8_json_on_both_paths(
+    json_path: str, size: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """orjson's bytes go to the pieces as written and the standard library's text is
+    encoded: either way the stored JSON is the state's, non-ASCII text included, and an
+    inline state's text is a ``str`` (issue 36: the pieces path no longer decodes)."""
+    from stepstone import _statejson
+
+    if json_path == "orjson":
+        if _statejson._load_orjson() is None:
+            pytest.skip("orjson is not installed")
+    else:
+        monkeypatch.setattr(_statejson, "_orjson", None)
+    state = _long() if size == "pieces" else {"note": "small"}
+    state["text"] = "caf\u00e9 \u2603 \U0001f600 <b>&amp;</b>"
+    store = _store()
+    prepared = sl.prepare_save(store, Checkpoint("r-utf8", state=state), piece_max=4096)
+    expected = dump_json(state)
+    if size == "inline":
+        assert prepared.pieces == []
+        assert type(prepared.state_text) is str and prepared.state_text == expected
+    else:
+        assert prepared.state_text is None and len(prepared.pieces) > 1
+        data = b"".join(piece.data for piece in prepared.pieces)
+        assert all(type(piece.data) is bytes for piece in prepared.pieces)
+        assert data == expected.encode("utf-8")
+    saved = store.save(Checkpoint("r-utf8", state=state))
+    assert _loaded(store, saved.run_id) == state
