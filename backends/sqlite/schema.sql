@@ -28,4 +28,4 @@ CREATE TABLE IF NOT EXISTS stepstone_meta (
 
 INSERT INTO stepstone_meta ("key", value) VALUES ('schema_version', '2') ON CONFLICT DO NOTHING;
 
-CREATE TABLE IF NOT EXISTS stepstone_pieces (run_id TEXT NOT NULL, piece_key TEXT NOT NULL, gen INTEGER NOT NULL, data BLOB NOT NULL, PRIMARY KEY (run_id, piece_key)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS stepstone_pieces (run_id TEXT NOT NULL, piece_key TEXT NOT NULL, gen INTEGER NOT NULL, data BLOB NOT NULL, PRIMARY KEY (run_id, piece_key));

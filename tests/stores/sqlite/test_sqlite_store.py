@@ -8,6 +8,7 @@ import sqlite3
 import stat
 import sys
 import threading
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from stepstone import (
     _hooks,
     open_store,
 )
-from stepstone._checkpoint import DUE_NOW
+from stepstone._checkpoint import DUE_NOW, Stored, evolve
 from stepstone.stores._sql import TABLE_SCHEMA
 from stepstone.stores.sqlite import SQLiteStore, schema_ddl
 
@@ -877,3 +878,77 @@ def test_a_fifo_at_the_path_is_refused_without_blocking(tmp_path: Path) -> None:
     os.mkfifo(fifo)
     with pytest.raises(StoreError, match="not a regular file"):
         SQLiteStore(fifo)
+
+
+# --- the pieces table's layout (issue 36) ----------------------------------------------
+
+#: The pieces table as releases before issue 36 made it, verbatim.
+_PIECES_WITHOUT_ROWID = (
+    "CREATE TABLE IF NOT EXISTS stepstone_pieces (run_id TEXT NOT NULL, piece_key TEXT NOT "
+    "NULL, gen INTEGER NOT NULL, data BLOB NOT NULL, PRIMARY KEY (run_id, piece_key)) "
+    "WITHOUT ROWID"
+)
+
+
+def _pieces_ddl(path: str | Path) -> str:
+    with sqlite3.connect(path) as conn:
+        row = conn.execute(
+            "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'stepstone_pieces'"
+        ).fetchone()
+    conn.close()
+    assert row is not None, "no pieces table"
+    return str(row[0])
+
+
+def _long_run(s: SQLiteStore, run_id: str) -> None:
+    """A long state saved whole, then by deltas, then whole again (a new base, which
+    collects the old one), each load checked; then deleted with its pieces."""
+    big = "\u00e9" * 30_000  # past INLINE_MAX, in several pieces of non-ASCII UTF-8
+    cp = s.save(Checkpoint(run_id, state={"log": [big], "n": 0}))
+    for n in range(1, 4):  # deltas: the list grows, a key changes
+        cp = s.save(evolve(cp, state={"log": [*cp.state["log"], f"m{n}"], "n": n}))
+        loaded = s.load(run_id)
+        assert loaded is not None and loaded.state == cp.state
+    first_keys = set(s.piece_keys(run_id))
+    handle = cp.stored_state
+    assert isinstance(handle, Stored)
+    # A handle without its private copy: a whole save, a new base, which collects.
+    rebased = evolve(cp, stored_state=replace(handle, private=None))
+    cp = s.save(evolve(rebased, state={"log": ["x" * 40_000], "n": 9}))
+    loaded = s.load(run_id)
+    assert loaded is not None and loaded.state == {"log": ["x" * 40_000], "n": 9}
+    assert first_keys and not first_keys & set(s.piece_keys(run_id)), "old base not collected"
+    assert s.delete(run_id)
+    assert s.piece_keys(run_id) == []
+
+
+def test_a_new_database_keeps_pieces_in_a_rowid_table(db: str) -> None:
+    """New databases get a rowid pieces table (cheaper for pieces of up to 256 KiB)."""
+    with SQLiteStore(db) as s:
+        _long_run(s, "long")
+    assert "WITHOUT ROWID" not in _pieces_ddl(db).upper()
+
+
+def test_a_without_rowid_pieces_table_of_an_earlier_release_is_kept_and_works(
+    tmp_path: Path,
+) -> None:
+    """A database whose pieces table an earlier release made WITHOUT ROWID opens as it
+    is (no rebuild, nothing copied) and stores, loads and collects long states alike,
+    including pieces that earlier release wrote."""
+    path = tmp_path / "earlier.db"
+    with sqlite3.connect(path) as conn:
+        conn.executescript(
+            schema_ddl().replace(
+                next(line for line in schema_ddl().splitlines() if "stepstone_pieces" in line),
+                _PIECES_WITHOUT_ROWID + ";",
+            )
+        )
+    conn.close()
+    assert "WITHOUT ROWID" in _pieces_ddl(path)
+    with SQLiteStore(path) as s:
+        kept = s.save(Checkpoint("kept", state={"blob": "k" * 50_000}))
+    with SQLiteStore(path) as s:  # reopened: what was written is read back
+        loaded = s.load("kept")
+        assert loaded is not None and loaded.state == kept.state
+        _long_run(s, "long")
+    assert "WITHOUT ROWID" in _pieces_ddl(path)
