@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_long_run.py [--n 25,50,100,200,400]
         [--stores memory,file,sqlite[,postgresql,mysql]] [--src DIR] [--profile N] [--json]
-        [--usage]
+        [--usage] [--append-only]
 
 The workload: a workflow of ``n`` steps run by ``stepstone.run``; each step appends one
 message of ~2 KB (``{"role": "assistant", "content": "turn i: lorem ipsum ..."}``, the
@@ -33,6 +33,10 @@ table of their own, when named in ``--stores``):
   in /proc/self/io: the store's files, WAL and journal, pages and metadata included),
   divided by ``n``, against the same update.
 
+``--append-only``: the run's workflow declares ``append_only=["messages"]`` (the explicit
+trade of ``stepstone._append_only``: a save compares only the transcript's last 16 stored
+items), so the figures show what the per-item comparison costs.
+
 ``--src DIR`` puts ``DIR`` first on the measured processes' ``PYTHONPATH`` (a ``git
 archive REV src`` of an earlier tree, for a before/after). ``--profile N`` prints the top
 C functions of an ``N``-step run by their own instructions (``callgrind_annotate``), per
@@ -60,6 +64,8 @@ WARMUP_STEPS = 5
 
 #: ``--usage``: each message carries its token counts (set in the measured process too).
 USAGE = False
+#: ``--append-only``: the workflow declares ``append_only=["messages"]`` (ditto).
+APPEND_ONLY = False
 
 
 def _message(i: int) -> dict[str, Any]:
@@ -109,7 +115,11 @@ def one_run(store: Any, run_id: str, n: int) -> dict[str, Any]:
     """Run the chat for ``n`` steps on ``store``; return bytes written and encoded."""
     from stepstone import run
 
-    steps = _steps(n)
+    steps: Any = _steps(n)
+    if APPEND_ONLY:
+        from stepstone import Workflow
+
+        steps = Workflow(f"chat-{n}", steps, append_only=["messages"])
     before = _wchar()
     final = run(run_id, steps, store, input={"messages": []})
     written = _wchar() - before
@@ -171,6 +181,7 @@ def _callgrind(store: str, ns: list[int], src: str | None, profile: bool) -> tup
                 "--dir",
                 str(data),
                 *(["--usage"] if USAGE else []),
+                *(["--append-only"] if APPEND_ONLY else []),
             ],
             check=True,
             capture_output=True,
@@ -239,12 +250,16 @@ def main() -> None:
     parser.add_argument("--profile", type=int, help="top functions of one N-step run")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--usage", action="store_true", help="messages carry token counts")
+    parser.add_argument(
+        "--append-only", action="store_true", help='the workflow declares append_only=["messages"]'
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
     ns = [int(v) for v in args.n.split(",")]
-    global USAGE  # noqa: PLW0603 - read by _message in this process and the measured one
+    global USAGE, APPEND_ONLY  # noqa: PLW0603 - read in this process and the measured one
     USAGE = args.usage
+    APPEND_ONLY = args.append_only
     if args.child:
         _child(args.child, ns, args.dir)
         return
@@ -275,7 +290,7 @@ def main() -> None:
     if args.json:
         print(json.dumps({"src": args.src or "installed", "stores": results}, indent=2))
         return
-    usage = ", with token counts" if USAGE else ""
+    usage = (", with token counts" if USAGE else "") + (", append_only" if APPEND_ONLY else "")
     print(f"chat run, ~2 KB appended per step{usage}; src: {args.src or 'installed stepstone'}")
     header = "".join(f"{'n=' + str(n):>14}" for n in ns)
     print(f"  instructions per run{header}   growth")

@@ -132,6 +132,9 @@ class Stored:
     #: Where ``private``'s compared containers hold numbers (``_statediff.Numbers``), so
     #: the next save checks only those for a change of type; None: none found yet.
     numbers: Any = None
+    #: Top-level keys whose lists the next save trusts to have only grown
+    #: (``_append_only``; set by the runner before each save, never stored).
+    append_only: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

@@ -99,6 +99,7 @@ def make_plan(
     )
     if isinstance(steps, Workflow):  # issue 33: the workflow's deadline (``_deadline``)
         plan.deadline, plan.on_deadline = steps.deadline, steps.on_deadline
+        plan.append_only = steps.append_only
     return plan
 
 

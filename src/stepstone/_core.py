@@ -27,6 +27,7 @@ from typing import Any
 
 from . import _budget, _hooks, _lease, _spending
 from ._acquire import acquire, ready
+from ._append_only import trusting
 from ._checkpoint import Checkpoint, evolve
 from ._checks import check_input, check_names, check_workflow, first_difference
 from ._codec import pristine
@@ -211,6 +212,8 @@ def _completed(
         children=(),
         **changes,
     )
+    if plan.append_only:  # the workflow's declared trade (``_append_only``)
+        done = trusting(done, plan.append_only)
     # The last step's save gives the lease back: a finished run has no owner.
     return _lease.released(done) if index + 1 >= plan.total else done
 

@@ -28,6 +28,7 @@ class Plan:
     """
 
     __slots__ = (
+        "append_only",
         "budget",
         "current",
         "deadline",
@@ -84,6 +85,8 @@ class Plan:
         self.on: Final = on
         #: The spend budget declared for the run (``_budget.Budget``), if any.
         self.budget: Final = budget
+        #: Top-level keys whose lists the steps only append to (``_append_only``).
+        self.append_only: frozenset[str] = frozenset()
         # --- the execution state, owned by the driver ----------------------------------
         #: The record a worker claimed for this execution (None: the core claims it).
         self.preclaimed: Checkpoint | None = preclaimed

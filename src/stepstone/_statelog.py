@@ -348,7 +348,9 @@ def _delta(store: object, cp: Checkpoint, known: Stored, piece_max: int) -> Prep
         return None  # encode_state refuses it, with its usual message
     changed: list[tuple[tuple[str, ...], str, Any]] = []
     numbers: Numbers = {}  # what _same_json looked up this save, for the next
-    if not _diff((), new, known.handed, private, changed, known.numbers, numbers):
+    if not _diff(
+        (), new, known.handed, private, changed, known.numbers, numbers, known.append_only
+    ):
         return None
     next_state = dict(new)
     if not changed:

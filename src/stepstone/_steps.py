@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Any, TypeGuard
 
+from ._append_only import check_append_only
 from ._budget import Budget, check_budget
 from ._checkpoint import Checkpoint
 from ._deadline import check_deadline, check_on_deadline
@@ -454,9 +455,13 @@ class Workflow:
     ``history=True``: each run keeps every save, not only its latest, so that
     ``stepstone.history`` lists them and ``fork``/``rerun`` start again from any step
     (on a backend that holds pieces: memory, file, SQLite, PostgreSQL, MySQL).
+
+    ``append_only=["messages"]``: a save compares only these lists' last 16 stored items;
+    an older one changed in place is not stored (a trade: ``_append_only``).
     """
 
     __slots__ = (
+        "append_only",
         "budget",
         "deadline",
         "history",
@@ -480,6 +485,7 @@ class Workflow:
         on_deadline: str = "fail",
         budget: Budget | None = None,
         limits: Sequence[Limit | str] = (),
+        append_only: Sequence[str] | None = None,
     ) -> None:
         if not isinstance(history, bool):
             raise InvalidWorkflow(f"workflow {name!r}: history must be True or False")
@@ -494,6 +500,7 @@ class Workflow:
         self.version = version
         #: Every save of its runs is kept (``stepstone.history``, ``fork``, ``rerun``).
         self.history = history
+        self.append_only = check_append_only(name, append_only)  # see the docstring
         #: Issue 33 (``_deadline``): seconds from a run's first claim to its end, and
         #: what happens then (``fail``, or ``wait`` for the signal ``deadline``).
         self.deadline = check_deadline(f"workflow {name!r}", deadline)
