@@ -12,10 +12,11 @@ those, a save compares only the stored list's last ``CHECKED`` items (the ones a
 is likely to edit, such as the message being streamed into); older items are taken as
 unchanged without being looked at. The trade, stated in the API docs: a step that
 changes an older item of such a list in place, or replaces it with another object, has
-that change not stored. The run goes on with the step's value, a resumed run with the
-stored one. A list that got shorter, or a key set to something other than a list, is
-still saved exactly; so is every key not declared. Without ``append_only`` nothing is
-trusted: every item is compared, as before.
+that change not stored by that save; a later save that writes the state whole (a new
+base of the state log) stores whatever the run holds then. Until then the run goes on
+with the step's value, and a resumed run with the stored one. A list that got shorter,
+or a key set to something other than a list, is still saved exactly; so is every key
+not declared. Without ``append_only`` nothing is trusted: every item is compared.
 
 Why a window rather than nothing: the last items are where in-place edits happen in
 practice, and checking them keeps a save's cost constant while the common mistakes are
