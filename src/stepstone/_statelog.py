@@ -276,8 +276,8 @@ def _plan(
         if planned is not None:
             return planned
     # A long state's pieces are the bytes orjson wrote, never made a str and encoded
-    # back (issue 36: the LangGraph saver's records, ~100 KB each, spent a tenth of
-    # their instructions on it); an inline state's text is decoded once, for the document.
+    # back (issue 36: 6% of the LangGraph saver's instructions, whose records are ~100 KB
+    # each); an inline state's text is decoded once, for the document.
     written, copy = encode_state_as_written(cp.state)
     text: str | None = None
     data: bytes | None = None

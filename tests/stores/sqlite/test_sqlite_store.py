@@ -923,7 +923,7 @@ def _long_run(s: SQLiteStore, run_id: str) -> None:
 
 
 def test_a_new_database_keeps_pieces_in_a_rowid_table(db: str) -> None:
-    """New databases get a rowid pieces table (cheaper for pieces of up to 256 KiB)."""
+    """New databases get a rowid pieces table (cheaper for pieces of up to 1 MiB)."""
     with SQLiteStore(db) as s:
         _long_run(s, "long")
     assert "WITHOUT ROWID" not in _pieces_ddl(db).upper()
@@ -932,9 +932,9 @@ def test_a_new_database_keeps_pieces_in_a_rowid_table(db: str) -> None:
 def test_a_without_rowid_pieces_table_of_an_earlier_release_is_kept_and_works(
     tmp_path: Path,
 ) -> None:
-    """A database whose pieces table an earlier release made WITHOUT ROWID opens as it
-    is (no rebuild, nothing copied) and stores, loads and collects long states alike,
-    including pieces that earlier release wrote."""
+    """A database whose pieces table an earlier release made WITHOUT ROWID (its DDL,
+    verbatim) opens as it is (no rebuild, nothing copied) and stores, loads and collects
+    long states alike, pieces written before a reopen included."""
     path = tmp_path / "earlier.db"
     with sqlite3.connect(path) as conn:
         conn.executescript(

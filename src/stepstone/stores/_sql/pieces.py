@@ -83,13 +83,14 @@ def piece_sql(dialect: str, table: str | None) -> PieceSQL:
     """The pieces statements for ``dialect`` ("sqlite", "postgresql", "mysql")."""
     if dialect == "sqlite":
         name = "stepstone_pieces"
-        # A rowid table: a piece is up to 256 KiB, and a WITHOUT ROWID table (this
-        # table's layout before issue 36) keeps only small rows in its B-tree pages,
-        # so every piece took overflow pages of an index B-tree. Inserting a 130 KB
-        # piece cost ~30% less CPU as a rowid row (the LangGraph saver's records:
-        # -25.5M instructions per 100 checkpoints). A database an earlier release
-        # made keeps its WITHOUT ROWID table: every statement below reads and writes
-        # both layouts alike (tests/stores/sqlite/test_sqlite_store.py).
+        # A rowid table: a piece is up to PIECE_MAX (1 MiB), and a WITHOUT ROWID table
+        # (this table's layout before issue 36) keeps only small rows in its B-tree
+        # pages, so every piece took overflow pages of an index B-tree. A rowid row
+        # costs 0.81x the CPU for a 130 KB piece and 0.87x for 2 KB
+        # (benchmarks/bench_sqlite_pieces.py); the LangGraph saver's 100 checkpoints
+        # replayed: -25.5M instructions. A database an earlier release made keeps its
+        # WITHOUT ROWID table: every statement below reads and writes both layouts
+        # alike (tests/stores/sqlite/test_sqlite_store.py).
         create = (
             f"CREATE TABLE IF NOT EXISTS {name} (run_id TEXT NOT NULL, piece_key TEXT NOT NULL, "
             "gen INTEGER NOT NULL, data BLOB NOT NULL, PRIMARY KEY (run_id, piece_key))"
