@@ -61,42 +61,51 @@ def callgrind_count(
     return int(found.group(1))
 
 
-def callgrind_calls(argv: Sequence[str], env: Mapping[str, str]) -> list[int]:
-    """Instructions of each ``operator.call`` in ``python argv...``, every thread counted.
+def callgrind_dumps(
+    argv: Sequence[str], env: Mapping[str, str], directory: Path
+) -> tuple[list[tuple[Path, int]], str]:
+    """Run ``python argv...`` under callgrind, its dumps in ``directory``; return each
+    ``operator.call``'s dump and instructions (every thread counted), and its stdout.
 
     Callgrind dumps its counters as that call is entered and as it returns (nothing on a
     measured path calls it); only the dumps taken at a return are kept, each all the
     threads' work during one call: imports, opening and warm-ups are never counted.
     """
+    out = directory / "cg.out"
+    proc = subprocess.run(
+        [
+            "valgrind",
+            "--tool=callgrind",
+            "--dump-before=_operator_call",
+            "--dump-after=_operator_call",
+            f"--callgrind-out-file={out}",
+            sys.executable,
+            *argv,
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**env, "PYTHONHASHSEED": "0"},
+    )
+    calls = []
+    for dump in sorted(
+        (p for p in directory.iterdir() if re.fullmatch(r"cg\.out\.\d+", p.name)),
+        key=lambda p: int(p.name.rsplit(".", 1)[1]),
+    ):
+        text = dump.read_text(encoding="utf-8", errors="replace")
+        if "Trigger: --dump-after" not in text:
+            continue  # outside the counted calls
+        match = re.search(r"^(?:summary|totals):\s*(\d+)", text, re.M)
+        assert match is not None, f"no totals in {dump.name}"
+        calls.append((dump, int(match.group(1))))
+    return calls, proc.stdout
+
+
+def callgrind_calls(argv: Sequence[str], env: Mapping[str, str]) -> list[int]:
+    """Instructions of each ``operator.call`` in ``python argv...`` (``callgrind_dumps``)."""
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "cg.out"
-        subprocess.run(
-            [
-                "valgrind",
-                "--tool=callgrind",
-                "--dump-before=_operator_call",
-                "--dump-after=_operator_call",
-                f"--callgrind-out-file={out}",
-                sys.executable,
-                *argv,
-            ],
-            check=True,
-            capture_output=True,
-            text=True,
-            env={**env, "PYTHONHASHSEED": "0"},
-        )
-        counts = []
-        for dump in sorted(
-            (p for p in Path(tmp).iterdir() if re.fullmatch(r"cg\.out\.\d+", p.name)),
-            key=lambda p: int(p.name.rsplit(".", 1)[1]),
-        ):
-            text = dump.read_text(encoding="utf-8", errors="replace")
-            if "Trigger: --dump-after" not in text:
-                continue  # outside the counted calls
-            match = re.search(r"^(?:summary|totals):\s*(\d+)", text, re.M)
-            assert match is not None, f"no totals in {dump.name}"
-            counts.append(int(match.group(1)))
-    return counts
+        calls, _ = callgrind_dumps(argv, env, Path(tmp))
+    return [count for _, count in calls]
 
 
 def parse_args(description: str, extra: Sequence[str] = ()) -> argparse.Namespace:

@@ -52,10 +52,11 @@ import operator
 import os
 import re
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from _common import callgrind_dumps
 
 MESSAGE = "lorem ipsum dolor sit amet " * 76  # ~2 KB per turn, as bench_langgraph.py
 STORES = ("memory", "file", "sqlite")
@@ -160,51 +161,16 @@ def _callgrind(store: str, ns: list[int], src: str | None, profile: bool) -> tup
     if src:
         env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if "PYTHONPATH" in env else "")
     with tempfile.TemporaryDirectory(dir=_tmp()) as tmp:
-        out = Path(tmp) / "cg.out"
         data = Path(tmp) / "data"
         data.mkdir()
-        proc = subprocess.run(
-            [
-                "valgrind",
-                "--tool=callgrind",
-                # Collecting in every thread from the start; a dump zeroes the counters,
-                # so each dump at a return holds all threads' work inside one call.
-                "--dump-before=_operator_call",
-                "--dump-after=_operator_call",
-                f"--callgrind-out-file={out}",
-                sys.executable,
-                __file__,
-                "--child",
-                store,
-                "--n",
-                ",".join(map(str, ns)),
-                "--dir",
-                str(data),
-                *(["--usage"] if USAGE else []),
-                *(["--append-only"] if APPEND_ONLY else []),
-            ],
-            check=True,
-            capture_output=True,
-            text=True,
-            env=env,
-        )
-        dumps = sorted(
-            (p for p in Path(tmp).iterdir() if re.fullmatch(r"cg\.out\.\d+", p.name)),
-            key=lambda p: int(p.name.rsplit(".", 1)[1]),
-        )
-        counts = []
-        calls = []
-        for dump in dumps:
-            text = dump.read_text(encoding="utf-8", errors="replace")
-            if "Trigger: --dump-after" not in text:
-                continue  # work outside the counted calls (imports, warm-up)
-            calls.append(dump)
-            match = re.search(r"^(?:summary|totals):\s*(\d+)", text, re.M)
-            assert match is not None, f"no totals in {dump.name}"
-            counts.append(int(match.group(1)))
+        argv = [__file__, "--child", store, "--n", ",".join(map(str, ns)), "--dir", str(data)]
+        argv += ["--usage"] if USAGE else []
+        argv += ["--append-only"] if APPEND_ONLY else []
+        calls, stdout = callgrind_dumps(argv, env, Path(tmp))
+        counts = [count for _, count in calls]
         assert len(counts) == len(ns), f"{len(counts)} callgrind dumps for {len(ns)} runs"
-        top = _annotate(calls[-1]) if profile else None
-        return counts, (json.loads(proc.stdout.strip().splitlines()[-1]), top)
+        top = _annotate(calls[-1][0]) if profile else None
+        return counts, (json.loads(stdout.strip().splitlines()[-1]), top)
 
 
 def _annotate(dump: Path, limit: int = 15) -> list[tuple[int, str]]:
