@@ -184,6 +184,22 @@ class Lines:
             if match(line):
                 return line
 
+    def rest(self, timeout: float = 5.0) -> list[str]:
+        """Every line seen, with those read since the last wait: for a failure's message.
+
+        Waits up to ``timeout`` for the stream's end (a process killed just before).
+        """
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self._queue.get(timeout=left)
+            except queue.Empty:
+                break
+            if line is None:
+                break
+            self.seen.append(line)
+        return self.seen
+
 
 class WorkerProcess:
     """A real `stepstone worker` process, stopped (or killed) at the end."""

@@ -18,6 +18,16 @@ puts it back for the next waiter, so one ``set`` wakes them all, and a flag that
 up holds one token however often it is set (a busy worker's rings). ``clear`` drains
 the tokens.
 
+In the main thread a wait is cut in slices of ``MAIN_SLICE`` seconds. Python runs a
+signal's handler only in the main thread, between two bytecodes; a signal that lands
+while the main thread is parked in C (the queue's ``get``) wakes it only if the kernel
+delivers it to that thread and after the park began. One delivered to another thread,
+or in the few instructions before the park, only marks the handler as due, and a wait
+with no timeout would never get back to bytecode to run it: ``stepstone worker`` at
+concurrency 1 parks its main thread so for its whole life, and ignored a Ctrl-C (seen
+in CI, once in some hundreds of signals). Each slice's end runs the handlers that are
+due, so a stop is at most one slice late.
+
 A subclass of ``threading.Event`` so that it goes wherever one is typed (the clock seam's
 ``wait``); none of the base class's methods or state is used.
 """
@@ -28,7 +38,10 @@ import queue
 import threading
 import time
 
-__all__ = ["SignalSafeEvent"]
+__all__ = ["MAIN_SLICE", "SignalSafeEvent"]
+
+#: Seconds the main thread parks at most before it looks for signal handlers that are due.
+MAIN_SLICE = 0.25
 
 
 class SignalSafeEvent(threading.Event):
@@ -68,15 +81,19 @@ class SignalSafeEvent(threading.Event):
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the flag is up or ``timeout`` seconds pass; return the flag."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        main = threading.current_thread() is threading.main_thread()
         took = False
         while not self._up:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return False
+            sliced = main and (left is None or left > MAIN_SLICE)
             try:
-                self._tokens.get(timeout=left)
+                self._tokens.get(timeout=MAIN_SLICE if sliced else left)
             except queue.Empty:
-                return self._up
+                if not sliced:
+                    return self._up
+                continue  # a slice ended: back in bytecode, due handlers have run
             took = True
         if took:
             # Up: hand the token on, so that every other waiter wakes too (as Event's

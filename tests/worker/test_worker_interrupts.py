@@ -110,6 +110,7 @@ def _start(tmp_path: Path, argv: list[str]) -> tuple[subprocess.Popen[str], Line
     env = child_env()
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", ""), TESTS])
     env.pop("STEPSTONE_STORE", None)
+    env["PYTHONFAULTHANDLER"] = "1"  # a hung process's stacks, on the SIGABRT of _exits
     proc = subprocess.Popen(
         [sys.executable, "-c", AS_FROM_A_TERMINAL, *argv],
         cwd=tmp_path,
@@ -136,9 +137,14 @@ def _exits(proc: subprocess.Popen[str], what: str, err: Lines) -> int:
     try:
         return proc.wait(timeout=EXIT_WITHIN)
     except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=WAIT_TIMEOUT)
-        pytest.fail(f"{what}: still running {EXIT_WITHIN:.0f}s after the signal; stderr {err.seen}")
+        proc.send_signal(signal.SIGABRT)  # faulthandler writes every thread's stack
+        try:
+            proc.wait(timeout=WAIT_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=WAIT_TIMEOUT)
+        stacks = "\n".join(err.rest())
+        pytest.fail(f"{what}: still running {EXIT_WITHIN:.0f}s after the signal; stderr:\n{stacks}")
 
 
 def _handed_over(url: str, count: int) -> None:
@@ -271,3 +277,47 @@ def test_an_event_a_signal_handler_sets_never_hangs_its_waiter(tmp_path: Path) -
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert int(done.stdout.strip()) > 0
+
+
+def test_a_signal_landing_on_another_thread_still_ends_the_main_threads_wait() -> None:
+    """A handler that is due while the main thread is parked runs within a slice.
+
+    Python runs handlers in the main thread only. A signal that the kernel delivers to
+    another thread (here sent to one on purpose, ``pthread_kill``) marks its handler as
+    due but does not wake the main thread parked in C; nor does one landing just before
+    the park. A wait with no timeout then never runs it: ``stepstone worker`` ignored a
+    Ctrl-C so, in CI. The main thread's wait here has no timeout; its handler sets the
+    event it waits on.
+    """
+    script = textwrap.dedent(
+        """
+        import signal, threading, time
+        from stepstone._sigevent import SignalSafeEvent
+
+        event = SignalSafeEvent()
+        signal.signal(signal.SIGUSR1, lambda signum, frame: event.set())
+        parked = threading.Event()
+
+        def other():
+            parked.wait()
+            time.sleep(0.2)  # the main thread is in its wait by now, parked in C
+            signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)
+
+        threading.Thread(target=other, daemon=True).start()
+        parked.set()
+        print("woken" if event.wait() else "not set", flush=True)
+        """
+    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", script],
+            env=child_env(),
+            capture_output=True,
+            text=True,
+            timeout=EXIT_WITHIN,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the main thread's wait never ran the handler due ({EXIT_WITHIN:.0f}s)")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "woken"
