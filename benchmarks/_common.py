@@ -62,7 +62,7 @@ def callgrind_count(
 
 
 def callgrind_dumps(
-    argv: Sequence[str], env: Mapping[str, str], directory: Path
+    argv: Sequence[str], env: Mapping[str, str], directory: Path, *, named: bool = False
 ) -> tuple[list[tuple[Path, int]], str]:
     """Run ``python argv...`` under callgrind, its dumps in ``directory``; return each
     ``operator.call``'s dump and instructions (every thread counted), and its stdout.
@@ -70,14 +70,18 @@ def callgrind_dumps(
     Callgrind dumps its counters as that call is entered and as it returns (nothing on a
     measured path calls it); only the dumps taken at a return are kept, each all the
     threads' work during one call: imports, opening and warm-ups are never counted.
+    ``named``: every dump spells its functions' names out (``callgrind_self_costs`` reads
+    them); by default a later dump names a function by a number an earlier one defined.
     """
     out = directory / "cg.out"
+    spelled = ["--compress-strings=no", "--compress-pos=no"] if named else []
     proc = subprocess.run(
         [
             "valgrind",
             "--tool=callgrind",
             "--dump-before=_operator_call",
             "--dump-after=_operator_call",
+            *spelled,
             f"--callgrind-out-file={out}",
             sys.executable,
             *argv,
@@ -99,6 +103,37 @@ def callgrind_dumps(
         assert match is not None, f"no totals in {dump.name}"
         calls.append((dump, int(match.group(1))))
     return calls, proc.stdout
+
+
+def callgrind_self_costs(dump: Path, limit: int = 15) -> list[tuple[int, str]]:
+    """The top functions of a dump (``callgrind_dumps(named=True)``) by their own instructions.
+
+    Read here, not by ``callgrind_annotate``: on a dump taken at ``--dump-after`` it
+    charges everything to the outermost frame (``__libc_start_main``, 100%). A
+    function's own cost is each cost line under its ``fn=``, except the line after a
+    ``calls=``, which is the inclusive cost of that call. ``'N`` (a recursion level)
+    is folded into the function. Names are ``object:function`` (the shared object's
+    file name), since CPython's and the extensions' unnamed functions are addresses.
+    """
+    costs: dict[str, int] = {}
+    obj = function = ""
+    after_call = False
+    with dump.open(encoding="utf-8", errors="replace") as lines:
+        for line in lines:
+            if line.startswith("ob="):
+                obj = line[3:].strip().rsplit("/", 1)[-1]
+            elif line.startswith("fn="):
+                function = f"{obj}:{line[3:].strip().split(chr(39), 1)[0]}"
+            elif line.startswith("calls="):
+                after_call = True
+            elif line[:1].isdigit() or line[:1] in "+-*":
+                if after_call:
+                    after_call = False
+                    continue
+                fields = line.split()
+                if len(fields) >= 2 and function:
+                    costs[function] = costs.get(function, 0) + int(fields[1])
+    return sorted(((cost, name) for name, cost in costs.items()), reverse=True)[:limit]
 
 
 def callgrind_calls(argv: Sequence[str], env: Mapping[str, str]) -> list[int]:

@@ -50,13 +50,11 @@ import json
 import math
 import operator
 import os
-import re
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from _common import callgrind_dumps
+from _common import callgrind_dumps, callgrind_self_costs
 
 MESSAGE = "lorem ipsum dolor sit amet " * 76  # ~2 KB per turn, as bench_langgraph.py
 STORES = ("memory", "file", "sqlite")
@@ -166,27 +164,11 @@ def _callgrind(store: str, ns: list[int], src: str | None, profile: bool) -> tup
         argv = [__file__, "--child", store, "--n", ",".join(map(str, ns)), "--dir", str(data)]
         argv += ["--usage"] if USAGE else []
         argv += ["--append-only"] if APPEND_ONLY else []
-        calls, stdout = callgrind_dumps(argv, env, Path(tmp))
+        calls, stdout = callgrind_dumps(argv, env, Path(tmp), named=profile)
         counts = [count for _, count in calls]
         assert len(counts) == len(ns), f"{len(counts)} callgrind dumps for {len(ns)} runs"
-        top = _annotate(calls[-1][0]) if profile else None
+        top = callgrind_self_costs(calls[-1][0]) if profile else None
         return counts, (json.loads(stdout.strip().splitlines()[-1]), top)
-
-
-def _annotate(dump: Path, limit: int = 15) -> list[tuple[int, str]]:
-    """The top functions of a callgrind dump by their own instructions."""
-    out = subprocess.run(
-        ["callgrind_annotate", "--threshold=100", str(dump)],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    rows = []
-    for line in out.splitlines():
-        match = re.match(r"^\s*([\d,]+)\s+\([\s\d.]+%\)\s+(\S.*)$", line)
-        if match and "PROGRAM TOTALS" not in line:
-            rows.append((int(match.group(1).replace(",", "")), match.group(2).strip()))
-    return rows[:limit]
 
 
 def _tmp() -> str:

@@ -13,7 +13,8 @@ document, as it always did (schema 2). A larger one moves out, into immutable
 
 So a step that appends a message to a transcript writes that message, not the
 transcript. When the log has grown to ``LOG_FACTOR`` times the base (or to
-``LOG_MAX`` pieces), the next save writes a new base instead: a growing state is
+``log_limit(base)`` pieces: ``LOG_MAX``, more for a base over 128 KiB), the next save
+writes a new base instead: a growing state is
 rewritten a bounded number of times in all (its bases grow geometrically), and a
 load reads at most about ``LOG_FACTOR + 1`` times the state, never the run's history.
 
@@ -117,12 +118,15 @@ from ._statediff import (
 from ._statejson import encode_state_as_written
 from ._statepieces import (
     INLINE_MAX,
+    LOG_CEILING,
     LOG_FACTOR,
     LOG_MAX,
+    LOG_SHARE,
     PIECE_MAX,
     Piece,
     PiecesMissing,
     Prepared,
+    log_limit,
     pieces_of,
     serial,
 )
@@ -132,7 +136,9 @@ __all__ = [
     "INC_LEN",
     "INLINE_MAX",
     "LOG_FACTOR",
+    "LOG_CEILING",
     "LOG_MAX",
+    "LOG_SHARE",
     "ORPHAN_AGE",
     "Orphan",
     "PIECE_MAX",
@@ -149,6 +155,7 @@ __all__ = [
     "inc_of",
     "inc_of_doc",
     "is_orphan",
+    "log_limit",
     "new_inc",
     "observe",
     "pieces_of",
@@ -409,7 +416,7 @@ def _delta(store: object, cp: Checkpoint, known: Stored, piece_max: int) -> Prep
     log_bytes = ref["log_bytes"] + len(data)
     if (
         len(data) > piece_max
-        or ref["log_count"] + 1 > LOG_MAX
+        or ref["log_count"] + 1 > log_limit(ref["base_bytes"])
         or log_bytes > LOG_FACTOR * max(ref["base_bytes"], INLINE_MAX)
     ):
         return None

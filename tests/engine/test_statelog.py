@@ -507,6 +507,46 @@ def test_a_new_base_after_log_max_pieces() -> None:
     assert len(store.piece_keys(cp.run_id)) <= sl.LOG_MAX + 2
 
 
+def test_a_large_base_keeps_a_log_as_long_as_its_share_before_a_new_base() -> None:
+    """A base over LOG_MAX * LOG_SHARE bytes: up to one log piece per LOG_SHARE bytes.
+
+    With the count fixed at LOG_MAX, a long run rewrote its whole state every 256 saves,
+    which grew with the run (issue 36). Tiny changes here, so bytes never decide.
+    """
+    store = _store()
+    big = _long()
+    big["pad"] = "p" * (sl.LOG_MAX * sl.LOG_SHARE + 100 * sl.LOG_SHARE)
+    cp = _first(store, big)
+    limit = sl.log_limit(_ref(cp)["base_bytes"])
+    assert limit > sl.LOG_MAX  # the case under test: more than the fixed count
+    first_base = _ref(cp)["base"]
+    counts = []
+    for n in range(limit + 2):
+        state = cp.state
+        state["counter"] = n
+        cp = _save(store, cp, state)
+        counts.append(_ref(cp)["log_count"])
+    assert max(counts) == limit
+    assert counts[limit - 1] == limit and _ref(cp)["base"] != first_base
+    assert counts[limit] == 0  # the (limit + 1)th change: a new base
+    assert _loaded(store, cp.run_id) == cp.state
+
+
+@pytest.mark.parametrize(
+    ("base_bytes", "limit"),
+    [
+        (0, sl.LOG_MAX),
+        (sl.LOG_MAX * sl.LOG_SHARE, sl.LOG_MAX),
+        (sl.LOG_MAX * sl.LOG_SHARE + sl.LOG_SHARE, sl.LOG_MAX + 1),
+        (64 << 20, sl.LOG_CEILING),
+    ],
+)
+def test_the_log_limit_scales_with_the_base_between_its_floor_and_ceiling(
+    base_bytes: int, limit: int
+) -> None:
+    assert sl.log_limit(base_bytes) == limit
+
+
 def test_a_run_loads_what_run_returned() -> None:
     """stepstone.run with a growing state: the loaded state equals run()'s result."""
     store = open_store(f"memory://statelog-{uuid.uuid4().hex}")

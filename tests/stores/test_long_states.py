@@ -3,6 +3,7 @@
 - a 64 MiB state is saved and loaded back equal;
 - a 300-step appending run loads equal to what ``run`` returned, and only the pieces
   its document names are kept (old bases and logs are collected);
+- a log of more than ``LOG_MAX`` pieces (a large base allows it) loads whole;
 - two writers race one run: the loser's pieces are gone, the winner's state loads;
 - deleting a run deletes its pieces;
 - a reader never sees a half state while a writer keeps writing new bases;
@@ -138,6 +139,26 @@ def test_an_appending_run_loads_its_final_state_and_keeps_only_named_pieces(
     assert keys == pieces_named(cp), "pieces left that the document does not name"
     held = sum(map(len, store.pieces(run_id, keys).values()))
     assert held <= (sl.LOG_FACTOR + 1) * len(dump_json(final).encode()) + sl.INLINE_MAX
+
+
+def test_a_log_longer_than_log_max_is_loaded_whole(store: Store, mode: str) -> None:
+    """A base of 160 KiB allows 320 log pieces: a load fetches 300 of them, in order.
+
+    The piece count scales with the base (``log_limit``, issue 36); this is the load's
+    part on each backend: more keys than one ``IN`` list or one query held before.
+    """
+    run_id = f"loglong-{mode}"
+    state = _long(1)
+    state["pad"] = "p" * (160 << 10)
+    cp = save_in(store, Checkpoint(run_id, state=state), mode)
+    assert sl.log_limit(ref_of(cp)["base_bytes"]) > 300 > sl.LOG_MAX
+    for n in range(300):
+        cp.state["meta"]["k"] = n  # a tiny change: bytes never decide
+        cp = save_in(store, next_save(cp), mode)
+    assert ref_of(cp)["log_count"] == 300
+    loaded = load_in(store, run_id, mode)
+    assert loaded.state == cp.state and loaded.state["meta"]["k"] == 299
+    assert keys_in(store, run_id, mode) == pieces_named(loaded)
 
 
 # -- races, delete, readers ----------------------------------------------------------------

@@ -357,6 +357,20 @@ class MySQLStore(ServerStore):
             ) from None
 
     def _adrop(self, held: Held) -> None:
+        writer = getattr(held.conn, "_writer", None)
+        transport = getattr(writer, "transport", None)
+        loop = getattr(transport, "_loop", None)
+        if loop is not None and loop.is_closed():
+            # aiomysql's close() closes the socket on the loop's next turn, and a closed
+            # loop has none (it raises, and the socket stays open): close it here. The
+            # transport's own socket object (private to asyncio's selector transports),
+            # so that nothing closes the same descriptor number again later.
+            sock = getattr(transport, "_sock", None)
+            if sock is not None:
+                sock.close()
+            # Else its __del__ calls close() again, which raises on the closed loop.
+            held.conn._writer = held.conn._reader = None  # noqa: SLF001 - see above
+            return
         held.conn.close()
 
     async def aclose(self) -> None:

@@ -299,6 +299,36 @@ def test_mysql_connections_do_not_use_found_rows(store: Any) -> None:
 # --- compare-and-swap ---------------------------------------------------------------------
 
 
+def _sockets() -> int:
+    """This process's open socket descriptors."""
+    fds = "/proc/self/fd"
+    count = 0
+    for name in os.listdir(fds):
+        with contextlib.suppress(OSError):  # the listing's own descriptor is gone by now
+            count += os.readlink(f"{fds}/{name}").startswith("socket:")
+    return count
+
+
+def test_an_event_loop_per_call_leaves_no_connection_open(config: str) -> None:
+    """``asyncio.run`` around each call: the ended loops' connections are closed.
+
+    Each loop gets its own connections. aiomysql's keep their loop alive, and with it the
+    weak key of their pool, and closing one on a closed loop raised and left its socket
+    open: 300 such calls reached MariaDB's ``max_connections``. Now a new loop's pool
+    closes the ended loops' connections, and ``close`` closes them all.
+    """
+    store = open_store(config)
+    cp = store.save(_cp("loops"))
+    before = _sockets()
+    for n in range(30):
+        cp = asyncio.run(store.asave(_cp("loops", cp.version, n=n)))
+    during = _sockets()
+    store.close()
+    after = _sockets()
+    assert during <= before + 2, f"{during - before} sockets left open by 30 ended loops"
+    assert after < before, "close() left the connections of ended loops open"
+
+
 def test_compare_and_swap_on_the_server(store: Any, admin: Any, table: str) -> None:
     """Stale, made-up and first saves over a row conflict and leave the stored row as it was."""
     first = store.save(_cp("r", n=1))

@@ -415,7 +415,31 @@ class Connections:
         loop = asyncio.get_running_loop()
         pool = self._apools.get(loop)
         if pool is None:
-            pool = self._apools[loop] = AsyncPool(ASYNC_POOL_SIZE)
+            pool = self._pool_for_new_loop(loop)
+        return pool
+
+    def _pool_for_new_loop(self, loop: Any) -> AsyncPool:
+        """A pool for ``loop``; the connections of loops that have closed are closed.
+
+        A caller that runs each call in its own loop (``asyncio.run`` per request) left
+        one open connection per loop: a connection whose driver keeps its loop (aiomysql's
+        transport) also keeps the loop, the weak key of its pool, alive, so nothing ever
+        closed it, and MariaDB refused new ones at ``max_connections`` (seen: 152 after
+        300 ``asyncio.run`` calls). Swept as each new loop's pool is made, so at most one
+        ended loop's connections stay open between calls.
+        """
+        pool = AsyncPool(ASYNC_POOL_SIZE)
+        with self._lock:  # the pools of other threads' loops come and go meanwhile
+            ended = [p for known, p in self._apools.items() if known.is_closed()]
+            self._apools = weakref.WeakKeyDictionary(
+                (known, p) for known, p in self._apools.items() if not known.is_closed()
+            )
+            self._apools[loop] = pool
+        for old in ended:
+            old.idle = []
+            for held in list(old.all):  # no call can be using them: their loop is closed
+                old.all.discard(held)
+                self._aforget(held)
         return pool
 
     async def _acheckout(self, pool: AsyncPool) -> Held:
