@@ -468,6 +468,37 @@ def run_status(
 
 def find_non_json(value: object, path: str = "state") -> tuple[str, str] | None:
     """Return ``(path, reason)`` of the first value that would not round-trip through JSON."""
+    # The walk below names each value's path as it goes (a repr and a format per value);
+    # most values are plain JSON, and proving that needs no names (the LangGraph saver
+    # asks it of every checkpoint's metadata): the paths only when something is wrong.
+    if _plain_json(value):
+        return None
+    return _find_non_json(value, path)
+
+
+_SCALARS = (bool, int, type(None))
+
+
+def _plain_json(value: object) -> bool:
+    """Whether ``find_non_json`` finds nothing in ``value``: its rules, without paths."""
+    if isinstance(value, str):
+        # isascii() reads a flag CPython keeps (O(1)): no lone surrogate in ASCII text.
+        return value.isascii() or _SURROGATE.search(value) is None
+    if isinstance(value, _SCALARS):
+        return True
+    if isinstance(value, float):
+        return not (math.isnan(value) or math.isinf(value))
+    if isinstance(value, dict):
+        for key, item in value.items():  # loops, not all(...): no generator per container
+            if not isinstance(key, str) or not _plain_json(key) or not _plain_json(item):
+                return False
+        return True
+    if isinstance(value, list):
+        return all(map(_plain_json, value))
+    return False
+
+
+def _find_non_json(value: object, path: str) -> tuple[str, str] | None:
     if isinstance(value, str):
         if _SURROGATE.search(value):
             return path, "the string holds a lone surrogate, which is not UTF-8"
@@ -487,13 +518,13 @@ def find_non_json(value: object, path: str = "state") -> tuple[str, str] | None:
                     f"{path}[{key!r}]",
                     f"key {key!r} is a {type(key).__name__}; JSON object keys must be str",
                 )
-            found = find_non_json(item, f"{path}[{key!r}]")
+            found = _find_non_json(item, f"{path}[{key!r}]")
             if found is not None:
                 return found
         return None
     if isinstance(value, list):
         for index, item in enumerate(value):
-            found = find_non_json(item, f"{path}[{index}]")
+            found = _find_non_json(item, f"{path}[{index}]")
             if found is not None:
                 return found
         return None
