@@ -39,8 +39,8 @@ items), so the figures show what the per-item comparison costs.
 
 ``--src DIR`` puts ``DIR`` first on the measured processes' ``PYTHONPATH`` (a ``git
 archive REV src`` of an earlier tree, for a before/after). ``--profile N`` prints the top
-C functions of an ``N``-step run by their own instructions (``callgrind_annotate``), per
-store, instead of the figures above.
+C functions of an ``N``-step run by their own instructions
+(``_common.callgrind_self_costs``), per store, instead of the figures above.
 """
 
 from __future__ import annotations

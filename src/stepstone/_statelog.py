@@ -14,9 +14,9 @@ document, as it always did (schema 2). A larger one moves out, into immutable
 So a step that appends a message to a transcript writes that message, not the
 transcript. When the log has grown to ``LOG_FACTOR`` times the base (or to
 ``log_limit(base)`` pieces: ``LOG_MAX``, more for a base over 128 KiB), the next save
-writes a new base instead: a growing state is
-rewritten a bounded number of times in all (its bases grow geometrically), and a
-load reads at most about ``LOG_FACTOR + 1`` times the state, never the run's history.
+writes a new base instead: a growing state is rewritten a bounded number of times in
+all (its bases grow geometrically), and a load reads at most about ``LOG_FACTOR + 1``
+times the state, never the run's history.
 
 The commit point is unchanged: pieces are written first, under keys nobody else
 uses, and the save is still the one compare-and-swap of the run's document, which
