@@ -233,6 +233,21 @@ def test_ctrl_c_stops_serve_and_aserve_with_runs_in_flight(
     _handed_over(url, concurrency)
 
 
+def _script(script: str, what: str) -> subprocess.CompletedProcess[str]:
+    """Run ``python -c script``; fail naming ``what`` if it is still running after EXIT_WITHIN."""
+    try:
+        return subprocess.run(
+            [sys.executable, "-c", script],
+            env=child_env(),
+            capture_output=True,
+            text=True,
+            timeout=EXIT_WITHIN,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{what}: still running {EXIT_WITHIN:.0f}s after it began")
+
+
 def test_an_event_a_signal_handler_sets_never_hangs_its_waiter(tmp_path: Path) -> None:
     """The worker's events survive a handler that sets one inside the main thread's wait.
 
@@ -267,14 +282,7 @@ def test_an_event_a_signal_handler_sets_never_hangs_its_waiter(tmp_path: Path) -
         print(rounds)
         """
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=EXIT_WITHIN,
-        check=False,
-    )
+    done = _script(script, "the waiter")
     assert done.returncode == 0, done.stderr[-2000:]
     assert int(done.stdout.strip()) > 0
 
@@ -308,16 +316,6 @@ def test_a_signal_landing_on_another_thread_still_ends_the_main_threads_wait() -
         print("woken" if event.wait() else "not set", flush=True)
         """
     )
-    try:
-        done = subprocess.run(
-            [sys.executable, "-c", script],
-            env=child_env(),
-            capture_output=True,
-            text=True,
-            timeout=EXIT_WITHIN,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"the main thread's wait never ran the handler due ({EXIT_WITHIN:.0f}s)")
+    done = _script(script, "the main thread's wait (the handler due never ran)")
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "woken"
