@@ -15,7 +15,7 @@ from math import isfinite as _isfinite
 from operator import is_
 from typing import Any
 
-from ._checkpoint import invalid_state
+from ._checkpoint import _plain_json, invalid_state
 from ._errors import InvalidState
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "dump_json",
     "encode_state",
     "encode_state_as_written",
+    "is_json",
     "orjson_module",
 ]
 
@@ -275,3 +276,35 @@ _values = dict.values
 def orjson_module() -> Any:
     """orjson if it is installed (imported on the first call), else None."""
     return _load_orjson() if _orjson is _UNSET else _orjson
+
+
+def is_json(value: object) -> bool:
+    """Whether ``value`` is JSON by ``find_non_json``'s rules (the answer of its quick
+    ``_plain_json``), at C speed where orjson can tell.
+
+    The LangGraph saver asks this of every checkpoint's metadata and skeleton: the walk
+    cost 54,000 instructions a checkpoint (issue 36), orjson's round trip a tenth of it.
+    Why its answer is the walk's: with the passthrough options orjson encodes only exact
+    ``str``, ``int``, ``float``, ``bool``, ``None``, ``dict``, ``list``, ``tuple``,
+    plain enums and UUIDs, and raises on anything else (a set, a subclass, a dataclass,
+    a non-str key, an int past 64 bits, a lone surrogate, nesting past 254), which goes
+    to the walk. Of what it encodes, a value reads back equal exactly when it is JSON:
+    a tuple reads back a list (never equal to it), NaN and infinities read back null,
+    an enum member or a UUID reads back its value or text (neither equal to it), and
+    every exact str, int, bool, None and finite float reads back equal.
+    """
+    module = _load_orjson() if _orjson is _UNSET else _orjson
+    if module is None:
+        return _plain_json(value)
+    # Declined, not encoded: dataclasses, datetimes and subclasses of the JSON types,
+    # which orjson would write as dicts, strings or the base type (a lenient __eq__
+    # could then read back "equal"); the walk decides them.
+    strict = (
+        module.OPT_PASSTHROUGH_DATACLASS
+        | module.OPT_PASSTHROUGH_DATETIME
+        | module.OPT_PASSTHROUGH_SUBCLASS
+    )
+    try:
+        return bool(module.loads(module.dumps(value, option=strict)) == value)
+    except (TypeError, ValueError, RecursionError):  # orjson.JSONEncodeError is a TypeError
+        return _plain_json(value)

@@ -22,8 +22,9 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
-from ..._checkpoint import MAX_RUN_ID_LENGTH, Checkpoint, find_non_json
+from ..._checkpoint import MAX_RUN_ID_LENGTH, Checkpoint
 from ..._errors import ConfigError, CorruptCheckpoint, safe_text
+from ..._statejson import is_json
 from ._errors import UnsafeCheckpoint
 
 
@@ -193,7 +194,7 @@ class Codec:
     def _pack(self, value: Any, where: str) -> dict[str, Any]:
         # Plain JSON stays readable in the store (operators filter and read metadata);
         # anything else goes through the serializer, so nothing is lost.
-        if isinstance(value, dict) and find_non_json(value) is None:
+        if isinstance(value, dict) and is_json(value):
             return {"json": value}
         return {"serde": self._dump(value, where)}
 
