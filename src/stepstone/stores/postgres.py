@@ -248,6 +248,7 @@ class PostgresStore(ServerStore):
     scheme: ClassVar[str] = "postgresql"
     _DIALECT: ClassVar[str] = "postgresql"
     _SWAP_FIRST: ClassVar[bool] = True
+    _SWEEP_IN_SAVE: ClassVar[bool] = True
     #: ``save_many``: one transaction in one round trip (``_sql.save_pg.save_many``).
     saves_together: ClassVar[bool] = True
     # claims_in_one_call (``ServerStore``): one UPDATE over a FOR UPDATE SKIP LOCKED

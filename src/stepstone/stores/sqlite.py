@@ -148,6 +148,7 @@ class SQLiteStore(SQLStore):
 
     scheme: ClassVar[str] = "sqlite"
     _DIALECT: ClassVar[str] = "sqlite"
+    _SWEEP_IN_SAVE: ClassVar[bool] = True  # in the save's transaction (``_pp_commit``)
     claims_in_one_call: ClassVar[bool] = True  # one UPDATE ... RETURNING (one writer)
     saves_together: ClassVar[bool] = True  # save_many: one batch of the group commit
     durability_levels: ClassVar[tuple[str, ...]] = _SYNCHRONOUS

@@ -5,7 +5,8 @@
   one fsync per save, not one per piece);
 - a save interrupted between two pieces leaves the old checkpoint and no piece behind
   (no orphan to collect);
-- a lost swap leaves none of its pieces, without a statement to drop them;
+- a lost swap leaves none of its pieces, without a statement to drop them, and takes
+  back the sweep that rode it;
 - in a SQLite batch (group commit), a lost swap or a failing piece takes back its own
   pieces only; the other saves of the batch commit.
 
@@ -160,6 +161,55 @@ def test_a_lost_swap_writes_no_piece_and_drops_none(config: str, mode: str) -> N
             _save(b, _whole(first, _long(220, "l")), mode)
         assert "pieces.piece" in statements  # it did write pieces, in its transaction
         assert a.piece_keys("lost") == kept == sorted(sl.pieces_of(_ref(winner)))
+
+
+@pytest.mark.usefixtures("small_pieces")
+def test_a_lost_swap_takes_back_its_sweep_of_the_pieces_the_winner_names(
+    config: str, mode: str
+) -> None:
+    """A whole save sweeps what its new base supersedes in its own transaction (SQLite:
+    before its swap; PostgreSQL: after it, only if it landed). Here the loser's sweep
+    covers the base and log the winner's document names: the lost swap must take it
+    back, and the winner's checkpoint still loads."""
+    with open_store(config) as a, open_store(config) as b:
+        first = _save(a, Checkpoint("sweep", state=_long(200, "a")), mode)
+        # As a step does: one item appended to the state it was handed (a log piece).
+        handed = first.state
+        handed["items"].append({"n": 200, "text": "one more"})
+        grown = _long(200, "a")
+        grown["items"].append({"n": 200, "text": "one more"})
+        winner = _save(a, replace(first, step=1, step_names=("s0", "s1")), mode)
+        assert _ref(winner)["log"], "the winner's save wrote a new base, not a log piece"
+        named = sorted(sl.pieces_of(_ref(winner)))
+        with pytest.raises(ConflictError):
+            _save(b, _whole(first, _long(220, "l")), mode)
+        assert a.piece_keys("sweep") == named, "the lost save's sweep took the winner's pieces"
+    with open_store(config) as reopened:
+        loaded = reopened.load("sweep")
+        assert loaded is not None and loaded.version == winner.version
+        assert loaded.state == grown
+
+
+@pytest.mark.usefixtures("small_pieces")
+def test_sqlite_sweeps_a_superseded_base_in_the_saves_own_commit(tmp_path: Path) -> None:
+    """A whole save of a run in pieces deletes the base it supersedes inside its own
+    transaction: one commit (one fsync) per new base, not a second for the sweep."""
+    with open_store(f"sqlite:///{tmp_path}/sweep.db") as store:
+        first = store.save(Checkpoint("one", state=_long(200, "a")))
+        old = store.piece_keys("one")
+        conn = store._conn()  # type: ignore[attr-defined]
+        statements: list[str] = []
+        conn.set_trace_callback(statements.append)
+        try:
+            second = store.save(_whole(first, _long(220, "b")))
+        finally:
+            conn.set_trace_callback(None)
+        assert store.piece_keys("one") == sorted(sl.pieces_of(_ref(second)))
+        assert not set(old) & set(store.piece_keys("one"))
+        kinds = [s.split()[0].upper() for s in statements]
+        begin, commit = kinds.index("BEGIN"), kinds.index("COMMIT")
+        assert kinds.count("COMMIT") == 1, statements
+        assert begin < kinds.index("DELETE") < commit, statements
 
 
 def _toy() -> sqlite3.Connection:

@@ -91,6 +91,11 @@ class SQLPieces(PiecesProtocol[Exec]):
     #: The driver runs a save's swap before its pieces, which are inserted only if it
     #: landed (``PieceSQL.insert_landed``): PostgreSQL, whose save is one round trip.
     _SWAP_FIRST: ClassVar[bool] = False
+    #: The sweep after a new base rides the save's own transaction instead of a
+    #: statement (and, on SQLite, a commit) of its own: PostgreSQL after the swap, only
+    #: if it landed; SQLite before it, where a lost swap rolls it back with the pieces.
+    #: Not MySQL: InnoDB's gap locks would hold the run's piece range to the commit.
+    _SWEEP_IN_SAVE: ClassVar[bool] = False
     _pieces_text: PieceSQL | None = None
     #: Whether the pieces table is known to exist: this store created or migrated the
     #: tables, or ran the pieces DDL once. A table an earlier release made gains it on
@@ -178,12 +183,21 @@ class SQLPieces(PiecesProtocol[Exec]):
         saved, sql, params, prepared = plan
         if type(ctx) is _Saving:
             below, inc = prepared.collect_below, prepared.inc
-            if self._SWAP_FIRST and below is not None and inc is not None:
-                # PostgreSQL: the sweep after a new base rides the swap's transaction
-                # (and its one round trip), deleting only if the swap landed.
+            if self._SWEEP_IN_SAVE and below is not None and inc is not None:
                 sweep = self._collect_params(ctx, below, inc)
-                sweep["version"] = ctx.version
-                ctx.first = (*ctx.first, (self._pieces_sql.delete_below_landed, sweep))
+                if self._SWAP_FIRST:
+                    # PostgreSQL: after the swap, in its one round trip, deleting only
+                    # if the swap landed.
+                    sweep["version"] = ctx.version
+                    statement = self._pieces_sql.delete_below_landed
+                else:
+                    # SQLite: before the swap, in its transaction: a lost swap rolls
+                    # back the sweep with the pieces (``run_batch``), one that lands
+                    # commits it. The new base's pieces are of generation ``below``,
+                    # which the sweep keeps. (LangGraph saver: 110,000 instructions a
+                    # checkpoint, each a new key's base, and no commit of its own.)
+                    statement = self._pieces_sql.delete_below
+                ctx.first = (*ctx.first, (statement, sweep))
                 ctx.collected = True
             stored, _ = yield Exec(sql, params, True, False, ctx.first)
         else:
