@@ -282,6 +282,30 @@ def test_a_document_is_the_standard_librarys_text_whatever_its_input(
     assert fast == document()
 
 
+def test_a_document_naming_pieces_is_the_standard_librarys_text(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The ``ref`` of a state in pieces, written by orjson (issue 36), is the text the
+    standard library writes: its ints, piece keys and the base's time."""
+    if _statejson._load_orjson() is None:
+        pytest.skip("orjson is not installed")
+    cp = Checkpoint("r", step=1, state={}, step_names=("a",))
+    ref = {
+        "gen": 3,
+        "base": ["0000ab12cd34ef56:3.0a1b.b0", "0000ab12cd34ef56:3.0a1b.b1"],
+        "base_bytes": 2_100_000,
+        "log": ["0000ab12cd34ef56:3.9f.l0"],
+        "log_bytes": 2048,
+        "log_count": 1,
+        "inc": "0000ab12cd34ef56",
+        "at": round(1765143600.1234, 3),
+    }
+    fast = _codec.encode_document(cp, None, ref=ref)
+    monkeypatch.setattr(_statejson, "_orjson", None)
+    assert fast == _codec.encode_document(cp, None, ref=ref)
+    assert json.loads(fast)[_codec.REF_KEY] == ref
+
+
 def test_empty_workflow_finishes_without_an_owner() -> None:
     """A run of no steps is done at once and holds no lease afterwards."""
     with open_store("memory://") as store:
