@@ -141,6 +141,7 @@ def test_an_appending_run_loads_its_final_state_and_keeps_only_named_pieces(
     assert held <= (sl.LOG_FACTOR + 1) * len(dump_json(final).encode()) + sl.INLINE_MAX
 
 
+@pytest.mark.slow  # 300 durable saves: over a second on the file store, more under load
 def test_a_log_longer_than_log_max_is_loaded_whole(store: Store, mode: str) -> None:
     """A base of 160 KiB allows 320 log pieces: a load fetches 300 of them, in order.
 
