@@ -193,9 +193,8 @@ class SQLPieces(PiecesProtocol[Exec]):
                 else:
                     # SQLite: before the swap, in its transaction: a lost swap rolls
                     # back the sweep with the pieces (``run_batch``), one that lands
-                    # commits it. The new base's pieces are of generation ``below``,
-                    # which the sweep keeps. (LangGraph saver: 110,000 instructions a
-                    # checkpoint, each a new key's base, and no commit of its own.)
+                    # commits it: one commit per new base, not two. The new base's
+                    # pieces are of generation ``below``, which the sweep keeps.
                     statement = self._pieces_sql.delete_below
                 ctx.first = (*ctx.first, (statement, sweep))
                 ctx.collected = True
