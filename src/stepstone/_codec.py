@@ -202,22 +202,33 @@ def _meta_json(cp: Checkpoint, meta: dict[str, Any]) -> str:
     orjson would write as null where ``_dumps`` refuses: those go the standard way (an
     input only if it holds more than ``_written_alike`` allows).
     """
-    module = orjson_module()
     lease = cp.lease
     if (
-        module is not None
+        orjson_module() is not None
         and (cp.input is None or _written_alike(cp.input, 0))
         and cp.flow is None  # flow control's limits may hold any float: the standard way
         and not cp.signals
         and (lease is None or (type(lease) is float and 1e-4 <= lease < 1e16))
     ):
+        return _standard_text(meta)
+    return _dumps(meta)
+
+
+def _standard_text(value: Any) -> str:
+    """``_dumps(value)``'s text, written by orjson where it is installed.
+
+    Only for a value its caller knows orjson writes as ``_dumps`` does (``_meta_json``'s
+    rule); where orjson raises, the standard library writes it.
+    """
+    module = orjson_module()
+    if module is not None:
         try:
-            text: str = module.dumps(meta).decode("utf-8")
+            text: str = module.dumps(value).decode("utf-8")
         except (TypeError, ValueError):
             pass
         else:
             return text
-    return _dumps(meta)
+    return _dumps(value)
 
 
 _ALIKE_SCALARS = frozenset((str, int, bool, type(None)))
@@ -246,23 +257,6 @@ def _written_alike(value: Any, level: int) -> bool:
     return False
 
 
-def _ref_json(ref: dict[str, Any]) -> str:
-    """The JSON of a state's ``ref`` (the pieces a document names), by orjson where it
-    is installed. A ref holds ints, ASCII piece keys and the base's time (seconds, a
-    float of 1e9 or so): orjson writes the standard library's very text for those, as
-    ``_meta_json`` says. The standard library's encoder cost 24,000 instructions a save
-    here, on every save of a run whose state is in pieces (issue 36)."""
-    module = orjson_module()
-    if module is not None:
-        try:
-            text: str = module.dumps(ref).decode("utf-8")
-        except (TypeError, ValueError):
-            pass
-        else:
-            return text
-    return _dumps(ref)
-
-
 def encode_document(
     cp: Checkpoint,
     state_text: str | None,
@@ -289,7 +283,10 @@ def encode_document(
     if ref is not None:
         # The state lives in pieces (``_statelog``): the document names them instead.
         meta["stepstone"] = SCHEMA_PIECES
-        return f'{_meta_json(cp, meta)[:-1]},\n"{REF_KEY}":{_ref_json(ref)}}}\n'
+        # A ref holds ints, ASCII piece keys and the base's time (seconds, ~1e9): text
+        # orjson writes as the standard library does, which cost 24,000 instructions a
+        # save here, on every save of a run whose state is in pieces (issue 36).
+        return f'{_meta_json(cp, meta)[:-1]},\n"{REF_KEY}":{_standard_text(ref)}}}\n'
     if gen:
         meta["state_gen"] = gen
         if inc is not None:
