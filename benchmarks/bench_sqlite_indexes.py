@@ -1,24 +1,25 @@
-"""What a running run's save writes into SQLite's indexes (issue 36: bytes and instructions).
+"""What a save writes into SQLite's indexes (issue 36: bytes and instructions).
 
     python benchmarks/bench_sqlite_indexes.py [--saves 200] [--rows 1000] [--callgrind]
-        [--json]
+        [--json] [--plans]
 
-Every save changes ``updated_at``, and today's table (``stores/_sql_text.py``, the
-SQLite ``create`` statements, as the store makes it) has three indexes holding
-``updated_at`` or the status: each save of a running run rewrites index pages as well
-as the row's. This measures, with the store's own DDL and its own compare-and-swap
-``UPDATE`` (its ``update`` statement, ``synchronous=full``, WAL), one running run saved
-SAVES times beside ROWS finished runs:
+Every save changes ``updated_at``. A database of the earlier layout (``WHOLE``: three
+indexes on the whole table, (status, due_at), (status, updated_at) and (updated_at))
+rewrites index pages with every save; a new database's indexes are partial
+(``stores/_sql_text.py``, the SQLite ``create`` statements, as the store makes them):
+queued and waiting runs by ``due_at``, running runs by ``owner``, the others by (status,
+updated_at), and a save that keeps status and owner runs ``update_same``, which does
+not assign them. This measures, with the store's own statements (``synchronous=full``,
+WAL), one run saved SAVES times beside ROWS finished runs, for a running run (a step of
+``run``) and a finished one (the LangGraph saver's head record):
 
 - **WAL bytes per save** (``wal_autocheckpoint=0``, the WAL's growth / SAVES): whole
-  4 KiB pages, one per page the commit changed;
+  4 KiB pages, one per page the commit changed (each is written again into the
+  database at the checkpoint);
 - with ``--callgrind``, **instructions per save** ((count(2N) - count(N)) / N of the
   same loop under valgrind's callgrind; user space only, the fsync is kernel time).
 
-Layouts: ``today`` (the shipped DDL) and ``at rest`` (a candidate for the next schema,
-``AT_REST``: indexes partial on the statuses the claim queries name, and the running
-rows by id, so that a running run's save enters none). ``--plans`` prints how SQLite
-plans the store's claim queries under each layout.
+``--plans`` prints how SQLite plans the store's claim queries under each layout.
 """
 
 from __future__ import annotations
@@ -37,29 +38,23 @@ from stepstone.stores._sql_text import STATEMENTS
 
 SQL = STATEMENTS["sqlite"]
 TABLE = "stepstone_checkpoints"
-#: The candidate: each claim query's index made partial on the status it names, so a
-#: running run's save (status unchanged, ``due_at`` and ``updated_at`` changed) enters
-#: none of them; the running rows found by their id (a save does not change it). With
-#: it the three claim queries stay indexed (``EXPLAIN QUERY PLAN``: queued and waiting
-#: search their index by ``due_at``, running scans its index and sorts the few rows);
-#: the listing pages (``ORDER BY updated_at``, any status) would not, not yet planned.
-AT_REST = [
-    f"CREATE INDEX ix_queued ON {TABLE} (due_at) WHERE status = 'queued'",
-    f"CREATE INDEX ix_waiting ON {TABLE} (due_at) WHERE status = 'waiting'",
-    f"CREATE INDEX ix_running ON {TABLE} (run_id) WHERE status = 'running'",
-    f"CREATE INDEX ix_status ON {TABLE} (status, updated_at) WHERE status != 'running'",
-    f"CREATE INDEX ix_updated ON {TABLE} (updated_at) WHERE status != 'running'",
+#: The earlier layout's indexes, as its ``create`` made them.
+WHOLE = [
+    f"CREATE INDEX ix_{TABLE}_due ON {TABLE} (status, due_at)",
+    f"CREATE INDEX ix_{TABLE}_status ON {TABLE} (status, updated_at)",
+    f"CREATE INDEX ix_{TABLE}_updated_at ON {TABLE} (updated_at)",
 ]
-LAYOUTS = ("today", "at rest")
+LAYOUTS = ("whole", "partial")
+KINDS = ("running", "done")
 DOCUMENT = json.dumps({"state": {"text": "x" * 1000}})
 
 
 def _create(db: sqlite3.Connection, layout: str) -> None:
     for statement in SQL["create"]:
-        if layout == "today" or not statement.startswith("CREATE INDEX"):
+        if layout == "partial" or not statement.startswith("CREATE INDEX"):
             db.execute(statement)
-    if layout == "at rest":
-        for statement in AT_REST:
+    if layout == "whole":
+        for statement in WHOLE:
             db.execute(statement)
 
 
@@ -84,8 +79,8 @@ def _stamp(index: int) -> str:
     )
 
 
-def saves(path: str, layout: str, count: int, rows: int) -> float:
-    """Save one running run ``count`` times; return the WAL bytes per save."""
+def saves(path: str, layout: str, count: int, rows: int, kind: str = "running") -> float:
+    """Save one run of status ``kind`` ``count`` times; return the WAL bytes per save."""
     db = sqlite3.connect(path, isolation_level=None)
     db.execute("PRAGMA journal_mode=wal")
     db.execute("PRAGMA synchronous=full")
@@ -94,15 +89,18 @@ def saves(path: str, layout: str, count: int, rows: int) -> float:
     db.execute("BEGIN")
     for index in range(rows):
         db.execute(SQL["insert"], _row(f"done-{index}", "v", "done", 9, _stamp(index)))
-    db.execute(SQL["insert"], _row("hot", "v0", "running", 0, _stamp(0)))
+    db.execute(SQL["insert"], _row("hot", "v0", kind, 0, _stamp(0)))
     db.execute("COMMIT")
     db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     wal = Path(path + "-wal")
     before = wal.stat().st_size if wal.exists() else 0
+    # What the store runs: ``update_same`` once it has saved the run (status and owner
+    # kept), on either layout (the earlier release ran ``update``, the same pages).
+    statement = SQL["update_same"]
     for index in range(count):
-        values = _row("hot", f"v{index + 1}", "running", index + 1, _stamp(index + 1))
+        values = _row("hot", f"v{index + 1}", kind, index + 1, _stamp(index + 1))
         db.execute("BEGIN IMMEDIATE")
-        changed = db.execute(SQL["update"], {**values, "run_key": "hot", "expected": f"v{index}"})
+        changed = db.execute(statement, {**values, "run_key": "hot", "expected": f"v{index}"})
         assert changed.rowcount == 1, "the compare-and-swap missed: the benchmark is wrong"
         db.execute("COMMIT")
     grown = wal.stat().st_size - before
@@ -110,11 +108,12 @@ def saves(path: str, layout: str, count: int, rows: int) -> float:
     return grown / count
 
 
-def _instructions(layout: str, count: int, rows: int) -> int:
+def _instructions(layout: str, kind: str, count: int, rows: int) -> int:
     """Instructions of the whole child process doing ``count`` saves (callgrind)."""
     with tempfile.TemporaryDirectory() as directory:
         database = os.path.join(directory, "cg.db")
-        return callgrind_count([__file__, "--child", layout, str(count), str(rows), database])
+        child = ["--child", layout, kind, str(count), str(rows), database]
+        return callgrind_count([__file__, *child])
 
 
 def main() -> None:
@@ -124,11 +123,11 @@ def main() -> None:
     parser.add_argument("--callgrind", action="store_true")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--plans", action="store_true", help="print the claim queries' plans")
-    parser.add_argument("--child", nargs=4, metavar=("LAYOUT", "N", "ROWS", "PATH"))
+    parser.add_argument("--child", nargs=5, metavar=("LAYOUT", "KIND", "N", "ROWS", "PATH"))
     args = parser.parse_args()
     if args.child:
-        layout, count, rows, path = args.child
-        saves(path, layout, int(count), int(rows))
+        layout, kind, count, rows, path = args.child
+        saves(path, layout, int(count), int(rows), kind)
         return
     if args.plans:
         for layout in LAYOUTS:
@@ -142,20 +141,22 @@ def main() -> None:
             db.close()
         return
     figures: dict[str, dict[str, float]] = {}
-    for layout in LAYOUTS:
-        with tempfile.TemporaryDirectory() as directory:
-            per_save = saves(os.path.join(directory, "b.db"), layout, args.saves, args.rows)
-        figures[layout] = {"wal_bytes_per_save": per_save}
-        if args.callgrind:
-            first = _instructions(layout, args.saves, args.rows)
-            second = _instructions(layout, 2 * args.saves, args.rows)
-            figures[layout]["instructions_per_save"] = (second - first) / args.saves
+    for kind in KINDS:
+        for layout in LAYOUTS:
+            with tempfile.TemporaryDirectory() as directory:
+                path = os.path.join(directory, "b.db")
+                per_save = saves(path, layout, args.saves, args.rows, kind)
+            row = figures[f"{kind} {layout}"] = {"wal_bytes_per_save": per_save}
+            if args.callgrind:
+                first = _instructions(layout, kind, args.saves, args.rows)
+                second = _instructions(layout, kind, 2 * args.saves, args.rows)
+                row["instructions_per_save"] = (second - first) / args.saves
     if args.json:
         print(json.dumps({"figure": "sqlite-indexes", "saves": args.saves, **figures}))
         return
-    print(f"one running run saved {args.saves} times beside {args.rows} finished runs:")
-    for layout, row in figures.items():
-        text = f"  {layout:8} WAL bytes per save {row['wal_bytes_per_save']:8.0f}"
+    print(f"one run saved {args.saves} times beside {args.rows} finished runs:")
+    for name, row in figures.items():
+        text = f"  {name:16} WAL bytes per save {row['wal_bytes_per_save']:8.0f}"
         if "instructions_per_save" in row:
             text += f"   instructions per save {row['instructions_per_save']:9,.0f}"
         print(text)

@@ -275,6 +275,29 @@ class Statements:
                 }
             )
         )
+        # SQLite only: a save that leaves status and owner as the stored version has them
+        # (``_SQLStore._rows``) does not set them, so that SQLite, which rewrites an index
+        # whenever a column it reads is assigned, leaves the partial indexes alone. The
+        # two columns are compared, not assumed: a row that differs is a lost swap.
+        # PostgreSQL and InnoDB compare values themselves ("": the plain ``update``).
+        self.update_same = ""
+        if dialect.name == "sqlite":
+            self.update_same = self.compile(
+                update(checkpoints)
+                .where(
+                    k == run_key,
+                    c.version == expected,
+                    c.status == bindparam("status"),
+                    c.owner.is_(bindparam("owner")),
+                )
+                .values(
+                    {
+                        col.name: bindparam(col.name)
+                        for col in c
+                        if col.name not in ("run_key", "run_id", "status", "owner")
+                    }
+                )
+            )
         self.load = self.compile(select(c.version, c.document).where(k == run_key))
         self.version = self.compile(select(c.version).where(k == run_key))
         self.delete = self.compile(delete(checkpoints).where(k == run_key))
@@ -428,11 +451,35 @@ class _SQLiteStatements(Statements):
             # overflow pages.
             Column("document", Text, nullable=False),
         )
-        # Listing and pruning by age, and finding failed runs, read only these;
-        # claimable reads (status, due_at).
-        Index(f"ix_{SQLITE_TABLE}_updated_at", checkpoints.c.updated_at)
-        Index(f"ix_{SQLITE_TABLE}_status", checkpoints.c.status, checkpoints.c.updated_at)
+        # Every index is partial, so that the save of a running run, which changes its
+        # updated_at (and its due_at, unleased) and nothing else indexed, enters none of
+        # them: each index a save changes is another 4 KiB page in the WAL and again in
+        # the database (issue 36). Claims search queued and waiting runs by due_at and
+        # running runs by owner; the listing reads the others by (status, updated_at)
+        # and the running ones through their index (``_sql/pages.py``). Queries name
+        # each index's condition verbatim: SQLite uses a partial index only then.
+        status = checkpoints.c.status
+        for kind in ("queued", "waiting"):
+            Index(
+                f"ix_{SQLITE_TABLE}_{kind}",
+                checkpoints.c.due_at,
+                sqlite_where=status == literal_column(f"'{kind}'"),
+            )
+        Index(
+            f"ix_{SQLITE_TABLE}_running",
+            checkpoints.c.owner,
+            sqlite_where=status == literal_column("'running'"),
+        )
+        Index(
+            f"ix_{SQLITE_TABLE}_at_rest",
+            status,
+            checkpoints.c.updated_at,
+            sqlite_where=status != literal_column("'running'"),
+        )
+        # Schema 1's databases are migrated to schema 2's first layout (three indexes
+        # on the whole table), which every statement reads as well; new ones get the above.
         due = Index(f"ix_{SQLITE_TABLE}_due", checkpoints.c.status, checkpoints.c.due_at)
+        checkpoints.indexes.discard(due)
         meta = Table(
             SQLITE_META,
             metadata,

@@ -14,11 +14,13 @@ CREATE TABLE IF NOT EXISTS stepstone_checkpoints (
     PRIMARY KEY (run_id)
 );
 
-CREATE INDEX IF NOT EXISTS ix_stepstone_checkpoints_due ON stepstone_checkpoints (status, due_at);
+CREATE INDEX IF NOT EXISTS ix_stepstone_checkpoints_at_rest ON stepstone_checkpoints (status, updated_at) WHERE status != 'running';
 
-CREATE INDEX IF NOT EXISTS ix_stepstone_checkpoints_status ON stepstone_checkpoints (status, updated_at);
+CREATE INDEX IF NOT EXISTS ix_stepstone_checkpoints_queued ON stepstone_checkpoints (due_at) WHERE status = 'queued';
 
-CREATE INDEX IF NOT EXISTS ix_stepstone_checkpoints_updated_at ON stepstone_checkpoints (updated_at);
+CREATE INDEX IF NOT EXISTS ix_stepstone_checkpoints_running ON stepstone_checkpoints (owner) WHERE status = 'running';
+
+CREATE INDEX IF NOT EXISTS ix_stepstone_checkpoints_waiting ON stepstone_checkpoints (due_at) WHERE status = 'waiting';
 
 CREATE TABLE IF NOT EXISTS stepstone_meta (
     "key" TEXT NOT NULL,

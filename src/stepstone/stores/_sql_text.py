@@ -84,6 +84,7 @@ STATEMENTS: Final[dict[str, dict[str, Any]]] = {
         "updated_at=%(updated_at)s, due_at=%(due_at)s, owner=%(owner)s, "
         "document=%(document)s WHERE `stepstone__table__`.run_key = %(run_key)s AND "
         "`stepstone__table__`.version = %(expected)s",
+        "update_same": "",
         "version": "SELECT `stepstone__table__`.version\n"
         "FROM `stepstone__table__`\n"
         "WHERE `stepstone__table__`.run_key = %(run_key)s",
@@ -173,6 +174,7 @@ STATEMENTS: Final[dict[str, dict[str, Any]]] = {
         "due_at=%(due_at)s::TIMESTAMP WITH TIME ZONE, owner=%(owner)s::VARCHAR, "
         'document=%(document)s::VARCHAR WHERE "stepstone__table__".run_key = '
         '%(run_key)s AND "stepstone__table__".version = %(expected)s::VARCHAR',
+        "update_same": "",
         "version": 'SELECT "stepstone__table__".version\n'
         'FROM "stepstone__table__"\n'
         'WHERE "stepstone__table__".run_key = %(run_key)s',
@@ -194,12 +196,14 @@ STATEMENTS: Final[dict[str, dict[str, Any]]] = {
             "    document TEXT NOT NULL,\n"
             "    PRIMARY KEY (run_id)\n"
             ")",
-            "CREATE INDEX IF NOT EXISTS ix_stepstone_checkpoints_due ON "
-            "stepstone_checkpoints (status, due_at)",
-            "CREATE INDEX IF NOT EXISTS ix_stepstone_checkpoints_status ON "
-            "stepstone_checkpoints (status, updated_at)",
-            "CREATE INDEX IF NOT EXISTS ix_stepstone_checkpoints_updated_at ON "
-            "stepstone_checkpoints (updated_at)",
+            "CREATE INDEX IF NOT EXISTS ix_stepstone_checkpoints_at_rest ON "
+            "stepstone_checkpoints (status, updated_at) WHERE status != 'running'",
+            "CREATE INDEX IF NOT EXISTS ix_stepstone_checkpoints_queued ON "
+            "stepstone_checkpoints (due_at) WHERE status = 'queued'",
+            "CREATE INDEX IF NOT EXISTS ix_stepstone_checkpoints_running ON "
+            "stepstone_checkpoints (owner) WHERE status = 'running'",
+            "CREATE INDEX IF NOT EXISTS ix_stepstone_checkpoints_waiting ON "
+            "stepstone_checkpoints (due_at) WHERE status = 'waiting'",
             "CREATE TABLE IF NOT EXISTS stepstone_meta (\n"
             '    "key" TEXT NOT NULL,\n'
             "    value TEXT NOT NULL,\n"
@@ -249,6 +253,13 @@ STATEMENTS: Final[dict[str, dict[str, Any]]] = {
         "updated_at=:updated_at, due_at=:due_at, owner=:owner, document=:document "
         "WHERE stepstone_checkpoints.run_id = :run_key AND "
         "stepstone_checkpoints.version = :expected",
+        "update_same": "UPDATE stepstone_checkpoints SET version=:version, step=:step, "
+        "total_steps=:total_steps, created_at=:created_at, "
+        "updated_at=:updated_at, due_at=:due_at, document=:document WHERE "
+        "stepstone_checkpoints.run_id = :run_key AND "
+        "stepstone_checkpoints.version = :expected AND "
+        "stepstone_checkpoints.status = :status AND stepstone_checkpoints.owner "
+        "IS :owner",
         "version": "SELECT stepstone_checkpoints.version\n"
         "FROM stepstone_checkpoints\n"
         "WHERE stepstone_checkpoints.run_id = :run_key",

@@ -191,6 +191,7 @@ class SQLiteStore(SQLStore):
         self._group = GroupCommit(self._commit_batch, self.path)
         self._pool: ThreadPoolExecutor | None = None
         self._sql = _statements()
+        self._rows = {}
         self._create_file()
         self._open_first(self._open)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 import sqlite3
 import stat
 import sys
@@ -167,8 +168,10 @@ def test_schema_is_created_on_first_use(db: str) -> None:
     assert {
         "stepstone_checkpoints",
         "stepstone_meta",
-        "ix_stepstone_checkpoints_updated_at",
-        "ix_stepstone_checkpoints_status",
+        "ix_stepstone_checkpoints_queued",
+        "ix_stepstone_checkpoints_waiting",
+        "ix_stepstone_checkpoints_running",
+        "ix_stepstone_checkpoints_at_rest",
     } <= names
     assert version == (str(SCHEMA_VERSION),)
 
@@ -609,17 +612,23 @@ def test_claimable_returns_running_and_due_runs_only(store: SQLiteStore) -> None
     assert [i.run_id for i in store.claimable(now, limit=1)] == ["running", "q"]
 
 
-def test_claimable_uses_the_status_due_index(store: SQLiteStore) -> None:
-    """Each claimable query is an index search on (status, due_at), never a table scan."""
-    for sql, _ in store._sql.claims:
+def test_claimable_uses_each_statuss_index(store: SQLiteStore) -> None:
+    """Each claimable query reads its status's partial index, never the table: running
+    runs by owner, queued and waiting runs searched by due_at."""
+    for (sql, _), status in zip(store._sql.claims, ("running", "queued", "waiting"), strict=True):
         plan = " ".join(
             str(row[-1])
             for row in store._conn().execute(
                 f"EXPLAIN QUERY PLAN {sql}", {"now": "2030", "limit": 10, "skip": 0}
             )
         )
-        assert "USING INDEX ix_stepstone_checkpoints_due" in plan, plan
-        assert "SCAN stepstone_checkpoints" not in plan.replace("USING INDEX", ""), plan
+        assert f"USING INDEX ix_stepstone_checkpoints_{status}" in plan, plan
+        assert not re.search(r"SCAN stepstone_checkpoints(?! USING)", plan), plan
+        if status != "running":
+            assert (
+                f"SEARCH stepstone_checkpoints USING INDEX ix_stepstone_checkpoints_{status}"
+                in plan
+            )
 
 
 def test_delete_with_expected_version_is_compare_and_swap(store: SQLiteStore) -> None:

@@ -43,6 +43,7 @@ FIELDS: Final = (
     "schema_version",
     "seed",
     "update",
+    "update_same",
     "version",
 )
 
@@ -67,6 +68,9 @@ class SQLText:
     schema_version: str
     seed: str
     update: str
+    #: SQLite: ``update`` without setting status and owner, which it compares instead;
+    #: "" elsewhere.
+    update_same: str
     version: str
 
     def __init__(self, texts: Mapping[str, Any], table: str | None) -> None:

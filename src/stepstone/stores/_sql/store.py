@@ -58,6 +58,9 @@ if TYPE_CHECKING:
 
 __all__ = ["SQLStore"]
 
+#: Runs ``SQLStore._rows`` remembers before it starts again (a few hundred KB at most).
+_ROWS_KEPT = 4096
+
 T = TypeVar("T")
 
 
@@ -71,6 +74,10 @@ class SQLStore(Connections, SQLClaims, Store):
     _ISO_TIMES: ClassVar[bool] = False
 
     _sql: SQLText
+    #: SQLite: each run's (version, status, owner) as this store last saved it, so that a
+    #: save leaving status and owner as they are runs ``update_same``, which assigns
+    #: neither and so enters no partial index (``tools/sqlgen.py``); None elsewhere.
+    _rows: dict[str, tuple[str | None, str, str | None]] | None = None
 
     # --- dialect hooks ------------------------------------------------------------------
 
@@ -174,7 +181,19 @@ class SQLStore(Connections, SQLClaims, Store):
             "document": document,
             "expected": expected,
         }
-        return saved, self._sql.insert if expected is None else self._sql.update, params, prepared
+        sql = self._sql.insert if expected is None else self._sql.update
+        rows = self._rows
+        if rows is not None:
+            owner = saved.owner
+            if expected is not None and rows.get(run_id) == (expected, status, owner):
+                sql = self._sql.update_same
+            if len(rows) >= _ROWS_KEPT:
+                rows.clear()
+            # What the row holds if this save lands. Keyed by the version, a random
+            # token no other save writes: a save that never lands leaves an entry that
+            # no stored version will ever match.
+            rows[run_id] = (saved.version, status, owner)
+        return saved, sql, params, prepared
 
     def _conflict(self, run_id: str, expected: str | None, rows: list[Any] | None) -> ConflictError:
         if rows is None:
