@@ -297,3 +297,38 @@ def test_a_row_changed_behind_the_stores_back_is_a_lost_swap(tmp_path: Path) -> 
         assert _columns(store, "r") == (run.version, "cancelled", None)
         loaded = store.load("r")
         assert loaded is not None and loaded.state == {"n": 0}
+
+
+EDGE_IDS = [
+    "p",
+    "p\U0010ffff",
+    "p\U0010ffffz",
+    "p\ud7ff",
+    "p\ue000",
+    "pz",
+    "q",
+    "\U0010ffff",
+    "\U0010ffff\U0010ffff",
+    "o\U0010ffff",
+]
+
+
+@pytest.mark.parametrize(
+    "prefix", ["p", "p\U0010ffff", "p\ud7ff", "\U0010ffff", "o\U0010ffff", "pz", "r", "P"]
+)
+def test_a_prefix_finds_its_ids_by_the_keys_range(tmp_path: Path, prefix: str) -> None:
+    """A prefix page and count (a range of the primary key, then the prefix compared) hold
+    exactly the ids a scan finds, where the range's end is past U+10FFFF or a surrogate."""
+    with SQLiteStore(tmp_path / "p.db") as store:
+        for index, run_id in enumerate(EDGE_IDS):
+            done = {"step": 0, "step_names": ("a",), "total_steps": 1} if index % 2 else {}
+            store.save(Checkpoint(run_id, state={}, **done))  # type: ignore[arg-type]
+        for status in (None, "running", "done"):
+            ask = PageAsk(status, prefix, None, 100)  # type: ignore[arg-type]
+            got = [info.run_id for info in store.list_page(status, prefix=prefix, limit=100)]  # type: ignore[arg-type]
+            assert got == [info.run_id for info in Store._list_page(store, ask)], status
+        expected = Store.count_by_status(store, prefix)
+        assert store.count_by_status(prefix) == expected
+        assert sum(expected.values()) == sum(i.startswith(prefix) for i in EDGE_IDS)
+        sql, params = page_query(store._sql.info, "sqlite", store._db_time, None, prefix, None, 9)
+        assert "USING INDEX sqlite_autoindex" in _plan(store, sql, params), sql

@@ -552,7 +552,8 @@ class SQLStore(Connections, SQLClaims, Store):
         """One page of the listing, newest first: a ``LIMIT`` query on the indexes.
 
         The (status, updated_at) index serves a status filter, the updated_at index the
-        unfiltered list; the cursor continues from the last row shown (keyset paging).
+        unfiltered list (SQLite's partial indexes: an arm per status, ``pages.py``); the
+        cursor continues from the last row shown (keyset paging).
 
         Raises:
             StoreUnavailable: the database cannot be reached, or timed out.
@@ -583,7 +584,7 @@ class SQLStore(Connections, SQLClaims, Store):
         return None if not rows else rows[0][0]
 
     def count_by_status(self, prefix: str = "") -> dict[str, int]:
-        """Count the runs per status with one ``GROUP BY`` over the status index.
+        """Count the runs per status with a ``GROUP BY`` over the status index.
 
         Raises:
             StoreUnavailable: the database cannot be reached, or timed out.
