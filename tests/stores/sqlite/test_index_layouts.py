@@ -23,7 +23,7 @@ import pytest
 from stepstone import Checkpoint, Store
 from stepstone._checkpoint import evolve
 from stepstone._runinfo import PageAsk
-from stepstone._status import STATUSES
+from stepstone._status import STATUSES, RunStatus
 from stepstone.stores._sql.pages import count_query, page_query
 from stepstone.stores.sqlite import SQLiteStore
 
@@ -323,9 +323,10 @@ def test_a_prefix_finds_its_ids_by_the_keys_range(tmp_path: Path, prefix: str) -
         for index, run_id in enumerate(EDGE_IDS):
             done = {"step": 0, "step_names": ("a",), "total_steps": 1} if index % 2 else {}
             store.save(Checkpoint(run_id, state={}, **done))  # type: ignore[arg-type]
-        for status in (None, "running", "done"):
-            ask = PageAsk(status, prefix, None, 100)  # type: ignore[arg-type]
-            got = [info.run_id for info in store.list_page(status, prefix=prefix, limit=100)]  # type: ignore[arg-type]
+        statuses: tuple[RunStatus | None, ...] = (None, "running", "done")
+        for status in statuses:
+            ask = PageAsk(status, prefix, None, 100)
+            got = [info.run_id for info in store.list_page(status, prefix=prefix, limit=100)]
             assert got == [info.run_id for info in Store._list_page(store, ask)], status
         expected = Store.count_by_status(store, prefix)
         assert store.count_by_status(prefix) == expected
