@@ -18,6 +18,7 @@ from stepstone import (
     open_store,
     run,
 )
+from stepstone._checkpoint import check_run_id
 from stepstone._codec import encode_state
 from stepstone._runner import idempotency_key
 
@@ -55,6 +56,23 @@ def test_run_refuses_non_steps_and_bad_ids() -> None:
         run("r", [lambda s: None], store)
     with pytest.raises(InvalidRunId):
         run("", [], store)
+
+
+@pytest.mark.parametrize("block", range(0, 0x110000, 0x10000))
+def test_check_run_id_refuses_exactly_control_and_surrogate_characters(block: int) -> None:
+    """Every code point of a plane (its first 0x3000, and the surrogates), alone and in an
+    id: refused exactly when it is a control character or a surrogate. Printable ASCII
+    takes a shortcut past the search; this holds it to the rule."""
+    codes = [*range(block, block + 0x3000), 0xD800, 0xDBFF, 0xDC00, 0xDFFF, block + 0xFFFF]
+    for code in codes:
+        char = chr(code)
+        bad = code <= 0x1F or 0x7F <= code <= 0x9F or 0xD800 <= code <= 0xDFFF
+        for run_id in (char, f"run-{char}", f"{char}x"):
+            if bad:
+                with pytest.raises(InvalidRunId, match="control or surrogate"):
+                    check_run_id(run_id)
+            else:
+                assert check_run_id(run_id) is run_id
 
 
 def test_step_returning_non_dict_fails() -> None:
