@@ -276,7 +276,7 @@ class Statements:
             )
         )
         # SQLite only: a save that leaves status and owner as the stored version has them
-        # (``_SQLStore._rows``) does not set them, so that SQLite, which rewrites an index
+        # (``SQLStore._rows``) does not set them, so that SQLite, which rewrites an index
         # whenever a column it reads is assigned, leaves the partial indexes alone. The
         # two columns are compared, not assumed: a row that differs is a lost swap.
         # PostgreSQL and InnoDB compare values themselves ("": the plain ``update``).

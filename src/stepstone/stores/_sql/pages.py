@@ -62,8 +62,10 @@ def _status_arms(status: str | None) -> list[str]:
     A new SQLite database's indexes are partial (``tools/sqlgen.py``), and SQLite uses a
     partial index only for a query that names its condition verbatim, with literals: a
     page of one status is one arm, a page of every status is one arm per status, merged
-    in order by ``UNION ALL`` (each arm an index range scan that stops at the limit). A
-    database of an earlier layout reads the same arms through its whole-table indexes.
+    in order by ``UNION ALL``. Each arm of a status at rest is a range scan of its index
+    that stops at the limit; the running runs' arm reads them all and sorts them (no
+    index holds their ``updated_at``: that is what keeps their saves out of the indexes).
+    A database of an earlier layout reads the same arms through its whole-table indexes.
     """
     wanted = STATUSES if status is None else (status,)
     arms = []
