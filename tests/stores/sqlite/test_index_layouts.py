@@ -192,6 +192,14 @@ def test_every_listing_and_claim_query_reads_an_index(tmp_path: Path) -> None:
             store._sql.claims, ("running", "queued", "waiting"), strict=True
         ):
             assert f"ix_{TABLE}_{kind}" in _plan(store, sql, claims), sql
+        # claim_ready's three branches: due waiting and queued runs searched by due_at,
+        # the running runs nobody owns (given back) searched by owner.
+        ready: dict[str, object] = {"owner": "w", "token": "t", "due_now": "", "stamp": ""}
+        ready |= {"due_running": "", "fields": "", "served": "[]", "exclude": "[]"}
+        ready |= {"limit": 5, "now": "2030"}
+        plan = _plan(store, store._sql.claim_ready, ready)
+        for searched in ("waiting (due_at<?)", "running (owner=?)", "queued (due_at<?)"):
+            assert f"SEARCH {TABLE} USING INDEX ix_{TABLE}_{searched}" in plan, plan
 
 
 def _pages(store: Store, status: str | None, size: int) -> list[str]:
