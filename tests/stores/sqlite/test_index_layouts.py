@@ -178,6 +178,11 @@ def test_every_listing_and_claim_query_reads_an_index(tmp_path: Path) -> None:
             for cursor in (None, after):
                 ask = PageAsk(status, "", cursor, 10)
                 queries.append(page_query(store._sql.info, "sqlite", store._db_time, *ask))
+                if cursor is not None and status != "running":
+                    # A later page starts its range at the cursor: page n does not read
+                    # the n - 1 pages before it.
+                    plan = _plan(store, *queries[-1])
+                    assert "(status=? AND updated_at<?)" in plan, plan
         counted = count_query(store._sql.info, "sqlite", "")
         assert counted is not None
         queries.append(counted)

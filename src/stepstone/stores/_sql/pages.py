@@ -105,11 +105,14 @@ def page_query(
         where.append(clause)
         params.update(values)
     if after is not None:
+        # The first term bounds the index range: with the OR alone, the planners walked
+        # the index from the newest row, so page n read n pages of rows.
         where.append(
-            f"(updated_at < {p('after_at')} OR "
+            f"updated_at <= {p('after_at0')} AND (updated_at < {p('after_at')} OR "
             f"(updated_at = {p('after_at2')} AND {rid} < {p('after_id')}))"
         )
-        params.update(after_at=db_time(after[0]), after_at2=db_time(after[0]), after_id=after[1])
+        stamp = db_time(after[0])
+        params.update(after_at0=stamp, after_at=stamp, after_at2=stamp, after_id=after[1])
     # The document too: its first line is the run's metadata, and a large state is not in
     # it (it is kept in pieces), so a page reads what its rows show and never a state.
     found = re.search(r"\nFROM\s+(\S+)\s*\Z", info_sql)
