@@ -43,6 +43,28 @@ def mode(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+class _Claims:
+    """The worker's claim loop, for a step to ask whether it listens, once the test has it.
+
+    ``serving`` starts the worker before it hands it over, so a run queued earlier may
+    be driven first: its step waits here for the handover (an empty box read there
+    failed the step, and the run was left alone past the test's timeout).
+    """
+
+    def __init__(self) -> None:
+        self._claims: _claims.Claims | None = None
+        self._handed = threading.Event()
+
+    def hand(self, claims: _claims.Claims) -> None:
+        self._claims = claims
+        self._handed.set()
+
+    def pushed(self) -> bool:
+        assert self._handed.wait(WAIT_TIMEOUT), "the test never handed over its worker"
+        assert self._claims is not None
+        return self._claims.pushed
+
+
 def _marking(name: str, seen: list[bool], pushed: Callable[[], bool]) -> Workflow:
     """A one-step workflow whose step records whether the worker listens meanwhile."""
 
@@ -59,13 +81,13 @@ def test_a_backlog_found_at_start_is_drained_before_the_worker_listens(
     """Runs queued before the worker starts are driven unheard; then it listens."""
     monkeypatch.setattr(_claims, "_QUICK", 60.0)
     listening: list[bool] = []
-    box: list[_claims.Claims] = []
-    flow = _marking("policy-backlog", listening, lambda: box[0].pushed)
+    box = _Claims()
+    flow = _marking("policy-backlog", listening, box.pushed)
     with open_store(config) as store:
         for index in range(4):
             start(store, flow, f"early-{index}")
     with serving(config, [flow], mode, concurrency=1, poll=60.0) as worker:
-        box.append(worker._claims)
+        box.hand(worker._claims)
         until("the backlog to be drained", lambda: len(listening) >= 4)
         until("the worker to listen once idle", lambda: worker._claims.pushed)
         with open_store(config) as other:  # as another process would: no doorbell
@@ -82,7 +104,7 @@ def test_an_idle_worker_listens_and_a_later_backlog_is_driven_unheard(
     monkeypatch.setattr(_claims, "_QUICK", 60.0)
     entered, release = threading.Event(), threading.Event()
     listening: list[bool] = []
-    box: list[_claims.Claims] = []
+    box = _Claims()
 
     def hold(state: State) -> State:
         entered.set()
@@ -90,10 +112,10 @@ def test_an_idle_worker_listens_and_a_later_backlog_is_driven_unheard(
         return {"held": True}
 
     gate = Workflow("policy-gate", [Step("hold", hold)], version="1")
-    flow = _marking("policy-later", listening, lambda: box[0].pushed)
+    flow = _marking("policy-later", listening, box.pushed)
     try:
         with serving(config, [flow, gate], mode, concurrency=1, poll=60.0) as worker:
-            box.append(worker._claims)
+            box.hand(worker._claims)
             until("the worker to listen", lambda: worker._claims.pushed)
             with open_store(config) as other:
                 start(other, gate, "gate")
@@ -119,10 +141,10 @@ def test_a_pooled_worker_keeps_listening_through_a_backlog(
     """Above concurrency 1 the loop may claim while runs are driven: it never closes."""
     monkeypatch.setattr(_claims, "_QUICK", 60.0)
     listening: list[bool] = []
-    box: list[_claims.Claims] = []
-    flow = _marking("policy-pooled", listening, lambda: box[0].pushed)
+    box = _Claims()
+    flow = _marking("policy-pooled", listening, box.pushed)
     with serving(config, [flow], mode, concurrency=3, poll=60.0) as worker:
-        box.append(worker._claims)
+        box.hand(worker._claims)
         until("the worker to listen", lambda: worker._claims.pushed)
         with open_store(config) as other:
             for index in range(6):
