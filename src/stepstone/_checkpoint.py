@@ -75,8 +75,9 @@ def check_run_id(run_id: object) -> str:
             f"run_id must be 1 to {MAX_RUN_ID_LENGTH} characters long, got {len(run_id)}"
         )
     # Most ids are printable ASCII, which holds no control character and no surrogate:
-    # two C scans instead of the search's call (every save checks its id).
-    if run_id.isascii() and run_id.isprintable():
+    # two C scans instead of the search's call (every save checks its id). ``str``'s own
+    # methods: a subclass's overrides must not vouch for its text.
+    if str.isascii(run_id) and str.isprintable(run_id):
         return run_id
     bad = _BAD_RUN_ID_CHAR.search(run_id)
     if bad is not None:

@@ -75,6 +75,20 @@ def test_check_run_id_refuses_exactly_control_and_surrogate_characters(block: in
                 assert check_run_id(run_id) is run_id
 
 
+def test_check_run_id_does_not_take_a_str_subclasss_word_for_it() -> None:
+    """A ``str`` subclass whose ``isascii``/``isprintable`` say yes is still searched."""
+
+    class Lying(str):
+        def isascii(self) -> bool:
+            return True
+
+        def isprintable(self) -> bool:
+            return True
+
+    with pytest.raises(InvalidRunId, match="control or surrogate"):
+        check_run_id(Lying("run\x00id"))
+
+
 def test_step_returning_non_dict_fails() -> None:
     """A step returning something other than a dict or None fails the run clearly."""
     with pytest.raises(StepFailed) as info:
