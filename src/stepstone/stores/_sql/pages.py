@@ -132,21 +132,20 @@ def count_query(info_sql: str, scheme: str, prefix: str) -> tuple[str, dict[str,
     found = re.search(r"\sFROM\s+(\S+)\s*\Z", info_sql)  # the listing's own table
     if found is None:  # pragma: no cover - the generated statement has this shape
         return None
-    select = f"SELECT status, COUNT(*) FROM {found[1]}"
-    where: list[str] = []
-    params: dict[str, Any] = {}
+    table = found[1]
     if prefix:
+        # SQLite's prefix is a range of the primary key (``prefix_clause``): few rows.
         clause, params = prefix_clause(scheme, prefix)
-        where.append(clause)
-    if scheme != "sqlite" or prefix:
-        return select + "".join(f" WHERE {w}" for w in where) + " GROUP BY status", params
+        return f"SELECT status, COUNT(*) FROM {table} WHERE {clause} GROUP BY status", params
+    if scheme != "sqlite":
+        return f"SELECT status, COUNT(*) FROM {table} GROUP BY status", {}
     # The runs at rest counted on their (partial, covering) index, the running ones on
     # theirs (naming no column, so that the index alone answers): a GROUP BY over the
-    # whole table would read every row of it. No prefix here (see above).
+    # whole table would read every row of it.
     return (
-        f"{select} WHERE status != 'running' GROUP BY status UNION ALL "
-        f"SELECT 'running', COUNT(*) FROM {found[1]} WHERE status = 'running'"
-    ), params
+        f"SELECT status, COUNT(*) FROM {table} WHERE status != 'running' GROUP BY status "
+        f"UNION ALL SELECT 'running', COUNT(*) FROM {table} WHERE status = 'running'"
+    ), {}
 
 
 def listed_fields(document: Any) -> dict[str, str | None]:
