@@ -9,7 +9,6 @@ memory, file and SQLite here; PostgreSQL and MySQL by their parameter id.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 import uuid
 from datetime import timedelta
@@ -162,18 +161,21 @@ def test_unknown_key_fails_the_step_with_config_error(local: Store) -> None:
 def test_threads_never_exceed_concurrency(local: Store) -> None:
     """Eight threads running twelve runs through concurrency 2: never three at once."""
     limit = Limit("slots", concurrency=2)
-    lock = threading.Lock()
+    changed = threading.Condition()
     inside = [0]
     most = [0]
-    both = threading.Barrier(2, timeout=5)
+    busy = [6]  # runner threads with runs left (below)
 
     def work(state: State) -> State:
-        with lock:
+        with changed:
             inside[0] += 1
             most[0] = max(most[0], inside[0])
-        with contextlib.suppress(threading.BrokenBarrierError):
-            both.wait()  # two holders at once, so a third would be seen
-        with lock:
+            changed.notify_all()
+            # Two holders at once, so a third would be seen: wait for a partner while
+            # another runner has runs left (it retries until it holds the other slot).
+            # Not a barrier with a timeout: the last holder alone waited all of it.
+            held = changed.wait_for(lambda: inside[0] >= 2 or busy[0] <= 1, timeout=60)
+            assert held, "no second holder came while another runner had runs left"
             inside[0] -= 1
         return {"done": True}
 
@@ -181,16 +183,21 @@ def test_threads_never_exceed_concurrency(local: Store) -> None:
     errors: list[BaseException] = []
 
     def runner(ids: list[str]) -> None:
-        for run_id in ids:
-            for _ in range(500):
-                try:
-                    run(run_id, steps, local)
-                    break
-                except Suspended:
-                    continue
-                except BaseException as exc:  # noqa: BLE001 - reported below
-                    errors.append(exc)
-                    return
+        try:
+            for run_id in ids:
+                for _ in range(500):
+                    try:
+                        run(run_id, steps, local)
+                        break
+                    except Suspended:
+                        continue
+                    except BaseException as exc:  # noqa: BLE001 - reported below
+                        errors.append(exc)
+                        return
+        finally:
+            with changed:
+                busy[0] -= 1
+                changed.notify_all()
 
     ids = [f"r{i}" for i in range(12)]
     threads = [threading.Thread(target=runner, args=(ids[i::6],)) for i in range(6)]
